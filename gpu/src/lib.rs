@@ -1,0 +1,2 @@
+//! Binds kvsched-core's arenas to CUDA device memory.
+#![deny(missing_docs)]

@@ -1,0 +1,3 @@
+//! kvsched facade.
+#![deny(missing_docs)]
+pub use kvsched_core as core_api;
