@@ -1,2 +1,48 @@
-//! Binds kvsched-core's arenas to CUDA device memory.
+//! Binds kvsched-core's KV page and adapter arenas to memory: CUDA device memory through cudarc's
+//! driver API, or plain host memory (`Vec<u8>`) for CI and the simulator.
+//!
+//! The scheduler core decides *which* pages move; this crate is the mechanism that moves the bytes.
+//! It does not allocate pages (the core's pools do); it maps page ids to addresses and copies.
+//!
+//! # Page math
+//!
+//! Every tier is one allocation of `pages * page_bytes` bytes. Page `p` of a tier lives at
+//! `base + p * page_bytes` ([`PageStore::page_offset`], [`CudaKvStore::page_address`]).
+//!
+//! ```text
+//!   GPU tier (one device allocation)        host tier (one pinned allocation, not write-combined)
+//!   ┌──────┬──────┬──────┬──────┐  offload  ┌──────┬──────┬──────┐
+//!   │  p0  │  p1  │  p2  │  p3  │ ────────▶ │  h0  │  h1  │  h2  │
+//!   └──────┴──────┴──────┴──────┘ ◀──────── └──────┴──────┴──────┘
+//!                                   reload
+//! ```
+//!
+//! Moves are lists of [`PageMove`] `(source page, target page)` pairs. Consecutive pairs whose
+//! source and target both advance by one page are merged into one copy ([`page_runs`]).
+//!
+//! # Backends
+//!
+//! | trait            | CUDA                 | host                 |
+//! |------------------|----------------------|----------------------|
+//! | [`KvMemory`]     | [`CudaKvStore`]      | [`HostKvStore`]      |
+//! | [`AdapterMemory`]| [`CudaAdapterStore`] | [`HostAdapterStore`] |
+//!
+//! Both implement the same traits, so tests run the same code on both. The CUDA backend needs a
+//! driver: [`open_device`] returns [`MemError::NoDriver`] instead of panicking when there is none.
 #![deny(missing_docs)]
+
+mod cuda;
+mod error;
+mod host;
+mod page;
+
+pub use cuda::{driver_present, open_device, CudaAdapterStore, CudaKvStore};
+pub use error::{MemError, Tier};
+pub use host::{HostAdapterStore, HostKvStore};
+pub use page::{
+    page_runs, AdapterMemory, AdapterShape, BlockTableShape, CopyEvent, KvMemory, KvShape,
+    PageMove, PageRun, PageRuns, PageStore, PoolShape, BLOCK_TABLE_PAD,
+};
+
+/// The cudarc driver types this crate's API exposes (contexts, streams, events, device slices).
+pub use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};

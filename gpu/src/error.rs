@@ -1,0 +1,124 @@
+//! Typed errors and the tier names they refer to.
+
+use core::fmt;
+
+use cudarc::driver::DriverError;
+
+/// A memory tier of a two-tier store.
+///
+/// For the KV store, `Gpu` is the page pool attention kernels read and `Host` is the suspend tier.
+/// For the adapter store, `Gpu` holds the device adapter pages and `Host` the host adapter pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Device memory (the host backend simulates it with a `Vec<u8>`).
+    Gpu,
+    /// Host memory (pinned, not write-combined, in the CUDA backend).
+    Host,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Gpu => "GPU",
+            Self::Host => "host",
+        })
+    }
+}
+
+/// Everything that can go wrong in this crate. Bad input is refused before any copy is issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemError {
+    /// No CUDA driver library (`libcuda`) could be loaded on this machine.
+    NoDriver,
+    /// A shape that cannot be allocated (zero page size, byte size overflow, page ids beyond `i32`).
+    InvalidShape {
+        /// Which rule the shape broke.
+        reason: &'static str,
+    },
+    /// A page id at or beyond the number of pages in its tier.
+    PageOutOfRange {
+        /// The tier the page id refers to.
+        tier: Tier,
+        /// The offending page id.
+        page: u32,
+        /// The number of pages in that tier.
+        pages: u32,
+    },
+    /// The same target page appears twice in one move list (the result would depend on copy order).
+    DuplicateTarget {
+        /// The tier the targets live in.
+        tier: Tier,
+        /// The repeated target page.
+        page: u32,
+    },
+    /// A buffer whose length differs from what the operation needs.
+    LengthMismatch {
+        /// The length the operation needs (bytes for pages, entries for block tables).
+        expected: usize,
+        /// The length it was given.
+        actual: usize,
+    },
+    /// A block-table row index at or beyond the number of rows.
+    RowOutOfRange {
+        /// The offending row.
+        row: u32,
+        /// The number of rows.
+        rows: u32,
+    },
+    /// A request's page list longer than a block-table row.
+    RowTooLong {
+        /// Pages in the list.
+        len: usize,
+        /// Entries in a row.
+        width: u32,
+    },
+    /// The host backend could not allocate a tier (plain heap memory).
+    HostAllocation {
+        /// The size that was refused.
+        bytes: usize,
+    },
+    /// A CUDA driver call failed.
+    Driver(DriverError),
+}
+
+impl fmt::Display for MemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoDriver => f.write_str("no CUDA driver: libcuda could not be loaded"),
+            Self::InvalidShape { reason } => write!(f, "invalid shape: {reason}"),
+            Self::PageOutOfRange { tier, page, pages } => {
+                write!(f, "{tier} page {page} out of range ({pages} pages)")
+            }
+            Self::DuplicateTarget { tier, page } => {
+                write!(f, "{tier} page {page} is the target of more than one move")
+            }
+            Self::LengthMismatch { expected, actual } => {
+                write!(f, "length mismatch: expected {expected}, got {actual}")
+            }
+            Self::RowOutOfRange { row, rows } => {
+                write!(f, "block-table row {row} out of range ({rows} rows)")
+            }
+            Self::RowTooLong { len, width } => {
+                write!(f, "{len} pages do not fit a block-table row of {width}")
+            }
+            Self::HostAllocation { bytes } => write!(f, "host allocation of {bytes} bytes failed"),
+            Self::Driver(error) => write!(f, "CUDA driver error: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for MemError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Driver(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl From<DriverError> for MemError {
+    fn from(error: DriverError) -> Self {
+        Self::Driver(error)
+    }
+}
