@@ -1,4 +1,55 @@
-//! kvsched-core.
+//! # kvsched-core
+//!
+//! The scheduling core of kvsched: a `#![no_std]`, heap-free, `unsafe`-free crate that decides, every
+//! iteration, which LLM requests run (generation first, then chunked prefill) within a token budget, a
+//! batch limit and a LoRA adapter page budget, while it owns a paged KV cache (GPU tier + optional host
+//! tier) and an adapter cache.
+//!
+//! The resource lifecycle of a request is a matter of types (see [`request`]): a request is a
+//! [`Request<S>`](request::Request) whose type parameter says what it owns. Resuming a suspended request
+//! needs the KV backend *and* the adapter desk, and hands back a fresh [`AdapterLease`](lease::AdapterLease)
+//! inside [`Resumed`](request::Resumed); a batch accepts only [`Active`](request::Active) and
+//! [`Resumed`](request::Resumed) requests.
+//!
+//! Layout (one module per concept):
+//! - [`arena`]: fixed-capacity generational slot arena (typed handles, stale handle = error).
+//! - [`phase`]: the upstream request states (`LlmRequestState`).
+//! - [`request`]: ids, per-request data and the type-state lifecycle.
+//! - [`lease`]: adapter leases and the desk that mints and consumes them.
+//! - [`kv`]: the KV backend trait; [`page_pool`]: the fixed-capacity two-tier page pool implementing it.
+//! - [`adapter`]: the PEFT backend trait and the fixed-capacity adapter cache implementing it.
+//! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler output
+//!   and its plain-old-data wire form.
+//! - [`scheduler`]: the request table and the scheduling pass.
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+mod fmt;
+
+pub mod adapter;
+pub mod arena;
+pub mod budget;
+pub mod config;
+pub mod error;
+pub mod kv;
+pub mod lease;
+pub mod output;
+pub mod page_pool;
+pub mod phase;
+pub mod request;
+pub mod scheduler;
+pub mod wire;
+
+pub use adapter::{AdapterPool, NoPeft, PeftBackend};
+pub use config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+pub use error::{Error, PeftError};
+pub use kv::{KvBackend, KvRef};
+pub use output::SchedulerOutput;
+pub use page_pool::{KvPool, KvPoolConfig};
+pub use phase::Phase;
+pub use request::{RequestId, RequestSpec, TaskId};
+pub use scheduler::{Handle, Scheduler};

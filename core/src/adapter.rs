@@ -1,0 +1,397 @@
+//! The PEFT (LoRA adapter) backend trait and the fixed-capacity adapter cache that implements it.
+//!
+//! The cache has device pages and host pages. Per task it counts the requests that hold a lease
+//! (`active`, the device refcount) and the requests paused on it (`paused`). Invariants (checked by
+//! [`AdapterPool::check`]):
+//! - page conservation per tier: free + pages of resident tasks = capacity;
+//! - a task with an active request is resident on the host; a task is evictable from the device only
+//!   when `active == 0`, from the host only when `active == 0 && paused == 0`;
+//! - eviction first checks that enough pages *can* be freed, then evicts (least recently used first),
+//!   so a refused claim evicts nothing (upstream evicts everything and then fails).
+
+use crate::error::PeftError;
+use crate::request::{RequestId, TaskId};
+
+/// A registered task: its id and its dense slot in the adapter cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskRef {
+    /// The LoRA task id.
+    pub id: TaskId,
+    /// Dense slot in the adapter cache's task table.
+    pub slot: u16,
+}
+
+/// What a request held when it lets go of a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// A lease (device ownership): it was active on the task.
+    Lease,
+    /// A paused registration (host copy pinned for a later resume or replay).
+    Paused,
+}
+
+/// The adapter-cache operations the scheduler uses (the reference PEFT manager, spec §3).
+pub trait PeftBackend {
+    /// Total device pages for adapters.
+    fn max_device_pages(&self) -> u32;
+    /// Resolves a task id (None: unknown task).
+    fn lookup(&self, task: TaskId) -> Option<TaskRef>;
+    /// Pages the task's adapter occupies.
+    fn determine_num_pages(&mut self, task: TaskRef) -> u32;
+    /// Registers `req` as active on `task` (load to device = true). `from_pause`: the request was paused
+    /// on the task and this is its resume. Refusal changes nothing.
+    fn add_request(&mut self, req: RequestId, task: TaskRef, from_pause: bool) -> Result<(), PeftError>;
+    /// Removes `req` from the task's `held` set; with `pause` it becomes paused on the task.
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding);
+    /// Makes every task of the batch resident on the device, evicting done tasks; `load` is called for
+    /// each task that had to be copied to the device. All-or-nothing.
+    fn ensure_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError>;
+}
+
+/// The configuration without an adapter cache: every LoRA request is scheduled with no PEFT work.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoPeft;
+
+impl PeftBackend for NoPeft {
+    fn max_device_pages(&self) -> u32 {
+        u32::MAX
+    }
+    fn lookup(&self, _task: TaskId) -> Option<TaskRef> {
+        None
+    }
+    fn determine_num_pages(&mut self, _task: TaskRef) -> u32 {
+        0
+    }
+    fn add_request(&mut self, _req: RequestId, _task: TaskRef, _from_pause: bool) -> Result<(), PeftError> {
+        Ok(())
+    }
+    fn mark_request_done(&mut self, _req: RequestId, _task: TaskRef, _pause: bool, _held: Holding) {}
+    fn ensure_batch(&mut self, _tasks: &[TaskRef], _load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
+        Ok(())
+    }
+}
+
+/// One task's entry in the adapter cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskEntry {
+    /// Task id.
+    pub id: TaskId,
+    /// Pages the adapter occupies (on either tier).
+    pub pages: u32,
+    /// Requests holding a lease (device refcount).
+    pub active: u32,
+    /// Requests paused on the task.
+    pub paused: u32,
+    /// Resident on the device.
+    pub on_device: bool,
+    /// Resident on the host.
+    pub on_host: bool,
+    /// Last use, for least-recently-used eviction.
+    pub last_use: u64,
+}
+
+/// Counters of adapter-cache activity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdapterStats {
+    /// Host → device copies.
+    pub device_loads: u64,
+    /// Device evictions.
+    pub device_evictions: u64,
+    /// Host loads (weights stored into host pages).
+    pub host_loads: u64,
+    /// Host evictions.
+    pub host_evictions: u64,
+}
+
+/// A fixed-capacity adapter cache with `T` task slots.
+#[derive(Debug, Clone)]
+pub struct AdapterPool<const T: usize> {
+    tasks: heapless::Vec<TaskEntry, T>,
+    device_pages: u32,
+    host_pages: u32,
+    device_used: u32,
+    host_used: u32,
+    clock: u64,
+    stats: AdapterStats,
+}
+
+impl<const T: usize> AdapterPool<T> {
+    /// A cache with `device_pages` device pages and `host_pages` host pages.
+    pub fn new(device_pages: u32, host_pages: u32) -> Result<Self, crate::Error> {
+        if device_pages == 0 || host_pages == 0 {
+            return Err(crate::Error::Invalid("adapter cache needs at least one device page and one host page"));
+        }
+        Ok(Self {
+            tasks: heapless::Vec::new(),
+            device_pages,
+            host_pages,
+            device_used: 0,
+            host_used: 0,
+            clock: 0,
+            stats: AdapterStats::default(),
+        })
+    }
+
+    /// Registers a task whose adapter occupies `pages` pages.
+    pub fn register(&mut self, id: TaskId, pages: u32) -> Result<TaskRef, PeftError> {
+        if self.tasks.iter().any(|t| t.id == id) {
+            return Err(PeftError::DuplicateTask(id));
+        }
+        let capacity = self.device_pages.min(self.host_pages);
+        if pages == 0 || pages > capacity {
+            return Err(PeftError::AdapterTooLarge { task: id, pages, capacity });
+        }
+        let slot = self.tasks.len() as u16;
+        self.tasks
+            .push(TaskEntry { id, pages, active: 0, paused: 0, on_device: false, on_host: false, last_use: 0 })
+            .map_err(|_| PeftError::TaskTableFull)?;
+        Ok(TaskRef { id, slot })
+    }
+
+    /// The task entries.
+    pub fn tasks(&self) -> &[TaskEntry] {
+        &self.tasks
+    }
+
+    /// Device pages in use.
+    pub fn device_used(&self) -> u32 {
+        self.device_used
+    }
+
+    /// Host pages in use.
+    pub fn host_used(&self) -> u32 {
+        self.host_used
+    }
+
+    /// Total host pages.
+    pub fn host_pages(&self) -> u32 {
+        self.host_pages
+    }
+
+    /// Activity counters.
+    pub fn stats(&self) -> AdapterStats {
+        self.stats
+    }
+
+    /// Page conservation and residency invariants (see the module docs).
+    pub fn check(&self) -> bool {
+        let dev: u32 = self.tasks.iter().filter(|t| t.on_device).map(|t| t.pages).sum();
+        let host: u32 = self.tasks.iter().filter(|t| t.on_host).map(|t| t.pages).sum();
+        dev == self.device_used
+            && host == self.host_used
+            && dev <= self.device_pages
+            && host <= self.host_pages
+            && self.tasks.iter().all(|t| t.active == 0 || t.on_host)
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Frees `need` pages on one tier by evicting least-recently-used evictable tasks, after checking that
+    /// enough can be freed. `skip` marks tasks that must stay (the batch).
+    fn claim(&mut self, device: bool, need: u32, skip: &dyn Fn(usize) -> bool) -> bool {
+        let (cap, used) = if device { (self.device_pages, self.device_used) } else { (self.host_pages, self.host_used) };
+        let free = cap - used;
+        if need <= free {
+            return true;
+        }
+        let evictable = |t: &TaskEntry| {
+            if device {
+                t.on_device && t.active == 0
+            } else {
+                t.on_host && t.active == 0 && t.paused == 0
+            }
+        };
+        let obtainable: u32 = self
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| evictable(t) && !skip(*i))
+            .map(|(_, t)| t.pages)
+            .sum();
+        if free + obtainable < need {
+            return false;
+        }
+        let mut freed = free;
+        while freed < need {
+            // Least recently used evictable task. The sufficiency check above guarantees one exists.
+            let Some(victim) = self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(i, t)| evictable(t) && !skip(*i))
+                .min_by_key(|(_, t)| t.last_use)
+                .map(|(i, _)| i)
+            else {
+                return false;
+            };
+            let t = &mut self.tasks[victim];
+            if device {
+                t.on_device = false;
+                self.device_used -= t.pages;
+                self.stats.device_evictions += 1;
+            } else {
+                t.on_host = false;
+                self.host_used -= t.pages;
+                self.stats.host_evictions += 1;
+            }
+            freed += t.pages;
+        }
+        true
+    }
+}
+
+impl<const T: usize> PeftBackend for AdapterPool<T> {
+    fn max_device_pages(&self) -> u32 {
+        self.device_pages
+    }
+
+    fn lookup(&self, task: TaskId) -> Option<TaskRef> {
+        self.tasks.iter().position(|t| t.id == task).map(|i| TaskRef { id: task, slot: i as u16 })
+    }
+
+    fn determine_num_pages(&mut self, task: TaskRef) -> u32 {
+        self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+    }
+
+    fn add_request(&mut self, _req: RequestId, task: TaskRef, from_pause: bool) -> Result<(), PeftError> {
+        let i = task.slot as usize;
+        let Some(t) = self.tasks.get(i) else { return Err(PeftError::UnknownTask(task.id)) };
+        if !t.on_host {
+            let pages = t.pages;
+            if !self.claim(false, pages, &|j| j == i) {
+                return Err(PeftError::HostCacheFull(task.id));
+            }
+            let t = &mut self.tasks[i];
+            t.on_host = true;
+            self.host_used += pages;
+            self.stats.host_loads += 1;
+        }
+        let now = self.tick();
+        let t = &mut self.tasks[i];
+        t.active += 1;
+        if from_pause {
+            debug_assert!(t.paused > 0, "resume from a pause that was never registered");
+            t.paused = t.paused.saturating_sub(1);
+        }
+        t.last_use = now;
+        Ok(())
+    }
+
+    fn mark_request_done(&mut self, _req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+        let now = self.tick();
+        let Some(t) = self.tasks.get_mut(task.slot as usize) else { return };
+        match held {
+            Holding::Lease => {
+                debug_assert!(t.active > 0);
+                t.active = t.active.saturating_sub(1);
+            }
+            Holding::Paused => {
+                debug_assert!(t.paused > 0);
+                t.paused = t.paused.saturating_sub(1);
+            }
+        }
+        if pause {
+            t.paused += 1;
+        }
+        t.last_use = now;
+    }
+
+    fn ensure_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
+        // All-or-nothing: the pages of every non-resident batch task must be obtainable without evicting
+        // a batch task.
+        let in_batch = |j: usize, tasks: &[TaskRef]| tasks.iter().any(|t| t.slot as usize == j);
+        let mut need = 0u32;
+        for tr in tasks {
+            let t = self.tasks.get(tr.slot as usize).ok_or(PeftError::UnknownTask(tr.id))?;
+            if !t.on_device && !tasks.iter().take_while(|x| *x != tr).any(|x| x.slot == tr.slot) {
+                need += t.pages;
+            }
+        }
+        if need > 0 && !self.claim(true, need, &|j| in_batch(j, tasks)) {
+            let free = self.device_pages - self.device_used;
+            let obtainable = free
+                + self
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, t)| t.on_device && t.active == 0 && !in_batch(*j, tasks))
+                    .map(|(_, t)| t.pages)
+                    .sum::<u32>();
+            let first = tasks.iter().find(|tr| !self.tasks[tr.slot as usize].on_device).copied();
+            let task = first.map_or(TaskId(0), |t| t.id);
+            return Err(PeftError::DeviceCacheFull { task, needed: need, obtainable });
+        }
+        let now = self.tick();
+        for tr in tasks {
+            let t = &mut self.tasks[tr.slot as usize];
+            if !t.on_device {
+                t.on_device = true;
+                self.device_used += t.pages;
+                self.stats.device_loads += 1;
+                load(*tr);
+            }
+            t.last_use = now;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(i: u64) -> RequestId {
+        RequestId(i)
+    }
+
+    #[test]
+    fn adapter_larger_than_cache_is_refused() {
+        let mut p: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
+        assert!(matches!(p.register(TaskId(1), 5), Err(PeftError::AdapterTooLarge { .. })));
+        assert!(p.tasks().is_empty(), "refusal changes nothing");
+        p.register(TaskId(1), 4).unwrap();
+        assert_eq!(p.register(TaskId(1), 1), Err(PeftError::DuplicateTask(TaskId(1))));
+    }
+
+    #[test]
+    fn device_eviction_checks_sufficiency_first() {
+        let mut p: AdapterPool<4> = AdapterPool::new(4, 16).unwrap();
+        let a = p.register(TaskId(1), 2).unwrap();
+        let b = p.register(TaskId(2), 2).unwrap();
+        let c = p.register(TaskId(3), 3).unwrap();
+        p.add_request(r(0), a, false).unwrap();
+        p.add_request(r(1), b, false).unwrap();
+        p.ensure_batch(&[a, b], &mut |_| {}).unwrap();
+        assert_eq!(p.device_used(), 4);
+        // a is done, b still active: only 2 pages obtainable, c needs 3 → refused, nothing evicted.
+        p.mark_request_done(r(0), a, false, Holding::Lease);
+        p.add_request(r(2), c, false).unwrap();
+        let err = p.ensure_batch(&[c], &mut |_| {}).unwrap_err();
+        assert!(matches!(err, PeftError::DeviceCacheFull { needed: 3, obtainable: 2, .. }));
+        assert!(p.tasks()[0].on_device, "nothing was evicted by the refused claim");
+        // b pauses: now both are evictable and c fits.
+        p.mark_request_done(r(1), b, true, Holding::Lease);
+        let mut loaded = 0;
+        p.ensure_batch(&[c], &mut |_| loaded += 1).unwrap();
+        assert_eq!(loaded, 1);
+        assert!(p.check());
+        // b is paused: its host copy stays.
+        assert!(p.tasks()[1].on_host);
+    }
+
+    #[test]
+    fn host_copy_of_a_paused_task_is_not_evicted() {
+        let mut p: AdapterPool<4> = AdapterPool::new(4, 4).unwrap();
+        let a = p.register(TaskId(1), 4).unwrap();
+        let b = p.register(TaskId(2), 4).unwrap();
+        p.add_request(r(0), a, false).unwrap();
+        p.mark_request_done(r(0), a, true, Holding::Lease);
+        assert_eq!(p.add_request(r(1), b, false), Err(PeftError::HostCacheFull(TaskId(2))));
+        p.mark_request_done(r(0), a, false, Holding::Paused);
+        p.add_request(r(1), b, false).unwrap();
+        assert!(p.check());
+    }
+}

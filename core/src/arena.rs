@@ -1,0 +1,183 @@
+//! A fixed-capacity generational slot arena.
+//!
+//! Invariants (asserted in tests): every slot is either occupied or on the free list, never both;
+//! a [`Handle`] names a slot *and* the generation it was issued for, so a handle that outlived its
+//! value is refused ([`None`]) and never resolves to a newer value in the same slot.
+
+use core::marker::PhantomData;
+
+/// A typed handle into an [`Arena`].
+#[derive(Debug)]
+pub struct Handle<T> {
+    index: u16,
+    generation: u32,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Handle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Handle<T> {}
+impl<T> PartialEq for Handle<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.index == other.index && self.generation == other.generation
+    }
+}
+impl<T> Eq for Handle<T> {}
+
+impl<T> Handle<T> {
+    /// The slot index (dense, `< N`).
+    pub const fn index(self) -> u16 {
+        self.index
+    }
+    /// The generation the handle was issued for.
+    pub const fn generation(self) -> u32 {
+        self.generation
+    }
+}
+
+struct Slot<T> {
+    generation: u32,
+    value: Option<T>,
+}
+
+/// A fixed-capacity arena of `N` slots (`N <= 65535`).
+pub struct Arena<T, const N: usize> {
+    slots: [Slot<T>; N],
+    free: heapless::Vec<u16, N>,
+    len: usize,
+}
+
+impl<T, const N: usize> Default for Arena<T, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T, const N: usize> Arena<T, N> {
+    /// An empty arena.
+    pub fn new() -> Self {
+        const { assert!(N > 0 && N <= u16::MAX as usize, "arena capacity must be 1..=65535") };
+        let mut free = heapless::Vec::new();
+        // Pop order hands out slot 0 first.
+        for i in (0..N).rev() {
+            let _ = free.push(i as u16);
+        }
+        Self { slots: core::array::from_fn(|_| Slot { generation: 0, value: None }), free, len: 0 }
+    }
+
+    /// Capacity.
+    pub const fn capacity(&self) -> usize {
+        N
+    }
+
+    /// Live values.
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No live values.
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Inserts a value; when full, hands it back.
+    pub fn insert(&mut self, value: T) -> Result<Handle<T>, T> {
+        let Some(index) = self.free.pop() else { return Err(value) };
+        let slot = &mut self.slots[index as usize];
+        debug_assert!(slot.value.is_none());
+        slot.value = Some(value);
+        self.len += 1;
+        Ok(Handle { index, generation: slot.generation, _t: PhantomData })
+    }
+
+    /// The value, if the handle is live.
+    pub fn get(&self, h: Handle<T>) -> Option<&T> {
+        let slot = self.slots.get(h.index as usize)?;
+        if slot.generation != h.generation {
+            return None;
+        }
+        slot.value.as_ref()
+    }
+
+    /// The value, mutably, if the handle is live.
+    pub fn get_mut(&mut self, h: Handle<T>) -> Option<&mut T> {
+        let slot = self.slots.get_mut(h.index as usize)?;
+        if slot.generation != h.generation {
+            return None;
+        }
+        slot.value.as_mut()
+    }
+
+    /// Value at a dense slot index (no generation check; for internal iteration over known-live slots).
+    pub fn at(&self, index: u16) -> Option<&T> {
+        self.slots.get(index as usize)?.value.as_ref()
+    }
+
+    /// Mutable value at a dense slot index.
+    pub fn at_mut(&mut self, index: u16) -> Option<&mut T> {
+        self.slots.get_mut(index as usize)?.value.as_mut()
+    }
+
+    /// The live handle of a dense slot index.
+    pub fn handle_at(&self, index: u16) -> Option<Handle<T>> {
+        let slot = self.slots.get(index as usize)?;
+        slot.value.as_ref().map(|_| Handle { index, generation: slot.generation, _t: PhantomData })
+    }
+
+    /// Removes and returns the value; the handle (and every copy) becomes stale.
+    pub fn remove(&mut self, h: Handle<T>) -> Option<T> {
+        let slot = self.slots.get_mut(h.index as usize)?;
+        if slot.generation != h.generation || slot.value.is_none() {
+            return None;
+        }
+        let v = slot.value.take();
+        slot.generation = slot.generation.wrapping_add(1);
+        self.len -= 1;
+        // Cannot fail: the slot was occupied, so the free list has room for it.
+        let pushed = self.free.push(h.index);
+        debug_assert!(pushed.is_ok());
+        v
+    }
+
+    /// Iterates over live values with their handles.
+    pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.value.as_ref().map(|v| (Handle { index: i as u16, generation: s.generation, _t: PhantomData }, v))
+        })
+    }
+
+    /// Checks the arena's invariant: free + live = capacity and no slot is both.
+    pub fn check(&self) -> bool {
+        let live = self.slots.iter().filter(|s| s.value.is_some()).count();
+        live == self.len
+            && self.free.len() + live == N
+            && self.free.iter().all(|&i| self.slots[i as usize].value.is_none())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_get_remove_and_stale_handles() {
+        let mut a: Arena<u32, 2> = Arena::new();
+        let h0 = a.insert(10).unwrap();
+        let h1 = a.insert(11).unwrap();
+        assert_eq!(a.insert(12), Err(12), "full arena hands the value back");
+        assert_eq!(a.get(h0), Some(&10));
+        assert_eq!(a.remove(h0), Some(10));
+        assert_eq!(a.get(h0), None, "removed handle is stale");
+        let h2 = a.insert(20).unwrap();
+        assert_eq!(h2.index(), h0.index(), "slot reused");
+        assert_eq!(a.get(h0), None, "old handle does not resolve to the new value");
+        assert_eq!(a.remove(h0), None);
+        assert_eq!(a.get(h2), Some(&20));
+        assert_eq!(a.get(h1), Some(&11));
+        assert!(a.check());
+        assert_eq!(a.len(), 2);
+    }
+}

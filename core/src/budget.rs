@@ -1,0 +1,57 @@
+//! Per-pass token and request budgets (one fresh instance per pass). The adapter page budget lives in
+//! [`crate::lease::AdapterDesk`].
+
+use crate::config::{ChunkPolicy, Config};
+
+/// Token and request budget of one pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    limit: Option<u32>,
+    used: u64,
+    requests: u32,
+    max_requests: u32,
+}
+
+impl Budget {
+    /// A fresh budget.
+    pub fn new(cfg: &Config) -> Self {
+        Self { limit: cfg.max_num_tokens, used: 0, requests: 0, max_requests: cfg.max_num_requests }
+    }
+    /// `n` more tokens fit.
+    #[inline]
+    pub fn fits(&self, n: u32) -> bool {
+        self.limit.is_none_or(|l| self.used + n as u64 <= l as u64)
+    }
+    /// Tokens left (`None` = unlimited).
+    #[inline]
+    pub fn remaining(&self) -> Option<u32> {
+        self.limit.map(|l| (l as u64).saturating_sub(self.used) as u32)
+    }
+    /// The request limit is reached.
+    #[inline]
+    pub fn requests_full(&self) -> bool {
+        self.requests >= self.max_requests
+    }
+    /// Commits a scheduled request.
+    #[inline]
+    pub fn commit(&mut self, tokens: u32) {
+        self.used += tokens as u64;
+        self.requests += 1;
+    }
+    /// Tokens used.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+    /// Requests committed.
+    pub fn requests(&self) -> u32 {
+        self.requests
+    }
+    /// A chunked context can get a chunk (spec §1.6 step 2).
+    #[inline]
+    pub fn has_chunk_budget(&self, policy: ChunkPolicy, unit: u32) -> bool {
+        match self.remaining() {
+            None => true,
+            Some(r) => r > 0 && (policy == ChunkPolicy::ForceChunk || r >= unit),
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Typed errors. Every fallible operation returns one of these and changes nothing when it does.
+
+use core::fmt;
+
+use crate::request::{RequestId, TaskId};
+
+/// Why an adapter (PEFT) operation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PeftError {
+    /// The task is not registered with the adapter cache.
+    UnknownTask(TaskId),
+    /// The adapter needs more pages than the whole device cache has.
+    AdapterTooLarge {
+        /// The task.
+        task: TaskId,
+        /// Pages the adapter needs.
+        pages: u32,
+        /// Pages the cache has.
+        capacity: u32,
+    },
+    /// The host cache cannot hold the adapter even after evicting every evictable task.
+    HostCacheFull(TaskId),
+    /// Device pages cannot be claimed for the batch: not enough pages can be freed by evicting done tasks.
+    DeviceCacheFull {
+        /// The task that could not be loaded.
+        task: TaskId,
+        /// Pages it needs.
+        needed: u32,
+        /// Pages free plus pages of evictable tasks.
+        obtainable: u32,
+    },
+    /// The task table is full.
+    TaskTableFull,
+    /// The task is already registered.
+    DuplicateTask(TaskId),
+}
+
+impl fmt::Display for PeftError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::UnknownTask(t) => write!(f, "LoRA task {} is not registered with the adapter cache", t.0),
+            Self::AdapterTooLarge { task, pages, capacity } => write!(
+                f,
+                "adapter of task {} needs {pages} pages but the device cache has {capacity}: give the adapter cache more pages",
+                task.0
+            ),
+            Self::HostCacheFull(t) => write!(f, "PEFT host cache is full: could not store task {}", t.0),
+            Self::DeviceCacheFull { task, needed, obtainable } => write!(
+                f,
+                "PEFT device cache is full: task {} needs {needed} pages, only {obtainable} can be freed by evicting done tasks",
+                task.0
+            ),
+            Self::TaskTableFull => f.write_str("adapter task table is full"),
+            Self::DuplicateTask(t) => write!(f, "LoRA task {} is already registered", t.0),
+        }
+    }
+}
+
+impl core::error::Error for PeftError {}
+
+/// Errors of the scheduler's public entry points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A fixed-capacity table is full (requests, output, storage).
+    CapacityExhausted {
+        /// Which table.
+        what: &'static str,
+        /// Its capacity.
+        capacity: u32,
+    },
+    /// The request can never fit: it needs more KV tokens than the whole pool holds.
+    RequestTooLarge {
+        /// The request.
+        id: RequestId,
+        /// Tokens it needs (prompt + reserved output).
+        tokens: u64,
+        /// Tokens the pool can give one request.
+        limit: u64,
+    },
+    /// A request with this id is already known.
+    DuplicateId(RequestId),
+    /// The handle does not name a live request (never issued, or its request was removed).
+    StaleHandle,
+    /// Invalid argument (zero capacity, inconsistent request fields, …).
+    Invalid(&'static str),
+    /// An adapter-cache error.
+    Peft(PeftError),
+    /// No request could be scheduled for `stalled` consecutive passes although work is pending.
+    Deadlock {
+        /// Consecutive stalled passes.
+        stalled: u32,
+    },
+}
+
+impl From<PeftError> for Error {
+    fn from(e: PeftError) -> Self {
+        Self::Peft(e)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::CapacityExhausted { what, capacity } => {
+                write!(f, "{what} is full (capacity {capacity})")
+            }
+            Self::RequestTooLarge { id, tokens, limit } => write!(
+                f,
+                "request {} needs {tokens} KV tokens but one request can hold at most {limit}: give the KV pool more pages or shorten the request",
+                id.0
+            ),
+            Self::DuplicateId(id) => write!(f, "request id {} is already in use", id.0),
+            Self::StaleHandle => f.write_str("stale or unknown request handle"),
+            Self::Invalid(why) => write!(f, "invalid input: {why}"),
+            Self::Peft(e) => e.fmt(f),
+            Self::Deadlock { stalled } => write!(
+                f,
+                "V2 scheduler deadlock: nothing could be scheduled for {stalled} consecutive passes although requests are pending; \
+                 the KV cache cannot make progress: add a host cache tier, lower max_num_tokens or the batch size, or give the KV pool more pages"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for Error {}

@@ -1,0 +1,64 @@
+//! The KV backend: the mechanism the scheduling pass calls to give requests KV pages.
+//!
+//! The trait mirrors the scheduler-facing API of the reference KV manager (spec §2). Backends only
+//! provide mechanism; lifecycle policy (which request may be resumed, when a lease is returned) lives in
+//! [`crate::request`] and the pass, so a scripted fake backend cannot break it. Every call is keyed by a
+//! [`KvRef`]: the request's dense table slot (for O(1) indexing) and its id (for recording fakes).
+
+use crate::request::RequestId;
+
+/// Names a request's KV cache: its dense slot in the scheduler's table and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvRef {
+    /// Dense table slot, `< N` of the scheduler.
+    pub slot: u16,
+    /// The request id.
+    pub id: RequestId,
+}
+
+/// What `prepare_context` needs to know about a context request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextPrep {
+    /// The pass sees this request as a first chunk (position 0 at the start of the pass).
+    pub first_chunk: bool,
+    /// Prompt length.
+    pub prompt: u32,
+    /// Tokens already in the cache.
+    pub position: u32,
+}
+
+/// The KV manager operations the scheduling pass uses.
+///
+/// Contract: every operation is all-or-nothing. A `false`/`None` result changes nothing, except where
+/// stated (a failed first-chunk `resize_context` leaves the cache inactive, as upstream).
+pub trait KvBackend {
+    /// A cache tier lies below the GPU (suspension can move pages down). When false, context-side
+    /// preemption is allowed.
+    fn tier_below_gpu(&self) -> bool;
+    /// Suspension really releases GPU pages (a lower tier absorbs them).
+    fn can_evict(&self) -> bool;
+    /// The request has a cache (active or suspended).
+    fn has_cache(&self, r: KvRef) -> bool;
+    /// The request's cache exists and is active on the GPU.
+    fn is_active(&self, r: KvRef) -> bool;
+    /// First chunk: create (or resume) the cache and return the number of reusable prefix tokens found;
+    /// later chunks: resume the existing cache and return `Some(0)`. `None`: refused (no slot, resume
+    /// refused, no cache for a later chunk).
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32>;
+    /// Grows the cache to hold `capacity` tokens (never shrinks).
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool;
+    /// Resumes the cache if suspended, then grows it by `grow` tokens (one decode step plus drafts).
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool;
+    /// Undoes the last successful `try_allocate_generation` growth.
+    fn revert_allocate_generation(&mut self, r: KvRef);
+    /// Suspends an active cache (pages move to a lower tier when there is room; else they stay held).
+    fn suspend(&mut self, r: KvRef);
+    /// Drops the cache entirely.
+    fn free(&mut self, r: KvRef);
+    /// Gives the cache's pages up (context-side preemption).
+    fn preempt(&mut self, r: KvRef);
+    /// Disaggregated generation: prepares the cache for a transferred prompt of `capacity` tokens.
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool;
+    /// Most tokens one request can ever hold (admission refuses larger requests).
+    fn max_tokens_per_request(&self) -> u64;
+}

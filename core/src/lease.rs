@@ -1,0 +1,236 @@
+//! Adapter leases and the desk that mints and consumes them.
+//!
+//! An [`AdapterLease`] is the proof that one request holds device ownership of one adapter. It is not
+//! `Clone`/`Copy`, its constructor is private, and only the [`AdapterDesk`] creates (`acquire`) and
+//! consumes (`release`) it. A [`PausedOn`] token is the proof that a request is registered as *paused* on
+//! an adapter (its host copy stays pinned for a resume or a replay).
+//!
+//! Invariant (asserted by [`AdapterDesk::leases`] users and the property tests): for every task, the
+//! number of live leases equals the backend's device refcount (`active`).
+//!
+//! The desk also keeps the per-pass PEFT page budget (DESIGN.md §3 point 6): every adapter pinned by a
+//! lease holder at the start of a pass is counted, scheduled or not; a pinned task whose last lease is
+//! returned during the pass and that no scheduled request uses is un-counted again.
+
+use crate::adapter::{Holding, PeftBackend, TaskRef};
+use crate::error::PeftError;
+use crate::request::{Bomb, RequestId};
+
+/// Device ownership of one adapter by one request. Minted and consumed only by [`AdapterDesk`].
+#[must_use = "a lease must be returned to the adapter desk"]
+#[derive(Debug)]
+pub struct AdapterLease {
+    task: TaskRef,
+    _bomb: Bomb,
+}
+
+impl AdapterLease {
+    /// The task this lease pins.
+    pub fn task(&self) -> TaskRef {
+        self.task
+    }
+}
+
+/// A paused registration of a request on an adapter. Minted and consumed only by [`AdapterDesk`].
+#[must_use = "a paused registration must be resumed or dropped through the adapter desk"]
+#[derive(Debug)]
+pub struct PausedOn {
+    task: TaskRef,
+    _bomb: Bomb,
+}
+
+impl PausedOn {
+    /// The task the request is paused on.
+    pub fn task(&self) -> TaskRef {
+        self.task
+    }
+}
+
+static_assertions::assert_not_impl_any!(AdapterLease: Clone, Copy, Default);
+static_assertions::assert_not_impl_any!(PausedOn: Clone, Copy, Default);
+
+/// Mints and consumes leases over a [`PeftBackend`] with `T` task slots, and keeps the PEFT page budget.
+#[derive(Debug)]
+pub struct AdapterDesk<P, const T: usize> {
+    backend: P,
+    leases: [u32; T],
+    pages: [u32; T],
+    pinned: heapless::Vec<u16, T>,
+    pinned_pages: u32,
+    // Per-pass budget state (epoch-stamped, so nothing is reset per pass).
+    epoch: u32,
+    counted: [u32; T],
+    scheduled: [u32; T],
+    claimed: u32,
+}
+
+impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
+    /// A desk over `backend`.
+    pub fn new(backend: P) -> Self {
+        Self {
+            backend,
+            leases: [0; T],
+            pages: [0; T],
+            pinned: heapless::Vec::new(),
+            pinned_pages: 0,
+            epoch: 0,
+            counted: [0; T],
+            scheduled: [0; T],
+            claimed: 0,
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &P {
+        &self.backend
+    }
+
+    /// The backend, mutably (for registration and inspection; leases stay with the desk).
+    pub fn backend_mut(&mut self) -> &mut P {
+        &mut self.backend
+    }
+
+    /// Live leases on a task slot.
+    pub fn leases(&self, slot: u16) -> u32 {
+        self.leases.get(slot as usize).copied().unwrap_or(0)
+    }
+
+    /// Pages pinned on the device by lease holders.
+    pub fn pinned_pages(&self) -> u32 {
+        self.pinned_pages
+    }
+
+    /// Task slots with at least one lease.
+    pub fn pinned_tasks(&self) -> &[u16] {
+        &self.pinned
+    }
+
+    fn pages_of(&mut self, task: TaskRef) -> u32 {
+        let s = task.slot as usize;
+        if self.pages[s] == 0 {
+            self.pages[s] = self.backend.determine_num_pages(task);
+        }
+        self.pages[s]
+    }
+
+    fn slot_ok(task: TaskRef) -> Result<usize, PeftError> {
+        let s = task.slot as usize;
+        if s < T {
+            Ok(s)
+        } else {
+            Err(PeftError::TaskTableFull)
+        }
+    }
+
+    /// Registers `req` as active on `task` and mints its lease. `paused`: the request's paused
+    /// registration, consumed on success (this is a resume or replay). On refusal everything is handed
+    /// back unchanged.
+    pub fn acquire(
+        &mut self,
+        req: RequestId,
+        task: TaskRef,
+        paused: Option<PausedOn>,
+    ) -> Result<AdapterLease, (Option<PausedOn>, PeftError)> {
+        let s = match Self::slot_ok(task) {
+            Ok(s) => s,
+            Err(e) => return Err((paused, e)),
+        };
+        debug_assert!(paused.as_ref().is_none_or(|p| p.task == task));
+        if let Err(e) = self.backend.add_request(req, task, paused.is_some()) {
+            return Err((paused, e));
+        }
+        if let Some(p) = paused {
+            p._bomb.defuse();
+        }
+        let pages = self.pages_of(task);
+        self.leases[s] += 1;
+        if self.leases[s] == 1 {
+            self.pinned_pages += pages;
+            let pushed = self.pinned.push(task.slot);
+            debug_assert!(pushed.is_ok());
+        }
+        Ok(AdapterLease { task, _bomb: Bomb::armed() })
+    }
+
+    /// Returns a lease. With `pause` the request stays registered as paused on the task and gets a
+    /// [`PausedOn`] back; without, it is done with the task.
+    pub fn release(&mut self, req: RequestId, lease: AdapterLease, pause: bool) -> Option<PausedOn> {
+        let task = lease.task;
+        lease._bomb.defuse();
+        let s = task.slot as usize;
+        self.backend.mark_request_done(req, task, pause, Holding::Lease);
+        debug_assert!(self.leases[s] > 0);
+        self.leases[s] -= 1;
+        if self.leases[s] == 0 {
+            let pages = self.pages[s];
+            self.pinned_pages -= pages;
+            if let Some(i) = self.pinned.iter().position(|&x| x == task.slot) {
+                self.pinned.swap_remove(i);
+            }
+            // Counted only because it was pinned, and no scheduled request uses it: un-count.
+            if self.counted[s] == self.epoch && self.scheduled[s] != self.epoch {
+                self.counted[s] = 0;
+                self.claimed -= pages;
+            }
+        }
+        pause.then(|| PausedOn { task, _bomb: Bomb::armed() })
+    }
+
+    /// Drops a paused registration (the request finished or was cancelled while paused).
+    pub fn drop_paused(&mut self, req: RequestId, paused: PausedOn) {
+        let task = paused.task;
+        paused._bomb.defuse();
+        self.backend.mark_request_done(req, task, false, Holding::Paused);
+    }
+
+    /// Starts a pass's PEFT budget: every pinned adapter is counted.
+    pub fn begin_pass(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1).max(1);
+        self.claimed = self.pinned_pages;
+        for &s in self.pinned.iter() {
+            self.counted[s as usize] = self.epoch;
+        }
+    }
+
+    /// Pages this request's adapter adds to the pass (0 when already counted), or `None` when it does
+    /// not fit in the device cache next to what is counted.
+    pub fn pages_needed(&mut self, task: TaskRef) -> Option<u32> {
+        let s = task.slot as usize;
+        if s >= T {
+            return None;
+        }
+        if self.counted[s] == self.epoch {
+            return Some(0);
+        }
+        let pages = self.backend.determine_num_pages(task);
+        self.pages[s] = pages;
+        if self.claimed as u64 + pages as u64 > self.backend.max_device_pages() as u64 {
+            None
+        } else {
+            Some(pages)
+        }
+    }
+
+    /// Commits a scheduled request's adapter to the pass. Returns true the first time the task is
+    /// scheduled in this pass (so the caller can list it in the adapter plan).
+    pub fn commit(&mut self, task: TaskRef, pages: u32) -> bool {
+        let s = task.slot as usize;
+        if self.counted[s] != self.epoch {
+            self.counted[s] = self.epoch;
+            self.claimed += pages;
+        }
+        let first = self.scheduled[s] != self.epoch;
+        self.scheduled[s] = self.epoch;
+        first
+    }
+
+    /// Pages claimed so far in this pass.
+    pub fn claimed(&self) -> u32 {
+        self.claimed
+    }
+
+    /// Makes the batch's adapters resident (see [`PeftBackend::ensure_batch`]).
+    pub fn ensure_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
+        self.backend.ensure_batch(tasks, load)
+    }
+}

@@ -1,0 +1,289 @@
+//! The scheduler output: fixed-capacity lists and the adapter plan.
+//!
+//! The context and generation lists accept only [`Schedulable`] requests ([`crate::request::Active`] and
+//! [`crate::request::Resumed`]); a suspended request cannot be put in a batch.
+
+use crate::adapter::TaskRef;
+use crate::request::{Request, RequestId, Schedulable};
+
+/// One listed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Listed {
+    /// Request id.
+    pub id: RequestId,
+    /// Dense table slot.
+    pub slot: u16,
+    /// Context: chunk size in tokens (0 for other lists).
+    pub chunk: u32,
+    /// Context: this chunk ends the prompt.
+    pub last: bool,
+    /// LoRA sort key: 0 without an adapter, 1 + task id with one.
+    pub key: u64,
+    /// Adapter task slot (`u16::MAX` when none).
+    pub bucket: u16,
+}
+
+/// No adapter bucket.
+pub const NO_BUCKET: u16 = u16::MAX;
+
+/// A fixed-capacity list of `N` requests.
+pub type List<const N: usize> = heapless::Vec<Listed, N>;
+
+/// What one pass decided.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerOutput<const N: usize> {
+    /// Context chunks to run (non-final chunks first when any, each part sorted by LoRA key).
+    pub context: List<N>,
+    /// Decode steps to run (sorted by LoRA key).
+    pub generation: List<N>,
+    /// Encoder requests to run.
+    pub encoder: List<N>,
+    /// Ordinarily suspended requests (victims and self-evictions).
+    pub paused: List<N>,
+    /// Destructively freed requests (recompute pause and preemption victims): reset them for replay.
+    pub recompute_paused: List<N>,
+    /// Disaggregated generation requests whose transfer may start.
+    pub disagg: List<N>,
+    /// Requests whose KV came back this pass (their lower-tier pages must be copied up first).
+    pub resumed: List<N>,
+    /// Distinct adapters the scheduled batch needs on the device (the adapter plan).
+    pub adapters: heapless::Vec<TaskRef, N>,
+    /// Adapters that had to be copied to the device (filled by `ensure_batch`).
+    pub adapter_loads: heapless::Vec<TaskRef, N>,
+    /// A scheduled context chunk is not the last one.
+    pub has_chunking: bool,
+}
+
+impl<const N: usize> SchedulerOutput<N> {
+    /// An empty output.
+    pub const fn new() -> Self {
+        Self {
+            context: heapless::Vec::new(),
+            generation: heapless::Vec::new(),
+            encoder: heapless::Vec::new(),
+            paused: heapless::Vec::new(),
+            recompute_paused: heapless::Vec::new(),
+            disagg: heapless::Vec::new(),
+            resumed: heapless::Vec::new(),
+            adapters: heapless::Vec::new(),
+            adapter_loads: heapless::Vec::new(),
+            has_chunking: false,
+        }
+    }
+
+    /// Empties every list.
+    pub fn clear(&mut self) {
+        self.context.clear();
+        self.generation.clear();
+        self.encoder.clear();
+        self.paused.clear();
+        self.recompute_paused.clear();
+        self.disagg.clear();
+        self.resumed.clear();
+        self.adapters.clear();
+        self.adapter_loads.clear();
+        self.has_chunking = false;
+    }
+
+    /// Encoders + contexts + generations (disagg excluded).
+    pub fn num_fitting(&self) -> usize {
+        self.encoder.len() + self.context.len() + self.generation.len()
+    }
+
+    /// Adds a decode step for a schedulable request.
+    pub fn push_generation<S: Schedulable>(&mut self, request: &Request<S>, key: u64) {
+        let r = request.kv_ref();
+        let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
+        // Cannot overflow: at most one entry per live request, and the table holds N.
+        let _ = self.generation.push(Listed { id: r.id, slot: r.slot, chunk: 0, last: false, key, bucket });
+    }
+
+    /// Adds a context chunk for a schedulable request.
+    pub fn push_context<S: Schedulable>(&mut self, request: &Request<S>, chunk: u32, last: bool, key: u64) {
+        let r = request.kv_ref();
+        let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
+        self.has_chunking |= !last;
+        let _ = self.context.push(Listed { id: r.id, slot: r.slot, chunk, last, key, bucket });
+    }
+
+    /// Ids of a list, for tests and tools.
+    pub fn ids(list: &List<N>) -> impl Iterator<Item = u64> + '_ {
+        list.iter().map(|l| l.id.0)
+    }
+}
+
+/// Sorts `list` stably by LoRA key (no adapter first, then ascending task id); with `partition`, non-final
+/// chunks go first. Uses `scratch` (no allocation). Cost: O(n) when already sorted or when every LoRA
+/// entry has an adapter bucket (a counting sort over the pass's distinct adapters, given in ascending id
+/// order in `adapters_by_id`); otherwise a bottom-up merge sort, O(n log n).
+pub(crate) fn sort_by_lora<const N: usize>(
+    list: &mut List<N>,
+    scratch: &mut List<N>,
+    partition: bool,
+    adapters_by_id: &[TaskRef],
+    rank: &mut [u16],
+) {
+    let full_key = |l: &Listed| if partition { ((l.last as u64) << 63) | l.key } else { l.key };
+    if list.windows(2).all(|w| full_key(&w[0]) <= full_key(&w[1])) {
+        return;
+    }
+    let bucketed = list.iter().all(|l| l.key == 0 || l.bucket != NO_BUCKET);
+    scratch.clear();
+    if bucketed && !adapters_by_id.is_empty() && adapters_by_id.len() < rank.len() {
+        // Counting sort: bucket 0 = no adapter, bucket 1 + rank of the adapter by id.
+        let k = adapters_by_id.len() + 1;
+        for (i, t) in adapters_by_id.iter().enumerate() {
+            rank[t.slot as usize] = i as u16 + 1;
+        }
+        let mut counts = [0u32; 2];
+        let _ = &mut counts;
+        // Offsets per (part, bucket): computed in two passes over the list.
+        let parts = if partition { 2 } else { 1 };
+        let mut starts = CountTable::new(parts * k);
+        let b_of = |l: &Listed, rank: &[u16]| -> usize {
+            let b = if l.key == 0 { 0 } else { rank[l.bucket as usize] as usize };
+            let part = if partition && l.last { 1 } else { 0 };
+            part * k + b
+        };
+        if starts.fits() {
+            for l in list.iter() {
+                starts.add(b_of(l, rank));
+            }
+            starts.prefix();
+            scratch.extend(core::iter::repeat_n(Listed::default(), list.len()));
+            for l in list.iter() {
+                let pos = starts.take(b_of(l, rank));
+                scratch[pos] = *l;
+            }
+            list.clear();
+            let _ = list.extend_from_slice(scratch);
+            return;
+        }
+    }
+    merge_sort(list, scratch, full_key);
+}
+
+/// Small fixed table of counts for the counting sort (up to 2 × 1024 buckets; larger falls back).
+struct CountTable {
+    n: usize,
+    c: [u32; 2048],
+}
+
+impl CountTable {
+    fn new(n: usize) -> Self {
+        Self { n, c: [0; 2048] }
+    }
+    fn fits(&self) -> bool {
+        self.n <= self.c.len()
+    }
+    fn add(&mut self, b: usize) {
+        self.c[b] += 1;
+    }
+    fn prefix(&mut self) {
+        let mut acc = 0;
+        for x in self.c[..self.n].iter_mut() {
+            let v = *x;
+            *x = acc;
+            acc += v;
+        }
+    }
+    fn take(&mut self, b: usize) -> usize {
+        let p = self.c[b] as usize;
+        self.c[b] += 1;
+        p
+    }
+}
+
+fn merge_sort<const N: usize>(list: &mut List<N>, scratch: &mut List<N>, key: impl Fn(&Listed) -> u64) {
+    let n = list.len();
+    scratch.clear();
+    scratch.extend(core::iter::repeat_n(Listed::default(), n));
+    let mut width = 1;
+    let mut from_list = true;
+    while width < n {
+        {
+            let (src, dst): (&[Listed], &mut [Listed]) =
+                if from_list { (&list[..], &mut scratch[..]) } else { (&scratch[..], &mut list[..]) };
+            let mut lo = 0;
+            while lo < n {
+                let mid = (lo + width).min(n);
+                let hi = (lo + 2 * width).min(n);
+                let (mut a, mut b, mut o) = (lo, mid, lo);
+                while a < mid && b < hi {
+                    if key(&src[b]) < key(&src[a]) {
+                        dst[o] = src[b];
+                        b += 1;
+                    } else {
+                        dst[o] = src[a];
+                        a += 1;
+                    }
+                    o += 1;
+                }
+                dst[o..o + (mid - a)].copy_from_slice(&src[a..mid]);
+                o += mid - a;
+                dst[o..o + (hi - b)].copy_from_slice(&src[b..hi]);
+                lo = hi;
+            }
+        }
+        from_list = !from_list;
+        width *= 2;
+    }
+    if !from_list {
+        list.clear();
+        let _ = list.extend_from_slice(scratch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::TaskId;
+
+    fn l(id: u64, key: u64, last: bool) -> Listed {
+        Listed { id: RequestId(id), slot: id as u16, chunk: 0, last, key, bucket: NO_BUCKET }
+    }
+
+    #[test]
+    fn merge_sort_is_stable_and_partitions() {
+        let mut list: List<16> = heapless::Vec::new();
+        for (i, k) in [3u64, 1, 0, 2, 1, 0, 3].iter().enumerate() {
+            list.push(l(i as u64, *k, i % 2 == 0)).unwrap();
+        }
+        let mut scratch = heapless::Vec::new();
+        let mut rank = [0u16; 8];
+        sort_by_lora(&mut list, &mut scratch, false, &[], &mut rank);
+        let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
+        assert_eq!(&ids[..], &[2, 5, 1, 4, 3, 0, 6]);
+        sort_by_lora(&mut list, &mut scratch, true, &[], &mut rank);
+        let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
+        // Non-final (odd ids) first, each part by key.
+        assert_eq!(&ids[..], &[5, 1, 3, 2, 4, 0, 6]);
+    }
+
+    #[test]
+    fn counting_sort_matches_merge_sort() {
+        let mut a: List<64> = heapless::Vec::new();
+        let tasks = [TaskRef { id: TaskId(5), slot: 0 }, TaskRef { id: TaskId(2), slot: 1 }];
+        for i in 0..40u64 {
+            let t = (i * 7 % 3) as usize;
+            let (key, bucket) = if t == 2 { (0, NO_BUCKET) } else { (tasks[t].id.0 + 1, tasks[t].slot) };
+            a.push(Listed { id: RequestId(i), slot: i as u16, chunk: 0, last: i % 3 == 0, key, bucket }).unwrap();
+        }
+        let mut b = a.clone();
+        for l in b.iter_mut() {
+            l.bucket = NO_BUCKET;
+        }
+        let mut by_id = tasks;
+        by_id.sort_unstable_by_key(|t| t.id);
+        let mut scratch = heapless::Vec::new();
+        let mut rank = [0u16; 8];
+        for partition in [false, true] {
+            let (mut x, mut y) = (a.clone(), b.clone());
+            sort_by_lora(&mut x, &mut scratch, partition, &by_id, &mut rank);
+            sort_by_lora(&mut y, &mut scratch, partition, &by_id, &mut rank);
+            let xi: heapless::Vec<u64, 64> = x.iter().map(|l| l.id.0).collect();
+            let yi: heapless::Vec<u64, 64> = y.iter().map(|l| l.id.0).collect();
+            assert_eq!(xi, yi);
+        }
+    }
+}
