@@ -7,8 +7,9 @@
 //! page conservation per tier (free + used = capacity, no page owned twice) and every byte of every
 //! live request's pages.
 //!
-//! kvsched-core's KV pool does not yet expose the page moves it records, so the moves come from
-//! this model rather than from the core pool.
+//! The moves come from this model, not from kvsched-core's pool: the model picks scattered pages
+//! and batches several requests into one move list, which the core pool's low-ids-first free stacks
+//! rarely do. tests/core_moves.rs drives the store with the core pool's own move log.
 
 mod common;
 
