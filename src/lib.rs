@@ -1,3 +1,5 @@
 //! kvsched facade.
 #![deny(missing_docs)]
 pub use kvsched_core as core_api;
+pub mod plot;
+pub mod workload;
