@@ -294,7 +294,11 @@ impl CudaKvStore {
         &self.tiers.gpu
     }
 
-    /// The device block table, `rows * width` `i32` entries, row-major.
+    /// The device block table, `rows * width` `i32` entries, row-major, `-1` after a row's last page.
+    ///
+    /// Uploads write it on the block-table stream. Kernels launched through cudarc with this slice
+    /// as an argument are ordered against uploads by cudarc's per-slice events; a kernel launched
+    /// any other way must wait on the upload's [`CopyEvent`] and finish before the next upload.
     pub fn device_block_tables(&self) -> &CudaSlice<i32> {
         &self.tables.device
     }
@@ -408,6 +412,16 @@ impl AdapterMemory for CudaAdapterStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stores_can_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<CudaKvStore>();
+        send_sync::<CudaAdapterStore>();
+        send_sync::<crate::HostKvStore>();
+        send_sync::<crate::HostAdapterStore>();
+        send_sync::<CopyEvent>();
+    }
 
     #[test]
     fn no_driver_is_an_error_not_a_panic() {
