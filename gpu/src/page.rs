@@ -64,10 +64,9 @@ impl PoolShape {
         }
     }
 
-    /// Bytes in `tier` (`pages * page_bytes`); only meaningful for a validated shape.
+    /// Bytes in `tier` (`pages * page_bytes`, saturating; exact for a validated shape).
     pub const fn tier_bytes(&self, tier: Tier) -> usize {
-        // Cannot overflow on a validated shape (`validate` checks the product).
-        self.pages(tier) as usize * self.page_bytes
+        (self.pages(tier) as usize).saturating_mul(self.page_bytes)
     }
 
     /// Checks that both tiers can be allocated and that GPU page ids fit a block-table entry.
@@ -94,8 +93,14 @@ impl PoolShape {
         if page >= pages {
             return Err(MemError::PageOutOfRange { tier, page, pages });
         }
-        let start = page as usize * self.page_bytes;
-        Ok(start..start + self.page_bytes)
+        // Below `tier_bytes`, so no overflow on a validated shape; refused on an unvalidated one.
+        let invalid = MemError::InvalidShape {
+            reason: "allocation size overflows isize",
+        };
+        let start = (page as usize)
+            .checked_mul(self.page_bytes)
+            .ok_or(invalid)?;
+        Ok(start..start.checked_add(self.page_bytes).ok_or(invalid)?)
     }
 }
 
@@ -114,9 +119,9 @@ impl BlockTableShape {
         Self { rows, width }
     }
 
-    /// Entries in the whole table (`rows * width`); only meaningful for a validated shape.
+    /// Entries in the whole table (`rows * width`, saturating; exact for a validated shape).
     pub const fn entries(&self) -> usize {
-        self.rows as usize * self.width as usize
+        (self.rows as usize).saturating_mul(self.width as usize)
     }
 
     /// Checks that the table can be allocated.
@@ -525,6 +530,12 @@ mod tests {
                 pages: 2
             })
         );
+        let unvalidated = PoolShape::new(usize::MAX / 2, 3, 0);
+        assert!(matches!(
+            unvalidated.page_range(Tier::Gpu, 2),
+            Err(MemError::InvalidShape { .. })
+        ));
+        assert_eq!(unvalidated.tier_bytes(Tier::Gpu), usize::MAX);
     }
 
     #[test]
