@@ -1,1 +1,49 @@
-fn main() {}
+//! The `kvsched` command line: `simulate`, `conformance`, `bench`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: kvsched <command> [options]
+commands:
+  simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
+  conformance PATH...      run scenario files (files or folders of *.json); prints `N passed, M failed`
+  bench [options]          measure the scheduling pass (see `kvsched bench --help`)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("conformance") => conformance(&args[1..]),
+        Some("-h" | "--help") | None => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Some(other) => {
+            eprintln!("kvsched: unknown command {other:?}\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn conformance(args: &[String]) -> ExitCode {
+    if args.is_empty() {
+        eprintln!("usage: kvsched conformance PATH...");
+        return ExitCode::from(2);
+    }
+    let paths: Vec<PathBuf> = args.iter().map(PathBuf::from).collect();
+    let report = match kvsched::conformance::run_paths(&paths) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvsched conformance: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for l in &report.lines {
+        println!("{l}");
+    }
+    println!("{}", report.summary());
+    if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

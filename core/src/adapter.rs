@@ -36,16 +36,25 @@ pub trait PeftBackend {
     fn max_device_pages(&self) -> u32;
     /// Resolves a task id (None: unknown task).
     fn lookup(&self, task: TaskId) -> Option<TaskRef>;
-    /// Pages the task's adapter occupies.
-    fn determine_num_pages(&mut self, task: TaskRef) -> u32;
+    /// Pages the task's adapter occupies (asked for request `req`).
+    fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32;
     /// Registers `req` as active on `task` (load to device = true). `from_pause`: the request was paused
     /// on the task and this is its resume. Refusal changes nothing.
-    fn add_request(&mut self, req: RequestId, task: TaskRef, from_pause: bool) -> Result<(), PeftError>;
+    fn add_request(
+        &mut self,
+        req: RequestId,
+        task: TaskRef,
+        from_pause: bool,
+    ) -> Result<(), PeftError>;
     /// Removes `req` from the task's `held` set; with `pause` it becomes paused on the task.
     fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding);
     /// Makes every task of the batch resident on the device, evicting done tasks; `load` is called for
     /// each task that had to be copied to the device. All-or-nothing.
-    fn ensure_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError>;
+    fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError>;
 }
 
 /// The configuration without an adapter cache: every LoRA request is scheduled with no PEFT work.
@@ -59,14 +68,24 @@ impl PeftBackend for NoPeft {
     fn lookup(&self, _task: TaskId) -> Option<TaskRef> {
         None
     }
-    fn determine_num_pages(&mut self, _task: TaskRef) -> u32 {
+    fn determine_num_pages(&mut self, _req: RequestId, _task: TaskRef) -> u32 {
         0
     }
-    fn add_request(&mut self, _req: RequestId, _task: TaskRef, _from_pause: bool) -> Result<(), PeftError> {
+    fn add_request(
+        &mut self,
+        _req: RequestId,
+        _task: TaskRef,
+        _from_pause: bool,
+    ) -> Result<(), PeftError> {
         Ok(())
     }
-    fn mark_request_done(&mut self, _req: RequestId, _task: TaskRef, _pause: bool, _held: Holding) {}
-    fn ensure_batch(&mut self, _tasks: &[TaskRef], _load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
+    fn mark_request_done(&mut self, _req: RequestId, _task: TaskRef, _pause: bool, _held: Holding) {
+    }
+    fn ensure_batch(
+        &mut self,
+        _tasks: &[TaskRef],
+        _load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
         Ok(())
     }
 }
@@ -119,7 +138,9 @@ impl<const T: usize> AdapterPool<T> {
     /// A cache with `device_pages` device pages and `host_pages` host pages.
     pub fn new(device_pages: u32, host_pages: u32) -> Result<Self, crate::Error> {
         if device_pages == 0 || host_pages == 0 {
-            return Err(crate::Error::Invalid("adapter cache needs at least one device page and one host page"));
+            return Err(crate::Error::Invalid(
+                "adapter cache needs at least one device page and one host page",
+            ));
         }
         Ok(Self {
             tasks: heapless::Vec::new(),
@@ -139,11 +160,23 @@ impl<const T: usize> AdapterPool<T> {
         }
         let capacity = self.device_pages.min(self.host_pages);
         if pages == 0 || pages > capacity {
-            return Err(PeftError::AdapterTooLarge { task: id, pages, capacity });
+            return Err(PeftError::AdapterTooLarge {
+                task: id,
+                pages,
+                capacity,
+            });
         }
         let slot = self.tasks.len() as u16;
         self.tasks
-            .push(TaskEntry { id, pages, active: 0, paused: 0, on_device: false, on_host: false, last_use: 0 })
+            .push(TaskEntry {
+                id,
+                pages,
+                active: 0,
+                paused: 0,
+                on_device: false,
+                on_host: false,
+                last_use: 0,
+            })
             .map_err(|_| PeftError::TaskTableFull)?;
         Ok(TaskRef { id, slot })
     }
@@ -175,8 +208,18 @@ impl<const T: usize> AdapterPool<T> {
 
     /// Page conservation and residency invariants (see the module docs).
     pub fn check(&self) -> bool {
-        let dev: u32 = self.tasks.iter().filter(|t| t.on_device).map(|t| t.pages).sum();
-        let host: u32 = self.tasks.iter().filter(|t| t.on_host).map(|t| t.pages).sum();
+        let dev: u32 = self
+            .tasks
+            .iter()
+            .filter(|t| t.on_device)
+            .map(|t| t.pages)
+            .sum();
+        let host: u32 = self
+            .tasks
+            .iter()
+            .filter(|t| t.on_host)
+            .map(|t| t.pages)
+            .sum();
         dev == self.device_used
             && host == self.host_used
             && dev <= self.device_pages
@@ -192,7 +235,11 @@ impl<const T: usize> AdapterPool<T> {
     /// Frees `need` pages on one tier by evicting least-recently-used evictable tasks, after checking that
     /// enough can be freed. `skip` marks tasks that must stay (the batch).
     fn claim(&mut self, device: bool, need: u32, skip: &dyn Fn(usize) -> bool) -> bool {
-        let (cap, used) = if device { (self.device_pages, self.device_used) } else { (self.host_pages, self.host_used) };
+        let (cap, used) = if device {
+            (self.device_pages, self.device_used)
+        } else {
+            (self.host_pages, self.host_used)
+        };
         let free = cap - used;
         if need <= free {
             return true;
@@ -249,16 +296,29 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
     }
 
     fn lookup(&self, task: TaskId) -> Option<TaskRef> {
-        self.tasks.iter().position(|t| t.id == task).map(|i| TaskRef { id: task, slot: i as u16 })
+        self.tasks
+            .iter()
+            .position(|t| t.id == task)
+            .map(|i| TaskRef {
+                id: task,
+                slot: i as u16,
+            })
     }
 
-    fn determine_num_pages(&mut self, task: TaskRef) -> u32 {
+    fn determine_num_pages(&mut self, _req: RequestId, task: TaskRef) -> u32 {
         self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
     }
 
-    fn add_request(&mut self, _req: RequestId, task: TaskRef, from_pause: bool) -> Result<(), PeftError> {
+    fn add_request(
+        &mut self,
+        _req: RequestId,
+        task: TaskRef,
+        from_pause: bool,
+    ) -> Result<(), PeftError> {
         let i = task.slot as usize;
-        let Some(t) = self.tasks.get(i) else { return Err(PeftError::UnknownTask(task.id)) };
+        let Some(t) = self.tasks.get(i) else {
+            return Err(PeftError::UnknownTask(task.id));
+        };
         if !t.on_host {
             let pages = t.pages;
             if !self.claim(false, pages, &|j| j == i) {
@@ -273,7 +333,10 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
         let t = &mut self.tasks[i];
         t.active += 1;
         if from_pause {
-            debug_assert!(t.paused > 0, "resume from a pause that was never registered");
+            debug_assert!(
+                t.paused > 0,
+                "resume from a pause that was never registered"
+            );
             t.paused = t.paused.saturating_sub(1);
         }
         t.last_use = now;
@@ -282,7 +345,9 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
 
     fn mark_request_done(&mut self, _req: RequestId, task: TaskRef, pause: bool, held: Holding) {
         let now = self.tick();
-        let Some(t) = self.tasks.get_mut(task.slot as usize) else { return };
+        let Some(t) = self.tasks.get_mut(task.slot as usize) else {
+            return;
+        };
         match held {
             Holding::Lease => {
                 debug_assert!(t.active > 0);
@@ -299,14 +364,26 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
         t.last_use = now;
     }
 
-    fn ensure_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
+    fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
         // All-or-nothing: the pages of every non-resident batch task must be obtainable without evicting
         // a batch task.
         let in_batch = |j: usize, tasks: &[TaskRef]| tasks.iter().any(|t| t.slot as usize == j);
         let mut need = 0u32;
         for tr in tasks {
-            let t = self.tasks.get(tr.slot as usize).ok_or(PeftError::UnknownTask(tr.id))?;
-            if !t.on_device && !tasks.iter().take_while(|x| *x != tr).any(|x| x.slot == tr.slot) {
+            let t = self
+                .tasks
+                .get(tr.slot as usize)
+                .ok_or(PeftError::UnknownTask(tr.id))?;
+            if !t.on_device
+                && !tasks
+                    .iter()
+                    .take_while(|x| *x != tr)
+                    .any(|x| x.slot == tr.slot)
+            {
                 need += t.pages;
             }
         }
@@ -320,9 +397,16 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
                     .filter(|(j, t)| t.on_device && t.active == 0 && !in_batch(*j, tasks))
                     .map(|(_, t)| t.pages)
                     .sum::<u32>();
-            let first = tasks.iter().find(|tr| !self.tasks[tr.slot as usize].on_device).copied();
+            let first = tasks
+                .iter()
+                .find(|tr| !self.tasks[tr.slot as usize].on_device)
+                .copied();
             let task = first.map_or(TaskId(0), |t| t.id);
-            return Err(PeftError::DeviceCacheFull { task, needed: need, obtainable });
+            return Err(PeftError::DeviceCacheFull {
+                task,
+                needed: need,
+                obtainable,
+            });
         }
         let now = self.tick();
         for tr in tasks {
@@ -350,10 +434,16 @@ mod tests {
     #[test]
     fn adapter_larger_than_cache_is_refused() {
         let mut p: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
-        assert!(matches!(p.register(TaskId(1), 5), Err(PeftError::AdapterTooLarge { .. })));
+        assert!(matches!(
+            p.register(TaskId(1), 5),
+            Err(PeftError::AdapterTooLarge { .. })
+        ));
         assert!(p.tasks().is_empty(), "refusal changes nothing");
         p.register(TaskId(1), 4).unwrap();
-        assert_eq!(p.register(TaskId(1), 1), Err(PeftError::DuplicateTask(TaskId(1))));
+        assert_eq!(
+            p.register(TaskId(1), 1),
+            Err(PeftError::DuplicateTask(TaskId(1)))
+        );
     }
 
     #[test]
@@ -370,8 +460,18 @@ mod tests {
         p.mark_request_done(r(0), a, false, Holding::Lease);
         p.add_request(r(2), c, false).unwrap();
         let err = p.ensure_batch(&[c], &mut |_| {}).unwrap_err();
-        assert!(matches!(err, PeftError::DeviceCacheFull { needed: 3, obtainable: 2, .. }));
-        assert!(p.tasks()[0].on_device, "nothing was evicted by the refused claim");
+        assert!(matches!(
+            err,
+            PeftError::DeviceCacheFull {
+                needed: 3,
+                obtainable: 2,
+                ..
+            }
+        ));
+        assert!(
+            p.tasks()[0].on_device,
+            "nothing was evicted by the refused claim"
+        );
         // b pauses: now both are evictable and c fits.
         p.mark_request_done(r(1), b, true, Holding::Lease);
         let mut loaded = 0;
@@ -389,7 +489,10 @@ mod tests {
         let b = p.register(TaskId(2), 4).unwrap();
         p.add_request(r(0), a, false).unwrap();
         p.mark_request_done(r(0), a, true, Holding::Lease);
-        assert_eq!(p.add_request(r(1), b, false), Err(PeftError::HostCacheFull(TaskId(2))));
+        assert_eq!(
+            p.add_request(r(1), b, false),
+            Err(PeftError::HostCacheFull(TaskId(2)))
+        );
         p.mark_request_done(r(0), a, false, Holding::Paused);
         p.add_request(r(1), b, false).unwrap();
         assert!(p.check());

@@ -59,13 +59,25 @@ impl<T, const N: usize> Default for Arena<T, N> {
 impl<T, const N: usize> Arena<T, N> {
     /// An empty arena.
     pub fn new() -> Self {
-        const { assert!(N > 0 && N <= u16::MAX as usize, "arena capacity must be 1..=65535") };
+        const {
+            assert!(
+                N > 0 && N <= u16::MAX as usize,
+                "arena capacity must be 1..=65535"
+            )
+        };
         let mut free = heapless::Vec::new();
         // Pop order hands out slot 0 first.
         for i in (0..N).rev() {
             let _ = free.push(i as u16);
         }
-        Self { slots: core::array::from_fn(|_| Slot { generation: 0, value: None }), free, len: 0 }
+        Self {
+            slots: core::array::from_fn(|_| Slot {
+                generation: 0,
+                value: None,
+            }),
+            free,
+            len: 0,
+        }
     }
 
     /// Capacity.
@@ -85,12 +97,18 @@ impl<T, const N: usize> Arena<T, N> {
 
     /// Inserts a value; when full, hands it back.
     pub fn insert(&mut self, value: T) -> Result<Handle<T>, T> {
-        let Some(index) = self.free.pop() else { return Err(value) };
+        let Some(index) = self.free.pop() else {
+            return Err(value);
+        };
         let slot = &mut self.slots[index as usize];
         debug_assert!(slot.value.is_none());
         slot.value = Some(value);
         self.len += 1;
-        Ok(Handle { index, generation: slot.generation, _t: PhantomData })
+        Ok(Handle {
+            index,
+            generation: slot.generation,
+            _t: PhantomData,
+        })
     }
 
     /// The value, if the handle is live.
@@ -124,7 +142,11 @@ impl<T, const N: usize> Arena<T, N> {
     /// The live handle of a dense slot index.
     pub fn handle_at(&self, index: u16) -> Option<Handle<T>> {
         let slot = self.slots.get(index as usize)?;
-        slot.value.as_ref().map(|_| Handle { index, generation: slot.generation, _t: PhantomData })
+        slot.value.as_ref().map(|_| Handle {
+            index,
+            generation: slot.generation,
+            _t: PhantomData,
+        })
     }
 
     /// Removes and returns the value; the handle (and every copy) becomes stale.
@@ -145,7 +167,16 @@ impl<T, const N: usize> Arena<T, N> {
     /// Iterates over live values with their handles.
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
-            s.value.as_ref().map(|v| (Handle { index: i as u16, generation: s.generation, _t: PhantomData }, v))
+            s.value.as_ref().map(|v| {
+                (
+                    Handle {
+                        index: i as u16,
+                        generation: s.generation,
+                        _t: PhantomData,
+                    },
+                    v,
+                )
+            })
         })
     }
 
@@ -154,7 +185,10 @@ impl<T, const N: usize> Arena<T, N> {
         let live = self.slots.iter().filter(|s| s.value.is_some()).count();
         live == self.len
             && self.free.len() + live == N
-            && self.free.iter().all(|&i| self.slots[i as usize].value.is_none())
+            && self
+                .free
+                .iter()
+                .all(|&i| self.slots[i as usize].value.is_none())
     }
 }
 
@@ -173,7 +207,11 @@ mod tests {
         assert_eq!(a.get(h0), None, "removed handle is stale");
         let h2 = a.insert(20).unwrap();
         assert_eq!(h2.index(), h0.index(), "slot reused");
-        assert_eq!(a.get(h0), None, "old handle does not resolve to the new value");
+        assert_eq!(
+            a.get(h0),
+            None,
+            "old handle does not resolve to the new value"
+        );
         assert_eq!(a.remove(h0), None);
         assert_eq!(a.get(h2), Some(&20));
         assert_eq!(a.get(h1), Some(&11));

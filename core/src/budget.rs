@@ -15,7 +15,12 @@ pub struct Budget {
 impl Budget {
     /// A fresh budget.
     pub fn new(cfg: &Config) -> Self {
-        Self { limit: cfg.max_num_tokens, used: 0, requests: 0, max_requests: cfg.max_num_requests }
+        Self {
+            limit: cfg.max_num_tokens,
+            used: 0,
+            requests: 0,
+            max_requests: cfg.max_num_requests,
+        }
     }
     /// `n` more tokens fit.
     #[inline]
@@ -25,7 +30,8 @@ impl Budget {
     /// Tokens left (`None` = unlimited).
     #[inline]
     pub fn remaining(&self) -> Option<u32> {
-        self.limit.map(|l| (l as u64).saturating_sub(self.used) as u32)
+        self.limit
+            .map(|l| (l as u64).saturating_sub(self.used) as u32)
     }
     /// The request limit is reached.
     #[inline]

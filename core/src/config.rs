@@ -104,7 +104,9 @@ impl Config {
             }
         }
         if self.deadlock_threshold == 0 {
-            return Err(crate::Error::Invalid("deadlock threshold must be at least 1 pass"));
+            return Err(crate::Error::Invalid(
+                "deadlock threshold must be at least 1 pass",
+            ));
         }
         Ok(())
     }

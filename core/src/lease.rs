@@ -105,10 +105,10 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         &self.pinned
     }
 
-    fn pages_of(&mut self, task: TaskRef) -> u32 {
+    fn pages_of(&mut self, req: RequestId, task: TaskRef) -> u32 {
         let s = task.slot as usize;
         if self.pages[s] == 0 {
-            self.pages[s] = self.backend.determine_num_pages(task);
+            self.pages[s] = self.backend.determine_num_pages(req, task);
         }
         self.pages[s]
     }
@@ -142,23 +142,32 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         if let Some(p) = paused {
             p._bomb.defuse();
         }
-        let pages = self.pages_of(task);
+        let pages = self.pages_of(req, task);
         self.leases[s] += 1;
         if self.leases[s] == 1 {
             self.pinned_pages += pages;
             let pushed = self.pinned.push(task.slot);
             debug_assert!(pushed.is_ok());
         }
-        Ok(AdapterLease { task, _bomb: Bomb::armed() })
+        Ok(AdapterLease {
+            task,
+            _bomb: Bomb::armed(),
+        })
     }
 
     /// Returns a lease. With `pause` the request stays registered as paused on the task and gets a
     /// [`PausedOn`] back; without, it is done with the task.
-    pub fn release(&mut self, req: RequestId, lease: AdapterLease, pause: bool) -> Option<PausedOn> {
+    pub fn release(
+        &mut self,
+        req: RequestId,
+        lease: AdapterLease,
+        pause: bool,
+    ) -> Option<PausedOn> {
         let task = lease.task;
         lease._bomb.defuse();
         let s = task.slot as usize;
-        self.backend.mark_request_done(req, task, pause, Holding::Lease);
+        self.backend
+            .mark_request_done(req, task, pause, Holding::Lease);
         debug_assert!(self.leases[s] > 0);
         self.leases[s] -= 1;
         if self.leases[s] == 0 {
@@ -173,14 +182,18 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
                 self.claimed -= pages;
             }
         }
-        pause.then(|| PausedOn { task, _bomb: Bomb::armed() })
+        pause.then(|| PausedOn {
+            task,
+            _bomb: Bomb::armed(),
+        })
     }
 
     /// Drops a paused registration (the request finished or was cancelled while paused).
     pub fn drop_paused(&mut self, req: RequestId, paused: PausedOn) {
         let task = paused.task;
         paused._bomb.defuse();
-        self.backend.mark_request_done(req, task, false, Holding::Paused);
+        self.backend
+            .mark_request_done(req, task, false, Holding::Paused);
     }
 
     /// Starts a pass's PEFT budget: every pinned adapter is counted.
@@ -194,7 +207,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
 
     /// Pages this request's adapter adds to the pass (0 when already counted), or `None` when it does
     /// not fit in the device cache next to what is counted.
-    pub fn pages_needed(&mut self, task: TaskRef) -> Option<u32> {
+    pub fn pages_needed(&mut self, req: RequestId, task: TaskRef) -> Option<u32> {
         let s = task.slot as usize;
         if s >= T {
             return None;
@@ -202,7 +215,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         if self.counted[s] == self.epoch {
             return Some(0);
         }
-        let pages = self.backend.determine_num_pages(task);
+        let pages = self.backend.determine_num_pages(req, task);
         self.pages[s] = pages;
         if self.claimed as u64 + pages as u64 > self.backend.max_device_pages() as u64 {
             None
@@ -230,7 +243,11 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
     }
 
     /// Makes the batch's adapters resident (see [`PeftBackend::ensure_batch`]).
-    pub fn ensure_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
+    pub fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
         self.backend.ensure_batch(tasks, load)
     }
 }

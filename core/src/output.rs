@@ -95,15 +95,35 @@ impl<const N: usize> SchedulerOutput<N> {
         let r = request.kv_ref();
         let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
         // Cannot overflow: at most one entry per live request, and the table holds N.
-        let _ = self.generation.push(Listed { id: r.id, slot: r.slot, chunk: 0, last: false, key, bucket });
+        let _ = self.generation.push(Listed {
+            id: r.id,
+            slot: r.slot,
+            chunk: 0,
+            last: false,
+            key,
+            bucket,
+        });
     }
 
     /// Adds a context chunk for a schedulable request.
-    pub fn push_context<S: Schedulable>(&mut self, request: &Request<S>, chunk: u32, last: bool, key: u64) {
+    pub fn push_context<S: Schedulable>(
+        &mut self,
+        request: &Request<S>,
+        chunk: u32,
+        last: bool,
+        key: u64,
+    ) {
         let r = request.kv_ref();
         let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
         self.has_chunking |= !last;
-        let _ = self.context.push(Listed { id: r.id, slot: r.slot, chunk, last, key, bucket });
+        let _ = self.context.push(Listed {
+            id: r.id,
+            slot: r.slot,
+            chunk,
+            last,
+            key,
+            bucket,
+        });
     }
 
     /// Ids of a list, for tests and tools.
@@ -123,7 +143,13 @@ pub(crate) fn sort_by_lora<const N: usize>(
     adapters_by_id: &[TaskRef],
     rank: &mut [u16],
 ) {
-    let full_key = |l: &Listed| if partition { ((l.last as u64) << 63) | l.key } else { l.key };
+    let full_key = |l: &Listed| {
+        if partition {
+            ((l.last as u64) << 63) | l.key
+        } else {
+            l.key
+        }
+    };
     if list.windows(2).all(|w| full_key(&w[0]) <= full_key(&w[1])) {
         return;
     }
@@ -141,7 +167,11 @@ pub(crate) fn sort_by_lora<const N: usize>(
         let parts = if partition { 2 } else { 1 };
         let mut starts = CountTable::new(parts * k);
         let b_of = |l: &Listed, rank: &[u16]| -> usize {
-            let b = if l.key == 0 { 0 } else { rank[l.bucket as usize] as usize };
+            let b = if l.key == 0 {
+                0
+            } else {
+                rank[l.bucket as usize] as usize
+            };
             let part = if partition && l.last { 1 } else { 0 };
             part * k + b
         };
@@ -194,7 +224,11 @@ impl CountTable {
     }
 }
 
-fn merge_sort<const N: usize>(list: &mut List<N>, scratch: &mut List<N>, key: impl Fn(&Listed) -> u64) {
+fn merge_sort<const N: usize>(
+    list: &mut List<N>,
+    scratch: &mut List<N>,
+    key: impl Fn(&Listed) -> u64,
+) {
     let n = list.len();
     scratch.clear();
     scratch.extend(core::iter::repeat_n(Listed::default(), n));
@@ -202,8 +236,11 @@ fn merge_sort<const N: usize>(list: &mut List<N>, scratch: &mut List<N>, key: im
     let mut from_list = true;
     while width < n {
         {
-            let (src, dst): (&[Listed], &mut [Listed]) =
-                if from_list { (&list[..], &mut scratch[..]) } else { (&scratch[..], &mut list[..]) };
+            let (src, dst): (&[Listed], &mut [Listed]) = if from_list {
+                (&list[..], &mut scratch[..])
+            } else {
+                (&scratch[..], &mut list[..])
+            };
             let mut lo = 0;
             while lo < n {
                 let mid = (lo + width).min(n);
@@ -240,7 +277,14 @@ mod tests {
     use crate::request::TaskId;
 
     fn l(id: u64, key: u64, last: bool) -> Listed {
-        Listed { id: RequestId(id), slot: id as u16, chunk: 0, last, key, bucket: NO_BUCKET }
+        Listed {
+            id: RequestId(id),
+            slot: id as u16,
+            chunk: 0,
+            last,
+            key,
+            bucket: NO_BUCKET,
+        }
     }
 
     #[test]
@@ -263,11 +307,32 @@ mod tests {
     #[test]
     fn counting_sort_matches_merge_sort() {
         let mut a: List<64> = heapless::Vec::new();
-        let tasks = [TaskRef { id: TaskId(5), slot: 0 }, TaskRef { id: TaskId(2), slot: 1 }];
+        let tasks = [
+            TaskRef {
+                id: TaskId(5),
+                slot: 0,
+            },
+            TaskRef {
+                id: TaskId(2),
+                slot: 1,
+            },
+        ];
         for i in 0..40u64 {
             let t = (i * 7 % 3) as usize;
-            let (key, bucket) = if t == 2 { (0, NO_BUCKET) } else { (tasks[t].id.0 + 1, tasks[t].slot) };
-            a.push(Listed { id: RequestId(i), slot: i as u16, chunk: 0, last: i % 3 == 0, key, bucket }).unwrap();
+            let (key, bucket) = if t == 2 {
+                (0, NO_BUCKET)
+            } else {
+                (tasks[t].id.0 + 1, tasks[t].slot)
+            };
+            a.push(Listed {
+                id: RequestId(i),
+                slot: i as u16,
+                chunk: 0,
+                last: i % 3 == 0,
+                key,
+                bucket,
+            })
+            .unwrap();
         }
         let mut b = a.clone();
         for l in b.iter_mut() {

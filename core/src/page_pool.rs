@@ -144,11 +144,14 @@ const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
 impl<'a> KvPool<'a> {
     /// A pool over `storage`; refuses zero sizes and buffers of the wrong length.
     pub fn new(cfg: KvPoolConfig, storage: KvStorage<'a>) -> Result<Self, crate::Error> {
-        if cfg.tokens_per_block == 0 || cfg.gpu_pages == 0 || cfg.slots == 0 || cfg.max_blocks == 0 {
+        if cfg.tokens_per_block == 0 || cfg.gpu_pages == 0 || cfg.slots == 0 || cfg.max_blocks == 0
+        {
             return Err(crate::Error::Invalid("KV pool sizes must be non-zero"));
         }
         if cfg.slots > u16::MAX as u32 + 1 {
-            return Err(crate::Error::Invalid("KV pool has more slots than a table slot can name"));
+            return Err(crate::Error::Invalid(
+                "KV pool has more slots than a table slot can name",
+            ));
         }
         if storage.gpu_free.len() != cfg.gpu_pages as usize
             || storage.host_free.len() != cfg.host_pages as usize
@@ -156,7 +159,9 @@ impl<'a> KvPool<'a> {
             || storage.seqs.len() != cfg.slots as usize
             || storage.moves.len() != cfg.move_log_len()
         {
-            return Err(crate::Error::Invalid("KV storage buffers do not match the pool geometry"));
+            return Err(crate::Error::Invalid(
+                "KV storage buffers do not match the pool geometry",
+            ));
         }
         // Free stacks pop low page ids first.
         for (i, p) in storage.gpu_free.iter_mut().enumerate() {
@@ -223,7 +228,9 @@ impl<'a> KvPool<'a> {
                 }
                 continue;
             }
-            if s.blocks > self.cfg.max_blocks || s.blocks < blocks_for(s.capacity, self.cfg.tokens_per_block) {
+            if s.blocks > self.cfg.max_blocks
+                || s.blocks < blocks_for(s.capacity, self.cfg.tokens_per_block)
+            {
                 return false;
             }
             if s.on_host {
@@ -232,7 +239,8 @@ impl<'a> KvPool<'a> {
                 gpu += s.blocks;
             }
         }
-        gpu + self.gpu_free_len == self.cfg.gpu_pages && host + self.host_free_len == self.cfg.host_pages
+        gpu + self.gpu_free_len == self.cfg.gpu_pages
+            && host + self.host_free_len == self.cfg.host_pages
     }
 
     fn row(&self, slot: usize) -> usize {
@@ -299,7 +307,12 @@ impl<'a> KvPool<'a> {
                 self.tables[base + b] = dst;
                 self.host_free[self.host_free_len as usize] = src;
                 self.host_free_len += 1;
-                self.moves[self.moves_len] = PageMove { request: id, from: Tier::Host, src, dst };
+                self.moves[self.moves_len] = PageMove {
+                    request: id,
+                    from: Tier::Host,
+                    src,
+                    dst,
+                };
                 self.moves_len += 1;
             }
             self.stats.pages_reloaded += s.blocks as u64;
@@ -332,18 +345,23 @@ impl KvBackend for KvPool<'_> {
     }
 
     fn has_cache(&self, r: KvRef) -> bool {
-        self.slot(r).is_some_and(|i| self.seqs[i].state != SeqState::None)
+        self.slot(r)
+            .is_some_and(|i| self.seqs[i].state != SeqState::None)
     }
 
     fn is_active(&self, r: KvRef) -> bool {
-        self.slot(r).is_some_and(|i| self.seqs[i].state == SeqState::Active)
+        self.slot(r)
+            .is_some_and(|i| self.seqs[i].state == SeqState::Active)
     }
 
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let i = self.slot(r)?;
         match self.seqs[i].state {
             SeqState::None if prep.first_chunk => {
-                self.seqs[i] = Seq { state: SeqState::Active, ..Seq::default() };
+                self.seqs[i] = Seq {
+                    state: SeqState::Active,
+                    ..Seq::default()
+                };
                 Some(0)
             }
             SeqState::None => None,
@@ -379,7 +397,9 @@ impl KvBackend for KvPool<'_> {
             }
             SeqState::Suspended => {
                 let extra = self.extra_blocks(i, target);
-                if blocks_for(target, self.cfg.tokens_per_block) > self.cfg.max_blocks || !self.resume(i, r.id, extra) {
+                if blocks_for(target, self.cfg.tokens_per_block) > self.cfg.max_blocks
+                    || !self.resume(i, r.id, extra)
+                {
                     return false;
                 }
                 let grown = self.grow(i, target);
@@ -425,7 +445,12 @@ impl KvBackend for KvPool<'_> {
             self.tables[base + b] = dst;
             self.gpu_free[self.gpu_free_len as usize] = src;
             self.gpu_free_len += 1;
-            self.moves[self.moves_len] = PageMove { request: r.id, from: Tier::Gpu, src, dst };
+            self.moves[self.moves_len] = PageMove {
+                request: r.id,
+                from: Tier::Gpu,
+                src,
+                dst,
+            };
             self.moves_len += 1;
         }
         self.stats.pages_offloaded += s.blocks as u64;
@@ -449,7 +474,10 @@ impl KvBackend for KvPool<'_> {
         let Some(i) = self.slot(r) else { return false };
         match self.seqs[i].state {
             SeqState::None => {
-                self.seqs[i] = Seq { state: SeqState::Active, ..Seq::default() };
+                self.seqs[i] = Seq {
+                    state: SeqState::Active,
+                    ..Seq::default()
+                };
                 if self.grow(i, capacity) {
                     true
                 } else {
@@ -494,7 +522,13 @@ mod tests {
         }
         fn pool(&mut self, host: bool) -> KvPool<'_> {
             let host_pages = if host { 4 } else { 0 };
-            let cfg = KvPoolConfig { tokens_per_block: 4, gpu_pages: 8, host_pages, slots: 4, max_blocks: 4 };
+            let cfg = KvPoolConfig {
+                tokens_per_block: 4,
+                gpu_pages: 8,
+                host_pages,
+                slots: 4,
+                max_blocks: 4,
+            };
             let moves_len = cfg.move_log_len();
             KvPool::new(
                 cfg,
@@ -511,9 +545,16 @@ mod tests {
     }
 
     fn r(slot: u16) -> KvRef {
-        KvRef { slot, id: RequestId(slot as u64 + 100) }
+        KvRef {
+            slot,
+            id: RequestId(slot as u64 + 100),
+        }
     }
-    const FIRST: ContextPrep = ContextPrep { first_chunk: true, prompt: 8, position: 0 };
+    const FIRST: ContextPrep = ContextPrep {
+        first_chunk: true,
+        prompt: 8,
+        position: 0,
+    };
 
     #[test]
     fn grow_suspend_to_host_and_resume_moves_every_page() {
@@ -565,7 +606,10 @@ mod tests {
         p.prepare_context(r(2), FIRST).unwrap();
         assert!(!p.resize_context(r(2), 8, true), "needs 2 pages, 1 free");
         assert_eq!(p.gpu_free(), 1, "refusal took nothing");
-        assert!(!p.try_allocate_generation(r(0), 1), "table is at max_blocks");
+        assert!(
+            !p.try_allocate_generation(r(0), 1),
+            "table is at max_blocks"
+        );
         assert_eq!(p.seq(0).capacity, 16);
         assert!(!p.try_allocate_generation(r(3), 1), "no cache");
         assert!(p.check());

@@ -93,7 +93,9 @@ impl Phase {
     pub const fn is_generation(self) -> bool {
         matches!(
             self,
-            Phase::DisaggGenerationTransComplete | Phase::GenerationInProgress | Phase::GenerationToComplete
+            Phase::DisaggGenerationTransComplete
+                | Phase::GenerationInProgress
+                | Phase::GenerationToComplete
         )
     }
 
@@ -102,7 +104,9 @@ impl Phase {
     pub const fn holds_transfer(self) -> bool {
         matches!(
             self,
-            Phase::DisaggContextTransInProgress | Phase::DisaggContextComplete | Phase::DisaggGenerationTransInProgress
+            Phase::DisaggContextTransInProgress
+                | Phase::DisaggContextComplete
+                | Phase::DisaggGenerationTransInProgress
         )
     }
 }

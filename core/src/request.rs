@@ -226,12 +226,28 @@ impl<S: Residency> Request<S> {
     fn id(&self) -> crate::request::RequestId {
         self.kv.id
     }
+    /// Forgets the request's resources without releasing them: only for tearing down a whole scheduler,
+    /// whose backends go away with it.
+    pub(crate) fn abandon(self) {
+        let (_, _, state) = self.into_parts();
+        core::mem::forget(state);
+    }
+
     fn into_parts(self) -> (KvRef, Option<TaskRef>, S) {
         self.bomb.defuse();
         (self.kv, self.task, self.state)
     }
     fn build<T: Residency>(kv: KvRef, task: Option<TaskRef>, state: T, armed: bool) -> Request<T> {
-        Request { kv, task, state, bomb: if armed { Bomb::armed() } else { Bomb::defused() } }
+        Request {
+            kv,
+            task,
+            state,
+            bomb: if armed {
+                Bomb::armed()
+            } else {
+                Bomb::defused()
+            },
+        }
     }
 }
 
@@ -265,12 +281,20 @@ impl Request<Waiting> {
         kv: &K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Waiting>> {
-        debug_assert!(kv.is_active(self.kv), "admit needs the first chunk's KV pages");
+        debug_assert!(
+            kv.is_active(self.kv),
+            "admit needs the first chunk's KV pages"
+        );
         let lease = match self.task {
             None => None,
             Some(t) => match desk.acquire(self.id(), t, None) {
                 Ok(l) => Some(l),
-                Err((_, error)) => return Err(Refused { request: self, error }),
+                Err((_, error)) => {
+                    return Err(Refused {
+                        request: self,
+                        error,
+                    })
+                }
             },
         };
         let (kv, task, _) = self.into_parts();
@@ -290,7 +314,15 @@ impl Request<Waiting> {
     pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
         kv.free(self.kv);
         let (kv, task, _) = self.into_parts();
-        Self::build(kv, task, Suspended { paused_on: None, _m: PhantomData }, true)
+        Self::build(
+            kv,
+            task,
+            Suspended {
+                paused_on: None,
+                _m: PhantomData,
+            },
+            true,
+        )
     }
 }
 
@@ -310,7 +342,15 @@ impl Request<Active> {
         let id = self.id();
         let (kv, task, state) = self.into_parts();
         let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
-        Self::build(kv, task, Suspended { paused_on, _m: PhantomData }, true)
+        Self::build(
+            kv,
+            task,
+            Suspended {
+                paused_on,
+                _m: PhantomData,
+            },
+            true,
+        )
     }
 
     /// (4) Destructive recompute pause: KV freed, lease returned with pause = true.
@@ -340,11 +380,23 @@ impl Request<Active> {
         let id = self.id();
         let (kv, task, state) = self.into_parts();
         let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
-        Self::build(kv, task, Suspended { paused_on, _m: PhantomData }, true)
+        Self::build(
+            kv,
+            task,
+            Suspended {
+                paused_on,
+                _m: PhantomData,
+            },
+            true,
+        )
     }
 
     /// (8) Finish: KV freed, lease returned with pause = false.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(self, kv: &mut K, desk: &mut AdapterDesk<P, T>) {
+    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T>,
+    ) {
         kv.free(self.kv);
         let id = self.id();
         let (_, _, state) = self.into_parts();
@@ -371,7 +423,15 @@ impl Request<Suspended<Paused>> {
     /// Adoption of a suspended cache with the request's paused registration.
     pub(crate) fn adopt_suspended_with(w: Request<Waiting>, paused_on: Option<PausedOn>) -> Self {
         let (kv, task, _) = w.into_parts();
-        Self::build(kv, task, Suspended { paused_on, _m: PhantomData }, true)
+        Self::build(
+            kv,
+            task,
+            Suspended {
+                paused_on,
+                _m: PhantomData,
+            },
+            true,
+        )
     }
 
     /// (3) Resume: the pass brought the KV back (`how`); the desk mints a fresh lease, consuming the
@@ -394,7 +454,15 @@ impl Request<Suspended<Paused>> {
                         kv.revert_allocate_generation(r);
                     }
                     kv.suspend(r);
-                    let request = Self::build(r, task, Suspended { paused_on, _m: PhantomData }, true);
+                    let request = Self::build(
+                        r,
+                        task,
+                        Suspended {
+                            paused_on,
+                            _m: PhantomData,
+                        },
+                        true,
+                    );
                     return Err(Refused { request, error });
                 }
             },
@@ -414,11 +482,23 @@ impl Request<Suspended<Paused>> {
     pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
         kv.free(self.kv);
         let (kv, task, state) = self.into_parts();
-        Self::build(kv, task, Suspended { paused_on: state.paused_on, _m: PhantomData }, true)
+        Self::build(
+            kv,
+            task,
+            Suspended {
+                paused_on: state.paused_on,
+                _m: PhantomData,
+            },
+            true,
+        )
     }
 
     /// (8) Finish while suspended: KV freed, paused registration dropped.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(self, kv: &mut K, desk: &mut AdapterDesk<P, T>) {
+    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T>,
+    ) {
         kv.free(self.kv);
         let id = self.id();
         let (_, _, state) = self.into_parts();
@@ -436,14 +516,25 @@ impl Request<Suspended<Recompute>> {
         kv: &K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Suspended<Recompute>>> {
-        debug_assert!(kv.is_active(self.kv), "replay needs the first chunk's KV pages");
+        debug_assert!(
+            kv.is_active(self.kv),
+            "replay needs the first chunk's KV pages"
+        );
         let id = self.id();
         let (r, task, state) = self.into_parts();
         let lease = match (task, state.paused_on) {
             (Some(t), paused) => match desk.acquire(id, t, paused) {
                 Ok(l) => Some(l),
                 Err((paused_on, error)) => {
-                    let request = Self::build(r, task, Suspended { paused_on, _m: PhantomData }, true);
+                    let request = Self::build(
+                        r,
+                        task,
+                        Suspended {
+                            paused_on,
+                            _m: PhantomData,
+                        },
+                        true,
+                    );
                     return Err(Refused { request, error });
                 }
             },
@@ -453,7 +544,11 @@ impl Request<Suspended<Recompute>> {
     }
 
     /// (8) Finish before the replay: drops any cache and the paused registration.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(self, kv: &mut K, desk: &mut AdapterDesk<P, T>) {
+    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T>,
+    ) {
         if kv.has_cache(self.kv) {
             kv.free(self.kv);
         }

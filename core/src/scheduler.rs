@@ -28,7 +28,8 @@ use crate::lease::AdapterDesk;
 use crate::output::{self, List, Listed, SchedulerOutput, NO_BUCKET};
 use crate::phase::Phase;
 use crate::request::{
-    Active, KvReturn, Paused, Recompute, Request, RequestId, RequestSpec, Suspended, TaskId, Waiting,
+    Active, KvReturn, Paused, Recompute, Request, RequestId, RequestSpec, Suspended, TaskId,
+    Waiting,
 };
 
 /// What a request owns, as stored in the table: one of the type-states.
@@ -153,6 +154,23 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     rank: [u16; T],
 }
 
+impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
+    /// Tearing the scheduler down takes its backends with it: every request's resources go too.
+    fn drop(&mut self) {
+        for &slot in self.order.iter() {
+            if let Some(e) = self.table.at_mut(slot) {
+                match core::mem::replace(&mut e.residency, Residency::Moving) {
+                    Residency::Waiting(r) => r.abandon(),
+                    Residency::Active(r) => r.abandon(),
+                    Residency::Paused(r) => r.abandon(),
+                    Residency::Recompute(r) => r.abandon(),
+                    Residency::Moving => {}
+                }
+            }
+        }
+    }
+}
+
 /// Sort key: 0 without an adapter, 1 + task id with one.
 fn lora_key(lora: Option<TaskId>) -> u64 {
     lora.map_or(0, |t| t.0.saturating_add(1))
@@ -211,7 +229,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
     /// Requests in arrival order.
     pub fn requests(&self) -> impl Iterator<Item = (Handle, &Entry)> + '_ {
-        self.order.iter().filter_map(move |&s| Some((self.table.handle_at(s)?, self.table.at(s)?)))
+        self.order
+            .iter()
+            .filter_map(move |&s| Some((self.table.handle_at(s)?, self.table.at(s)?)))
     }
     /// One request.
     pub fn get(&self, h: Handle) -> Result<&Entry, Error> {
@@ -223,7 +243,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
     /// Finds a request by id (linear scan).
     pub fn find(&self, id: RequestId) -> Option<Handle> {
-        self.requests().find(|(_, e)| e.spec.id == id).map(|(h, _)| h)
+        self.requests()
+            .find(|(_, e)| e.spec.id == id)
+            .map(|(h, _)| h)
     }
 
     fn check_spec(&self, spec: &RequestSpec) -> Result<Option<TaskRef>, Error> {
@@ -233,13 +255,21 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if spec.beam == 0 {
             return Err(Error::Invalid("beam width must be at least 1"));
         }
-        if self.order.iter().any(|&s| self.table.at(s).is_some_and(|e| e.spec.id == spec.id)) {
+        if self
+            .order
+            .iter()
+            .any(|&s| self.table.at(s).is_some_and(|e| e.spec.id == spec.id))
+        {
             return Err(Error::DuplicateId(spec.id));
         }
         let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
         let limit = self.kv.max_tokens_per_request();
         if tokens > limit {
-            return Err(Error::RequestTooLarge { id: spec.id, tokens, limit });
+            return Err(Error::RequestTooLarge {
+                id: spec.id,
+                tokens,
+                limit,
+            });
         }
         let task = match spec.lora {
             None => None,
@@ -255,7 +285,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
         };
         if self.order.is_full() {
-            return Err(Error::CapacityExhausted { what: "request table", capacity: N as u32 });
+            return Err(Error::CapacityExhausted {
+                what: "request table",
+                capacity: N as u32,
+            });
         }
         Ok(task)
     }
@@ -287,15 +320,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let h = self
             .table
             .insert(entry)
-            .map_err(|_| Error::CapacityExhausted { what: "request table", capacity: N as u32 })?;
+            .map_err(|_| Error::CapacityExhausted {
+                what: "request table",
+                capacity: N as u32,
+            })?;
         let e = self.table.get_mut(h).ok_or(Error::StaleHandle)?;
-        let r = KvRef { slot: h.index(), id: e.spec.id };
+        let r = KvRef {
+            slot: h.index(),
+            id: e.spec.id,
+        };
         let waiting = Request::new(r, task);
         let residency = match how {
             Adopt::Waiting => Ok(Residency::Waiting(waiting)),
             Adopt::Active => {
                 if !self.kv.is_active(r) {
-                    Err((waiting, Error::Invalid("adopted as active but the KV backend has no active cache")))
+                    Err((
+                        waiting,
+                        Error::Invalid("adopted as active but the KV backend has no active cache"),
+                    ))
                 } else {
                     waiting
                         .admit(&self.kv, &mut self.desk)
@@ -305,7 +347,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
             Adopt::Suspended => {
                 if !self.kv.has_cache(r) || self.kv.is_active(r) {
-                    Err((waiting, Error::Invalid("adopted as suspended but the KV backend has no suspended cache")))
+                    Err((
+                        waiting,
+                        Error::Invalid(
+                            "adopted as suspended but the KV backend has no suspended cache",
+                        ),
+                    ))
                 } else {
                     // Register as active, then pause: the request ends up paused on its adapter.
                     match self.desk_admit_suspended(waiting) {
@@ -331,7 +378,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
     }
 
-    fn desk_admit_suspended(&mut self, w: Request<Waiting>) -> Result<Request<Suspended<Paused>>, (Request<Waiting>, Error)> {
+    fn desk_admit_suspended(
+        &mut self,
+        w: Request<Waiting>,
+    ) -> Result<Request<Suspended<Paused>>, (Request<Waiting>, Error)> {
         // A suspended cache with no lease: build Active through a lease, then suspend without touching KV.
         // The KV backend already holds it suspended, so only the adapter side is replayed here.
         let r = w.kv_ref();
@@ -340,7 +390,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             Some(t) => match self.desk.acquire(r.id, t, None) {
                 Ok(lease) => {
                     let paused = self.desk.release(r.id, lease, true);
-                    Ok(Request::<Suspended<Paused>>::adopt_suspended_with(w, paused))
+                    Ok(Request::<Suspended<Paused>>::adopt_suspended_with(
+                        w, paused,
+                    ))
                 }
                 Err((_, e)) => Err((w, Error::Peft(e))),
             },
@@ -437,7 +489,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     fn kv_ref(&self, slot: u16) -> KvRef {
-        KvRef { slot, id: self.entry(slot).spec.id }
+        KvRef {
+            slot,
+            id: self.entry(slot).spec.id,
+        }
     }
 
     fn take(&mut self, slot: u16) -> Residency {
@@ -461,9 +516,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     fn peft_need(&mut self, slot: u16) -> Option<u32> {
-        match self.entry(slot).task {
+        let e = self.entry(slot);
+        match e.task {
             None => Some(0),
-            Some(t) => self.desk.pages_needed(t),
+            Some(t) => {
+                let id = e.spec.id;
+                self.desk.pages_needed(id, t)
+            }
         }
     }
 
@@ -505,7 +564,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             let phase = e.spec.phase;
             if phase == Phase::DisaggGenerationInit {
                 let cap = e.spec.prompt + e.spec.draft;
-                let Some(pages) = self.peft_need(slot) else { break };
+                let Some(pages) = self.peft_need(slot) else {
+                    break;
+                };
                 let r = self.kv_ref(slot);
                 if self.kv.prepare_disagg_gen_init(r, cap) {
                     let l = self.listed(slot);
@@ -527,7 +588,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 i += 1;
                 continue;
             }
-            let Some(pages) = self.peft_need(slot) else { break };
+            let Some(pages) = self.peft_need(slot) else {
+                break;
+            };
             if self.try_generation(i, pages, &mut budget, &mut st, out) == Step::Stop {
                 break;
             }
@@ -559,10 +622,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 continue;
             }
             let _ = e;
-            let Some(pages) = self.peft_need(slot) else { continue };
+            let Some(pages) = self.peft_need(slot) else {
+                continue;
+            };
             if phase == Phase::EncoderInit {
                 let e = self.entry(slot);
-                let tokens = if e.spec.encoder_len > 0 { e.spec.encoder_len } else { e.spec.prompt };
+                let tokens = if e.spec.encoder_len > 0 {
+                    e.spec.encoder_len
+                } else {
+                    e.spec.prompt
+                };
                 if !budget.fits(tokens) {
                     break;
                 }
@@ -581,7 +650,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
         self.detect_deadlock(&st, out)?;
         self.sort(out);
-        trace!("pass: {} gen, {} ctx", out.generation.len(), out.context.len());
+        trace!(
+            "pass: {} gen, {} ctx",
+            out.generation.len(),
+            out.context.len()
+        );
         Ok(())
     }
 
@@ -589,10 +662,28 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if out.adapters.len() > 1 {
             out.adapters.sort_unstable_by_key(|t| t.id);
         }
-        output::sort_by_lora(&mut out.generation, &mut self.scratch, false, &out.adapters, &mut self.rank);
-        output::sort_by_lora(&mut out.encoder, &mut self.scratch, false, &out.adapters, &mut self.rank);
+        output::sort_by_lora(
+            &mut out.generation,
+            &mut self.scratch,
+            false,
+            &out.adapters,
+            &mut self.rank,
+        );
+        output::sort_by_lora(
+            &mut out.encoder,
+            &mut self.scratch,
+            false,
+            &out.adapters,
+            &mut self.rank,
+        );
         let partition = out.has_chunking;
-        output::sort_by_lora(&mut out.context, &mut self.scratch, partition, &out.adapters, &mut self.rank);
+        output::sort_by_lora(
+            &mut out.context,
+            &mut self.scratch,
+            partition,
+            &out.adapters,
+            &mut self.rank,
+        );
     }
 
     fn detect_deadlock(&mut self, st: &PassState, out: &SchedulerOutput<N>) -> Result<(), Error> {
@@ -608,21 +699,32 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
         let gen_candidates = self.order.iter().any(|&s| {
             let e = self.entry(s);
-            e.spec.phase.is_generation() && e.spec.phase != Phase::GenerationToComplete && !e.inflight
+            e.spec.phase.is_generation()
+                && e.spec.phase != Phase::GenerationToComplete
+                && !e.inflight
         });
-        let ctx_candidates = self.pending.iter().any(|&i| self.entry(self.order[i as usize]).preempted != st.epoch);
+        let ctx_candidates = self
+            .pending
+            .iter()
+            .any(|&i| self.entry(self.order[i as usize]).preempted != st.epoch);
         if !gen_candidates && !ctx_candidates {
             self.stall = 0;
             return Ok(());
         }
-        if self.order.iter().any(|&s| self.entry(s).spec.phase.holds_transfer()) {
+        if self
+            .order
+            .iter()
+            .any(|&s| self.entry(s).spec.phase.holds_transfer())
+        {
             self.stall = 0;
             return Ok(());
         }
         self.stall += 1;
         if self.stall >= self.cfg.deadlock_threshold {
             crate::fmt::log_warn!("scheduler deadlock after {} stalled passes", self.stall);
-            return Err(Error::Deadlock { stalled: self.stall });
+            return Err(Error::Deadlock {
+                stalled: self.stall,
+            });
         }
         Ok(())
     }
@@ -687,7 +789,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 if !self.kv.try_allocate_generation(r, grow) {
                     return false;
                 }
-                let Residency::Paused(p) = self.take(slot) else { unreachable!() };
+                let Residency::Paused(p) = self.take(slot) else {
+                    unreachable!()
+                };
                 match p.resume(&mut self.kv, &mut self.desk, KvReturn::Generation) {
                     Ok(resumed) => {
                         let _ = out.resumed.push(self.listed(slot));
@@ -712,7 +816,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     fn suspend(&mut self, slot: u16, st: &mut PassState, out: &mut SchedulerOutput<N>) {
-        let Residency::Active(a) = self.take(slot) else { unreachable!("only active requests are suspended") };
+        let Residency::Active(a) = self.take(slot) else {
+            unreachable!("only active requests are suspended")
+        };
         let p = a.suspend(&mut self.kv, &mut self.desk);
         self.put(slot, Residency::Paused(p));
         let l = self.listed(slot);
@@ -737,7 +843,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
     /// Ordinary eviction from the tail (spec §1.5 step 5): suspend the last evictable request before the
     /// end index, shrink the end index to it, retry.
-    fn evict_for_generation(&mut self, i: usize, grow: u32, st: &mut PassState, out: &mut SchedulerOutput<N>) -> bool {
+    fn evict_for_generation(
+        &mut self,
+        i: usize,
+        grow: u32,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> bool {
         let slot = self.order[i];
         loop {
             let mut victim = None;
@@ -889,11 +1001,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         // KV is in place: the type-state transition takes the lease (first chunk, replay, resume).
         let r = self.kv_ref(slot);
         let admitted = match self.take(slot) {
-            Residency::Waiting(w) => w.admit(&self.kv, &mut self.desk).map(Residency::Active).map_err(|x| Residency::Waiting(x.request)),
-            Residency::Recompute(rc) => {
-                rc.replay(&self.kv, &mut self.desk).map(Residency::Active).map_err(|x| Residency::Recompute(x.request))
-            }
-            Residency::Paused(p) => match p.resume(&mut self.kv, &mut self.desk, KvReturn::Context) {
+            Residency::Waiting(w) => w
+                .admit(&self.kv, &mut self.desk)
+                .map(Residency::Active)
+                .map_err(|x| Residency::Waiting(x.request)),
+            Residency::Recompute(rc) => rc
+                .replay(&self.kv, &mut self.desk)
+                .map(Residency::Active)
+                .map_err(|x| Residency::Recompute(x.request)),
+            Residency::Paused(p) => match p.resume(&mut self.kv, &mut self.desk, KvReturn::Context)
+            {
                 Ok(resumed) => {
                     let _ = out.resumed.push(self.listed(slot));
                     Ok(Residency::Active(resumed.settle()))
@@ -937,14 +1054,19 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 self.kv.free(r);
             }
             self.entry_mut(slot).spec.position = 0;
-        } else if matches!(self.entry(slot).residency, Residency::Paused(_)) && self.kv.is_active(r) {
+        } else if matches!(self.entry(slot).residency, Residency::Paused(_)) && self.kv.is_active(r)
+        {
             self.kv.suspend(r);
         }
     }
 
     fn prep(&self, slot: u16, first: bool) -> ContextPrep {
         let s = &self.entry(slot).spec;
-        ContextPrep { first_chunk: first, prompt: s.prompt, position: s.position }
+        ContextPrep {
+            first_chunk: first,
+            prompt: s.prompt,
+            position: s.position,
+        }
     }
 
     /// Prepares the cache; a first chunk's reused prefix moves the position.
@@ -972,14 +1094,25 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
     }
 
-    fn resize(&mut self, i: usize, first: bool, capacity: u32, st: &mut PassState, out: &mut SchedulerOutput<N>) -> Result<(), Step> {
+    fn resize(
+        &mut self,
+        i: usize,
+        first: bool,
+        capacity: u32,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> Result<(), Step> {
         let slot = self.order[i];
         let r = self.kv_ref(slot);
         let capacity = self.reserve(slot, capacity);
         if self.kv.resize_context(r, capacity, first) {
             return Ok(());
         }
-        Err(if self.preempt_for_pages(i, st, out) { Step::Stop } else { Step::Skip })
+        Err(if self.preempt_for_pages(i, st, out) {
+            Step::Stop
+        } else {
+            Step::Skip
+        })
     }
 
     /// Non-chunked admission: (tokens charged, chunk, last).
@@ -1023,7 +1156,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         out: &mut SchedulerOutput<N>,
     ) -> Result<(u32, u32, bool), Step> {
         let slot = self.order[i];
-        let Some(ch) = self.cfg.chunking else { return Err(Step::Skip) };
+        let Some(ch) = self.cfg.chunking else {
+            return Err(Step::Skip);
+        };
         if !budget.has_chunk_budget(ch.policy, ch.unit) {
             return Err(Step::Skip);
         }
@@ -1034,12 +1169,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let e = self.entry(slot);
         let (prompt, pos, draft) = (e.spec.prompt, e.spec.position, e.spec.draft);
         let post_remaining = prompt - pos;
-        let remaining = if self.cfg.prefix_aware { post_remaining } else { prompt - pos0 };
-        let next_snapshot = e.spec.snapshots.iter().copied().find(|&p| p > pos).map(|p| p.min(prompt));
+        let remaining = if self.cfg.prefix_aware {
+            post_remaining
+        } else {
+            prompt - pos0
+        };
+        let next_snapshot = e
+            .spec
+            .snapshots
+            .iter()
+            .copied()
+            .find(|&p| p > pos)
+            .map(|p| p.min(prompt));
         let mut chunk = match ch.policy {
             ChunkPolicy::ForceChunk => next_snapshot.map_or(remaining, |p| p - pos),
             ChunkPolicy::EqualProgress => e.planned_chunk.min(remaining),
-            ChunkPolicy::FirstComeFirstServed => budget.remaining().map_or(remaining, |b| b.min(remaining)),
+            ChunkPolicy::FirstComeFirstServed => {
+                budget.remaining().map_or(remaining, |b| b.min(remaining))
+            }
         };
         if let Some(m) = self.cfg.max_context_length {
             chunk = chunk.min(m);
@@ -1065,7 +1212,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     /// Context-side preemption (spec §1.8): only without a tier below the GPU.
-    fn preempt_for_pages(&mut self, i: usize, st: &mut PassState, out: &mut SchedulerOutput<N>) -> bool {
+    fn preempt_for_pages(
+        &mut self,
+        i: usize,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> bool {
         if self.kv.tier_below_gpu()
             || !self.cfg.recompute_pause
             || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
@@ -1081,10 +1233,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
             let s = self.order[j];
             let e = self.entry(s);
-            if e.scheduled == st.epoch || !self.recompute_candidate(s) || !matches!(e.residency, Residency::Active(_)) {
+            if e.scheduled == st.epoch
+                || !self.recompute_candidate(s)
+                || !matches!(e.residency, Residency::Active(_))
+            {
                 continue;
             }
-            let Residency::Active(a) = self.take(s) else { unreachable!() };
+            let Residency::Active(a) = self.take(s) else {
+                unreachable!()
+            };
             let rc = a.preempt(&mut self.kv, &mut self.desk);
             self.put(s, Residency::Recompute(rc));
             let l = self.listed(s);

@@ -38,7 +38,9 @@ pub enum WireError {
 impl core::fmt::Display for WireError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            Self::Short { needed, got } => write!(f, "wire buffer too short: need {needed} bytes, got {got}"),
+            Self::Short { needed, got } => {
+                write!(f, "wire buffer too short: need {needed} bytes, got {got}")
+            }
             Self::BadHeader => f.write_str("not a kvsched scheduler output of this version"),
             Self::TooLong => f.write_str("a list is longer than the receiving output's capacity"),
         }
@@ -48,7 +50,15 @@ impl core::fmt::Display for WireError {
 impl core::error::Error for WireError {}
 
 fn lists<const N: usize>(o: &SchedulerOutput<N>) -> [&List<N>; 7] {
-    [&o.context, &o.generation, &o.encoder, &o.paused, &o.recompute_paused, &o.disagg, &o.resumed]
+    [
+        &o.context,
+        &o.generation,
+        &o.encoder,
+        &o.paused,
+        &o.recompute_paused,
+        &o.disagg,
+        &o.resumed,
+    ]
 }
 
 /// Bytes the wire form of `out` takes.
@@ -69,10 +79,16 @@ fn get<const B: usize>(buf: &[u8], at: &mut usize) -> [u8; B] {
 }
 
 /// Encodes `out` into `buf`; returns the bytes written.
-pub fn encode<const N: usize>(out: &SchedulerOutput<N>, buf: &mut [u8]) -> Result<usize, WireError> {
+pub fn encode<const N: usize>(
+    out: &SchedulerOutput<N>,
+    buf: &mut [u8],
+) -> Result<usize, WireError> {
     let needed = encoded_len(out);
     if buf.len() < needed {
-        return Err(WireError::Short { needed, got: buf.len() });
+        return Err(WireError::Short {
+            needed,
+            got: buf.len(),
+        });
     }
     let mut at = 0;
     put(buf, &mut at, &MAGIC.to_le_bytes());
@@ -106,10 +122,15 @@ pub fn encode<const N: usize>(out: &SchedulerOutput<N>, buf: &mut [u8]) -> Resul
 pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Result<(), WireError> {
     out.clear();
     if buf.len() < HEADER {
-        return Err(WireError::Short { needed: HEADER, got: buf.len() });
+        return Err(WireError::Short {
+            needed: HEADER,
+            got: buf.len(),
+        });
     }
     let mut at = 0;
-    if u32::from_le_bytes(get(buf, &mut at)) != MAGIC || u32::from_le_bytes(get(buf, &mut at)) != VERSION {
+    if u32::from_le_bytes(get(buf, &mut at)) != MAGIC
+        || u32::from_le_bytes(get(buf, &mut at)) != VERSION
+    {
         return Err(WireError::BadHeader);
     }
     let mut lens = [0usize; 8];
@@ -120,7 +141,10 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Resul
     let _reserved: [u8; 4] = get(buf, &mut at);
     let needed = HEADER + lens[..7].iter().sum::<usize>() * ENTRY + lens[7] * TASK;
     if buf.len() < needed {
-        return Err(WireError::Short { needed, got: buf.len() });
+        return Err(WireError::Short {
+            needed,
+            got: buf.len(),
+        });
     }
     if lens.iter().any(|&l| l > N) {
         return Err(WireError::TooLong);
@@ -133,7 +157,14 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Resul
             let slot = u16::from_le_bytes(get(buf, at));
             let bucket = u16::from_le_bytes(get(buf, at));
             let tail: [u8; 8] = get(buf, at);
-            let _ = list.push(Listed { id: RequestId(id), slot, chunk, last: tail[0] != 0, key, bucket });
+            let _ = list.push(Listed {
+                id: RequestId(id),
+                slot,
+                chunk,
+                last: tail[0] != 0,
+                key,
+                bucket,
+            });
         }
     };
     read_list(&mut out.context, lens[0], &mut at);
@@ -147,7 +178,10 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Resul
         let id = u64::from_le_bytes(get(buf, &mut at));
         let slot = u16::from_le_bytes(get(buf, &mut at));
         let _: [u8; 6] = get(buf, &mut at);
-        let _ = out.adapters.push(TaskRef { id: TaskId(id), slot });
+        let _ = out.adapters.push(TaskRef {
+            id: TaskId(id),
+            slot,
+        });
     }
     out.has_chunking = flags & 1 != 0;
     Ok(())
@@ -161,12 +195,44 @@ mod tests {
     fn round_trip_and_bad_input() {
         let mut o: SchedulerOutput<8> = SchedulerOutput::new();
         o.context
-            .push(Listed { id: RequestId(7), slot: 3, chunk: 128, last: false, key: 5, bucket: 1 })
+            .push(Listed {
+                id: RequestId(7),
+                slot: 3,
+                chunk: 128,
+                last: false,
+                key: 5,
+                bucket: 1,
+            })
             .unwrap();
-        o.generation.push(Listed { id: RequestId(1), slot: 0, chunk: 0, last: false, key: 0, bucket: u16::MAX }).unwrap();
-        o.paused.push(Listed { id: RequestId(9), ..Listed::default() }).unwrap();
-        o.recompute_paused.push(Listed { id: RequestId(4), last: true, ..Listed::default() }).unwrap();
-        o.adapters.push(TaskRef { id: TaskId(4), slot: 1 }).unwrap();
+        o.generation
+            .push(Listed {
+                id: RequestId(1),
+                slot: 0,
+                chunk: 0,
+                last: false,
+                key: 0,
+                bucket: u16::MAX,
+            })
+            .unwrap();
+        o.paused
+            .push(Listed {
+                id: RequestId(9),
+                ..Listed::default()
+            })
+            .unwrap();
+        o.recompute_paused
+            .push(Listed {
+                id: RequestId(4),
+                last: true,
+                ..Listed::default()
+            })
+            .unwrap();
+        o.adapters
+            .push(TaskRef {
+                id: TaskId(4),
+                slot: 1,
+            })
+            .unwrap();
         o.has_chunking = true;
         let mut buf = [0u8; 512];
         let n = encode(&o, &mut buf).unwrap();
@@ -179,8 +245,14 @@ mod tests {
         assert_eq!(back.recompute_paused, o.recompute_paused);
         assert_eq!(back.adapters, o.adapters);
         assert!(back.has_chunking);
-        assert!(matches!(decode(&buf[..n - 1], &mut back), Err(WireError::Short { .. })));
-        assert!(matches!(encode(&o, &mut buf[..10]), Err(WireError::Short { .. })));
+        assert!(matches!(
+            decode(&buf[..n - 1], &mut back),
+            Err(WireError::Short { .. })
+        ));
+        assert!(matches!(
+            encode(&o, &mut buf[..10]),
+            Err(WireError::Short { .. })
+        ));
         buf[0] ^= 1;
         assert_eq!(decode(&buf[..n], &mut back), Err(WireError::BadHeader));
         let mut small: SchedulerOutput<1> = SchedulerOutput::new();

@@ -1,0 +1,693 @@
+//! The conformance runner: scenario files (docs/conformance-format.md) run against the real scheduling
+//! pass with scripted KV and adapter managers.
+
+pub mod scenario;
+pub mod scripted;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::output::{List, SchedulerOutput};
+use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::scheduler::{Adopt, Scheduler};
+use kvsched_core::Phase;
+use serde_json::Value;
+
+use scenario::{id_list, script, Expect, IdList, PassIn, RequestIn, Scenario};
+use scripted::{KvCall, PeftCall, ScriptedKv, ScriptedPeft, Scripts};
+
+/// Requests one scenario may hold.
+pub const MAX_REQUESTS: usize = 1024;
+/// Adapter tasks one scenario may name.
+pub const MAX_TASKS: usize = 256;
+
+type Sched = Scheduler<ScriptedKv, ScriptedPeft, MAX_REQUESTS, MAX_TASKS>;
+type Out = SchedulerOutput<MAX_REQUESTS>;
+
+/// The outcome of a run over files.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Scenarios that passed.
+    pub passed: usize,
+    /// Scenarios that failed (including malformed files).
+    pub failed: usize,
+    /// One line per scenario: `ok NAME` or `FAIL NAME: reason`.
+    pub lines: Vec<String>,
+}
+
+impl Report {
+    /// The closing line.
+    pub fn summary(&self) -> String {
+        format!("{} passed, {} failed", self.passed, self.failed)
+    }
+}
+
+/// Scenario files under `paths` (files, or folders searched recursively for `*.json`), sorted.
+pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        if p.is_dir() {
+            let rd = std::fs::read_dir(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            for entry in rd {
+                let entry = entry.map_err(|e| format!("{}: {e}", p.display()))?;
+                walk(&entry.path(), out)?;
+            }
+        } else if p.extension().is_some_and(|e| e == "json") {
+            out.push(p.to_path_buf());
+        } else if !p.exists() {
+            return Err(format!("{}: no such file or folder", p.display()));
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_file() && p.extension().is_none_or(|e| e != "json") {
+            files.push(p.clone());
+            continue;
+        }
+        walk(p, &mut files)?;
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Runs every scenario file under `paths`.
+pub fn run_paths(paths: &[PathBuf]) -> Result<Report, String> {
+    let mut report = Report::default();
+    for f in collect(paths)? {
+        let stem = f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match run_file(&f) {
+            Ok(name) => {
+                report.passed += 1;
+                report.lines.push(format!("ok {name}"));
+            }
+            Err(why) => {
+                report.failed += 1;
+                report.lines.push(format!("FAIL {stem}: {why}"));
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Runs one scenario file; `Ok(name)` when it passed, else what differed (or why the file is malformed,
+/// with the file, the field and the reason).
+pub fn run_file(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let sc: Scenario =
+        serde_json::from_str(&text).map_err(|e| format!("{}: malformed: {e}", path.display()))?;
+    run_scenario(&sc).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(sc.name)
+}
+
+fn phase_of(field: &str, name: Option<&str>) -> Result<Phase, String> {
+    let n = name.unwrap_or("GENERATION_IN_PROGRESS");
+    Phase::from_name(n)
+        .ok_or_else(|| format!("malformed: field {field}.state: unknown state {n:?}"))
+}
+
+fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
+    let phase = phase_of(field, r.state.as_deref())?;
+    let mut s = RequestSpec::new(r.id, phase, r.prompt.unwrap_or(100));
+    s.position = r.position.unwrap_or(0);
+    s.beam = r.beam.unwrap_or(1);
+    s.draft = r.draft_tokens.unwrap_or(0);
+    s.lora = r.lora_task.map(TaskId);
+    s.multimodal = r.multimodal.unwrap_or(false);
+    if let Some(snaps) = &r.snapshots {
+        for &p in snaps {
+            s.snapshots.push(p).map_err(|_| {
+                format!(
+                    "malformed: field {field}.snapshots: more than {} snapshot points",
+                    s.snapshots.capacity()
+                )
+            })?;
+        }
+    }
+    if s.position > s.prompt {
+        return Err(format!(
+            "malformed: field {field}.position: {} is beyond the prompt ({})",
+            s.position, s.prompt
+        ));
+    }
+    if s.beam == 0 {
+        return Err(format!("malformed: field {field}.beam: must be at least 1"));
+    }
+    Ok(s)
+}
+
+fn not_started(s: &RequestSpec) -> bool {
+    matches!(s.phase, Phase::EncoderInit | Phase::DisaggGenerationInit)
+        || (s.phase == Phase::ContextInit && s.position == 0)
+}
+
+struct Run {
+    sched: Box<Sched>,
+    inactive: BTreeSet<u64>,
+    no_cache: BTreeSet<u64>,
+    peft: bool,
+}
+
+impl Run {
+    fn add(&mut self, field: &str, r: &RequestIn) -> Result<(), String> {
+        let spec = spec_of(field, r)?;
+        let id = r.id;
+        let cache = if self.no_cache.contains(&id) {
+            None
+        } else if self.inactive.contains(&id) {
+            Some(false)
+        } else if not_started(&spec) {
+            None
+        } else {
+            Some(true)
+        };
+        self.sched
+            .kv_mut()
+            .set_cache(id, cache, r.reuse.unwrap_or(0));
+        let how = match (cache, spec.started()) {
+            (Some(true), true) => Adopt::Active,
+            (Some(false), true) => Adopt::Suspended,
+            _ => Adopt::Waiting,
+        };
+        self.sched
+            .adopt(spec, how)
+            .map_err(|e| format!("malformed: field {field}: {e}"))?;
+        Ok(())
+    }
+
+    fn clear_calls(&mut self) {
+        self.sched.kv_mut().calls.clear();
+        self.sched.peft_mut().calls.clear();
+    }
+}
+
+fn config_of(sc: &Scenario) -> Result<Config, String> {
+    let c = &sc.config;
+    let tokens = c.max_num_tokens.unwrap_or(Some(1024));
+    let chunking = match &c.chunking {
+        None => None,
+        Some(ch) => Some(Chunking {
+            policy: match ch.policy.as_str() {
+                "fcfs" => ChunkPolicy::FirstComeFirstServed,
+                "force_chunk" => ChunkPolicy::ForceChunk,
+                "equal_progress" => ChunkPolicy::EqualProgress,
+                p => {
+                    return Err(format!(
+                        "malformed: field config.chunking.policy: unknown policy {p:?}"
+                    ))
+                }
+            },
+            unit: ch.unit,
+        }),
+    };
+    let cfg = Config {
+        max_num_requests: c
+            .scheduler_capacity
+            .unwrap_or(c.max_batch_size.unwrap_or(100)),
+        max_num_tokens: tokens,
+        max_context_length: c.max_context_length.unwrap_or(tokens),
+        chunking,
+        policy: match c.policy.as_deref() {
+            None | Some("max_utilization") => CapacityPolicy::MaxUtilization,
+            Some("guaranteed_no_evict") => CapacityPolicy::GuaranteedNoEvict,
+            Some(p) => {
+                return Err(format!(
+                    "malformed: field config.policy: unknown policy {p:?}"
+                ))
+            }
+        },
+        recompute_pause: c.recompute_pause.unwrap_or(true),
+        prefix_aware: c.prefix_aware.unwrap_or(true),
+        window: match c.window.as_deref() {
+            None | Some("decoder") => Window::Decoder,
+            Some("encoder") => Window::Encoder,
+            Some(w) => {
+                return Err(format!(
+                    "malformed: field config.window: unknown window {w:?}"
+                ))
+            }
+        },
+        deadlock_threshold: c.deadlock_threshold.unwrap_or(1000),
+    };
+    cfg.validate()
+        .map_err(|e| format!("malformed: field config: {e}"))?;
+    if c.tokens_per_block == Some(0) {
+        return Err("malformed: field config.tokens_per_block: must be at least 1".into());
+    }
+    Ok(cfg)
+}
+
+/// Runs a parsed scenario.
+pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
+    let cfg = config_of(sc)?;
+    let kv = &sc.kv;
+    let scripts = Scripts {
+        prepare: script("kv.prepare_context", kv.prepare_context.as_ref())
+            .map_err(|e| format!("malformed: {e}"))?,
+        resize: script("kv.resize_context", kv.resize_context.as_ref())
+            .map_err(|e| format!("malformed: {e}"))?,
+        allocate: script(
+            "kv.try_allocate_generation",
+            kv.try_allocate_generation.as_ref(),
+        )
+        .map_err(|e| format!("malformed: {e}"))?,
+        disagg: script(
+            "kv.prepare_disagg_gen_init",
+            kv.prepare_disagg_gen_init.as_ref(),
+        )
+        .map_err(|e| format!("malformed: {e}"))?,
+    };
+    let skv = ScriptedKv::new(
+        kv.tier_below_gpu.unwrap_or(true),
+        kv.can_evict.unwrap_or(false),
+        scripts,
+    );
+    let all_requests: Vec<&RequestIn> = sc
+        .requests
+        .iter()
+        .chain(sc.passes.iter().flatten().flat_map(|p| p.add.iter()))
+        .collect();
+    let peft = match &sc.peft {
+        None => ScriptedPeft::disabled(),
+        Some(p) => {
+            let mut tasks: Vec<(u64, u32)> = Vec::new();
+            for t in all_requests.iter().filter_map(|r| r.lora_task) {
+                if !tasks.iter().any(|x| x.0 == t) {
+                    let pages = match p.task_pages.get(&t.to_string()) {
+                        Some(&n) => n,
+                        None => p.pages_per_task,
+                    };
+                    tasks.push((t, pages));
+                }
+            }
+            for k in p.task_pages.keys() {
+                k.parse::<u64>().map_err(|_| {
+                    format!("malformed: field peft.task_pages: key {k:?} is not a task id")
+                })?;
+            }
+            if tasks.len() > MAX_TASKS {
+                return Err(format!(
+                    "malformed: field peft: more than {MAX_TASKS} tasks"
+                ));
+            }
+            ScriptedPeft::new(p.max_device_pages, &tasks)
+        }
+    };
+    match (&sc.expect, &sc.passes) {
+        (Some(_), Some(_)) => {
+            return Err("malformed: both \"expect\" and \"passes\" are present".into())
+        }
+        (None, None) => {
+            return Err("malformed: one of \"expect\" and \"passes\" is required".into())
+        }
+        _ => {}
+    }
+    let mut seen = BTreeSet::new();
+    for r in &all_requests {
+        if !seen.insert(r.id) {
+            return Err(format!("malformed: field requests: duplicate id {}", r.id));
+        }
+    }
+    if sc.requests.len() > MAX_REQUESTS {
+        return Err(format!(
+            "malformed: field requests: more than {MAX_REQUESTS} requests"
+        ));
+    }
+    let sched = Sched::new(cfg, skv, peft).map_err(|e| format!("malformed: field config: {e}"))?;
+    let mut run = Run {
+        sched: Box::new(sched),
+        inactive: kv.inactive.iter().copied().collect(),
+        no_cache: kv.no_cache.iter().copied().collect(),
+        peft: sc.peft.is_some(),
+    };
+    for (i, r) in sc.requests.iter().enumerate() {
+        run.add(&format!("requests[{i}]"), r)?;
+    }
+    if let Some(p) = &sc.peft {
+        let pinned = run.sched.adapters().pinned_pages();
+        if pinned > p.max_device_pages {
+            return Err(format!(
+                "malformed: field peft.max_device_pages: initial leases need {pinned} pages, the cache has {}",
+                p.max_device_pages
+            ));
+        }
+        run.sched.peft_mut().load_leased();
+    }
+
+    let single;
+    let passes: &[PassIn] = match (&sc.expect, &sc.passes) {
+        (Some(e), None) => {
+            single = [PassIn {
+                remove: vec![],
+                update: vec![],
+                add: vec![],
+                inflight: sc.inflight.clone(),
+                expect: clone_expect(e),
+            }];
+            &single
+        }
+        (None, Some(p)) => p,
+        _ => unreachable!(),
+    };
+    let mut out: Box<Out> = Box::default();
+    for (k, pass) in passes.iter().enumerate() {
+        let label = if passes.len() > 1 {
+            format!("pass {}: ", k + 1)
+        } else {
+            String::new()
+        };
+        if k > 0 {
+            run.sched.complete_step(&out);
+            for &id in &pass.remove {
+                let h = run
+                    .sched
+                    .find(kvsched_core::RequestId(id))
+                    .ok_or_else(|| format!("malformed: passes[{k}].remove: unknown id {id}"))?;
+                run.sched
+                    .remove(h)
+                    .map_err(|e| format!("passes[{k}].remove: {e}"))?;
+            }
+            for (j, u) in pass.update.iter().enumerate() {
+                let field = format!("passes[{k}].update[{j}]");
+                let h = run
+                    .sched
+                    .find(kvsched_core::RequestId(u.id))
+                    .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
+                if u.lora_task.is_some() || u.reuse.is_some() {
+                    if let Some(r) = u.reuse {
+                        let active = run.sched.get(h).map_err(|e| e.to_string())?;
+                        let _ = active;
+                        run.sched.kv_mut().set_reuse(u.id, r);
+                    }
+                    if u.lora_task.is_some() {
+                        return Err(format!("malformed: {field}.lora_task: the LoRA task of a request cannot change"));
+                    }
+                }
+                let phase = match &u.state {
+                    Some(s) => Some(phase_of(&field, Some(s))?),
+                    None => None,
+                };
+                run.sched
+                    .update(h, |s| {
+                        if let Some(p) = phase {
+                            s.phase = p;
+                        }
+                        if let Some(v) = u.prompt {
+                            s.prompt = v;
+                        }
+                        if let Some(v) = u.position {
+                            s.position = v;
+                        }
+                        if let Some(v) = u.beam {
+                            s.beam = v;
+                        }
+                        if let Some(v) = u.draft_tokens {
+                            s.draft = v;
+                        }
+                        if let Some(v) = u.multimodal {
+                            s.multimodal = v;
+                        }
+                        if let Some(v) = &u.snapshots {
+                            s.snapshots.clear();
+                            for &p in v {
+                                let _ = s.snapshots.push(p);
+                            }
+                        }
+                    })
+                    .map_err(|e| format!("malformed: {field}: {e}"))?;
+            }
+            for (j, a) in pass.add.iter().enumerate() {
+                run.add(&format!("passes[{k}].add[{j}]"), a)?;
+            }
+        }
+        let handles: Vec<_> = run.sched.requests().map(|(h, _)| h).collect();
+        for h in handles {
+            let _ = run.sched.set_inflight(h, false);
+        }
+        let inflight = if k == 0 && pass.inflight.is_empty() {
+            &sc.inflight
+        } else {
+            &pass.inflight
+        };
+        for &id in inflight {
+            let h = run
+                .sched
+                .find(kvsched_core::RequestId(id))
+                .ok_or_else(|| format!("malformed: inflight: unknown id {id}"))?;
+            let _ = run.sched.set_inflight(h, true);
+        }
+        run.clear_calls();
+        let result = run.sched.schedule(&mut out);
+        check(&mut run, &out, result, &pass.expect).map_err(|e| format!("{label}{e}"))?;
+    }
+    Ok(())
+}
+
+fn clone_expect(e: &Expect) -> Expect {
+    Expect {
+        generation: e.generation.clone(),
+        context: e.context.clone(),
+        encoder: e.encoder.clone(),
+        paused: e.paused.clone(),
+        recompute_paused: e.recompute_paused.clone(),
+        disagg: e.disagg.clone(),
+        num_fitting: e.num_fitting,
+        chunks: e.chunks.clone(),
+        positions: e.positions.clone(),
+        calls: e.calls.clone(),
+        error: e.error.clone(),
+        stall_count: e.stall_count,
+        ensure_batch: e.ensure_batch.clone(),
+    }
+}
+
+fn ids(list: &List<MAX_REQUESTS>) -> Vec<u64> {
+    list.iter().map(|l| l.id.0).collect()
+}
+
+fn check(
+    run: &mut Run,
+    out: &Out,
+    result: Result<(), kvsched_core::Error>,
+    e: &Expect,
+) -> Result<(), String> {
+    let mut diffs = String::new();
+    match (&result, &e.error) {
+        (Err(err), None) => return Err(format!("the pass failed: {err}")),
+        (Ok(()), Some(want)) => {
+            let _ = write!(
+                diffs,
+                "error: expected an error containing {want:?}, the pass succeeded; "
+            );
+        }
+        (Err(err), Some(want)) => {
+            if !err.to_string().contains(want.as_str()) {
+                let _ = write!(diffs, "error: expected {want:?} in {:?}; ", err.to_string());
+            }
+        }
+        (Ok(()), None) => {}
+    }
+    let lists: [(&str, &Option<Value>, &List<MAX_REQUESTS>); 6] = [
+        ("generation", &e.generation, &out.generation),
+        ("context", &e.context, &out.context),
+        ("encoder", &e.encoder, &out.encoder),
+        ("paused", &e.paused, &out.paused),
+        (
+            "recompute_paused",
+            &e.recompute_paused,
+            &out.recompute_paused,
+        ),
+        ("disagg", &e.disagg, &out.disagg),
+    ];
+    for (name, want, got) in lists {
+        let Some(want) = want else { continue };
+        let want =
+            id_list(&format!("expect.{name}"), want).map_err(|e| format!("malformed: {e}"))?;
+        let got = ids(got);
+        let same = match &want {
+            IdList::Exact(w) => *w == got,
+            IdList::Set(w) => {
+                let mut a = w.clone();
+                let mut b = got.clone();
+                a.sort_unstable();
+                b.sort_unstable();
+                a == b
+            }
+        };
+        if !same {
+            let w = match &want {
+                IdList::Exact(w) => format!("{w:?}"),
+                IdList::Set(w) => format!("set {w:?}"),
+            };
+            let _ = write!(diffs, "{name}: expected {w}, got {got:?}; ");
+        }
+    }
+    if let Some(n) = e.num_fitting {
+        if out.num_fitting() != n {
+            let _ = write!(
+                diffs,
+                "num_fitting: expected {n}, got {}; ",
+                out.num_fitting()
+            );
+        }
+    }
+    if let Some(chunks) = &e.chunks {
+        for (id, want) in chunks {
+            let id: u64 = id
+                .parse()
+                .map_err(|_| format!("malformed: field expect.chunks: key {id:?} is not an id"))?;
+            match out.context.iter().find(|l| l.id.0 == id) {
+                None => {
+                    let _ = write!(
+                        diffs,
+                        "chunks.{id}: expected {want}, request not in context; "
+                    );
+                }
+                Some(l) if l.chunk != *want => {
+                    let _ = write!(diffs, "chunks.{id}: expected {want}, got {}; ", l.chunk);
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some(pos) = &e.positions {
+        for (id, want) in pos {
+            let idn: u64 = id.parse().map_err(|_| {
+                format!("malformed: field expect.positions: key {id:?} is not an id")
+            })?;
+            let h = run
+                .sched
+                .find(kvsched_core::RequestId(idn))
+                .ok_or_else(|| format!("positions.{id}: unknown request"))?;
+            let got = run.sched.get(h).map_err(|e| e.to_string())?.spec().position;
+            if got != *want {
+                let _ = write!(diffs, "positions.{id}: expected {want}, got {got}; ");
+            }
+        }
+    }
+    if let Some(calls) = &e.calls {
+        for (method, want) in calls {
+            check_calls(run, method, want, &mut diffs)?;
+        }
+    }
+    if let Some(n) = e.stall_count {
+        if run.sched.stall_count() != n {
+            let _ = write!(
+                diffs,
+                "stall_count: expected {n}, got {}; ",
+                run.sched.stall_count()
+            );
+        }
+    }
+    if run.peft && result.is_ok() {
+        let want = e.ensure_batch.as_deref().unwrap_or("ok");
+        let mut o = out.clone();
+        match (run.sched.ensure_batch(&mut o), want) {
+            (Ok(()), "ok") => {}
+            (Ok(()), w) => {
+                let _ = write!(
+                    diffs,
+                    "ensure_batch: expected an error containing {w:?}, it succeeded; "
+                );
+            }
+            (Err(err), "ok") => {
+                let _ = write!(diffs, "ensure_batch failed: {err}; ");
+            }
+            (Err(err), w) => {
+                if !err.to_string().contains(w) {
+                    let _ = write!(
+                        diffs,
+                        "ensure_batch: expected {w:?} in {:?}; ",
+                        err.to_string()
+                    );
+                }
+            }
+        }
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(diffs.trim_end_matches("; ").to_string())
+    }
+}
+
+fn check_calls(run: &Run, method: &str, want: &Value, diffs: &mut String) -> Result<(), String> {
+    let field = format!("expect.calls.{method}");
+    let kv = &run.sched.kv().calls;
+    let peft = &run.sched.adapters().backend().calls;
+    // Recorded calls of this method: ids, or (id, flag) pairs.
+    let got: Vec<Value> = if let Some(m) = KvCall::from_name(method) {
+        kv.iter()
+            .filter(|(c, _)| *c == m)
+            .map(|(_, id)| Value::from(*id))
+            .collect()
+    } else {
+        match method {
+            "determine_num_pages" => peft
+                .iter()
+                .filter_map(|c| {
+                    if let PeftCall::DetermineNumPages(id) = c {
+                        Some(Value::from(*id))
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+            "add_request_peft" => peft
+                .iter()
+                .filter_map(|c| {
+                    if let PeftCall::AddRequest(id, f) = c {
+                        Some(Value::from(vec![Value::from(*id), Value::from(*f)]))
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+            "mark_request_done" => peft
+                .iter()
+                .filter_map(|c| {
+                    if let PeftCall::MarkRequestDone(id, f) = c {
+                        Some(Value::from(vec![Value::from(*id), Value::from(*f)]))
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+            _ => return Err(format!("malformed: field {field}: unknown method")),
+        }
+    };
+    match want {
+        Value::Array(w) => {
+            if *w != got {
+                let _ = write!(
+                    diffs,
+                    "calls.{method}: expected {}, got {}; ",
+                    Value::from(w.clone()),
+                    Value::from(got)
+                );
+            }
+        }
+        Value::Object(m) if m.len() == 1 && m.contains_key("count") => {
+            let n = m["count"]
+                .as_u64()
+                .ok_or_else(|| format!("malformed: field {field}.count: expected an integer"))?;
+            if got.len() as u64 != n {
+                let _ = write!(
+                    diffs,
+                    "calls.{method}: expected {n} calls, got {}; ",
+                    got.len()
+                );
+            }
+        }
+        _ => {
+            return Err(format!(
+                "malformed: field {field}: expected a list or {{\"count\": n}}"
+            ))
+        }
+    }
+    Ok(())
+}

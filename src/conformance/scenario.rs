@@ -1,0 +1,375 @@
+//! The scenario file format (docs/conformance-format.md): parsing with typed, located errors.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+fn double<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// A whole scenario file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Unique id.
+    pub name: String,
+    /// What it checks.
+    #[serde(default)]
+    pub about: String,
+    /// Scheduler configuration.
+    #[serde(default)]
+    pub config: ConfigIn,
+    /// The scripted KV manager.
+    #[serde(default)]
+    pub kv: KvIn,
+    /// The adapter cache (null = none).
+    #[serde(default)]
+    pub peft: Option<PeftIn>,
+    /// Active requests, in order.
+    pub requests: Vec<RequestIn>,
+    /// In-flight ids for pass 1.
+    #[serde(default)]
+    pub inflight: Vec<u64>,
+    /// Expectations of a single pass.
+    #[serde(default)]
+    pub expect: Option<Expect>,
+    /// Several passes.
+    #[serde(default)]
+    pub passes: Option<Vec<PassIn>>,
+}
+
+/// `config`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigIn {
+    /// Request limit.
+    pub max_batch_size: Option<u32>,
+    /// Replaces `max_batch_size` when set.
+    pub scheduler_capacity: Option<u32>,
+    /// Token budget; null = unlimited.
+    #[serde(default, deserialize_with = "double")]
+    pub max_num_tokens: Option<Option<u32>>,
+    /// Longest chunk; null = unlimited; absent = `max_num_tokens`.
+    #[serde(default, deserialize_with = "double")]
+    pub max_context_length: Option<Option<u32>>,
+    /// Page size.
+    pub tokens_per_block: Option<u32>,
+    /// Chunking.
+    pub chunking: Option<ChunkIn>,
+    /// Capacity policy.
+    pub policy: Option<String>,
+    /// Recompute pause allowed.
+    pub recompute_pause: Option<bool>,
+    /// Prefix-aware budget.
+    pub prefix_aware: Option<bool>,
+    /// Window.
+    pub window: Option<String>,
+    /// Deadlock threshold.
+    pub deadlock_threshold: Option<u32>,
+}
+
+/// `config.chunking`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkIn {
+    /// `fcfs`, `force_chunk` or `equal_progress`.
+    pub policy: String,
+    /// Unit in tokens.
+    pub unit: u32,
+}
+
+/// `kv`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvIn {
+    /// A host tier exists.
+    pub tier_below_gpu: Option<bool>,
+    /// Suspension releases GPU pages.
+    pub can_evict: Option<bool>,
+    /// Ids whose cache starts suspended.
+    #[serde(default)]
+    pub inactive: Vec<u64>,
+    /// Ids with no cache.
+    #[serde(default)]
+    pub no_cache: Vec<u64>,
+    /// Script.
+    pub prepare_context: Option<Value>,
+    /// Script.
+    pub resize_context: Option<Value>,
+    /// Script.
+    pub try_allocate_generation: Option<Value>,
+    /// Script.
+    pub prepare_disagg_gen_init: Option<Value>,
+}
+
+/// `peft`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeftIn {
+    /// Device pages.
+    pub max_device_pages: u32,
+    /// Pages per adapter.
+    #[serde(default = "one")]
+    pub pages_per_task: u32,
+    /// Per-task override.
+    #[serde(default)]
+    pub task_pages: BTreeMap<String, u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `requests[]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestIn {
+    /// Id.
+    pub id: u64,
+    /// Upstream state name.
+    pub state: Option<String>,
+    /// LoRA task.
+    pub lora_task: Option<u64>,
+    /// Beam width.
+    pub beam: Option<u32>,
+    /// Draft tokens.
+    pub draft_tokens: Option<u32>,
+    /// Prompt length.
+    pub prompt: Option<u32>,
+    /// Context position.
+    pub position: Option<u32>,
+    /// Reusable tokens found by `prepare_context` for a first chunk.
+    pub reuse: Option<u32>,
+    /// FORCE_CHUNK snapshots.
+    pub snapshots: Option<Vec<u32>>,
+    /// Carries multimodal data.
+    pub multimodal: Option<bool>,
+}
+
+/// `passes[]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PassIn {
+    /// Finished or cancelled ids.
+    #[serde(default)]
+    pub remove: Vec<u64>,
+    /// Field overwrites.
+    #[serde(default)]
+    pub update: Vec<RequestIn>,
+    /// New requests.
+    #[serde(default)]
+    pub add: Vec<RequestIn>,
+    /// In-flight ids for this pass.
+    #[serde(default)]
+    pub inflight: Vec<u64>,
+    /// Expectations.
+    #[serde(default)]
+    pub expect: Expect,
+}
+
+/// `expect`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Generation list.
+    pub generation: Option<Value>,
+    /// Context list.
+    pub context: Option<Value>,
+    /// Encoder list.
+    pub encoder: Option<Value>,
+    /// Paused list.
+    pub paused: Option<Value>,
+    /// Recompute-paused list.
+    pub recompute_paused: Option<Value>,
+    /// Disagg list.
+    pub disagg: Option<Value>,
+    /// Encoders + contexts + generations.
+    pub num_fitting: Option<usize>,
+    /// Chunk sizes.
+    pub chunks: Option<BTreeMap<String, u32>>,
+    /// Positions after the pass.
+    pub positions: Option<BTreeMap<String, u32>>,
+    /// Backend calls.
+    pub calls: Option<BTreeMap<String, Value>>,
+    /// The pass fails with this text.
+    pub error: Option<String>,
+    /// Stall counter after the pass.
+    pub stall_count: Option<u32>,
+    /// `"ok"` or the ensure-batch error text.
+    pub ensure_batch: Option<String>,
+}
+
+/// An ids list expectation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdList {
+    /// Exact, ordered.
+    Exact(Vec<u64>),
+    /// Order-free.
+    Set(Vec<u64>),
+}
+
+/// Parses an ids list expectation.
+pub fn id_list(field: &str, v: &Value) -> Result<IdList, String> {
+    let ids = |a: &Value| -> Result<Vec<u64>, String> {
+        a.as_array()
+            .ok_or_else(|| format!("field {field}: expected an array of ids"))?
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .ok_or_else(|| format!("field {field}: {x} is not a non-negative integer id"))
+            })
+            .collect()
+    };
+    match v {
+        Value::Array(_) => Ok(IdList::Exact(ids(v)?)),
+        Value::Object(m) if m.len() == 1 && m.contains_key("set") => {
+            Ok(IdList::Set(ids(&m["set"])?))
+        }
+        _ => Err(format!(
+            "field {field}: expected an array of ids or {{\"set\": [...]}}"
+        )),
+    }
+}
+
+/// One scripted outcome source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcomes {
+    /// Always.
+    Always(bool),
+    /// By call number (from 1), then a default.
+    Calls(Vec<bool>, bool),
+    /// Per id lists / fixed outcomes, per-id release conditions, else.
+    ById {
+        /// Per-id outcomes.
+        ids: BTreeMap<u64, PerId>,
+        /// Per-id: succeed once every listed request has released its GPU pages.
+        after_released: BTreeMap<u64, Vec<u64>>,
+        /// Other ids.
+        otherwise: bool,
+    },
+}
+
+/// A per-id script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PerId {
+    /// Fixed.
+    Fixed(bool),
+    /// Successive calls (past the end: the last value).
+    Seq(Vec<bool>),
+}
+
+fn okfail(field: &str, v: &Value) -> Result<bool, String> {
+    match v.as_str() {
+        Some("ok") => Ok(true),
+        Some("fail") => Ok(false),
+        _ => Err(format!(
+            "field {field}: expected \"ok\" or \"fail\", got {v}"
+        )),
+    }
+}
+
+fn bools(field: &str, v: &Value) -> Result<Vec<bool>, String> {
+    v.as_array()
+        .ok_or_else(|| format!("field {field}: expected an array of booleans"))?
+        .iter()
+        .map(|b| {
+            b.as_bool()
+                .ok_or_else(|| format!("field {field}: {b} is not a boolean"))
+        })
+        .collect()
+}
+
+fn id_key(field: &str, k: &str) -> Result<u64, String> {
+    k.parse()
+        .map_err(|_| format!("field {field}: key {k:?} is not a request id"))
+}
+
+/// Parses a script.
+pub fn script(field: &str, v: Option<&Value>) -> Result<Outcomes, String> {
+    let Some(v) = v else {
+        return Ok(Outcomes::Always(true));
+    };
+    if v.is_string() {
+        return okfail(field, v).map(Outcomes::Always);
+    }
+    let m = v
+        .as_object()
+        .ok_or_else(|| format!("field {field}: expected \"ok\", \"fail\" or an object"))?;
+    if let Some(calls) = m.get("calls") {
+        if let Some(k) = m.keys().find(|k| *k != "calls" && *k != "then") {
+            return Err(format!(
+                "field {field}: unknown key {k:?} next to \"calls\""
+            ));
+        }
+        let then = match m.get("then") {
+            None => true,
+            Some(b) => b
+                .as_bool()
+                .ok_or_else(|| format!("field {field}.then: expected a boolean"))?,
+        };
+        return Ok(Outcomes::Calls(
+            bools(&format!("{field}.calls"), calls)?,
+            then,
+        ));
+    }
+    let mut ids = BTreeMap::new();
+    let mut after = BTreeMap::new();
+    let mut otherwise = true;
+    for (k, val) in m {
+        match k.as_str() {
+            "ids" => {
+                let o = val
+                    .as_object()
+                    .ok_or_else(|| format!("field {field}.ids: expected an object"))?;
+                for (id, s) in o {
+                    let f = format!("{field}.ids.{id}");
+                    let per = if s.is_array() {
+                        PerId::Seq(bools(&f, s)?)
+                    } else {
+                        PerId::Fixed(okfail(&f, s)?)
+                    };
+                    if let PerId::Seq(v) = &per {
+                        if v.is_empty() {
+                            return Err(format!("field {f}: empty outcome list"));
+                        }
+                    }
+                    ids.insert(id_key(&f, id)?, per);
+                }
+            }
+            "after_released" => {
+                let o = val
+                    .as_object()
+                    .ok_or_else(|| format!("field {field}.after_released: expected an object"))?;
+                for (id, s) in o {
+                    let f = format!("{field}.after_released.{id}");
+                    let list = s
+                        .as_array()
+                        .ok_or_else(|| format!("field {f}: expected an array of ids"))?
+                        .iter()
+                        .map(|x| {
+                            x.as_u64()
+                                .ok_or_else(|| format!("field {f}: {x} is not an id"))
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    after.insert(id_key(&f, id)?, list);
+                }
+            }
+            "else" => otherwise = okfail(&format!("{field}.else"), val)?,
+            other => return Err(format!("field {field}: unknown key {other:?}")),
+        }
+    }
+    if let Some(id) = ids.keys().find(|id| after.contains_key(id)) {
+        return Err(format!(
+            "field {field}: id {id} is in both \"ids\" and \"after_released\""
+        ));
+    }
+    Ok(Outcomes::ById {
+        ids,
+        after_released: after,
+        otherwise,
+    })
+}

@@ -1,0 +1,457 @@
+//! Scripted, recording KV and adapter managers for the conformance runner (mechanism only; the lifecycle
+//! policy stays in `kvsched-core`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::error::PeftError;
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
+use kvsched_core::request::{RequestId, TaskId};
+
+use super::scenario::{Outcomes, PerId};
+
+/// A recorded KV call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KvCall {
+    /// `prepare_context`.
+    PrepareContext,
+    /// `resize_context`.
+    ResizeContext,
+    /// `try_allocate_generation`.
+    TryAllocateGeneration,
+    /// `revert_allocate_generation`.
+    RevertAllocateGeneration,
+    /// `suspend`.
+    Suspend,
+    /// `free_resources`.
+    FreeResources,
+    /// `preempt`.
+    Preempt,
+    /// `prepare_disagg_gen_init`.
+    PrepareDisaggGenInit,
+}
+
+impl KvCall {
+    /// Parses a method name of the format.
+    pub fn from_name(n: &str) -> Option<Self> {
+        Some(match n {
+            "prepare_context" => Self::PrepareContext,
+            "resize_context" => Self::ResizeContext,
+            "try_allocate_generation" => Self::TryAllocateGeneration,
+            "revert_allocate_generation" => Self::RevertAllocateGeneration,
+            "suspend" => Self::Suspend,
+            "free_resources" => Self::FreeResources,
+            "preempt" => Self::Preempt,
+            "prepare_disagg_gen_init" => Self::PrepareDisaggGenInit,
+            _ => return None,
+        })
+    }
+}
+
+/// A script with its call counters.
+#[derive(Debug, Clone)]
+struct Script {
+    outcomes: Outcomes,
+    calls: usize,
+    per_id: BTreeMap<u64, usize>,
+}
+
+impl Script {
+    fn new(outcomes: Outcomes) -> Self {
+        Self {
+            outcomes,
+            calls: 0,
+            per_id: BTreeMap::new(),
+        }
+    }
+
+    /// Counts the call and returns its outcome.
+    fn next(&mut self, id: u64, released: &BTreeSet<u64>) -> bool {
+        self.calls += 1;
+        let n = self.per_id.entry(id).or_insert(0);
+        *n += 1;
+        let nth = *n;
+        match &self.outcomes {
+            Outcomes::Always(b) => *b,
+            Outcomes::Calls(list, then) => list.get(self.calls - 1).copied().unwrap_or(*then),
+            Outcomes::ById {
+                ids,
+                after_released,
+                otherwise,
+            } => {
+                if let Some(per) = ids.get(&id) {
+                    match per {
+                        PerId::Fixed(b) => *b,
+                        PerId::Seq(v) => v.get(nth - 1).or(v.last()).copied().unwrap_or(true),
+                    }
+                } else if let Some(need) = after_released.get(&id) {
+                    need.iter().all(|x| released.contains(x))
+                } else {
+                    *otherwise
+                }
+            }
+        }
+    }
+}
+
+/// The scripted KV manager of the format.
+#[derive(Debug, Clone)]
+pub struct ScriptedKv {
+    tier_below_gpu: bool,
+    can_evict: bool,
+    /// Cache per id: `true` = active.
+    caches: BTreeMap<u64, bool>,
+    released: BTreeSet<u64>,
+    reuse: BTreeMap<u64, u32>,
+    prepare: Script,
+    resize: Script,
+    allocate: Script,
+    disagg: Script,
+    /// Calls in order.
+    pub calls: Vec<(KvCall, u64)>,
+}
+
+/// The four scripts.
+pub struct Scripts {
+    /// `prepare_context`.
+    pub prepare: Outcomes,
+    /// `resize_context`.
+    pub resize: Outcomes,
+    /// `try_allocate_generation`.
+    pub allocate: Outcomes,
+    /// `prepare_disagg_gen_init`.
+    pub disagg: Outcomes,
+}
+
+impl ScriptedKv {
+    /// A manager with the given tiers and scripts.
+    pub fn new(tier_below_gpu: bool, can_evict: bool, scripts: Scripts) -> Self {
+        Self {
+            tier_below_gpu,
+            can_evict,
+            caches: BTreeMap::new(),
+            released: BTreeSet::new(),
+            reuse: BTreeMap::new(),
+            prepare: Script::new(scripts.prepare),
+            resize: Script::new(scripts.resize),
+            allocate: Script::new(scripts.allocate),
+            disagg: Script::new(scripts.disagg),
+            calls: Vec::new(),
+        }
+    }
+
+    /// Sets a request's initial cache (`Some(active)`) and its reusable prefix.
+    pub fn set_cache(&mut self, id: u64, cache: Option<bool>, reuse: u32) {
+        match cache {
+            Some(a) => {
+                self.caches.insert(id, a);
+            }
+            None => {
+                self.caches.remove(&id);
+            }
+        }
+        self.reuse.insert(id, reuse);
+    }
+
+    /// Changes a request's reusable prefix.
+    pub fn set_reuse(&mut self, id: u64, reuse: u32) {
+        self.reuse.insert(id, reuse);
+    }
+
+    fn activate(&mut self, id: u64) {
+        self.caches.insert(id, true);
+        self.released.remove(&id);
+    }
+}
+
+impl KvBackend for ScriptedKv {
+    fn tier_below_gpu(&self) -> bool {
+        self.tier_below_gpu
+    }
+    fn can_evict(&self) -> bool {
+        self.can_evict
+    }
+    fn has_cache(&self, r: KvRef) -> bool {
+        self.caches.contains_key(&r.id.0)
+    }
+    fn is_active(&self, r: KvRef) -> bool {
+        self.caches.get(&r.id.0).copied().unwrap_or(false)
+    }
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let id = r.id.0;
+        self.calls.push((KvCall::PrepareContext, id));
+        if !self.prepare.next(id, &self.released) {
+            return None;
+        }
+        self.activate(id);
+        Some(if prep.first_chunk {
+            self.reuse.get(&id).copied().unwrap_or(0)
+        } else {
+            0
+        })
+    }
+    fn resize_context(&mut self, r: KvRef, _capacity: u32, first_chunk: bool) -> bool {
+        let id = r.id.0;
+        self.calls.push((KvCall::ResizeContext, id));
+        if self.resize.next(id, &self.released) {
+            return true;
+        }
+        if first_chunk && self.caches.contains_key(&id) {
+            self.caches.insert(id, false);
+        }
+        false
+    }
+    fn try_allocate_generation(&mut self, r: KvRef, _grow: u32) -> bool {
+        let id = r.id.0;
+        self.calls.push((KvCall::TryAllocateGeneration, id));
+        let ok = self.allocate.next(id, &self.released);
+        if !self.caches.contains_key(&id) || !ok {
+            return false;
+        }
+        self.activate(id);
+        true
+    }
+    fn revert_allocate_generation(&mut self, r: KvRef) {
+        self.calls.push((KvCall::RevertAllocateGeneration, r.id.0));
+    }
+    fn suspend(&mut self, r: KvRef) {
+        let id = r.id.0;
+        self.calls.push((KvCall::Suspend, id));
+        if let Some(a) = self.caches.get_mut(&id) {
+            *a = false;
+            if self.can_evict {
+                self.released.insert(id);
+            }
+        }
+    }
+    fn free(&mut self, r: KvRef) {
+        let id = r.id.0;
+        self.calls.push((KvCall::FreeResources, id));
+        if self.caches.remove(&id).is_some() {
+            self.released.insert(id);
+        }
+    }
+    fn preempt(&mut self, r: KvRef) {
+        let id = r.id.0;
+        self.calls.push((KvCall::Preempt, id));
+        if self.caches.remove(&id).is_some() {
+            self.released.insert(id);
+        }
+    }
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
+        let id = r.id.0;
+        self.calls.push((KvCall::PrepareDisaggGenInit, id));
+        if !self.disagg.next(id, &self.released) {
+            return false;
+        }
+        self.activate(id);
+        true
+    }
+    fn max_tokens_per_request(&self) -> u64 {
+        u64::MAX
+    }
+}
+
+/// A recorded adapter call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeftCall {
+    /// `determine_num_pages(request)`.
+    DetermineNumPages(u64),
+    /// `add_request_peft(request, load_to_device)`.
+    AddRequest(u64, bool),
+    /// `mark_request_done(request, pause)`.
+    MarkRequestDone(u64, bool),
+}
+
+#[derive(Debug, Clone)]
+struct ScriptedTask {
+    id: TaskId,
+    pages: u32,
+    active: u32,
+    paused: u32,
+    on_device: bool,
+    last_use: u64,
+}
+
+/// The scripted adapter cache of the format: device pages with least-recently-used eviction of tasks no
+/// request is active on; the host side never fills. `enabled = false` is "no PEFT manager".
+#[derive(Debug, Clone)]
+pub struct ScriptedPeft {
+    enabled: bool,
+    max_device_pages: u32,
+    tasks: Vec<ScriptedTask>,
+    clock: u64,
+    /// Calls in order.
+    pub calls: Vec<PeftCall>,
+}
+
+impl ScriptedPeft {
+    /// No adapter cache at all.
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            max_device_pages: u32::MAX,
+            tasks: Vec::new(),
+            clock: 0,
+            calls: Vec::new(),
+        }
+    }
+
+    /// A cache with `max_device_pages` and the listed tasks' page counts.
+    pub fn new(max_device_pages: u32, tasks: &[(u64, u32)]) -> Self {
+        let tasks = tasks
+            .iter()
+            .map(|&(id, pages)| ScriptedTask {
+                id: TaskId(id),
+                pages,
+                active: 0,
+                paused: 0,
+                on_device: false,
+                last_use: 0,
+            })
+            .collect();
+        Self {
+            enabled: true,
+            max_device_pages,
+            tasks,
+            clock: 0,
+            calls: Vec::new(),
+        }
+    }
+
+    /// Marks the tasks that hold leases at the start as resident on the device.
+    pub fn load_leased(&mut self) {
+        for t in self.tasks.iter_mut() {
+            if t.active > 0 {
+                t.on_device = true;
+            }
+        }
+    }
+
+    /// Device refcount (requests active on the task) by task id.
+    pub fn active(&self, task: u64) -> u32 {
+        self.tasks
+            .iter()
+            .find(|t| t.id.0 == task)
+            .map_or(0, |t| t.active)
+    }
+
+    fn used(&self) -> u32 {
+        self.tasks
+            .iter()
+            .filter(|t| t.on_device)
+            .map(|t| t.pages)
+            .sum()
+    }
+}
+
+impl PeftBackend for ScriptedPeft {
+    fn max_device_pages(&self) -> u32 {
+        self.max_device_pages
+    }
+    fn lookup(&self, task: TaskId) -> Option<TaskRef> {
+        if !self.enabled {
+            return None;
+        }
+        self.tasks
+            .iter()
+            .position(|t| t.id == task)
+            .map(|i| TaskRef {
+                id: task,
+                slot: i as u16,
+            })
+    }
+    fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
+        self.calls.push(PeftCall::DetermineNumPages(req.0));
+        self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+    }
+    fn add_request(
+        &mut self,
+        req: RequestId,
+        task: TaskRef,
+        from_pause: bool,
+    ) -> Result<(), PeftError> {
+        self.calls.push(PeftCall::AddRequest(req.0, true));
+        self.clock += 1;
+        let t = self
+            .tasks
+            .get_mut(task.slot as usize)
+            .ok_or(PeftError::UnknownTask(task.id))?;
+        t.active += 1;
+        if from_pause {
+            t.paused = t.paused.saturating_sub(1);
+        }
+        t.last_use = self.clock;
+        Ok(())
+    }
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+        self.calls.push(PeftCall::MarkRequestDone(req.0, pause));
+        self.clock += 1;
+        if let Some(t) = self.tasks.get_mut(task.slot as usize) {
+            match held {
+                Holding::Lease => t.active = t.active.saturating_sub(1),
+                Holding::Paused => t.paused = t.paused.saturating_sub(1),
+            }
+            if pause {
+                t.paused += 1;
+            }
+            t.last_use = self.clock;
+        }
+    }
+    fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
+        let in_batch = |i: usize| tasks.iter().any(|t| t.slot as usize == i);
+        let need: u32 = self
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| in_batch(*i) && !t.on_device)
+            .map(|(_, t)| t.pages)
+            .sum();
+        let free = self.max_device_pages.saturating_sub(self.used());
+        if need > free {
+            let evictable: u32 = self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(i, t)| t.on_device && t.active == 0 && !in_batch(*i))
+                .map(|(_, t)| t.pages)
+                .sum();
+            if free + evictable < need {
+                let task = tasks
+                    .iter()
+                    .find(|t| !self.tasks[t.slot as usize].on_device)
+                    .map_or(TaskId(0), |t| t.id);
+                return Err(PeftError::DeviceCacheFull {
+                    task,
+                    needed: need,
+                    obtainable: free + evictable,
+                });
+            }
+            let mut freed = free;
+            while freed < need {
+                let victim = self
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, t)| t.on_device && t.active == 0 && !in_batch(*i))
+                    .min_by_key(|(_, t)| t.last_use)
+                    .map(|(i, _)| i);
+                let Some(v) = victim else { break };
+                self.tasks[v].on_device = false;
+                freed += self.tasks[v].pages;
+            }
+        }
+        for t in tasks {
+            let e = &mut self.tasks[t.slot as usize];
+            if !e.on_device {
+                e.on_device = true;
+                load(*t);
+            }
+        }
+        Ok(())
+    }
+}
