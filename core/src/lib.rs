@@ -52,4 +52,4 @@ pub use output::SchedulerOutput;
 pub use page_pool::{KvPool, KvPoolConfig};
 pub use phase::Phase;
 pub use request::{RequestId, RequestSpec, TaskId};
-pub use scheduler::{Handle, Scheduler};
+pub use scheduler::{Adopt, Handle, PassStats, Scheduler};

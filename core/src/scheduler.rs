@@ -129,8 +129,22 @@ enum Step {
     Stop,
 }
 
+/// What the last pass did, beyond its output lists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassStats {
+    /// Ordinary suspensions of other requests (victims).
+    pub victims: u32,
+    /// Self-evictions.
+    pub self_evictions: u32,
+    /// Destructive recompute pauses (generation side).
+    pub recompute_pauses: u32,
+    /// Context-side preemptions.
+    pub preemptions: u32,
+}
+
 struct PassState {
     epoch: u32,
+    stats: PassStats,
     end: usize,
     frontier: usize,
     beam: Option<u32>,
@@ -152,6 +166,7 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     pending: heapless::Vec<u16, N>,
     scratch: List<N>,
     rank: [u16; T],
+    last: PassStats,
 }
 
 impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
@@ -191,6 +206,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             pending: heapless::Vec::new(),
             scratch: heapless::Vec::new(),
             rank: [0; T],
+            last: PassStats::default(),
         })
     }
 
@@ -215,6 +231,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn peft_mut(&mut self) -> &mut P {
         self.desk.backend_mut()
     }
+    /// What the last pass did beyond its output lists (victims, self-evictions, recompute pauses,
+    /// preemptions).
+    pub fn last_pass(&self) -> PassStats {
+        self.last
+    }
+
     /// Consecutive stalled passes.
     pub fn stall_count(&self) -> u32 {
         self.stall
@@ -544,6 +566,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             epoch: self.epoch,
             end: len,
             frontier: len,
+            stats: PassStats::default(),
             beam: None,
             evictions: 0,
             recomputes: 0,
@@ -648,6 +671,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
         }
 
+        self.last = st.stats;
         self.detect_deadlock(&st, out)?;
         self.sort(out);
         trace!(
@@ -764,6 +788,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 // Self-eviction: only an active cache can be suspended.
                 if let Residency::Active(_) = self.entry(slot).residency {
                     self.suspend(slot, st, out);
+                    st.stats.self_evictions += 1;
                 }
                 return Step::Stop;
             }
@@ -863,6 +888,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
             let Some(j) = victim else { return false };
             self.suspend(self.order[j], st, out);
+            st.stats.victims += 1;
             st.end = j;
             if self.allocate_generation(slot, grow, out) {
                 return true;
@@ -911,6 +937,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 out.paused.remove(p);
             }
             self.recompute(vslot, st, out);
+            st.stats.recompute_pauses += 1;
             st.frontier = st.frontier.min(j);
             if self.allocate_generation(slot, grow, out) {
                 return true;
@@ -1248,6 +1275,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             let _ = out.recompute_paused.push(l);
             self.entry_mut(s).preempted = st.epoch;
             st.recomputes += 1;
+            st.stats.preemptions += 1;
             return true;
         }
         st.no_preempt_candidate = true;
