@@ -11,4 +11,5 @@ pub use kvsched_core as core_api;
 pub mod conformance;
 pub mod memory;
 pub mod plot;
+pub mod sim;
 pub mod workload;

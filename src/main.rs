@@ -13,6 +13,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("conformance") => conformance(&args[1..]),
+        Some("simulate") => kvsched::sim::cli::main(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             ExitCode::SUCCESS

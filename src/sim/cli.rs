@@ -1,0 +1,278 @@
+//! `kvsched simulate`: option parsing and the run.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking};
+
+use super::{run, SimOptions};
+use crate::workload::popularity::{AdapterRanks, PopularityLaw};
+use crate::workload::synthetic::{generate, SyntheticSpec};
+use crate::workload::{self, TraceFormat, Workload};
+
+/// The trace the default run replays (a CC-BY-4.0 slice of the Azure 2023 conversation trace; see
+/// data/README.md).
+pub const DEFAULT_TRACE: &str = include_str!("../../data/azure_conv_head.csv");
+/// Its name in reports.
+pub const DEFAULT_TRACE_NAME: &str = "data/azure_conv_head.csv";
+
+/// Help text.
+pub const HELP: &str = "usage: kvsched simulate [TRACE] [options]
+
+Replays a request trace through the real scheduler on a simulated engine. Without TRACE it replays the
+shipped slice of the Azure 2023 conversation trace (data/azure_conv_head.csv, 1500 requests).
+
+workload:
+  TRACE                        Azure 2023 CSV, Mooncake JSONL or BurstGPT CSV (format sniffed)
+  --format azure|mooncake|burstgpt   force the trace format
+  --synthetic RATE[:CV[:SECONDS]]    gamma arrivals (cv 1 = Poisson), S-LoRA lengths, instead of a trace
+  --limit N                    replay only the first N requests
+  --time-scale F               multiply arrival times by F (F < 1 = heavier load)
+KV cache:
+  --kv-gpu-pages N (4096)  --kv-host-pages N (8192, 0 = no host tier)  --tokens-per-block N (32)
+adapters (multi-LoRA):
+  --adapters N (0)  --popularity power:A|zipf:S|uniform (power:0.8)  --ranks 8,16,32,64
+  --pages-per-rank8 N (2)  --adapter-device-pages N (128)  --adapter-host-pages N (1024)
+scheduler:
+  --max-tokens N (8192)  --max-batch N (256)  --policy max_utilization|guaranteed_no_evict
+  --chunking fcfs|force_chunk|equal_progress|none (fcfs)  --chunk-unit N (64)  --no-recompute-pause
+  --deadlock-threshold N (1000)
+cost model (simulated microseconds):
+  --step-us F (6000)  --prefill-us-per-token F (30)  --decode-us-per-request F (40)
+  --adapter-load-us-per-page F (50)  --page-copy-us F (80)
+output:
+  --json FILE  --plot FILE.svg  --check (verify invariants every iteration)  --no-progress  --seed N (1)";
+
+fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, String> {
+    *i += 1;
+    args.get(*i)
+        .map(String::as_str)
+        .ok_or_else(|| format!("{flag} needs a value"))
+}
+
+fn num<T: std::str::FromStr>(args: &[String], i: &mut usize, flag: &str) -> Result<T, String> {
+    let v = value(args, i, flag)?;
+    v.parse()
+        .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
+}
+
+/// Parsed command line.
+#[derive(Debug, Default)]
+pub struct Cli {
+    /// Options.
+    pub opts: SimOptions,
+    /// Trace path.
+    pub trace: Option<PathBuf>,
+    /// Forced format.
+    pub format: Option<TraceFormat>,
+    /// Synthetic spec (rate, cv, seconds).
+    pub synthetic: Option<(f64, f64, f64)>,
+    /// Request limit.
+    pub limit: Option<usize>,
+    /// Arrival-time scale.
+    pub time_scale: Option<f64>,
+    /// JSON output.
+    pub json: Option<PathBuf>,
+    /// SVG output.
+    pub plot: Option<PathBuf>,
+}
+
+/// Parses the arguments after `simulate`.
+pub fn parse(args: &[String]) -> Result<Cli, String> {
+    let mut c = Cli::default();
+    let o = &mut c.opts;
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        match a {
+            "--format" => {
+                let v = value(args, &mut i, a)?;
+                c.format = Some(v.parse().map_err(|_| {
+                    format!("--format: unknown format {v:?} (azure, mooncake, burstgpt)")
+                })?);
+            }
+            "--synthetic" => {
+                let v = value(args, &mut i, a)?;
+                let parts: Vec<&str> = v.split(':').collect();
+                let f = |k: usize, d: f64| -> Result<f64, String> {
+                    parts.get(k).map_or(Ok(d), |p| {
+                        p.parse()
+                            .map_err(|_| format!("--synthetic: {p:?} is not a number"))
+                    })
+                };
+                c.synthetic = Some((f(0, 0.0)?, f(1, 1.0)?, f(2, 300.0)?));
+            }
+            "--limit" => c.limit = Some(num(args, &mut i, a)?),
+            "--time-scale" => c.time_scale = Some(num(args, &mut i, a)?),
+            "--kv-gpu-pages" => o.kv_gpu_pages = num(args, &mut i, a)?,
+            "--kv-host-pages" => o.kv_host_pages = num(args, &mut i, a)?,
+            "--tokens-per-block" => o.tokens_per_block = num(args, &mut i, a)?,
+            "--adapters" => o.adapters.count = num(args, &mut i, a)?,
+            "--popularity" => {
+                let v = value(args, &mut i, a)?;
+                o.adapters.law = v
+                    .parse::<PopularityLaw>()
+                    .map_err(|e| format!("--popularity: {e}"))?;
+            }
+            "--ranks" => {
+                let v = value(args, &mut i, a)?;
+                o.adapters.ranks = v
+                    .parse::<AdapterRanks>()
+                    .map_err(|e| format!("--ranks: {e}"))?;
+            }
+            "--pages-per-rank8" => o.adapters.pages_per_rank8 = num(args, &mut i, a)?,
+            "--adapter-device-pages" => o.adapters.device_pages = num(args, &mut i, a)?,
+            "--adapter-host-pages" => o.adapters.host_pages = num(args, &mut i, a)?,
+            "--max-tokens" => o.max_tokens = num(args, &mut i, a)?,
+            "--max-batch" => o.max_batch = num(args, &mut i, a)?,
+            "--policy" => {
+                o.policy =
+                    match value(args, &mut i, a)? {
+                        "max_utilization" => CapacityPolicy::MaxUtilization,
+                        "guaranteed_no_evict" => CapacityPolicy::GuaranteedNoEvict,
+                        v => return Err(format!(
+                            "--policy: unknown policy {v:?} (max_utilization, guaranteed_no_evict)"
+                        )),
+                    }
+            }
+            "--chunking" => {
+                let unit = o.chunking.map_or(64, |c| c.unit);
+                let policy = match value(args, &mut i, a)? {
+                    "none" => None,
+                    "fcfs" => Some(ChunkPolicy::FirstComeFirstServed),
+                    "force_chunk" => Some(ChunkPolicy::ForceChunk),
+                    "equal_progress" => Some(ChunkPolicy::EqualProgress),
+                    v => return Err(format!("--chunking: unknown policy {v:?} (fcfs, force_chunk, equal_progress, none)")),
+                };
+                o.chunking = policy.map(|policy| Chunking { policy, unit });
+            }
+            "--chunk-unit" => {
+                let unit = num(args, &mut i, a)?;
+                if let Some(c) = o.chunking.as_mut() {
+                    c.unit = unit;
+                }
+            }
+            "--no-recompute-pause" => o.recompute_pause = false,
+            "--deadlock-threshold" => o.deadlock_threshold = num(args, &mut i, a)?,
+            "--step-us" => o.cost.step_us = num(args, &mut i, a)?,
+            "--prefill-us-per-token" => o.cost.prefill_us_per_token = num(args, &mut i, a)?,
+            "--decode-us-per-request" => o.cost.decode_us_per_request = num(args, &mut i, a)?,
+            "--adapter-load-us-per-page" => o.cost.adapter_load_us_per_page = num(args, &mut i, a)?,
+            "--page-copy-us" => o.cost.page_copy_us = num(args, &mut i, a)?,
+            "--json" => c.json = Some(PathBuf::from(value(args, &mut i, a)?)),
+            "--plot" => c.plot = Some(PathBuf::from(value(args, &mut i, a)?)),
+            "--check" => o.check = true,
+            "--no-progress" => o.progress = false,
+            "--seed" => o.seed = num(args, &mut i, a)?,
+            s if s.starts_with('-') => {
+                return Err(format!(
+                    "unknown option {s:?} (see kvsched simulate --help)"
+                ))
+            }
+            s => {
+                if c.trace.is_some() {
+                    return Err(format!("one trace at a time ({s:?} is a second one)"));
+                }
+                c.trace = Some(PathBuf::from(s));
+            }
+        }
+        i += 1;
+    }
+    let bad_cost = [
+        o.cost.step_us,
+        o.cost.prefill_us_per_token,
+        o.cost.decode_us_per_request,
+        o.cost.adapter_load_us_per_page,
+        o.cost.page_copy_us,
+    ]
+    .iter()
+    .any(|x| !x.is_finite() || *x < 0.0);
+    if bad_cost {
+        return Err("cost-model values must be finite and non-negative".into());
+    }
+    if c.time_scale.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+        return Err("--time-scale must be a positive number".into());
+    }
+    if c.trace.is_some() && c.synthetic.is_some() {
+        return Err("give a trace or --synthetic, not both".into());
+    }
+    Ok(c)
+}
+
+/// Loads the workload the command line names.
+pub fn workload(c: &Cli) -> Result<Workload, String> {
+    let mut w = if let Some((rate, cv, secs)) = c.synthetic {
+        generate(&SyntheticSpec::slora(rate, cv, secs, c.opts.seed))
+            .map_err(|e| format!("--synthetic: {e}"))?
+    } else if let Some(p) = &c.trace {
+        match c.format {
+            Some(f) => workload::load_as(p, f),
+            None => workload::load(p),
+        }
+        .map_err(|e| e.to_string())?
+    } else {
+        workload::parse(DEFAULT_TRACE, Path::new(DEFAULT_TRACE_NAME), c.format)
+            .map_err(|e| e.to_string())?
+    };
+    if let Some(n) = c.limit {
+        w.arrivals.truncate(n);
+    }
+    if let Some(f) = c.time_scale {
+        w.scale_time(f);
+    }
+    if w.arrivals.is_empty() {
+        return Err("the workload has no requests".into());
+    }
+    Ok(w)
+}
+
+/// Runs `kvsched simulate`.
+pub fn main(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    let cli = match parse(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kvsched simulate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let w = match workload(&cli) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("kvsched simulate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match run(&cli.opts, w) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvsched simulate: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", report.table(cli.opts.check));
+    if let Some(p) = &cli.json {
+        let text = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
+        if let Err(e) = super::report::write_atomic(p, &(text + "\n")) {
+            eprintln!("kvsched simulate: --json {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(p) = &cli.plot {
+        if let Err(e) = crate::plot::write_svg_atomic(p, &report.timeline()) {
+            eprintln!("kvsched simulate: --plot {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if cli.opts.check && report.invariant_violations > 0 {
+        eprintln!(
+            "kvsched simulate: {} invariant violations",
+            report.invariant_violations
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,604 @@
+//! The simulated engine around the real scheduler: each iteration runs the real pass on the real
+//! fixed-capacity backends, advances simulated time by a cost model of the forward pass, completes the step
+//! (positions advance, tokens are generated, requests finish, recompute-paused requests replay) and admits
+//! the arrivals whose time has come. The scheduler's own wall time per iteration is measured for real.
+
+pub mod cli;
+pub mod report;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use kvsched_core::adapter::{AdapterPool, PeftBackend};
+use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::kv::KvBackend;
+use kvsched_core::output::SchedulerOutput;
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, Tier};
+use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::scheduler::{Handle, ResidencyKind, Scheduler};
+use kvsched_core::Phase;
+
+use crate::memory::KvMemory;
+use crate::workload::popularity::{pages_for_rank, AdapterRanks, AdapterSampler, PopularityLaw};
+use crate::workload::Workload;
+
+pub use report::Report;
+
+/// Live requests the simulated engine hands the scheduler at once (more wait in the engine's queue).
+pub const MAX_LIVE: usize = 1024;
+/// Most adapters a simulation can use.
+pub const MAX_ADAPTERS: usize = 1024;
+
+type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS>;
+type Out = SchedulerOutput<MAX_LIVE>;
+
+/// Forward-pass cost model (simulated microseconds). Defaults model an 8B-parameter model on one
+/// Hopper-class GPU: 32-token pages of about 4 MiB of KV each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Fixed cost of one forward step.
+    pub step_us: f64,
+    /// Per prefill (context) token.
+    pub prefill_us_per_token: f64,
+    /// Per decode request in the batch.
+    pub decode_us_per_request: f64,
+    /// Per adapter page copied host → device.
+    pub adapter_load_us_per_page: f64,
+    /// Per KV page moved between GPU and host (suspend / resume).
+    pub page_copy_us: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self {
+            step_us: 6000.0,
+            prefill_us_per_token: 30.0,
+            decode_us_per_request: 40.0,
+            adapter_load_us_per_page: 50.0,
+            page_copy_us: 80.0,
+        }
+    }
+}
+
+/// Adapter (multi-LoRA) settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterOptions {
+    /// Number of adapters (0 = no LoRA).
+    pub count: u32,
+    /// Popularity law.
+    pub law: PopularityLaw,
+    /// Ranks, assigned round-robin by adapter id.
+    pub ranks: AdapterRanks,
+    /// Pages of a rank-8 adapter (pages grow linearly with rank).
+    pub pages_per_rank8: u32,
+    /// Device adapter pages.
+    pub device_pages: u32,
+    /// Host adapter pages.
+    pub host_pages: u32,
+}
+
+/// Everything a simulation run needs besides the workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimOptions {
+    /// GPU KV pages.
+    pub kv_gpu_pages: u32,
+    /// Host KV pages (0 = no host tier).
+    pub kv_host_pages: u32,
+    /// Tokens per KV page.
+    pub tokens_per_block: u32,
+    /// Token budget per iteration.
+    pub max_tokens: u32,
+    /// Request limit per iteration.
+    pub max_batch: u32,
+    /// Capacity policy.
+    pub policy: CapacityPolicy,
+    /// Chunked prefill (None = whole prompts).
+    pub chunking: Option<Chunking>,
+    /// Recompute pause and preemption allowed.
+    pub recompute_pause: bool,
+    /// Adapters.
+    pub adapters: AdapterOptions,
+    /// Cost model.
+    pub cost: CostModel,
+    /// Seed (adapter assignment).
+    pub seed: u64,
+    /// Verify invariants after every iteration.
+    pub check: bool,
+    /// Show a progress bar on a terminal.
+    pub progress: bool,
+    /// Deadlock threshold (stalled passes).
+    pub deadlock_threshold: u32,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            kv_gpu_pages: 4096,
+            kv_host_pages: 8192,
+            tokens_per_block: 32,
+            max_tokens: 8192,
+            max_batch: 256,
+            policy: CapacityPolicy::MaxUtilization,
+            chunking: Some(Chunking {
+                policy: ChunkPolicy::FirstComeFirstServed,
+                unit: 64,
+            }),
+            recompute_pause: true,
+            adapters: AdapterOptions {
+                count: 0,
+                law: PopularityLaw::Power { alpha: 0.8 },
+                ranks: AdapterRanks::new(vec![8, 16, 32, 64]).unwrap_or_else(|_| unreachable!()),
+                pages_per_rank8: 2,
+                device_pages: 128,
+                host_pages: 1024,
+            },
+            cost: CostModel::default(),
+            seed: 1,
+            check: false,
+            progress: true,
+            deadlock_threshold: 1000,
+        }
+    }
+}
+
+/// Why a simulation cannot run or stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SimError {
+    /// Options that cannot work together; the text says what to change.
+    Options(String),
+    /// The scheduler refused something (deadlock, capacity).
+    Scheduler(String),
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::Options(s) => write!(f, "options do not fit: {s}"),
+            SimError::Scheduler(s) => write!(f, "scheduler: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// One request as the engine tracks it.
+#[derive(Debug, Clone)]
+struct Live {
+    arrival: usize,
+    handle: Handle,
+    prompt0: u32,
+    output: u32,
+    generated: u32,
+    first_token_ms: Option<f64>,
+    last_token_ms: f64,
+}
+
+/// Per-iteration samples for the plot.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    /// Simulated seconds.
+    pub t: Vec<f64>,
+    /// Requests waiting (engine queue + not yet admitted).
+    pub queue: Vec<f64>,
+    /// Requests in the running batch.
+    pub batch: Vec<f64>,
+    /// GPU KV utilization, %.
+    pub kv_gpu: Vec<f64>,
+    /// Host KV utilization, %.
+    pub kv_host: Vec<f64>,
+    /// Adapters resident on the device.
+    pub adapters: Vec<f64>,
+}
+
+fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>), SimError> {
+    let opt = |s: String| Err(SimError::Options(s));
+    if o.tokens_per_block == 0 || o.kv_gpu_pages == 0 {
+        return opt("--tokens-per-block and --kv-gpu-pages must be at least 1".into());
+    }
+    if o.max_batch == 0 || o.max_tokens == 0 {
+        return opt("--max-batch and --max-tokens must be at least 1".into());
+    }
+    if let Some(c) = o.chunking {
+        if c.unit == 0 || c.unit > o.max_tokens {
+            return opt(format!(
+                "--chunk-unit must be between 1 and --max-tokens ({})",
+                o.max_tokens
+            ));
+        }
+    } else if let Some(a) = w.arrivals.iter().max_by_key(|a| a.prompt_tokens) {
+        if a.prompt_tokens > o.max_tokens {
+            return opt(format!(
+                "without chunking a {}-token prompt never fits the {}-token budget: raise --max-tokens or enable --chunking",
+                a.prompt_tokens, o.max_tokens
+            ));
+        }
+    }
+    let pool_tokens = o.kv_gpu_pages as u64 * o.tokens_per_block as u64;
+    let longest = w
+        .arrivals
+        .iter()
+        .map(|a| a.prompt_tokens as u64 + a.output_tokens as u64)
+        .max()
+        .unwrap_or(0);
+    if longest > pool_tokens {
+        return opt(format!(
+            "a request of {longest} tokens (prompt + output) is longer than the whole KV pool ({} pages x {} tokens = {pool_tokens}): raise --kv-gpu-pages or --tokens-per-block",
+            o.kv_gpu_pages, o.tokens_per_block
+        ));
+    }
+    let max_blocks = (longest.div_ceil(o.tokens_per_block as u64)).max(1) as u32;
+    let table = MAX_LIVE as u64 * max_blocks as u64 * 4;
+    if table > 1 << 30 {
+        return opt(format!(
+            "page tables would take {} MiB ({MAX_LIVE} requests x {max_blocks} pages): raise --tokens-per-block",
+            table >> 20
+        ));
+    }
+    let mut pages = Vec::new();
+    let a = &o.adapters;
+    if a.count > 0 {
+        if a.count as usize > MAX_ADAPTERS {
+            return opt(format!("--adapters is at most {MAX_ADAPTERS}"));
+        }
+        for id in 0..a.count {
+            let p = pages_for_rank(a.ranks.rank_of(id), a.pages_per_rank8);
+            let fits = a.device_pages.min(a.host_pages) as u64;
+            if p > fits {
+                return opt(format!(
+                    "adapter {id} (rank {}) needs {p} pages but the adapter cache has {} device and {} host pages: raise --adapter-device-pages/--adapter-host-pages or lower --pages-per-rank8",
+                    a.ranks.rank_of(id),
+                    a.device_pages,
+                    a.host_pages
+                ));
+            }
+            pages.push(p as u32);
+        }
+    }
+    let kv = KvPoolConfig {
+        tokens_per_block: o.tokens_per_block,
+        gpu_pages: o.kv_gpu_pages,
+        host_pages: o.kv_host_pages,
+        slots: MAX_LIVE as u32,
+        max_blocks,
+    };
+    Ok((kv, pages))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.
+fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
+    let mut bad = 0;
+    bad += u64::from(!s.kv().check());
+    let pool = s.adapters().backend();
+    bad += u64::from(!pool.check());
+    for (slot, t) in pool.tasks().iter().enumerate() {
+        bad += u64::from(s.adapters().leases(slot as u16) != t.active);
+    }
+    let mut leases = vec![0u32; pool.tasks().len()];
+    for (h, e) in s.requests() {
+        let r = kvsched_core::kv::KvRef {
+            slot: h.index(),
+            id: e.spec().id,
+        };
+        let kv_ok = match e.residency() {
+            ResidencyKind::Active => s.kv().is_active(r),
+            ResidencyKind::Paused => s.kv().has_cache(r) && !s.kv().is_active(r),
+            ResidencyKind::Waiting | ResidencyKind::Recompute => !s.kv().is_active(r),
+        };
+        bad += u64::from(!kv_ok);
+        if let (Some(t), ResidencyKind::Active) = (e.task(), e.residency()) {
+            leases[t.slot as usize] += 1;
+        }
+    }
+    for (slot, &n) in leases.iter().enumerate() {
+        // Only active requests hold leases: suspended and recompute-paused ones hold none.
+        bad += u64::from(s.adapters().leases(slot as u16) != n);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for l in out
+        .context
+        .iter()
+        .chain(&out.generation)
+        .chain(&out.encoder)
+        .chain(&out.paused)
+        .chain(&out.recompute_paused)
+    {
+        bad += u64::from(!seen.insert(l.id));
+    }
+    let tokens: u64 =
+        out.context.iter().map(|l| l.chunk as u64).sum::<u64>() + out.generation.len() as u64;
+    bad += u64::from(tokens > o.max_tokens as u64);
+    bad += u64::from(out.generation.len() + out.context.len() > o.max_batch as usize);
+    bad
+}
+
+/// Runs a simulation of `w`.
+pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
+    let (kv_cfg, adapter_pages) = check_options(o, &w)?;
+    if o.adapters.count > 0 {
+        let sampler = AdapterSampler::new(o.adapters.law, o.adapters.count)
+            .map_err(|e| SimError::Options(e.to_string()))?;
+        crate::workload::popularity::assign_adapters(&mut w.arrivals, &sampler, o.seed);
+    }
+    let mut mem = KvMemory::new(kv_cfg);
+    let kv = mem.pool().map_err(|e| SimError::Options(e.to_string()))?;
+    let mut pool: AdapterPool<MAX_ADAPTERS> =
+        AdapterPool::new(o.adapters.device_pages.max(1), o.adapters.host_pages.max(1))
+            .map_err(|e| SimError::Options(e.to_string()))?;
+    for (id, &p) in adapter_pages.iter().enumerate() {
+        pool.register(TaskId(id as u64), p)
+            .map_err(|e| SimError::Options(e.to_string()))?;
+    }
+    let cfg = Config {
+        max_num_requests: o.max_batch,
+        max_num_tokens: Some(o.max_tokens),
+        max_context_length: Some(o.max_tokens),
+        chunking: o.chunking,
+        policy: o.policy,
+        recompute_pause: o.recompute_pause,
+        prefix_aware: true,
+        window: Window::Decoder,
+        deadlock_threshold: o.deadlock_threshold,
+    };
+    let mut sched: Box<Sched<'_>> =
+        Box::new(Scheduler::new(cfg, kv, pool).map_err(|e| SimError::Options(e.to_string()))?);
+    let mut out: Box<Out> = Box::default();
+
+    let n = w.arrivals.len();
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut live: Vec<Option<Live>> = vec![None; MAX_LIVE];
+    let mut next = 0usize;
+    let mut now_ms = w.arrivals.first().map_or(0.0, |a| a.at_ms);
+    let start_ms = now_ms;
+    let mut r = Report::new(n);
+    let mut samples = Samples::default();
+    let mut sched_ns: Vec<f64> = Vec::new();
+    let mut ttft = Vec::new();
+    let mut tpot = Vec::new();
+    let wall = Instant::now();
+    let mut last_progress = Instant::now();
+    let show_progress = o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut kv_gpu_sum = 0.0;
+    let mut adapter_sum = 0.0;
+    let sample_every = (n / 4000).max(1) as u64;
+
+    loop {
+        while next < n && w.arrivals[next].at_ms <= now_ms {
+            queue.push_back(next);
+            next += 1;
+        }
+        while sched.len() < MAX_LIVE {
+            let Some(&i) = queue.front() else { break };
+            let a = &w.arrivals[i];
+            let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, a.prompt_tokens);
+            spec.max_new_tokens = a.output_tokens;
+            spec.lora = a.adapter.map(|x| TaskId(x as u64));
+            let h = sched
+                .submit(spec)
+                .map_err(|e| SimError::Scheduler(e.to_string()))?;
+            live[h.index() as usize] = Some(Live {
+                arrival: i,
+                handle: h,
+                prompt0: a.prompt_tokens,
+                output: a.output_tokens,
+                generated: 0,
+                first_token_ms: None,
+                last_token_ms: 0.0,
+            });
+            queue.pop_front();
+        }
+        if sched.is_empty() {
+            if next >= n {
+                break;
+            }
+            now_ms = w.arrivals[next].at_ms;
+            continue;
+        }
+
+        let t0 = Instant::now();
+        let pass = sched.schedule(&mut out);
+        let ensured = pass.is_ok().then(|| sched.ensure_batch(&mut out));
+        let ns = t0.elapsed().as_nanos() as f64;
+        pass.map_err(|e| SimError::Scheduler(e.to_string()))?;
+        if let Some(Err(e)) = ensured {
+            r.invariant_violations += 1;
+            return Err(SimError::Scheduler(format!(
+                "ensure-batch failed for a scheduled batch: {e}"
+            )));
+        }
+        sched_ns.push(ns);
+        r.iterations += 1;
+        let stats = sched.last_pass();
+        r.suspended += stats.victims as u64 + stats.self_evictions as u64;
+        r.self_evicted += stats.self_evictions as u64;
+        r.recompute_paused += out.recompute_paused.len() as u64;
+        r.preempted += stats.preemptions as u64;
+        r.resumed += out.resumed.len() as u64;
+        let mut page_moves = 0u64;
+        for m in sched.kv_mut().take_moves() {
+            page_moves += 1;
+            match m.from {
+                Tier::Gpu => r.pages_offloaded += 1,
+                Tier::Host => r.pages_reloaded += 1,
+            }
+        }
+        let mut load_pages = 0u64;
+        for t in out.adapter_loads.iter() {
+            load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
+        }
+        r.adapter_loads += out.adapter_loads.len() as u64;
+        if o.check {
+            r.invariant_violations += check_invariants(&sched, &out, o);
+        }
+
+        let prefill: u64 = out.context.iter().map(|l| l.chunk as u64).sum();
+        let decode = out.generation.len() as u64;
+        let busy = prefill > 0 || decode > 0;
+        let step_us = if busy {
+            o.cost.step_us
+                + prefill as f64 * o.cost.prefill_us_per_token
+                + decode as f64 * o.cost.decode_us_per_request
+                + load_pages as f64 * o.cost.adapter_load_us_per_page
+                + page_moves as f64 * o.cost.page_copy_us
+        } else {
+            // Nothing ran: wait for the next arrival or one idle step.
+            let idle = o.cost.step_us + page_moves as f64 * o.cost.page_copy_us;
+            if next < n {
+                (w.arrivals[next].at_ms - now_ms).max(0.0) * 1000.0 + idle
+            } else {
+                idle
+            }
+        };
+        now_ms += step_us / 1000.0;
+        r.prefill_tokens += prefill;
+
+        // Complete the step.
+        sched.complete_step(&out);
+        let mut finished: Vec<u16> = Vec::new();
+        for l in out.context.iter() {
+            let Some(lv) = live[l.slot as usize].as_mut() else {
+                continue;
+            };
+            let e = sched
+                .get(lv.handle)
+                .map_err(|e| SimError::Scheduler(e.to_string()))?;
+            if e.spec().phase == Phase::GenerationInProgress {
+                // The last prefill chunk yields the first token.
+                lv.generated += 1;
+                r.tokens_generated += 1;
+                if lv.first_token_ms.is_none() {
+                    lv.first_token_ms = Some(now_ms);
+                    ttft.push(now_ms - w.arrivals[lv.arrival].at_ms);
+                }
+                lv.last_token_ms = now_ms;
+                if lv.generated >= lv.output {
+                    finished.push(l.slot);
+                }
+            }
+        }
+        for l in out.generation.iter() {
+            let Some(lv) = live[l.slot as usize].as_mut() else {
+                continue;
+            };
+            lv.generated += 1;
+            r.tokens_generated += 1;
+            lv.last_token_ms = now_ms;
+            if lv.generated >= lv.output {
+                finished.push(l.slot);
+            }
+        }
+        for l in out.recompute_paused.iter() {
+            // The replay re-prefills the prompt plus what was generated (beam 1), as upstream's pause.
+            let Some(lv) = live[l.slot as usize].as_ref() else {
+                continue;
+            };
+            let (h, prompt) = (lv.handle, lv.prompt0 + lv.generated);
+            let remaining = lv.output - lv.generated;
+            sched
+                .update(h, |s| {
+                    s.prompt = prompt;
+                    s.max_new_tokens = remaining;
+                })
+                .map_err(|e| SimError::Scheduler(e.to_string()))?;
+        }
+        for slot in finished {
+            let Some(lv) = live[slot as usize].take() else {
+                continue;
+            };
+            sched
+                .remove(lv.handle)
+                .map_err(|e| SimError::Scheduler(e.to_string()))?;
+            r.requests_completed += 1;
+            r.completed_output_tokens += lv.output as u64;
+            if lv.output > 1 {
+                if let Some(f) = lv.first_token_ms {
+                    tpot.push((lv.last_token_ms - f) / (lv.output - 1) as f64);
+                }
+            }
+        }
+
+        let kv = sched.kv();
+        let kv_gpu = 100.0 * (kv_cfg.gpu_pages - kv.gpu_free()) as f64 / kv_cfg.gpu_pages as f64;
+        let kv_host = if kv_cfg.host_pages > 0 {
+            100.0 * (kv_cfg.host_pages - kv.host_free()) as f64 / kv_cfg.host_pages as f64
+        } else {
+            0.0
+        };
+        let resident = sched
+            .adapters()
+            .backend()
+            .tasks()
+            .iter()
+            .filter(|t| t.on_device)
+            .count() as f64;
+        kv_gpu_sum += kv_gpu;
+        adapter_sum += 100.0 * sched.adapters().backend().device_used() as f64
+            / o.adapters.device_pages.max(1) as f64;
+        r.peak_kv_gpu_pct = r.peak_kv_gpu_pct.max(kv_gpu);
+        r.peak_kv_host_pct = r.peak_kv_host_pct.max(kv_host);
+        if r.iterations % sample_every == 0 {
+            let waiting = queue.len()
+                + sched
+                    .requests()
+                    .filter(|(_, e)| e.residency() == ResidencyKind::Waiting)
+                    .count();
+            samples.t.push((now_ms - start_ms) / 1000.0);
+            samples.queue.push(waiting as f64);
+            samples
+                .batch
+                .push((out.generation.len() + out.context.len()) as f64);
+            samples.kv_gpu.push(kv_gpu);
+            samples.kv_host.push(kv_host);
+            samples.adapters.push(resident);
+        }
+        if show_progress
+            && last_progress.elapsed().as_millis() >= 200
+            && wall.elapsed().as_secs_f64() > 2.0
+        {
+            last_progress = Instant::now();
+            let done = r.requests_completed as f64 / n.max(1) as f64;
+            let bar = (done * 30.0) as usize;
+            eprint!(
+                "\r[{}{}] {:>5.1}%  {} of {n} requests, {:.0} s simulated",
+                "=".repeat(bar),
+                " ".repeat(30 - bar.min(30)),
+                done * 100.0,
+                r.requests_completed,
+                (now_ms - start_ms) / 1000.0
+            );
+        }
+    }
+    if show_progress && wall.elapsed().as_secs_f64() > 2.0 {
+        eprintln!();
+    }
+    let stats = sched.adapters().backend().stats();
+    r.adapter_evictions = stats.device_evictions;
+    r.sim_seconds = (now_ms - start_ms) / 1000.0;
+    r.wall_seconds = wall.elapsed().as_secs_f64();
+    r.kv_gpu_util_mean_pct = kv_gpu_sum / r.iterations.max(1) as f64;
+    r.adapter_util_mean_pct = adapter_sum / r.iterations.max(1) as f64;
+    r.throughput_tok_s = if r.sim_seconds > 0.0 {
+        r.tokens_generated as f64 / r.sim_seconds
+    } else {
+        0.0
+    };
+    ttft.sort_by(f64::total_cmp);
+    tpot.sort_by(f64::total_cmp);
+    sched_ns.sort_by(f64::total_cmp);
+    r.ttft_ms = (percentile(&ttft, 0.5), percentile(&ttft, 0.99));
+    r.tpot_ms = (percentile(&tpot, 0.5), percentile(&tpot, 0.99));
+    r.sched_ns_per_iter = (percentile(&sched_ns, 0.5), percentile(&sched_ns, 0.99));
+    r.samples = samples;
+    r.source = w.source.to_string();
+    r.adapters = o.adapters.count;
+    let _ = sched.kv().max_tokens_per_request();
+    let _ = sched.adapters().backend().max_device_pages();
+    Ok(r)
+}

@@ -1,0 +1,263 @@
+//! The simulation report: a summary table, a JSON document and a timeline plot.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::json;
+
+use super::Samples;
+use crate::plot::{Panel, Timeline};
+
+/// What a simulation measured.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Where the requests came from.
+    pub source: String,
+    /// Requests in the workload.
+    pub requests_total: usize,
+    /// Requests that finished.
+    pub requests_completed: u64,
+    /// Output tokens generated (all requests).
+    pub tokens_generated: u64,
+    /// Output tokens the trace asked of the completed requests.
+    pub completed_output_tokens: u64,
+    /// Prefill tokens processed (replays included).
+    pub prefill_tokens: u64,
+    /// Simulated seconds.
+    pub sim_seconds: f64,
+    /// Wall seconds of the whole run.
+    pub wall_seconds: f64,
+    /// Generated tokens per simulated second.
+    pub throughput_tok_s: f64,
+    /// Time to first token (p50, p99), simulated ms.
+    pub ttft_ms: (f64, f64),
+    /// Time per output token after the first (p50, p99), simulated ms.
+    pub tpot_ms: (f64, f64),
+    /// Ordinary suspensions (victims + self-evictions).
+    pub suspended: u64,
+    /// Self-evictions.
+    pub self_evicted: u64,
+    /// Recompute pauses and preemptions (destructive).
+    pub recompute_paused: u64,
+    /// Context-side preemptions.
+    pub preempted: u64,
+    /// Suspended requests whose KV came back.
+    pub resumed: u64,
+    /// KV pages moved GPU → host.
+    pub pages_offloaded: u64,
+    /// KV pages moved host → GPU.
+    pub pages_reloaded: u64,
+    /// Adapter copies to the device.
+    pub adapter_loads: u64,
+    /// Adapter evictions from the device.
+    pub adapter_evictions: u64,
+    /// Adapters in the run.
+    pub adapters: u32,
+    /// Mean GPU KV utilization, %.
+    pub kv_gpu_util_mean_pct: f64,
+    /// Peak GPU KV utilization, %.
+    pub peak_kv_gpu_pct: f64,
+    /// Peak host KV utilization, %.
+    pub peak_kv_host_pct: f64,
+    /// Mean device adapter-cache utilization, %.
+    pub adapter_util_mean_pct: f64,
+    /// Scheduler wall time per iteration (p50, p99), ns: the pass plus ensure-batch, measured for real.
+    pub sched_ns_per_iter: (f64, f64),
+    /// Scheduling iterations.
+    pub iterations: u64,
+    /// Invariant violations seen by `--check` (0 expected).
+    pub invariant_violations: u64,
+    /// Timeline samples.
+    pub samples: Samples,
+}
+
+impl Report {
+    pub(super) fn new(total: usize) -> Self {
+        Self {
+            requests_total: total,
+            ..Self::default()
+        }
+    }
+
+    /// The summary table.
+    pub fn table(&self, checked: bool) -> String {
+        let mut s = String::new();
+        let row = |s: &mut String, k: &str, v: String| {
+            let _ = writeln!(s, "  {k:<34} {v}");
+        };
+        let _ = writeln!(s, "kvsched simulate: {}", self.source);
+        row(
+            &mut s,
+            "requests completed",
+            format!("{} of {}", self.requests_completed, self.requests_total),
+        );
+        row(
+            &mut s,
+            "tokens generated",
+            self.tokens_generated.to_string(),
+        );
+        row(
+            &mut s,
+            "prefill tokens (incl. replays)",
+            self.prefill_tokens.to_string(),
+        );
+        row(
+            &mut s,
+            "simulated time",
+            format!("{:.1} s", self.sim_seconds),
+        );
+        row(
+            &mut s,
+            "throughput",
+            format!("{:.0} tok/s", self.throughput_tok_s),
+        );
+        row(
+            &mut s,
+            "TTFT p50 / p99",
+            format!("{:.1} / {:.1} ms", self.ttft_ms.0, self.ttft_ms.1),
+        );
+        row(
+            &mut s,
+            "TPOT p50 / p99",
+            format!("{:.2} / {:.2} ms", self.tpot_ms.0, self.tpot_ms.1),
+        );
+        row(
+            &mut s,
+            "suspensions (self-evictions)",
+            format!("{} ({})", self.suspended, self.self_evicted),
+        );
+        row(
+            &mut s,
+            "recompute pauses (preemptions)",
+            format!("{} ({})", self.recompute_paused, self.preempted),
+        );
+        row(&mut s, "resumes", self.resumed.to_string());
+        row(
+            &mut s,
+            "KV pages offloaded / reloaded",
+            format!("{} / {}", self.pages_offloaded, self.pages_reloaded),
+        );
+        if self.adapters > 0 {
+            row(&mut s, "adapters", self.adapters.to_string());
+            row(
+                &mut s,
+                "adapter loads / evictions",
+                format!("{} / {}", self.adapter_loads, self.adapter_evictions),
+            );
+            row(
+                &mut s,
+                "adapter cache utilization (mean)",
+                format!("{:.1} %", self.adapter_util_mean_pct),
+            );
+        }
+        row(
+            &mut s,
+            "KV GPU utilization mean / peak",
+            format!(
+                "{:.1} % / {:.1} %",
+                self.kv_gpu_util_mean_pct, self.peak_kv_gpu_pct
+            ),
+        );
+        row(
+            &mut s,
+            "KV host utilization peak",
+            format!("{:.1} %", self.peak_kv_host_pct),
+        );
+        row(
+            &mut s,
+            "scheduler per iteration p50 / p99",
+            format!(
+                "{:.2} / {:.2} us",
+                self.sched_ns_per_iter.0 / 1000.0,
+                self.sched_ns_per_iter.1 / 1000.0
+            ),
+        );
+        row(&mut s, "iterations", self.iterations.to_string());
+        if checked {
+            row(
+                &mut s,
+                "invariant violations (--check)",
+                self.invariant_violations.to_string(),
+            );
+        }
+        row(&mut s, "wall time", format!("{:.2} s", self.wall_seconds));
+        s
+    }
+
+    /// The JSON document.
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "source": self.source,
+            "requests_total": self.requests_total,
+            "requests_completed": self.requests_completed,
+            "tokens_generated": self.tokens_generated,
+            "completed_output_tokens": self.completed_output_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "sim_seconds": self.sim_seconds,
+            "throughput_tok_s": self.throughput_tok_s,
+            "ttft_ms": {"p50": self.ttft_ms.0, "p99": self.ttft_ms.1},
+            "tpot_ms": {"p50": self.tpot_ms.0, "p99": self.tpot_ms.1},
+            "suspended": self.suspended,
+            "self_evicted": self.self_evicted,
+            "recompute_paused": self.recompute_paused,
+            "preempted": self.preempted,
+            "resumed": self.resumed,
+            "pages_offloaded": self.pages_offloaded,
+            "pages_reloaded": self.pages_reloaded,
+            "adapter_loads": self.adapter_loads,
+            "adapter_evictions": self.adapter_evictions,
+            "kv_gpu_util_mean_pct": self.kv_gpu_util_mean_pct,
+            "kv_gpu_util_peak_pct": self.peak_kv_gpu_pct,
+            "kv_host_util_peak_pct": self.peak_kv_host_pct,
+            "adapter_util_mean_pct": self.adapter_util_mean_pct,
+            "sched_ns_per_iter": {"p50": self.sched_ns_per_iter.0, "p99": self.sched_ns_per_iter.1},
+            "iterations": self.iterations,
+            "invariant_violations": self.invariant_violations,
+        })
+    }
+
+    /// The timeline plot.
+    pub fn timeline(&self) -> Timeline {
+        let s = &self.samples;
+        let mut t = Timeline::new("kvsched simulate", s.t.clone())
+            .subtitle(format!(
+                "{} — {} requests",
+                self.source, self.requests_total
+            ))
+            .panel(
+                Panel::new("requests", "requests")
+                    .series("queue", s.queue.clone())
+                    .series("running batch", s.batch.clone()),
+            )
+            .panel(
+                Panel::new("KV cache utilization", "%")
+                    .range(0.0, 100.0)
+                    .series("GPU tier", s.kv_gpu.clone())
+                    .series("host tier", s.kv_host.clone()),
+            );
+        if self.adapters > 0 {
+            t = t.panel(
+                Panel::new("adapter residency", "adapters on device")
+                    .series("adapters", s.adapters.clone()),
+            );
+        }
+        t
+    }
+}
+
+/// Writes `text` to `path` whole or not at all (a temporary file in the same folder, then a rename).
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}

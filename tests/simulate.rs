@@ -1,0 +1,156 @@
+//! End-to-end tests of `kvsched simulate`: the replay's report is consistent, bad input is refused
+//! before the run with a message that says what to change, and output files are written whole.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn kvsched(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kvsched"))
+        .args(args)
+        .output()
+        .expect("kvsched runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvsched-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn json(path: &PathBuf) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn default_replay_is_consistent_and_checked() {
+    let j = tmp("default.json");
+    let svg = tmp("default.svg");
+    let out = kvsched(&[
+        "simulate",
+        "--check",
+        "--no-progress",
+        "--adapters",
+        "16",
+        "--kv-gpu-pages",
+        "512",
+        "--kv-host-pages",
+        "2048",
+        "--json",
+        j.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("requests completed"), "{stdout}");
+    let r = json(&j);
+    assert_eq!(
+        r["requests_completed"], 1500,
+        "every request of the shipped slice completes"
+    );
+    assert_eq!(
+        r["tokens_generated"], r["completed_output_tokens"],
+        "tokens generated = the trace's output tokens"
+    );
+    assert_eq!(r["invariant_violations"], 0);
+    for k in ["ttft_ms", "tpot_ms", "sched_ns_per_iter"] {
+        assert!(
+            r[k]["p50"].as_f64().unwrap() <= r[k]["p99"].as_f64().unwrap(),
+            "{k}"
+        );
+    }
+    assert!(
+        r["suspended"].as_u64().unwrap() > 0,
+        "this pool size puts the scheduler under pressure"
+    );
+    assert!(r["adapter_loads"].as_u64().unwrap() > 0);
+    assert!(r["iterations"].as_u64().unwrap() > 1000);
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("KV cache utilization") && svg.contains("adapters")
+    );
+}
+
+#[test]
+fn every_shipped_trace_format_replays_with_zero_violations() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    for f in [
+        "tests/data/mooncake_conversation_head30.jsonl",
+        "tests/data/burstgpt1_head54.csv",
+    ] {
+        let j = tmp(&format!("{}.json", f.replace('/', "_")));
+        let p = format!("{root}/{f}");
+        let out = kvsched(&[
+            "simulate",
+            &p,
+            "--check",
+            "--kv-gpu-pages",
+            "8192",
+            "--json",
+            j.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{f}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = json(&j);
+        assert_eq!(r["invariant_violations"], 0, "{f}");
+        assert_eq!(r["requests_completed"], r["requests_total"], "{f}");
+        assert_eq!(r["tokens_generated"], r["completed_output_tokens"], "{f}");
+    }
+}
+
+#[test]
+fn a_malformed_trace_line_names_file_and_line_and_writes_nothing() {
+    let bad = tmp("bad.csv");
+    std::fs::write(&bad, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,abc,12\n").unwrap();
+    let j = tmp("bad.json");
+    let out = kvsched(&[
+        "simulate",
+        bad.to_str().unwrap(),
+        "--json",
+        j.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("bad.csv:3") && err.contains("ContextTokens"),
+        "{err}"
+    );
+    assert!(!j.exists(), "no output file on a refused run");
+}
+
+#[test]
+fn options_that_cannot_work_are_refused_before_the_run() {
+    let out = kvsched(&["simulate", "--kv-gpu-pages", "16"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("longer than the whole KV pool") && err.contains("--kv-gpu-pages"),
+        "{err}"
+    );
+    let out = kvsched(&[
+        "simulate",
+        "--adapters",
+        "4",
+        "--ranks",
+        "64",
+        "--adapter-device-pages",
+        "8",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("adapter 0") && err.contains("--adapter-device-pages"),
+        "{err}"
+    );
+    let out = kvsched(&["simulate", "--max-batch", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = kvsched(&["simulate", "--bogus"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown option"));
+}
