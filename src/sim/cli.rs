@@ -20,7 +20,8 @@ pub const DEFAULT_TRACE_NAME: &str = "data/azure_conv_head.csv";
 pub const HELP: &str = "usage: kvsched simulate [TRACE] [options]
 
 Replays a request trace through the real scheduler on a simulated engine. Without TRACE it replays the
-shipped slice of the Azure 2023 conversation trace (data/azure_conv_head.csv, 1500 requests).
+shipped slice of the Azure 2023 conversation trace (data/azure_conv_head.csv, 1500 requests), with
+32 LoRA adapters assigned by a seeded power:0.8 popularity law (--adapters 0 turns LoRA off).
 
 workload:
   TRACE                        Azure 2023 CSV, Mooncake JSONL or BurstGPT CSV (format sniffed)
@@ -29,10 +30,10 @@ workload:
   --limit N                    replay only the first N requests
   --time-scale F               multiply arrival times by F (F < 1 = heavier load)
 KV cache:
-  --kv-gpu-pages N (4096)  --kv-host-pages N (8192, 0 = no host tier)  --tokens-per-block N (32)
+  --kv-gpu-pages N (640)  --kv-host-pages N (4096, 0 = no host tier)  --tokens-per-block N (32)
 adapters (multi-LoRA):
-  --adapters N (0)  --popularity power:A|zipf:S|uniform (power:0.8)  --ranks 8,16,32,64
-  --pages-per-rank8 N (2)  --adapter-device-pages N (128)  --adapter-host-pages N (1024)
+  --adapters N (32, 0 = no LoRA)  --popularity power:A|zipf:S|uniform (power:0.8)  --ranks 8,16,32,64
+  --pages-per-rank8 N (2)  --adapter-device-pages N (64)  --adapter-host-pages N (1024)
 scheduler:
   --max-tokens N (8192)  --max-batch N (256)  --policy max_utilization|guaranteed_no_evict
   --chunking fcfs|force_chunk|equal_progress|none (fcfs)  --chunk-unit N (64)  --no-recompute-pause
@@ -126,14 +127,15 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             "--max-tokens" => o.max_tokens = num(args, &mut i, a)?,
             "--max-batch" => o.max_batch = num(args, &mut i, a)?,
             "--policy" => {
-                o.policy =
-                    match value(args, &mut i, a)? {
-                        "max_utilization" => CapacityPolicy::MaxUtilization,
-                        "guaranteed_no_evict" => CapacityPolicy::GuaranteedNoEvict,
-                        v => return Err(format!(
+                o.policy = match value(args, &mut i, a)? {
+                    "max_utilization" => CapacityPolicy::MaxUtilization,
+                    "guaranteed_no_evict" => CapacityPolicy::GuaranteedNoEvict,
+                    v => {
+                        return Err(format!(
                             "--policy: unknown policy {v:?} (max_utilization, guaranteed_no_evict)"
-                        )),
+                        ))
                     }
+                }
             }
             "--chunking" => {
                 let unit = o.chunking.map_or(64, |c| c.unit);

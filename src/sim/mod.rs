@@ -113,8 +113,8 @@ pub struct SimOptions {
 impl Default for SimOptions {
     fn default() -> Self {
         Self {
-            kv_gpu_pages: 4096,
-            kv_host_pages: 8192,
+            kv_gpu_pages: 640,
+            kv_host_pages: 4096,
             tokens_per_block: 32,
             max_tokens: 8192,
             max_batch: 256,
@@ -125,11 +125,11 @@ impl Default for SimOptions {
             }),
             recompute_pause: true,
             adapters: AdapterOptions {
-                count: 0,
+                count: 32,
                 law: PopularityLaw::Power { alpha: 0.8 },
                 ranks: AdapterRanks::new(vec![8, 16, 32, 64]).unwrap_or_else(|_| unreachable!()),
                 pages_per_rank8: 2,
-                device_pages: 128,
+                device_pages: 64,
                 host_pages: 1024,
             },
             cost: CostModel::default(),
