@@ -251,3 +251,40 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         self.backend.ensure_batch(tasks, load)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::AdapterPool;
+    use crate::request::TaskId;
+
+    #[test]
+    fn pinned_adapters_count_until_their_last_lease_returns() {
+        let mut pool: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
+        let a = pool.register(TaskId(1), 3).unwrap();
+        let b = pool.register(TaskId(2), 2).unwrap();
+        let mut desk: AdapterDesk<_, 4> = AdapterDesk::new(pool);
+        let l0 = desk.acquire(RequestId(0), a, None).unwrap();
+        let l1 = desk.acquire(RequestId(1), a, None).unwrap();
+        assert_eq!(desk.pinned_pages(), 3, "an adapter is pinned once");
+        desk.begin_pass();
+        assert_eq!(desk.claimed(), 3);
+        assert_eq!(desk.pages_needed(RequestId(0), a), Some(0), "counted: already pinned");
+        assert_eq!(desk.pages_needed(RequestId(2), b), None, "3 + 2 > 4 device pages");
+        // One of two leases returned: still pinned.
+        let p = desk.release(RequestId(0), l0, true).unwrap();
+        assert_eq!(desk.claimed(), 3);
+        // The last lease returned and nothing scheduled uses the task: un-counted, b now fits.
+        assert!(desk.release(RequestId(1), l1, false).is_none());
+        assert_eq!((desk.claimed(), desk.pinned_pages()), (0, 0));
+        assert_eq!(desk.pages_needed(RequestId(2), b), Some(2));
+        assert!(desk.commit(b, 2));
+        assert!(!desk.commit(b, 0), "listed once per pass");
+        // A scheduled task stays counted when its last lease goes.
+        let l2 = desk.acquire(RequestId(2), b, None).unwrap();
+        let _ = desk.release(RequestId(2), l2, false);
+        assert_eq!(desk.claimed(), 2);
+        desk.drop_paused(RequestId(0), p);
+        assert_eq!(desk.backend().tasks()[0].paused, 0);
+    }
+}
