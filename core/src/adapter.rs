@@ -13,7 +13,7 @@ use crate::error::PeftError;
 use crate::request::{RequestId, TaskId};
 
 /// A registered task: its id and its dense slot in the adapter cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TaskRef {
     /// The LoRA task id.
     pub id: TaskId,
@@ -123,7 +123,7 @@ pub struct AdapterStats {
 }
 
 /// A fixed-capacity adapter cache with `T` task slots.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterPool<const T: usize> {
     tasks: heapless::Vec<TaskEntry, T>,
     device_pages: u32,

@@ -164,6 +164,39 @@ impl<T, const N: usize> Arena<T, N> {
         v
     }
 
+    /// Takes back a value whose handle was never handed out (an insertion rolled back inside one
+    /// operation): unlike [`Arena::remove`], the generation is not bumped, so the arena is exactly as
+    /// it was before the insertion.
+    pub fn cancel_insert(&mut self, h: Handle<T>) -> Option<T> {
+        let slot = self.slots.get_mut(h.index as usize)?;
+        if slot.generation != h.generation || slot.value.is_none() {
+            return None;
+        }
+        let v = slot.value.take();
+        self.len -= 1;
+        // `insert` popped this index last; pushing it back restores the free list's order.
+        let pushed = self.free.push(h.index);
+        debug_assert!(pushed.is_ok());
+        v
+    }
+
+    /// Feeds every slot (generation and value), the free list and the length to `h`.
+    pub fn hash_state<H: core::hash::Hasher>(&self, h: &mut H, value: impl Fn(&T, &mut H)) {
+        use core::hash::Hash;
+        for s in self.slots.iter() {
+            s.generation.hash(h);
+            match &s.value {
+                None => 0u8.hash(h),
+                Some(v) => {
+                    1u8.hash(h);
+                    value(v, h);
+                }
+            }
+        }
+        self.free.hash(h);
+        self.len.hash(h);
+    }
+
     /// Iterates over live values with their handles.
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
@@ -217,5 +250,26 @@ mod tests {
         assert_eq!(a.get(h1), Some(&11));
         assert!(a.check());
         assert_eq!(a.len(), 2);
+    }
+
+    #[test]
+    fn cancelled_insert_leaves_the_arena_as_it_was() {
+        use crate::fingerprint::Fingerprint;
+        use core::hash::{Hash, Hasher};
+        let fp = |a: &Arena<u32, 3>| {
+            let mut h = Fingerprint::new();
+            a.hash_state(&mut h, |v, h| v.hash(h));
+            h.finish()
+        };
+        let mut a: Arena<u32, 3> = Arena::new();
+        let h0 = a.insert(1).unwrap();
+        let before = fp(&a);
+        let h1 = a.insert(2).unwrap();
+        assert_eq!(a.cancel_insert(h1), Some(2));
+        assert_eq!(fp(&a), before);
+        assert_eq!(a.insert(3).unwrap(), h1, "the same handle is issued again");
+        assert!(a.remove(h0).is_some());
+        assert_ne!(fp(&a), before);
+        assert!(a.check());
     }
 }

@@ -8,7 +8,7 @@
 use crate::request::RequestId;
 
 /// Names a request's KV cache: its dense slot in the scheduler's table and its id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvRef {
     /// Dense table slot, `< N` of the scheduler.
     pub slot: u16,

@@ -95,6 +95,20 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         self.leases.get(slot as usize).copied().unwrap_or(0)
     }
 
+    /// Feeds the desk's own state (lease counts, page counts, pinned set, pass budget) to `h`; the
+    /// backend is not included.
+    pub fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        self.leases.hash(h);
+        self.pages.hash(h);
+        self.pinned.hash(h);
+        self.pinned_pages.hash(h);
+        self.epoch.hash(h);
+        self.counted.hash(h);
+        self.scheduled.hash(h);
+        self.claimed.hash(h);
+    }
+
     /// Pages pinned on the device by lease holders.
     pub fn pinned_pages(&self) -> u32 {
         self.pinned_pages

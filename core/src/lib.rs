@@ -35,6 +35,7 @@ pub mod arena;
 pub mod budget;
 pub mod config;
 pub mod error;
+pub mod fingerprint;
 pub mod kv;
 pub mod lease;
 pub mod output;

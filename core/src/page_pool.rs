@@ -18,7 +18,7 @@ use crate::kv::{ContextPrep, KvBackend, KvRef};
 use crate::request::RequestId;
 
 /// A memory tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Tier {
     /// GPU memory.
     #[default]
@@ -28,7 +28,7 @@ pub enum Tier {
 }
 
 /// One page copy the copy engine must perform.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PageMove {
     /// Whose page.
     pub request: RequestId,
@@ -41,7 +41,7 @@ pub struct PageMove {
 }
 
 /// State of one request slot's cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SeqState {
     /// No cache.
     #[default]
@@ -53,7 +53,7 @@ pub enum SeqState {
 }
 
 /// Per-slot bookkeeping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Seq {
     /// Cache state.
     pub state: SeqState,
@@ -68,7 +68,7 @@ pub struct Seq {
 }
 
 /// Geometry of a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KvPoolConfig {
     /// Tokens per page.
     pub tokens_per_block: u32,
@@ -110,7 +110,7 @@ pub struct KvStorage<'a> {
 }
 
 /// Counters of pool activity.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct KvStats {
     /// Suspensions.
     pub suspends: u64,
@@ -216,6 +216,24 @@ impl<'a> KvPool<'a> {
     pub fn take_moves(&mut self) -> &[PageMove] {
         let n = core::mem::take(&mut self.moves_len);
         &self.moves[..n]
+    }
+
+    /// A fingerprint of the whole pool state: geometry, both free stacks (whole buffers, so a page that
+    /// was taken and given back in another order shows), every page table row, every slot, the move log
+    /// and the counters. Equal before and after an operation = the operation changed nothing.
+    pub fn fingerprint(&self) -> u64 {
+        use core::hash::{Hash, Hasher};
+        let mut h = crate::fingerprint::Fingerprint::new();
+        self.cfg.hash(&mut h);
+        self.gpu_free.hash(&mut h);
+        self.gpu_free_len.hash(&mut h);
+        self.host_free.hash(&mut h);
+        self.host_free_len.hash(&mut h);
+        self.tables.hash(&mut h);
+        self.seqs.hash(&mut h);
+        self.moves[..self.moves_len].hash(&mut h);
+        self.stats.hash(&mut h);
+        h.finish()
     }
 
     /// Page conservation per tier: free + held = capacity; every table fits its slot.

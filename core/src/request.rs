@@ -50,7 +50,7 @@ pub struct TaskId(pub u64);
 pub const MAX_SNAPSHOTS: usize = 8;
 
 /// What a request is: the data the pass reads. Phase and position change every step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RequestSpec {
     /// Id.
     pub id: RequestId,

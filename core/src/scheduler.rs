@@ -48,7 +48,7 @@ pub enum Residency {
 }
 
 /// The type-state of a request, without its resources.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResidencyKind {
     /// [`Residency::Waiting`].
     Waiting,
@@ -89,6 +89,28 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// Feeds every field (data, type-state with what it owns, task, marks and per-pass stamps) to `h`.
+    fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        self.spec.hash(h);
+        self.residency.kind().hash(h);
+        match &self.residency {
+            Residency::Waiting(r) => (r.kv_ref(), r.task()).hash(h),
+            Residency::Active(r) => (r.kv_ref(), r.task(), r.lease().is_some()).hash(h),
+            Residency::Paused(r) => (r.kv_ref(), r.task(), r.paused_on().is_some()).hash(h),
+            Residency::Recompute(r) => (r.kv_ref(), r.task(), r.paused_on().is_some()).hash(h),
+            Residency::Moving => 0xffu8.hash(h),
+        }
+        self.task.hash(h);
+        self.key.hash(h);
+        self.inflight.hash(h);
+        self.scheduled.hash(h);
+        self.recomputed.hash(h);
+        self.preempted.hash(h);
+        self.evicted.hash(h);
+        self.planned_chunk.hash(h);
+    }
+
     /// The request's data.
     pub fn spec(&self) -> &RequestSpec {
         &self.spec
@@ -235,6 +257,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// preemptions).
     pub fn last_pass(&self) -> PassStats {
         self.last
+    }
+
+    /// A fingerprint of the scheduler's own state: the request table (every slot's generation and entry,
+    /// the free list), the arrival order, the stall counter, the pass epoch and the adapter desk's
+    /// counters. Per-pass scratch (pending list, sort buffers, last pass statistics) and the backends
+    /// are left out: fingerprint those with [`crate::KvPool::fingerprint`] and the adapter cache's
+    /// `PartialEq`. Equal before and after a refused call = the call changed nothing.
+    pub fn fingerprint(&self) -> u64 {
+        use core::hash::{Hash, Hasher};
+        let mut h = crate::fingerprint::Fingerprint::new();
+        self.table.hash_state(&mut h, |e, h| e.hash_state(h));
+        self.order.hash(&mut h);
+        self.stall.hash(&mut h);
+        self.epoch.hash(&mut h);
+        self.desk.hash_state(&mut h);
+        h.finish()
     }
 
     /// Consecutive stalled passes.
@@ -394,7 +432,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
             Err((waiting, err)) => {
                 drop(waiting);
-                self.table.remove(h);
+                // The handle never left this call: take the slot back without bumping its generation,
+                // so a refused adoption leaves the table exactly as it was.
+                self.table.cancel_insert(h);
                 Err(err)
             }
         }
