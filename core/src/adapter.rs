@@ -132,6 +132,7 @@ pub struct AdapterPool<const T: usize> {
     host_used: u32,
     clock: u64,
     stats: AdapterStats,
+    device_evicted: heapless::Vec<TaskRef, T>,
 }
 
 impl<const T: usize> AdapterPool<T> {
@@ -150,6 +151,7 @@ impl<const T: usize> AdapterPool<T> {
             host_used: 0,
             clock: 0,
             stats: AdapterStats::default(),
+            device_evicted: heapless::Vec::new(),
         })
     }
 
@@ -199,6 +201,14 @@ impl<const T: usize> AdapterPool<T> {
     /// Total host pages.
     pub fn host_pages(&self) -> u32 {
         self.host_pages
+    }
+
+    /// Tasks evicted from the device since the last call (their device pages are free for reuse), in
+    /// order; the log is then empty. It holds `T` entries: drain it after every `ensure_batch` when a
+    /// device binding follows the plan. With the loads `ensure_batch` reports, this is the adapter plan a
+    /// device binding (kvsched-gpu) applies.
+    pub fn take_device_evictions(&mut self) -> heapless::Vec<TaskRef, T> {
+        core::mem::take(&mut self.device_evicted)
     }
 
     /// Activity counters.
@@ -279,6 +289,8 @@ impl<const T: usize> AdapterPool<T> {
                 t.on_device = false;
                 self.device_used -= t.pages;
                 self.stats.device_evictions += 1;
+                // A task is evicted at most once before it is loaded again: the log has room for all.
+                let _ = self.device_evicted.push(TaskRef { id: t.id, slot: victim as u16 });
             } else {
                 t.on_host = false;
                 self.host_used -= t.pages;
@@ -477,6 +489,9 @@ mod tests {
         let mut loaded = 0;
         p.ensure_batch(&[c], &mut |_| loaded += 1).unwrap();
         assert_eq!(loaded, 1);
+        let evicted = p.take_device_evictions();
+        assert_eq!(evicted.iter().map(|t| t.id.0).collect::<heapless::Vec<u64, 4>>(), [1, 2]);
+        assert!(p.take_device_evictions().is_empty(), "the log is drained");
         assert!(p.check());
         // b is paused: its host copy stays.
         assert!(p.tasks()[1].on_host);
