@@ -161,8 +161,6 @@ pub(crate) fn sort_by_lora<const N: usize>(
         for (i, t) in adapters_by_id.iter().enumerate() {
             rank[t.slot as usize] = i as u16 + 1;
         }
-        let mut counts = [0u32; 2];
-        let _ = &mut counts;
         // Offsets per (part, bucket): computed in two passes over the list.
         let parts = if partition { 2 } else { 1 };
         let mut starts = CountTable::new(parts * k);
