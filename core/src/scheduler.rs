@@ -505,9 +505,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// Completes the step a pass scheduled, as an engine does between passes: a context chunk advances
     /// the position (a fully processed prompt moves to `GENERATION_IN_PROGRESS`); a recompute-paused
     /// request is reset to a first-chunk `CONTEXT_INIT` that replays its prefill.
+    ///
+    /// An entry whose request was removed after the pass (its slot empty, or reused by a newer request)
+    /// is skipped: the output names slots, and the id tells a reused slot apart.
     pub fn complete_step(&mut self, out: &SchedulerOutput<N>) {
         for l in out.context.iter() {
-            if let Some(e) = self.table.at_mut(l.slot) {
+            if let Some(e) = self.table.at_mut(l.slot).filter(|e| e.spec.id == l.id) {
                 e.spec.position = (e.spec.position + l.chunk).min(e.spec.prompt);
                 if e.spec.position >= e.spec.prompt {
                     e.spec.phase = Phase::GenerationInProgress;
@@ -515,7 +518,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
         }
         for l in out.recompute_paused.iter() {
-            if let Some(e) = self.table.at_mut(l.slot) {
+            if let Some(e) = self.table.at_mut(l.slot).filter(|e| e.spec.id == l.id) {
                 e.spec.phase = Phase::ContextInit;
                 e.spec.position = 0;
             }
