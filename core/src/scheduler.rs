@@ -86,6 +86,8 @@ pub struct Entry {
     preempted: u32,
     evicted: u32,
     planned_chunk: u32,
+    // GUARANTEED_NO_EVICT: KV tokens reserved at admission and not yet used by decode steps.
+    headroom: u32,
 }
 
 impl Entry {
@@ -109,6 +111,7 @@ impl Entry {
         self.preempted.hash(h);
         self.evicted.hash(h);
         self.planned_chunk.hash(h);
+        self.headroom.hash(h);
     }
 
     /// The request's data.
@@ -376,6 +379,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             preempted: 0,
             evicted: 0,
             planned_chunk: 0,
+            headroom: 0,
         };
         let h = self
             .table
@@ -816,7 +820,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if st.beam.is_some_and(|b| b != beam) {
             return Step::Skip;
         }
-        let grow = 1 + draft;
+        // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
+        // reservation asks the backend for no new tokens (else every step would grow the cache past its
+        // reservation, and a request that fits alone could never finish).
+        let headroom = self.entry(slot).headroom;
+        let grow = (1 + draft).saturating_sub(headroom);
         let mut ok = self.allocate_generation(slot, grow, out);
         if !ok {
             if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
@@ -843,7 +851,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         budget.commit(tokens);
         self.commit_peft(slot, pages, out);
         st.beam = Some(beam);
-        self.entry_mut(slot).scheduled = st.epoch;
+        let e = self.entry_mut(slot);
+        e.scheduled = st.epoch;
+        e.headroom = headroom.saturating_sub(1 + draft);
         Step::Scheduled
     }
 
@@ -1002,7 +1012,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         self.put(slot, Residency::Recompute(next));
         let l = self.listed(slot);
         let _ = out.recompute_paused.push(l);
-        self.entry_mut(slot).recomputed = st.epoch;
+        let e = self.entry_mut(slot);
+        e.recomputed = st.epoch;
+        e.headroom = 0;
         st.recomputes += 1;
     }
 
@@ -1098,7 +1110,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     self.kv.free(r);
                 }
                 if first {
-                    self.entry_mut(slot).spec.position = 0;
+                    let e = self.entry_mut(slot);
+                    e.spec.position = 0;
+                    e.headroom = 0;
                 }
                 return Step::Skip;
             }
@@ -1123,7 +1137,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             if self.kv.has_cache(r) {
                 self.kv.free(r);
             }
-            self.entry_mut(slot).spec.position = 0;
+            let e = self.entry_mut(slot);
+            e.spec.position = 0;
+            e.headroom = 0;
         } else if matches!(self.entry(slot).residency, Residency::Paused(_)) && self.kv.is_active(r)
         {
             self.kv.suspend(r);
@@ -1174,8 +1190,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     ) -> Result<(), Step> {
         let slot = self.order[i];
         let r = self.kv_ref(slot);
-        let capacity = self.reserve(slot, capacity);
-        if self.kv.resize_context(r, capacity, first) {
+        let reserved = self.reserve(slot, capacity);
+        if self.kv.resize_context(r, reserved, first) {
+            // What the cache holds beyond this chunk stays reserved for the decode steps (under-
+            // stating it is safe: a step then merely asks for tokens the cache already has room for).
+            self.entry_mut(slot).headroom = reserved - capacity;
             return Ok(());
         }
         Err(if self.preempt_for_pages(i, st, out) {
@@ -1316,7 +1335,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             self.put(s, Residency::Recompute(rc));
             let l = self.listed(s);
             let _ = out.recompute_paused.push(l);
-            self.entry_mut(s).preempted = st.epoch;
+            let e = self.entry_mut(s);
+            e.preempted = st.epoch;
+            e.headroom = 0;
             st.recomputes += 1;
             st.stats.preemptions += 1;
             return true;
