@@ -493,6 +493,22 @@ impl Request<Suspended<Paused>> {
         )
     }
 
+    /// (7) Context-side preemption of a suspended request whose pages are HELD on the GPU (no lower
+    /// tier): the pages are given up; it stays paused on its adapter for the replay.
+    pub fn preempt<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
+        kv.preempt(self.kv);
+        let (kv, task, state) = self.into_parts();
+        Self::build(
+            kv,
+            task,
+            Suspended {
+                paused_on: state.paused_on,
+                _m: PhantomData,
+            },
+            true,
+        )
+    }
+
     /// (8) Finish while suspended: KV freed, paused registration dropped.
     pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
         self,

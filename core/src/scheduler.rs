@@ -1322,16 +1322,26 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
             let s = self.order[j];
             let e = self.entry(s);
+            // Without a lower tier a suspended cache is HELD on the GPU: preempting it frees its pages
+            // just as preempting an active one does (the reference skips it, and a held request at the
+            // head of the line then wedges the pool for good).
             if e.scheduled == st.epoch
                 || !self.recompute_candidate(s)
-                || !matches!(e.residency, Residency::Active(_))
+                || !matches!(e.residency, Residency::Active(_) | Residency::Paused(_))
             {
                 continue;
             }
-            let Residency::Active(a) = self.take(s) else {
-                unreachable!()
+            let rc = match self.take(s) {
+                Residency::Active(a) => a.preempt(&mut self.kv, &mut self.desk),
+                Residency::Paused(p) => {
+                    // Suspended earlier in this pass: it is listed once, as preempted.
+                    if let Some(k) = out.paused.iter().position(|l| l.slot == s) {
+                        out.paused.remove(k);
+                    }
+                    p.preempt(&mut self.kv)
+                }
+                _ => unreachable!(),
             };
-            let rc = a.preempt(&mut self.kv, &mut self.desk);
             self.put(s, Residency::Recompute(rc));
             let l = self.listed(s);
             let _ = out.recompute_paused.push(l);
