@@ -46,6 +46,14 @@ pub trait PeftBackend {
         task: TaskRef,
         from_pause: bool,
     ) -> Result<(), PeftError>;
+    /// Whether `add_request` for `task` would succeed now, without side effects. The pass asks before it
+    /// finds KV pages (and perhaps preempts or evicts others) for a request that must acquire a lease,
+    /// so a refusal it can foresee costs nothing. May be optimistic (the default says yes: backends that
+    /// cannot tell are asked through `add_request` as before), never pessimistic.
+    fn can_admit(&self, task: TaskRef) -> bool {
+        let _ = task;
+        true
+    }
     /// Removes `req` from the task's `held` set; with `pause` it becomes paused on the task.
     fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding);
     /// Makes every task of the batch resident on the device, evicting done tasks; `load` is called for
@@ -319,6 +327,25 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
 
     fn determine_num_pages(&mut self, _req: RequestId, task: TaskRef) -> u32 {
         self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+    }
+
+    fn can_admit(&self, task: TaskRef) -> bool {
+        let i = task.slot as usize;
+        let Some(t) = self.tasks.get(i) else {
+            return false;
+        };
+        if t.on_host {
+            return true;
+        }
+        // The same sufficiency test `claim` makes for the host tier.
+        let obtainable: u32 = self
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|&(j, o)| j != i && o.on_host && o.active == 0 && o.paused == 0)
+            .map(|(_, o)| o.pages)
+            .sum();
+        (self.host_pages - self.host_used) + obtainable >= t.pages
     }
 
     fn add_request(

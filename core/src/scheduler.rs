@@ -595,6 +595,18 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
     }
 
+    /// A request that must acquire a lease to run (it holds none) can get one, as far as the adapter
+    /// backend can tell without side effects ([`PeftBackend::can_admit`]).
+    fn lease_obtainable(&self, slot: u16) -> bool {
+        let e = self.entry(slot);
+        match e.task {
+            Some(t) if !matches!(e.residency, Residency::Active(_)) => {
+                self.desk.backend().can_admit(t)
+            }
+            _ => true,
+        }
+    }
+
     fn commit_peft(&mut self, slot: u16, pages: u32, out: &mut SchedulerOutput<N>) {
         if let Some(t) = self.entry(slot).task {
             if self.desk.commit(t, pages) {
@@ -823,6 +835,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
         // reservation asks the backend for no new tokens (else every step would grow the cache past its
         // reservation, and a request that fits alone could never finish).
+        if !self.lease_obtainable(slot) {
+            // A suspended request whose lease would be refused: evicting others for its KV is futile.
+            return Step::Skip;
+        }
         let headroom = self.entry(slot).headroom;
         let grow = (1 + draft).saturating_sub(headroom);
         let mut ok = self.allocate_generation(slot, grow, out);
@@ -1068,6 +1084,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         out: &mut SchedulerOutput<N>,
     ) -> Step {
         let slot = self.order[i];
+        if !self.lease_obtainable(slot) {
+            // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
+            // lease would be refused after the pages were found.
+            return Step::Skip;
+        }
         let first = self.entry(slot).spec.position == 0;
         let result = match self.cfg.chunking {
             None => self.context_whole(i, first, budget, st, out),
