@@ -1,0 +1,1244 @@
+//! The operation harness shared by the model-based property tests (`tests/model.rs`) and the fuzz target
+//! (`fuzz/fuzz_targets/ops.rs`, which includes this file by path).
+//!
+//! A [`Harness`] drives a real [`Scheduler`] over the built-in [`KvPool`] and [`AdapterPool`], each wrapped
+//! in a fault-injecting backend ([`FaultKv`], [`FaultPeft`]) that refuses calls by a countdown schedule,
+//! and keeps a naive model next to it: the live requests in arrival order with their expected phase,
+//! position and output progress, and the ids that finished or were cancelled. Every [`Op`] is applied to
+//! both, and [`Harness::check`] then compares them and checks the invariants of DESIGN.md §7:
+//!
+//! - page conservation per KV tier ([`KvPool::check`]) and in the adapter cache ([`AdapterPool::check`]);
+//! - per task: leases held by the desk = the adapter cache's device refcount = active LoRA requests;
+//!   paused registrations = suspended and recompute-paused LoRA requests (so none of them holds a lease);
+//! - residency agrees with the KV pool (waiting and recompute-paused: no cache; active: active cache;
+//!   suspended: a suspended cache);
+//! - no request lost or duplicated: the scheduler's live requests are exactly the model's, in order;
+//! - after every pass: ensure-batch succeeds, the token budget holds (except last-chunk drafts), the
+//!   request budget holds, the batch's distinct adapters plus the pinned ones fit the device cache, no
+//!   request is in two output lists, every listed request is in the state its list says;
+//! - deadlock detection fires only after `deadlock_threshold` stalled passes with work pending, never on an
+//!   idle pass;
+//! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints).
+//!
+//! Failures are returned as `Err(String)` describing the broken invariant (the callers panic with it).
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+
+use kvsched::memory::KvMemory;
+use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
+use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::error::{Error, PeftError};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
+use kvsched_core::output::{List, SchedulerOutput};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
+use kvsched_core::phase::Phase;
+use kvsched_core::request::{RequestId, RequestSpec, TaskId};
+use kvsched_core::scheduler::{Handle, ResidencyKind, Scheduler};
+
+/// Request table slots.
+pub const N: usize = 16;
+/// Adapter task slots.
+pub const T: usize = 8;
+/// Task id of adapter index `i` (so task ids and slots differ).
+pub const fn task_id(i: u8) -> u64 {
+    100 + i as u64
+}
+
+/// Chunked prefill setting of a [`Setup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// Whole prompts.
+    Off,
+    /// First come, first served.
+    Fcfs,
+    /// Chunks end at snapshot points.
+    Force,
+    /// Equal progress.
+    Equal,
+}
+
+/// One configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setup {
+    /// KV pages per tier: GPU.
+    pub gpu_pages: u32,
+    /// Host tier pages (0 = no host tier).
+    pub host_pages: u32,
+    /// Tokens per KV page.
+    pub tokens_per_block: u32,
+    /// Longest page table.
+    pub max_blocks: u32,
+    /// Chunking policy.
+    pub chunk: Chunk,
+    /// Chunk unit.
+    pub unit: u32,
+    /// GUARANTEED_NO_EVICT instead of MAX_UTILIZATION.
+    pub no_evict: bool,
+    /// Recompute pause and context-side preemption allowed.
+    pub recompute_pause: bool,
+    /// Token budget.
+    pub max_num_tokens: Option<u32>,
+    /// Request budget.
+    pub max_num_requests: u32,
+    /// Adapter cache (None = no PEFT: LoRA requests run without adapter work).
+    pub peft: Option<PeftSetup>,
+    /// Stalled passes before `Error::Deadlock`.
+    pub deadlock_threshold: u32,
+}
+
+/// The adapter cache of a [`Setup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeftSetup {
+    /// Device pages.
+    pub device_pages: u32,
+    /// Host pages.
+    pub host_pages: u32,
+    /// Pages of each registered task (task `i` has id `task_id(i)`); at most `T`.
+    pub task_pages: Vec<u32>,
+}
+
+impl Setup {
+    /// The scheduler configuration.
+    pub fn config(&self) -> Config {
+        let chunking = match self.chunk {
+            Chunk::Off => None,
+            Chunk::Fcfs => Some(ChunkPolicy::FirstComeFirstServed),
+            Chunk::Force => Some(ChunkPolicy::ForceChunk),
+            Chunk::Equal => Some(ChunkPolicy::EqualProgress),
+        }
+        .map(|policy| Chunking {
+            policy,
+            unit: self.unit,
+        });
+        Config {
+            max_num_requests: self.max_num_requests,
+            max_num_tokens: self.max_num_tokens,
+            max_context_length: None,
+            chunking,
+            policy: if self.no_evict {
+                CapacityPolicy::GuaranteedNoEvict
+            } else {
+                CapacityPolicy::MaxUtilization
+            },
+            recompute_pause: self.recompute_pause,
+            prefix_aware: true,
+            window: Window::Decoder,
+            deadlock_threshold: self.deadlock_threshold,
+        }
+    }
+
+    /// The KV pool geometry.
+    pub fn pool(&self) -> KvPoolConfig {
+        KvPoolConfig {
+            tokens_per_block: self.tokens_per_block,
+            gpu_pages: self.gpu_pages,
+            host_pages: self.host_pages,
+            slots: N as u32,
+            max_blocks: self.max_blocks,
+        }
+    }
+
+    /// Most KV tokens one request may hold.
+    pub fn max_tokens(&self) -> u64 {
+        u64::from(self.max_blocks.min(self.gpu_pages)) * u64::from(self.tokens_per_block)
+    }
+
+    /// Registered tasks.
+    pub fn tasks(&self) -> usize {
+        self.peft.as_ref().map_or(0, |p| p.task_pages.len())
+    }
+}
+
+/// Which backend call a fault refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `prepare_context` (no slot, or the resume of a suspended cache refused).
+    KvPrepare,
+    /// `resize_context` (allocation refused).
+    KvResize,
+    /// `try_allocate_generation` (allocation, or the resume through it, refused).
+    KvAllocate,
+    /// `add_request` of the adapter cache (host cache full: admission, resume or replay refused).
+    PeftAdd,
+}
+
+/// One operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Submit a new request (or, with `duplicate`, one reusing a live id, which must be refused).
+    Submit {
+        /// Prompt tokens.
+        prompt: u32,
+        /// Output tokens it produces before it finishes (the last context chunk produces the first).
+        out_len: u32,
+        /// Adapter index (may name an unregistered task).
+        lora: Option<u8>,
+        /// Draft tokens per step.
+        draft: u8,
+        /// FORCE_CHUNK snapshot points every this many tokens (0 = none).
+        snap_every: u8,
+        /// Reuse a live id.
+        duplicate: bool,
+    },
+    /// Run a scheduling pass (completing the previous one first, as an engine executes every batch).
+    Pass,
+    /// Complete the last pass's step: contexts advance, generations produce a token, recompute-paused
+    /// requests reset for replay, requests that produced their output finish.
+    Complete,
+    /// A generating request ends early (end of sequence).
+    Finish {
+        /// Which live request (modulo their number).
+        pick: u8,
+    },
+    /// Cancel any live request.
+    Cancel {
+        /// Which live request.
+        pick: u8,
+    },
+    /// Refuse the next `count` calls of `fault`.
+    Inject {
+        /// Which call.
+        fault: Fault,
+        /// How many.
+        count: u8,
+    },
+    /// Toggle a request's in-flight mark.
+    Inflight {
+        /// Which live request.
+        pick: u8,
+    },
+    /// Change a request's per-step beam width and draft tokens.
+    Update {
+        /// Which live request.
+        pick: u8,
+        /// New beam width (0 must be refused).
+        beam: u8,
+        /// New draft tokens.
+        draft: u8,
+    },
+}
+
+/// Countdown fault schedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Refusals left per [`Fault`] kind, in declaration order.
+    pub left: [u32; 4],
+    /// Refusals injected so far.
+    pub injected: u64,
+}
+
+impl Faults {
+    fn fire(&mut self, f: Fault) -> bool {
+        let n = &mut self.left[f as usize];
+        if *n == 0 {
+            return false;
+        }
+        *n -= 1;
+        self.injected += 1;
+        true
+    }
+}
+
+/// The KV pool behind a fault schedule. Refusals honour the backend contract: nothing changes, except
+/// that a refused first-chunk resize leaves the cache inactive (as the pool itself does).
+#[derive(Debug)]
+pub struct FaultKv<'a> {
+    /// The pool.
+    pub inner: KvPool<'a>,
+    /// The schedule.
+    pub faults: Faults,
+}
+
+impl KvBackend for FaultKv<'_> {
+    fn tier_below_gpu(&self) -> bool {
+        self.inner.tier_below_gpu()
+    }
+    fn can_evict(&self) -> bool {
+        self.inner.can_evict()
+    }
+    fn has_cache(&self, r: KvRef) -> bool {
+        self.inner.has_cache(r)
+    }
+    fn is_active(&self, r: KvRef) -> bool {
+        self.inner.is_active(r)
+    }
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        if self.faults.fire(Fault::KvPrepare) {
+            return None;
+        }
+        self.inner.prepare_context(r, prep)
+    }
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
+        if self.faults.fire(Fault::KvResize) {
+            if first_chunk {
+                self.inner.suspend(r);
+            }
+            return false;
+        }
+        self.inner.resize_context(r, capacity, first_chunk)
+    }
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+        if self.faults.fire(Fault::KvAllocate) {
+            return false;
+        }
+        self.inner.try_allocate_generation(r, grow)
+    }
+    fn revert_allocate_generation(&mut self, r: KvRef) {
+        self.inner.revert_allocate_generation(r);
+    }
+    fn suspend(&mut self, r: KvRef) {
+        self.inner.suspend(r);
+    }
+    fn free(&mut self, r: KvRef) {
+        self.inner.free(r);
+    }
+    fn preempt(&mut self, r: KvRef) {
+        self.inner.preempt(r);
+    }
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        self.inner.prepare_disagg_gen_init(r, capacity)
+    }
+    fn max_tokens_per_request(&self) -> u64 {
+        self.inner.max_tokens_per_request()
+    }
+}
+
+/// The adapter cache (or none) behind a fault schedule. `ensure_batch` is never refused: that it always
+/// succeeds for a scheduled batch is one of the invariants under test.
+#[derive(Debug, Clone)]
+pub struct FaultPeft {
+    /// The cache; `None` behaves like [`kvsched_core::NoPeft`].
+    pub inner: Option<AdapterPool<T>>,
+    /// The schedule.
+    pub faults: Faults,
+}
+
+impl PeftBackend for FaultPeft {
+    fn max_device_pages(&self) -> u32 {
+        self.inner
+            .as_ref()
+            .map_or(u32::MAX, |p| p.max_device_pages())
+    }
+    fn lookup(&self, task: TaskId) -> Option<TaskRef> {
+        self.inner.as_ref()?.lookup(task)
+    }
+    fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
+        self.inner
+            .as_mut()
+            .map_or(0, |p| p.determine_num_pages(req, task))
+    }
+    fn can_admit(&self, task: TaskRef) -> bool {
+        self.inner.as_ref().is_none_or(|p| p.can_admit(task))
+    }
+    fn add_request(
+        &mut self,
+        req: RequestId,
+        task: TaskRef,
+        from_pause: bool,
+    ) -> Result<(), PeftError> {
+        if self.faults.fire(Fault::PeftAdd) {
+            return Err(PeftError::HostCacheFull(task.id));
+        }
+        match self.inner.as_mut() {
+            Some(p) => p.add_request(req, task, from_pause),
+            None => Ok(()),
+        }
+    }
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+        if let Some(p) = self.inner.as_mut() {
+            p.mark_request_done(req, task, pause, held);
+        }
+    }
+    fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
+        match self.inner.as_mut() {
+            Some(p) => p.ensure_batch(tasks, load),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The scheduler under test.
+pub type Sched<'a> = Scheduler<FaultKv<'a>, FaultPeft, N, T>;
+
+/// The model of one live request.
+#[derive(Debug, Clone)]
+struct Live {
+    handle: Handle,
+    id: u64,
+    prompt: u32,
+    out_len: u32,
+    produced: u32,
+    // Decode steps scheduled since the last (re)admission: the KV must hold prompt + this many tokens.
+    steps: u32,
+    phase: Phase,
+    position: u32,
+    inflight: bool,
+}
+
+/// Counters of what a run exercised.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Passes run.
+    pub passes: u64,
+    /// Passes that failed with `Error::Deadlock`.
+    pub deadlocks: u64,
+    /// Requests admitted.
+    pub submitted: u64,
+    /// Submissions refused (as the model predicted).
+    pub refused: u64,
+    /// Requests that produced their whole output.
+    pub finished: u64,
+    /// Requests cancelled or ended early.
+    pub removed: u64,
+    /// Ordinary suspensions seen in outputs.
+    pub paused: u64,
+    /// Recompute pauses and preemptions seen.
+    pub recomputed: u64,
+    /// Resumes seen.
+    pub resumed: u64,
+    /// Context chunks and generation steps scheduled.
+    pub scheduled: u64,
+}
+
+/// How [`Harness::run_to_completion`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// Every request finished, after this many passes.
+    Finished(u64),
+    /// A pass failed with `Error::Deadlock`, after this many passes.
+    Deadlock(u64),
+}
+
+/// Scheduler + model.
+pub struct Harness<'a> {
+    /// The configuration.
+    pub setup: Setup,
+    /// The scheduler.
+    pub sched: Sched<'a>,
+    pub out: SchedulerOutput<N>,
+    out_pending: bool,
+    live: Vec<Live>,
+    finished: BTreeSet<u64>,
+    removed: BTreeSet<u64>,
+    next_id: u64,
+    /// Counters.
+    pub stats: Stats,
+}
+
+fn pick<T>(v: &[T], p: u8) -> Option<usize> {
+    (!v.is_empty()).then(|| p as usize % v.len())
+}
+
+/// A combined fingerprint of the scheduler, its KV pool and its adapter cache.
+pub fn fingerprint(s: &Sched<'_>) -> (u64, u64, Option<AdapterPool<T>>, Faults, Faults) {
+    (
+        s.fingerprint(),
+        s.kv().inner.fingerprint(),
+        s.adapters().backend().inner.clone(),
+        s.kv().faults,
+        s.adapters().backend().faults,
+    )
+}
+
+impl<'a> Harness<'a> {
+    /// A harness over `mem` (sized with `setup.pool()`).
+    pub fn new(setup: Setup, mem: &'a mut KvMemory) -> Result<Self, String> {
+        let pool = mem.pool().map_err(|e| format!("pool: {e}"))?;
+        let peft = match &setup.peft {
+            None => None,
+            Some(p) => {
+                let mut cache = AdapterPool::<T>::new(p.device_pages, p.host_pages)
+                    .map_err(|e| format!("adapter pool: {e}"))?;
+                for (i, &pages) in p.task_pages.iter().enumerate() {
+                    cache
+                        .register(TaskId(task_id(i as u8)), pages)
+                        .map_err(|e| format!("register: {e}"))?;
+                }
+                Some(cache)
+            }
+        };
+        let sched = Scheduler::new(
+            setup.config(),
+            FaultKv {
+                inner: pool,
+                faults: Faults::default(),
+            },
+            FaultPeft {
+                inner: peft,
+                faults: Faults::default(),
+            },
+        )
+        .map_err(|e| format!("scheduler: {e}"))?;
+        Ok(Self {
+            setup,
+            sched,
+            out: SchedulerOutput::new(),
+            out_pending: false,
+            live: Vec::new(),
+            finished: BTreeSet::new(),
+            removed: BTreeSet::new(),
+            next_id: 1,
+            stats: Stats::default(),
+        })
+    }
+
+    /// Live requests (model).
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Applies one operation and checks every invariant.
+    pub fn apply(&mut self, op: &Op) -> Result<(), String> {
+        match *op {
+            Op::Submit {
+                prompt,
+                out_len,
+                lora,
+                draft,
+                snap_every,
+                duplicate,
+            } => self.submit(prompt, out_len, lora, draft, snap_every, duplicate)?,
+            Op::Pass => self.pass()?,
+            Op::Complete => self.complete()?,
+            Op::Finish { pick: p } => {
+                let generating: Vec<usize> = (0..self.live.len())
+                    .filter(|&i| self.live[i].phase.is_generation())
+                    .collect();
+                if let Some(k) = pick(&generating, p) {
+                    self.remove(generating[k], false)?;
+                }
+            }
+            Op::Cancel { pick: p } => {
+                if let Some(i) = pick(&self.live, p) {
+                    self.remove(i, false)?;
+                }
+            }
+            Op::Inject { fault, count } => {
+                let faults = match fault {
+                    Fault::PeftAdd => &mut self.sched.peft_mut().faults,
+                    _ => &mut self.sched.kv_mut().faults,
+                };
+                faults.left[fault as usize] += u32::from(count);
+            }
+            Op::Inflight { pick: p } => {
+                if let Some(i) = pick(&self.live, p) {
+                    let l = &mut self.live[i];
+                    l.inflight = !l.inflight;
+                    self.sched
+                        .set_inflight(l.handle, l.inflight)
+                        .map_err(|e| format!("set_inflight: {e}"))?;
+                }
+            }
+            Op::Update {
+                pick: p,
+                beam,
+                draft,
+            } => {
+                if let Some(i) = pick(&self.live, p) {
+                    self.update(i, beam, draft)?;
+                }
+            }
+        }
+        self.check()
+    }
+
+    fn spec(
+        &self,
+        prompt: u32,
+        out_len: u32,
+        lora: Option<u8>,
+        draft: u8,
+        snap: u8,
+    ) -> RequestSpec {
+        let mut s = RequestSpec::new(self.next_id, Phase::ContextInit, prompt);
+        s.lora = lora.map(|i| TaskId(task_id(i)));
+        s.draft = u32::from(draft);
+        // Enough KV for the whole output: every decode step grows the cache by 1 + drafts.
+        s.max_new_tokens = out_len * (1 + u32::from(draft));
+        if snap > 0 {
+            let mut p = u32::from(snap);
+            while p < prompt && s.snapshots.push(p).is_ok() {
+                p += u32::from(snap);
+            }
+        }
+        s
+    }
+
+    /// The refusal the model predicts for a submission, if any.
+    fn predict(&self, s: &RequestSpec) -> Option<Error> {
+        if self.live.iter().any(|l| l.id == s.id.0) {
+            return Some(Error::DuplicateId(s.id));
+        }
+        let tokens = u64::from(s.prompt) + u64::from(s.max_new_tokens) + u64::from(s.draft);
+        if tokens > self.setup.max_tokens() {
+            return Some(Error::RequestTooLarge {
+                id: s.id,
+                tokens,
+                limit: self.setup.max_tokens(),
+            });
+        }
+        if let (Some(t), Some(_)) = (s.lora, &self.setup.peft) {
+            if (t.0 - task_id(0)) as usize >= self.setup.tasks() {
+                return Some(Error::Peft(PeftError::UnknownTask(t)));
+            }
+        }
+        if self.live.len() == N {
+            return Some(Error::CapacityExhausted {
+                what: "request table",
+                capacity: N as u32,
+            });
+        }
+        None
+    }
+
+    fn submit(
+        &mut self,
+        prompt: u32,
+        out_len: u32,
+        lora: Option<u8>,
+        draft: u8,
+        snap: u8,
+        duplicate: bool,
+    ) -> Result<(), String> {
+        let mut s = self.spec(prompt.max(1), out_len.max(1), lora, draft, snap);
+        if duplicate {
+            match self.live.first() {
+                Some(l) => s.id = RequestId(l.id),
+                None => return Ok(()),
+            }
+        }
+        let expected = self.predict(&s);
+        let before = fingerprint(&self.sched);
+        match (self.sched.submit(s.clone()), expected) {
+            (Ok(h), None) => {
+                self.next_id += 1;
+                self.stats.submitted += 1;
+                self.live.push(Live {
+                    handle: h,
+                    id: s.id.0,
+                    prompt: s.prompt,
+                    out_len: out_len.max(1),
+                    produced: 0,
+                    steps: 0,
+                    phase: Phase::ContextInit,
+                    position: 0,
+                    inflight: false,
+                });
+                Ok(())
+            }
+            (Err(e), Some(x)) if e == x => {
+                if !duplicate {
+                    self.next_id += 1;
+                }
+                self.stats.refused += 1;
+                if fingerprint(&self.sched) != before {
+                    return Err(format!("refused submit ({e}) changed the state"));
+                }
+                Ok(())
+            }
+            (got, want) => Err(format!(
+                "submit {s:?}: got {:?}, model expected {want:?}",
+                got.map(|_| ())
+            )),
+        }
+    }
+
+    fn update(&mut self, i: usize, beam: u8, draft: u8) -> Result<(), String> {
+        let h = self.live[i].handle;
+        let before = fingerprint(&self.sched);
+        let r = self.sched.update(h, |s| {
+            s.beam = u32::from(beam);
+            s.draft = u32::from(draft);
+        });
+        match (r, beam) {
+            (Err(Error::Invalid(_)), 0) => {
+                if fingerprint(&self.sched) != before {
+                    return Err("refused update changed the state".into());
+                }
+                Ok(())
+            }
+            (Ok(()), 1..) => Ok(()),
+            (r, _) => Err(format!("update beam {beam} draft {draft}: {r:?}")),
+        }
+    }
+
+    fn remove(&mut self, i: usize, finished: bool) -> Result<(), String> {
+        let l = self.live.remove(i);
+        let slot = l.handle.index();
+        let spec = self
+            .sched
+            .remove(l.handle)
+            .map_err(|e| format!("remove {}: {e}", l.id))?;
+        if spec.id.0 != l.id {
+            return Err(format!("remove {} returned request {}", l.id, spec.id.0));
+        }
+        if self.sched.get(l.handle).is_ok() {
+            return Err(format!("handle of removed request {} still resolves", l.id));
+        }
+        if self.sched.remove(l.handle).err() != Some(Error::StaleHandle) {
+            return Err(format!("second remove of {} was not StaleHandle", l.id));
+        }
+        if self.sched.kv().inner.seq(slot).state != SeqState::None {
+            return Err(format!("removed request {} left KV in slot {slot}", l.id));
+        }
+        if finished {
+            self.finished.insert(l.id);
+            self.stats.finished += 1;
+        } else {
+            self.removed.insert(l.id);
+            self.stats.removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Runs one pass (completing the previous step first).
+    pub fn pass(&mut self) -> Result<(), String> {
+        if self.out_pending {
+            self.complete()?;
+        }
+        let stall_before = self.sched.stall_count();
+        let res = self.sched.schedule(&mut self.out);
+        self.stats.passes += 1;
+        match res {
+            Ok(()) => {
+                self.sched
+                    .ensure_batch(&mut self.out)
+                    .map_err(|e| format!("ensure_batch failed for a scheduled batch: {e}"))?;
+                self.check_output()?;
+                self.out_pending = true;
+                Ok(())
+            }
+            Err(Error::Deadlock { stalled }) => {
+                self.stats.deadlocks += 1;
+                if self.live.is_empty() {
+                    return Err("deadlock reported on an idle pass".into());
+                }
+                if stalled < self.setup.deadlock_threshold
+                    || stalled != stall_before + 1
+                    || stalled != self.sched.stall_count()
+                {
+                    return Err(format!(
+                        "deadlock after {stalled} stalled passes (threshold {}, stall count before {stall_before})",
+                        self.setup.deadlock_threshold
+                    ));
+                }
+                let o = &self.out;
+                if o.num_fitting() + o.paused.len() + o.recompute_paused.len() + o.disagg.len() > 0
+                {
+                    return Err("deadlock reported on a pass that made progress".into());
+                }
+                Ok(())
+            }
+            Err(e) => Err(format!("schedule: {e}")),
+        }
+    }
+
+    /// Completes the last pass's step.
+    pub fn complete(&mut self) -> Result<(), String> {
+        if !self.out_pending {
+            return Ok(());
+        }
+        self.out_pending = false;
+        self.sched.complete_step(&self.out);
+        for c in self.out.context.iter() {
+            if let Some(l) = self.live.iter_mut().find(|l| l.id == c.id.0) {
+                l.position = (l.position + c.chunk).min(l.prompt);
+                if l.position >= l.prompt {
+                    l.phase = Phase::GenerationInProgress;
+                    // The last context chunk produces the first token.
+                    l.produced += 1;
+                }
+            }
+        }
+        for g in self.out.generation.iter() {
+            if let Some(l) = self.live.iter_mut().find(|l| l.id == g.id.0) {
+                l.produced += 1;
+            }
+        }
+        for r in self.out.recompute_paused.iter() {
+            if let Some(l) = self.live.iter_mut().find(|l| l.id == r.id.0) {
+                l.phase = Phase::ContextInit;
+                l.position = 0;
+                l.steps = 0;
+            }
+        }
+        while let Some(i) = self
+            .live
+            .iter()
+            .position(|l| l.phase.is_generation() && l.produced >= l.out_len)
+        {
+            self.remove(i, true)?;
+        }
+        Ok(())
+    }
+
+    /// Passes and completions until every request finished ([`Done::Finished`]) or a pass reports
+    /// `Error::Deadlock` ([`Done::Deadlock`]); more than `max_passes` passes is an error (a livelock).
+    pub fn run_to_completion(&mut self, max_passes: u64) -> Result<Done, String> {
+        let start = self.stats.passes;
+        let deadlocks = self.stats.deadlocks;
+        while !self.live.is_empty() {
+            if self.stats.passes - start >= max_passes {
+                return Err(format!(
+                    "{} requests still live after {max_passes} passes: {:?}",
+                    self.live.len(),
+                    self.live
+                ));
+            }
+            self.pass()?;
+            self.check()?;
+            if self.stats.deadlocks > deadlocks {
+                return Ok(Done::Deadlock(self.stats.passes - start));
+            }
+            self.complete()?;
+            self.check()?;
+        }
+        Ok(Done::Finished(self.stats.passes - start))
+    }
+
+    /// Checks one pass's output (right after `schedule` and `ensure_batch`).
+    fn check_output(&mut self) -> Result<(), String> {
+        let o = &self.out;
+        let s = &self.sched;
+        let cfg = s.config();
+        self.stats.scheduled += (o.context.len() + o.generation.len()) as u64;
+        self.stats.paused += o.paused.len() as u64;
+        self.stats.recomputed += o.recompute_paused.len() as u64;
+        self.stats.resumed += o.resumed.len() as u64;
+        // No request in two lists (nor twice in one).
+        let mut seen = BTreeSet::new();
+        let lists: [(&str, &List<N>); 6] = [
+            ("context", &o.context),
+            ("generation", &o.generation),
+            ("encoder", &o.encoder),
+            ("paused", &o.paused),
+            ("recompute_paused", &o.recompute_paused),
+            ("disagg", &o.disagg),
+        ];
+        for (name, list) in lists {
+            for l in list.iter() {
+                if !seen.insert(l.id) {
+                    return Err(format!("request {} listed twice (again in {name})", l.id.0));
+                }
+            }
+        }
+        for r in o.resumed.iter() {
+            if !o
+                .context
+                .iter()
+                .chain(o.generation.iter())
+                .any(|l| l.id == r.id)
+            {
+                return Err(format!("resumed request {} is not scheduled", r.id.0));
+            }
+        }
+        // Every listed request is live, named by its slot, and in the state its list says.
+        let mut tokens = 0u64;
+        let mut drafts = 0u64;
+        let mut tasks: Vec<TaskRef> = Vec::new();
+        for (name, list) in lists {
+            for l in list.iter() {
+                let h = s
+                    .handle_of(l.slot)
+                    .ok_or(format!("{name}: slot {} vacant", l.slot))?;
+                let e = s.get(h).map_err(|e| format!("{name}: {e}"))?;
+                if e.spec().id != l.id {
+                    return Err(format!(
+                        "{name}: slot {} holds {} not {}",
+                        l.slot,
+                        e.spec().id.0,
+                        l.id.0
+                    ));
+                }
+                let want = match name {
+                    "context" | "generation" | "encoder" => ResidencyKind::Active,
+                    "paused" => ResidencyKind::Paused,
+                    "recompute_paused" => ResidencyKind::Recompute,
+                    _ => e.residency(),
+                };
+                if e.residency() != want {
+                    return Err(format!("{name}: request {} is {:?}", l.id.0, e.residency()));
+                }
+                let scheduled = matches!(name, "context" | "generation" | "encoder");
+                if scheduled && e.inflight() {
+                    return Err(format!("{name}: request {} is in flight", l.id.0));
+                }
+                if scheduled {
+                    if let Some(t) = e.task() {
+                        if !tasks.contains(&t) {
+                            tasks.push(t);
+                        }
+                    }
+                }
+                // The KV holds what the step writes.
+                let kv_tokens = s.kv().inner.seq(l.slot).capacity;
+                let needed = match name {
+                    "generation" => {
+                        let m = self.live.iter_mut().find(|m| m.id == l.id.0);
+                        let m = m.ok_or(format!("generation: {} not in the model", l.id.0))?;
+                        m.steps += 1;
+                        m.prompt + m.steps
+                    }
+                    "context" => e.spec().position + l.chunk,
+                    _ => 0,
+                };
+                if kv_tokens < needed {
+                    return Err(format!(
+                        "{name}: request {} needs {needed} KV tokens, its cache holds {kv_tokens}",
+                        l.id.0
+                    ));
+                }
+                match name {
+                    "generation" => tokens += u64::from(e.spec().beam + e.spec().draft),
+                    "context" => {
+                        tokens += u64::from(l.chunk);
+                        if l.last {
+                            tokens += u64::from(e.spec().draft);
+                            drafts += u64::from(e.spec().draft);
+                        }
+                        if l.chunk == 0 || e.spec().position + l.chunk > e.spec().prompt {
+                            return Err(format!(
+                                "context chunk {} of request {} at {}/{}",
+                                l.chunk,
+                                l.id.0,
+                                e.spec().position,
+                                e.spec().prompt
+                            ));
+                        }
+                        if l.last != (e.spec().position + l.chunk == e.spec().prompt) {
+                            return Err(format!(
+                                "context chunk of request {}: last flag wrong",
+                                l.id.0
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Budgets.
+        if let Some(limit) = cfg.max_num_tokens {
+            let slack = if cfg.chunking.is_some() { drafts } else { 0 };
+            if tokens > u64::from(limit) + slack {
+                return Err(format!(
+                    "batch of {tokens} tokens over the budget {limit} (+{slack} drafts)"
+                ));
+            }
+        }
+        if o.num_fitting() as u64 > u64::from(cfg.max_num_requests) {
+            return Err(format!(
+                "batch of {} requests over the limit {}",
+                o.num_fitting(),
+                cfg.max_num_requests
+            ));
+        }
+        // The adapter plan: exactly the distinct tasks of the batch; with the pinned ones they fit.
+        let mut plan: Vec<TaskRef> = o.adapters.iter().copied().collect();
+        plan.sort_by_key(|t| t.slot);
+        tasks.sort_by_key(|t| t.slot);
+        if plan != tasks {
+            return Err(format!(
+                "adapter plan {plan:?} but the batch uses {tasks:?}"
+            ));
+        }
+        if let Some(cache) = &s.adapters().backend().inner {
+            let mut slots: BTreeSet<u16> = plan.iter().map(|t| t.slot).collect();
+            slots.extend(s.adapters().pinned_tasks().iter().copied());
+            let pages: u64 = slots
+                .iter()
+                .map(|&i| u64::from(cache.tasks()[i as usize].pages))
+                .sum();
+            if pages > u64::from(cache.max_device_pages()) {
+                return Err(format!(
+                    "batch + pinned adapters need {pages} device pages of {}",
+                    cache.max_device_pages()
+                ));
+            }
+            for t in &plan {
+                if !cache.tasks()[t.slot as usize].on_device {
+                    return Err(format!("task {} not on device after ensure_batch", t.id.0));
+                }
+            }
+        }
+        if (!o.context.is_empty() || !o.generation.is_empty()) && s.stall_count() != 0 {
+            return Err("stall counter not reset by a pass that scheduled work".into());
+        }
+        Ok(())
+    }
+
+    /// Checks the invariants that hold between operations, and the model.
+    pub fn check(&self) -> Result<(), String> {
+        let s = &self.sched;
+        let pool = &s.kv().inner;
+        if !pool.check() {
+            return Err("KV page conservation broken".into());
+        }
+        // Requests: exactly the model's, in arrival order.
+        let got: Vec<u64> = s.requests().map(|(_, e)| e.spec().id.0).collect();
+        let want: Vec<u64> = self.live.iter().map(|l| l.id).collect();
+        if got != want || s.len() != want.len() {
+            return Err(format!("live requests {got:?}, model {want:?}"));
+        }
+        for l in &self.live {
+            if self.finished.contains(&l.id) || self.removed.contains(&l.id) {
+                return Err(format!("request {} is live and gone", l.id));
+            }
+        }
+        let recompute_pending: BTreeSet<u64> = if self.out_pending {
+            self.out.recompute_paused.iter().map(|l| l.id.0).collect()
+        } else {
+            BTreeSet::new()
+        };
+        let mut active = [0u32; T];
+        let mut paused = [0u32; T];
+        for (l, (h, e)) in self.live.iter().zip(s.requests()) {
+            if h != l.handle {
+                return Err(format!("request {}: handle changed", l.id));
+            }
+            let sp = e.spec();
+            let pending_reset = recompute_pending.contains(&l.id);
+            if !pending_reset && (sp.phase != l.phase || sp.position != l.position) {
+                return Err(format!(
+                    "request {}: {:?} at {}, model {:?} at {}",
+                    l.id, sp.phase, sp.position, l.phase, l.position
+                ));
+            }
+            if e.inflight() != l.inflight {
+                return Err(format!("request {}: in-flight mark lost", l.id));
+            }
+            let r = KvRef {
+                slot: h.index(),
+                id: sp.id,
+            };
+            let (has, act) = (pool.has_cache(r), pool.is_active(r));
+            let ok = match e.residency() {
+                ResidencyKind::Waiting => {
+                    !has && sp.position == 0 && sp.phase == Phase::ContextInit
+                }
+                ResidencyKind::Active => act,
+                ResidencyKind::Paused => has && !act,
+                ResidencyKind::Recompute => {
+                    !has && (pending_reset || (sp.position == 0 && sp.phase == Phase::ContextInit))
+                }
+            };
+            if !ok {
+                return Err(format!(
+                    "request {} is {:?} ({:?} at {}) but its KV has_cache={has} active={act}",
+                    l.id,
+                    e.residency(),
+                    sp.phase,
+                    sp.position
+                ));
+            }
+            if let Some(t) = e.task() {
+                match e.residency() {
+                    ResidencyKind::Active => active[t.slot as usize] += 1,
+                    ResidencyKind::Paused | ResidencyKind::Recompute => {
+                        paused[t.slot as usize] += 1
+                    }
+                    ResidencyKind::Waiting => {}
+                }
+            }
+        }
+        // Leases = device refcount = active LoRA requests; paused registrations = suspended ones.
+        let desk = s.adapters();
+        match &desk.backend().inner {
+            None => {
+                if (0..T as u16).any(|i| desk.leases(i) != 0) || desk.pinned_pages() != 0 {
+                    return Err("leases without an adapter cache".into());
+                }
+                if s.requests().any(|(_, e)| e.task().is_some()) {
+                    return Err("a request has a task without an adapter cache".into());
+                }
+            }
+            Some(cache) => {
+                if !cache.check() {
+                    return Err("adapter cache invariants broken".into());
+                }
+                let mut pinned = 0u32;
+                for (i, t) in cache.tasks().iter().enumerate() {
+                    let leases = desk.leases(i as u16);
+                    if leases != t.active || leases != active[i] {
+                        return Err(format!(
+                            "task {}: {leases} leases, device refcount {}, {} active requests",
+                            t.id.0, t.active, active[i]
+                        ));
+                    }
+                    if t.paused != paused[i] {
+                        return Err(format!(
+                            "task {}: {} paused registrations, {} suspended requests",
+                            t.id.0, t.paused, paused[i]
+                        ));
+                    }
+                    if leases > 0 {
+                        pinned += t.pages;
+                    }
+                }
+                if desk.pinned_pages() != pinned {
+                    return Err(format!(
+                        "desk pins {} pages, leases pin {pinned}",
+                        desk.pinned_pages()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes every live request (the end of a run): afterwards both pools must be empty.
+    pub fn drain(&mut self) -> Result<(), String> {
+        while !self.live.is_empty() {
+            self.remove(0, false)?;
+            self.check()?;
+        }
+        let pool = &self.sched.kv().inner;
+        if pool.gpu_free() != self.setup.gpu_pages || pool.host_free() != self.setup.host_pages {
+            return Err(format!(
+                "pages leaked: {} of {} GPU and {} of {} host pages free with no request",
+                pool.gpu_free(),
+                self.setup.gpu_pages,
+                pool.host_free(),
+                self.setup.host_pages
+            ));
+        }
+        if let Some(c) = &self.sched.adapters().backend().inner {
+            if c.tasks().iter().any(|t| t.active != 0 || t.paused != 0) {
+                return Err(format!("adapter registrations leaked: {:?}", c.tasks()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a [`Setup`] and an operation list from raw bytes (the fuzz target's input). Every byte string
+/// decodes to something valid; missing bytes read as zero.
+pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
+    let mut r = Bytes(data);
+    let gpu_pages = 4 + u32::from(r.byte() % 45);
+    let host_pages = match r.byte() % 3 {
+        0 => 0,
+        _ => 1 + u32::from(r.byte() % 32),
+    };
+    let tokens_per_block = 1 + u32::from(r.byte() % 8);
+    let max_blocks = 1 + u32::from(r.byte() % 24);
+    let mode = r.byte();
+    let chunk = match mode % 4 {
+        0 => Chunk::Off,
+        1 => Chunk::Fcfs,
+        2 => Chunk::Force,
+        _ => Chunk::Equal,
+    };
+    let no_evict = mode & 4 != 0;
+    let recompute_pause = mode & 8 == 0;
+    let unit = 1 + u32::from(r.byte() % 16);
+    let max_num_tokens = match r.byte() {
+        0..=31 => None,
+        b => Some(u32::from(b % 96)),
+    };
+    let max_num_requests = u32::from(r.byte() % 12);
+    let peft = match r.byte() % 2 {
+        0 => None,
+        _ => {
+            let device_pages = 1 + u32::from(r.byte() % 12);
+            let host_pages = 1 + u32::from(r.byte() % 16);
+            let cap = device_pages.min(host_pages);
+            let tasks = 1 + r.byte() as usize % T;
+            let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
+            Some(PeftSetup {
+                device_pages,
+                host_pages,
+                task_pages,
+            })
+        }
+    };
+    let deadlock_threshold = 1 + u32::from(r.byte() % 16);
+    let setup = Setup {
+        gpu_pages,
+        host_pages,
+        tokens_per_block,
+        max_blocks,
+        chunk,
+        unit,
+        no_evict,
+        recompute_pause,
+        max_num_tokens,
+        max_num_requests,
+        peft,
+        deadlock_threshold,
+    };
+    let mut ops = Vec::new();
+    while !r.0.is_empty() && ops.len() < 4096 {
+        let b = r.byte();
+        let op = match b % 16 {
+            0..=3 => Op::Submit {
+                prompt: 1 + u32::from(r.byte()) % 96,
+                out_len: 1 + u32::from(r.byte() % 24),
+                lora: {
+                    let l = r.byte();
+                    (l & 0x80 != 0).then_some(l % (T as u8 + 2))
+                },
+                draft: match r.byte() % 8 {
+                    0 => 1,
+                    1 => 3,
+                    _ => 0,
+                },
+                snap_every: r.byte() % 24,
+                duplicate: b & 0x80 != 0,
+            },
+            4..=8 => Op::Pass,
+            9 | 10 => Op::Complete,
+            11 => Op::Finish { pick: r.byte() },
+            12 => Op::Cancel { pick: r.byte() },
+            13 => {
+                let f = r.byte();
+                Op::Inject {
+                    fault: match f % 4 {
+                        0 => Fault::KvPrepare,
+                        1 => Fault::KvResize,
+                        2 => Fault::KvAllocate,
+                        _ => Fault::PeftAdd,
+                    },
+                    count: 1 + (f >> 2) % 8,
+                }
+            }
+            14 => Op::Inflight { pick: r.byte() },
+            _ => Op::Update {
+                pick: r.byte(),
+                beam: r.byte() % 3,
+                draft: r.byte() % 3,
+            },
+        };
+        ops.push(op);
+    }
+    (setup, ops)
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+}
+
+/// Runs a decoded input: applies every operation (checking after each), then drains.
+pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, String> {
+    let mut mem = KvMemory::new(setup.pool());
+    let mut h = Harness::new(setup, &mut mem)?;
+    for (i, op) in ops.iter().enumerate() {
+        h.apply(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
+    }
+    h.drain()?;
+    Ok(h.stats)
+}
