@@ -8,9 +8,10 @@
 #        scripts/gpu-device-check.sh build
 #
 #      runs `cargo test -p kvsched-gpu --release --no-run` and builds the `copy_bandwidth` example
-#      in release mode, then copies the test binaries to .device/tests/ and the example to
-#      .device/copy_bandwidth (debug info stripped: a few MB in all). .device/ is ignored by git
-#      (the script gives it its own .gitignore).
+#      in release mode, then copies the test binaries (kvsched_gpu = the unit tests, core_moves,
+#      integrity, model, serving_loop; the build fails if one is missing) to .device/tests/ and
+#      the example to .device/copy_bandwidth (debug info stripped: a few MB in all). .device/ is
+#      ignored by git (the script gives it its own .gitignore).
 #      cudarc loads libcuda at run time, so the binaries build and link without CUDA.
 #
 #   2. THERE, on the GPU machine (x86-64, CUDA driver, no network), from the repository root:
@@ -18,9 +19,12 @@
 #        scripts/gpu-device-check.sh run
 #
 #      runs every copied test binary (--nocapture --test-threads=1, so the CUDA tests' results and
-#      any "skipped: <reason>" lines show), then copy_bandwidth, and prints a summary. The full log
-#      also goes to $OUT/gpu-device-check.log when $OUT is set (the device tool's output folder),
-#      else to .device/gpu-device-check.log. Exit status 0 only if every binary passed.
+#      any "skipped: <reason>" lines show), then copy_bandwidth, and prints a summary. The CUDA
+#      tests: integrity's cuda_* cases, model's and core_moves' property tests on CudaKvStore, and
+#      serving_loop's cuda_serving_loop_keeps_every_page (a kvsched-core Scheduler driving
+#      CudaKvStore and CudaAdapterStore through kvsched_gpu::bind for 4 x 600 iterations).
+#      The full log also goes to $OUT/gpu-device-check.log when $OUT is set (the device tool's
+#      output folder), else to .device/gpu-device-check.log. Exit status 0 only if every binary passed.
 #
 #      With the device tool: carry [".device"], command "scripts/gpu-device-check.sh run",
 #      timeout ~300 s (the tests take seconds; the default bench moves 4 x 256 MiB x 6 times).
@@ -59,6 +63,10 @@ build() {
     for bin in $tests; do
         # target/release/deps/integrity-0123abcd -> .device/tests/integrity
         cp "$bin" "$DEVICE_DIR/tests/$(basename "${bin%-*}")"
+    done
+    local expected
+    for expected in kvsched_gpu core_moves integrity model serving_loop; do
+        [ -x "$DEVICE_DIR/tests/$expected" ] || { echo "test binary $expected not built" >&2; exit 1; }
     done
 
     echo "== cargo build -p kvsched-gpu --release --example copy_bandwidth"

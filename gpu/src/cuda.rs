@@ -337,6 +337,11 @@ impl KvMemory for CudaKvStore {
         self.tiers.copy(Direction::Reload, moves)
     }
 
+    fn copies_in_order(&self) -> bool {
+        // Offloads and reloads are both enqueued on the one copy stream of `self.tiers`.
+        true
+    }
+
     fn block_table_shape(&self) -> BlockTableShape {
         self.tables.shape
     }

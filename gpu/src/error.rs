@@ -25,6 +25,16 @@ impl fmt::Display for Tier {
     }
 }
 
+impl From<kvsched_core::page_pool::Tier> for Tier {
+    /// The store tier that holds pages of the core KV pool's tier.
+    fn from(tier: kvsched_core::page_pool::Tier) -> Self {
+        match tier {
+            kvsched_core::page_pool::Tier::Gpu => Self::Gpu,
+            kvsched_core::page_pool::Tier::Host => Self::Host,
+        }
+    }
+}
+
 /// Everything that can go wrong in this crate. Bad input is refused before any copy is issued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -73,6 +83,31 @@ pub enum MemError {
         /// Entries in a row.
         width: u32,
     },
+    /// A request the scheduler put in the batch whose KV cache is not active on the GPU tier (a
+    /// block-table row can only name GPU pages).
+    NotActive {
+        /// The request's table slot.
+        slot: u16,
+    },
+    /// Not enough free pages in a tier for what was asked (host pages for an adapter's weights,
+    /// device pages for an adapter plan's loads).
+    OutOfPages {
+        /// The tier.
+        tier: Tier,
+        /// Pages asked for.
+        needed: u32,
+        /// Pages free.
+        free: u32,
+    },
+    /// An adapter plan (or a registration) that does not fit what the adapter slots hold: an
+    /// unknown task, an eviction of an adapter that is not resident, a load of one that is, a page
+    /// count that differs from the core's adapter cache.
+    AdapterPlan {
+        /// The task's slot in the core's adapter cache.
+        slot: u16,
+        /// Which rule the plan broke.
+        reason: &'static str,
+    },
     /// The host backend could not allocate a tier (plain heap memory).
     HostAllocation {
         /// The size that was refused.
@@ -101,6 +136,16 @@ impl fmt::Display for MemError {
             }
             Self::RowTooLong { len, width } => {
                 write!(f, "{len} pages do not fit a block-table row of {width}")
+            }
+            Self::NotActive { slot } => write!(
+                f,
+                "request slot {slot} is in the batch but its KV cache is not active on the GPU"
+            ),
+            Self::OutOfPages { tier, needed, free } => {
+                write!(f, "{needed} {tier} pages needed, {free} free")
+            }
+            Self::AdapterPlan { slot, reason } => {
+                write!(f, "adapter plan for task slot {slot}: {reason}")
             }
             Self::HostAllocation { bytes } => write!(f, "host allocation of {bytes} bytes failed"),
             Self::Driver(error) => write!(f, "CUDA driver error: {error}"),

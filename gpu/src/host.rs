@@ -133,6 +133,11 @@ impl KvMemory for HostKvStore {
         self.tiers.copy(Direction::Reload, moves)
     }
 
+    fn copies_in_order(&self) -> bool {
+        // Every copy is done before `offload` / `reload` returns.
+        true
+    }
+
     fn block_table_shape(&self) -> BlockTableShape {
         self.tables
     }

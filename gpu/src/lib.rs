@@ -29,13 +29,22 @@
 //!
 //! Both implement the same traits, so tests run the same code on both. The CUDA backend needs a
 //! driver: [`open_device`] returns [`MemError::NoDriver`] instead of panicking when there is none.
+//!
+//! # Binding the scheduler
+//!
+//! [`bind`] follows the scheduler's decisions on any store: [`KvPages`] applies the KV pool's move
+//! log (batched offloads and reloads, in a safe order) and uploads the block tables of a scheduled
+//! batch; [`AdapterSlots`] keeps LoRA weights in host pages and uploads them into device pages
+//! when the adapter plan loads them (evictions only free pages).
 #![deny(missing_docs)]
 
+pub mod bind;
 mod cuda;
 mod error;
 mod host;
 mod page;
 
+pub use bind::{AdapterSlots, KvPages};
 pub use cuda::{driver_present, open_device, CudaAdapterStore, CudaKvStore};
 pub use error::{MemError, Tier};
 pub use host::{HostAdapterStore, HostKvStore};

@@ -408,6 +408,15 @@ pub trait KvMemory: PageStore {
     /// Starts copying host pages to GPU pages (resume); same checks as [`KvMemory::offload`].
     fn reload(&mut self, moves: &[PageMove]) -> Result<CopyEvent, MemError>;
 
+    /// Whether offloads and reloads run in the order they were issued (one copy queue), so a copy
+    /// may read or overwrite a page an earlier copy of this store reads or writes without waiting on
+    /// the earlier copy's [`CopyEvent`]. Both backends here do (the host backend copies
+    /// synchronously, the CUDA backend issues every move on one copy stream); the default, `false`,
+    /// makes [`crate::bind::KvPages`] wait between dependent batches.
+    fn copies_in_order(&self) -> bool {
+        false
+    }
+
     /// The block-table shape.
     fn block_table_shape(&self) -> BlockTableShape;
 

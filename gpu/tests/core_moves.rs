@@ -1,6 +1,7 @@
 //! Property test driven by kvsched-core's KV pool: random start / grow / revert / suspend / free
 //! sequences run on `kvsched_core::page_pool::KvPool`, and the page moves it logs
-//! (`KvPool::take_moves`) are executed on the store after every step.
+//! (`KvPool::take_moves`) are executed on the store after every step by the library binding
+//! (`kvsched_gpu::bind::KvPages`).
 //!
 //! The test writes fresh bytes into every block the pool hands out and then checks, after every
 //! step, that each request's blocks still hold those bytes at the pages its table now names (GPU or
@@ -15,7 +16,7 @@ use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::page_pool::{self, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
 use kvsched_core::request::RequestId;
 use kvsched_gpu::{
-    BlockTableShape, CudaKvStore, HostKvStore, KvMemory, MemError, PageMove, PoolShape, Tier,
+    BlockTableShape, CudaKvStore, HostKvStore, KvMemory, KvPages, MemError, PoolShape, Tier,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
@@ -91,25 +92,9 @@ fn fail(error: MemError) -> TestCaseError {
     TestCaseError::fail(error.to_string())
 }
 
-/// Executes the pool's logged moves on the store, one call per run of same-direction moves.
-fn execute<M: KvMemory>(
-    mem: &mut M,
-    logged: &[page_pool::PageMove],
-) -> Result<usize, TestCaseError> {
-    let mut calls = 0;
-    for batch in logged.chunk_by(|a, b| a.from == b.from) {
-        let moves: Vec<PageMove> = batch.iter().map(|m| PageMove::new(m.src, m.dst)).collect();
-        let event = match batch[0].from {
-            page_pool::Tier::Gpu => mem.offload(&moves),
-            page_pool::Tier::Host => mem.reload(&moves),
-        };
-        event.map_err(fail)?.wait().map_err(fail)?;
-        calls += 1;
-    }
-    Ok(calls)
-}
-
 struct Harness {
+    /// The binding under test: the pool's move log as store calls.
+    binding: KvPages,
     /// Bytes of each slot's blocks, by block index (the pool moves pages, not blocks).
     contents: Vec<Vec<Vec<u8>>>,
     next_seed: u64,
@@ -155,8 +140,12 @@ impl Harness {
             }
         }
         // The copies first: a suspended or resumed request's blocks move before anything else.
-        let logged = pool.take_moves().to_vec();
-        execute(mem, &logged)?;
+        let applied = self.binding.apply(pool, mem).map_err(fail)?;
+        applied.event.wait().map_err(fail)?;
+        prop_assert_eq!(
+            (applied.offloaded + applied.reloaded) as usize,
+            self.binding.last_log().len()
+        );
         // Then the bytes of blocks the pool just handed out (growth) or took back (revert, free).
         for slot in 0..SLOTS {
             let seq = pool.seq(slot);
@@ -260,6 +249,7 @@ fn run<M: KvMemory>(mem: &mut M, ops: &[Op]) -> Result<KvStats, TestCaseError> {
     let mut pool =
         KvPool::new(CONFIG, storage).map_err(|error| TestCaseError::fail(format!("{error:?}")))?;
     let mut harness = Harness {
+        binding: KvPages::new(),
         contents: vec![Vec::new(); usize::from(SLOTS)],
         next_seed: 1,
     };
