@@ -26,6 +26,28 @@ impl KvMemory {
         }
     }
 
+    /// Buffers sized for `cfg`, after checking the geometry ([`KvPoolConfig::validate`]) and reserving
+    /// the memory: an invalid or unaffordable geometry is an error, never an abort.
+    pub fn try_new(cfg: KvPoolConfig) -> Result<Self, kvsched_core::Error> {
+        cfg.validate()?;
+        fn buffer<T: Clone>(len: usize, fill: T) -> Result<Vec<T>, kvsched_core::Error> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(len).map_err(|_| {
+                kvsched_core::Error::Invalid("KV pool buffers do not fit in memory")
+            })?;
+            v.resize(len, fill);
+            Ok(v)
+        }
+        Ok(Self {
+            cfg,
+            gpu_free: buffer(cfg.gpu_pages as usize, 0)?,
+            host_free: buffer(cfg.host_pages as usize, 0)?,
+            tables: buffer(cfg.table_len(), 0)?,
+            seqs: buffer(cfg.slots as usize, Seq::default())?,
+            moves: buffer(cfg.move_log_len(), PageMove::default())?,
+        })
+    }
+
     /// A fresh, empty pool over these buffers.
     pub fn pool(&mut self) -> Result<KvPool<'_>, kvsched_core::Error> {
         KvPool::new(

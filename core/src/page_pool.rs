@@ -83,9 +83,36 @@ pub struct KvPoolConfig {
 }
 
 impl KvPoolConfig {
+    /// Checks the geometry: every size at least 1 (the host tier may be 0), at most 65536 slots (a table
+    /// slot is a `u16`), and one request's page table within `u32::MAX` tokens (capacities are `u32`).
+    pub const fn validate(&self) -> Result<(), crate::Error> {
+        if self.tokens_per_block == 0
+            || self.gpu_pages == 0
+            || self.slots == 0
+            || self.max_blocks == 0
+        {
+            return Err(crate::Error::Invalid("KV pool sizes must be non-zero"));
+        }
+        if self.slots > u16::MAX as u32 + 1 {
+            return Err(crate::Error::Invalid(
+                "KV pool has more slots than a table slot can name",
+            ));
+        }
+        let blocks = if self.max_blocks < self.gpu_pages {
+            self.max_blocks
+        } else {
+            self.gpu_pages
+        };
+        if blocks as u64 * self.tokens_per_block as u64 > u32::MAX as u64 {
+            return Err(crate::Error::Invalid(
+                "one request's page table would hold more than u32::MAX tokens",
+            ));
+        }
+        Ok(())
+    }
     /// Length of the move log the pool needs.
     pub const fn move_log_len(&self) -> usize {
-        (self.gpu_pages + self.host_pages) as usize
+        self.gpu_pages as usize + self.host_pages as usize
     }
     /// Length of the page-table buffer.
     pub const fn table_len(&self) -> usize {
@@ -142,17 +169,10 @@ const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
 }
 
 impl<'a> KvPool<'a> {
-    /// A pool over `storage`; refuses zero sizes and buffers of the wrong length.
+    /// A pool over `storage`; refuses an invalid geometry ([`KvPoolConfig::validate`]) and buffers of
+    /// the wrong length, without writing to them.
     pub fn new(cfg: KvPoolConfig, storage: KvStorage<'a>) -> Result<Self, crate::Error> {
-        if cfg.tokens_per_block == 0 || cfg.gpu_pages == 0 || cfg.slots == 0 || cfg.max_blocks == 0
-        {
-            return Err(crate::Error::Invalid("KV pool sizes must be non-zero"));
-        }
-        if cfg.slots > u16::MAX as u32 + 1 {
-            return Err(crate::Error::Invalid(
-                "KV pool has more slots than a table slot can name",
-            ));
-        }
+        cfg.validate()?;
         if storage.gpu_free.len() != cfg.gpu_pages as usize
             || storage.host_free.len() != cfg.host_pages as usize
             || storage.tables.len() != cfg.table_len()
@@ -405,7 +425,9 @@ impl KvBackend for KvPool<'_> {
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
         let Some(i) = self.slot(r) else { return false };
         let s = self.seqs[i];
-        let target = s.capacity + grow;
+        let Some(target) = s.capacity.checked_add(grow) else {
+            return false;
+        };
         match s.state {
             SeqState::None => return false,
             SeqState::Active => {

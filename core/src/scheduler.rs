@@ -315,9 +315,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if spec.position > spec.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
         }
-        if spec.beam == 0 {
-            return Err(Error::Invalid("beam width must be at least 1"));
-        }
         if self
             .order
             .iter()
@@ -325,15 +322,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         {
             return Err(Error::DuplicateId(spec.id));
         }
-        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
-        let limit = self.kv.max_tokens_per_request();
-        if tokens > limit {
-            return Err(Error::RequestTooLarge {
-                id: spec.id,
-                tokens,
-                limit,
-            });
-        }
+        self.check_sizes(spec)?;
         let task = match spec.lora {
             None => None,
             Some(t) => {
@@ -354,6 +343,30 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             });
         }
         Ok(task)
+    }
+
+    /// The per-step and whole-life sizes of a request: beam width at least 1, one step's tokens (beam +
+    /// drafts) within `u32`, and prompt + reserved output + drafts within what one request can hold
+    /// (capped at `u32::MAX`: token counts are `u32`, so no later sum can overflow).
+    fn check_sizes(&self, spec: &RequestSpec) -> Result<(), Error> {
+        if spec.beam == 0 {
+            return Err(Error::Invalid("beam width must be at least 1"));
+        }
+        if spec.beam.checked_add(spec.draft).is_none() {
+            return Err(Error::Invalid(
+                "beam width plus draft tokens overflow one step's token count",
+            ));
+        }
+        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
+        let limit = self.kv.max_tokens_per_request().min(u32::MAX as u64);
+        if tokens > limit {
+            return Err(Error::RequestTooLarge {
+                id: spec.id,
+                tokens,
+                limit,
+            });
+        }
+        Ok(())
     }
 
     /// Submits a new request (it owns nothing until the pass admits it). Refuses, changing nothing: a
@@ -472,9 +485,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id and LoRA task cannot
-    /// change; an inconsistent result (position past the prompt, beam 0) is refused and nothing changes.
+    /// change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
+    /// as at submission) is refused and nothing changes.
     pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
-        let e = self.table.get_mut(h).ok_or(Error::StaleHandle)?;
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
         let mut s = e.spec.clone();
         f(&mut s);
         s.id = e.spec.id;
@@ -482,10 +496,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if s.position > s.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
         }
-        if s.beam == 0 {
-            return Err(Error::Invalid("beam width must be at least 1"));
+        self.check_sizes(&s)?;
+        if let Some(e) = self.table.get_mut(h) {
+            e.spec = s;
         }
-        e.spec = s;
         Ok(())
     }
 
@@ -515,7 +529,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn complete_step(&mut self, out: &SchedulerOutput<N>) {
         for l in out.context.iter() {
             if let Some(e) = self.table.at_mut(l.slot).filter(|e| e.spec.id == l.id) {
-                e.spec.position = (e.spec.position + l.chunk).min(e.spec.prompt);
+                e.spec.position = e.spec.position.saturating_add(l.chunk).min(e.spec.prompt);
                 if e.spec.position >= e.spec.prompt {
                     e.spec.phase = Phase::GenerationInProgress;
                 }
@@ -840,7 +854,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             return Step::Skip;
         }
         let headroom = self.entry(slot).headroom;
-        let grow = (1 + draft).saturating_sub(headroom);
+        let step = draft.saturating_add(1);
+        let grow = step.saturating_sub(headroom);
         let mut ok = self.allocate_generation(slot, grow, out);
         if !ok {
             if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
@@ -869,7 +884,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         st.beam = Some(beam);
         let e = self.entry_mut(slot);
         e.scheduled = st.epoch;
-        e.headroom = headroom.saturating_sub(1 + draft);
+        e.headroom = headroom.saturating_sub(step);
         Step::Scheduled
     }
 
