@@ -651,20 +651,26 @@ impl<'a> Harness<'a> {
     fn update(&mut self, i: usize, beam: u8, draft: u8) -> Result<(), String> {
         let h = self.live[i].handle;
         let before = fingerprint(&self.sched);
+        let (prompt, max_new) = {
+            let sp = self.sched.get(h).map_err(|e| format!("get: {e}"))?.spec();
+            (sp.prompt, sp.max_new_tokens)
+        };
+        let too_large =
+            u64::from(prompt) + u64::from(max_new) + u64::from(draft) > self.setup.max_tokens();
         let r = self.sched.update(h, |s| {
             s.beam = u32::from(beam);
             s.draft = u32::from(draft);
         });
-        match (r, beam) {
-            (Err(Error::Invalid(_)), 0) => {
-                if fingerprint(&self.sched) != before {
-                    return Err("refused update changed the state".into());
-                }
-                Ok(())
-            }
-            (Ok(()), 1..) => Ok(()),
-            (r, _) => Err(format!("update beam {beam} draft {draft}: {r:?}")),
+        let refused = match (&r, beam, too_large) {
+            (Err(Error::Invalid(_)), 0, _) => true,
+            (Err(Error::RequestTooLarge { .. }), 1.., true) => true,
+            (Ok(()), 1.., false) => false,
+            _ => return Err(format!("update beam {beam} draft {draft}: {r:?}")),
+        };
+        if refused && fingerprint(&self.sched) != before {
+            return Err("refused update changed the state".into());
         }
+        Ok(())
     }
 
     fn remove(&mut self, i: usize, finished: bool) -> Result<(), String> {

@@ -1,0 +1,836 @@
+//! The bad-input matrix (DESIGN.md §5): every public entry point fed invalid input returns a typed error
+//! and leaves the state byte-for-byte unchanged — the scheduler (`Scheduler::fingerprint`: request table
+//! with slot generations and free list, arrival order, counters, adapter desk), its KV pool
+//! (`KvPool::fingerprint`: free stacks, page tables, slots, move log, counters) and its adapter cache
+//! (`AdapterPool: PartialEq`), all compared before and after each refused call. The cases are listed in
+//! docs/RELIABILITY.md.
+
+use std::path::{Path, PathBuf};
+
+use kvsched::memory::KvMemory;
+use kvsched::workload::{self, TraceErrorKind, TraceFormat};
+use kvsched_core::adapter::{AdapterPool, PeftBackend, TaskRef};
+use kvsched_core::config::{ChunkPolicy, Chunking, Config};
+use kvsched_core::error::{Error, PeftError};
+use kvsched_core::output::{Listed, SchedulerOutput};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, PageMove, Seq};
+use kvsched_core::request::{RequestId, RequestSpec, TaskId};
+use kvsched_core::scheduler::{Adopt, Handle, ResidencyKind, Scheduler};
+use kvsched_core::Phase;
+
+const N: usize = 8;
+const T: usize = 4;
+type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<T>, N, T>;
+type Out = SchedulerOutput<N>;
+
+const POOL: KvPoolConfig = KvPoolConfig {
+    tokens_per_block: 4,
+    gpu_pages: 8,
+    host_pages: 8,
+    slots: N as u32,
+    max_blocks: 8,
+};
+
+/// Everything a refused call must leave alone.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    sched: u64,
+    kv: u64,
+    adapters: AdapterPool<T>,
+    requests: Vec<(u64, ResidencyKind, RequestSpec, bool)>,
+}
+
+fn snap(s: &Sched<'_>) -> Snapshot {
+    Snapshot {
+        sched: s.fingerprint(),
+        kv: s.kv().fingerprint(),
+        adapters: s.adapters().backend().clone(),
+        requests: s
+            .requests()
+            .map(|(_, e)| (e.spec().id.0, e.residency(), e.spec().clone(), e.inflight()))
+            .collect(),
+    }
+}
+
+/// A scheduler holding requests in every kind of state: two active LoRA requests (leases held), one
+/// suspended to the host tier (paused on nothing: no LoRA), and one waiting.
+fn busy(mem: &mut KvMemory) -> (Sched<'_>, Vec<Handle>) {
+    let mut adapters = AdapterPool::<T>::new(4, 4).unwrap();
+    adapters.register(TaskId(1), 1).unwrap();
+    adapters.register(TaskId(2), 1).unwrap();
+    let cfg = Config {
+        max_num_tokens: Some(64),
+        ..Config::default()
+    };
+    let mut s: Sched<'_> = Scheduler::new(cfg, mem.pool().unwrap(), adapters).unwrap();
+    let a = s
+        .submit(RequestSpec::new(1, Phase::ContextInit, 12).with_lora(1))
+        .unwrap();
+    let b = s
+        .submit(RequestSpec::new(2, Phase::ContextInit, 12).with_lora(2))
+        .unwrap();
+    let c = s
+        .submit(RequestSpec::new(3, Phase::ContextInit, 8))
+        .unwrap();
+    let mut out = Out::new();
+    s.schedule(&mut out).unwrap();
+    s.ensure_batch(&mut out).unwrap();
+    s.complete_step(&out);
+    // A and B grow by one page each; the 8 GPU pages are full, so C is suspended to the host.
+    s.schedule(&mut out).unwrap();
+    s.ensure_batch(&mut out).unwrap();
+    s.complete_step(&out);
+    let d = s
+        .submit(RequestSpec::new(4, Phase::ContextInit, 4))
+        .unwrap();
+    let kinds: Vec<ResidencyKind> = s.requests().map(|(_, e)| e.residency()).collect();
+    assert_eq!(
+        kinds,
+        [
+            ResidencyKind::Active,
+            ResidencyKind::Active,
+            ResidencyKind::Paused,
+            ResidencyKind::Waiting
+        ],
+        "the fixture holds every kind of state"
+    );
+    assert_eq!(s.adapters().leases(0) + s.adapters().leases(1), 2);
+    (s, vec![a, b, c, d])
+}
+
+/// Runs `call` on `s`, which must fail with an error `want` accepts, and leave everything unchanged.
+fn refused<R: std::fmt::Debug, E: std::fmt::Debug>(
+    s: &mut Sched<'_>,
+    case: &str,
+    want: impl Fn(&E) -> bool,
+    call: impl FnOnce(&mut Sched<'_>) -> Result<R, E>,
+) {
+    let before = snap(s);
+    match call(s) {
+        Err(e) if want(&e) => {}
+        other => panic!("{case}: expected a typed refusal, got {other:?}"),
+    }
+    assert_eq!(snap(s), before, "{case}: a refused call changed the state");
+}
+
+fn spec(id: u64, prompt: u32) -> RequestSpec {
+    RequestSpec::new(id, Phase::ContextInit, prompt)
+}
+
+#[test]
+fn submit_refuses_bad_requests_and_changes_nothing() {
+    let mut mem = KvMemory::new(POOL);
+    let (mut s, _) = busy(&mut mem);
+    let limit = 32; // min(8 blocks, 8 GPU pages) x 4 tokens
+    let too_large = |e: &Error| matches!(e, Error::RequestTooLarge { limit: 32, .. });
+    refused(&mut s, "prompt larger than the pool", too_large, |s| {
+        s.submit(spec(10, limit + 1))
+    });
+    refused(&mut s, "output larger than the pool", too_large, |s| {
+        let mut r = spec(10, 4);
+        r.max_new_tokens = limit;
+        s.submit(r)
+    });
+    refused(&mut s, "drafts push it over", too_large, |s| {
+        let mut r = spec(10, limit);
+        r.draft = 1;
+        s.submit(r)
+    });
+    refused(
+        &mut s,
+        "u32::MAX everywhere (no overflow)",
+        too_large,
+        |s| {
+            let mut r = spec(10, u32::MAX);
+            r.max_new_tokens = u32::MAX;
+            r.draft = u32::MAX - 1;
+            s.submit(r)
+        },
+    );
+    for (id, what) in [(1, "an active"), (3, "a suspended"), (4, "a waiting")] {
+        refused(
+            &mut s,
+            &format!("duplicate id of {what} request"),
+            |e| *e == Error::DuplicateId(RequestId(id)),
+            |s| s.submit(spec(id, 4)),
+        );
+    }
+    refused(
+        &mut s,
+        "unregistered LoRA task",
+        |e| *e == Error::Peft(PeftError::UnknownTask(TaskId(99))),
+        |s| s.submit(spec(10, 4).with_lora(99)),
+    );
+    refused(
+        &mut s,
+        "position beyond the prompt",
+        |e| matches!(e, Error::Invalid(_)),
+        |s| {
+            let mut r = spec(10, 4);
+            r.position = 5;
+            s.submit(r)
+        },
+    );
+    refused(
+        &mut s,
+        "beam width 0",
+        |e| matches!(e, Error::Invalid(_)),
+        |s| {
+            let mut r = spec(10, 4);
+            r.beam = 0;
+            s.submit(r)
+        },
+    );
+    refused(
+        &mut s,
+        "beam width that overflows the step's tokens",
+        |e| matches!(e, Error::Invalid(_)),
+        |s| {
+            let mut r = spec(10, 4);
+            r.beam = u32::MAX;
+            r.draft = 1;
+            s.submit(r)
+        },
+    );
+    // Fill the table, then one more.
+    for id in 20..24 {
+        s.submit(spec(id, 1)).unwrap();
+    }
+    refused(
+        &mut s,
+        "table full",
+        |e| {
+            matches!(
+                e,
+                Error::CapacityExhausted {
+                    what: "request table",
+                    capacity: 8
+                }
+            )
+        },
+        |s| s.submit(spec(30, 1)),
+    );
+    // The refusals left a working scheduler.
+    let mut out = Out::new();
+    s.schedule(&mut out).unwrap();
+    s.ensure_batch(&mut out).unwrap();
+    assert!(s.kv().check());
+}
+
+#[test]
+fn stale_and_foreign_handles_are_refused() {
+    let mut mem = KvMemory::new(POOL);
+    let (mut s, hs) = busy(&mut mem);
+    let removed = hs[3];
+    s.remove(removed).unwrap();
+    // A handle minted by a larger scheduler: its slot index does not exist here.
+    let mut big_mem = KvMemory::new(KvPoolConfig { slots: 64, ..POOL });
+    let mut big: Scheduler<KvPool<'_>, AdapterPool<T>, 64, T> = Scheduler::new(
+        Config::default(),
+        big_mem.pool().unwrap(),
+        AdapterPool::new(1, 1).unwrap(),
+    )
+    .unwrap();
+    let mut foreign = None;
+    for id in 0..40 {
+        foreign = Some(big.submit(spec(100 + id, 1)).unwrap());
+    }
+    let foreign = foreign.unwrap();
+    assert!(foreign.index() as usize >= N);
+    for (what, h) in [("removed", removed), ("foreign", foreign)] {
+        let stale = |e: &Error| *e == Error::StaleHandle;
+        refused(&mut s, &format!("get, {what} handle"), stale, |s| {
+            s.get(h).map(|_| ())
+        });
+        refused(&mut s, &format!("remove, {what} handle"), stale, |s| {
+            s.remove(h)
+        });
+        refused(&mut s, &format!("update, {what} handle"), stale, |s| {
+            s.update(h, |r| r.beam = 2)
+        });
+        refused(
+            &mut s,
+            &format!("set_inflight, {what} handle"),
+            stale,
+            |s| s.set_inflight(h, true),
+        );
+    }
+    // The slot of the removed request is reused: the old handle still does not resolve to the new one.
+    let newer = s.submit(spec(50, 4)).unwrap();
+    assert_eq!(newer.index(), removed.index());
+    refused(
+        &mut s,
+        "removed handle after slot reuse",
+        |e: &Error| *e == Error::StaleHandle,
+        |s| s.get(removed).map(|_| ()),
+    );
+}
+
+#[test]
+fn update_refuses_inconsistent_changes() {
+    let mut mem = KvMemory::new(POOL);
+    let (mut s, hs) = busy(&mut mem);
+    let invalid = |e: &Error| matches!(e, Error::Invalid(_));
+    for (i, &h) in hs.iter().enumerate() {
+        refused(
+            &mut s,
+            &format!("update position past the prompt ({i})"),
+            invalid,
+            |s| s.update(h, |r| r.position = r.prompt + 1),
+        );
+        refused(&mut s, &format!("update beam 0 ({i})"), invalid, |s| {
+            s.update(h, |r| r.beam = 0)
+        });
+        refused(
+            &mut s,
+            &format!("update beam overflow ({i})"),
+            invalid,
+            |s| {
+                s.update(h, |r| {
+                    r.beam = u32::MAX;
+                    r.draft = 1;
+                })
+            },
+        );
+        refused(
+            &mut s,
+            &format!("update drafts past the pool ({i})"),
+            |e| matches!(e, Error::RequestTooLarge { .. }),
+            |s| s.update(h, |r| r.draft = 1000),
+        );
+        refused(
+            &mut s,
+            &format!("update prompt past the pool ({i})"),
+            |e| matches!(e, Error::RequestTooLarge { .. }),
+            |s| s.update(h, |r| r.prompt = u32::MAX),
+        );
+    }
+    // Id and LoRA task cannot change: such an update is applied without them (not an error).
+    s.update(hs[0], |r| {
+        r.id = RequestId(77);
+        r.lora = None;
+    })
+    .unwrap();
+    let e = s.get(hs[0]).unwrap();
+    assert_eq!(
+        (e.spec().id, e.spec().lora),
+        (RequestId(1), Some(TaskId(1)))
+    );
+}
+
+#[test]
+fn adopt_refuses_without_matching_backend_state() {
+    let mut mem = KvMemory::new(POOL);
+    let (mut s, _) = busy(&mut mem);
+    let invalid = |e: &Error| matches!(e, Error::Invalid(_));
+    refused(&mut s, "adopt as active without a cache", invalid, |s| {
+        s.adopt(RequestSpec::generation(60, 4), Adopt::Active)
+    });
+    refused(&mut s, "adopt as suspended without a cache", invalid, |s| {
+        s.adopt(RequestSpec::generation(60, 4), Adopt::Suspended)
+    });
+    refused(
+        &mut s,
+        "adopt with an unknown task",
+        |e| matches!(e, Error::Peft(PeftError::UnknownTask(_))),
+        |s| s.adopt(RequestSpec::generation(60, 4).with_lora(9), Adopt::Waiting),
+    );
+}
+
+/// An adoption refused by the adapter cache after the table slot was taken gives the slot back without
+/// bumping its generation (the handle never left the call).
+#[test]
+fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
+    let mut mem = KvMemory::new(KvPoolConfig {
+        host_pages: 0,
+        ..POOL
+    });
+    let mut adapters = AdapterPool::<T>::new(2, 2).unwrap();
+    adapters.register(TaskId(1), 2).unwrap();
+    adapters.register(TaskId(2), 2).unwrap();
+    let mut s: Sched<'_> =
+        Scheduler::new(Config::default(), mem.pool().unwrap(), adapters).unwrap();
+    // Request 1 holds task 1 (the host cache's 2 pages), so task 2 cannot be loaded.
+    s.submit(RequestSpec::new(1, Phase::ContextInit, 4).with_lora(1))
+        .unwrap();
+    let mut out = Out::new();
+    s.schedule(&mut out).unwrap();
+    assert_eq!(out.context.len(), 1);
+    // Give slot 1 a cache behind the scheduler's back, as a restoring caller would, then adopt it.
+    let r = kvsched_core::kv::KvRef {
+        slot: 1,
+        id: RequestId(2),
+    };
+    let prep = kvsched_core::kv::ContextPrep {
+        first_chunk: true,
+        prompt: 4,
+        position: 0,
+    };
+    use kvsched_core::kv::KvBackend;
+    s.kv_mut().prepare_context(r, prep).unwrap();
+    assert!(s.kv_mut().resize_context(r, 4, true));
+    let table = s.fingerprint();
+    let adapters = s.adapters().backend().clone();
+    let err = s
+        .adopt(RequestSpec::generation(2, 4).with_lora(2), Adopt::Active)
+        .unwrap_err();
+    assert_eq!(err, Error::Peft(PeftError::HostCacheFull(TaskId(2))));
+    assert_eq!(
+        s.fingerprint(),
+        table,
+        "table slot generation and free list unchanged"
+    );
+    assert_eq!(*s.adapters().backend(), adapters);
+    s.kv_mut().free(r);
+}
+
+#[test]
+fn ensure_batch_refuses_a_forged_adapter_plan_and_complete_step_ignores_stale_outputs() {
+    let mut mem = KvMemory::new(POOL);
+    let (mut s, hs) = busy(&mut mem);
+    let mut out = Out::new();
+    out.adapters
+        .push(TaskRef {
+            id: TaskId(99),
+            slot: 3,
+        })
+        .unwrap();
+    refused(
+        &mut s,
+        "ensure_batch with an unregistered task",
+        |e: &PeftError| *e == PeftError::UnknownTask(TaskId(99)),
+        |s| s.ensure_batch(&mut out),
+    );
+    // An output that names a removed request's slot (and one out of range) changes nothing.
+    let gone = hs[3];
+    s.remove(gone).unwrap();
+    let before = snap(&s);
+    let mut stale = Out::new();
+    for slot in [gone.index(), 200] {
+        let l = Listed {
+            id: RequestId(4),
+            slot,
+            chunk: 4,
+            last: true,
+            ..Listed::default()
+        };
+        stale.context.push(l).unwrap();
+        stale.recompute_paused.push(l).unwrap();
+    }
+    s.complete_step(&stale);
+    assert_eq!(snap(&s), before, "complete_step with a stale output");
+    let newer = s.submit(spec(40, 4)).unwrap();
+    assert_eq!(newer.index(), gone.index());
+    let before = snap(&s);
+    s.complete_step(&stale);
+    assert_eq!(
+        snap(&s),
+        before,
+        "complete_step with a stale output after slot reuse"
+    );
+}
+
+fn storage_case(cfg: KvPoolConfig, lens: [usize; 5], case: &str) {
+    let [g, h, t, s, m] = lens;
+    let mut gpu = vec![7u32; g];
+    let mut host = vec![7u32; h];
+    let mut tables = vec![7u32; t];
+    let mut seqs = vec![
+        Seq {
+            capacity: 7,
+            ..Seq::default()
+        };
+        s
+    ];
+    let mut moves = vec![
+        PageMove {
+            src: 7,
+            ..PageMove::default()
+        };
+        m
+    ];
+    let err = KvPool::new(
+        cfg,
+        KvStorage {
+            gpu_free: &mut gpu,
+            host_free: &mut host,
+            tables: &mut tables,
+            seqs: &mut seqs,
+            moves: &mut moves,
+        },
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(matches!(err, Error::Invalid(_)), "{case}: {err:?}");
+    assert!(
+        gpu.iter().chain(&host).chain(&tables).all(|&x| x == 7),
+        "{case}: buffers written"
+    );
+    assert!(
+        seqs.iter().all(|x| x.capacity == 7) && moves.iter().all(|x| x.src == 7),
+        "{case}"
+    );
+}
+
+fn lens(c: &KvPoolConfig) -> [usize; 5] {
+    [
+        c.gpu_pages as usize,
+        c.host_pages as usize,
+        c.table_len(),
+        c.slots as usize,
+        c.move_log_len(),
+    ]
+}
+
+#[test]
+fn kv_pool_refuses_zero_absurd_and_mismatched_geometry() {
+    let small = KvPoolConfig {
+        tokens_per_block: 4,
+        gpu_pages: 4,
+        host_pages: 2,
+        slots: 2,
+        max_blocks: 2,
+    };
+    for (case, cfg) in [
+        (
+            "zero tokens per block",
+            KvPoolConfig {
+                tokens_per_block: 0,
+                ..small
+            },
+        ),
+        (
+            "zero GPU pages",
+            KvPoolConfig {
+                gpu_pages: 0,
+                ..small
+            },
+        ),
+        ("zero slots", KvPoolConfig { slots: 0, ..small }),
+        (
+            "zero max blocks",
+            KvPoolConfig {
+                max_blocks: 0,
+                ..small
+            },
+        ),
+        (
+            "a request could hold more than u32::MAX tokens",
+            KvPoolConfig {
+                tokens_per_block: u32::MAX,
+                ..small
+            },
+        ),
+    ] {
+        storage_case(cfg, lens(&cfg), case);
+        assert!(cfg.validate().is_err(), "{case}: validate");
+    }
+    let huge = KvPoolConfig {
+        slots: 65537,
+        max_blocks: 1,
+        ..small
+    };
+    assert!(
+        matches!(huge.validate(), Err(Error::Invalid(_))),
+        "more slots than a u16 names"
+    );
+    let huge = KvPoolConfig {
+        gpu_pages: u32::MAX,
+        host_pages: u32::MAX,
+        ..small
+    };
+    assert_eq!(
+        huge.move_log_len(),
+        2 * u32::MAX as usize,
+        "buffer lengths do not overflow"
+    );
+    let l = lens(&small);
+    for (i, what) in [
+        "GPU free stack",
+        "host free stack",
+        "tables",
+        "slots",
+        "move log",
+    ]
+    .iter()
+    .enumerate()
+    {
+        for delta in [-1i64, 1] {
+            let mut bad = l;
+            bad[i] = (bad[i] as i64 + delta) as usize;
+            storage_case(small, bad, &format!("{what} {delta:+}"));
+        }
+    }
+    // The facade validates before it allocates.
+    assert!(KvMemory::try_new(KvPoolConfig {
+        gpu_pages: u32::MAX,
+        slots: u32::MAX,
+        ..small
+    })
+    .is_err());
+    assert!(KvMemory::try_new(small).is_ok());
+}
+
+#[test]
+fn adapter_cache_refuses_bad_sizes_and_registrations() {
+    for (d, h) in [(0, 4), (4, 0), (0, 0)] {
+        assert!(
+            matches!(AdapterPool::<T>::new(d, h), Err(Error::Invalid(_))),
+            "{d} x {h} pages"
+        );
+    }
+    let mut p = AdapterPool::<2>::new(4, 3).unwrap();
+    p.register(TaskId(1), 3).unwrap();
+    let cases: [(&str, u64, u32, PeftError); 5] = [
+        (
+            "zero pages",
+            5,
+            0,
+            PeftError::AdapterTooLarge {
+                task: TaskId(5),
+                pages: 0,
+                capacity: 3,
+            },
+        ),
+        (
+            "larger than the host cache",
+            5,
+            4,
+            PeftError::AdapterTooLarge {
+                task: TaskId(5),
+                pages: 4,
+                capacity: 3,
+            },
+        ),
+        (
+            "absurd",
+            5,
+            u32::MAX,
+            PeftError::AdapterTooLarge {
+                task: TaskId(5),
+                pages: u32::MAX,
+                capacity: 3,
+            },
+        ),
+        ("duplicate task", 1, 1, PeftError::DuplicateTask(TaskId(1))),
+        (
+            "duplicate task, other size",
+            1,
+            2,
+            PeftError::DuplicateTask(TaskId(1)),
+        ),
+    ];
+    for (case, id, pages, want) in cases {
+        let before = p.clone();
+        assert_eq!(p.register(TaskId(id), pages), Err(want), "{case}");
+        assert_eq!(p, before, "{case}: state changed");
+    }
+    p.register(TaskId(2), 1).unwrap();
+    let before = p.clone();
+    assert_eq!(p.register(TaskId(3), 1), Err(PeftError::TaskTableFull));
+    assert_eq!(p, before, "table full: state changed");
+    // Unknown task slots on the backend calls.
+    let mut q = p.clone();
+    let ghost = TaskRef {
+        id: TaskId(9),
+        slot: 7,
+    };
+    assert_eq!(
+        q.add_request(RequestId(1), ghost, false),
+        Err(PeftError::UnknownTask(TaskId(9)))
+    );
+    assert!(!q.can_admit(ghost));
+    assert_eq!(q, p);
+}
+
+#[test]
+fn config_validate_refuses_zero_settings() {
+    let chunk0 = Config {
+        chunking: Some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: 0,
+        }),
+        ..Config::default()
+    };
+    let stall0 = Config {
+        deadlock_threshold: 0,
+        ..Config::default()
+    };
+    for (case, cfg) in [("chunk unit 0", chunk0), ("deadlock threshold 0", stall0)] {
+        assert!(matches!(cfg.validate(), Err(Error::Invalid(_))), "{case}");
+        let mut mem = KvMemory::new(POOL);
+        let s: Result<Sched<'_>, _> =
+            Scheduler::new(cfg, mem.pool().unwrap(), AdapterPool::new(1, 1).unwrap());
+        assert!(
+            matches!(s.map(|_| ()), Err(Error::Invalid(_))),
+            "{case}: Scheduler::new"
+        );
+    }
+    // Zero budgets are valid (upstream accepts them; the conformance suite runs them): nothing is
+    // scheduled, and deadlock detection reports the stall.
+    let zero = Config {
+        max_num_requests: 0,
+        max_num_tokens: Some(0),
+        ..Config::default()
+    };
+    assert!(zero.validate().is_ok());
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p =
+            std::env::temp_dir().join(format!("kvsched-bad-input-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+    fn file(&self, name: &str, text: &[u8]) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The runner's scheduler and output are large fixed-capacity values: give it a roomy stack, as
+/// tests/conformance.rs does.
+fn big_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+#[test]
+fn malformed_scenario_files_are_refused_with_the_field() {
+    big_stack(malformed_scenarios);
+}
+
+fn malformed_scenarios() {
+    let dir = TempDir::new("scenario");
+    let ok = br#"{"name": "x", "requests": [{"id": 0}], "expect": {"generation": [0]}}"#;
+    assert_eq!(
+        kvsched::conformance::run_file(&dir.file("ok.json", ok)),
+        Ok("x".into())
+    );
+    let cases: [(&str, &str, &str); 11] = [
+        ("not JSON", "{", "malformed"),
+        ("empty", "", "malformed"),
+        (
+            "unknown top-level field",
+            r#"{"name": "x", "requests": [], "bogus": 1}"#,
+            "bogus",
+        ),
+        (
+            "unknown config field",
+            r#"{"name": "x", "requests": [], "config": {"max_tokens": 1}}"#,
+            "max_tokens",
+        ),
+        ("missing requests", r#"{"name": "x"}"#, "requests"),
+        (
+            "wrong type",
+            r#"{"name": "x", "requests": [{"id": "zero"}]}"#,
+            "malformed",
+        ),
+        (
+            "unknown state",
+            r#"{"name": "x", "requests": [{"id": 0, "state": "RUNNING"}], "expect": {}}"#,
+            "state",
+        ),
+        (
+            "position past the prompt",
+            r#"{"name": "x", "requests": [{"id": 0, "prompt": 4, "position": 5}], "expect": {}}"#,
+            "position",
+        ),
+        (
+            "unknown policy",
+            r#"{"name": "x", "requests": [], "config": {"policy": "fastest"}, "expect": {}}"#,
+            "policy",
+        ),
+        (
+            "bad script",
+            r#"{"name": "x", "requests": [{"id": 0}], "kv": {"try_allocate_generation": "maybe"}, "expect": {}}"#,
+            "try_allocate_generation",
+        ),
+        (
+            "chunk unit 0",
+            r#"{"name": "x", "requests": [], "config": {"chunking": {"policy": "fcfs", "unit": 0}}, "expect": {}}"#,
+            "chunk unit",
+        ),
+    ];
+    for (case, text, needle) in cases {
+        let path = dir.file("bad.json", text.as_bytes());
+        let err = kvsched::conformance::run_file(&path).expect_err(case);
+        assert!(err.contains(needle), "{case}: {err}");
+        assert!(err.contains("bad.json"), "{case}: the file is named: {err}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            text.as_bytes(),
+            "{case}: file untouched"
+        );
+    }
+    let err = kvsched::conformance::run_file(Path::new("/nonexistent/x.json")).unwrap_err();
+    assert!(err.contains("/nonexistent/x.json"), "{err}");
+    let err = kvsched::conformance::run_paths(&[PathBuf::from("/nonexistent")]).unwrap_err();
+    assert!(err.contains("no such file"), "{err}");
+}
+
+type IsKind = fn(&TraceErrorKind) -> bool;
+
+#[test]
+fn malformed_trace_files_are_refused_with_a_typed_reason() {
+    let dir = TempDir::new("trace");
+    let azure = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+    let burst = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n";
+    let cases: Vec<(&str, Vec<u8>, IsKind)> = vec![
+        ("empty", b"".to_vec(), |k| *k == TraceErrorKind::Empty),
+        ("blank lines only", b"\n \n".to_vec(), |k| *k == TraceErrorKind::Empty),
+        ("unknown format", b"a,b,c\n1,2,3\n".to_vec(), |k| matches!(k, TraceErrorKind::UnknownFormat(_))),
+        ("not UTF-8", b"\xff\xfe\x00".to_vec(), |k| *k == TraceErrorKind::NotUtf8),
+        ("Azure: not an integer", format!("{azure}2023-11-16 18:15:46.6805900,x,1\n").into_bytes(), |k| matches!(k, TraceErrorKind::NotAnInteger(_))),
+        ("Azure: bad timestamp", format!("{azure}yesterday,1,1\n").into_bytes(), |k| matches!(k, TraceErrorKind::BadTimestamp { .. })),
+        ("Azure: missing column", format!("{azure}2023-11-16 18:15:46.6805900,1\n").into_bytes(), |k| *k == TraceErrorKind::MissingColumn),
+        ("Azure: extra column", format!("{azure}2023-11-16 18:15:46.6805900,1,1,1\n").into_bytes(), |k| matches!(k, TraceErrorKind::ExtraColumns { .. })),
+        ("BurstGPT: negative", format!("{burst}5,ChatGPT,-1,18,17,Conversation log\n").into_bytes(), |k| matches!(k, TraceErrorKind::Negative(_) | TraceErrorKind::NotAnInteger(_))),
+        ("Mooncake: bad JSON", b"{\"timestamp\": 0,\n".to_vec(), |k| matches!(k, TraceErrorKind::Json(_))),
+        ("Mooncake: missing field", b"{\"timestamp\": 0, \"output_length\": 1}\n".to_vec(), |k| *k == TraceErrorKind::MissingField),
+        ("Mooncake: wrong type", b"{\"timestamp\": 0, \"input_length\": \"many\", \"output_length\": 1, \"hash_ids\": []}\n".to_vec(), |k| matches!(k, TraceErrorKind::WrongType { .. })),
+        ("Mooncake: out of range", b"{\"timestamp\": 0, \"input_length\": 99999999999999, \"output_length\": 1, \"hash_ids\": []}\n".to_vec(), |k| matches!(k, TraceErrorKind::OutOfRange { .. })),
+    ];
+    for (case, bytes, want) in cases {
+        let path = dir.file("trace.txt", &bytes);
+        let err = workload::load(&path).expect_err(case);
+        assert!(want(&err.reason), "{case}: {err} ({:?})", err.reason);
+        assert_eq!(err.path, path, "{case}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "{case}: file untouched"
+        );
+    }
+    let path = dir.file("trace.csv", burst.as_bytes());
+    let err = workload::load_as(&path, TraceFormat::Azure2023).unwrap_err();
+    assert!(
+        matches!(err.reason, TraceErrorKind::BadHeader { .. }),
+        "{err}"
+    );
+    let err = workload::load(dir.0.join("missing.csv")).unwrap_err();
+    assert!(
+        matches!(
+            err.reason,
+            TraceErrorKind::Io {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
