@@ -133,15 +133,16 @@ impl<const N: usize> SchedulerOutput<N> {
 }
 
 /// Sorts `list` stably by LoRA key (no adapter first, then ascending task id); with `partition`, non-final
-/// chunks go first. Uses `scratch` (no allocation). Cost: O(n) when already sorted or when every LoRA
-/// entry has an adapter bucket (a counting sort over the pass's distinct adapters, given in ascending id
-/// order in `adapters_by_id`); otherwise a bottom-up merge sort, O(n log n).
+/// chunks go first. Uses `scratch` and `counts` (one `[part 0, part 1]` counter pair per adapter task slot;
+/// no allocation). Cost: O(n) when already sorted, or when every LoRA entry's adapter bucket is one of the
+/// pass's distinct adapters (given in ascending id order in `adapters_by_id`): a counting sort that touches
+/// only those adapters' counters; otherwise a bottom-up merge sort, O(n log n).
 pub(crate) fn sort_by_lora<const N: usize>(
     list: &mut List<N>,
     scratch: &mut List<N>,
     partition: bool,
     adapters_by_id: &[TaskRef],
-    rank: &mut [u16],
+    counts: &mut [[u32; 2]],
 ) {
     let full_key = |l: &Listed| {
         if partition {
@@ -153,73 +154,70 @@ pub(crate) fn sort_by_lora<const N: usize>(
     if list.windows(2).all(|w| full_key(&w[0]) <= full_key(&w[1])) {
         return;
     }
-    let bucketed = list.iter().all(|l| l.key == 0 || l.bucket != NO_BUCKET);
-    scratch.clear();
-    if bucketed && !adapters_by_id.is_empty() && adapters_by_id.len() < rank.len() {
-        // Counting sort: bucket 0 = no adapter, bucket 1 + rank of the adapter by id.
-        let k = adapters_by_id.len() + 1;
-        for (i, t) in adapters_by_id.iter().enumerate() {
-            rank[t.slot as usize] = i as u16 + 1;
-        }
-        // Offsets per (part, bucket): computed in two passes over the list.
-        let parts = if partition { 2 } else { 1 };
-        let mut starts = CountTable::new(parts * k);
-        let b_of = |l: &Listed, rank: &[u16]| -> usize {
-            let b = if l.key == 0 {
-                0
-            } else {
-                rank[l.bucket as usize] as usize
-            };
-            let part = if partition && l.last { 1 } else { 0 };
-            part * k + b
-        };
-        if starts.fits() {
-            for l in list.iter() {
-                starts.add(b_of(l, rank));
-            }
-            starts.prefix();
-            scratch.extend(core::iter::repeat_n(Listed::default(), list.len()));
-            for l in list.iter() {
-                let pos = starts.take(b_of(l, rank));
-                scratch[pos] = *l;
-            }
-            list.clear();
-            let _ = list.extend_from_slice(scratch);
-            return;
-        }
+    if !adapters_by_id.is_empty() && counting_sort(list, scratch, partition, adapters_by_id, counts)
+    {
+        return;
     }
     merge_sort(list, scratch, full_key);
 }
 
-/// Small fixed table of counts for the counting sort (up to 2 × 1024 buckets; larger falls back).
-struct CountTable {
-    n: usize,
-    c: [u32; 2048],
-}
-
-impl CountTable {
-    fn new(n: usize) -> Self {
-        Self { n, c: [0; 2048] }
+/// The counting sort of [`sort_by_lora`]: bucket "no adapter", then one bucket per adapter in id order, per
+/// part. Returns false, changing nothing in `list`, when an entry's bucket is not one of `adapters_by_id`.
+fn counting_sort<const N: usize>(
+    list: &mut List<N>,
+    scratch: &mut List<N>,
+    partition: bool,
+    adapters_by_id: &[TaskRef],
+    counts: &mut [[u32; 2]],
+) -> bool {
+    let part = |l: &Listed| usize::from(partition && l.last);
+    let mut plain = [0u32; 2];
+    for t in adapters_by_id {
+        match counts.get_mut(t.slot as usize) {
+            Some(c) => *c = [0, 0],
+            None => return false,
+        }
     }
-    fn fits(&self) -> bool {
-        self.n <= self.c.len()
+    for l in list.iter() {
+        if l.key == 0 {
+            plain[part(l)] += 1;
+        } else {
+            match counts.get_mut(l.bucket as usize) {
+                Some(c) => c[part(l)] += 1,
+                None => return false, // no bucket (no adapter cache)
+            }
+        }
     }
-    fn add(&mut self, b: usize) {
-        self.c[b] += 1;
-    }
-    fn prefix(&mut self) {
-        let mut acc = 0;
-        for x in self.c[..self.n].iter_mut() {
-            let v = *x;
-            *x = acc;
+    // Start offsets, in place: part 0 (no adapter, adapters by id), then part 1. An entry whose bucket
+    // is not in the plan was counted in a stale counter the prefix never visits: the total falls short.
+    let mut acc = 0u32;
+    for p in 0..if partition { 2 } else { 1 } {
+        let c = plain[p];
+        plain[p] = acc;
+        acc += c;
+        for t in adapters_by_id {
+            let c = &mut counts[t.slot as usize][p];
+            let v = *c;
+            *c = acc;
             acc += v;
         }
     }
-    fn take(&mut self, b: usize) -> usize {
-        let p = self.c[b] as usize;
-        self.c[b] += 1;
-        p
+    if acc as usize != list.len() {
+        return false;
     }
+    scratch.clear();
+    let _ = scratch.extend_from_slice(list);
+    for l in scratch.iter() {
+        let p = part(l);
+        let slot = if l.key == 0 {
+            &mut plain[p]
+        } else {
+            &mut counts[l.bucket as usize][p]
+        };
+        list[*slot as usize] = *l;
+        *slot += 1;
+    }
+    true
 }
 
 fn merge_sort<const N: usize>(
@@ -292,11 +290,11 @@ mod tests {
             list.push(l(i as u64, *k, i % 2 == 0)).unwrap();
         }
         let mut scratch = heapless::Vec::new();
-        let mut rank = [0u16; 8];
-        sort_by_lora(&mut list, &mut scratch, false, &[], &mut rank);
+        let mut counts = [[0u32; 2]; 8];
+        sort_by_lora(&mut list, &mut scratch, false, &[], &mut counts);
         let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
         assert_eq!(&ids[..], &[2, 5, 1, 4, 3, 0, 6]);
-        sort_by_lora(&mut list, &mut scratch, true, &[], &mut rank);
+        sort_by_lora(&mut list, &mut scratch, true, &[], &mut counts);
         let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
         // Non-final (odd ids) first, each part by key.
         assert_eq!(&ids[..], &[5, 1, 3, 2, 4, 0, 6]);
@@ -339,11 +337,11 @@ mod tests {
         let mut by_id = tasks;
         by_id.sort_unstable_by_key(|t| t.id);
         let mut scratch = heapless::Vec::new();
-        let mut rank = [0u16; 8];
+        let mut counts = [[0u32; 2]; 8];
         for partition in [false, true] {
             let (mut x, mut y) = (a.clone(), b.clone());
-            sort_by_lora(&mut x, &mut scratch, partition, &by_id, &mut rank);
-            sort_by_lora(&mut y, &mut scratch, partition, &by_id, &mut rank);
+            sort_by_lora(&mut x, &mut scratch, partition, &by_id, &mut counts);
+            sort_by_lora(&mut y, &mut scratch, partition, &by_id, &mut counts);
             let xi: heapless::Vec<u64, 64> = x.iter().map(|l| l.id.0).collect();
             let yi: heapless::Vec<u64, 64> = y.iter().map(|l| l.id.0).collect();
             assert_eq!(xi, yi);

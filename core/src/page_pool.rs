@@ -308,6 +308,11 @@ impl<'a> KvPool<'a> {
         if capacity <= s.capacity {
             return true;
         }
+        // The pages it holds cover the growth (the common decode step): no division, no page.
+        if capacity <= s.blocks.saturating_mul(self.cfg.tokens_per_block) {
+            self.seqs[slot].capacity = capacity;
+            return true;
+        }
         let need = blocks_for(capacity, self.cfg.tokens_per_block);
         if need > s.blocks {
             let add = need - s.blocks;
@@ -367,6 +372,36 @@ impl<'a> KvPool<'a> {
         blocks_for(capacity, self.cfg.tokens_per_block).saturating_sub(s.blocks)
     }
 
+    /// `try_allocate_generation` beyond the fast path: new pages, or a suspended cache coming back.
+    #[inline(never)]
+    fn allocate_generation_general(&mut self, r: KvRef, grow: u32) -> bool {
+        let Some(i) = self.slot(r) else { return false };
+        let s = self.seqs[i];
+        let Some(target) = s.capacity.checked_add(grow) else {
+            return false;
+        };
+        match s.state {
+            SeqState::None => return false,
+            SeqState::Active => {
+                if !self.grow(i, target) {
+                    return false;
+                }
+            }
+            SeqState::Suspended => {
+                let extra = self.extra_blocks(i, target);
+                if blocks_for(target, self.cfg.tokens_per_block) > self.cfg.max_blocks
+                    || !self.resume(i, r.id, extra)
+                {
+                    return false;
+                }
+                let grown = self.grow(i, target);
+                debug_assert!(grown, "resume reserved the growth");
+            }
+        }
+        self.seqs[i].last_grow = grow;
+        true
+    }
+
     fn slot(&self, r: KvRef) -> Option<usize> {
         let i = r.slot as usize;
         (i < self.seqs.len()).then_some(i)
@@ -422,32 +457,22 @@ impl KvBackend for KvPool<'_> {
         false
     }
 
+    #[inline]
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
-        let Some(i) = self.slot(r) else { return false };
-        let s = self.seqs[i];
-        let Some(target) = s.capacity.checked_add(grow) else {
-            return false;
-        };
-        match s.state {
-            SeqState::None => return false,
-            SeqState::Active => {
-                if !self.grow(i, target) {
-                    return false;
+        // The common decode step: an active cache whose pages already hold the growth.
+        let tpb = self.cfg.tokens_per_block;
+        if let Some(s) = self.seqs.get_mut(r.slot as usize) {
+            if s.state == SeqState::Active {
+                if let Some(target) = s.capacity.checked_add(grow) {
+                    if target <= s.blocks.saturating_mul(tpb) {
+                        s.capacity = s.capacity.max(target);
+                        s.last_grow = grow;
+                        return true;
+                    }
                 }
-            }
-            SeqState::Suspended => {
-                let extra = self.extra_blocks(i, target);
-                if blocks_for(target, self.cfg.tokens_per_block) > self.cfg.max_blocks
-                    || !self.resume(i, r.id, extra)
-                {
-                    return false;
-                }
-                let grown = self.grow(i, target);
-                debug_assert!(grown, "resume reserved the growth");
             }
         }
-        self.seqs[i].last_grow = grow;
-        true
+        self.allocate_generation_general(r, grow)
     }
 
     fn revert_allocate_generation(&mut self, r: KvRef) {

@@ -190,7 +190,7 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     epoch: u32,
     pending: heapless::Vec<u16, N>,
     scratch: List<N>,
-    rank: [u16; T],
+    sort_counts: [[u32; 2]; T],
     last: PassStats,
 }
 
@@ -230,7 +230,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             epoch: 0,
             pending: heapless::Vec::new(),
             scratch: heapless::Vec::new(),
-            rank: [0; T],
+            sort_counts: [[0; 2]; T],
             last: PassStats::default(),
         })
     }
@@ -684,7 +684,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 i += 1;
                 continue;
             }
-            let Some(pages) = self.peft_need(slot) else {
+            let pages = match e.task {
+                None => Some(0),
+                Some(t) => {
+                    let id = e.spec.id;
+                    self.desk.pages_needed(id, t)
+                }
+            };
+            let Some(pages) = pages else {
                 break;
             };
             if self.try_generation(i, pages, &mut budget, &mut st, out) == Step::Stop {
@@ -764,14 +771,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             &mut self.scratch,
             false,
             &out.adapters,
-            &mut self.rank,
+            &mut self.sort_counts,
         );
         output::sort_by_lora(
             &mut out.encoder,
             &mut self.scratch,
             false,
             &out.adapters,
-            &mut self.rank,
+            &mut self.sort_counts,
         );
         let partition = out.has_chunking;
         output::sort_by_lora(
@@ -779,7 +786,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             &mut self.scratch,
             partition,
             &out.adapters,
-            &mut self.rank,
+            &mut self.sort_counts,
         );
     }
 
@@ -838,7 +845,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     ) -> Step {
         let slot = self.order[i];
         let e = self.entry(slot);
-        let (beam, draft) = (e.spec.beam, e.spec.draft);
+        let (id, beam, draft, headroom) = (e.spec.id, e.spec.beam, e.spec.draft, e.headroom);
+        let active = matches!(e.residency, Residency::Active(_));
         let tokens = beam + draft;
         if !budget.fits(tokens) {
             return Step::Stop;
@@ -846,46 +854,73 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if st.beam.is_some_and(|b| b != beam) {
             return Step::Skip;
         }
-        // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
-        // reservation asks the backend for no new tokens (else every step would grow the cache past its
-        // reservation, and a request that fits alone could never finish).
-        if !self.lease_obtainable(slot) {
+        if !active && !self.lease_obtainable(slot) {
             // A suspended request whose lease would be refused: evicting others for its KV is futile.
             return Step::Skip;
         }
-        let headroom = self.entry(slot).headroom;
+        // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
+        // reservation asks the backend for no new tokens (else every step would grow the cache past its
+        // reservation, and a request that fits alone could never finish).
         let step = draft.saturating_add(1);
         let grow = step.saturating_sub(headroom);
-        let mut ok = self.allocate_generation(slot, grow, out);
+        let ok = if active {
+            // The common case, without the residency dispatch of `allocate_generation`.
+            self.kv.try_allocate_generation(KvRef { slot, id }, grow)
+        } else {
+            self.allocate_generation(slot, grow, out)
+        };
         if !ok {
-            if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
-                // Never evict under GUARANTEED_NO_EVICT: the request waits.
-                return Step::Skip;
-            }
-            ok = self.evict_for_generation(i, grow, st, out);
-            if !ok && self.cfg.recompute_pause {
-                ok = self.recompute_for_generation(i, grow, st, out);
-            }
-            if !ok {
-                // Self-eviction: only an active cache can be suspended.
-                if let Residency::Active(_) = self.entry(slot).residency {
-                    self.suspend(slot, st, out);
-                    st.stats.self_evictions += 1;
-                }
-                return Step::Stop;
+            if let Some(refused) = self.generation_ladder(i, grow, st, out) {
+                return refused;
             }
         }
-        match &self.entry(slot).residency {
-            Residency::Active(r) => out.push_generation(r, self.entry(slot).key),
-            _ => unreachable!("a scheduled generation request is active"),
-        }
-        budget.commit(tokens);
-        self.commit_peft(slot, pages, out);
-        st.beam = Some(beam);
         let e = self.entry_mut(slot);
         e.scheduled = st.epoch;
         e.headroom = headroom.saturating_sub(step);
+        let (task, key) = (e.task, e.key);
+        match &e.residency {
+            Residency::Active(r) => out.push_generation(r, key),
+            _ => unreachable!("a scheduled generation request is active"),
+        }
+        budget.commit(tokens);
+        if let Some(t) = task {
+            if self.desk.commit(t, pages) {
+                let _ = out.adapters.push(t);
+            }
+        }
+        st.beam = Some(beam);
         Step::Scheduled
+    }
+
+    /// The generation ladder after a refused allocation (spec §1.5 steps 5–7): ordinary eviction from the
+    /// tail, recompute pause, then self-eviction. `None` when the request got its KV, else the step.
+    #[cold]
+    #[inline(never)]
+    fn generation_ladder(
+        &mut self,
+        i: usize,
+        grow: u32,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> Option<Step> {
+        let slot = self.order[i];
+        if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+            // Never evict under GUARANTEED_NO_EVICT: the request waits.
+            return Some(Step::Skip);
+        }
+        let mut ok = self.evict_for_generation(i, grow, st, out);
+        if !ok && self.cfg.recompute_pause {
+            ok = self.recompute_for_generation(i, grow, st, out);
+        }
+        if !ok {
+            // Self-eviction: only an active cache can be suspended.
+            if let Residency::Active(_) = self.entry(slot).residency {
+                self.suspend(slot, st, out);
+                st.stats.self_evictions += 1;
+            }
+            return Some(Step::Stop);
+        }
+        None
     }
 
     /// One allocation attempt; a suspended request that gets its KV back is resumed (lease re-acquired)
