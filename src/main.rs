@@ -3,6 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Counts the process's heap allocations so `kvsched bench` can report those of its timed iterations.
+#[global_allocator]
+static ALLOC: kvsched::bench::CountingAlloc = kvsched::bench::CountingAlloc;
+
 const USAGE: &str = "usage: kvsched <command> [options]
 commands:
   simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
@@ -13,6 +17,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("conformance") => conformance(&args[1..]),
+        Some("bench") => kvsched::bench::cli(&args[1..]),
         Some("simulate") => kvsched::sim::cli::main(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
