@@ -164,6 +164,32 @@ pub struct KvPool<'a> {
     stats: KvStats,
 }
 
+/// Moves a page-table row to the other tier: page `b` of `row` goes to the `b`-th page popped from the
+/// destination's free stack (whose top `row.len()` entries are `popped`), the source page is pushed on its
+/// tier's free stack (`pushed`, in row order), and the copy is logged. Equal lengths (the callers slice
+/// them so), so the loop has no bounds checks.
+fn move_pages(
+    row: &mut [u32],
+    popped: &[u32],
+    pushed: &mut [u32],
+    log: &mut [PageMove],
+    request: RequestId,
+    from: Tier,
+) {
+    let rows = row.iter_mut().zip(popped.iter().rev());
+    for ((page, &dst), (free, entry)) in rows.zip(pushed.iter_mut().zip(log.iter_mut())) {
+        let src = *page;
+        *page = dst;
+        *free = src;
+        *entry = PageMove {
+            request,
+            from,
+            src,
+            dst,
+        };
+    }
+}
+
 const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
     tokens.div_ceil(tpb)
 }
@@ -342,22 +368,23 @@ impl<'a> KvPool<'a> {
             if s.blocks + extra > self.gpu_free_len || !self.log_room(s.blocks) {
                 return false;
             }
-            let base = self.row(slot);
-            for b in 0..s.blocks as usize {
-                let src = self.tables[base + b];
-                self.gpu_free_len -= 1;
-                let dst = self.gpu_free[self.gpu_free_len as usize];
-                self.tables[base + b] = dst;
-                self.host_free[self.host_free_len as usize] = src;
-                self.host_free_len += 1;
-                self.moves[self.moves_len] = PageMove {
-                    request: id,
-                    from: Tier::Host,
-                    src,
-                    dst,
-                };
-                self.moves_len += 1;
-            }
+            let (base, n) = (self.row(slot), s.blocks as usize);
+            let (g, h, m) = (
+                self.gpu_free_len as usize - n,
+                self.host_free_len as usize,
+                self.moves_len,
+            );
+            move_pages(
+                &mut self.tables[base..base + n],
+                &self.gpu_free[g..g + n],
+                &mut self.host_free[h..h + n],
+                &mut self.moves[m..m + n],
+                id,
+                Tier::Host,
+            );
+            self.gpu_free_len -= s.blocks;
+            self.host_free_len += s.blocks;
+            self.moves_len += n;
             self.stats.pages_reloaded += s.blocks as u64;
             self.seqs[slot].on_host = false;
         } else if extra > self.gpu_free_len {
@@ -502,22 +529,23 @@ impl KvBackend for KvPool<'_> {
             }
             return;
         }
-        let base = self.row(i);
-        for b in 0..s.blocks as usize {
-            let src = self.tables[base + b];
-            self.host_free_len -= 1;
-            let dst = self.host_free[self.host_free_len as usize];
-            self.tables[base + b] = dst;
-            self.gpu_free[self.gpu_free_len as usize] = src;
-            self.gpu_free_len += 1;
-            self.moves[self.moves_len] = PageMove {
-                request: r.id,
-                from: Tier::Gpu,
-                src,
-                dst,
-            };
-            self.moves_len += 1;
-        }
+        let (base, n) = (self.row(i), s.blocks as usize);
+        let (h, g, m) = (
+            self.host_free_len as usize - n,
+            self.gpu_free_len as usize,
+            self.moves_len,
+        );
+        move_pages(
+            &mut self.tables[base..base + n],
+            &self.host_free[h..h + n],
+            &mut self.gpu_free[g..g + n],
+            &mut self.moves[m..m + n],
+            r.id,
+            Tier::Gpu,
+        );
+        self.host_free_len -= s.blocks;
+        self.gpu_free_len += s.blocks;
+        self.moves_len += n;
         self.stats.pages_offloaded += s.blocks as u64;
         self.seqs[i].on_host = true;
     }
