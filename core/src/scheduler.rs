@@ -167,6 +167,17 @@ pub struct PassStats {
     pub preemptions: u32,
 }
 
+/// What the generation ladder reads of a request, gathered by the phase-1 loop in one table lookup.
+#[derive(Clone, Copy)]
+struct GenStep {
+    slot: u16,
+    id: RequestId,
+    beam: u32,
+    draft: u32,
+    headroom: u32,
+    active: bool,
+}
+
 struct PassState {
     epoch: u32,
     stats: PassStats,
@@ -649,6 +660,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         self.pending.clear();
 
         // Phase 1: generation and disaggregated generation init; context and encoder are deferred.
+        let window = self.cfg.window;
         let mut i = 0;
         while i < st.end {
             let slot = self.order[i];
@@ -675,7 +687,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             if budget.requests_full() {
                 break;
             }
-            if !self.cfg.window.contains(phase) {
+            if !window.contains(phase) {
                 i += 1;
                 continue;
             }
@@ -684,17 +696,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 i += 1;
                 continue;
             }
+            let g = GenStep {
+                slot,
+                id: e.spec.id,
+                beam: e.spec.beam,
+                draft: e.spec.draft,
+                headroom: e.headroom,
+                active: matches!(e.residency, Residency::Active(_)),
+            };
             let pages = match e.task {
                 None => Some(0),
-                Some(t) => {
-                    let id = e.spec.id;
-                    self.desk.pages_needed(id, t)
-                }
+                Some(t) => self.desk.pages_needed(g.id, t),
             };
             let Some(pages) = pages else {
                 break;
             };
-            if self.try_generation(i, pages, &mut budget, &mut st, out) == Step::Stop {
+            if self.try_generation(i, g, pages, &mut budget, &mut st, out) == Step::Stop {
                 break;
             }
             i += 1;
@@ -838,15 +855,20 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     fn try_generation(
         &mut self,
         i: usize,
+        g: GenStep,
         pages: u32,
         budget: &mut Budget,
         st: &mut PassState,
         out: &mut SchedulerOutput<N>,
     ) -> Step {
-        let slot = self.order[i];
-        let e = self.entry(slot);
-        let (id, beam, draft, headroom) = (e.spec.id, e.spec.beam, e.spec.draft, e.headroom);
-        let active = matches!(e.residency, Residency::Active(_));
+        let GenStep {
+            slot,
+            id,
+            beam,
+            draft,
+            headroom,
+            active,
+        } = g;
         let tokens = beam + draft;
         if !budget.fits(tokens) {
             return Step::Stop;
