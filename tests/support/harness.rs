@@ -1096,6 +1096,30 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
+    /// Arrivals stop, faults and in-flight marks are cleared: every live request must then finish, or
+    /// a pass must report `Error::Deadlock` — never a livelock past a generous bound. (A request limit of
+    /// 0 schedules nothing and, with only context requests waiting, is idle by the reference's rules:
+    /// skipped.)
+    pub fn settle(&mut self) -> Result<Done, String> {
+        self.sched.kv_mut().faults.left = [0; 4];
+        self.sched.peft_mut().faults.left = [0; 4];
+        for l in self.live.iter_mut().filter(|l| l.inflight) {
+            l.inflight = false;
+            self.sched
+                .set_inflight(l.handle, false)
+                .map_err(|e| format!("set_inflight: {e}"))?;
+        }
+        if self.setup.max_num_requests == 0 {
+            return Ok(Done::Finished(0));
+        }
+        let work: u64 = self
+            .live
+            .iter()
+            .map(|l| u64::from(l.prompt) + 3 * u64::from(l.out_len) + 4)
+            .sum();
+        self.run_to_completion(64 + 16 * work)
+    }
+
     /// Removes every live request (the end of a run): afterwards both pools must be empty.
     pub fn drain(&mut self) -> Result<(), String> {
         while !self.live.is_empty() {
@@ -1238,13 +1262,16 @@ impl Bytes<'_> {
     }
 }
 
-/// Runs a decoded input: applies every operation (checking after each), then drains.
+/// Runs a decoded input: applies every operation (checking after each), settles (every request
+/// finishes or a deadlock is reported), then drains.
 pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, String> {
     let mut mem = KvMemory::new(setup.pool());
     let mut h = Harness::new(setup, &mut mem)?;
     for (i, op) in ops.iter().enumerate() {
         h.apply(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
     }
+    h.settle()
+        .map_err(|e| format!("settling after {} ops: {e}", ops.len()))?;
     h.drain()?;
     Ok(h.stats)
 }
