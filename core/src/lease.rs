@@ -221,6 +221,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
 
     /// Pages this request's adapter adds to the pass (0 when already counted), or `None` when it does
     /// not fit in the device cache next to what is counted.
+    #[inline]
     pub fn pages_needed(&mut self, req: RequestId, task: TaskRef) -> Option<u32> {
         let s = task.slot as usize;
         if s >= T {
@@ -240,6 +241,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
 
     /// Commits a scheduled request's adapter to the pass. Returns true the first time the task is
     /// scheduled in this pass (so the caller can list it in the adapter plan).
+    #[inline]
     pub fn commit(&mut self, task: TaskRef, pages: u32) -> bool {
         let s = task.slot as usize;
         if self.counted[s] != self.epoch {

@@ -29,6 +29,7 @@
 extern crate std;
 
 mod fmt;
+mod id_index;
 
 pub mod adapter;
 pub mod arena;

@@ -23,6 +23,7 @@ use crate::budget::Budget;
 use crate::config::{CapacityPolicy, ChunkPolicy, Config};
 use crate::error::{Error, PeftError};
 use crate::fmt::trace;
+use crate::id_index::IdIndex;
 use crate::kv::{ContextPrep, KvBackend, KvRef};
 use crate::lease::AdapterDesk;
 use crate::output::{self, List, Listed, SchedulerOutput, NO_BUCKET};
@@ -197,6 +198,7 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     desk: AdapterDesk<P, T>,
     table: Arena<Entry, N>,
     order: heapless::Vec<u16, N>,
+    ids: IdIndex<N>,
     stall: u32,
     epoch: u32,
     pending: heapless::Vec<u16, N>,
@@ -237,6 +239,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             desk: AdapterDesk::new(peft),
             table: Arena::new(),
             order: heapless::Vec::new(),
+            ids: IdIndex::new(),
             stall: 0,
             epoch: 0,
             pending: heapless::Vec::new(),
@@ -315,22 +318,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn handle_of(&self, slot: u16) -> Option<Handle> {
         self.table.handle_at(slot)
     }
-    /// Finds a request by id (linear scan).
+    /// Finds a request by id (O(1): the table keeps an id index).
     pub fn find(&self, id: RequestId) -> Option<Handle> {
-        self.requests()
-            .find(|(_, e)| e.spec.id == id)
-            .map(|(h, _)| h)
+        self.table.handle_at(self.ids.get(id)?)
     }
 
     fn check_spec(&self, spec: &RequestSpec) -> Result<Option<TaskRef>, Error> {
         if spec.position > spec.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
         }
-        if self
-            .order
-            .iter()
-            .any(|&s| self.table.at(s).is_some_and(|e| e.spec.id == spec.id))
-        {
+        if self.ids.get(spec.id).is_some() {
             return Err(Error::DuplicateId(spec.id));
         }
         self.check_sizes(spec)?;
@@ -456,6 +453,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     e.residency = res;
                 }
                 let _ = self.order.push(h.index());
+                self.ids.insert(r.id, h.index());
                 Ok(h)
             }
             Err((waiting, err)) => {
@@ -518,6 +516,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// pause = false, a paused registration dropped, its KV freed).
     pub fn remove(&mut self, h: Handle) -> Result<RequestSpec, Error> {
         let e = self.table.remove(h).ok_or(Error::StaleHandle)?;
+        let gone = self.ids.remove(e.spec.id);
+        debug_assert_eq!(gone, Some(h.index()));
         match e.residency {
             Residency::Waiting(r) => r.finish(&mut self.kv),
             Residency::Active(r) => r.finish(&mut self.kv, &mut self.desk),
