@@ -112,18 +112,17 @@ fn bench_iterations_do_not_allocate() {
             // The schedulers are large: build them on threads with room.
             std::thread::Builder::new()
                 .stack_size(64 << 20)
-                .spawn_scoped(scope, || loop {
-                    let Some(&s) = order.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                        break;
-                    };
-                    let t = std::time::Instant::now();
-                    let (counted, ran) = dispatch(s, &mut Count);
-                    eprintln!(
-                        "{}: {ran} iterations, {counted} allocations, {:.1?}",
-                        s.name(),
-                        t.elapsed()
-                    );
-                    report.lock().unwrap().push((s, counted, ran));
+                .spawn_scoped(scope, || {
+                    while let Some(&s) = order.get(next.fetch_add(1, Ordering::SeqCst)) {
+                        let t = std::time::Instant::now();
+                        let (counted, ran) = dispatch(s, &mut Count);
+                        eprintln!(
+                            "{}: {ran} iterations, {counted} allocations, {:.1?}",
+                            s.name(),
+                            t.elapsed()
+                        );
+                        report.lock().unwrap().push((s, counted, ran));
+                    }
                 })
                 .expect("spawn");
         }
