@@ -339,6 +339,11 @@ impl<'a> KvPool<'a> {
             self.seqs[slot].capacity = capacity;
             return true;
         }
+        // At least one more page is needed: refuse early on an exhausted pool or a full table (the
+        // eviction ladder retries after every victim).
+        if self.gpu_free_len == 0 || s.blocks >= self.cfg.max_blocks {
+            return false;
+        }
         let need = blocks_for(capacity, self.cfg.tokens_per_block);
         if need > s.blocks {
             let add = need - s.blocks;
@@ -486,16 +491,25 @@ impl KvBackend for KvPool<'_> {
 
     #[inline]
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
-        // The common decode step: an active cache whose pages already hold the growth.
-        let tpb = self.cfg.tokens_per_block;
+        // The common decode step: an active cache whose pages already hold the growth; and its refusal
+        // when a page is needed but none can be had (the eviction ladder retries after every victim).
+        let (tpb, free, max_blocks) = (
+            self.cfg.tokens_per_block,
+            self.gpu_free_len,
+            self.cfg.max_blocks,
+        );
         if let Some(s) = self.seqs.get_mut(r.slot as usize) {
             if s.state == SeqState::Active {
-                if let Some(target) = s.capacity.checked_add(grow) {
-                    if target <= s.blocks.saturating_mul(tpb) {
-                        s.capacity = s.capacity.max(target);
-                        s.last_grow = grow;
-                        return true;
-                    }
+                let Some(target) = s.capacity.checked_add(grow) else {
+                    return false;
+                };
+                if target <= s.blocks.saturating_mul(tpb) {
+                    s.capacity = s.capacity.max(target);
+                    s.last_grow = grow;
+                    return true;
+                }
+                if free == 0 || s.blocks >= max_blocks {
+                    return false;
                 }
             }
         }

@@ -122,18 +122,21 @@ pub(crate) struct Bomb {
 }
 
 impl Bomb {
+    #[inline]
     pub(crate) fn armed() -> Self {
         Self {
             #[cfg(all(feature = "std", debug_assertions))]
             armed: true,
         }
     }
+    #[inline]
     pub(crate) fn defused() -> Self {
         Self {
             #[cfg(all(feature = "std", debug_assertions))]
             armed: false,
         }
     }
+    #[inline]
     #[allow(unused_mut)]
     pub(crate) fn defuse(mut self) {
         #[cfg(all(feature = "std", debug_assertions))]
@@ -144,6 +147,7 @@ impl Bomb {
 }
 
 impl Drop for Bomb {
+    #[inline]
     fn drop(&mut self) {
         #[cfg(all(feature = "std", debug_assertions))]
         if self.armed && !std::thread::panicking() {
