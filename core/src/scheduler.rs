@@ -224,6 +224,15 @@ impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
     }
 }
 
+/// A table slot named by the arrival order: live by invariant.
+#[inline(always)]
+fn live<E>(e: Option<E>) -> E {
+    match e {
+        Some(e) => e,
+        None => unreachable!("order names a vacant slot"),
+    }
+}
+
 /// Sort key: 0 without an adapter, 1 + task id with one.
 fn lora_key(lora: Option<TaskId>) -> u64 {
     lora.map_or(0, |t| t.0.saturating_add(1))
@@ -885,33 +894,57 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         // reservation, and a request that fits alone could never finish).
         let step = draft.saturating_add(1);
         let grow = step.saturating_sub(headroom);
-        let ok = if active {
-            // The common case, without the residency dispatch of `allocate_generation`.
-            self.kv.try_allocate_generation(KvRef { slot, id }, grow)
-        } else {
-            self.allocate_generation(slot, grow, out)
-        };
-        if !ok {
-            if let Some(refused) = self.generation_ladder(i, grow, st, out) {
-                return refused;
+        let after = headroom.saturating_sub(step);
+        // The common case, an active request: one table lookup for the whole step, the KV call in
+        // between, no residency dispatch.
+        let done = active && {
+            let Self {
+                table, kv, desk, ..
+            } = self;
+            let e = live(table.at_mut(slot));
+            let ok = kv.try_allocate_generation(KvRef { slot, id }, grow);
+            if ok {
+                Self::scheduled_generation(e, desk, st.epoch, after, pages, out);
             }
-        }
-        let e = self.entry_mut(slot);
-        e.scheduled = st.epoch;
-        e.headroom = headroom.saturating_sub(step);
-        let (task, key) = (e.task, e.key);
-        match &e.residency {
-            Residency::Active(r) => out.push_generation(r, key),
-            _ => unreachable!("a scheduled generation request is active"),
+            ok
+        };
+        if !done {
+            // A refused active request goes straight to the ladder (one allocation attempt only).
+            let ok = !active && self.allocate_generation(slot, grow, out);
+            if !ok {
+                if let Some(refused) = self.generation_ladder(i, grow, st, out) {
+                    return refused;
+                }
+            }
+            let Self { table, desk, .. } = self;
+            Self::scheduled_generation(live(table.at_mut(slot)), desk, st.epoch, after, pages, out);
         }
         budget.commit(tokens);
-        if let Some(t) = task {
-            if self.desk.commit(t, pages) {
+        st.beam = Some(beam);
+        Step::Scheduled
+    }
+
+    /// Lists a generation request whose KV step succeeded, stamps it and commits its adapter.
+    #[inline(always)]
+    fn scheduled_generation(
+        e: &mut Entry,
+        desk: &mut AdapterDesk<P, T>,
+        epoch: u32,
+        headroom: u32,
+        pages: u32,
+        out: &mut SchedulerOutput<N>,
+    ) {
+        e.scheduled = epoch;
+        e.headroom = headroom;
+        match &e.residency {
+            Residency::Active(r) => out.push_generation(r, e.key),
+            _ => unreachable!("a scheduled generation request is active"),
+        }
+        if let Some(t) = e.task {
+            if desk.commit(t, pages) {
                 let _ = out.adapters.push(t);
             }
         }
-        st.beam = Some(beam);
-        Step::Scheduled
     }
 
     /// The generation ladder after a refused allocation (spec §1.5 steps 5–7): ordinary eviction from the
