@@ -36,6 +36,14 @@ impl<const N: usize> IdIndex<N> {
 
     const BUCKETS: usize = 2 * N;
 
+    /// Feeds every bucket, the slot ids and the length to `h` (for state fingerprints).
+    pub(crate) fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        self.buckets.hash(h);
+        self.ids.hash(h);
+        self.len.hash(h);
+    }
+
     /// Home bucket of an id (Fibonacci hashing, multiply-high into `0..2N`).
     fn home(id: u64) -> usize {
         let h = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -286,7 +286,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     /// A fingerprint of the scheduler's own state: the request table (every slot's generation and entry,
-    /// the free list), the arrival order, the stall counter, the pass epoch and the adapter desk's
+    /// the free list), the arrival order, the id index, the stall counter, the pass epoch and the adapter desk's
     /// counters. Per-pass scratch (pending list, sort buffers, last pass statistics) and the backends
     /// are left out: fingerprint those with [`crate::KvPool::fingerprint`] and the adapter cache's
     /// `PartialEq`. Equal before and after a refused call = the call changed nothing.
@@ -295,6 +295,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let mut h = crate::fingerprint::Fingerprint::new();
         self.table.hash_state(&mut h, |e, h| e.hash_state(h));
         self.order.hash(&mut h);
+        self.ids.hash_state(&mut h);
         self.stall.hash(&mut h);
         self.epoch.hash(&mut h);
         self.desk.hash_state(&mut h);
