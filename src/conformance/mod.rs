@@ -100,9 +100,20 @@ pub fn run_file(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let sc: Scenario =
         serde_json::from_str(&text).map_err(|e| format!("{}: malformed: {e}", path.display()))?;
-    run_scenario(&sc).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(sc.name)
+    // The scheduler and its output are large fixed-capacity values: run on a thread with a roomy stack so
+    // that callers on small stacks (test threads) are safe.
+    let outcome = std::thread::Builder::new()
+        .name("kvsched-scenario".into())
+        .stack_size(RUNNER_STACK)
+        .spawn(move || run_scenario(&sc).map(|()| sc.name))
+        .map_err(|e| format!("{}: cannot start the runner thread: {e}", path.display()))?
+        .join()
+        .map_err(|_| format!("{}: the runner panicked", path.display()))?;
+    outcome.map_err(|e| format!("{}: {e}", path.display()))
 }
+
+/// Stack of the thread one scenario runs on.
+const RUNNER_STACK: usize = 64 << 20;
 
 fn phase_of(field: &str, name: Option<&str>) -> Result<Phase, String> {
     let n = name.unwrap_or("GENERATION_IN_PROGRESS");
