@@ -337,6 +337,7 @@ impl Request<Active> {
     }
 
     /// (2) Ordinary suspension (victim or self-eviction): KV suspended, lease returned with pause = true.
+    #[inline]
     pub fn suspend<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
         kv: &mut K,

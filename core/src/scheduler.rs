@@ -184,7 +184,8 @@ struct PassState {
     stats: PassStats,
     end: usize,
     frontier: usize,
-    beam: Option<u32>,
+    /// Beam width of the generation requests scheduled so far (0: none yet; a beam is at least 1).
+    beam: u32,
     evictions: u32,
     recomputes: u32,
     no_preempt_candidate: bool,
@@ -661,7 +662,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             end: len,
             frontier: len,
             stats: PassStats::default(),
-            beam: None,
+            beam: 0,
             evictions: 0,
             recomputes: 0,
             no_preempt_candidate: false,
@@ -680,7 +681,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 continue;
             }
             let phase = e.spec.phase;
-            if phase == Phase::DisaggGenerationInit {
+            // The common case first: a decode step (always inside the window).
+            if phase == Phase::GenerationInProgress {
+                if budget.requests_full() {
+                    break;
+                }
+            } else if phase == Phase::DisaggGenerationInit {
                 let cap = e.spec.prompt + e.spec.draft;
                 let Some(pages) = self.peft_need(slot) else {
                     break;
@@ -693,15 +699,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 }
                 i += 1;
                 continue;
-            }
-            if budget.requests_full() {
+            } else if budget.requests_full() {
                 break;
-            }
-            if !window.contains(phase) {
+            } else if !window.contains(phase) {
                 i += 1;
                 continue;
-            }
-            if phase == Phase::EncoderInit || phase == Phase::ContextInit {
+            } else if phase == Phase::EncoderInit || phase == Phase::ContextInit {
                 let _ = self.pending.push(i as u16);
                 i += 1;
                 continue;
@@ -883,7 +886,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if !budget.fits(tokens) {
             return Step::Stop;
         }
-        if st.beam.is_some_and(|b| b != beam) {
+        if st.beam != 0 && st.beam != beam {
             return Step::Skip;
         }
         if !active && !self.lease_obtainable(slot) {
@@ -921,7 +924,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             Self::scheduled_generation(live(table.at_mut(slot)), desk, st.epoch, after, pages, out);
         }
         budget.commit(tokens);
-        st.beam = Some(beam);
+        st.beam = beam;
         Step::Scheduled
     }
 
