@@ -239,6 +239,11 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         }
     }
 
+    /// The task's pages are counted in this pass's budget.
+    pub fn is_counted(&self, task: TaskRef) -> bool {
+        self.counted.get(task.slot as usize) == Some(&self.epoch)
+    }
+
     /// Commits a scheduled request's adapter to the pass. Returns true the first time the task is
     /// scheduled in this pass (so the caller can list it in the adapter plan).
     #[inline]

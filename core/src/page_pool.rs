@@ -503,7 +503,7 @@ impl KvBackend for KvPool<'_> {
                 let Some(target) = s.capacity.checked_add(grow) else {
                     return false;
                 };
-                if target <= s.blocks.saturating_mul(tpb) {
+                if u64::from(target) <= u64::from(s.blocks) * u64::from(tpb) {
                     s.capacity = s.capacity.max(target);
                     s.last_grow = grow;
                     return true;

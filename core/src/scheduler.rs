@@ -717,10 +717,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 headroom: e.headroom,
                 active: matches!(e.residency, Residency::Active(_)),
             };
-            let pages = match e.task {
-                None => Some(0),
-                Some(t) => self.desk.pages_needed(g.id, t),
+            let task = e.task;
+            let pages = match task {
+                // An active request holds a lease, so its adapter is pinned and was counted when the
+                // pass began (it stays counted while a lease on it lives): nothing to add, no call.
+                Some(t) if !g.active => self.desk.pages_needed(g.id, t),
+                _ => Some(0),
             };
+            debug_assert!(
+                !g.active || task.is_none_or(|t| self.desk.is_counted(t)),
+                "an active request's adapter is counted in the pass budget"
+            );
             let Some(pages) = pages else {
                 break;
             };
