@@ -777,7 +777,7 @@ pub fn measure(s: Scenario, iters: u64) -> Measured {
 }
 
 /// Default timed iterations per scenario of `kvsched bench`.
-pub const DEFAULT_ITERS: u64 = 2000;
+pub const DEFAULT_ITERS: u64 = 10_000;
 
 const BENCH_USAGE: &str = "usage: kvsched bench [--scenario NAME|all] [--iters N] [--json]
   Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).
