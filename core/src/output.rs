@@ -139,7 +139,7 @@ impl<const N: usize> SchedulerOutput<N> {
 /// only those adapters' counters; otherwise a bottom-up merge sort, O(n log n).
 pub(crate) fn sort_by_lora<const N: usize>(
     list: &mut List<N>,
-    scratch: &mut List<N>,
+    scratch: &mut [Listed; N],
     partition: bool,
     adapters_by_id: &[TaskRef],
     counts: &mut [[u32; 2]],
@@ -165,7 +165,7 @@ pub(crate) fn sort_by_lora<const N: usize>(
 /// part. Returns false, changing nothing in `list`, when an entry's bucket is not one of `adapters_by_id`.
 fn counting_sort<const N: usize>(
     list: &mut List<N>,
-    scratch: &mut List<N>,
+    scratch: &mut [Listed; N],
     partition: bool,
     adapters_by_id: &[TaskRef],
     counts: &mut [[u32; 2]],
@@ -205,8 +205,9 @@ fn counting_sort<const N: usize>(
     if acc as usize != list.len() {
         return false;
     }
-    scratch.clear();
-    let _ = scratch.extend_from_slice(list);
+    // One block copy (heapless' extend_from_slice moves element by element).
+    let scratch = &mut scratch[..list.len()];
+    scratch.copy_from_slice(list);
     for l in scratch.iter() {
         let p = part(l);
         let slot = if l.key == 0 {
@@ -222,20 +223,19 @@ fn counting_sort<const N: usize>(
 
 fn merge_sort<const N: usize>(
     list: &mut List<N>,
-    scratch: &mut List<N>,
+    scratch: &mut [Listed; N],
     key: impl Fn(&Listed) -> u64,
 ) {
     let n = list.len();
-    scratch.clear();
-    scratch.extend(core::iter::repeat_n(Listed::default(), n));
+    let scratch = &mut scratch[..n];
     let mut width = 1;
     let mut from_list = true;
     while width < n {
         {
             let (src, dst): (&[Listed], &mut [Listed]) = if from_list {
-                (&list[..], &mut scratch[..])
+                (&list[..], &mut *scratch)
             } else {
-                (&scratch[..], &mut list[..])
+                (&*scratch, &mut list[..])
             };
             let mut lo = 0;
             while lo < n {
@@ -262,8 +262,7 @@ fn merge_sort<const N: usize>(
         width *= 2;
     }
     if !from_list {
-        list.clear();
-        let _ = list.extend_from_slice(scratch);
+        list.copy_from_slice(scratch);
     }
 }
 
@@ -289,7 +288,7 @@ mod tests {
         for (i, k) in [3u64, 1, 0, 2, 1, 0, 3].iter().enumerate() {
             list.push(l(i as u64, *k, i % 2 == 0)).unwrap();
         }
-        let mut scratch = heapless::Vec::new();
+        let mut scratch = [Listed::default(); 16];
         let mut counts = [[0u32; 2]; 8];
         sort_by_lora(&mut list, &mut scratch, false, &[], &mut counts);
         let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
@@ -336,7 +335,7 @@ mod tests {
         }
         let mut by_id = tasks;
         by_id.sort_unstable_by_key(|t| t.id);
-        let mut scratch = heapless::Vec::new();
+        let mut scratch = [Listed::default(); 64];
         let mut counts = [[0u32; 2]; 8];
         for partition in [false, true] {
             let (mut x, mut y) = (a.clone(), b.clone());

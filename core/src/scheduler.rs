@@ -26,7 +26,7 @@ use crate::fmt::trace;
 use crate::id_index::IdIndex;
 use crate::kv::{ContextPrep, KvBackend, KvRef};
 use crate::lease::AdapterDesk;
-use crate::output::{self, List, Listed, SchedulerOutput, NO_BUCKET};
+use crate::output::{self, Listed, SchedulerOutput, NO_BUCKET};
 use crate::phase::Phase;
 use crate::request::{
     Active, KvReturn, Paused, Recompute, Request, RequestId, RequestSpec, Suspended, TaskId,
@@ -203,7 +203,7 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     stall: u32,
     epoch: u32,
     pending: heapless::Vec<u16, N>,
-    scratch: List<N>,
+    scratch: [Listed; N],
     sort_counts: [[u32; 2]; T],
     last: PassStats,
 }
@@ -253,7 +253,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             stall: 0,
             epoch: 0,
             pending: heapless::Vec::new(),
-            scratch: heapless::Vec::new(),
+            scratch: [Listed::default(); N],
             sort_counts: [[0; 2]; T],
             last: PassStats::default(),
         })
