@@ -154,8 +154,13 @@ pub(crate) fn sort_by_lora<const N: usize>(
     if list.windows(2).all(|w| full_key(&w[0]) <= full_key(&w[1])) {
         return;
     }
-    if !adapters_by_id.is_empty() && counting_sort(list, scratch, partition, adapters_by_id, counts)
-    {
+    let counted = !adapters_by_id.is_empty()
+        && if partition {
+            counting_sort::<N, true>(list, scratch, adapters_by_id, counts)
+        } else {
+            counting_sort::<N, false>(list, scratch, adapters_by_id, counts)
+        };
+    if counted {
         return;
     }
     merge_sort(list, scratch, full_key);
@@ -163,14 +168,14 @@ pub(crate) fn sort_by_lora<const N: usize>(
 
 /// The counting sort of [`sort_by_lora`]: bucket "no adapter", then one bucket per adapter in id order, per
 /// part. Returns false, changing nothing in `list`, when an entry's bucket is not one of `adapters_by_id`.
-fn counting_sort<const N: usize>(
+fn counting_sort<const N: usize, const PARTITION: bool>(
     list: &mut List<N>,
     scratch: &mut [Listed; N],
-    partition: bool,
     adapters_by_id: &[TaskRef],
     counts: &mut [[u32; 2]],
 ) -> bool {
-    let part = |l: &Listed| usize::from(partition && l.last);
+    let partition = PARTITION;
+    let part = |l: &Listed| usize::from(PARTITION && l.last);
     let mut plain = [0u32; 2];
     for t in adapters_by_id {
         match counts.get_mut(t.slot as usize) {
