@@ -298,7 +298,10 @@ impl<const T: usize> AdapterPool<T> {
                 self.device_used -= t.pages;
                 self.stats.device_evictions += 1;
                 // A task is evicted at most once before it is loaded again: the log has room for all.
-                let _ = self.device_evicted.push(TaskRef { id: t.id, slot: victim as u16 });
+                let _ = self.device_evicted.push(TaskRef {
+                    id: t.id,
+                    slot: victim as u16,
+                });
             } else {
                 t.on_host = false;
                 self.host_used -= t.pages;
@@ -517,7 +520,13 @@ mod tests {
         p.ensure_batch(&[c], &mut |_| loaded += 1).unwrap();
         assert_eq!(loaded, 1);
         let evicted = p.take_device_evictions();
-        assert_eq!(evicted.iter().map(|t| t.id.0).collect::<heapless::Vec<u64, 4>>(), [1, 2]);
+        assert_eq!(
+            evicted
+                .iter()
+                .map(|t| t.id.0)
+                .collect::<heapless::Vec<u64, 4>>(),
+            [1, 2]
+        );
         assert!(p.take_device_evictions().is_empty(), "the log is drained");
         assert!(p.check());
         // b is paused: its host copy stays.

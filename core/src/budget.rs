@@ -68,19 +68,32 @@ mod tests {
 
     #[test]
     fn tokens_requests_and_chunk_budget() {
-        let cfg = Config { max_num_tokens: Some(10), max_num_requests: 2, ..Config::default() };
+        let cfg = Config {
+            max_num_tokens: Some(10),
+            max_num_requests: 2,
+            ..Config::default()
+        };
         let mut b = Budget::new(&cfg);
         assert!(b.fits(10) && !b.fits(11));
         b.commit(7);
         assert_eq!(b.remaining(), Some(3));
-        assert!(!b.has_chunk_budget(ChunkPolicy::FirstComeFirstServed, 4), "less than a unit left");
-        assert!(b.has_chunk_budget(ChunkPolicy::ForceChunk, 4), "FORCE_CHUNK takes any remainder");
+        assert!(
+            !b.has_chunk_budget(ChunkPolicy::FirstComeFirstServed, 4),
+            "less than a unit left"
+        );
+        assert!(
+            b.has_chunk_budget(ChunkPolicy::ForceChunk, 4),
+            "FORCE_CHUNK takes any remainder"
+        );
         assert!(!b.requests_full());
         b.commit(5); // unchecked last-chunk drafts may overdraw
         assert_eq!(b.remaining(), Some(0));
         assert!(b.requests_full());
         assert!(!b.has_chunk_budget(ChunkPolicy::ForceChunk, 4));
-        let unlimited = Budget::new(&Config { max_num_tokens: None, ..Config::default() });
+        let unlimited = Budget::new(&Config {
+            max_num_tokens: None,
+            ..Config::default()
+        });
         assert!(unlimited.fits(u32::MAX) && unlimited.remaining().is_none());
     }
 }

@@ -290,8 +290,16 @@ mod tests {
         assert_eq!(desk.pinned_pages(), 3, "an adapter is pinned once");
         desk.begin_pass();
         assert_eq!(desk.claimed(), 3);
-        assert_eq!(desk.pages_needed(RequestId(0), a), Some(0), "counted: already pinned");
-        assert_eq!(desk.pages_needed(RequestId(2), b), None, "3 + 2 > 4 device pages");
+        assert_eq!(
+            desk.pages_needed(RequestId(0), a),
+            Some(0),
+            "counted: already pinned"
+        );
+        assert_eq!(
+            desk.pages_needed(RequestId(2), b),
+            None,
+            "3 + 2 > 4 device pages"
+        );
         // One of two leases returned: still pinned.
         let p = desk.release(RequestId(0), l0, true).unwrap();
         assert_eq!(desk.claimed(), 3);
