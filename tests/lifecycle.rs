@@ -409,3 +409,60 @@ fn seeds_bug_self_eviction_returns_and_restores_the_lease() {
 fn seeds_bug_victim_eviction_returns_and_restores_the_lease() {
     seeds_reproduction(true);
 }
+
+/// Two partially prefilled contexts that each need the other's pages (a host tier exists, so the
+/// reference has no context-side preemption and no generation step evicts): the stalled-pass wedge breaker
+/// suspends the younger to the host tier and both finish; the stall never reaches the deadlock threshold.
+#[test]
+fn wedged_partial_contexts_finish_with_a_host_tier() {
+    use kvsched_core::config::{ChunkPolicy, Chunking};
+    let mut mem = KvMemory::new(KvPoolConfig {
+        tokens_per_block: 4,
+        gpu_pages: 8,
+        host_pages: 16,
+        slots: 4,
+        max_blocks: 8,
+    });
+    let cfg = Config {
+        chunking: Some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: 4,
+        }),
+        max_num_tokens: Some(8),
+        max_context_length: Some(4),
+        deadlock_threshold: 3,
+        ..Config::default()
+    };
+    let mut s: Box<Scheduler<_, _, 4, 1>> =
+        Box::new(Scheduler::new(cfg, mem.pool().unwrap(), kvsched_core::NoPeft).unwrap());
+    let mut handles = Vec::new();
+    for id in 0..2 {
+        let mut spec = RequestSpec::new(id, Phase::ContextInit, 20);
+        spec.max_new_tokens = 2;
+        handles.push(s.submit(spec).unwrap());
+    }
+    let mut out: Box<SchedulerOutput<4>> = Box::default();
+    let mut decoded = [0u32; 2];
+    let mut suspensions = 0;
+    for pass in 0..60 {
+        s.schedule(&mut out)
+            .unwrap_or_else(|e| panic!("pass {pass}: {e}"));
+        suspensions += out.paused.len();
+        s.complete_step(&out);
+        for l in out.generation.iter() {
+            decoded[l.id.0 as usize] += 1;
+        }
+        for (i, h) in handles.clone().into_iter().enumerate() {
+            if decoded[i] >= 2 && s.get(h).is_ok() {
+                s.remove(h).unwrap();
+            }
+        }
+        if s.is_empty() {
+            assert!(suspensions >= 1, "the wedge was broken by a suspension");
+            assert!(s.kv().check());
+            assert_eq!(s.kv().gpu_free(), 8);
+            return;
+        }
+    }
+    panic!("wedged: requests left {}", s.len());
+}

@@ -761,7 +761,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             if e.preempted == st.epoch {
                 continue;
             }
-            let _ = e;
             let Some(pages) = self.peft_need(slot) else {
                 continue;
             };
@@ -788,8 +787,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
         }
 
+        let verdict = self.detect_deadlock(&mut st, out);
         self.last = st.stats;
-        self.detect_deadlock(&st, out)?;
+        verdict?;
         self.sort(out);
         trace!(
             "pass: {} gen, {} ctx",
@@ -827,7 +827,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         );
     }
 
-    fn detect_deadlock(&mut self, st: &PassState, out: &SchedulerOutput<N>) -> Result<(), Error> {
+    fn detect_deadlock(
+        &mut self,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> Result<(), Error> {
         let progress = !out.generation.is_empty()
             || !out.context.is_empty()
             || !out.encoder.is_empty()
@@ -860,6 +864,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             self.stall = 0;
             return Ok(());
         }
+        if self.break_context_wedge(st, out) {
+            // An eviction is progress (as every ordinary eviction is). Bounded: each one turns an active
+            // partially prefilled context into a suspended one, and only a scheduled chunk turns one back.
+            self.stall = 0;
+            return Ok(());
+        }
         self.stall += 1;
         if self.stall >= self.cfg.deadlock_threshold {
             crate::fmt::log_warn!("scheduler deadlock after {} stalled passes", self.stall);
@@ -868,6 +878,44 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             });
         }
         Ok(())
+    }
+
+    /// On a stalled pass (beyond the reference): with a tier below the GPU that absorbs suspended pages,
+    /// two or more partially prefilled contexts can each hold pages the others' next chunks need, and the
+    /// reference has nothing to free them (no context-side preemption with a lower tier; only generation
+    /// steps evict). Then the youngest of them is suspended to the lower tier, so the older ones progress
+    /// in the next pass. A productive pass is never disturbed and the oldest context is never the one to
+    /// yield; once one wedged context is left, the stall counts (a wedge this cannot break still ends in
+    /// a deadlock error). Returns whether it suspended one.
+    fn break_context_wedge(&mut self, st: &mut PassState, out: &mut SchedulerOutput<N>) -> bool {
+        if !self.kv.tier_below_gpu()
+            || !self.kv.can_evict()
+            || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
+        {
+            return false;
+        }
+        let wedged = |e: &Entry| {
+            !e.inflight
+                && e.spec.phase.is_context_init()
+                && e.spec.started()
+                && matches!(e.residency, Residency::Active(_))
+        };
+        let mut youngest = None;
+        let mut count = 0;
+        for &s in self.order.iter() {
+            if wedged(self.entry(s)) {
+                count += 1;
+                youngest = Some(s);
+            }
+        }
+        match (count >= 2, youngest) {
+            (true, Some(s)) => {
+                self.suspend(s, st, out);
+                st.stats.victims += 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     // --- Phase 1: the generation ladder (spec §1.5). ---
