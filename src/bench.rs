@@ -779,7 +779,7 @@ pub fn measure(s: Scenario, iters: u64) -> Measured {
 /// Default timed iterations per scenario of `kvsched bench`.
 pub const DEFAULT_ITERS: u64 = 10_000;
 
-const BENCH_USAGE: &str = "usage: kvsched bench [--scenario NAME|all] [--iters N] [--json]
+const BENCH_USAGE: &str = "usage: kvsched bench [[--scenario] NAME|all] [--iters N] [--json]
   Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).
   NAME: S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4, or all (default).
   Prints per scenario the median and p99 ns per iteration, the floor pass's median, the ratio, the
@@ -820,6 +820,15 @@ pub fn cli(args: &[String]) -> ExitCode {
                     return ExitCode::from(2);
                 }
             },
+            // `kvsched bench all` / `kvsched bench S3`: the scenario may also come without --scenario.
+            name if !name.starts_with('-')
+                && (name.eq_ignore_ascii_case("all") || Scenario::parse(name).is_some()) =>
+            {
+                which = match Scenario::parse(name) {
+                    Some(s) => vec![s],
+                    None => Scenario::ALL.to_vec(),
+                };
+            }
             other => {
                 eprintln!("kvsched bench: unknown option {other:?}\n{BENCH_USAGE}");
                 return ExitCode::from(2);

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Extra CI gates beyond the README's test command (called by .ci/run):
+#  1. `kvsched bench all --json`: every scenario runs (each asserts its outcome) with 0 heap allocations
+#     counted during the timed iterations, well inside 30 s;
+#  2. the instruction-count regression gate (gungraun/callgrind, scripts/instruction-gate.sh);
+#  3. a bounded fuzz run of the operation harness (scripts/fuzz-smoke.sh, 30 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "-- kvsched bench all --json"
+start=$(date +%s)
+json=$(cargo run --release -q -- bench all --json)
+elapsed=$(( $(date +%s) - start ))
+printf '%s\n' "$json"
+lines=$(printf '%s\n' "$json" | grep -c '"scenario"')
+nonzero=$(printf '%s\n' "$json" | grep -vc '"allocations":0' || true)
+if [ "$lines" -lt 8 ] || [ "$nonzero" -ne 0 ]; then
+  echo "bench gate: expected 8 scenarios with \"allocations\":0 (got $lines lines, $nonzero with allocations)" >&2
+  exit 1
+fi
+echo "bench gate: 8 scenarios, 0 allocations, ${elapsed} s (including the release build)"
+
+echo "-- instruction-count gate"
+scripts/instruction-gate.sh
+
+echo "-- fuzz smoke"
+scripts/fuzz-smoke.sh 30

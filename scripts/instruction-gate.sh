@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Instruction-count regression gate: runs the gungraun benches (callgrind instruction counts, deterministic
+# for a given toolchain and build) and compares each scenario's count with benches/instructions-baseline.txt.
+# A count more than TOLERANCE_PCT (default 5) percent above its baseline fails the gate; a count more than
+# that below it is reported so the baseline can be lowered (`scripts/instruction-gate.sh --update` rewrites it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+baseline=benches/instructions-baseline.txt
+tolerance=${TOLERANCE_PCT:-5}
+if ! command -v valgrind >/dev/null; then
+  echo "instruction gate: valgrind is not installed" >&2
+  exit 1
+fi
+if ! command -v gungraun-runner >/dev/null || ! gungraun-runner --version 2>/dev/null | grep -q '0\.20\.0'; then
+  cargo install gungraun-runner --version 0.20.0 --locked
+fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo bench --bench instructions >"$log" 2>&1 || { cat "$log"; exit 1; }
+# "instructions::iteration::s1_256 start:(…)" followed by "  Instructions:   47611|…"
+current=$(awk '/^instructions::/ { name=$1 } /^  Instructions:/ { split($2, a, "|"); print name, a[1] }' "$log")
+if [ "${1:-}" = "--update" ]; then
+  printf '%s\n' "$current" >"$baseline"
+  echo "instruction gate: baseline rewritten ($(wc -l <"$baseline") benches)"
+  exit 0
+fi
+status=0
+while read -r name count; do
+  base=$(awk -v n="$name" '$1 == n { print $2 }' "$baseline")
+  if [ -z "$base" ]; then
+    echo "NEW   $name $count (not in the baseline)"
+    continue
+  fi
+  pct=$(awk -v c="$count" -v b="$base" 'BEGIN { printf "%+.2f", (c - b) * 100 / b }')
+  if awk -v c="$count" -v b="$base" -v t="$tolerance" 'BEGIN { exit !(c > b * (1 + t / 100)) }'; then
+    echo "WORSE $name $count vs $base ($pct %)"
+    status=1
+  elif awk -v c="$count" -v b="$base" -v t="$tolerance" 'BEGIN { exit !(c < b * (1 - t / 100)) }'; then
+    echo "BETTER $name $count vs $base ($pct %): lower the baseline with --update"
+  else
+    echo "ok    $name $count vs $base ($pct %)"
+  fi
+done <<<"$current"
+[ "$status" -eq 0 ] && echo "instruction gate: no scenario regressed by more than $tolerance %"
+exit "$status"
