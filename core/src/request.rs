@@ -192,6 +192,15 @@ pub struct Resumed {
     lease: Option<AdapterLease>,
 }
 
+impl<M> Suspended<M> {
+    fn new(paused_on: Option<PausedOn>) -> Self {
+        Self {
+            paused_on,
+            _m: PhantomData,
+        }
+    }
+}
+
 impl sealed::Sealed for Waiting {}
 impl sealed::Sealed for Active {}
 impl<M> sealed::Sealed for Suspended<M> {}
@@ -318,15 +327,7 @@ impl Request<Waiting> {
     pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
         kv.free(self.kv);
         let (kv, task, _) = self.into_parts();
-        Self::build(
-            kv,
-            task,
-            Suspended {
-                paused_on: None,
-                _m: PhantomData,
-            },
-            true,
-        )
+        Self::build(kv, task, Suspended::new(None), true)
     }
 }
 
@@ -347,15 +348,7 @@ impl Request<Active> {
         let id = self.id();
         let (kv, task, state) = self.into_parts();
         let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
-        Self::build(
-            kv,
-            task,
-            Suspended {
-                paused_on,
-                _m: PhantomData,
-            },
-            true,
-        )
+        Self::build(kv, task, Suspended::new(paused_on), true)
     }
 
     /// (4) Destructive recompute pause: KV freed, lease returned with pause = true.
@@ -385,15 +378,7 @@ impl Request<Active> {
         let id = self.id();
         let (kv, task, state) = self.into_parts();
         let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
-        Self::build(
-            kv,
-            task,
-            Suspended {
-                paused_on,
-                _m: PhantomData,
-            },
-            true,
-        )
+        Self::build(kv, task, Suspended::new(paused_on), true)
     }
 
     /// (8) Finish: KV freed, lease returned with pause = false.
@@ -428,15 +413,7 @@ impl Request<Suspended<Paused>> {
     /// Adoption of a suspended cache with the request's paused registration.
     pub(crate) fn adopt_suspended_with(w: Request<Waiting>, paused_on: Option<PausedOn>) -> Self {
         let (kv, task, _) = w.into_parts();
-        Self::build(
-            kv,
-            task,
-            Suspended {
-                paused_on,
-                _m: PhantomData,
-            },
-            true,
-        )
+        Self::build(kv, task, Suspended::new(paused_on), true)
     }
 
     /// (3) Resume: the pass brought the KV back (`how`); the desk mints a fresh lease, consuming the
@@ -459,15 +436,7 @@ impl Request<Suspended<Paused>> {
                         kv.revert_allocate_generation(r);
                     }
                     kv.suspend(r);
-                    let request = Self::build(
-                        r,
-                        task,
-                        Suspended {
-                            paused_on,
-                            _m: PhantomData,
-                        },
-                        true,
-                    );
+                    let request = Self::build(r, task, Suspended::new(paused_on), true);
                     return Err(Refused { request, error });
                 }
             },
@@ -487,15 +456,7 @@ impl Request<Suspended<Paused>> {
     pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
         kv.free(self.kv);
         let (kv, task, state) = self.into_parts();
-        Self::build(
-            kv,
-            task,
-            Suspended {
-                paused_on: state.paused_on,
-                _m: PhantomData,
-            },
-            true,
-        )
+        Self::build(kv, task, Suspended::new(state.paused_on), true)
     }
 
     /// (7) Context-side preemption of a suspended request whose pages are HELD on the GPU (no lower
@@ -503,15 +464,7 @@ impl Request<Suspended<Paused>> {
     pub fn preempt<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
         kv.preempt(self.kv);
         let (kv, task, state) = self.into_parts();
-        Self::build(
-            kv,
-            task,
-            Suspended {
-                paused_on: state.paused_on,
-                _m: PhantomData,
-            },
-            true,
-        )
+        Self::build(kv, task, Suspended::new(state.paused_on), true)
     }
 
     /// (8) Finish while suspended: KV freed, paused registration dropped.
@@ -547,15 +500,7 @@ impl Request<Suspended<Recompute>> {
             (Some(t), paused) => match desk.acquire(id, t, paused) {
                 Ok(l) => Some(l),
                 Err((paused_on, error)) => {
-                    let request = Self::build(
-                        r,
-                        task,
-                        Suspended {
-                            paused_on,
-                            _m: PhantomData,
-                        },
-                        true,
-                    );
+                    let request = Self::build(r, task, Suspended::new(paused_on), true);
                     return Err(Refused { request, error });
                 }
             },
