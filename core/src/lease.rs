@@ -258,6 +258,17 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         first
     }
 
+    /// [`Self::commit`] for a task already counted in this pass (an active request's: pinned by its
+    /// lease), which adds no pages.
+    #[inline]
+    pub fn commit_counted(&mut self, task: TaskRef) -> bool {
+        let s = task.slot as usize;
+        debug_assert!(self.counted[s] == self.epoch, "the task is counted");
+        let first = self.scheduled[s] != self.epoch;
+        self.scheduled[s] = self.epoch;
+        first
+    }
+
     /// Pages claimed so far in this pass.
     pub fn claimed(&self) -> u32 {
         self.claimed

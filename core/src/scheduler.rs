@@ -148,6 +148,26 @@ pub enum Adopt {
     Suspended,
 }
 
+/// What the decode fast path did with a request.
+#[derive(Clone, Copy)]
+enum Fast {
+    Scheduled,
+    Skip,
+    Stop,
+    Refused(Refusal),
+    /// Not an active decode step: the general path handles it.
+    General,
+}
+
+/// A refused decode step, for the ladder.
+#[derive(Clone, Copy)]
+struct Refusal {
+    grow: u32,
+    after: u32,
+    tokens: u32,
+    beam: u32,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Scheduled,
@@ -675,13 +695,28 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let mut i = 0;
         while i < st.end {
             let slot = self.order[i];
+            // The common case first: an active request's decode step, in one table lookup.
+            match self.decode_step(slot, &mut budget, &mut st, out) {
+                Fast::Scheduled | Fast::Skip => {
+                    i += 1;
+                    continue;
+                }
+                Fast::Stop => break,
+                Fast::Refused(r) => {
+                    if self.decode_refused(i, slot, r, &mut budget, &mut st, out) == Step::Stop {
+                        break;
+                    }
+                    i += 1;
+                    continue;
+                }
+                Fast::General => {}
+            }
             let e = self.entry(slot);
             if e.recomputed == st.epoch || e.inflight {
                 i += 1;
                 continue;
             }
             let phase = e.spec.phase;
-            // The common case first: a decode step (always inside the window).
             if phase == Phase::GenerationInProgress {
                 if budget.requests_full() {
                     break;
@@ -980,6 +1015,96 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
         budget.commit(tokens);
         st.beam = beam;
+        Step::Scheduled
+    }
+
+    /// An active request's decode step (the common case of phase 1), in one table lookup: the same
+    /// checks, in the same order, as the general path ([`Self::try_generation`]) takes for it. `General`
+    /// when the request is not an active, schedulable `GENERATION_IN_PROGRESS` one (nothing was
+    /// touched); `Refused` when its one KV attempt was refused (the ladder is next).
+    #[inline(always)]
+    fn decode_step(
+        &mut self,
+        slot: u16,
+        budget: &mut Budget,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> Fast {
+        let Self {
+            table, kv, desk, ..
+        } = self;
+        let e = live(table.at_mut(slot));
+        if e.recomputed == st.epoch || e.inflight {
+            return Fast::Skip;
+        }
+        if e.spec.phase != Phase::GenerationInProgress {
+            return Fast::General;
+        }
+        let Residency::Active(r) = &e.residency else {
+            return Fast::General;
+        };
+        if budget.requests_full() {
+            return Fast::Stop;
+        }
+        // An active request holds a lease, so its adapter is pinned and was counted when the pass
+        // began: its adapter adds no pages and needs no budget query.
+        debug_assert!(
+            e.task.is_none_or(|t| desk.is_counted(t)),
+            "an active request's adapter is counted in the pass budget"
+        );
+        let (beam, draft, headroom) = (e.spec.beam, e.spec.draft, e.headroom);
+        // No overflow: admission and `update` keep beam (at least 1) + draft within u32.
+        let tokens = beam + draft;
+        if !budget.fits(tokens) {
+            return Fast::Stop;
+        }
+        if st.beam != 0 && st.beam != beam {
+            return Fast::Skip;
+        }
+        // See `try_generation`: a step inside a GUARANTEED_NO_EVICT reservation asks for no tokens.
+        let step = draft + 1;
+        let grow = step.saturating_sub(headroom);
+        let after = headroom.saturating_sub(step);
+        if !kv.try_allocate_generation(r.kv_ref(), grow) {
+            return Fast::Refused(Refusal {
+                grow,
+                after,
+                tokens,
+                beam,
+            });
+        }
+        e.scheduled = st.epoch;
+        e.headroom = after;
+        out.push_generation(r, e.key);
+        if let Some(t) = e.task {
+            if desk.commit_counted(t) {
+                let _ = out.adapters.push(t);
+            }
+        }
+        budget.commit(tokens);
+        st.beam = beam;
+        Fast::Scheduled
+    }
+
+    /// An active request whose decode step was refused: the generation ladder (spec §1.5 steps 5–7).
+    #[cold]
+    #[inline(never)]
+    fn decode_refused(
+        &mut self,
+        i: usize,
+        slot: u16,
+        r: Refusal,
+        budget: &mut Budget,
+        st: &mut PassState,
+        out: &mut SchedulerOutput<N>,
+    ) -> Step {
+        if let Some(refused) = self.generation_ladder(i, r.grow, st, out) {
+            return refused;
+        }
+        let Self { table, desk, .. } = self;
+        Self::scheduled_generation(live(table.at_mut(slot)), desk, st.epoch, r.after, 0, out);
+        budget.commit(r.tokens);
+        st.beam = r.beam;
         Step::Scheduled
     }
 
