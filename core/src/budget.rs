@@ -7,6 +7,8 @@ use crate::config::{ChunkPolicy, Config};
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {
     limit: Option<u32>,
+    /// The token limit, `u64::MAX` when unlimited (so `fits` needs no branch on the option).
+    cap: u64,
     used: u64,
     requests: u32,
     max_requests: u32,
@@ -17,6 +19,7 @@ impl Budget {
     pub fn new(cfg: &Config) -> Self {
         Self {
             limit: cfg.max_num_tokens,
+            cap: cfg.max_num_tokens.map_or(u64::MAX, u64::from),
             used: 0,
             requests: 0,
             max_requests: cfg.max_num_requests,
@@ -25,7 +28,9 @@ impl Budget {
     /// `n` more tokens fit.
     #[inline]
     pub fn fits(&self, n: u32) -> bool {
-        self.limit.is_none_or(|l| self.used + n as u64 <= l as u64)
+        // No overflow: `used` is a sum of u32 token counts, one per scheduled request (at most 2^16
+        // of them), far below u64::MAX - u32::MAX.
+        self.used + n as u64 <= self.cap
     }
     /// Tokens left (`None` = unlimited).
     #[inline]

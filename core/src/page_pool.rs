@@ -504,7 +504,8 @@ impl KvBackend for KvPool<'_> {
                     return false;
                 };
                 if u64::from(target) <= u64::from(s.blocks) * u64::from(tpb) {
-                    s.capacity = s.capacity.max(target);
+                    // target >= capacity: the checked sum did not overflow.
+                    s.capacity = target;
                     s.last_grow = grow;
                     return true;
                 }
