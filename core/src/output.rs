@@ -166,6 +166,25 @@ pub(crate) fn sort_by_lora<const N: usize>(
     merge_sort(list, scratch, full_key);
 }
 
+/// [`sort_by_lora`] without partition, for a list counted as it was filled: `counts[slot][0]` holds the
+/// entries of each task of `adapters_by_id`, `plain` those without an adapter. If the counts do not
+/// account for every entry (an entry with a key but no bucket), the list is counted again as
+/// [`sort_by_lora`] does.
+pub(crate) fn sort_counted<const N: usize>(
+    list: &mut List<N>,
+    scratch: &mut [Listed; N],
+    adapters_by_id: &[TaskRef],
+    counts: &mut [[u32; 2]],
+    plain: u32,
+) {
+    if list.windows(2).all(|w| w[0].key <= w[1].key) {
+        return;
+    }
+    if !place::<N, false>(list, scratch, adapters_by_id, counts, [plain, 0]) {
+        sort_by_lora(list, scratch, false, adapters_by_id, counts);
+    }
+}
+
 /// The counting sort of [`sort_by_lora`]: bucket "no adapter", then one bucket per adapter in id order, per
 /// part. Returns false, changing nothing in `list`, when an entry's bucket is not one of `adapters_by_id`.
 fn counting_sort<const N: usize, const PARTITION: bool>(
@@ -174,7 +193,6 @@ fn counting_sort<const N: usize, const PARTITION: bool>(
     adapters_by_id: &[TaskRef],
     counts: &mut [[u32; 2]],
 ) -> bool {
-    let partition = PARTITION;
     let part = |l: &Listed| usize::from(PARTITION && l.last);
     let mut plain = [0u32; 2];
     for t in adapters_by_id {
@@ -193,10 +211,29 @@ fn counting_sort<const N: usize, const PARTITION: bool>(
             }
         }
     }
+    place::<N, PARTITION>(list, scratch, adapters_by_id, counts, plain)
+}
+
+/// The placement of the counting sort, from the counts (`counts[slot]` for the tasks of `adapters_by_id`,
+/// `plain` for the entries without an adapter). Returns false, changing nothing in `list`, when the counts
+/// do not add up to the list's length.
+fn place<const N: usize, const PARTITION: bool>(
+    list: &mut List<N>,
+    scratch: &mut [Listed; N],
+    adapters_by_id: &[TaskRef],
+    counts: &mut [[u32; 2]],
+    mut plain: [u32; 2],
+) -> bool {
+    let part = |l: &Listed| usize::from(PARTITION && l.last);
+    for t in adapters_by_id {
+        if counts.get(t.slot as usize).is_none() {
+            return false;
+        }
+    }
     // Start offsets, in place: part 0 (no adapter, adapters by id), then part 1. An entry whose bucket
     // is not in the plan was counted in a stale counter the prefix never visits: the total falls short.
     let mut acc = 0u32;
-    for p in 0..if partition { 2 } else { 1 } {
+    for p in 0..if PARTITION { 2 } else { 1 } {
         let c = plain[p];
         plain[p] = acc;
         acc += c;
@@ -302,6 +339,56 @@ mod tests {
         let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
         // Non-final (odd ids) first, each part by key.
         assert_eq!(&ids[..], &[5, 1, 3, 2, 4, 0, 6]);
+    }
+
+    #[test]
+    fn precounted_sort_matches_and_falls_back() {
+        let tasks = [
+            TaskRef {
+                id: TaskId(2),
+                slot: 1,
+            },
+            TaskRef {
+                id: TaskId(5),
+                slot: 0,
+            },
+        ];
+        let mut a: List<64> = heapless::Vec::new();
+        let (mut plain, mut counts) = (0u32, [[0u32; 2]; 8]);
+        for i in 0..30u64 {
+            let t = (i * 7 % 3) as usize;
+            let (key, bucket) = if t == 2 {
+                plain += 1;
+                (0, NO_BUCKET)
+            } else {
+                counts[tasks[t].slot as usize][0] += 1;
+                (tasks[t].id.0 + 1, tasks[t].slot)
+            };
+            a.push(Listed {
+                id: RequestId(i),
+                slot: i as u16,
+                key,
+                bucket,
+                ..Listed::default()
+            })
+            .unwrap();
+        }
+        let mut scratch = [Listed::default(); 64];
+        let mut expect = a.clone();
+        let mut fresh = [[0u32; 2]; 8];
+        sort_by_lora(&mut expect, &mut scratch, false, &tasks, &mut fresh);
+        let mut got = a.clone();
+        sort_counted(&mut got, &mut scratch, &tasks, &mut counts, plain);
+        assert_eq!(got, expect);
+        // Counts that miss an entry (a key without a bucket): counted again, same order.
+        let mut b = a.clone();
+        b[3].bucket = NO_BUCKET;
+        let mut expect = b.clone();
+        sort_by_lora(&mut expect, &mut scratch, false, &tasks, &mut fresh);
+        let mut got = b.clone();
+        let mut short = [[0u32; 2]; 8];
+        sort_counted(&mut got, &mut scratch, &tasks, &mut short, plain);
+        assert_eq!(got, expect);
     }
 
     #[test]

@@ -224,7 +224,11 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     epoch: u32,
     pending: heapless::Vec<u16, N>,
     scratch: [Listed; N],
+    /// Per adapter task slot, `[part 0, part 1]` counters of the LoRA sort; the generation list's part 0
+    /// is counted as it is filled (reset when the task enters the pass's adapter plan).
     sort_counts: [[u32; 2]; T],
+    /// Generation entries without an adapter, counted as the list is filled.
+    gen_plain: u32,
     last: PassStats,
 }
 
@@ -254,6 +258,24 @@ fn live<E>(e: Option<E>) -> E {
     }
 }
 
+/// A task enters the pass's adapter plan (the first request scheduled on it): listed, and its sort
+/// counters start from 0.
+#[inline(always)]
+fn enter_plan<const N: usize>(t: TaskRef, counts: &mut [[u32; 2]], out: &mut SchedulerOutput<N>) {
+    if let Some(c) = counts.get_mut(t.slot as usize) {
+        *c = [0, 0];
+    }
+    let _ = out.adapters.push(t);
+}
+
+/// Counts a generation entry on task `t` (in the plan) for the LoRA sort.
+#[inline(always)]
+fn count_in(counts: &mut [[u32; 2]], t: TaskRef) {
+    if let Some(c) = counts.get_mut(t.slot as usize) {
+        c[0] += 1;
+    }
+}
+
 /// Sort key: 0 without an adapter, 1 + task id with one.
 fn lora_key(lora: Option<TaskId>) -> u64 {
     lora.map_or(0, |t| t.0.saturating_add(1))
@@ -275,6 +297,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             pending: heapless::Vec::new(),
             scratch: [Listed::default(); N],
             sort_counts: [[0; 2]; T],
+            gen_plain: 0,
             last: PassStats::default(),
         })
     }
@@ -666,7 +689,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     fn commit_peft(&mut self, slot: u16, pages: u32, out: &mut SchedulerOutput<N>) {
         if let Some(t) = self.entry(slot).task {
             if self.desk.commit(t, pages) {
-                let _ = out.adapters.push(t);
+                enter_plan(t, &mut self.sort_counts, out);
             }
         }
     }
@@ -689,6 +712,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         };
         let mut budget = Budget::new(&self.cfg);
         self.pending.clear();
+        self.gen_plain = 0;
 
         // Phase 1: generation and disaggregated generation init; context and encoder are deferred.
         let window = self.cfg.window;
@@ -838,12 +862,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if out.adapters.len() > 1 {
             out.adapters.sort_unstable_by_key(|t| t.id);
         }
-        output::sort_by_lora(
+        // The generation list was counted as it was filled: no counting pass.
+        output::sort_counted(
             &mut out.generation,
             &mut self.scratch,
-            false,
             &out.adapters,
             &mut self.sort_counts,
+            self.gen_plain,
         );
         output::sort_by_lora(
             &mut out.encoder,
@@ -992,13 +1017,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         // The common case, an active request: one table lookup for the whole step, the KV call in
         // between, no residency dispatch.
         let done = active && {
-            let Self {
-                table, kv, desk, ..
-            } = self;
-            let e = live(table.at_mut(slot));
-            let ok = kv.try_allocate_generation(KvRef { slot, id }, grow);
+            let ok = self.kv.try_allocate_generation(KvRef { slot, id }, grow);
             if ok {
-                Self::scheduled_generation(e, desk, st.epoch, after, pages, out);
+                self.scheduled_generation(slot, st.epoch, after, pages, out);
             }
             ok
         };
@@ -1010,8 +1031,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     return refused;
                 }
             }
-            let Self { table, desk, .. } = self;
-            Self::scheduled_generation(live(table.at_mut(slot)), desk, st.epoch, after, pages, out);
+            self.scheduled_generation(slot, st.epoch, after, pages, out);
         }
         budget.commit(tokens);
         st.beam = beam;
@@ -1031,7 +1051,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         out: &mut SchedulerOutput<N>,
     ) -> Fast {
         let Self {
-            table, kv, desk, ..
+            table,
+            kv,
+            desk,
+            sort_counts,
+            gen_plain,
+            ..
         } = self;
         let e = live(table.at_mut(slot));
         if e.recomputed == st.epoch || e.inflight {
@@ -1076,10 +1101,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         e.scheduled = st.epoch;
         e.headroom = after;
         out.push_generation(r, e.key);
-        if let Some(t) = e.task {
-            if desk.commit_counted(t) {
-                let _ = out.adapters.push(t);
+        match e.task {
+            Some(t) => {
+                if desk.commit_counted(t) {
+                    enter_plan(t, sort_counts, out);
+                }
+                count_in(sort_counts, t);
             }
+            None => *gen_plain += u32::from(e.key == 0),
         }
         budget.commit(tokens);
         st.beam = beam;
@@ -1101,8 +1130,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if let Some(refused) = self.generation_ladder(i, r.grow, st, out) {
             return refused;
         }
-        let Self { table, desk, .. } = self;
-        Self::scheduled_generation(live(table.at_mut(slot)), desk, st.epoch, r.after, 0, out);
+        self.scheduled_generation(slot, st.epoch, r.after, 0, out);
         budget.commit(r.tokens);
         st.beam = r.beam;
         Step::Scheduled
@@ -1111,23 +1139,35 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// Lists a generation request whose KV step succeeded, stamps it and commits its adapter.
     #[inline(always)]
     fn scheduled_generation(
-        e: &mut Entry,
-        desk: &mut AdapterDesk<P, T>,
+        &mut self,
+        slot: u16,
         epoch: u32,
         headroom: u32,
         pages: u32,
         out: &mut SchedulerOutput<N>,
     ) {
+        let Self {
+            table,
+            desk,
+            sort_counts,
+            gen_plain,
+            ..
+        } = self;
+        let e = live(table.at_mut(slot));
         e.scheduled = epoch;
         e.headroom = headroom;
         match &e.residency {
             Residency::Active(r) => out.push_generation(r, e.key),
             _ => unreachable!("a scheduled generation request is active"),
         }
-        if let Some(t) = e.task {
-            if desk.commit(t, pages) {
-                let _ = out.adapters.push(t);
+        match e.task {
+            Some(t) => {
+                if desk.commit(t, pages) {
+                    enter_plan(t, sort_counts, out);
+                }
+                count_in(sort_counts, t);
             }
+            None => *gen_plain += u32::from(e.key == 0),
         }
     }
 
