@@ -4,7 +4,7 @@
 //! [`crate::request::Resumed`]); a suspended request cannot be put in a batch.
 
 use crate::adapter::TaskRef;
-use crate::request::{Request, RequestId, Schedulable};
+use crate::request::{Request, RequestId, Schedulable, TaskId};
 
 /// One listed request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -17,8 +17,10 @@ pub struct Listed {
     pub chunk: u32,
     /// Context: this chunk ends the prompt.
     pub last: bool,
-    /// LoRA sort key: 0 without an adapter, 1 + task id with one.
+    /// LoRA task id (0 without an adapter; see `lora`).
     pub key: u64,
+    /// The request has a LoRA adapter (sort key: no adapter first, then ascending task id).
+    pub lora: bool,
     /// Adapter task slot (`u16::MAX` when none).
     pub bucket: u16,
 }
@@ -91,7 +93,7 @@ impl<const N: usize> SchedulerOutput<N> {
     }
 
     /// Adds a decode step for a schedulable request.
-    pub fn push_generation<S: Schedulable>(&mut self, request: &Request<S>, key: u64) {
+    pub fn push_generation<S: Schedulable>(&mut self, request: &Request<S>, lora: Option<TaskId>) {
         let r = request.kv_ref();
         let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
         // Cannot overflow: at most one entry per live request, and the table holds N.
@@ -100,7 +102,8 @@ impl<const N: usize> SchedulerOutput<N> {
             slot: r.slot,
             chunk: 0,
             last: false,
-            key,
+            key: lora.map_or(0, |t| t.0),
+            lora: lora.is_some(),
             bucket,
         });
     }
@@ -111,7 +114,7 @@ impl<const N: usize> SchedulerOutput<N> {
         request: &Request<S>,
         chunk: u32,
         last: bool,
-        key: u64,
+        lora: Option<TaskId>,
     ) {
         let r = request.kv_ref();
         let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
@@ -121,7 +124,8 @@ impl<const N: usize> SchedulerOutput<N> {
             slot: r.slot,
             chunk,
             last,
-            key,
+            key: lora.map_or(0, |t| t.0),
+            lora: lora.is_some(),
             bucket,
         });
     }
@@ -130,6 +134,12 @@ impl<const N: usize> SchedulerOutput<N> {
     pub fn ids(list: &List<N>) -> impl Iterator<Item = u64> + '_ {
         list.iter().map(|l| l.id.0)
     }
+}
+
+/// The LoRA sort key (spec §1.13): (0, 0) without an adapter, (1, task id) with one, as one integer.
+#[inline]
+pub(crate) fn lora_key(l: &Listed) -> u128 {
+    (u128::from(l.lora) << 64) | u128::from(l.key)
 }
 
 /// Sorts `list` stably by LoRA key (no adapter first, then ascending task id); with `partition`, non-final
@@ -146,9 +156,9 @@ pub(crate) fn sort_by_lora<const N: usize>(
 ) {
     let full_key = |l: &Listed| {
         if partition {
-            ((l.last as u64) << 63) | l.key
+            (u128::from(l.last) << 65) | lora_key(l)
         } else {
-            l.key
+            lora_key(l)
         }
     };
     if list.windows(2).all(|w| full_key(&w[0]) <= full_key(&w[1])) {
@@ -177,7 +187,7 @@ pub(crate) fn sort_counted<const N: usize>(
     counts: &mut [[u32; 2]],
     plain: u32,
 ) {
-    if list.windows(2).all(|w| w[0].key <= w[1].key) {
+    if list.windows(2).all(|w| lora_key(&w[0]) <= lora_key(&w[1])) {
         return;
     }
     if !place::<N, false>(list, scratch, adapters_by_id, counts, [plain, 0]) {
@@ -202,7 +212,7 @@ fn counting_sort<const N: usize, const PARTITION: bool>(
         }
     }
     for l in list.iter() {
-        if l.key == 0 {
+        if !l.lora {
             plain[part(l)] += 1;
         } else {
             match counts.get_mut(l.bucket as usize) {
@@ -252,7 +262,7 @@ fn place<const N: usize, const PARTITION: bool>(
     scratch.copy_from_slice(list);
     for l in scratch.iter() {
         let p = part(l);
-        let slot = if l.key == 0 {
+        let slot = if !l.lora {
             &mut plain[p]
         } else {
             &mut counts[l.bucket as usize][p]
@@ -266,7 +276,7 @@ fn place<const N: usize, const PARTITION: bool>(
 fn merge_sort<const N: usize>(
     list: &mut List<N>,
     scratch: &mut [Listed; N],
-    key: impl Fn(&Listed) -> u64,
+    key: impl Fn(&Listed) -> u128,
 ) {
     let n = list.len();
     let scratch = &mut scratch[..n];
@@ -311,15 +321,16 @@ fn merge_sort<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::TaskId;
 
+    /// Test keys: 0 = no adapter, k > 0 = task k - 1.
     fn l(id: u64, key: u64, last: bool) -> Listed {
         Listed {
             id: RequestId(id),
             slot: id as u16,
             chunk: 0,
             last,
-            key,
+            key: key.saturating_sub(1),
+            lora: key > 0,
             bucket: NO_BUCKET,
         }
     }
@@ -362,12 +373,13 @@ mod tests {
                 (0, NO_BUCKET)
             } else {
                 counts[tasks[t].slot as usize][0] += 1;
-                (tasks[t].id.0 + 1, tasks[t].slot)
+                (tasks[t].id.0, tasks[t].slot)
             };
             a.push(Listed {
                 id: RequestId(i),
                 slot: i as u16,
                 key,
+                lora: t != 2,
                 bucket,
                 ..Listed::default()
             })
@@ -380,7 +392,7 @@ mod tests {
         let mut got = a.clone();
         sort_counted(&mut got, &mut scratch, &tasks, &mut counts, plain);
         assert_eq!(got, expect);
-        // Counts that miss an entry (a key without a bucket): counted again, same order.
+        // Counts that miss an entry (an adapter without a bucket): counted again, same order.
         let mut b = a.clone();
         b[3].bucket = NO_BUCKET;
         let mut expect = b.clone();
@@ -409,7 +421,7 @@ mod tests {
             let (key, bucket) = if t == 2 {
                 (0, NO_BUCKET)
             } else {
-                (tasks[t].id.0 + 1, tasks[t].slot)
+                (tasks[t].id.0, tasks[t].slot)
             };
             a.push(Listed {
                 id: RequestId(i),
@@ -417,6 +429,7 @@ mod tests {
                 chunk: 0,
                 last: i % 3 == 0,
                 key,
+                lora: t != 2,
                 bucket,
             })
             .unwrap();

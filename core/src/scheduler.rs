@@ -79,7 +79,7 @@ pub struct Entry {
     spec: RequestSpec,
     residency: Residency,
     task: Option<TaskRef>,
-    key: u64,
+    lora: Option<TaskId>,
     inflight: bool,
     // Per-pass stamps: equal to the pass epoch when true in this pass.
     scheduled: u32,
@@ -105,7 +105,7 @@ impl Entry {
             Residency::Moving => 0xffu8.hash(h),
         }
         self.task.hash(h);
-        self.key.hash(h);
+        self.lora.hash(h);
         self.inflight.hash(h);
         self.scheduled.hash(h);
         self.recomputed.hash(h);
@@ -208,7 +208,10 @@ struct PassState {
     beam: u32,
     evictions: u32,
     recomputes: u32,
-    no_preempt_candidate: bool,
+    /// After a preemption scan that found no candidate: the only request that can have become one since
+    /// (that scan's requester, which it had to skip), or `usize::MAX` for none. Candidates only disappear
+    /// during a pass otherwise (scheduled requests are protected, preempted ones are gone).
+    preempt_only: Option<usize>,
 }
 
 /// The scheduler: a request table of `N` slots over a KV backend `K` and an adapter backend `P` with `T`
@@ -274,11 +277,6 @@ fn count_in(counts: &mut [[u32; 2]], t: TaskRef) {
     if let Some(c) = counts.get_mut(t.slot as usize) {
         c[0] += 1;
     }
-}
-
-/// Sort key: 0 without an adapter, 1 + task id with one.
-fn lora_key(lora: Option<TaskId>) -> u64 {
-    lora.map_or(0, |t| t.0.saturating_add(1))
 }
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, P, N, T> {
@@ -442,12 +440,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
         let task = self.check_spec(&spec)?;
         // Insert first (so the slot is known), then build the type-state.
-        let key = lora_key(spec.lora);
+        let lora = spec.lora;
         let entry = Entry {
             spec,
             residency: Residency::Moving,
             task,
-            key,
+            lora,
             inflight: false,
             scheduled: 0,
             recomputed: 0,
@@ -658,7 +656,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             slot,
             chunk: 0,
             last: false,
-            key: e.key,
+            key: e.lora.map_or(0, |t| t.0),
+            lora: e.lora.is_some(),
             bucket: e.task.map_or(NO_BUCKET, |t| t.slot),
         }
     }
@@ -686,6 +685,42 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
     }
 
+    /// A disaggregated generation request whose KV was prepared becomes `Active` (admission, with its
+    /// lease); an already active one stays so. If the lease is refused, the prepared cache is released.
+    fn admit_disagg(&mut self, slot: u16) -> bool {
+        let r = self.kv_ref(slot);
+        let admitted = match self.take(slot) {
+            Residency::Waiting(w) => w
+                .admit(&self.kv, &mut self.desk)
+                .map(Residency::Active)
+                .map_err(|x| Residency::Waiting(x.request)),
+            Residency::Recompute(rc) => rc
+                .replay(&self.kv, &mut self.desk)
+                .map(Residency::Active)
+                .map_err(|x| Residency::Recompute(x.request)),
+            Residency::Paused(p) => p
+                .resume(&mut self.kv, &mut self.desk, KvReturn::Context)
+                .map(|x| Residency::Active(x.settle()))
+                .map_err(|x| Residency::Paused(x.request)),
+            active @ Residency::Active(_) => Ok(active),
+            Residency::Moving => unreachable!(),
+        };
+        match admitted {
+            Ok(res) => {
+                self.put(slot, res);
+                true
+            }
+            Err(res) => {
+                let paused = matches!(res, Residency::Paused(_));
+                self.put(slot, res);
+                if !paused && self.kv.has_cache(r) {
+                    self.kv.free(r);
+                }
+                false
+            }
+        }
+    }
+
     fn commit_peft(&mut self, slot: u16, pages: u32, out: &mut SchedulerOutput<N>) {
         if let Some(t) = self.entry(slot).task {
             if self.desk.commit(t, pages) {
@@ -708,7 +743,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             beam: 0,
             evictions: 0,
             recomputes: 0,
-            no_preempt_candidate: false,
+            preempt_only: None,
         };
         let mut budget = Budget::new(&self.cfg);
         self.pending.clear();
@@ -751,10 +786,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     break;
                 };
                 let r = self.kv_ref(slot);
-                if self.kv.prepare_disagg_gen_init(r, cap) {
-                    let l = self.listed(slot);
-                    let _ = out.disagg.push(l);
-                    self.commit_peft(slot, pages, out);
+                if self.lease_obtainable(slot) && self.kv.prepare_disagg_gen_init(r, cap) {
+                    // The transferred prompt's KV is in place: the request owns it (and its adapter
+                    // lease) from now on, so when its transfer completes it takes the generation path
+                    // as an ordinary active request.
+                    if self.admit_disagg(slot) {
+                        let l = self.listed(slot);
+                        let _ = out.disagg.push(l);
+                        self.commit_peft(slot, pages, out);
+                    }
                 }
                 i += 1;
                 continue;
@@ -1100,7 +1140,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
         e.scheduled = st.epoch;
         e.headroom = after;
-        out.push_generation(r, e.key);
+        out.push_generation(r, e.lora);
         match e.task {
             Some(t) => {
                 if desk.commit_counted(t) {
@@ -1108,7 +1148,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 }
                 count_in(sort_counts, t);
             }
-            None => *gen_plain += u32::from(e.key == 0),
+            None => *gen_plain += u32::from(e.lora.is_none()),
         }
         budget.commit(tokens);
         st.beam = beam;
@@ -1157,7 +1197,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         e.scheduled = epoch;
         e.headroom = headroom;
         match &e.residency {
-            Residency::Active(r) => out.push_generation(r, e.key),
+            Residency::Active(r) => out.push_generation(r, e.lora),
             _ => unreachable!("a scheduled generation request is active"),
         }
         match e.task {
@@ -1167,7 +1207,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 }
                 count_in(sort_counts, t);
             }
-            None => *gen_plain += u32::from(e.key == 0),
+            None => *gen_plain += u32::from(e.lora.is_none()),
         }
     }
 
@@ -1467,9 +1507,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 return Step::Skip;
             }
         }
-        let key = self.entry(slot).key;
+        let lora = self.entry(slot).lora;
         match &self.entry(slot).residency {
-            Residency::Active(a) => out.push_context(a, chunk, last, key),
+            Residency::Active(a) => out.push_context(a, chunk, last, lora),
             _ => unreachable!("an admitted context request is active"),
         }
         budget.commit(tokens);
@@ -1660,27 +1700,21 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if self.kv.tier_below_gpu()
             || !self.cfg.recompute_pause
             || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
-            || st.no_preempt_candidate
         {
             return false;
         }
-        let mut j = self.order.len();
-        while j > 0 {
+        // Scan newest first over the whole list, or only the one index an earlier empty scan left open.
+        let (mut j, lo) = match st.preempt_only {
+            None => (self.order.len(), 0),
+            Some(only) if only < self.order.len() => (only + 1, only),
+            Some(_) => (0, 0),
+        };
+        while j > lo {
             j -= 1;
-            if j == i {
+            if j == i || !self.preemptable(self.order[j], st) {
                 continue;
             }
             let s = self.order[j];
-            let e = self.entry(s);
-            // Without a lower tier a suspended cache is HELD on the GPU: preempting it frees its pages
-            // just as preempting an active one does (the reference skips it, and a held request at the
-            // head of the line then wedges the pool for good).
-            if e.scheduled == st.epoch
-                || !self.recompute_candidate(s)
-                || !matches!(e.residency, Residency::Active(_) | Residency::Paused(_))
-            {
-                continue;
-            }
             let rc = match self.take(s) {
                 Residency::Active(a) => a.preempt(&mut self.kv, &mut self.desk),
                 Residency::Paused(p) => {
@@ -1702,7 +1736,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             st.stats.preemptions += 1;
             return true;
         }
-        st.no_preempt_candidate = true;
+        st.preempt_only = Some(if self.preemptable(self.order[i], st) {
+            i
+        } else {
+            usize::MAX
+        });
         false
+    }
+
+    /// A context-side preemption candidate (spec §1.8): not scheduled in this pass, a recompute-pause
+    /// candidate, with a cache on the GPU. Without a lower tier a suspended cache is HELD on the GPU:
+    /// preempting it frees its pages just as preempting an active one does (the reference skips it, and
+    /// a held request at the head of the line then wedges the pool for good).
+    fn preemptable(&self, s: u16, st: &PassState) -> bool {
+        let e = self.entry(s);
+        e.scheduled != st.epoch
+            && self.recompute_candidate(s)
+            && matches!(e.residency, Residency::Active(_) | Residency::Paused(_))
     }
 }

@@ -4,7 +4,7 @@
 //! Layout: a 48-byte header (`magic`, `version`, eight list lengths as `u32`, a flags word, a reserved word) followed by
 //! the entries of the seven request lists in order (context, generation, encoder, paused,
 //! recompute-paused, disagg, resumed), 32 bytes each (`id: u64`, `key: u64`, `chunk: u32`, `slot: u16`,
-//! `bucket: u16`, `last: u8`, 7 bytes zero), then the adapter plan, 16 bytes per task (`id: u64`,
+//! `bucket: u16`, `last: u8`, `lora: u8`, 6 bytes zero), then the adapter plan, 16 bytes per task (`id: u64`,
 //! `slot: u16`, 6 bytes zero).
 
 use crate::adapter::TaskRef;
@@ -106,7 +106,11 @@ pub fn encode<const N: usize>(
             put(buf, &mut at, &e.chunk.to_le_bytes());
             put(buf, &mut at, &e.slot.to_le_bytes());
             put(buf, &mut at, &e.bucket.to_le_bytes());
-            put(buf, &mut at, &[e.last as u8, 0, 0, 0, 0, 0, 0, 0]);
+            put(
+                buf,
+                &mut at,
+                &[e.last as u8, e.lora as u8, 0, 0, 0, 0, 0, 0],
+            );
         }
     }
     for t in out.adapters.iter() {
@@ -163,6 +167,7 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Resul
                 chunk,
                 last: tail[0] != 0,
                 key,
+                lora: tail[1] != 0,
                 bucket,
             });
         }
@@ -200,7 +205,8 @@ mod tests {
                 slot: 3,
                 chunk: 128,
                 last: false,
-                key: 5,
+                key: u64::MAX,
+                lora: true,
                 bucket: 1,
             })
             .unwrap();
@@ -211,6 +217,7 @@ mod tests {
                 chunk: 0,
                 last: false,
                 key: 0,
+                lora: false,
                 bucket: u16::MAX,
             })
             .unwrap();
