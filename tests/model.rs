@@ -32,6 +32,9 @@ fn pt_config() -> PtConfig {
     PtConfig {
         cases: cases(),
         failure_persistence: None,
+        // The liveness property filters workloads that do not fit alone; large case counts need room.
+        max_local_rejects: 64 * cases().max(1024),
+        max_global_rejects: 64 * cases().max(1024),
         ..PtConfig::default()
     }
 }
