@@ -21,8 +21,8 @@ fn every_conformance_scenario_passes() {
         .collect();
     println!("{}", report.summary());
     assert!(
-        report.passed >= 171,
-        "expected at least 171 scenarios, ran {}",
+        report.passed >= 230,
+        "expected at least 230 scenarios, ran {}",
         report.passed + report.failed
     );
     assert!(

@@ -212,6 +212,8 @@ struct PassState {
     /// (that scan's requester, which it had to skip), or `usize::MAX` for none. Candidates only disappear
     /// during a pass otherwise (scheduled requests are protected, preempted ones are gone).
     preempt_only: Option<usize>,
+    /// GUARANTEED_NO_EVICT: a first chunk's reservation did not fit; no new request is admitted after it.
+    admissions_closed: bool,
 }
 
 /// The scheduler: a request table of `N` slots over a KV backend `K` and an adapter backend `P` with `T`
@@ -744,6 +746,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             evictions: 0,
             recomputes: 0,
             preempt_only: None,
+            admissions_closed: false,
         };
         let mut budget = Budget::new(&self.cfg);
         self.pending.clear();
@@ -857,7 +860,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     continue;
                 }
             }
-            if e.preempted == st.epoch {
+            if e.preempted == st.epoch
+                || (st.admissions_closed && phase == Phase::ContextInit && e.spec.position == 0)
+            {
                 continue;
             }
             let Some(pages) = self.peft_need(slot) else {
@@ -1586,6 +1591,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             // stating it is safe: a step then merely asks for tokens the cache already has room for).
             self.entry_mut(slot).headroom = reserved - capacity;
             return Ok(());
+        }
+        if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+            // C++ GUARANTEED_NO_EVICT (spec §7): a block shortage ends the admission of new requests, so
+            // later (smaller) ones cannot overtake one that waits for its whole reservation. Contexts
+            // already admitted hold their reservation and keep going (else a new request waiting for
+            // their pages would block them for good).
+            if first {
+                st.admissions_closed = true;
+            }
+            return Err(Step::Skip);
         }
         Err(if self.preempt_for_pages(i, st, out) {
             Step::Stop
