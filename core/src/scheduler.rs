@@ -687,11 +687,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
     }
 
-    /// A disaggregated generation request whose KV was prepared becomes `Active` (admission, with its
-    /// lease); an already active one stays so. If the lease is refused, the prepared cache is released.
-    fn admit_disagg(&mut self, slot: u16) -> bool {
-        let r = self.kv_ref(slot);
-        let admitted = match self.take(slot) {
+    /// The pass has put a request's KV in place: its type-state takes ownership — admission (first
+    /// chunk), replay (after a recompute pause) or resume (listed in `resumed`), each acquiring the lease.
+    /// Returns whether the request is now `Active`; if the lease was refused it keeps its old state.
+    fn take_ownership(&mut self, slot: u16, out: &mut SchedulerOutput<N>) -> bool {
+        let owned = match self.take(slot) {
             Residency::Waiting(w) => w
                 .admit(&self.kv, &mut self.desk)
                 .map(Residency::Active)
@@ -700,27 +700,34 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 .replay(&self.kv, &mut self.desk)
                 .map(Residency::Active)
                 .map_err(|x| Residency::Recompute(x.request)),
-            Residency::Paused(p) => p
-                .resume(&mut self.kv, &mut self.desk, KvReturn::Context)
-                .map(|x| Residency::Active(x.settle()))
-                .map_err(|x| Residency::Paused(x.request)),
+            Residency::Paused(p) => match p.resume(&mut self.kv, &mut self.desk, KvReturn::Context)
+            {
+                Ok(resumed) => {
+                    let _ = out.resumed.push(self.listed(slot));
+                    Ok(Residency::Active(resumed.settle()))
+                }
+                Err(x) => Err(Residency::Paused(x.request)),
+            },
             active @ Residency::Active(_) => Ok(active),
             Residency::Moving => unreachable!(),
         };
-        match admitted {
-            Ok(res) => {
-                self.put(slot, res);
-                true
-            }
-            Err(res) => {
-                let paused = matches!(res, Residency::Paused(_));
-                self.put(slot, res);
-                if !paused && self.kv.has_cache(r) {
-                    self.kv.free(r);
-                }
-                false
-            }
+        let ok = owned.is_ok();
+        self.put(slot, owned.unwrap_or_else(|r| r));
+        ok
+    }
+
+    /// A disaggregated generation request whose KV was prepared takes ownership of it (so that when its
+    /// transfer completes it decodes as an ordinary active request). If its lease is refused, a cache it
+    /// did not own before is released (a suspended one was put back as it was).
+    fn admit_disagg(&mut self, slot: u16, out: &mut SchedulerOutput<N>) -> bool {
+        if self.take_ownership(slot, out) {
+            return true;
         }
+        let r = self.kv_ref(slot);
+        if !matches!(self.entry(slot).residency, Residency::Paused(_)) && self.kv.has_cache(r) {
+            self.kv.free(r);
+        }
+        false
     }
 
     fn commit_peft(&mut self, slot: u16, pages: u32, out: &mut SchedulerOutput<N>) {
@@ -793,7 +800,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     // The transferred prompt's KV is in place: the request owns it (and its adapter
                     // lease) from now on, so when its transfer completes it takes the generation path
                     // as an ordinary active request.
-                    if self.admit_disagg(slot) {
+                    if self.admit_disagg(slot, out) {
                         let l = self.listed(slot);
                         let _ = out.disagg.push(l);
                         self.commit_peft(slot, pages, out);
@@ -1476,41 +1483,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
         };
         // KV is in place: the type-state transition takes the lease (first chunk, replay, resume).
-        let r = self.kv_ref(slot);
-        let admitted = match self.take(slot) {
-            Residency::Waiting(w) => w
-                .admit(&self.kv, &mut self.desk)
-                .map(Residency::Active)
-                .map_err(|x| Residency::Waiting(x.request)),
-            Residency::Recompute(rc) => rc
-                .replay(&self.kv, &mut self.desk)
-                .map(Residency::Active)
-                .map_err(|x| Residency::Recompute(x.request)),
-            Residency::Paused(p) => match p.resume(&mut self.kv, &mut self.desk, KvReturn::Context)
-            {
-                Ok(resumed) => {
-                    let _ = out.resumed.push(self.listed(slot));
-                    Ok(Residency::Active(resumed.settle()))
-                }
-                Err(x) => Err(Residency::Paused(x.request)),
-            },
-            active @ Residency::Active(_) => Ok(active),
-            Residency::Moving => unreachable!(),
-        };
-        match admitted {
-            Ok(res) => self.put(slot, res),
-            Err(res) => {
-                self.put(slot, res);
-                if first && self.kv.has_cache(r) {
-                    self.kv.free(r);
-                }
-                if first {
-                    let e = self.entry_mut(slot);
-                    e.spec.position = 0;
-                    e.headroom = 0;
-                }
-                return Step::Skip;
-            }
+        if !self.take_ownership(slot, out) {
+            self.roll_back_context(slot, first);
+            return Step::Skip;
         }
         let lora = self.entry(slot).lora;
         match &self.entry(slot).residency {
