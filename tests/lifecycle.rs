@@ -24,6 +24,17 @@ fn cfg(host: u32) -> KvPoolConfig {
     }
 }
 
+/// Gives a first chunk of `tokens` tokens its KV pages, as the pass does before admission.
+fn place(kv: &mut kvsched_core::page_pool::KvPool<'_>, r: KvRef, tokens: u32) {
+    let prep = ContextPrep {
+        first_chunk: true,
+        prompt: tokens,
+        position: 0,
+    };
+    assert!(kv.prepare_context(r, prep).is_some());
+    assert!(kv.resize_context(r, tokens, true));
+}
+
 fn task_state(desk: &AdapterDesk<AdapterPool<4>, 4>, t: TaskRef) -> (u32, u32, u32) {
     let e = desk.backend().tasks()[t.slot as usize];
     (desk.leases(t.slot), e.active, e.paused)
@@ -43,16 +54,7 @@ fn every_transition_moves_exactly_what_it_owns() {
 
     // (1) admit: the pass gave the first chunk its pages; the desk mints the lease.
     let w = Request::new(r, Some(t));
-    kv.prepare_context(
-        r,
-        ContextPrep {
-            first_chunk: true,
-            prompt: 8,
-            position: 0,
-        },
-    )
-    .unwrap();
-    assert!(kv.resize_context(r, 8, true));
+    place(&mut kv, r, 8);
     let active = w.admit(&kv, &mut desk).unwrap();
     assert_eq!(task_state(&desk, t), (1, 1, 0));
     assert_eq!(active.lease().unwrap().task(), t);
@@ -82,16 +84,7 @@ fn every_transition_moves_exactly_what_it_owns() {
     assert_eq!(kv.gpu_free(), 16);
 
     // (6) replay: the replay's first chunk gets pages, then a new lease.
-    kv.prepare_context(
-        r,
-        ContextPrep {
-            first_chunk: true,
-            prompt: 8,
-            position: 0,
-        },
-    )
-    .unwrap();
-    assert!(kv.resize_context(r, 4, true));
+    place(&mut kv, r, 4);
     let active = rc.replay(&kv, &mut desk).unwrap();
     assert_eq!(task_state(&desk, t), (1, 1, 0));
 
@@ -103,16 +96,7 @@ fn every_transition_moves_exactly_what_it_owns() {
     assert!(kv.check() && desk.backend().check());
 
     // (4) from Suspended<Paused>, and (8) finish of Active / Suspended.
-    kv.prepare_context(
-        r,
-        ContextPrep {
-            first_chunk: true,
-            prompt: 8,
-            position: 0,
-        },
-    )
-    .unwrap();
-    assert!(kv.resize_context(r, 8, true));
+    place(&mut kv, r, 8);
     let a = Request::new(r, Some(t)).admit(&kv, &mut desk).unwrap();
     let p = a.suspend(&mut kv, &mut desk);
     let rc = p.recompute(&mut kv);
@@ -123,16 +107,7 @@ fn every_transition_moves_exactly_what_it_owns() {
     );
     assert_eq!(kv.host_free(), 16, "host pages freed");
     rc.finish(&mut kv, &mut desk);
-    kv.prepare_context(
-        r,
-        ContextPrep {
-            first_chunk: true,
-            prompt: 8,
-            position: 0,
-        },
-    )
-    .unwrap();
-    assert!(kv.resize_context(r, 8, true));
+    place(&mut kv, r, 8);
     let a = Request::new(r, Some(t)).admit(&kv, &mut desk).unwrap();
     a.finish(&mut kv, &mut desk);
     assert_eq!(task_state(&desk, t), (0, 0, 0));
@@ -157,16 +132,7 @@ fn a_refused_lease_changes_nothing_and_a_paused_host_copy_survives_pressure() {
             slot,
             id: RequestId(slot as u64),
         };
-        kv.prepare_context(
-            r,
-            ContextPrep {
-                first_chunk: true,
-                prompt: 4,
-                position: 0,
-            },
-        )
-        .unwrap();
-        assert!(kv.resize_context(r, 4, true));
+        place(&mut kv, r, 4);
         let act = Request::new(r, Some(t)).admit(&kv, &mut desk).unwrap();
         paused.push(act.suspend(&mut kv, &mut desk));
     }
@@ -174,16 +140,7 @@ fn a_refused_lease_changes_nothing_and_a_paused_host_copy_survives_pressure() {
         slot: 2,
         id: RequestId(2),
     };
-    kv.prepare_context(
-        r2,
-        ContextPrep {
-            first_chunk: true,
-            prompt: 4,
-            position: 0,
-        },
-    )
-    .unwrap();
-    assert!(kv.resize_context(r2, 4, true));
+    place(&mut kv, r2, 4);
     let before: Vec<_> = desk.backend().tasks().to_vec();
     let refused = Request::new(r2, Some(c)).admit(&kv, &mut desk).unwrap_err();
     assert_eq!(
@@ -220,16 +177,7 @@ fn dropping_an_active_request_is_caught() {
         slot: 0,
         id: RequestId(3),
     };
-    kv.prepare_context(
-        r,
-        ContextPrep {
-            first_chunk: true,
-            prompt: 4,
-            position: 0,
-        },
-    )
-    .unwrap();
-    assert!(kv.resize_context(r, 4, true));
+    place(&mut kv, r, 4);
     let active = Request::new(r, None).admit(&kv, &mut desk).unwrap();
     drop(active);
 }
@@ -246,16 +194,7 @@ fn the_drop_bomb_stays_quiet_while_unwinding() {
             slot: 0,
             id: RequestId(3),
         };
-        kv.prepare_context(
-            r,
-            ContextPrep {
-                first_chunk: true,
-                prompt: 4,
-                position: 0,
-            },
-        )
-        .unwrap();
-        assert!(kv.resize_context(r, 4, true));
+        place(&mut kv, r, 4);
         let _active = Request::new(r, None).admit(&kv, &mut desk).unwrap();
         panic!("engine failure");
     });
