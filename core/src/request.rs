@@ -345,10 +345,7 @@ impl Request<Active> {
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Paused>> {
         kv.suspend(self.kv);
-        let id = self.id();
-        let (kv, task, state) = self.into_parts();
-        let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
-        Self::build(kv, task, Suspended::new(paused_on), true)
+        self.pause_lease(desk)
     }
 
     /// (4) Destructive recompute pause: KV freed, lease returned with pause = true.
@@ -358,7 +355,7 @@ impl Request<Active> {
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Recompute>> {
         kv.free(self.kv);
-        self.into_recompute(desk)
+        self.pause_lease(desk)
     }
 
     /// (7) Context-side preemption: pages given up, lease returned with pause = true.
@@ -368,13 +365,14 @@ impl Request<Active> {
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Recompute>> {
         kv.preempt(self.kv);
-        self.into_recompute(desk)
+        self.pause_lease(desk)
     }
 
-    fn into_recompute<P: PeftBackend, const T: usize>(
+    /// Returns the lease with pause = true: the request becomes suspended (`M`), paused on its adapter.
+    fn pause_lease<M, P: PeftBackend, const T: usize>(
         self,
         desk: &mut AdapterDesk<P, T>,
-    ) -> Request<Suspended<Recompute>> {
+    ) -> Request<Suspended<M>> {
         let id = self.id();
         let (kv, task, state) = self.into_parts();
         let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
