@@ -11,15 +11,13 @@
 
 mod common;
 
-use common::{cuda_or_skip, pattern};
+use common::{cuda_property, fail, pattern};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::page_pool::{self, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
 use kvsched_core::request::RequestId;
-use kvsched_gpu::{
-    BlockTableShape, CudaKvStore, HostKvStore, KvMemory, KvPages, MemError, PoolShape, Tier,
-};
+use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, KvPages, PoolShape, Tier};
 use proptest::prelude::*;
-use proptest::test_runner::{TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
 const SLOTS: u16 = 4;
 const CONFIG: KvPoolConfig = KvPoolConfig {
@@ -86,10 +84,6 @@ fn tier_of(seq: Seq) -> Tier {
     } else {
         Tier::Gpu
     }
-}
-
-fn fail(error: MemError) -> TestCaseError {
-    TestCaseError::fail(error.to_string())
 }
 
 struct Harness {
@@ -273,21 +267,15 @@ proptest! {
 /// The same property on the CUDA backend (fewer cases: every case allocates a store).
 #[test]
 fn cuda_store_follows_core_pool_moves() {
-    let Some(ctx) = cuda_or_skip("cuda_store_follows_core_pool_moves") else {
-        return;
-    };
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: 32,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let result = runner.run(&ops(), |ops| {
-        let mut mem = CudaKvStore::new(&ctx, SHAPE, TABLES).map_err(fail)?;
-        run(&mut mem, &ops).map(drop)
-    });
-    if let Err(error) = result {
-        panic!("{error}");
-    }
+    cuda_property(
+        "cuda_store_follows_core_pool_moves",
+        32,
+        ops(),
+        |ctx, ops| {
+            let mut mem = CudaKvStore::new(ctx, SHAPE, TABLES).map_err(fail)?;
+            run(&mut mem, &ops).map(drop)
+        },
+    );
 }
 
 /// The pool's moves actually happen in these sequences (the property is not vacuous).

@@ -13,10 +13,10 @@
 
 mod common;
 
-use common::{cuda_or_skip, pattern};
+use common::{cuda_property, fail, pattern};
 use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, PageMove, PoolShape, Tier};
 use proptest::prelude::*;
-use proptest::test_runner::{TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 
 /// Small pages, few of them: pressure on both tiers, and runs as well as scattered moves.
 const SHAPE: PoolShape = PoolShape::new(24, 12, 8);
@@ -263,10 +263,6 @@ impl Harness {
     }
 }
 
-fn fail(error: kvsched_gpu::MemError) -> TestCaseError {
-    TestCaseError::fail(error.to_string())
-}
-
 fn run<M: KvMemory>(mem: &mut M, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut harness = Harness::new();
     harness.check(mem)?;
@@ -290,19 +286,8 @@ proptest! {
 /// The same property on the CUDA backend (fewer cases: every case allocates a store).
 #[test]
 fn cuda_moves_match_model() {
-    let Some(ctx) = cuda_or_skip("cuda_moves_match_model") else {
-        return;
-    };
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: 32,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let result = runner.run(&ops(), |ops| {
-        let mut mem = CudaKvStore::new(&ctx, SHAPE, TABLES).map_err(fail)?;
+    cuda_property("cuda_moves_match_model", 32, ops(), |ctx, ops| {
+        let mut mem = CudaKvStore::new(ctx, SHAPE, TABLES).map_err(fail)?;
         run(&mut mem, &ops)
     });
-    if let Err(error) = result {
-        panic!("{error}");
-    }
 }

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use kvsched_gpu::{open_device, CudaContext, PageStore, Tier};
+use kvsched_gpu::{open_device, CudaContext, MemError, PageStore, Tier};
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 /// `len` pseudo-random bytes determined by `seed` (splitmix64).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -30,6 +32,32 @@ pub fn cuda_or_skip(test: &str) -> Option<Arc<CudaContext>> {
             println!("{test}: skipped: {error}");
             None
         }
+    }
+}
+
+/// A store error as a failed property case.
+pub fn fail(error: MemError) -> TestCaseError {
+    TestCaseError::fail(error.to_string())
+}
+
+/// The CUDA twin of a host-backend property: `cases` cases (fewer than on the host: every case
+/// allocates a store), or a printed skip reason without a driver.
+pub fn cuda_property<S: Strategy>(
+    test: &str,
+    cases: u32,
+    strategy: S,
+    check: impl Fn(&Arc<CudaContext>, S::Value) -> Result<(), TestCaseError>,
+) {
+    let Some(ctx) = cuda_or_skip(test) else {
+        return;
+    };
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    if let Err(error) = runner.run(&strategy, |value| check(&ctx, value)) {
+        panic!("{error}");
     }
 }
 
