@@ -369,6 +369,8 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     let mut adapter_sum = 0.0;
     let sample_every = (n / 4000).max(1) as u64;
 
+    // Slots of the requests the step finished (reused every iteration).
+    let mut finished: Vec<u16> = Vec::new();
     loop {
         while next < n && w.arrivals[next].at_ms <= now_ms {
             queue.push_back(next);
@@ -461,7 +463,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
 
         // Complete the step.
         sched.complete_step(&out);
-        let mut finished: Vec<u16> = Vec::new();
+        finished.clear();
         for l in out.context.iter() {
             let Some(lv) = live[l.slot as usize].as_mut() else {
                 continue;
@@ -508,7 +510,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 })
                 .map_err(|e| SimError::Scheduler(e.to_string()))?;
         }
-        for slot in finished {
+        for &slot in &finished {
             let Some(lv) = live[slot as usize].take() else {
                 continue;
             };
