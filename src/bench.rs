@@ -83,12 +83,12 @@ impl Outcome {
     /// The counts of one output.
     pub fn of<const N: usize>(out: &SchedulerOutput<N>) -> Self {
         Self {
-            generation: out.generation.len(),
-            context: out.context.len(),
-            paused: out.paused.len(),
-            recompute: out.recompute_paused.len(),
-            resumed: out.resumed.len(),
-            adapter_loads: out.adapter_loads.len(),
+            generation: out.generation().len(),
+            context: out.context().len(),
+            paused: out.paused().len(),
+            recompute: out.recompute_paused().len(),
+            resumed: out.resumed().len(),
+            adapter_loads: out.adapter_loads().len(),
         }
     }
 }
@@ -453,23 +453,22 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
             peft.mark_request_done(warm, tr, false, Holding::Lease);
         }
 
+        // The running requests' adapters are on the device, as after the previous step.
+        let mut running: Vec<TaskRef> = reqs
+            .iter()
+            .filter(|r| r.how == Adopt::Active)
+            .filter_map(|r| r.spec.lora.map(|t| task_ref(&peft, t.0)))
+            .collect();
+        running.sort_unstable_by_key(|t| t.slot);
+        running.dedup();
+        peft.ensure_batch(&running, &mut |_| {})
+            .expect("running adapters fit");
+
         let mut sched = Box::new(Sched::<N, T>::new(s.config(), pool, peft).expect("scheduler"));
         for (i, r) in reqs.into_iter().enumerate() {
             let h = sched.adopt(r.spec, r.how).expect("adopt");
             assert_eq!(h.index() as usize, i, "slot i = request i");
         }
-        // The running requests' adapters are on the device, as after the previous step.
-        let mut running: Vec<TaskRef> = sched
-            .requests()
-            .filter(|(_, e)| e.residency() == kvsched_core::scheduler::ResidencyKind::Active)
-            .filter_map(|(_, e)| e.task())
-            .collect();
-        running.sort_unstable_by_key(|t| t.slot);
-        running.dedup();
-        sched
-            .peft_mut()
-            .ensure_batch(&running, &mut |_| {})
-            .expect("running adapters fit");
 
         Self {
             scenario: s,
@@ -517,7 +516,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
         if let Err(e) = self.sched.ensure_batch(out) {
             panic!("{}: ensure_batch failed: {e}", self.scenario.name());
         }
-        black_box(self.sched.kv_mut().take_moves().len());
+        black_box(self.sched.take_moves().len());
         let got = Outcome::of(out);
         if got != self.expect {
             panic!(

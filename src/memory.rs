@@ -1,6 +1,7 @@
 //! Heap-backed storage for the core's borrowed-storage page pool (the core itself never allocates).
 
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, PageMove, Seq};
+use kvsched_core::kv::PageMove;
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
 
 /// Owns the buffers of one [`KvPool`]; lend them with [`KvMemory::pool`].
 #[derive(Debug, Clone)]

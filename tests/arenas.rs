@@ -4,8 +4,9 @@
 
 use kvsched::memory::KvMemory;
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
+use kvsched_core::kv::Tier;
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
-use kvsched_core::page_pool::{KvPoolConfig, SeqState, Tier};
+use kvsched_core::page_pool::{KvPoolConfig, SeqState};
 use kvsched_core::request::{RequestId, TaskId};
 use proptest::prelude::*;
 

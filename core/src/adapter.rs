@@ -63,6 +63,11 @@ pub trait PeftBackend {
         tasks: &[TaskRef],
         load: &mut dyn FnMut(TaskRef),
     ) -> Result<(), PeftError>;
+    /// Hands `evicted` the tasks evicted from the device since the last call, in order (their device
+    /// pages are free for reuse); the log is then empty. A backend without device memory logs nothing.
+    fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
+        let _ = evicted;
+    }
 }
 
 /// The configuration without an adapter cache: every LoRA request is scheduled with no PEFT work.
@@ -209,14 +214,6 @@ impl<const T: usize> AdapterPool<T> {
     /// Total host pages.
     pub fn host_pages(&self) -> u32 {
         self.host_pages
-    }
-
-    /// Tasks evicted from the device since the last call (their device pages are free for reuse), in
-    /// order; the log is then empty. It holds `T` entries: drain it after every `ensure_batch` when a
-    /// device binding follows the plan. With the loads `ensure_batch` reports, this is the adapter plan a
-    /// device binding (kvsched-gpu) applies.
-    pub fn take_device_evictions(&mut self) -> heapless::Vec<TaskRef, T> {
-        core::mem::take(&mut self.device_evicted)
     }
 
     /// Activity counters.
@@ -463,6 +460,15 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
         }
         Ok(())
     }
+
+    /// The log holds `T` entries (a task is evicted at most once before it is loaded again): drain it
+    /// after every `ensure_batch` when a device binding follows the plan.
+    fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
+        for t in self.device_evicted.iter() {
+            evicted(*t);
+        }
+        self.device_evicted.clear();
+    }
 }
 
 #[cfg(test)]
@@ -519,15 +525,12 @@ mod tests {
         let mut loaded = 0;
         p.ensure_batch(&[c], &mut |_| loaded += 1).unwrap();
         assert_eq!(loaded, 1);
-        let evicted = p.take_device_evictions();
-        assert_eq!(
-            evicted
-                .iter()
-                .map(|t| t.id.0)
-                .collect::<heapless::Vec<u64, 4>>(),
-            [1, 2]
-        );
-        assert!(p.take_device_evictions().is_empty(), "the log is drained");
+        let mut evicted = heapless::Vec::<u64, 4>::new();
+        p.take_device_evictions(&mut |t| evicted.push(t.id.0).unwrap());
+        assert_eq!(evicted, [1, 2]);
+        let mut again = 0;
+        p.take_device_evictions(&mut |_| again += 1);
+        assert_eq!(again, 0, "the log is drained");
         assert!(p.check());
         // b is paused: its host copy stays.
         assert!(p.tasks()[1].on_host);

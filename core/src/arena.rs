@@ -26,8 +26,32 @@ impl<T> PartialEq for Handle<T> {
     }
 }
 impl<T> Eq for Handle<T> {}
+impl<T> core::hash::Hash for Handle<T> {
+    fn hash<H: core::hash::Hasher>(&self, h: &mut H) {
+        (self.index, self.generation).hash(h);
+    }
+}
+impl<T> PartialOrd for Handle<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Handle<T> {
+    /// By slot, then generation.
+    fn cmp(&self, other: &Self) -> core::cmp::Ordering {
+        (self.index, self.generation).cmp(&(other.index, other.generation))
+    }
+}
 
 impl<T> Handle<T> {
+    /// A handle naming `index` at `generation`.
+    pub const fn new(index: u16, generation: u32) -> Self {
+        Self {
+            index,
+            generation,
+            _t: PhantomData,
+        }
+    }
     /// The slot index (dense, `< N`).
     pub const fn index(self) -> u16 {
         self.index
@@ -38,14 +62,11 @@ impl<T> Handle<T> {
     }
 }
 
-struct Slot<T> {
-    generation: u32,
-    value: Option<T>,
-}
-
-/// A fixed-capacity arena of `N` slots (`N <= 65535`).
+/// A fixed-capacity arena of `N` slots (`N <= 65535`), stored as parallel arrays: the generations
+/// (dense, 4 bytes a slot, for hot loops that only need a slot's handle) and the values.
 pub struct Arena<T, const N: usize> {
-    slots: [Slot<T>; N],
+    generations: [u32; N],
+    values: [Option<T>; N],
     free: heapless::Vec<u16, N>,
     len: usize,
 }
@@ -68,13 +89,12 @@ impl<T, const N: usize> Arena<T, N> {
         let mut free = heapless::Vec::new();
         // Pop order hands out slot 0 first.
         for i in (0..N).rev() {
-            let _ = free.push(i as u16);
+            let pushed = free.push(i as u16);
+            debug_assert!(pushed.is_ok());
         }
         Self {
-            slots: core::array::from_fn(|_| Slot {
-                generation: 0,
-                value: None,
-            }),
+            generations: [0; N],
+            values: core::array::from_fn(|_| None),
             free,
             len: 0,
         }
@@ -95,97 +115,116 @@ impl<T, const N: usize> Arena<T, N> {
         self.len == 0
     }
 
+    /// The handle the next [`Arena::insert`] will return, if there is room.
+    pub fn vacancy(&self) -> Option<Handle<T>> {
+        let &i = self.free.last()?;
+        Some(Handle::new(i, self.generations[i as usize]))
+    }
+
     /// Inserts a value; when full, hands it back.
     pub fn insert(&mut self, value: T) -> Result<Handle<T>, T> {
         let Some(index) = self.free.pop() else {
             return Err(value);
         };
-        let slot = &mut self.slots[index as usize];
-        debug_assert!(slot.value.is_none());
-        slot.value = Some(value);
+        let slot = &mut self.values[index as usize];
+        assert!(slot.is_none(), "a free slot is vacant");
+        *slot = Some(value);
         self.len += 1;
-        Ok(Handle {
-            index,
-            generation: slot.generation,
-            _t: PhantomData,
-        })
+        Ok(Handle::new(index, self.generations[index as usize]))
+    }
+
+    fn live(&self, h: Handle<T>) -> bool {
+        self.generations.get(h.index as usize) == Some(&h.generation)
     }
 
     /// The value, if the handle is live.
     pub fn get(&self, h: Handle<T>) -> Option<&T> {
-        let slot = self.slots.get(h.index as usize)?;
-        if slot.generation != h.generation {
+        if !self.live(h) {
             return None;
         }
-        slot.value.as_ref()
+        self.values[h.index as usize].as_ref()
     }
 
     /// The value, mutably, if the handle is live.
     pub fn get_mut(&mut self, h: Handle<T>) -> Option<&mut T> {
-        let slot = self.slots.get_mut(h.index as usize)?;
-        if slot.generation != h.generation {
+        if !self.live(h) {
             return None;
         }
-        slot.value.as_mut()
+        self.values[h.index as usize].as_mut()
     }
 
     /// Value at a dense slot index (no generation check; for internal iteration over known-live slots).
+    #[inline]
     pub fn at(&self, index: u16) -> Option<&T> {
-        self.slots.get(index as usize)?.value.as_ref()
+        self.values.get(index as usize)?.as_ref()
     }
 
     /// Mutable value at a dense slot index.
+    #[inline]
     pub fn at_mut(&mut self, index: u16) -> Option<&mut T> {
-        self.slots.get_mut(index as usize)?.value.as_mut()
+        self.values.get_mut(index as usize)?.as_mut()
+    }
+
+    /// The generation of a slot (the one its live value's handle carries).
+    #[inline]
+    pub fn generation_at(&self, index: u16) -> u32 {
+        self.generations[index as usize]
+    }
+
+    /// Replaces the live value at `index` by `f(value)`: the value moves out, through `f` and back, so
+    /// `f` may consume it. Returns what `f` returned besides, or `None` (and calls nothing) for a vacant
+    /// slot. Nothing can observe the slot while `f` runs: the arena is borrowed.
+    pub fn update<R>(&mut self, index: u16, f: impl FnOnce(T) -> (T, R)) -> Option<R> {
+        let slot = self.values.get_mut(index as usize)?;
+        let value = slot.take()?;
+        let (value, r) = f(value);
+        *slot = Some(value);
+        Some(r)
     }
 
     /// The live handle of a dense slot index.
     pub fn handle_at(&self, index: u16) -> Option<Handle<T>> {
-        let slot = self.slots.get(index as usize)?;
-        slot.value.as_ref().map(|_| Handle {
-            index,
-            generation: slot.generation,
-            _t: PhantomData,
-        })
+        let v = self.values.get(index as usize)?;
+        v.as_ref()
+            .map(|_| Handle::new(index, self.generations[index as usize]))
     }
 
     /// Removes and returns the value; the handle (and every copy) becomes stale.
     pub fn remove(&mut self, h: Handle<T>) -> Option<T> {
-        let slot = self.slots.get_mut(h.index as usize)?;
-        if slot.generation != h.generation || slot.value.is_none() {
+        if !self.live(h) {
             return None;
         }
-        let v = slot.value.take();
-        slot.generation = slot.generation.wrapping_add(1);
+        let v = self.values[h.index as usize].take()?;
+        let g = &mut self.generations[h.index as usize];
+        *g = g.wrapping_add(1);
         self.len -= 1;
         // Cannot fail: the slot was occupied, so the free list has room for it.
         let pushed = self.free.push(h.index);
-        debug_assert!(pushed.is_ok());
-        v
+        assert!(pushed.is_ok(), "a freed slot fits the free list");
+        Some(v)
     }
 
     /// Takes back a value whose handle was never handed out (an insertion rolled back inside one
     /// operation): unlike [`Arena::remove`], the generation is not bumped, so the arena is exactly as
     /// it was before the insertion.
     pub fn cancel_insert(&mut self, h: Handle<T>) -> Option<T> {
-        let slot = self.slots.get_mut(h.index as usize)?;
-        if slot.generation != h.generation || slot.value.is_none() {
+        if !self.live(h) {
             return None;
         }
-        let v = slot.value.take();
+        let v = self.values[h.index as usize].take()?;
         self.len -= 1;
         // `insert` popped this index last; pushing it back restores the free list's order.
         let pushed = self.free.push(h.index);
-        debug_assert!(pushed.is_ok());
-        v
+        assert!(pushed.is_ok(), "a freed slot fits the free list");
+        Some(v)
     }
 
     /// Feeds every slot (generation and value), the free list and the length to `h`.
     pub fn hash_state<H: core::hash::Hasher>(&self, h: &mut H, value: impl Fn(&T, &mut H)) {
         use core::hash::Hash;
-        for s in self.slots.iter() {
-            s.generation.hash(h);
-            match &s.value {
+        for (g, v) in self.generations.iter().zip(self.values.iter()) {
+            g.hash(h);
+            match v {
                 None => 0u8.hash(h),
                 Some(v) => {
                     1u8.hash(h);
@@ -199,29 +238,18 @@ impl<T, const N: usize> Arena<T, N> {
 
     /// Iterates over live values with their handles.
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
-        self.slots.iter().enumerate().filter_map(|(i, s)| {
-            s.value.as_ref().map(|v| {
-                (
-                    Handle {
-                        index: i as u16,
-                        generation: s.generation,
-                        _t: PhantomData,
-                    },
-                    v,
-                )
-            })
+        self.values.iter().enumerate().filter_map(|(i, v)| {
+            v.as_ref()
+                .map(|v| (Handle::new(i as u16, self.generations[i]), v))
         })
     }
 
     /// Checks the arena's invariant: free + live = capacity and no slot is both.
     pub fn check(&self) -> bool {
-        let live = self.slots.iter().filter(|s| s.value.is_some()).count();
+        let live = self.values.iter().filter(|v| v.is_some()).count();
         live == self.len
             && self.free.len() + live == N
-            && self
-                .free
-                .iter()
-                .all(|&i| self.slots[i as usize].value.is_none())
+            && self.free.iter().all(|&i| self.values[i as usize].is_none())
     }
 }
 

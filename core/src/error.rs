@@ -87,6 +87,10 @@ pub enum Error {
     Invalid(&'static str),
     /// An adapter-cache error.
     Peft(PeftError),
+    /// A lifecycle transition needs the request's KV active on the GPU, and it is not.
+    NotOnGpu(RequestId),
+    /// The output is not the last pass's, or its step was completed already.
+    StaleOutput,
     /// No request could be scheduled for `stalled` consecutive passes although work is pending.
     Deadlock {
         /// Consecutive stalled passes.
@@ -115,6 +119,14 @@ impl fmt::Display for Error {
             Self::StaleHandle => f.write_str("stale or unknown request handle"),
             Self::Invalid(why) => write!(f, "invalid input: {why}"),
             Self::Peft(e) => e.fmt(f),
+            Self::NotOnGpu(id) => write!(
+                f,
+                "request {}: its KV cache is not active on the GPU, so it cannot own it",
+                id.0
+            ),
+            Self::StaleOutput => f.write_str(
+                "this output is not the last pass's, or its step was completed already",
+            ),
             Self::Deadlock { stalled } => write!(
                 f,
                 "V2 scheduler deadlock: nothing could be scheduled for {stalled} consecutive passes although requests are pending; \

@@ -121,6 +121,7 @@ impl<const N: usize> IdIndex<N> {
             }
         }
         self.set(hole, 0);
+        self.ids[usize::from(slot)] = 0;
         self.len -= 1;
         Some(slot)
     }

@@ -1,9 +1,14 @@
-//! The KV backend: the mechanism the scheduling pass calls to give requests KV pages.
+//! The KV backend: the mechanism the scheduling pass calls to give requests KV pages, and the page-move
+//! vocabulary ([`Tier`], [`PageMove`]) shared with the device binding (kvsched-gpu).
 //!
 //! The trait mirrors the scheduler-facing API of the reference KV manager (spec §2). Backends only
 //! provide mechanism; lifecycle policy (which request may be resumed, when a lease is returned) lives in
 //! [`crate::request`] and the pass, so a scripted fake backend cannot break it. Every call is keyed by a
 //! [`KvRef`]: the request's dense table slot (for O(1) indexing) and its id (for recording fakes).
+//!
+//! Invariant every backend keeps (the pass relies on it): every operation is all-or-nothing. A
+//! `false`/`None` result changes nothing, except where stated (a failed first-chunk `resize_context`
+//! leaves the cache inactive, as upstream).
 
 use crate::request::RequestId;
 
@@ -25,6 +30,48 @@ pub struct ContextPrep {
     pub prompt: u32,
     /// Tokens already in the cache.
     pub position: u32,
+}
+
+/// A memory tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Tier {
+    /// GPU memory.
+    #[default]
+    Gpu,
+    /// Host (CPU) memory.
+    Host,
+}
+
+impl core::fmt::Display for Tier {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::Gpu => "GPU",
+            Self::Host => "host",
+        })
+    }
+}
+
+impl Tier {
+    /// The other tier (where a page moved from this one lands).
+    pub const fn other(self) -> Tier {
+        match self {
+            Tier::Gpu => Tier::Host,
+            Tier::Host => Tier::Gpu,
+        }
+    }
+}
+
+/// One page copy the copy engine must perform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PageMove {
+    /// Whose page.
+    pub request: RequestId,
+    /// Source tier (the destination is the other tier).
+    pub from: Tier,
+    /// Source page index in its tier.
+    pub src: u32,
+    /// Destination page index in the other tier.
+    pub dst: u32,
 }
 
 /// The KV manager operations the scheduling pass uses.
@@ -61,4 +108,9 @@ pub trait KvBackend {
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool;
     /// Most tokens one request can ever hold (admission refuses larger requests).
     fn max_tokens_per_request(&self) -> u64;
+    /// The page moves logged since the last call, in order; the log is then empty. A backend without
+    /// a lower tier (or without memory behind it) logs nothing.
+    fn take_moves(&mut self) -> &[PageMove] {
+        &[]
+    }
 }

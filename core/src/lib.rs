@@ -9,18 +9,20 @@
 //! [`Request<S>`](request::Request) whose type parameter says what it owns. Resuming a suspended request
 //! needs the KV backend *and* the adapter desk, and hands back a fresh [`AdapterLease`](lease::AdapterLease)
 //! inside [`Resumed`](request::Resumed); a batch accepts only [`Active`](request::Active) and
-//! [`Resumed`](request::Resumed) requests.
+//! [`Resumed`](request::Resumed) requests. Every capability a transition needs is minted inside this
+//! crate, so the public API cannot walk around the lifecycle.
 //!
 //! Layout (one module per concept):
 //! - [`arena`]: fixed-capacity generational slot arena (typed handles, stale handle = error).
 //! - [`phase`]: the upstream request states (`LlmRequestState`).
 //! - [`request`]: ids, per-request data and the type-state lifecycle.
 //! - [`lease`]: adapter leases and the desk that mints and consumes them.
-//! - [`kv`]: the KV backend trait; [`page_pool`]: the fixed-capacity two-tier page pool implementing it.
+//! - [`kv`]: the KV backend trait and the page-move vocabulary; [`page_pool`]: the fixed-capacity
+//!   two-tier page pool implementing it.
 //! - [`adapter`]: the PEFT backend trait and the fixed-capacity adapter cache implementing it.
 //! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler output
 //!   and its plain-old-data wire form.
-//! - [`scheduler`]: the request table and the scheduling pass.
+//! - [`scheduler`]: the request table and the scheduling pass, one file per rule.
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -30,6 +32,8 @@ extern crate std;
 
 mod fmt;
 mod id_index;
+#[cfg(test)]
+mod testing;
 
 pub mod adapter;
 pub mod arena;
@@ -49,9 +53,9 @@ pub mod wire;
 pub use adapter::{AdapterPool, NoPeft, PeftBackend};
 pub use config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 pub use error::{Error, PeftError};
-pub use kv::{KvBackend, KvRef};
+pub use kv::{KvBackend, KvRef, PageMove, Tier};
 pub use output::SchedulerOutput;
 pub use page_pool::{KvPool, KvPoolConfig};
 pub use phase::Phase;
-pub use request::{RequestId, RequestSpec, TaskId};
+pub use request::{Ownership, RequestId, RequestSpec, TaskId};
 pub use scheduler::{Adopt, Handle, PassStats, Scheduler};

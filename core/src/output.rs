@@ -1,59 +1,117 @@
-//! The scheduler output: fixed-capacity lists and the adapter plan.
+//! The scheduler output: fixed-capacity lists of table slots and the adapter plan.
 //!
-//! The context and generation lists accept only [`Schedulable`] requests ([`crate::request::Active`] and
-//! [`crate::request::Resumed`]); a suspended request cannot be put in a batch.
+//! Every list is private and filled only through a `push_*` method that takes the request in the
+//! type-state the list stands for: the batch lists (context, generation) accept only [`Schedulable`]
+//! requests ([`Active`] and [`Resumed`]), `paused` only [`Suspended<Paused>`], `recompute_paused` only
+//! [`Suspended<Recompute>`], `resumed` only [`Resumed`]. Readers get slices.
+//!
+//! An entry is a [`Listed`]: the request's table slot, the slot's generation (so an entry that outlived
+//! its request is recognised) and its adapter task slot, 8 bytes. Everything else about a listed request
+//! (its id, its spec) is read from the scheduler on demand (`Scheduler::get(listed.handle())`).
+//!
+//! Invariant: a list holds at most one entry per live request, so with a table of `N` slots no push can
+//! overflow; the pass asserts every push.
 
 use crate::adapter::TaskRef;
-use crate::request::{Request, RequestId, Schedulable, TaskId};
+use crate::request::{Paused, Recompute, Request, Resumed, Schedulable, State, Suspended};
+use crate::scheduler::Handle;
 
-/// One listed request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// No adapter task.
+pub const NO_TASK: u16 = u16::MAX;
+
+/// One listed request: its table slot, the slot's generation, its adapter task slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Listed {
-    /// Request id.
-    pub id: RequestId,
-    /// Dense table slot.
-    pub slot: u16,
-    /// Context: chunk size in tokens (0 for other lists).
-    pub chunk: u32,
-    /// Context: this chunk ends the prompt.
-    pub last: bool,
-    /// LoRA task id (0 without an adapter; see `lora`).
-    pub key: u64,
-    /// The request has a LoRA adapter (sort key: no adapter first, then ascending task id).
-    pub lora: bool,
-    /// Adapter task slot (`u16::MAX` when none).
-    pub bucket: u16,
+    slot: u16,
+    task: u16,
+    generation: u32,
 }
 
-/// No adapter bucket.
-pub const NO_BUCKET: u16 = u16::MAX;
+impl Listed {
+    #[inline]
+    fn of<S: State>(r: &Request<S>) -> Self {
+        let place = r.place();
+        Self {
+            slot: place.slot,
+            task: r.task().map_or(NO_TASK, |t| t.slot),
+            generation: place.generation,
+        }
+    }
+    /// The request's table slot.
+    #[inline]
+    pub const fn slot(self) -> u16 {
+        self.slot
+    }
+    /// The request's handle (resolve it with `Scheduler::get`; stale once the request is removed).
+    #[inline]
+    pub fn handle(self) -> Handle {
+        Handle::new(self.slot, self.generation)
+    }
+    /// The adapter task slot, when the request has an adapter in the adapter cache.
+    #[inline]
+    pub const fn task_slot(self) -> Option<u16> {
+        if self.task == NO_TASK {
+            None
+        } else {
+            Some(self.task)
+        }
+    }
+    /// The raw task slot ([`NO_TASK`] for none), for the LoRA sort.
+    #[inline]
+    pub(crate) const fn bucket(self) -> u16 {
+        self.task
+    }
+    /// A test entry at `slot` on task slot `task`.
+    #[cfg(test)]
+    pub(crate) const fn for_test(slot: u16, task: u16) -> Self {
+        Self {
+            slot,
+            task,
+            generation: 0,
+        }
+    }
+    pub(crate) const fn generation(self) -> u32 {
+        self.generation
+    }
+}
 
-/// A fixed-capacity list of `N` requests.
-pub type List<const N: usize> = heapless::Vec<Listed, N>;
+/// One scheduled context chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Chunk {
+    /// The request.
+    pub listed: Listed,
+    /// Prompt tokens this chunk processes.
+    pub tokens: u32,
+    /// This chunk ends the prompt.
+    pub last: bool,
+}
+
+/// A fixed-capacity list of `N` entries.
+pub type List<T, const N: usize> = heapless::Vec<T, N>;
+
+/// The list was full (cannot happen for a scheduler's own output: see the module invariant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
 
 /// What one pass decided.
 #[derive(Debug, Clone, Default)]
 pub struct SchedulerOutput<const N: usize> {
-    /// Context chunks to run (non-final chunks first when any, each part sorted by LoRA key).
-    pub context: List<N>,
-    /// Decode steps to run (sorted by LoRA key).
-    pub generation: List<N>,
-    /// Encoder requests to run.
-    pub encoder: List<N>,
-    /// Ordinarily suspended requests (victims and self-evictions).
-    pub paused: List<N>,
-    /// Destructively freed requests (recompute pause and preemption victims): reset them for replay.
-    pub recompute_paused: List<N>,
-    /// Disaggregated generation requests whose transfer may start.
-    pub disagg: List<N>,
-    /// Requests whose KV came back this pass (their lower-tier pages must be copied up first).
-    pub resumed: List<N>,
-    /// Distinct adapters the scheduled batch needs on the device (the adapter plan).
-    pub adapters: heapless::Vec<TaskRef, N>,
-    /// Adapters that had to be copied to the device (filled by `ensure_batch`).
-    pub adapter_loads: heapless::Vec<TaskRef, N>,
-    /// A scheduled context chunk is not the last one.
-    pub has_chunking: bool,
+    context: List<Chunk, N>,
+    generation: List<Listed, N>,
+    encoder: List<Listed, N>,
+    paused: List<Listed, N>,
+    recompute_paused: List<Listed, N>,
+    disagg: List<Listed, N>,
+    resumed: List<Listed, N>,
+    adapters: List<TaskRef, N>,
+    adapter_loads: List<TaskRef, N>,
+    has_chunking: bool,
+    /// The pass that filled it (0: none), so a step is completed once, with its own pass's output.
+    pass: u64,
+}
+
+fn push<T, const N: usize>(list: &mut List<T, N>, item: T) -> Result<(), Full> {
+    list.push(item).map_err(|_| Full)
 }
 
 impl<const N: usize> SchedulerOutput<N> {
@@ -70,11 +128,12 @@ impl<const N: usize> SchedulerOutput<N> {
             adapters: heapless::Vec::new(),
             adapter_loads: heapless::Vec::new(),
             has_chunking: false,
+            pass: 0,
         }
     }
 
-    /// Empties every list.
-    pub fn clear(&mut self) {
+    /// Empties every list (the pass does this first).
+    pub(crate) fn clear(&mut self) {
         self.context.clear();
         self.generation.clear();
         self.encoder.clear();
@@ -85,370 +144,160 @@ impl<const N: usize> SchedulerOutput<N> {
         self.adapters.clear();
         self.adapter_loads.clear();
         self.has_chunking = false;
+        self.pass = 0;
     }
 
+    /// The pass that filled this output (0 before any).
+    pub fn pass(&self) -> u64 {
+        self.pass
+    }
+
+    pub(crate) fn set_pass(&mut self, pass: u64) {
+        self.pass = pass;
+    }
+
+    /// Context chunks to run (non-final chunks first when any, each part sorted by LoRA key).
+    pub fn context(&self) -> &[Chunk] {
+        &self.context
+    }
+    /// Decode steps to run (sorted by LoRA key).
+    pub fn generation(&self) -> &[Listed] {
+        &self.generation
+    }
+    /// Encoder requests to run.
+    pub fn encoder(&self) -> &[Listed] {
+        &self.encoder
+    }
+    /// Ordinarily suspended requests (victims and self-evictions).
+    pub fn paused(&self) -> &[Listed] {
+        &self.paused
+    }
+    /// Destructively freed requests (recompute pause and preemption victims): reset them for replay.
+    pub fn recompute_paused(&self) -> &[Listed] {
+        &self.recompute_paused
+    }
+    /// Disaggregated generation requests whose transfer may start.
+    pub fn disagg(&self) -> &[Listed] {
+        &self.disagg
+    }
+    /// Requests whose KV came back this pass: their lower-tier pages must be copied up (the move log)
+    /// before the step runs.
+    pub fn resumed(&self) -> &[Listed] {
+        &self.resumed
+    }
+    /// Distinct adapters the scheduled batch needs on the device (the adapter plan), by task id.
+    pub fn adapters(&self) -> &[TaskRef] {
+        &self.adapters
+    }
+    /// Adapters that had to be copied to the device (filled by `ensure_batch`).
+    pub fn adapter_loads(&self) -> &[TaskRef] {
+        &self.adapter_loads
+    }
+    /// A scheduled context chunk is not the last one.
+    pub fn has_chunking(&self) -> bool {
+        self.has_chunking
+    }
     /// Encoders + contexts + generations (disagg excluded).
     pub fn num_fitting(&self) -> usize {
         self.encoder.len() + self.context.len() + self.generation.len()
     }
 
-    /// Adds a decode step for a schedulable request.
-    pub fn push_generation<S: Schedulable>(&mut self, request: &Request<S>, lora: Option<TaskId>) {
-        let r = request.kv_ref();
-        let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
-        // Cannot overflow: at most one entry per live request, and the table holds N.
-        let _ = self.generation.push(Listed {
-            id: r.id,
-            slot: r.slot,
-            chunk: 0,
-            last: false,
-            key: lora.map_or(0, |t| t.0),
-            lora: lora.is_some(),
-            bucket,
-        });
+    /// Adds a decode step of a schedulable request.
+    #[inline]
+    pub fn push_generation<S: Schedulable>(&mut self, request: &Request<S>) -> Result<(), Full> {
+        push(&mut self.generation, Listed::of(request))
     }
 
-    /// Adds a context chunk for a schedulable request.
+    /// Adds a context chunk of a schedulable request.
     pub fn push_context<S: Schedulable>(
         &mut self,
         request: &Request<S>,
-        chunk: u32,
+        tokens: u32,
         last: bool,
-        lora: Option<TaskId>,
-    ) {
-        let r = request.kv_ref();
-        let bucket = request.task().map_or(NO_BUCKET, |t| t.slot);
+    ) -> Result<(), Full> {
         self.has_chunking |= !last;
-        let _ = self.context.push(Listed {
-            id: r.id,
-            slot: r.slot,
-            chunk,
+        let chunk = Chunk {
+            listed: Listed::of(request),
+            tokens,
             last,
-            key: lora.map_or(0, |t| t.0),
-            lora: lora.is_some(),
-            bucket,
-        });
-    }
-
-    /// Ids of a list, for tests and tools.
-    pub fn ids(list: &List<N>) -> impl Iterator<Item = u64> + '_ {
-        list.iter().map(|l| l.id.0)
-    }
-}
-
-/// The LoRA sort key (spec §1.13): (0, 0) without an adapter, (1, task id) with one, as one integer.
-#[inline]
-pub(crate) fn lora_key(l: &Listed) -> u128 {
-    (u128::from(l.lora) << 64) | u128::from(l.key)
-}
-
-/// Sorts `list` stably by LoRA key (no adapter first, then ascending task id); with `partition`, non-final
-/// chunks go first. Uses `scratch` and `counts` (one `[part 0, part 1]` counter pair per adapter task slot;
-/// no allocation). Cost: O(n) when already sorted, or when every LoRA entry's adapter bucket is one of the
-/// pass's distinct adapters (given in ascending id order in `adapters_by_id`): a counting sort that touches
-/// only those adapters' counters; otherwise a bottom-up merge sort, O(n log n).
-pub(crate) fn sort_by_lora<const N: usize>(
-    list: &mut List<N>,
-    scratch: &mut [Listed; N],
-    partition: bool,
-    adapters_by_id: &[TaskRef],
-    counts: &mut [[u32; 2]],
-) {
-    let full_key = |l: &Listed| {
-        if partition {
-            (u128::from(l.last) << 65) | lora_key(l)
-        } else {
-            lora_key(l)
-        }
-    };
-    if list.windows(2).all(|w| full_key(&w[0]) <= full_key(&w[1])) {
-        return;
-    }
-    let counted = !adapters_by_id.is_empty()
-        && if partition {
-            counting_sort::<N, true>(list, scratch, adapters_by_id, counts)
-        } else {
-            counting_sort::<N, false>(list, scratch, adapters_by_id, counts)
         };
-    if counted {
-        return;
+        push(&mut self.context, chunk)
     }
-    merge_sort(list, scratch, full_key);
-}
 
-/// [`sort_by_lora`] without partition, for a list counted as it was filled: `counts[slot][0]` holds the
-/// entries of each task of `adapters_by_id`, `plain` those without an adapter. If the counts do not
-/// account for every entry (an entry with a key but no bucket), the list is counted again as
-/// [`sort_by_lora`] does.
-pub(crate) fn sort_counted<const N: usize>(
-    list: &mut List<N>,
-    scratch: &mut [Listed; N],
-    adapters_by_id: &[TaskRef],
-    counts: &mut [[u32; 2]],
-    plain: u32,
-) {
-    if list.windows(2).all(|w| lora_key(&w[0]) <= lora_key(&w[1])) {
-        return;
+    /// Adds an encoder request (it runs the encoder only: it owns no decoder KV).
+    pub fn push_encoder<S: State>(&mut self, request: &Request<S>) -> Result<(), Full> {
+        push(&mut self.encoder, Listed::of(request))
     }
-    if !place::<N, false>(list, scratch, adapters_by_id, counts, [plain, 0]) {
-        sort_by_lora(list, scratch, false, adapters_by_id, counts);
-    }
-}
 
-/// The counting sort of [`sort_by_lora`]: bucket "no adapter", then one bucket per adapter in id order, per
-/// part. Returns false, changing nothing in `list`, when an entry's bucket is not one of `adapters_by_id`.
-fn counting_sort<const N: usize, const PARTITION: bool>(
-    list: &mut List<N>,
-    scratch: &mut [Listed; N],
-    adapters_by_id: &[TaskRef],
-    counts: &mut [[u32; 2]],
-) -> bool {
-    let part = |l: &Listed| usize::from(PARTITION && l.last);
-    let mut plain = [0u32; 2];
-    for t in adapters_by_id {
-        match counts.get_mut(t.slot as usize) {
-            Some(c) => *c = [0, 0],
-            None => return false,
-        }
+    /// Adds an ordinarily suspended request.
+    pub fn push_paused(&mut self, request: &Request<Suspended<Paused>>) -> Result<(), Full> {
+        push(&mut self.paused, Listed::of(request))
     }
-    for l in list.iter() {
-        if !l.lora {
-            plain[part(l)] += 1;
-        } else {
-            match counts.get_mut(l.bucket as usize) {
-                Some(c) => c[part(l)] += 1,
-                None => return false, // no bucket (no adapter cache)
+
+    /// Adds a destructively freed request.
+    pub fn push_recompute(&mut self, request: &Request<Suspended<Recompute>>) -> Result<(), Full> {
+        push(&mut self.recompute_paused, Listed::of(request))
+    }
+
+    /// Adds a disaggregated generation request that took ownership of its prepared KV.
+    pub fn push_disagg<S: Schedulable>(&mut self, request: &Request<S>) -> Result<(), Full> {
+        push(&mut self.disagg, Listed::of(request))
+    }
+
+    /// Adds a request whose KV came back.
+    pub fn push_resumed(&mut self, request: &Request<Resumed>) -> Result<(), Full> {
+        push(&mut self.resumed, Listed::of(request))
+    }
+
+    /// Takes a request off the paused list (it became a recompute or preemption victim in the same
+    /// pass: it is listed once, in `recompute_paused`). Returns whether it was there.
+    pub(crate) fn unlist_paused(&mut self, slot: u16) -> bool {
+        match self.paused.iter().position(|l| l.slot == slot) {
+            Some(i) => {
+                self.paused.remove(i);
+                true
             }
-        }
-    }
-    place::<N, PARTITION>(list, scratch, adapters_by_id, counts, plain)
-}
-
-/// The placement of the counting sort, from the counts (`counts[slot]` for the tasks of `adapters_by_id`,
-/// `plain` for the entries without an adapter). Returns false, changing nothing in `list`, when the counts
-/// do not add up to the list's length.
-fn place<const N: usize, const PARTITION: bool>(
-    list: &mut List<N>,
-    scratch: &mut [Listed; N],
-    adapters_by_id: &[TaskRef],
-    counts: &mut [[u32; 2]],
-    mut plain: [u32; 2],
-) -> bool {
-    let part = |l: &Listed| usize::from(PARTITION && l.last);
-    for t in adapters_by_id {
-        if counts.get(t.slot as usize).is_none() {
-            return false;
-        }
-    }
-    // Start offsets, in place: part 0 (no adapter, adapters by id), then part 1. An entry whose bucket
-    // is not in the plan was counted in a stale counter the prefix never visits: the total falls short.
-    let mut acc = 0u32;
-    for p in 0..if PARTITION { 2 } else { 1 } {
-        let c = plain[p];
-        plain[p] = acc;
-        acc += c;
-        for t in adapters_by_id {
-            let c = &mut counts[t.slot as usize][p];
-            let v = *c;
-            *c = acc;
-            acc += v;
-        }
-    }
-    if acc as usize != list.len() {
-        return false;
-    }
-    // One block copy (heapless' extend_from_slice moves element by element).
-    let scratch = &mut scratch[..list.len()];
-    scratch.copy_from_slice(list);
-    for l in scratch.iter() {
-        let p = part(l);
-        let slot = if !l.lora {
-            &mut plain[p]
-        } else {
-            &mut counts[l.bucket as usize][p]
-        };
-        list[*slot as usize] = *l;
-        *slot += 1;
-    }
-    true
-}
-
-fn merge_sort<const N: usize>(
-    list: &mut List<N>,
-    scratch: &mut [Listed; N],
-    key: impl Fn(&Listed) -> u128,
-) {
-    let n = list.len();
-    let scratch = &mut scratch[..n];
-    let mut width = 1;
-    let mut from_list = true;
-    while width < n {
-        {
-            let (src, dst): (&[Listed], &mut [Listed]) = if from_list {
-                (&list[..], &mut *scratch)
-            } else {
-                (&*scratch, &mut list[..])
-            };
-            let mut lo = 0;
-            while lo < n {
-                let mid = (lo + width).min(n);
-                let hi = (lo + 2 * width).min(n);
-                let (mut a, mut b, mut o) = (lo, mid, lo);
-                while a < mid && b < hi {
-                    if key(&src[b]) < key(&src[a]) {
-                        dst[o] = src[b];
-                        b += 1;
-                    } else {
-                        dst[o] = src[a];
-                        a += 1;
-                    }
-                    o += 1;
-                }
-                dst[o..o + (mid - a)].copy_from_slice(&src[a..mid]);
-                o += mid - a;
-                dst[o..o + (hi - b)].copy_from_slice(&src[b..hi]);
-                lo = hi;
-            }
-        }
-        from_list = !from_list;
-        width *= 2;
-    }
-    if !from_list {
-        list.copy_from_slice(scratch);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Test keys: 0 = no adapter, k > 0 = task k - 1.
-    fn l(id: u64, key: u64, last: bool) -> Listed {
-        Listed {
-            id: RequestId(id),
-            slot: id as u16,
-            chunk: 0,
-            last,
-            key: key.saturating_sub(1),
-            lora: key > 0,
-            bucket: NO_BUCKET,
+            None => false,
         }
     }
 
-    #[test]
-    fn merge_sort_is_stable_and_partitions() {
-        let mut list: List<16> = heapless::Vec::new();
-        for (i, k) in [3u64, 1, 0, 2, 1, 0, 3].iter().enumerate() {
-            list.push(l(i as u64, *k, i % 2 == 0)).unwrap();
-        }
-        let mut scratch = [Listed::default(); 16];
-        let mut counts = [[0u32; 2]; 8];
-        sort_by_lora(&mut list, &mut scratch, false, &[], &mut counts);
-        let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
-        assert_eq!(&ids[..], &[2, 5, 1, 4, 3, 0, 6]);
-        sort_by_lora(&mut list, &mut scratch, true, &[], &mut counts);
-        let ids: heapless::Vec<u64, 16> = list.iter().map(|x| x.id.0).collect();
-        // Non-final (odd ids) first, each part by key.
-        assert_eq!(&ids[..], &[5, 1, 3, 2, 4, 0, 6]);
+    /// A task enters the adapter plan.
+    pub(crate) fn push_adapter(&mut self, task: TaskRef) -> Result<(), Full> {
+        push(&mut self.adapters, task)
     }
 
-    #[test]
-    fn precounted_sort_matches_and_falls_back() {
-        let tasks = [
-            TaskRef {
-                id: TaskId(2),
-                slot: 1,
-            },
-            TaskRef {
-                id: TaskId(5),
-                slot: 0,
-            },
-        ];
-        let mut a: List<64> = heapless::Vec::new();
-        let (mut plain, mut counts) = (0u32, [[0u32; 2]; 8]);
-        for i in 0..30u64 {
-            let t = (i * 7 % 3) as usize;
-            let (key, bucket) = if t == 2 {
-                plain += 1;
-                (0, NO_BUCKET)
-            } else {
-                counts[tasks[t].slot as usize][0] += 1;
-                (tasks[t].id.0, tasks[t].slot)
-            };
-            a.push(Listed {
-                id: RequestId(i),
-                slot: i as u16,
-                key,
-                lora: t != 2,
-                bucket,
-                ..Listed::default()
-            })
-            .unwrap();
-        }
-        let mut scratch = [Listed::default(); 64];
-        let mut expect = a.clone();
-        let mut fresh = [[0u32; 2]; 8];
-        sort_by_lora(&mut expect, &mut scratch, false, &tasks, &mut fresh);
-        let mut got = a.clone();
-        sort_counted(&mut got, &mut scratch, &tasks, &mut counts, plain);
-        assert_eq!(got, expect);
-        // Counts that miss an entry (an adapter without a bucket): counted again, same order.
-        let mut b = a.clone();
-        b[3].bucket = NO_BUCKET;
-        let mut expect = b.clone();
-        sort_by_lora(&mut expect, &mut scratch, false, &tasks, &mut fresh);
-        let mut got = b.clone();
-        let mut short = [[0u32; 2]; 8];
-        sort_counted(&mut got, &mut scratch, &tasks, &mut short, plain);
-        assert_eq!(got, expect);
+    /// The lists the LoRA sort orders, with the plan.
+    pub(crate) fn sortable(
+        &mut self,
+    ) -> (
+        &mut List<Listed, N>,
+        &mut List<Chunk, N>,
+        &mut List<Listed, N>,
+        &mut List<TaskRef, N>,
+    ) {
+        (
+            &mut self.generation,
+            &mut self.context,
+            &mut self.encoder,
+            &mut self.adapters,
+        )
     }
 
-    #[test]
-    fn counting_sort_matches_merge_sort() {
-        let mut a: List<64> = heapless::Vec::new();
-        let tasks = [
-            TaskRef {
-                id: TaskId(5),
-                slot: 0,
-            },
-            TaskRef {
-                id: TaskId(2),
-                slot: 1,
-            },
-        ];
-        for i in 0..40u64 {
-            let t = (i * 7 % 3) as usize;
-            let (key, bucket) = if t == 2 {
-                (0, NO_BUCKET)
-            } else {
-                (tasks[t].id.0, tasks[t].slot)
-            };
-            a.push(Listed {
-                id: RequestId(i),
-                slot: i as u16,
-                chunk: 0,
-                last: i % 3 == 0,
-                key,
-                lora: t != 2,
-                bucket,
-            })
-            .unwrap();
-        }
-        let mut b = a.clone();
-        for l in b.iter_mut() {
-            l.bucket = NO_BUCKET;
-        }
-        let mut by_id = tasks;
-        by_id.sort_unstable_by_key(|t| t.id);
-        let mut scratch = [Listed::default(); 64];
-        let mut counts = [[0u32; 2]; 8];
-        for partition in [false, true] {
-            let (mut x, mut y) = (a.clone(), b.clone());
-            sort_by_lora(&mut x, &mut scratch, partition, &by_id, &mut counts);
-            sort_by_lora(&mut y, &mut scratch, partition, &by_id, &mut counts);
-            let xi: heapless::Vec<u64, 64> = x.iter().map(|l| l.id.0).collect();
-            let yi: heapless::Vec<u64, 64> = y.iter().map(|l| l.id.0).collect();
-            assert_eq!(xi, yi);
-        }
+    /// The plan and the loads list, for `ensure_batch`.
+    pub(crate) fn plan_and_loads(&mut self) -> (&List<TaskRef, N>, &mut List<TaskRef, N>) {
+        (&self.adapters, &mut self.adapter_loads)
+    }
+
+    /// The request lists after the context list, in wire order: generation, encoder, paused,
+    /// recompute-paused, disagg, resumed.
+    pub(crate) fn request_lists(&self) -> [&[Listed]; 6] {
+        [
+            &self.generation,
+            &self.encoder,
+            &self.paused,
+            &self.recompute_paused,
+            &self.disagg,
+            &self.resumed,
+        ]
     }
 }

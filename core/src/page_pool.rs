@@ -14,31 +14,8 @@
 //! Storage is borrowed ([`KvStorage`]), so the pool itself never allocates: place the buffers in
 //! statics, on the stack, or in a `Vec` owned by the caller.
 
-use crate::kv::{ContextPrep, KvBackend, KvRef};
+use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove, Tier};
 use crate::request::RequestId;
-
-/// A memory tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Tier {
-    /// GPU memory.
-    #[default]
-    Gpu,
-    /// Host (CPU) memory.
-    Host,
-}
-
-/// One page copy the copy engine must perform.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct PageMove {
-    /// Whose page.
-    pub request: RequestId,
-    /// Source tier (the destination is the other tier).
-    pub from: Tier,
-    /// Source page index in its tier.
-    pub src: u32,
-    /// Destination page index in the other tier.
-    pub dst: u32,
-}
 
 /// State of one request slot's cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -256,12 +233,6 @@ impl<'a> KvPool<'a> {
         let s = self.seq(slot);
         let base = slot as usize * self.cfg.max_blocks as usize;
         &self.tables[base..base + s.blocks as usize]
-    }
-
-    /// The page moves logged since the last call, in order; the log is then empty.
-    pub fn take_moves(&mut self) -> &[PageMove] {
-        let n = core::mem::take(&mut self.moves_len);
-        &self.moves[..n]
     }
 
     /// A fingerprint of the whole pool state: geometry, both free stacks (whole buffers, so a page that
@@ -603,6 +574,11 @@ impl KvBackend for KvPool<'_> {
 
     fn max_tokens_per_request(&self) -> u64 {
         self.cfg.max_blocks.min(self.cfg.gpu_pages) as u64 * self.cfg.tokens_per_block as u64
+    }
+
+    fn take_moves(&mut self) -> &[PageMove] {
+        let n = core::mem::take(&mut self.moves_len);
+        &self.moves[..n]
     }
 }
 

@@ -1,39 +1,48 @@
 //! Requests: ids, per-request data, and the type-state lifecycle of what a request owns.
 //!
 //! The *phase* of a request ([`Phase`]) is runtime data. What it *owns* — KV pages and an adapter lease —
-//! is its type-state: a [`Request<S>`] with `S` one of [`Waiting`], [`Active`], [`Suspended<Paused>`],
-//! [`Suspended<Recompute>`] and [`Resumed`]. Each transition is one consuming function:
+//! is its type-state: a [`Request<S>`] with `S` one of [`Waiting`], [`Active`], [`Resumed`],
+//! [`Suspended<Paused>`] and [`Suspended<Recompute>`]. Each numbered arrow is one consuming function:
 //!
 //! ```text
 //!                 (1) admit: KV pages + adapter lease
 //!    Waiting ────────────────────────────────────────▶ Active ──(8) finish──▶ released
 //!       ▲                                               │   ▲
-//!       │ (6) replay: first chunk                (2)    │   │ (5) settle
-//!       │     re-acquires the lease         suspend     ▼   │
+//!       │ (6) replay: first chunk                (2)    │   │ (5) settle: the page moves were
+//!       │     re-acquires the lease         suspend     ▼   │     handed to the copy engine
 //!    Suspended<Recompute> ◀──(4) recompute──── Suspended<Paused> ──(3) resume──▶ Resumed
 //!       KV freed, paused       / (7) preempt    KV in a lower tier or HELD;     KV back on GPU AND
 //!       on the adapter         (Active too)     lease returned (pause=true)     a fresh lease
 //! ```
 //!
 //! 1. [`Request<Waiting>::admit`] — the pass allocated the first chunk's KV; the desk mints the lease.
-//! 2. [`Request<Active>::suspend`] — victim or self-eviction: KV suspended, lease returned with pause.
+//! 2. [`Request::suspend`] (on [`Active`] or [`Resumed`]) — victim or self-eviction: KV suspended, lease
+//!    returned with pause.
 //! 3. [`Request<Suspended<Paused>>::resume`] — needs the KV backend *and* the adapter desk; the only way
 //!    to a [`Resumed`], which carries the fresh lease.
-//! 4. [`Request<Suspended<Paused>>::recompute`] / [`Request<Active>::recompute`] — destructive recompute
-//!    pause: KV freed, lease (if any) returned with pause.
-//! 5. [`Request<Resumed>::settle`] — a resumed request becomes an ordinary active one.
+//! 4. [`Request::recompute`] (on a lease holder) / [`Request<Suspended<Paused>>::recompute`] —
+//!    destructive recompute pause: KV freed, lease (if any) returned with pause.
+//! 5. [`Request<Resumed>::settle`] — needs the proof [`MovesTaken`] that the pass's page moves (the
+//!    copy-up of the resumed pages) were handed to the engine: only then does the request become an
+//!    ordinary active one. Until then it is batched as a [`Resumed`] and the engine must copy its pages
+//!    up before the step runs.
 //! 6. [`Request<Suspended<Recompute>>::replay`] — the replay's first chunk acquires a new lease.
-//! 7. [`Request<Active>::preempt`] — context-side preemption (pages given up), like 4.
+//! 7. [`Request::preempt`] — context-side preemption (pages given up), like 4; of a HELD
+//!    [`Suspended<Paused>`] only as a deadlock remedy (the pass decides).
 //! 8. `finish` on every state — everything it owns is released (lease with pause = false).
 //!
-//! A batch ([`crate::output::SchedulerOutput`]) accepts only [`Schedulable`] states: [`Active`] and
-//! [`Resumed`]. A request or lease dropped while it still owns resources panics in debug builds with the
-//! `std` feature (the drop bomb does nothing while the thread is already panicking).
+//! Every capability a transition needs — the KV backend, the [`AdapterDesk`], the [`MovesTaken`] proof —
+//! is minted only inside this crate, and no public function hands out a request: the lifecycle can be read
+//! here and is walked only by the scheduler. Activation checks (admit, resume and replay need the KV active
+//! on the GPU) are always on and refuse with an error, handing the request back unchanged. A batch
+//! ([`crate::output::SchedulerOutput`]) accepts only [`Schedulable`] states: [`Active`] and [`Resumed`]. A
+//! request or lease dropped while it still owns resources panics in debug builds with the `std` feature
+//! (the drop bomb does nothing while the thread is already panicking).
 
 use core::marker::PhantomData;
 
 use crate::adapter::{PeftBackend, TaskRef};
-use crate::error::PeftError;
+use crate::error::Error;
 use crate::kv::{KvBackend, KvRef};
 use crate::lease::{AdapterDesk, AdapterLease, PausedOn};
 use crate::phase::Phase;
@@ -130,13 +139,6 @@ impl Bomb {
         }
     }
     #[inline]
-    pub(crate) fn defused() -> Self {
-        Self {
-            #[cfg(all(feature = "std", debug_assertions))]
-            armed: false,
-        }
-    }
-    #[inline]
     #[allow(unused_mut)]
     pub(crate) fn defuse(mut self) {
         #[cfg(all(feature = "std", debug_assertions))]
@@ -156,15 +158,53 @@ impl Drop for Bomb {
     }
 }
 
+/// What a request owns, as a runtime value: the one-byte tag the request table keeps next to each typed
+/// request, derived from its type-state ([`State::OWNERSHIP`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Ownership {
+    /// [`Waiting`]: owns nothing.
+    Waiting = 0,
+    /// [`Active`]: KV active on the GPU, lease held.
+    Active = 1,
+    /// [`Resumed`]: KV back on the GPU (pages to be copied up before the step), lease held.
+    Resumed = 2,
+    /// [`Suspended<Paused>`]: KV suspended, paused on its adapter.
+    Paused = 3,
+    /// [`Suspended<Recompute>`]: KV freed, waiting to replay its prefill.
+    Recompute = 4,
+}
+
+impl Ownership {
+    /// Its KV is active on the GPU and it holds its lease ([`Active`] or [`Resumed`]).
+    pub const fn on_gpu(self) -> bool {
+        matches!(self, Ownership::Active | Ownership::Resumed)
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
 }
 
-/// A type-state: what a request owns.
-pub trait Residency: sealed::Sealed {}
+/// A type-state: what a request owns. Sealed: the five states below are all there are.
+pub trait State: sealed::Sealed {
+    /// The runtime tag of this state.
+    const OWNERSHIP: Ownership;
+}
 
 /// States a batch accepts: [`Active`] and [`Resumed`].
-pub trait Schedulable: Residency {}
+pub trait Schedulable: State {}
+
+/// States that own active KV and the lease: [`Active`] and [`Resumed`] (what suspension, recompute pause,
+/// preemption and finishing consume).
+pub trait OnGpu: State {
+    /// The lease, if the request has an adapter.
+    #[doc(hidden)]
+    fn into_lease(self) -> Option<AdapterLease>;
+    /// The lease, borrowed.
+    #[doc(hidden)]
+    fn lease_ref(&self) -> Option<&AdapterLease>;
+}
 
 /// Owns nothing (not admitted yet, or rolled back).
 #[derive(Debug)]
@@ -186,10 +226,25 @@ pub struct Suspended<M> {
     paused_on: Option<PausedOn>,
     _m: PhantomData<M>,
 }
-/// KV back on the GPU and a fresh lease: only [`Request<Suspended<Paused>>::resume`] makes one.
+/// KV back on the GPU and a fresh lease: only [`Request<Suspended<Paused>>::resume`] makes one. Its
+/// lower-tier pages are copied up by the engine before the step ([`Request<Resumed>::settle`]).
 #[derive(Debug)]
 pub struct Resumed {
     lease: Option<AdapterLease>,
+}
+
+/// Proof that the page moves of the passes so far were handed to the copy engine (minted by the
+/// scheduler when the engine takes the move log): what [`Request<Resumed>::settle`] needs.
+#[derive(Debug)]
+#[must_use = "the proof settles the resumed requests"]
+pub struct MovesTaken {
+    _private: (),
+}
+
+impl MovesTaken {
+    pub(crate) const fn mint() -> Self {
+        Self { _private: () }
+    }
 }
 
 impl<M> Suspended<M> {
@@ -203,74 +258,75 @@ impl<M> Suspended<M> {
 
 impl sealed::Sealed for Waiting {}
 impl sealed::Sealed for Active {}
-impl<M> sealed::Sealed for Suspended<M> {}
 impl sealed::Sealed for Resumed {}
-impl Residency for Waiting {}
-impl Residency for Active {}
-impl<M> Residency for Suspended<M> {}
-impl Residency for Resumed {}
+impl sealed::Sealed for Suspended<Paused> {}
+impl sealed::Sealed for Suspended<Recompute> {}
+impl State for Waiting {
+    const OWNERSHIP: Ownership = Ownership::Waiting;
+}
+impl State for Active {
+    const OWNERSHIP: Ownership = Ownership::Active;
+}
+impl State for Resumed {
+    const OWNERSHIP: Ownership = Ownership::Resumed;
+}
+impl State for Suspended<Paused> {
+    const OWNERSHIP: Ownership = Ownership::Paused;
+}
+impl State for Suspended<Recompute> {
+    const OWNERSHIP: Ownership = Ownership::Recompute;
+}
 impl Schedulable for Active {}
 impl Schedulable for Resumed {}
+impl OnGpu for Active {
+    fn into_lease(self) -> Option<AdapterLease> {
+        self.lease
+    }
+    fn lease_ref(&self) -> Option<&AdapterLease> {
+        self.lease.as_ref()
+    }
+}
+impl OnGpu for Resumed {
+    fn into_lease(self) -> Option<AdapterLease> {
+        self.lease
+    }
+    fn lease_ref(&self) -> Option<&AdapterLease> {
+        self.lease.as_ref()
+    }
+}
+
+/// Where a request lives in the scheduler's table: its slot and the slot's generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Place {
+    pub(crate) slot: u16,
+    pub(crate) generation: u32,
+}
 
 /// A request in type-state `S`.
 #[derive(Debug)]
-pub struct Request<S: Residency> {
-    kv: KvRef,
+pub struct Request<S: State> {
+    place: Place,
+    id: RequestId,
     task: Option<TaskRef>,
     state: S,
     bomb: Bomb,
 }
 
 static_assertions::assert_not_impl_any!(Request<Active>: Clone, Copy);
+static_assertions::assert_not_impl_any!(Request<Resumed>: Clone, Copy);
 static_assertions::assert_not_impl_any!(Request<Suspended<Paused>>: Clone, Copy, Schedulable);
 static_assertions::assert_not_impl_any!(Suspended<Paused>: Schedulable);
 static_assertions::assert_not_impl_any!(Suspended<Recompute>: Schedulable);
 static_assertions::assert_not_impl_any!(Waiting: Schedulable);
-
-impl<S: Residency> Request<S> {
-    /// The KV reference (slot and id).
-    pub fn kv_ref(&self) -> KvRef {
-        self.kv
-    }
-    /// The adapter task, when the request has one and an adapter cache is configured.
-    pub fn task(&self) -> Option<TaskRef> {
-        self.task
-    }
-    fn id(&self) -> crate::request::RequestId {
-        self.kv.id
-    }
-    /// Forgets the request's resources without releasing them: only for tearing down a whole scheduler,
-    /// whose backends go away with it.
-    pub(crate) fn abandon(self) {
-        let (_, _, state) = self.into_parts();
-        core::mem::forget(state);
-    }
-
-    fn into_parts(self) -> (KvRef, Option<TaskRef>, S) {
-        self.bomb.defuse();
-        (self.kv, self.task, self.state)
-    }
-    fn build<T: Residency>(kv: KvRef, task: Option<TaskRef>, state: T, armed: bool) -> Request<T> {
-        Request {
-            kv,
-            task,
-            state,
-            bomb: if armed {
-                Bomb::armed()
-            } else {
-                Bomb::defused()
-            },
-        }
-    }
-}
+static_assertions::assert_not_impl_any!(MovesTaken: Clone, Copy, Default);
 
 /// Why a transition was refused; the request comes back unchanged.
 #[derive(Debug)]
-pub struct Refused<S: Residency> {
+pub struct Refused<S: State> {
     /// The request, in its old state.
     pub request: Request<S>,
     /// Why.
-    pub error: PeftError,
+    pub error: Error,
 }
 
 /// How the KV of a resumed request came back (so a refused lease can be rolled back exactly).
@@ -282,59 +338,122 @@ pub enum KvReturn {
     Context,
 }
 
-impl Request<Waiting> {
-    /// A request that owns nothing yet.
-    pub fn new(kv: KvRef, task: Option<TaskRef>) -> Self {
-        Self::build(kv, task, Waiting, false)
+impl<S: State> Request<S> {
+    /// The KV reference (slot and id).
+    #[inline]
+    pub fn kv_ref(&self) -> KvRef {
+        KvRef {
+            slot: self.place.slot,
+            id: self.id,
+        }
+    }
+    /// The request id.
+    #[inline]
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+    /// The adapter task, when the request has one and an adapter cache is configured.
+    #[inline]
+    pub fn task(&self) -> Option<TaskRef> {
+        self.task
+    }
+    #[inline]
+    pub(crate) fn place(&self) -> Place {
+        self.place
+    }
+    /// Forgets the request's resources without releasing them: only for tearing down a whole scheduler,
+    /// whose backends go away with it.
+    pub(crate) fn abandon(self) {
+        let (_, _, _, state) = self.into_parts();
+        core::mem::forget(state);
     }
 
-    /// (1) Admission: the pass has given the first chunk its KV pages; the desk mints the lease.
+    fn into_parts(self) -> (Place, RequestId, Option<TaskRef>, S) {
+        self.bomb.defuse();
+        (self.place, self.id, self.task, self.state)
+    }
+    // Not inlined: built in place behind a pointer, a request is copied as bytes (inlined into a
+    // transition, LLVM has been seen to split the copy into per-bit shuffles of its padding).
+    #[inline(never)]
+    fn build<T: State>(place: Place, id: RequestId, task: Option<TaskRef>, state: T) -> Request<T> {
+        Request {
+            place,
+            id,
+            task,
+            state,
+            bomb: Bomb::armed(),
+        }
+    }
+    fn not_on_gpu(self) -> Refused<S> {
+        let error = Error::NotOnGpu(self.id);
+        Refused {
+            request: self,
+            error,
+        }
+    }
+}
+
+impl Request<Waiting> {
+    /// A request that owns nothing yet, at `place` in the table.
+    pub(crate) fn new(place: Place, id: RequestId, task: Option<TaskRef>) -> Self {
+        Self::build(place, id, task, Waiting)
+    }
+
+    /// (1) Admission: the pass has given the first chunk its KV pages; the desk mints the lease. Refused
+    /// (nothing changes) when the KV is not active or the adapter cache refuses the lease.
     pub fn admit<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
         kv: &K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Waiting>> {
-        debug_assert!(
-            kv.is_active(self.kv),
-            "admit needs the first chunk's KV pages"
-        );
+        if !kv.is_active(self.kv_ref()) {
+            return Err(self.not_on_gpu());
+        }
         let lease = match self.task {
             None => None,
-            Some(t) => match desk.acquire(self.id(), t, None) {
+            Some(t) => match desk.acquire(self.id, t, None) {
                 Ok(l) => Some(l),
-                Err((_, error)) => {
+                Err((_, e)) => {
                     return Err(Refused {
                         request: self,
-                        error,
+                        error: Error::Peft(e),
                     })
                 }
             },
         };
-        let (kv, task, _) = self.into_parts();
-        Ok(Self::build(kv, task, Active { lease }, true))
+        let (place, id, task, _) = self.into_parts();
+        Ok(Self::build(place, id, task, Active { lease }))
+    }
+
+    /// Registers a request whose cache the KV backend already holds suspended (adoption): it is paused
+    /// on its adapter with `paused_on`.
+    pub(crate) fn adopt_suspended(self, paused_on: Option<PausedOn>) -> Request<Suspended<Paused>> {
+        let (place, id, task, _) = self.into_parts();
+        Self::build(place, id, task, Suspended::new(paused_on))
+    }
+
+    /// (4) Recompute pause of a started request that owns no lease: any cache is freed and the request
+    /// is marked for replay.
+    pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
+        kv.free(self.kv_ref());
+        let (place, id, task, _) = self.into_parts();
+        Self::build(place, id, task, Suspended::new(None))
     }
 
     /// (8) Finish: drops any cache left by a rolled-back admission.
     pub fn finish<K: KvBackend>(self, kv: &mut K) {
-        if kv.has_cache(self.kv) {
-            kv.free(self.kv);
+        let r = self.kv_ref();
+        if kv.has_cache(r) {
+            kv.free(r);
         }
         self.into_parts();
     }
-
-    /// Recompute pause of a started request that owns no cache and no lease: nothing to free, but the
-    /// request is marked for replay.
-    pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
-        kv.free(self.kv);
-        let (kv, task, _) = self.into_parts();
-        Self::build(kv, task, Suspended::new(None), true)
-    }
 }
 
-impl Request<Active> {
+impl<S: OnGpu> Request<S> {
     /// The lease, if the request has an adapter.
     pub fn lease(&self) -> Option<&AdapterLease> {
-        self.state.lease.as_ref()
+        self.state.lease_ref()
     }
 
     /// (2) Ordinary suspension (victim or self-eviction): KV suspended, lease returned with pause = true.
@@ -344,7 +463,7 @@ impl Request<Active> {
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Paused>> {
-        kv.suspend(self.kv);
+        kv.suspend(self.kv_ref());
         self.pause_lease(desk)
     }
 
@@ -354,7 +473,7 @@ impl Request<Active> {
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Recompute>> {
-        kv.free(self.kv);
+        kv.free(self.kv_ref());
         self.pause_lease(desk)
     }
 
@@ -364,7 +483,7 @@ impl Request<Active> {
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Recompute>> {
-        kv.preempt(self.kv);
+        kv.preempt(self.kv_ref());
         self.pause_lease(desk)
     }
 
@@ -372,11 +491,13 @@ impl Request<Active> {
     fn pause_lease<M, P: PeftBackend, const T: usize>(
         self,
         desk: &mut AdapterDesk<P, T>,
-    ) -> Request<Suspended<M>> {
-        let id = self.id();
-        let (kv, task, state) = self.into_parts();
-        let paused_on = state.lease.and_then(|l| desk.release(id, l, true));
-        Self::build(kv, task, Suspended::new(paused_on), true)
+    ) -> Request<Suspended<M>>
+    where
+        Suspended<M>: State,
+    {
+        let (place, id, task, state) = self.into_parts();
+        let paused_on = state.into_lease().and_then(|l| desk.release(id, l, true));
+        Self::build(place, id, task, Suspended::new(paused_on))
     }
 
     /// (8) Finish: KV freed, lease returned with pause = false.
@@ -385,154 +506,144 @@ impl Request<Active> {
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) {
-        kv.free(self.kv);
-        let id = self.id();
-        let (_, _, state) = self.into_parts();
-        if let Some(l) = state.lease {
-            let none = desk.release(id, l, false);
-            debug_assert!(none.is_none());
+        kv.free(self.kv_ref());
+        let (_, id, _, state) = self.into_parts();
+        if let Some(l) = state.into_lease() {
+            let paused = desk.release(id, l, false);
+            assert!(paused.is_none(), "a finished lease leaves no pause behind");
         }
     }
 }
 
-impl<M> Request<Suspended<M>> {
+impl<M> Request<Suspended<M>>
+where
+    Suspended<M>: State,
+{
     /// The paused registration, if the request has an adapter.
     pub fn paused_on(&self) -> Option<&PausedOn> {
         self.state.paused_on.as_ref()
     }
+
+    /// (8) Finish while suspended or waiting to replay: any cache freed, paused registration dropped.
+    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T>,
+    ) {
+        let r = self.kv_ref();
+        if kv.has_cache(r) {
+            kv.free(r);
+        }
+        let (_, id, _, state) = self.into_parts();
+        if let Some(p) = state.paused_on {
+            desk.drop_paused(id, p);
+        }
+    }
 }
 
 impl Request<Suspended<Paused>> {
-    /// Adoption of a cache the KV backend already holds suspended, for a request without an adapter.
-    pub(crate) fn adopt_suspended(w: Request<Waiting>) -> Self {
-        Self::adopt_suspended_with(w, None)
-    }
-
-    /// Adoption of a suspended cache with the request's paused registration.
-    pub(crate) fn adopt_suspended_with(w: Request<Waiting>, paused_on: Option<PausedOn>) -> Self {
-        let (kv, task, _) = w.into_parts();
-        Self::build(kv, task, Suspended::new(paused_on), true)
-    }
-
     /// (3) Resume: the pass brought the KV back (`how`); the desk mints a fresh lease, consuming the
-    /// paused registration. Needs both the KV backend and the adapter desk. If the lease is refused, the
-    /// KV is put back exactly as it was and the request is handed back.
+    /// paused registration. Needs both the KV backend and the adapter desk. Refused when the KV is not
+    /// active (nothing changes) or when the lease is refused (the KV is put back exactly as it was).
     pub fn resume<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
         how: KvReturn,
     ) -> Result<Request<Resumed>, Refused<Suspended<Paused>>> {
-        debug_assert!(kv.is_active(self.kv), "resume needs the KV back on the GPU");
-        let id = self.id();
-        let (r, task, state) = self.into_parts();
-        let lease = match (task, state.paused_on) {
-            (Some(t), paused) => match desk.acquire(id, t, paused) {
+        if !kv.is_active(self.kv_ref()) {
+            return Err(self.not_on_gpu());
+        }
+        let r = self.kv_ref();
+        let (place, id, task, state) = self.into_parts();
+        let lease = match task {
+            Some(t) => match desk.acquire(id, t, state.paused_on) {
                 Ok(l) => Some(l),
-                Err((paused_on, error)) => {
+                Err((paused_on, e)) => {
                     if how == KvReturn::Generation {
                         kv.revert_allocate_generation(r);
                     }
                     kv.suspend(r);
-                    let request = Self::build(r, task, Suspended::new(paused_on), true);
-                    return Err(Refused { request, error });
+                    let request = Self::build(place, id, task, Suspended::new(paused_on));
+                    return Err(Refused {
+                        request,
+                        error: Error::Peft(e),
+                    });
                 }
             },
-            (None, paused) => {
-                debug_assert!(paused.is_none());
-                if let Some(p) = paused {
-                    desk.drop_paused(id, p);
-                }
+            None => {
+                assert!(
+                    state.paused_on.is_none(),
+                    "no adapter, no paused registration"
+                );
                 None
             }
         };
-        Ok(Self::build(r, task, Resumed { lease }, true))
+        Ok(Self::build(place, id, task, Resumed { lease }))
     }
 
     /// (4) Recompute pause of a suspended request: its KV (held or in the lower tier) is freed; it stays
     /// paused on its adapter for the replay.
     pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
-        kv.free(self.kv);
-        let (kv, task, state) = self.into_parts();
-        Self::build(kv, task, Suspended::new(state.paused_on), true)
+        kv.free(self.kv_ref());
+        self.into_recompute()
     }
 
-    /// (7) Context-side preemption of a suspended request whose pages are HELD on the GPU (no lower
-    /// tier): the pages are given up; it stays paused on its adapter for the replay.
+    /// (7) Preemption of a suspended request whose pages are HELD on the GPU (no lower tier): the pages
+    /// are given up; it stays paused on its adapter for the replay. The pass does this only as a deadlock
+    /// remedy.
     pub fn preempt<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
-        kv.preempt(self.kv);
-        let (kv, task, state) = self.into_parts();
-        Self::build(kv, task, Suspended::new(state.paused_on), true)
+        kv.preempt(self.kv_ref());
+        self.into_recompute()
     }
 
-    /// (8) Finish while suspended: KV freed, paused registration dropped.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
-        self,
-        kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
-    ) {
-        kv.free(self.kv);
-        let id = self.id();
-        let (_, _, state) = self.into_parts();
-        if let Some(p) = state.paused_on {
-            desk.drop_paused(id, p);
-        }
+    fn into_recompute(self) -> Request<Suspended<Recompute>> {
+        let (place, id, task, state) = self.into_parts();
+        Self::build(place, id, task, Suspended::new(state.paused_on))
     }
 }
 
 impl Request<Suspended<Recompute>> {
     /// (6) Replay: the replay's first chunk got its KV pages; a new lease is acquired, consuming the
-    /// paused registration.
+    /// paused registration. Refused (nothing changes) when the KV is not active or the lease is refused.
     pub fn replay<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
         kv: &K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Suspended<Recompute>>> {
-        debug_assert!(
-            kv.is_active(self.kv),
-            "replay needs the first chunk's KV pages"
-        );
-        let id = self.id();
-        let (r, task, state) = self.into_parts();
+        if !kv.is_active(self.kv_ref()) {
+            return Err(self.not_on_gpu());
+        }
+        let (place, id, task, state) = self.into_parts();
         let lease = match (task, state.paused_on) {
             (Some(t), paused) => match desk.acquire(id, t, paused) {
                 Ok(l) => Some(l),
-                Err((paused_on, error)) => {
-                    let request = Self::build(r, task, Suspended::new(paused_on), true);
-                    return Err(Refused { request, error });
+                Err((paused_on, e)) => {
+                    let request = Self::build(place, id, task, Suspended::new(paused_on));
+                    return Err(Refused {
+                        request,
+                        error: Error::Peft(e),
+                    });
                 }
             },
-            (None, _) => None,
+            (None, paused) => {
+                assert!(paused.is_none(), "no adapter, no paused registration");
+                None
+            }
         };
-        Ok(Self::build(r, task, Active { lease }, true))
-    }
-
-    /// (8) Finish before the replay: drops any cache and the paused registration.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
-        self,
-        kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
-    ) {
-        if kv.has_cache(self.kv) {
-            kv.free(self.kv);
-        }
-        let id = self.id();
-        let (_, _, state) = self.into_parts();
-        if let Some(p) = state.paused_on {
-            desk.drop_paused(id, p);
-        }
+        Ok(Self::build(place, id, task, Active { lease }))
     }
 }
 
 impl Request<Resumed> {
-    /// The fresh lease.
-    pub fn lease(&self) -> Option<&AdapterLease> {
-        self.state.lease.as_ref()
-    }
-
-    /// (5) A resumed request becomes an ordinary active one.
-    pub fn settle(self) -> Request<Active> {
-        let (kv, task, state) = self.into_parts();
-        Self::build(kv, task, Active { lease: state.lease }, true)
+    /// (5) Settle: the engine has taken the page moves (the copy-up of this request's pages is ordered
+    /// before its step), so the resumed request becomes an ordinary active one.
+    pub fn settle(self, moves: &MovesTaken) -> Request<Active> {
+        let _ = moves;
+        let (place, id, task, state) = self.into_parts();
+        Self::build(place, id, task, Active { lease: state.lease })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,22 +1,27 @@
 //! The plain-old-data wire form of a [`SchedulerOutput`]: a fixed little-endian byte layout that can be
-//! broadcast to tensor/pipeline-parallel ranks as bytes, without serialization libraries.
+//! broadcast to tensor/pipeline-parallel ranks as bytes, without serialization libraries (upstream's
+//! `SerializableSchedulerOutput`, spec §1.14). The ranks know requests by id, so every entry carries the
+//! request's id next to its slot.
 //!
-//! Layout: a 48-byte header (`magic`, `version`, eight list lengths as `u32`, a flags word, a reserved word) followed by
-//! the entries of the seven request lists in order (context, generation, encoder, paused,
-//! recompute-paused, disagg, resumed), 32 bytes each (`id: u64`, `key: u64`, `chunk: u32`, `slot: u16`,
-//! `bucket: u16`, `last: u8`, `lora: u8`, 6 bytes zero), then the adapter plan, 16 bytes per task (`id: u64`,
-//! `slot: u16`, 6 bytes zero).
+//! Layout (version 2): a 48-byte header (`magic`, `version`, eight list lengths as `u32`, a flags word, a
+//! reserved word) followed by the entries of the seven request lists in order (context, generation,
+//! encoder, paused, recompute-paused, disagg, resumed), 24 bytes each (`id: u64`, `generation: u32`,
+//! `tokens: u32`, `slot: u16`, `task: u16`, `last: u8`, 3 bytes zero; `tokens` and `last` are 0 outside
+//! the context list), then the adapter plan, 16 bytes per task (`id: u64`, `slot: u16`, 6 bytes zero).
+//!
+//! Decoding yields a [`WireOutput`]: plain data for the receiving rank. It is not a
+//! [`SchedulerOutput`]: no scheduler accepts it back, so bytes cannot forge a batch.
 
 use crate::adapter::TaskRef;
-use crate::output::{List, Listed, SchedulerOutput};
+use crate::output::{Listed, SchedulerOutput, NO_TASK};
 use crate::request::{RequestId, TaskId};
 
 /// `"KVSO"` little-endian.
 pub const MAGIC: u32 = 0x4f53_564b;
 /// Layout version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER: usize = 48;
-const ENTRY: usize = 32;
+const ENTRY: usize = 24;
 const TASK: usize = 16;
 
 /// Why a buffer could not be encoded or decoded.
@@ -33,6 +38,8 @@ pub enum WireError {
     BadHeader,
     /// A list is longer than the receiving output's capacity.
     TooLong,
+    /// A listed request has no id any more (it was removed after the pass).
+    Stale,
 }
 
 impl core::fmt::Display for WireError {
@@ -43,27 +50,83 @@ impl core::fmt::Display for WireError {
             }
             Self::BadHeader => f.write_str("not a kvsched scheduler output of this version"),
             Self::TooLong => f.write_str("a list is longer than the receiving output's capacity"),
+            Self::Stale => f.write_str("a listed request was removed after the pass"),
         }
     }
 }
 
 impl core::error::Error for WireError {}
 
-fn lists<const N: usize>(o: &SchedulerOutput<N>) -> [&List<N>; 7] {
+/// One decoded entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WireEntry {
+    /// Request id.
+    pub id: RequestId,
+    /// Table slot on the scheduling rank.
+    pub slot: u16,
+    /// The slot's generation.
+    pub generation: u32,
+    /// Adapter task slot (`None` without one).
+    pub task: Option<u16>,
+    /// Context: tokens of the chunk (0 elsewhere).
+    pub tokens: u32,
+    /// Context: the chunk ends the prompt.
+    pub last: bool,
+}
+
+/// A decoded output: the lists as the scheduling rank sent them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WireOutput<const N: usize> {
+    /// The seven request lists, in wire order: context, generation, encoder, paused, recompute-paused,
+    /// disagg, resumed.
+    pub lists: [heapless::Vec<WireEntry, N>; 7],
+    /// The adapter plan.
+    pub adapters: heapless::Vec<TaskRef, N>,
+    /// A context chunk is not the last one.
+    pub has_chunking: bool,
+}
+
+impl<const N: usize> WireOutput<N> {
+    /// The context list.
+    pub fn context(&self) -> &[WireEntry] {
+        &self.lists[0]
+    }
+    /// The generation list.
+    pub fn generation(&self) -> &[WireEntry] {
+        &self.lists[1]
+    }
+}
+
+/// The entries of the seven lists in wire order, as (listed request, tokens, last).
+fn entries<const N: usize>(
+    o: &SchedulerOutput<N>,
+) -> impl Iterator<Item = (Listed, u32, bool)> + '_ {
+    let context = o.context().iter().map(|c| (c.listed, c.tokens, c.last));
+    let others = o
+        .request_lists()
+        .into_iter()
+        .flat_map(|l| l.iter().map(|&x| (x, 0, false)));
+    context.chain(others)
+}
+
+fn lens<const N: usize>(o: &SchedulerOutput<N>) -> [usize; 8] {
+    let r = o.request_lists();
     [
-        &o.context,
-        &o.generation,
-        &o.encoder,
-        &o.paused,
-        &o.recompute_paused,
-        &o.disagg,
-        &o.resumed,
+        o.context().len(),
+        r[0].len(),
+        r[1].len(),
+        r[2].len(),
+        r[3].len(),
+        r[4].len(),
+        r[5].len(),
+        o.adapters().len(),
     ]
 }
 
 /// Bytes the wire form of `out` takes.
 pub fn encoded_len<const N: usize>(out: &SchedulerOutput<N>) -> usize {
-    HEADER + lists(out).iter().map(|l| l.len()).sum::<usize>() * ENTRY + out.adapters.len() * TASK
+    let l = lens(out);
+    HEADER + l[..7].iter().sum::<usize>() * ENTRY + l[7] * TASK
 }
 
 fn put(buf: &mut [u8], at: &mut usize, bytes: &[u8]) {
@@ -78,9 +141,12 @@ fn get<const B: usize>(buf: &[u8], at: &mut usize) -> [u8; B] {
     a
 }
 
-/// Encodes `out` into `buf`; returns the bytes written.
+/// Encodes `out` into `buf`, each entry with its request's id from `id_of` (for a scheduler `s`:
+/// `|l| s.get(l.handle()).ok().map(|e| e.spec().id)`); returns the bytes written. Nothing is written
+/// when it fails.
 pub fn encode<const N: usize>(
     out: &SchedulerOutput<N>,
+    id_of: impl Fn(Listed) -> Option<RequestId>,
     buf: &mut [u8],
 ) -> Result<usize, WireError> {
     let needed = encoded_len(out);
@@ -90,41 +156,38 @@ pub fn encode<const N: usize>(
             got: buf.len(),
         });
     }
+    if entries(out).any(|(l, _, _)| id_of(l).is_none()) {
+        return Err(WireError::Stale);
+    }
     let mut at = 0;
     put(buf, &mut at, &MAGIC.to_le_bytes());
     put(buf, &mut at, &VERSION.to_le_bytes());
-    for l in lists(out) {
-        put(buf, &mut at, &(l.len() as u32).to_le_bytes());
+    for n in lens(out) {
+        put(buf, &mut at, &(n as u32).to_le_bytes());
     }
-    put(buf, &mut at, &(out.adapters.len() as u32).to_le_bytes());
-    put(buf, &mut at, &(out.has_chunking as u32).to_le_bytes());
+    put(buf, &mut at, &u32::from(out.has_chunking()).to_le_bytes());
     put(buf, &mut at, &0u32.to_le_bytes()); // reserved
-    for l in lists(out) {
-        for e in l.iter() {
-            put(buf, &mut at, &e.id.0.to_le_bytes());
-            put(buf, &mut at, &e.key.to_le_bytes());
-            put(buf, &mut at, &e.chunk.to_le_bytes());
-            put(buf, &mut at, &e.slot.to_le_bytes());
-            put(buf, &mut at, &e.bucket.to_le_bytes());
-            put(
-                buf,
-                &mut at,
-                &[e.last as u8, e.lora as u8, 0, 0, 0, 0, 0, 0],
-            );
-        }
+    for (l, tokens, last) in entries(out) {
+        let id = id_of(l).map_or(0, |i| i.0);
+        put(buf, &mut at, &id.to_le_bytes());
+        put(buf, &mut at, &l.generation().to_le_bytes());
+        put(buf, &mut at, &tokens.to_le_bytes());
+        put(buf, &mut at, &l.slot().to_le_bytes());
+        put(buf, &mut at, &l.bucket().to_le_bytes());
+        put(buf, &mut at, &[u8::from(last), 0, 0, 0]);
     }
-    for t in out.adapters.iter() {
+    for t in out.adapters() {
         put(buf, &mut at, &t.id.0.to_le_bytes());
         put(buf, &mut at, &t.slot.to_le_bytes());
         put(buf, &mut at, &[0u8; 6]);
     }
-    debug_assert_eq!(at, needed);
+    assert_eq!(at, needed, "the layout's length");
     Ok(at)
 }
 
 /// Decodes a wire buffer into `out` (which is cleared first; on error it is left cleared).
-pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Result<(), WireError> {
-    out.clear();
+pub fn decode<const N: usize>(buf: &[u8], out: &mut WireOutput<N>) -> Result<(), WireError> {
+    *out = WireOutput::default();
     if buf.len() < HEADER {
         return Err(WireError::Short {
             needed: HEADER,
@@ -153,121 +216,35 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut SchedulerOutput<N>) -> Resul
     if lens.iter().any(|&l| l > N) {
         return Err(WireError::TooLong);
     }
-    let read_list = |list: &mut List<N>, n: usize, at: &mut usize| {
+    for (list, &n) in out.lists.iter_mut().zip(lens.iter()) {
         for _ in 0..n {
-            let id = u64::from_le_bytes(get(buf, at));
-            let key = u64::from_le_bytes(get(buf, at));
-            let chunk = u32::from_le_bytes(get(buf, at));
-            let slot = u16::from_le_bytes(get(buf, at));
-            let bucket = u16::from_le_bytes(get(buf, at));
-            let tail: [u8; 8] = get(buf, at);
-            let _ = list.push(Listed {
+            let id = u64::from_le_bytes(get(buf, &mut at));
+            let generation = u32::from_le_bytes(get(buf, &mut at));
+            let tokens = u32::from_le_bytes(get(buf, &mut at));
+            let slot = u16::from_le_bytes(get(buf, &mut at));
+            let task = u16::from_le_bytes(get(buf, &mut at));
+            let tail: [u8; 4] = get(buf, &mut at);
+            let pushed = list.push(WireEntry {
                 id: RequestId(id),
                 slot,
-                chunk,
+                generation,
+                task: (task != NO_TASK).then_some(task),
+                tokens,
                 last: tail[0] != 0,
-                key,
-                lora: tail[1] != 0,
-                bucket,
             });
+            assert!(pushed.is_ok(), "lengths were checked against N");
         }
-    };
-    read_list(&mut out.context, lens[0], &mut at);
-    read_list(&mut out.generation, lens[1], &mut at);
-    read_list(&mut out.encoder, lens[2], &mut at);
-    read_list(&mut out.paused, lens[3], &mut at);
-    read_list(&mut out.recompute_paused, lens[4], &mut at);
-    read_list(&mut out.disagg, lens[5], &mut at);
-    read_list(&mut out.resumed, lens[6], &mut at);
+    }
     for _ in 0..lens[7] {
         let id = u64::from_le_bytes(get(buf, &mut at));
         let slot = u16::from_le_bytes(get(buf, &mut at));
         let _: [u8; 6] = get(buf, &mut at);
-        let _ = out.adapters.push(TaskRef {
+        let pushed = out.adapters.push(TaskRef {
             id: TaskId(id),
             slot,
         });
+        assert!(pushed.is_ok(), "lengths were checked against N");
     }
     out.has_chunking = flags & 1 != 0;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_and_bad_input() {
-        let mut o: SchedulerOutput<8> = SchedulerOutput::new();
-        o.context
-            .push(Listed {
-                id: RequestId(7),
-                slot: 3,
-                chunk: 128,
-                last: false,
-                key: u64::MAX,
-                lora: true,
-                bucket: 1,
-            })
-            .unwrap();
-        o.generation
-            .push(Listed {
-                id: RequestId(1),
-                slot: 0,
-                chunk: 0,
-                last: false,
-                key: 0,
-                lora: false,
-                bucket: u16::MAX,
-            })
-            .unwrap();
-        o.paused
-            .push(Listed {
-                id: RequestId(9),
-                ..Listed::default()
-            })
-            .unwrap();
-        o.recompute_paused
-            .push(Listed {
-                id: RequestId(4),
-                last: true,
-                ..Listed::default()
-            })
-            .unwrap();
-        o.adapters
-            .push(TaskRef {
-                id: TaskId(4),
-                slot: 1,
-            })
-            .unwrap();
-        o.has_chunking = true;
-        let mut buf = [0u8; 512];
-        let n = encode(&o, &mut buf).unwrap();
-        assert_eq!(n, encoded_len(&o));
-        let mut back: SchedulerOutput<8> = SchedulerOutput::new();
-        decode(&buf[..n], &mut back).unwrap();
-        assert_eq!(back.context, o.context);
-        assert_eq!(back.generation, o.generation);
-        assert_eq!(back.paused, o.paused);
-        assert_eq!(back.recompute_paused, o.recompute_paused);
-        assert_eq!(back.adapters, o.adapters);
-        assert!(back.has_chunking);
-        assert!(matches!(
-            decode(&buf[..n - 1], &mut back),
-            Err(WireError::Short { .. })
-        ));
-        assert!(matches!(
-            encode(&o, &mut buf[..10]),
-            Err(WireError::Short { .. })
-        ));
-        buf[0] ^= 1;
-        assert_eq!(decode(&buf[..n], &mut back), Err(WireError::BadHeader));
-        let mut small: SchedulerOutput<1> = SchedulerOutput::new();
-        buf[0] ^= 1;
-        let mut two: SchedulerOutput<8> = SchedulerOutput::new();
-        two.generation.push(Listed::default()).unwrap();
-        two.generation.push(Listed::default()).unwrap();
-        let n = encode(&two, &mut buf).unwrap();
-        assert_eq!(decode(&buf[..n], &mut small), Err(WireError::TooLong));
-    }
 }

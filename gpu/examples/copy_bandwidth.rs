@@ -18,6 +18,16 @@ use kvsched_gpu::{
     PageMove, PoolShape, Tier,
 };
 
+/// A move of page `src` of tier `from` to page `dst` of the other tier (no request: a benchmark).
+fn page_move(from: Tier, src: u32, dst: u32) -> PageMove {
+    PageMove {
+        request: Default::default(),
+        from,
+        src,
+        dst,
+    }
+}
+
 struct Args {
     pages: u32,
     page_kib: usize,
@@ -101,14 +111,14 @@ fn time_moves<M: KvMemory>(
     Ok((best, total / f64::from(iters)))
 }
 
-/// Checks that page `target` of `tier` holds the pattern of page `source`; counts pages that differ.
+/// Checks that page `dst` of `tier` holds the pattern of page `src`; counts pages that differ.
 fn verify<M: KvMemory>(mem: &M, tier: Tier, moves: &[PageMove]) -> Result<usize, MemError> {
     let page_bytes = mem.shape().page_bytes;
     let (mut got, mut want) = (vec![0; page_bytes], vec![0; page_bytes]);
     let mut wrong = 0;
     for page_move in moves {
-        mem.read_page(tier, page_move.target, &mut got)?;
-        fill_page(page_move.source, &mut want);
+        mem.read_page(tier, page_move.dst, &mut got)?;
+        fill_page(page_move.src, &mut want);
         wrong += usize::from(got != want);
     }
     Ok(wrong)
@@ -126,8 +136,9 @@ fn prepare<M: KvMemory>(mem: &mut M, source: Tier) -> Result<(), MemError> {
     }
     match source {
         Tier::Gpu => {
-            let identity: Vec<PageMove> =
-                (0..shape.gpu_pages).map(|p| PageMove::new(p, p)).collect();
+            let identity: Vec<PageMove> = (0..shape.gpu_pages)
+                .map(|p| page_move(Tier::Host, p, p))
+                .collect();
             mem.reload(&identity)?.wait()?;
             for page in 0..shape.host_pages {
                 mem.write_page(Tier::Host, page, &zeros)?;
@@ -157,30 +168,37 @@ fn bench<M: KvMemory>(mem: &mut M, args: &Args) -> Result<bool, MemError> {
     let scattered: Vec<PageMove> = gpu_order
         .iter()
         .zip(&host_order)
-        .map(|(&g, &h)| PageMove::new(g, h))
+        .map(|(&g, &h)| page_move(Tier::Gpu, g, h))
         .collect();
-    let contiguous: Vec<PageMove> = (0..shape.gpu_pages).map(|p| PageMove::new(p, p)).collect();
+    let contiguous = |from| -> Vec<PageMove> {
+        (0..shape.gpu_pages)
+            .map(|p| page_move(from, p, p))
+            .collect()
+    };
     let back: Vec<PageMove> = scattered
         .iter()
-        .map(|m| PageMove::new(m.target, m.source))
+        .map(|m| page_move(Tier::Host, m.dst, m.src))
         .collect();
 
     let cases: [(&str, Tier, &[PageMove]); 4] = [
         ("offload GPU->host scattered ", Tier::Gpu, &scattered),
-        ("offload GPU->host contiguous", Tier::Gpu, &contiguous),
+        (
+            "offload GPU->host contiguous",
+            Tier::Gpu,
+            &contiguous(Tier::Gpu),
+        ),
         ("reload  host->GPU scattered ", Tier::Host, &back),
-        ("reload  host->GPU contiguous", Tier::Host, &contiguous),
+        (
+            "reload  host->GPU contiguous",
+            Tier::Host,
+            &contiguous(Tier::Host),
+        ),
     ];
     let mut all_correct = true;
     for (name, from, moves) in cases {
         prepare(mem, from)?;
         let (best, mean) = time_moves(mem, from, moves, args.iters)?;
-        let target_tier = if from == Tier::Gpu {
-            Tier::Host
-        } else {
-            Tier::Gpu
-        };
-        let wrong = verify(mem, target_tier, moves)?;
+        let wrong = verify(mem, from.other(), moves)?;
         all_correct &= wrong == 0;
         let verdict = if wrong == 0 {
             "correct".to_string()

@@ -19,11 +19,12 @@ use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, PinnedHostSlice,
     ValidAsZeroBits,
 };
+use kvsched_core::kv::{PageMove, Tier};
 
-use crate::error::{MemError, Tier};
+use crate::error::MemError;
 use crate::page::{
     check_len, encode_row, page_runs, AdapterMemory, BlockTableShape, CopyEvent, Direction,
-    KvMemory, MoveChecker, PageMove, PageStore, PoolShape,
+    KvMemory, MoveChecker, PageStore, PoolShape,
 };
 
 /// Whether the CUDA driver library (`libcuda.so` / `nvcuda.dll`) can be loaded. Checked once.

@@ -1,39 +1,9 @@
-//! Typed errors and the tier names they refer to.
+//! Typed errors. The tiers they name are kvsched-core's [`Tier`] (see the crate docs).
 
 use core::fmt;
 
 use cudarc::driver::DriverError;
-
-/// A memory tier of a two-tier store.
-///
-/// For the KV store, `Gpu` is the page pool attention kernels read and `Host` is the suspend tier.
-/// For the adapter store, `Gpu` holds the device adapter pages and `Host` the host adapter pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Tier {
-    /// Device memory (the host backend simulates it with a `Vec<u8>`).
-    Gpu,
-    /// Host memory (pinned, not write-combined, in the CUDA backend).
-    Host,
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Gpu => "GPU",
-            Self::Host => "host",
-        })
-    }
-}
-
-impl From<kvsched_core::page_pool::Tier> for Tier {
-    /// The store tier that holds pages of the core KV pool's tier.
-    fn from(tier: kvsched_core::page_pool::Tier) -> Self {
-        match tier {
-            kvsched_core::page_pool::Tier::Gpu => Self::Gpu,
-            kvsched_core::page_pool::Tier::Host => Self::Host,
-        }
-    }
-}
+use kvsched_core::kv::Tier;
 
 /// Everything that can go wrong in this crate. Bad input is refused before any copy is issued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +24,17 @@ pub enum MemError {
         page: u32,
         /// The number of pages in that tier.
         pages: u32,
+    },
+    /// A move whose source tier ([`PageMove::from`](kvsched_core::PageMove::from)) is not the tier
+    /// the call copies from: `offload` takes GPU → host moves, `reload` and `upload_adapter` host →
+    /// GPU moves.
+    WrongSourceTier {
+        /// The tier the call copies from.
+        expected: Tier,
+        /// The move's source tier.
+        found: Tier,
+        /// The move's source page.
+        page: u32,
     },
     /// The same target page appears twice in one move list (the result would depend on copy order).
     DuplicateTarget {
@@ -125,6 +106,14 @@ impl fmt::Display for MemError {
             Self::PageOutOfRange { tier, page, pages } => {
                 write!(f, "{tier} page {page} out of range ({pages} pages)")
             }
+            Self::WrongSourceTier {
+                expected,
+                found,
+                page,
+            } => write!(
+                f,
+                "move of {found} page {page} given to a copy from the {expected} tier"
+            ),
             Self::DuplicateTarget { tier, page } => {
                 write!(f, "{tier} page {page} is the target of more than one move")
             }

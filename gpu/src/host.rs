@@ -3,10 +3,12 @@
 //! Same page math, same validation and same block-table staging as the CUDA backend, so CI and the
 //! simulator exercise the logic without a GPU.
 
-use crate::error::{MemError, Tier};
+use kvsched_core::kv::{PageMove, Tier};
+
+use crate::error::MemError;
 use crate::page::{
     check_len, encode_row, page_runs, AdapterMemory, BlockTableShape, CopyEvent, Direction,
-    KvMemory, MoveChecker, PageMove, PageStore, PoolShape, BLOCK_TABLE_PAD,
+    KvMemory, MoveChecker, PageStore, PoolShape, BLOCK_TABLE_PAD,
 };
 
 /// A zero-filled vector of `len` elements, or `HostAllocation` instead of aborting.

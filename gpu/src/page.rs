@@ -3,30 +3,12 @@
 use core::ops::Range;
 
 use cudarc::driver::CudaEvent;
+use kvsched_core::kv::{PageMove, Tier};
 
-use crate::error::{MemError, Tier};
+use crate::error::MemError;
 
 /// Block-table entry for "no page": rows are padded with it after a request's last page.
 pub const BLOCK_TABLE_PAD: i32 = -1;
-
-/// One page copy: the page at `source` in the source tier goes to `target` in the target tier.
-///
-/// For an offload the source tier is the GPU and the target the host; for a reload and an adapter
-/// upload the other way round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PageMove {
-    /// Page id in the source tier.
-    pub source: u32,
-    /// Page id in the target tier.
-    pub target: u32,
-}
-
-impl PageMove {
-    /// A move of page `source` to page `target`.
-    pub const fn new(source: u32, target: u32) -> Self {
-        Self { source, target }
-    }
-}
 
 /// The size of a two-tier page pool: bytes per page and pages per tier.
 ///
@@ -230,7 +212,8 @@ impl MoveChecker {
         }
     }
 
-    /// Refuses a move list with a page out of range or a repeated target; the bitmap is left clear.
+    /// Refuses a move list with a move from the wrong tier, a page out of range or a repeated
+    /// target; the bitmap is left clear.
     pub(crate) fn check(
         &mut self,
         shape: &PoolShape,
@@ -242,21 +225,29 @@ impl MoveChecker {
         let mut result = Ok(());
         let mut marked = 0;
         for page_move in moves {
-            if page_move.source >= source_pages {
-                let (tier, page, pages) = (source_tier, page_move.source, source_pages);
+            if page_move.from != source_tier {
+                result = Err(MemError::WrongSourceTier {
+                    expected: source_tier,
+                    found: page_move.from,
+                    page: page_move.src,
+                });
+                break;
+            }
+            if page_move.src >= source_pages {
+                let (tier, page, pages) = (source_tier, page_move.src, source_pages);
                 result = Err(MemError::PageOutOfRange { tier, page, pages });
                 break;
             }
-            if page_move.target >= target_pages {
-                let (tier, page, pages) = (target_tier, page_move.target, target_pages);
+            if page_move.dst >= target_pages {
+                let (tier, page, pages) = (target_tier, page_move.dst, target_pages);
                 result = Err(MemError::PageOutOfRange { tier, page, pages });
                 break;
             }
-            let (word, bit) = bit_of(page_move.target);
+            let (word, bit) = bit_of(page_move.dst);
             if self.seen[word] & bit != 0 {
                 result = Err(MemError::DuplicateTarget {
                     tier: target_tier,
-                    page: page_move.target,
+                    page: page_move.dst,
                 });
                 break;
             }
@@ -264,7 +255,7 @@ impl MoveChecker {
             marked += 1;
         }
         for page_move in &moves[..marked] {
-            let (word, bit) = bit_of(page_move.target);
+            let (word, bit) = bit_of(page_move.dst);
             self.seen[word] &= !bit;
         }
         result
@@ -297,8 +288,10 @@ impl PageRun {
     }
 }
 
-/// Merges consecutive moves whose source and target both advance by one page into runs, keeping
-/// the list order. The number of runs is the number of copy calls a backend issues.
+/// Merges consecutive moves whose source page (`src`) and target page (`dst`) both advance by one
+/// page into runs, keeping the list order. The number of runs is the number of copy calls a backend
+/// issues. Only page ids are looked at: the moves' tiers (`from`) and requests are the caller's to
+/// check (the stores refuse a move from the wrong tier before they copy anything).
 pub fn page_runs(moves: &[PageMove]) -> PageRuns<'_> {
     PageRuns { moves }
 }
@@ -315,15 +308,14 @@ impl Iterator for PageRuns<'_> {
     fn next(&mut self) -> Option<PageRun> {
         let (first, rest) = self.moves.split_first()?;
         let mut run = PageRun {
-            source: first.source,
-            target: first.target,
+            source: first.src,
+            target: first.dst,
             pages: 1,
         };
         let extends = rest.iter().take_while(|page_move| {
             let next_source = run.source.checked_add(run.pages);
             let next_target = run.target.checked_add(run.pages);
-            let extends =
-                next_source == Some(page_move.source) && next_target == Some(page_move.target);
+            let extends = next_source == Some(page_move.src) && next_target == Some(page_move.dst);
             run.pages += u32::from(extends);
             extends
         });
@@ -400,12 +392,17 @@ pub trait PageStore {
 }
 
 /// The KV cache's memory: suspend/resume page moves and per-request block tables.
+///
+/// Moves are kvsched-core's [`PageMove`]s: page `src` of tier `from` goes to page `dst` of the
+/// other tier. The stores copy bytes only; `request` is not looked at.
 pub trait KvMemory: PageStore {
-    /// Starts copying GPU pages to host pages (suspend). Refuses the whole list, issuing nothing,
-    /// when a page is out of range or a host page is targeted twice.
+    /// Starts copying GPU pages to host pages (suspend): every move must come `from`
+    /// [`Tier::Gpu`]. Refuses the whole list, issuing nothing, when a move comes from the host tier
+    /// (`WrongSourceTier`), a page is out of range or a host page is targeted twice.
     fn offload(&mut self, moves: &[PageMove]) -> Result<CopyEvent, MemError>;
 
-    /// Starts copying host pages to GPU pages (resume); same checks as [`KvMemory::offload`].
+    /// Starts copying host pages to GPU pages (resume): every move must come `from`
+    /// [`Tier::Host`]; same checks as [`KvMemory::offload`].
     fn reload(&mut self, moves: &[PageMove]) -> Result<CopyEvent, MemError>;
 
     /// Whether offloads and reloads run in the order they were issued (one copy queue), so a copy
@@ -436,8 +433,10 @@ pub trait KvMemory: PageStore {
 ///
 /// Evicting an adapter from the device needs no copy: its device pages are simply reused.
 pub trait AdapterMemory: PageStore {
-    /// Starts copying host adapter pages to device adapter pages; same checks as
-    /// [`KvMemory::offload`].
+    /// Starts copying host adapter pages to device adapter pages: every move must come `from`
+    /// [`Tier::Host`] (`src` a host page, `dst` a device page); same checks as
+    /// [`KvMemory::offload`]. The moves' `request` field is not looked at (an adapter copy belongs
+    /// to no request; [`crate::AdapterSlots`] sets it to the task id, for tracing).
     fn upload_adapter(&mut self, moves: &[PageMove]) -> Result<CopyEvent, MemError>;
 }
 
@@ -454,11 +453,22 @@ pub(crate) fn check_len(expected: usize, actual: usize) -> Result<(), MemError> 
 mod tests {
     use super::*;
 
-    fn moves(pairs: &[(u32, u32)]) -> Vec<PageMove> {
+    /// Moves `(src, dst)` from tier `from`.
+    fn moves_from(from: Tier, pairs: &[(u32, u32)]) -> Vec<PageMove> {
         pairs
             .iter()
-            .map(|&(source, target)| PageMove::new(source, target))
+            .map(|&(src, dst)| PageMove {
+                request: kvsched_core::RequestId(7),
+                from,
+                src,
+                dst,
+            })
             .collect()
+    }
+
+    /// GPU → host moves.
+    fn moves(pairs: &[(u32, u32)]) -> Vec<PageMove> {
+        moves_from(Tier::Gpu, pairs)
     }
 
     #[test]
@@ -568,13 +578,30 @@ mod tests {
                 pages: 130
             })
         );
-        let out = moves(&[(69, 129), (70, 0)]);
+        let out = moves_from(Tier::Host, &[(69, 129), (70, 0)]);
         assert_eq!(
             checker.check(&shape, Direction::Reload, &out),
             Err(MemError::PageOutOfRange {
                 tier: Tier::Host,
                 page: 70,
                 pages: 70
+            })
+        );
+        let wrong = [moves(&[(0, 1)]), moves_from(Tier::Host, &[(3, 4)])].concat();
+        assert_eq!(
+            checker.check(&shape, Direction::Offload, &wrong),
+            Err(MemError::WrongSourceTier {
+                expected: Tier::Gpu,
+                found: Tier::Host,
+                page: 3
+            })
+        );
+        assert_eq!(
+            checker.check(&shape, Direction::Reload, &moves(&[(0, 1)])),
+            Err(MemError::WrongSourceTier {
+                expected: Tier::Host,
+                found: Tier::Gpu,
+                page: 0
             })
         );
         // Every earlier failure left the bitmap clear, so these targets are not "duplicates".
@@ -626,6 +653,15 @@ mod tests {
         assert_eq!(
             MemError::NoDriver.to_string(),
             "no CUDA driver: libcuda could not be loaded"
+        );
+        let error = MemError::WrongSourceTier {
+            expected: Tier::Gpu,
+            found: Tier::Host,
+            page: 3,
+        };
+        assert_eq!(
+            error.to_string(),
+            "move of host page 3 given to a copy from the GPU tier"
         );
         let error: &dyn std::error::Error = &MemError::NoDriver;
         assert!(error.source().is_none());

@@ -1,7 +1,7 @@
 //! Property test driven by kvsched-core's KV pool: random start / grow / revert / suspend / free
 //! sequences run on `kvsched_core::page_pool::KvPool`, and the page moves it logs
-//! (`KvPool::take_moves`) are executed on the store after every step by the library binding
-//! (`kvsched_gpu::bind::KvPages`).
+//! (`KvBackend::take_moves`, called on the pool directly: there is no scheduler here) are executed
+//! on the store after every step by the library binding (`kvsched_gpu::bind::KvPages`).
 //!
 //! The test writes fresh bytes into every block the pool hands out and then checks, after every
 //! step, that each request's blocks still hold those bytes at the pages its table now names (GPU or
@@ -12,8 +12,8 @@
 mod common;
 
 use common::{cuda_property, fail, pattern};
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
-use kvsched_core::page_pool::{self, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PageMove};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
 use kvsched_core::request::RequestId;
 use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, KvPages, PoolShape, Tier};
 use proptest::prelude::*;
@@ -134,7 +134,10 @@ impl Harness {
             }
         }
         // The copies first: a suspended or resumed request's blocks move before anything else.
-        let applied = self.binding.apply(pool, mem).map_err(fail)?;
+        let applied = self
+            .binding
+            .apply_moves(pool.take_moves(), mem)
+            .map_err(fail)?;
         applied.event.wait().map_err(fail)?;
         prop_assert_eq!(
             (applied.offloaded + applied.reloaded) as usize,
@@ -232,7 +235,7 @@ fn run<M: KvMemory>(mem: &mut M, ops: &[Op]) -> Result<KvStats, TestCaseError> {
     let mut host_free = vec![0; CONFIG.host_pages as usize];
     let mut tables = vec![0; CONFIG.table_len()];
     let mut seqs = vec![Seq::default(); usize::from(SLOTS)];
-    let mut moves = vec![page_pool::PageMove::default(); CONFIG.move_log_len()];
+    let mut moves = vec![PageMove::default(); CONFIG.move_log_len()];
     let storage = KvStorage {
         gpu_free: &mut gpu_free,
         host_free: &mut host_free,

@@ -6,23 +6,16 @@
 
 mod common;
 
-use common::{cuda_or_skip, pattern, Model};
+use common::{cuda_or_skip, moves, pattern, Model};
 use kvsched_gpu::{
     AdapterMemory, BlockTableShape, CudaAdapterStore, CudaKvStore, HostAdapterStore, HostKvStore,
-    KvMemory, MemError, PageMove, PageStore, PoolShape, Tier, BLOCK_TABLE_PAD,
+    KvMemory, MemError, PageStore, PoolShape, Tier, BLOCK_TABLE_PAD,
 };
 
 /// Page size deliberately not a power of two, so wrong page math shows.
 const KV_SHAPE: PoolShape = PoolShape::new(4100, 16, 12);
 const TABLES: BlockTableShape = BlockTableShape::new(4, 6);
 const ADAPTER_SHAPE: PoolShape = PoolShape::new(3000, 6, 10);
-
-fn moves(pairs: &[(u32, u32)]) -> Vec<PageMove> {
-    pairs
-        .iter()
-        .map(|&(source, target)| PageMove::new(source, target))
-        .collect()
-}
 
 /// Offload scattered GPU pages, overwrite the GPU tier, reload into different GPU pages.
 fn kv_round_trip<M: KvMemory>(mem: &mut M) {
@@ -32,9 +25,12 @@ fn kv_round_trip<M: KvMemory>(mem: &mut M) {
         model.write(mem, Tier::Gpu, page, 1000 + u64::from(page));
     }
     // 12, 13, 14 -> 5, 6, 7 is one run; the rest are single pages.
-    let offload = moves(&[(3, 11), (7, 2), (0, 4), (12, 5), (13, 6), (14, 7), (5, 0)]);
+    let offload = moves(
+        Tier::Gpu,
+        &[(3, 11), (7, 2), (0, 4), (12, 5), (13, 6), (14, 7), (5, 0)],
+    );
     mem.offload(&offload).unwrap().wait().unwrap();
-    model.apply(Tier::Gpu, &offload);
+    model.apply(&offload);
     model.check(mem).unwrap();
 
     for page in 0..KV_SHAPE.gpu_pages {
@@ -42,11 +38,14 @@ fn kv_round_trip<M: KvMemory>(mem: &mut M) {
     }
     model.check(mem).unwrap();
 
-    let reload = moves(&[(11, 15), (2, 1), (4, 2), (5, 3), (6, 9), (7, 10), (0, 8)]);
+    let reload = moves(
+        Tier::Host,
+        &[(11, 15), (2, 1), (4, 2), (5, 3), (6, 9), (7, 10), (0, 8)],
+    );
     let event = mem.reload(&reload).unwrap();
     event.wait().unwrap();
     assert!(event.is_complete().unwrap());
-    model.apply(Tier::Host, &reload);
+    model.apply(&reload);
     model.check(mem).unwrap();
 
     // Independent of the model: GPU page 15 went 3 -> host 11 -> 15.
@@ -69,33 +68,57 @@ fn kv_bad_input_changes_nothing<M: KvMemory>(mem: &mut M) {
     }
     let out_of_range = |tier, page, pages| Some(MemError::PageOutOfRange { tier, page, pages });
     assert_eq!(
-        mem.offload(&moves(&[(0, 0), (1, 1), (16, 2)])).err(),
+        mem.offload(&moves(Tier::Gpu, &[(0, 0), (1, 1), (16, 2)]))
+            .err(),
         out_of_range(Tier::Gpu, 16, 16)
     );
     assert_eq!(
-        mem.offload(&moves(&[(0, 0), (1, 12)])).err(),
+        mem.offload(&moves(Tier::Gpu, &[(0, 0), (1, 12)])).err(),
         out_of_range(Tier::Host, 12, 12)
     );
     assert_eq!(
-        mem.reload(&moves(&[(0, 3), (12, 4)])).err(),
+        mem.reload(&moves(Tier::Host, &[(0, 3), (12, 4)])).err(),
         out_of_range(Tier::Host, 12, 12)
     );
     assert_eq!(
-        mem.reload(&moves(&[(0, 3), (1, u32::MAX)])).err(),
+        mem.reload(&moves(Tier::Host, &[(0, 3), (1, u32::MAX)]))
+            .err(),
         out_of_range(Tier::Gpu, u32::MAX, 16)
     );
     assert_eq!(
-        mem.reload(&moves(&[(0, 3), (1, 4), (2, 3)])).err(),
+        mem.reload(&moves(Tier::Host, &[(0, 3), (1, 4), (2, 3)]))
+            .err(),
         Some(MemError::DuplicateTarget {
             tier: Tier::Gpu,
             page: 3
         })
     );
     assert_eq!(
-        mem.offload(&moves(&[(0, 9), (0, 9)])).err(),
+        mem.offload(&moves(Tier::Gpu, &[(0, 9), (0, 9)])).err(),
         Some(MemError::DuplicateTarget {
             tier: Tier::Host,
             page: 9
+        })
+    );
+    // A move from the other tier, last in the list: refused before anything is copied.
+    let mut wrong = moves(Tier::Gpu, &[(0, 0), (1, 1)]);
+    wrong.extend(moves(Tier::Host, &[(2, 2)]));
+    assert_eq!(
+        mem.offload(&wrong).err(),
+        Some(MemError::WrongSourceTier {
+            expected: Tier::Gpu,
+            found: Tier::Host,
+            page: 2
+        })
+    );
+    let mut wrong = moves(Tier::Host, &[(0, 0), (1, 1)]);
+    wrong.extend(moves(Tier::Gpu, &[(2, 2)]));
+    assert_eq!(
+        mem.reload(&wrong).err(),
+        Some(MemError::WrongSourceTier {
+            expected: Tier::Host,
+            found: Tier::Gpu,
+            page: 2
         })
     );
     let mut short = vec![0; KV_SHAPE.page_bytes - 1];
@@ -123,9 +146,9 @@ fn kv_bad_input_changes_nothing<M: KvMemory>(mem: &mut M) {
     mem.offload(&[]).unwrap().wait().unwrap();
     mem.synchronize().unwrap();
     model.check(mem).unwrap();
-    let ok = moves(&[(0, 3), (1, 4), (2, 9)]);
+    let ok = moves(Tier::Host, &[(0, 3), (1, 4), (2, 9)]);
     mem.reload(&ok).unwrap().wait().unwrap();
-    model.apply(Tier::Host, &ok);
+    model.apply(&ok);
     model.check(mem).unwrap();
 }
 
@@ -213,40 +236,49 @@ fn adapter_uploads<M: AdapterMemory>(mem: &mut M) {
         model.write(mem, Tier::Host, page, 5000 + u64::from(page));
     }
     // Adapter A = host pages 0, 1, 2 into device pages 4, 0, 1.
-    let adapter_a = moves(&[(0, 4), (1, 0), (2, 1)]);
+    let adapter_a = moves(Tier::Host, &[(0, 4), (1, 0), (2, 1)]);
     mem.upload_adapter(&adapter_a).unwrap().wait().unwrap();
-    model.apply(Tier::Host, &adapter_a);
+    model.apply(&adapter_a);
     model.check(mem).unwrap();
     // A is evicted (no copy); B = host pages 5, 3 reuses device pages 0, 1.
-    let adapter_b = moves(&[(5, 0), (3, 1)]);
+    let adapter_b = moves(Tier::Host, &[(5, 0), (3, 1)]);
     mem.upload_adapter(&adapter_b).unwrap().wait().unwrap();
-    model.apply(Tier::Host, &adapter_b);
+    model.apply(&adapter_b);
     model.check(mem).unwrap();
     // One host page may feed two device pages.
-    let fan_out = moves(&[(9, 2), (9, 3)]);
+    let fan_out = moves(Tier::Host, &[(9, 2), (9, 3)]);
     mem.upload_adapter(&fan_out).unwrap().wait().unwrap();
-    model.apply(Tier::Host, &fan_out);
+    model.apply(&fan_out);
     model.check(mem).unwrap();
     // Scribble over the device pages, then bring A back from its intact host copy.
     for page in 0..ADAPTER_SHAPE.gpu_pages {
         model.write(mem, Tier::Gpu, page, 6000 + u64::from(page));
     }
-    let adapter_a_again = moves(&[(0, 5), (1, 2), (2, 3)]);
+    let adapter_a_again = moves(Tier::Host, &[(0, 5), (1, 2), (2, 3)]);
     mem.upload_adapter(&adapter_a_again)
         .unwrap()
         .wait()
         .unwrap();
-    model.apply(Tier::Host, &adapter_a_again);
+    model.apply(&adapter_a_again);
     model.check(mem).unwrap();
     assert_eq!(
-        mem.upload_adapter(&moves(&[(0, 1), (1, 1)])).err(),
+        mem.upload_adapter(&moves(Tier::Host, &[(0, 1), (1, 1)]))
+            .err(),
         Some(MemError::DuplicateTarget {
             tier: Tier::Gpu,
             page: 1
         })
     );
     assert_eq!(
-        mem.upload_adapter(&moves(&[(10, 1)])).err(),
+        mem.upload_adapter(&moves(Tier::Gpu, &[(0, 1)])).err(),
+        Some(MemError::WrongSourceTier {
+            expected: Tier::Host,
+            found: Tier::Gpu,
+            page: 0
+        })
+    );
+    assert_eq!(
+        mem.upload_adapter(&moves(Tier::Host, &[(10, 1)])).err(),
         Some(MemError::PageOutOfRange {
             tier: Tier::Host,
             page: 10,
@@ -262,7 +294,7 @@ fn kv_without_host_tier<M: KvMemory>(mem: &mut M) {
     assert!(model.host.is_empty());
     model.write(mem, Tier::Gpu, 3, 7000);
     assert_eq!(
-        mem.offload(&moves(&[(3, 0)])).err(),
+        mem.offload(&moves(Tier::Gpu, &[(3, 0)])).err(),
         Some(MemError::PageOutOfRange {
             tier: Tier::Host,
             page: 0,
@@ -394,7 +426,7 @@ fn cuda_page_addresses_and_stream_ordering() {
 
     let mut model = Model::zeroed(&mem);
     model.write(&mut mem, Tier::Host, 1, 8000);
-    let reload = moves(&[(1, 6)]);
+    let reload = moves(Tier::Host, &[(1, 6)]);
     let event = mem.reload(&reload).unwrap();
     let compute = ctx.new_stream().unwrap();
     compute
@@ -407,7 +439,7 @@ fn cuda_page_addresses_and_stream_ordering() {
         )
         .unwrap();
     assert_eq!(copied, pattern(8000, KV_SHAPE.page_bytes));
-    model.apply(Tier::Host, &reload);
+    model.apply(&reload);
     model.check(&mem).unwrap();
 }
 

@@ -14,6 +14,7 @@
 mod common;
 
 use common::{cuda_property, fail, pattern};
+use kvsched_core::RequestId;
 use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, PageMove, PoolShape, Tier};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -133,11 +134,7 @@ impl Harness {
         let mut from = Tier::Gpu;
         for &index in which {
             from = self.requests[index].tier;
-            let to = if from == Tier::Gpu {
-                Tier::Host
-            } else {
-                Tier::Gpu
-            };
+            let to = from.other();
             let count = self.requests[index].pages.len();
             let Some(targets) = self.take(to, count, pick.wrapping_add(index)) else {
                 continue;
@@ -148,7 +145,12 @@ impl Harness {
                     .pages
                     .iter()
                     .zip(&targets)
-                    .map(|(&source, &target)| PageMove::new(source, target)),
+                    .map(|(&src, &dst)| PageMove {
+                        request: RequestId(index as u64),
+                        from,
+                        src,
+                        dst,
+                    }),
             );
             released.extend(std::mem::replace(&mut request.pages, targets));
             request.tier = to;

@@ -3,15 +3,20 @@
 //! serving binary would.
 //!
 //! Every iteration: requests arrive (most with a LoRA task), the pass runs, `ensure_batch` makes
-//! the adapter plan, then `KvPages::apply` executes the KV move log, `AdapterSlots::apply_plan` the
-//! adapter plan and `KvPages::stage_tables` uploads the batch's block tables. Each block the pool
+//! the adapter plan, then `KvPages::apply_moves` executes the KV move log (`Scheduler::take_moves`,
+//! which also settles the requests the pass resumed), `AdapterSlots::apply_plan` the adapter plan
+//! (`Scheduler::take_adapter_evictions` and `SchedulerOutput::adapter_loads`) and
+//! `KvPages::stage_tables` uploads the batch's block tables; the step is then completed
+//! (`Scheduler::complete_step`, which refuses the same output twice). Each block the pool
 //! hands out gets fresh bytes derived from (request id, block index, incarnation) — what the
 //! step's kernels would write — and after every iteration the test checks that
 //! - every live request's every block holds its bytes at the page its table names, on the tier the
 //!   pool says (blocks are followed through the move log, which must agree with the tables);
 //! - the uploaded block-table rows are the scheduled requests' GPU page lists, padded with -1;
 //! - every adapter the core says is on the device has device pages holding its weights, and the
-//!   binding's free device pages match the core's count.
+//!   binding's free device pages match the core's count;
+//! - a request the pass resumed is `Resumed` until the moves are taken, then `Active`, and the
+//!   scheduler's own invariants (`Scheduler::check`) hold.
 //!
 //! Free pages (KV on both tiers, adapter device pages) are then scribbled over, as other requests
 //! and uploads would, so a skipped copy cannot go unnoticed. Requests finish after their output
@@ -21,12 +26,13 @@
 mod common;
 
 use common::{cuda_or_skip, pattern};
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter::{AdapterPool, TaskRef};
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
-use kvsched_core::page_pool::{self, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
-use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::kv::PageMove;
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
+use kvsched_core::request::{Ownership, RequestSpec, TaskId};
 use kvsched_core::scheduler::{Handle, Scheduler};
-use kvsched_core::{Phase, SchedulerOutput};
+use kvsched_core::{Error, Phase, SchedulerOutput};
 use kvsched_gpu::bind::{block_table_rows, AdapterSlotStats, KvPageStats};
 use kvsched_gpu::{
     AdapterMemory, AdapterSlots, BlockTableShape, CudaAdapterStore, CudaKvStore, HostAdapterStore,
@@ -155,6 +161,8 @@ struct Totals {
     cancelled: u64,
     scheduled: u64,
     resumed: u64,
+    /// Requests that were `Resumed` when the engine took the moves (settled to `Active`).
+    settled: u64,
     recompute_paused: u64,
     kv_core: KvStats,
     kv_binding: KvPageStats,
@@ -170,6 +178,7 @@ impl Totals {
         self.cancelled += other.cancelled;
         self.scheduled += other.scheduled;
         self.resumed += other.resumed;
+        self.settled += other.settled;
         self.recompute_paused += other.recompute_paused;
         self.kv_core.suspends += other.kv_core.suspends;
         self.kv_core.pages_offloaded += other.kv_core.pages_offloaded;
@@ -210,22 +219,19 @@ fn follow<K: KvMemory>(
     live: &mut Live,
     pool: &KvPool<'_>,
     out: &SchedulerOutput<N>,
-    log: &[page_pool::PageMove],
+    log: &[PageMove],
     kv_mem: &mut K,
 ) {
     let seq = pool.seq(slot);
-    if seq.state == SeqState::None || out.recompute_paused.iter().any(|l| l.slot == slot) {
+    if seq.state == SeqState::None || out.recompute_paused().iter().any(|l| l.slot() == slot) {
         // The cache was freed (recompute pause, preemption, rolled-back first chunk): whatever
         // it holds now is new.
         live.blocks.clear();
     }
     for block in &mut live.blocks {
         for m in log.iter().filter(|m| m.request.0 == live.id) {
-            if Tier::from(m.from) == block.tier && m.src == block.page {
-                block.tier = match block.tier {
-                    Tier::Gpu => Tier::Host,
-                    Tier::Host => Tier::Gpu,
-                };
+            if m.from == block.tier && m.src == block.page {
+                block.tier = block.tier.other();
                 block.page = m.dst;
             }
         }
@@ -280,7 +286,8 @@ fn check_kv<K: KvMemory>(live: &[Option<Live>], pool: &KvPool<'_>, kv_mem: &K) -
 }
 
 /// The device block table holds the batch's rows.
-fn check_tables<K: KvMemory>(rows: u32, pool: &KvPool<'_>, out: &SchedulerOutput<N>, kv_mem: &K) {
+fn check_tables<K: KvMemory>(rows: u32, sched: &Sched<'_>, out: &SchedulerOutput<N>, kv_mem: &K) {
+    let pool = sched.kv();
     let width = TABLES.width as usize;
     let mut device = vec![0; rows as usize * width];
     kv_mem
@@ -289,13 +296,22 @@ fn check_tables<K: KvMemory>(rows: u32, pool: &KvPool<'_>, out: &SchedulerOutput
     let listed: Vec<_> = block_table_rows(out).collect();
     assert_eq!(listed.len(), rows as usize);
     for (row, listed) in listed.iter().enumerate() {
-        let mut expected: Vec<i32> = pool.table(listed.slot).iter().map(|&p| p as i32).collect();
+        let mut expected: Vec<i32> = pool
+            .table(listed.slot())
+            .iter()
+            .map(|&p| p as i32)
+            .collect();
         expected.resize(width, BLOCK_TABLE_PAD);
+        let id = sched
+            .get(listed.handle())
+            .expect("a listed request")
+            .spec()
+            .id;
         assert_eq!(
             &device[row * width..(row + 1) * width],
             &expected[..],
             "row {row} (request {})",
-            listed.id.0
+            id.0
         );
     }
 }
@@ -333,7 +349,7 @@ fn check_adapters<A: AdapterMemory>(
             );
         }
     }
-    for task in &out.adapters {
+    for task in out.adapters() {
         assert!(
             slots.device_pages(task.slot).is_some(),
             "batch adapter {task:?} not on the device"
@@ -390,7 +406,7 @@ fn serve<K: KvMemory, A: AdapterMemory>(
     let mut host_free = vec![0; KV.host_pages as usize];
     let mut tables = vec![0; KV.table_len()];
     let mut seqs = vec![Seq::default(); N];
-    let mut moves = vec![page_pool::PageMove::default(); KV.move_log_len()];
+    let mut moves = vec![PageMove::default(); KV.move_log_len()];
     let pool = KvPool::new(
         KV,
         KvStorage {
@@ -430,6 +446,9 @@ fn serve<K: KvMemory, A: AdapterMemory>(
     let mut sched: Sched<'_> = Scheduler::new(cfg, pool, adapter_pool).expect("scheduler");
     let mut kv = KvPages::new();
     let mut out = SchedulerOutput::<N>::new();
+    // The adapter device evictions of one iteration (kept across iterations: no steady-state
+    // allocation).
+    let mut evicted: Vec<TaskRef> = Vec::with_capacity(T);
     let mut live: Vec<Option<Live>> = (0..N).map(|_| None).collect();
     let mut rng = Rng(seed);
     let mut totals = Totals::default();
@@ -470,20 +489,49 @@ fn serve<K: KvMemory, A: AdapterMemory>(
         sched.schedule(&mut out).expect("schedule");
         sched.ensure_batch(&mut out).expect("ensure_batch");
 
-        // The binding.
-        let moved = kv.apply(sched.kv_mut(), kv_mem).expect("apply KV moves");
+        // A request the pass resumed stays `Resumed` until the engine takes the moves.
+        for listed in out.resumed() {
+            let entry = sched
+                .get(listed.handle())
+                .expect("a resumed request is live");
+            assert_eq!(entry.ownership(), Ownership::Resumed, "{listed:?}");
+        }
+        let resumed = sched
+            .requests()
+            .filter(|(_, entry)| entry.ownership() == Ownership::Resumed)
+            .count();
+        assert_eq!(
+            resumed,
+            out.resumed().len(),
+            "only the listed requests are resumed"
+        );
+
+        // The binding: the KV moves (taking them settles the resumed requests) ...
+        let moved = kv
+            .apply_moves(sched.take_moves(), kv_mem)
+            .expect("apply KV moves");
         moved.event.wait().expect("wait KV moves");
+        for listed in out.resumed() {
+            let entry = sched
+                .get(listed.handle())
+                .expect("a resumed request is live");
+            assert_eq!(entry.ownership(), Ownership::Active, "{listed:?}");
+        }
+        totals.settled += resumed as u64;
+        assert!(sched.take_moves().is_empty(), "the move log was taken once");
         let log = kv.last_log();
-        if log.iter().any(|m| m.from == page_pool::Tier::Gpu)
-            && log.iter().any(|m| m.from == page_pool::Tier::Host)
-        {
+        if log.iter().any(|m| m.from == Tier::Gpu) && log.iter().any(|m| m.from == Tier::Host) {
             totals.mixed_logs += 1;
         }
+        // ... then the adapter plan: device evictions and loads.
+        evicted.clear();
+        sched.take_adapter_evictions(|task| evicted.push(task));
         let uploaded = slots
-            .apply_plan(ad_mem, sched.peft_mut(), &out)
+            .apply_plan(ad_mem, sched.adapters().backend(), &evicted, &out)
             .expect("apply adapter plan");
         uploaded.event.wait().expect("wait adapter uploads");
-        assert_eq!(uploaded.loaded as usize, out.adapter_loads.len());
+        assert_eq!(uploaded.evicted as usize, evicted.len());
+        assert_eq!(uploaded.loaded as usize, out.adapter_loads().len());
         for (slot, live) in live.iter_mut().enumerate() {
             if let Some(live) = live {
                 follow(slot as u16, live, sched.kv(), &out, kv.last_log(), kv_mem);
@@ -495,43 +543,51 @@ fn serve<K: KvMemory, A: AdapterMemory>(
         staged.event.wait().expect("wait block tables");
 
         // The checks.
+        assert!(sched.check(), "Scheduler::check");
         assert!(sched.kv().check(), "KvPool::check");
         assert!(sched.adapters().backend().check(), "AdapterPool::check");
-        check_tables(staged.rows, sched.kv(), &out, kv_mem);
+        check_tables(staged.rows, &sched, &out, kv_mem);
         totals.pages_checked += check_kv(&live, sched.kv(), kv_mem);
         check_adapters(sched.adapters().backend(), &slots, ad_mem, &out);
         scribble(&mut rng, &live, &slots, kv_mem, ad_mem);
         totals.scheduled += u64::from(staged.rows);
-        totals.resumed += out.resumed.len() as u64;
-        totals.recompute_paused += out.recompute_paused.len() as u64;
+        totals.resumed += out.resumed().len() as u64;
+        totals.recompute_paused += out.recompute_paused().len() as u64;
 
         // Complete the step: a prompt's last chunk and every decode step yield a token.
-        sched.complete_step(&out);
+        sched.complete_step(&out).expect("complete_step");
+        assert_eq!(
+            sched.complete_step(&out),
+            Err(Error::StaleOutput),
+            "a step is completed once"
+        );
         let mut finished = Vec::new();
-        for listed in &out.context {
-            let Some(l) = live[usize::from(listed.slot)].as_mut() else {
+        for chunk in out.context() {
+            let slot = chunk.listed.slot();
+            let Some(l) = live[usize::from(slot)].as_mut() else {
                 continue;
             };
             let spec = sched.get(l.handle).expect("live request").spec();
             if spec.phase == Phase::GenerationInProgress {
                 l.generated += 1;
                 if l.generated >= l.output {
-                    finished.push(listed.slot);
+                    finished.push(slot);
                 }
             }
         }
-        for listed in &out.generation {
-            let Some(l) = live[usize::from(listed.slot)].as_mut() else {
+        for listed in out.generation() {
+            let slot = listed.slot();
+            let Some(l) = live[usize::from(slot)].as_mut() else {
                 continue;
             };
             l.generated += 1;
             if l.generated >= l.output {
-                finished.push(listed.slot);
+                finished.push(slot);
             }
         }
-        for listed in &out.recompute_paused {
+        for listed in out.recompute_paused() {
             // The replay re-prefills the prompt and what was generated.
-            let Some(l) = live[usize::from(listed.slot)].as_ref() else {
+            let Some(l) = live[usize::from(listed.slot())].as_ref() else {
                 continue;
             };
             let (prompt, remaining) = (l.prompt0 + l.generated, l.output - l.generated);
@@ -600,6 +656,10 @@ fn assert_coverage(totals: &Totals) {
     );
     assert!(totals.kv_core.pages_offloaded > 0, "suspensions copy pages");
     assert!(totals.kv_core.pages_reloaded > 0, "resumes copy pages");
+    assert!(
+        totals.settled > 0,
+        "resumed requests are settled by taking the moves"
+    );
     assert!(totals.mixed_logs > 0, "logs with both directions");
     assert!(totals.recompute_paused > 0, "recompute pauses free caches");
     assert!(totals.adapters.loads > 0 && totals.adapters.evictions > 0);

@@ -6,7 +6,8 @@
 
 use kvsched_core::adapter::NoPeft;
 use kvsched_core::output::SchedulerOutput;
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, PageMove, Seq};
+use kvsched_core::kv::PageMove;
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::{Config, Scheduler};
 
@@ -34,5 +35,5 @@ pub fn kvsched_probe() -> u32 {
     if s.schedule(&mut out).is_err() {
         return 0;
     }
-    out.context.len() as u32
+    out.context().len() as u32
 }

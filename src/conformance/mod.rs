@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
-use kvsched_core::output::{List, SchedulerOutput};
+use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::request::{RequestSpec, TaskId};
 use kvsched_core::scheduler::{Adopt, Scheduler};
 use kvsched_core::Phase;
@@ -158,9 +158,12 @@ fn not_started(s: &RequestSpec) -> bool {
 
 struct Run {
     sched: Box<Sched>,
+    /// The runner's handles on the scripted managers' state.
+    kv: ScriptedKv,
+    peft: ScriptedPeft,
     inactive: BTreeSet<u64>,
     no_cache: BTreeSet<u64>,
-    peft: bool,
+    has_peft: bool,
 }
 
 impl Run {
@@ -176,9 +179,7 @@ impl Run {
         } else {
             Some(true)
         };
-        self.sched
-            .kv_mut()
-            .set_cache(id, cache, r.reuse.unwrap_or(0));
+        self.kv.set_cache(id, cache, r.reuse.unwrap_or(0));
         let how = match (cache, spec.started()) {
             (Some(true), true) => Adopt::Active,
             (Some(false), true) => Adopt::Suspended,
@@ -191,8 +192,8 @@ impl Run {
     }
 
     fn clear_calls(&mut self) {
-        self.sched.kv_mut().calls.clear();
-        self.sched.peft_mut().calls.clear();
+        self.kv.clear_calls();
+        self.peft.clear_calls();
     }
 }
 
@@ -328,12 +329,15 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             "malformed: field requests: more than {MAX_REQUESTS} requests"
         ));
     }
+    let (kv_ctl, peft_ctl) = (skv.clone(), peft.clone());
     let sched = Sched::new(cfg, skv, peft).map_err(|e| format!("malformed: field config: {e}"))?;
     let mut run = Run {
         sched: Box::new(sched),
+        kv: kv_ctl,
+        peft: peft_ctl,
         inactive: kv.inactive.iter().copied().collect(),
         no_cache: kv.no_cache.iter().copied().collect(),
-        peft: sc.peft.is_some(),
+        has_peft: sc.peft.is_some(),
     };
     for (i, r) in sc.requests.iter().enumerate() {
         run.add(&format!("requests[{i}]"), r)?;
@@ -346,7 +350,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                 p.max_device_pages
             ));
         }
-        run.sched.peft_mut().load_leased();
+        run.peft.load_leased();
     }
 
     let single;
@@ -372,7 +376,11 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             String::new()
         };
         if k > 0 {
-            run.sched.complete_step(&out);
+            // The engine hands the page moves to the copy engine, runs the step and completes it.
+            let _ = run.sched.take_moves();
+            run.sched
+                .complete_step(&out)
+                .map_err(|e| format!("passes[{k}]: complete_step: {e}"))?;
             for &id in &pass.remove {
                 let h = run
                     .sched
@@ -390,9 +398,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                     .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
                 if u.lora_task.is_some() || u.reuse.is_some() {
                     if let Some(r) = u.reuse {
-                        let active = run.sched.get(h).map_err(|e| e.to_string())?;
-                        let _ = active;
-                        run.sched.kv_mut().set_reuse(u.id, r);
+                        run.kv.set_reuse(u.id, r);
                     }
                     if u.lora_task.is_some() {
                         return Err(format!("malformed: {field}.lora_task: the LoRA task of a request cannot change"));
@@ -476,8 +482,13 @@ fn clone_expect(e: &Expect) -> Expect {
     }
 }
 
-fn ids(list: &List<MAX_REQUESTS>) -> Vec<u64> {
-    list.iter().map(|l| l.id.0).collect()
+/// The ids of listed requests (every listed request is live when the pass returns).
+fn ids<'a>(sched: &Sched, list: impl Iterator<Item = &'a Listed>) -> Vec<u64> {
+    list.map(|l| id_of(sched, *l)).collect()
+}
+
+fn id_of(sched: &Sched, l: Listed) -> u64 {
+    sched.get(l.handle()).map_or(u64::MAX, |e| e.spec().id.0)
 }
 
 fn check(
@@ -502,23 +513,27 @@ fn check(
         }
         (Ok(()), None) => {}
     }
-    let lists: [(&str, &Option<Value>, &List<MAX_REQUESTS>); 6] = [
-        ("generation", &e.generation, &out.generation),
-        ("context", &e.context, &out.context),
-        ("encoder", &e.encoder, &out.encoder),
-        ("paused", &e.paused, &out.paused),
+    let s = &*run.sched;
+    let lists: [(&str, &Option<Value>, Vec<u64>); 6] = [
+        ("generation", &e.generation, ids(s, out.generation().iter())),
+        (
+            "context",
+            &e.context,
+            ids(s, out.context().iter().map(|c| &c.listed)),
+        ),
+        ("encoder", &e.encoder, ids(s, out.encoder().iter())),
+        ("paused", &e.paused, ids(s, out.paused().iter())),
         (
             "recompute_paused",
             &e.recompute_paused,
-            &out.recompute_paused,
+            ids(s, out.recompute_paused().iter()),
         ),
-        ("disagg", &e.disagg, &out.disagg),
+        ("disagg", &e.disagg, ids(s, out.disagg().iter())),
     ];
     for (name, want, got) in lists {
         let Some(want) = want else { continue };
         let want =
             id_list(&format!("expect.{name}"), want).map_err(|e| format!("malformed: {e}"))?;
-        let got = ids(got);
         let same = match &want {
             IdList::Exact(w) => *w == got,
             IdList::Set(w) => {
@@ -551,15 +566,19 @@ fn check(
             let id: u64 = id
                 .parse()
                 .map_err(|_| format!("malformed: field expect.chunks: key {id:?} is not an id"))?;
-            match out.context.iter().find(|l| l.id.0 == id) {
+            match out
+                .context()
+                .iter()
+                .find(|c| id_of(&run.sched, c.listed) == id)
+            {
                 None => {
                     let _ = write!(
                         diffs,
                         "chunks.{id}: expected {want}, request not in context; "
                     );
                 }
-                Some(l) if l.chunk != *want => {
-                    let _ = write!(diffs, "chunks.{id}: expected {want}, got {}; ", l.chunk);
+                Some(c) if c.tokens != *want => {
+                    let _ = write!(diffs, "chunks.{id}: expected {want}, got {}; ", c.tokens);
                 }
                 _ => {}
             }
@@ -594,7 +613,7 @@ fn check(
             );
         }
     }
-    if run.peft && result.is_ok() {
+    if run.has_peft && result.is_ok() {
         let want = e.ensure_batch.as_deref().unwrap_or("ok");
         let mut o = out.clone();
         match (run.sched.ensure_batch(&mut o), want) {
@@ -628,8 +647,8 @@ fn check(
 
 fn check_calls(run: &Run, method: &str, want: &Value, diffs: &mut String) -> Result<(), String> {
     let field = format!("expect.calls.{method}");
-    let kv = &run.sched.kv().calls;
-    let peft = &run.sched.adapters().backend().calls;
+    let kv = run.kv.calls();
+    let peft = run.peft.calls();
     // Recorded calls of this method: ids, or (id, flag) pairs.
     let got: Vec<Value> = if let Some(m) = KvCall::from_name(method) {
         kv.iter()

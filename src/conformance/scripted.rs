@@ -1,7 +1,13 @@
 //! Scripted, recording KV and adapter managers for the conformance runner (mechanism only; the lifecycle
 //! policy stays in `kvsched-core`).
+//!
+//! The scheduler owns its backends and hands out only read-only views, so each scripted manager is a
+//! handle to shared state: the runner keeps a clone (the remote control) to script caches and reuse
+//! between passes and to read the recorded calls, while the scheduler drives the other.
 
+use std::cell::{Ref, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 
 use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::error::PeftError;
@@ -94,9 +100,15 @@ impl Script {
     }
 }
 
-/// The scripted KV manager of the format.
+/// The scripted KV manager of the format: a handle to shared state (clones share it).
 #[derive(Debug, Clone)]
 pub struct ScriptedKv {
+    state: Rc<RefCell<KvState>>,
+}
+
+/// The state behind a [`ScriptedKv`].
+#[derive(Debug)]
+pub struct KvState {
     tier_below_gpu: bool,
     can_evict: bool,
     /// Cache per id: `true` = active.
@@ -107,8 +119,7 @@ pub struct ScriptedKv {
     resize: Script,
     allocate: Script,
     disagg: Script,
-    /// Calls in order.
-    pub calls: Vec<(KvCall, u64)>,
+    calls: Vec<(KvCall, u64)>,
 }
 
 /// The four scripts.
@@ -126,7 +137,7 @@ pub struct Scripts {
 impl ScriptedKv {
     /// A manager with the given tiers and scripts.
     pub fn new(tier_below_gpu: bool, can_evict: bool, scripts: Scripts) -> Self {
-        Self {
+        let state = KvState {
             tier_below_gpu,
             can_evict,
             caches: BTreeMap::new(),
@@ -137,34 +148,50 @@ impl ScriptedKv {
             allocate: Script::new(scripts.allocate),
             disagg: Script::new(scripts.disagg),
             calls: Vec::new(),
+        };
+        Self {
+            state: Rc::new(RefCell::new(state)),
         }
     }
 
     /// Sets a request's initial cache (`Some(active)`) and its reusable prefix.
-    pub fn set_cache(&mut self, id: u64, cache: Option<bool>, reuse: u32) {
+    pub fn set_cache(&self, id: u64, cache: Option<bool>, reuse: u32) {
+        let mut st = self.state.borrow_mut();
         match cache {
             Some(a) => {
-                self.caches.insert(id, a);
+                st.caches.insert(id, a);
             }
             None => {
-                self.caches.remove(&id);
+                st.caches.remove(&id);
             }
         }
-        self.reuse.insert(id, reuse);
+        st.reuse.insert(id, reuse);
     }
 
     /// Changes a request's reusable prefix.
-    pub fn set_reuse(&mut self, id: u64, reuse: u32) {
-        self.reuse.insert(id, reuse);
+    pub fn set_reuse(&self, id: u64, reuse: u32) {
+        self.state.borrow_mut().reuse.insert(id, reuse);
     }
 
+    /// The calls recorded so far, in order.
+    pub fn calls(&self) -> Ref<'_, [(KvCall, u64)]> {
+        Ref::map(self.state.borrow(), |s| s.calls.as_slice())
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        self.state.borrow_mut().calls.clear();
+    }
+}
+
+impl KvState {
     fn activate(&mut self, id: u64) {
         self.caches.insert(id, true);
         self.released.remove(&id);
     }
 }
 
-impl KvBackend for ScriptedKv {
+impl KvState {
     fn tier_below_gpu(&self) -> bool {
         self.tier_below_gpu
     }
@@ -247,6 +274,47 @@ impl KvBackend for ScriptedKv {
         self.activate(id);
         true
     }
+}
+
+impl KvBackend for ScriptedKv {
+    fn tier_below_gpu(&self) -> bool {
+        self.state.borrow().tier_below_gpu()
+    }
+    fn can_evict(&self) -> bool {
+        self.state.borrow().can_evict()
+    }
+    fn has_cache(&self, r: KvRef) -> bool {
+        self.state.borrow().has_cache(r)
+    }
+    fn is_active(&self, r: KvRef) -> bool {
+        self.state.borrow().is_active(r)
+    }
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        self.state.borrow_mut().prepare_context(r, prep)
+    }
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
+        self.state
+            .borrow_mut()
+            .resize_context(r, capacity, first_chunk)
+    }
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+        self.state.borrow_mut().try_allocate_generation(r, grow)
+    }
+    fn revert_allocate_generation(&mut self, r: KvRef) {
+        self.state.borrow_mut().revert_allocate_generation(r)
+    }
+    fn suspend(&mut self, r: KvRef) {
+        self.state.borrow_mut().suspend(r)
+    }
+    fn free(&mut self, r: KvRef) {
+        self.state.borrow_mut().free(r)
+    }
+    fn preempt(&mut self, r: KvRef) {
+        self.state.borrow_mut().preempt(r)
+    }
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        self.state.borrow_mut().prepare_disagg_gen_init(r, capacity)
+    }
     fn max_tokens_per_request(&self) -> u64 {
         u64::MAX
     }
@@ -274,27 +342,39 @@ struct ScriptedTask {
 }
 
 /// The scripted adapter cache of the format: device pages with least-recently-used eviction of tasks no
-/// request is active on; the host side never fills. `enabled = false` is "no PEFT manager".
+/// request is active on; the host side never fills. `enabled = false` is "no PEFT manager". A handle to
+/// shared state (clones share it).
 #[derive(Debug, Clone)]
 pub struct ScriptedPeft {
+    state: Rc<RefCell<PeftState>>,
+}
+
+/// The state behind a [`ScriptedPeft`].
+#[derive(Debug)]
+pub struct PeftState {
     enabled: bool,
     max_device_pages: u32,
     tasks: Vec<ScriptedTask>,
     clock: u64,
-    /// Calls in order.
-    pub calls: Vec<PeftCall>,
+    calls: Vec<PeftCall>,
 }
 
 impl ScriptedPeft {
+    fn of(state: PeftState) -> Self {
+        Self {
+            state: Rc::new(RefCell::new(state)),
+        }
+    }
+
     /// No adapter cache at all.
     pub fn disabled() -> Self {
-        Self {
+        Self::of(PeftState {
             enabled: false,
             max_device_pages: u32::MAX,
             tasks: Vec::new(),
             clock: 0,
             calls: Vec::new(),
-        }
+        })
     }
 
     /// A cache with `max_device_pages` and the listed tasks' page counts.
@@ -310,18 +390,18 @@ impl ScriptedPeft {
                 last_use: 0,
             })
             .collect();
-        Self {
+        Self::of(PeftState {
             enabled: true,
             max_device_pages,
             tasks,
             clock: 0,
             calls: Vec::new(),
-        }
+        })
     }
 
     /// Marks the tasks that hold leases at the start as resident on the device.
-    pub fn load_leased(&mut self) {
-        for t in self.tasks.iter_mut() {
+    pub fn load_leased(&self) {
+        for t in self.state.borrow_mut().tasks.iter_mut() {
             if t.active > 0 {
                 t.on_device = true;
             }
@@ -330,12 +410,26 @@ impl ScriptedPeft {
 
     /// Device refcount (requests active on the task) by task id.
     pub fn active(&self, task: u64) -> u32 {
-        self.tasks
+        self.state
+            .borrow()
+            .tasks
             .iter()
             .find(|t| t.id.0 == task)
             .map_or(0, |t| t.active)
     }
 
+    /// The calls recorded so far, in order.
+    pub fn calls(&self) -> Ref<'_, [PeftCall]> {
+        Ref::map(self.state.borrow(), |s| s.calls.as_slice())
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        self.state.borrow_mut().calls.clear();
+    }
+}
+
+impl PeftState {
     fn used(&self) -> u32 {
         self.tasks
             .iter()
@@ -345,7 +439,7 @@ impl ScriptedPeft {
     }
 }
 
-impl PeftBackend for ScriptedPeft {
+impl PeftState {
     fn max_device_pages(&self) -> u32 {
         self.max_device_pages
     }
@@ -453,5 +547,37 @@ impl PeftBackend for ScriptedPeft {
             }
         }
         Ok(())
+    }
+}
+
+impl PeftBackend for ScriptedPeft {
+    fn max_device_pages(&self) -> u32 {
+        self.state.borrow().max_device_pages()
+    }
+    fn lookup(&self, task: TaskId) -> Option<TaskRef> {
+        self.state.borrow().lookup(task)
+    }
+    fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
+        self.state.borrow_mut().determine_num_pages(req, task)
+    }
+    fn add_request(
+        &mut self,
+        req: RequestId,
+        task: TaskRef,
+        from_pause: bool,
+    ) -> Result<(), PeftError> {
+        self.state.borrow_mut().add_request(req, task, from_pause)
+    }
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+        self.state
+            .borrow_mut()
+            .mark_request_done(req, task, pause, held)
+    }
+    fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
+        self.state.borrow_mut().ensure_batch(tasks, load)
     }
 }

@@ -12,10 +12,12 @@ use std::time::Instant;
 use kvsched_core::adapter::{AdapterPool, PeftBackend};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::kv::KvBackend;
+use kvsched_core::kv::Tier;
 use kvsched_core::output::SchedulerOutput;
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, Tier};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig};
+use kvsched_core::request::Ownership;
 use kvsched_core::request::{RequestSpec, TaskId};
-use kvsched_core::scheduler::{Handle, ResidencyKind, Scheduler};
+use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::Phase;
 
 use crate::memory::KvMemory;
@@ -281,41 +283,24 @@ fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     for (slot, t) in pool.tasks().iter().enumerate() {
         bad += u64::from(s.adapters().leases(slot as u16) != t.active);
     }
-    let mut leases = vec![0u32; pool.tasks().len()];
-    for (h, e) in s.requests() {
-        let r = kvsched_core::kv::KvRef {
-            slot: h.index(),
-            id: e.spec().id,
-        };
-        let kv_ok = match e.residency() {
-            ResidencyKind::Active => s.kv().is_active(r),
-            ResidencyKind::Paused => s.kv().has_cache(r) && !s.kv().is_active(r),
-            ResidencyKind::Waiting | ResidencyKind::Recompute => !s.kv().is_active(r),
-        };
-        bad += u64::from(!kv_ok);
-        if let (Some(t), ResidencyKind::Active) = (e.task(), e.residency()) {
-            leases[t.slot as usize] += 1;
-        }
-    }
-    for (slot, &n) in leases.iter().enumerate() {
-        // Only active requests hold leases: suspended and recompute-paused ones hold none.
-        bad += u64::from(s.adapters().leases(slot as u16) != n);
-    }
+    // The table's invariants, leases per task = requests holding one, ownership = the KV pool's state.
+    bad += u64::from(!s.check());
     let mut seen = std::collections::HashSet::new();
     for l in out
-        .context
+        .context()
         .iter()
-        .chain(&out.generation)
-        .chain(&out.encoder)
-        .chain(&out.paused)
-        .chain(&out.recompute_paused)
+        .map(|c| &c.listed)
+        .chain(out.generation())
+        .chain(out.encoder())
+        .chain(out.paused())
+        .chain(out.recompute_paused())
     {
-        bad += u64::from(!seen.insert(l.id));
+        bad += u64::from(!seen.insert(l.slot()));
     }
     let tokens: u64 =
-        out.context.iter().map(|l| l.chunk as u64).sum::<u64>() + out.generation.len() as u64;
+        out.context().iter().map(|c| c.tokens as u64).sum::<u64>() + out.generation().len() as u64;
     bad += u64::from(tokens > o.max_tokens as u64);
-    bad += u64::from(out.generation.len() + out.context.len() > o.max_batch as usize);
+    bad += u64::from(out.generation().len() + out.context().len() > o.max_batch as usize);
     bad
 }
 
@@ -420,11 +405,11 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         let stats = sched.last_pass();
         r.suspended += stats.victims as u64 + stats.self_evictions as u64;
         r.self_evicted += stats.self_evictions as u64;
-        r.recompute_paused += out.recompute_paused.len() as u64;
+        r.recompute_paused += out.recompute_paused().len() as u64;
         r.preempted += stats.preemptions as u64;
-        r.resumed += out.resumed.len() as u64;
+        r.resumed += out.resumed().len() as u64;
         let mut page_moves = 0u64;
-        for m in sched.kv_mut().take_moves() {
+        for m in sched.take_moves() {
             page_moves += 1;
             match m.from {
                 Tier::Gpu => r.pages_offloaded += 1,
@@ -432,16 +417,16 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             }
         }
         let mut load_pages = 0u64;
-        for t in out.adapter_loads.iter() {
+        for t in out.adapter_loads() {
             load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
         }
-        r.adapter_loads += out.adapter_loads.len() as u64;
+        r.adapter_loads += out.adapter_loads().len() as u64;
         if o.check {
             r.invariant_violations += check_invariants(&sched, &out, o);
         }
 
-        let prefill: u64 = out.context.iter().map(|l| l.chunk as u64).sum();
-        let decode = out.generation.len() as u64;
+        let prefill: u64 = out.context().iter().map(|c| c.tokens as u64).sum();
+        let decode = out.generation().len() as u64;
         let busy = prefill > 0 || decode > 0;
         let step_us = if busy {
             o.cost.step_us
@@ -462,10 +447,13 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         r.prefill_tokens += prefill;
 
         // Complete the step.
-        sched.complete_step(&out);
+        sched
+            .complete_step(&out)
+            .map_err(|e| SimError::Scheduler(e.to_string()))?;
         finished.clear();
-        for l in out.context.iter() {
-            let Some(lv) = live[l.slot as usize].as_mut() else {
+        for c in out.context() {
+            let slot = c.listed.slot();
+            let Some(lv) = live[slot as usize].as_mut() else {
                 continue;
             };
             let e = sched
@@ -481,24 +469,24 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 }
                 lv.last_token_ms = now_ms;
                 if lv.generated >= lv.output {
-                    finished.push(l.slot);
+                    finished.push(slot);
                 }
             }
         }
-        for l in out.generation.iter() {
-            let Some(lv) = live[l.slot as usize].as_mut() else {
+        for l in out.generation() {
+            let Some(lv) = live[l.slot() as usize].as_mut() else {
                 continue;
             };
             lv.generated += 1;
             r.tokens_generated += 1;
             lv.last_token_ms = now_ms;
             if lv.generated >= lv.output {
-                finished.push(l.slot);
+                finished.push(l.slot());
             }
         }
-        for l in out.recompute_paused.iter() {
+        for l in out.recompute_paused() {
             // The replay re-prefills the prompt plus what was generated (beam 1), as upstream's pause.
-            let Some(lv) = live[l.slot as usize].as_ref() else {
+            let Some(lv) = live[l.slot() as usize].as_ref() else {
                 continue;
             };
             let (h, prompt) = (lv.handle, lv.prompt0 + lv.generated);
@@ -549,13 +537,13 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             let waiting = queue.len()
                 + sched
                     .requests()
-                    .filter(|(_, e)| e.residency() == ResidencyKind::Waiting)
+                    .filter(|(_, e)| e.ownership() == Ownership::Waiting)
                     .count();
             samples.t.push((now_ms - start_ms) / 1000.0);
             samples.queue.push(waiting as f64);
             samples
                 .batch
-                .push((out.generation.len() + out.context.len()) as f64);
+                .push((out.generation().len() + out.context().len()) as f64);
             samples.kv_gpu.push(kv_gpu);
             samples.kv_host.push(kv_host);
             samples.adapters.push(resident);

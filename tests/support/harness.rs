@@ -23,6 +23,7 @@
 //! Failures are returned as `Err(String)` describing the broken invariant (the callers panic with it).
 #![allow(dead_code)]
 
+use std::cell::Cell;
 use std::collections::BTreeSet;
 
 use kvsched::memory::KvMemory;
@@ -30,11 +31,11 @@ use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
-use kvsched_core::output::{List, SchedulerOutput};
+use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
-use kvsched_core::request::{RequestId, RequestSpec, TaskId};
-use kvsched_core::scheduler::{Handle, ResidencyKind, Scheduler};
+use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
+use kvsched_core::scheduler::{Handle, Scheduler};
 
 /// Request table slots.
 pub const N: usize = 16;
@@ -219,24 +220,38 @@ pub enum Op {
     },
 }
 
-/// Countdown fault schedule.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Countdown fault schedule. The scheduler owns its backends and lends them out read-only, so the
+/// schedule is set through a shared reference (cells), as a test double's remote control.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Refusals left per [`Fault`] kind, in declaration order.
-    pub left: [u32; 4],
+    pub left: [Cell<u32>; 4],
     /// Refusals injected so far.
-    pub injected: u64,
+    pub injected: Cell<u64>,
 }
 
 impl Faults {
-    fn fire(&mut self, f: Fault) -> bool {
-        let n = &mut self.left[f as usize];
-        if *n == 0 {
+    fn fire(&self, f: Fault) -> bool {
+        let n = &self.left[f as usize];
+        if n.get() == 0 {
             return false;
         }
-        *n -= 1;
-        self.injected += 1;
+        n.set(n.get() - 1);
+        self.injected.set(self.injected.get() + 1);
         true
+    }
+
+    /// Refuses the next `count` more calls of `f`.
+    pub fn inject(&self, f: Fault, count: u32) {
+        let n = &self.left[f as usize];
+        n.set(n.get() + count);
+    }
+
+    /// Refuses nothing more.
+    pub fn clear(&self) {
+        for n in &self.left {
+            n.set(0);
+        }
     }
 }
 
@@ -302,6 +317,9 @@ impl KvBackend for FaultKv<'_> {
     fn max_tokens_per_request(&self) -> u64 {
         self.inner.max_tokens_per_request()
     }
+    fn take_moves(&mut self) -> &[kvsched_core::kv::PageMove] {
+        self.inner.take_moves()
+    }
 }
 
 /// The adapter cache (or none) behind a fault schedule. `ensure_batch` is never refused: that it always
@@ -360,7 +378,15 @@ impl PeftBackend for FaultPeft {
             None => Ok(()),
         }
     }
+    fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
+        if let Some(p) = self.inner.as_mut() {
+            p.take_device_evictions(evicted);
+        }
+    }
 }
+
+/// A listed request with its chunk tokens and last-chunk flag (0 and false outside the context list).
+type Row = (Listed, u32, bool);
 
 /// The scheduler under test.
 pub type Sched<'a> = Scheduler<FaultKv<'a>, FaultPeft, N, T>;
@@ -440,8 +466,8 @@ pub fn fingerprint(s: &Sched<'_>) -> (u64, u64, Option<AdapterPool<T>>, Faults, 
         s.fingerprint(),
         s.kv().inner.fingerprint(),
         s.adapters().backend().inner.clone(),
-        s.kv().faults,
-        s.adapters().backend().faults,
+        s.kv().faults.clone(),
+        s.adapters().backend().faults.clone(),
     )
 }
 
@@ -520,10 +546,10 @@ impl<'a> Harness<'a> {
             }
             Op::Inject { fault, count } => {
                 let faults = match fault {
-                    Fault::PeftAdd => &mut self.sched.peft_mut().faults,
-                    _ => &mut self.sched.kv_mut().faults,
+                    Fault::PeftAdd => &self.sched.adapters().backend().faults,
+                    _ => &self.sched.kv().faults,
                 };
-                faults.left[fault as usize] += u32::from(count);
+                faults.inject(fault, u32::from(count));
             }
             Op::Inflight { pick: p } => {
                 if let Some(i) = pick(&self.live, p) {
@@ -734,7 +760,11 @@ impl<'a> Harness<'a> {
                     ));
                 }
                 let o = &self.out;
-                if o.num_fitting() + o.paused.len() + o.recompute_paused.len() + o.disagg.len() > 0
+                if o.num_fitting()
+                    + o.paused().len()
+                    + o.recompute_paused().len()
+                    + o.disagg().len()
+                    > 0
                 {
                     return Err("deadlock reported on a pass that made progress".into());
                 }
@@ -750,10 +780,25 @@ impl<'a> Harness<'a> {
             return Ok(());
         }
         self.out_pending = false;
-        self.sched.complete_step(&self.out);
-        for c in self.out.context.iter() {
-            if let Some(l) = self.live.iter_mut().find(|l| l.id == c.id.0) {
-                l.position = (l.position + c.chunk).min(l.prompt);
+        // The engine hands the page moves to the copy engine (settling the resumed requests), runs the
+        // step and completes it.
+        let _ = self.sched.take_moves();
+        let s = &self.sched;
+        let id = |l: &Listed| s.get(l.handle()).ok().map(|e| e.spec().id.0);
+        let context: Vec<(Option<u64>, u32)> = self
+            .out
+            .context()
+            .iter()
+            .map(|c| (id(&c.listed), c.tokens))
+            .collect();
+        let generation: Vec<Option<u64>> = self.out.generation().iter().map(id).collect();
+        let recomputed: Vec<Option<u64>> = self.out.recompute_paused().iter().map(id).collect();
+        self.sched
+            .complete_step(&self.out)
+            .map_err(|e| format!("complete_step: {e}"))?;
+        for (cid, tokens) in context {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == cid) {
+                l.position = (l.position + tokens).min(l.prompt);
                 if l.position >= l.prompt {
                     l.phase = Phase::GenerationInProgress;
                     // The last context chunk produces the first token.
@@ -761,13 +806,13 @@ impl<'a> Harness<'a> {
                 }
             }
         }
-        for g in self.out.generation.iter() {
-            if let Some(l) = self.live.iter_mut().find(|l| l.id == g.id.0) {
+        for gid in generation {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == gid) {
                 l.produced += 1;
             }
         }
-        for r in self.out.recompute_paused.iter() {
-            if let Some(l) = self.live.iter_mut().find(|l| l.id == r.id.0) {
+        for rid in recomputed {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == rid) {
                 l.phase = Phase::ContextInit;
                 l.position = 0;
                 l.steps = 0;
@@ -812,67 +857,76 @@ impl<'a> Harness<'a> {
         let o = &self.out;
         let s = &self.sched;
         let cfg = s.config();
-        self.stats.scheduled += (o.context.len() + o.generation.len()) as u64;
-        self.stats.paused += o.paused.len() as u64;
-        self.stats.recomputed += o.recompute_paused.len() as u64;
-        self.stats.resumed += o.resumed.len() as u64;
+        self.stats.scheduled += (o.context().len() + o.generation().len()) as u64;
+        self.stats.paused += o.paused().len() as u64;
+        self.stats.recomputed += o.recompute_paused().len() as u64;
+        self.stats.resumed += o.resumed().len() as u64;
+        // Every list as (entry, chunk tokens, last chunk).
+        let plain = |l: &[Listed]| l.iter().map(|&x| (x, 0, false)).collect::<Vec<_>>();
+        let lists: [(&str, Vec<Row>); 6] = [
+            (
+                "context",
+                o.context()
+                    .iter()
+                    .map(|c| (c.listed, c.tokens, c.last))
+                    .collect(),
+            ),
+            ("generation", plain(o.generation())),
+            ("encoder", plain(o.encoder())),
+            ("paused", plain(o.paused())),
+            ("recompute_paused", plain(o.recompute_paused())),
+            ("disagg", plain(o.disagg())),
+        ];
         // No request in two lists (nor twice in one).
         let mut seen = BTreeSet::new();
-        let lists: [(&str, &List<N>); 6] = [
-            ("context", &o.context),
-            ("generation", &o.generation),
-            ("encoder", &o.encoder),
-            ("paused", &o.paused),
-            ("recompute_paused", &o.recompute_paused),
-            ("disagg", &o.disagg),
-        ];
-        for (name, list) in lists {
-            for l in list.iter() {
-                if !seen.insert(l.id) {
-                    return Err(format!("request {} listed twice (again in {name})", l.id.0));
+        for (name, list) in &lists {
+            for (l, _, _) in list {
+                if !seen.insert(l.handle()) {
+                    return Err(format!("slot {} listed twice (again in {name})", l.slot()));
                 }
             }
         }
-        for r in o.resumed.iter() {
-            if !o
-                .context
-                .iter()
-                .chain(o.generation.iter())
-                .any(|l| l.id == r.id)
-            {
-                return Err(format!("resumed request {} is not scheduled", r.id.0));
+        let batch: BTreeSet<Handle> = lists[0]
+            .1
+            .iter()
+            .chain(lists[1].1.iter())
+            .map(|x| x.0.handle())
+            .collect();
+        for r in o.resumed() {
+            if !batch.contains(&r.handle()) {
+                return Err(format!("resumed slot {} is not scheduled", r.slot()));
             }
         }
-        // Every listed request is live, named by its slot, and in the state its list says.
+        // Every listed request is live, named by its handle, and in the state its list says.
         let mut tokens = 0u64;
         let mut drafts = 0u64;
         let mut tasks: Vec<TaskRef> = Vec::new();
-        for (name, list) in lists {
-            for l in list.iter() {
-                let h = s
-                    .handle_of(l.slot)
-                    .ok_or(format!("{name}: slot {} vacant", l.slot))?;
-                let e = s.get(h).map_err(|e| format!("{name}: {e}"))?;
-                if e.spec().id != l.id {
-                    return Err(format!(
-                        "{name}: slot {} holds {} not {}",
-                        l.slot,
-                        e.spec().id.0,
-                        l.id.0
-                    ));
-                }
-                let want = match name {
-                    "context" | "generation" | "encoder" => ResidencyKind::Active,
-                    "paused" => ResidencyKind::Paused,
-                    "recompute_paused" => ResidencyKind::Recompute,
-                    _ => e.residency(),
+        for (name, list) in &lists {
+            let name = *name;
+            for &(l, chunk, last) in list {
+                let e = s
+                    .get(l.handle())
+                    .map_err(|e| format!("{name}: slot {}: {e}", l.slot()))?;
+                let id = e.spec().id.0;
+                let ok = match name {
+                    "context" | "generation" => e.ownership().on_gpu(),
+                    "paused" => e.ownership() == Ownership::Paused,
+                    "recompute_paused" => e.ownership() == Ownership::Recompute,
+                    _ => true,
                 };
-                if e.residency() != want {
-                    return Err(format!("{name}: request {} is {:?}", l.id.0, e.residency()));
+                if !ok {
+                    return Err(format!("{name}: request {id} is {:?}", e.ownership()));
+                }
+                let resumed = o.resumed().iter().any(|r| r.handle() == l.handle());
+                if resumed != (e.ownership() == Ownership::Resumed) {
+                    return Err(format!(
+                        "{name}: request {id} is {:?}, listed resumed: {resumed}",
+                        e.ownership()
+                    ));
                 }
                 let scheduled = matches!(name, "context" | "generation" | "encoder");
                 if scheduled && e.inflight() {
-                    return Err(format!("{name}: request {} is in flight", l.id.0));
+                    return Err(format!("{name}: request {id} is in flight"));
                 }
                 if scheduled {
                     if let Some(t) = e.task() {
@@ -882,45 +936,39 @@ impl<'a> Harness<'a> {
                     }
                 }
                 // The KV holds what the step writes.
-                let kv_tokens = s.kv().inner.seq(l.slot).capacity;
+                let kv_tokens = s.kv().inner.seq(l.slot()).capacity;
                 let needed = match name {
                     "generation" => {
-                        let m = self.live.iter_mut().find(|m| m.id == l.id.0);
-                        let m = m.ok_or(format!("generation: {} not in the model", l.id.0))?;
+                        let m = self.live.iter_mut().find(|m| m.id == id);
+                        let m = m.ok_or(format!("generation: {id} not in the model"))?;
                         m.steps += 1;
                         m.prompt + m.steps
                     }
-                    "context" => e.spec().position + l.chunk,
+                    "context" => e.spec().position + chunk,
                     _ => 0,
                 };
                 if kv_tokens < needed {
                     return Err(format!(
-                        "{name}: request {} needs {needed} KV tokens, its cache holds {kv_tokens}",
-                        l.id.0
+                        "{name}: request {id} needs {needed} KV tokens, its cache holds {kv_tokens}"
                     ));
                 }
                 match name {
                     "generation" => tokens += u64::from(e.spec().beam + e.spec().draft),
                     "context" => {
-                        tokens += u64::from(l.chunk);
-                        if l.last {
+                        tokens += u64::from(chunk);
+                        if last {
                             tokens += u64::from(e.spec().draft);
                             drafts += u64::from(e.spec().draft);
                         }
-                        if l.chunk == 0 || e.spec().position + l.chunk > e.spec().prompt {
+                        if chunk == 0 || e.spec().position + chunk > e.spec().prompt {
                             return Err(format!(
-                                "context chunk {} of request {} at {}/{}",
-                                l.chunk,
-                                l.id.0,
+                                "context chunk {chunk} of request {id} at {}/{}",
                                 e.spec().position,
                                 e.spec().prompt
                             ));
                         }
-                        if l.last != (e.spec().position + l.chunk == e.spec().prompt) {
-                            return Err(format!(
-                                "context chunk of request {}: last flag wrong",
-                                l.id.0
-                            ));
+                        if last != (e.spec().position + chunk == e.spec().prompt) {
+                            return Err(format!("context chunk of request {id}: last flag wrong"));
                         }
                     }
                     _ => {}
@@ -944,7 +992,7 @@ impl<'a> Harness<'a> {
             ));
         }
         // The adapter plan: exactly the distinct tasks of the batch; with the pinned ones they fit.
-        let mut plan: Vec<TaskRef> = o.adapters.iter().copied().collect();
+        let mut plan: Vec<TaskRef> = o.adapters().to_vec();
         plan.sort_by_key(|t| t.slot);
         tasks.sort_by_key(|t| t.slot);
         if plan != tasks {
@@ -971,7 +1019,7 @@ impl<'a> Harness<'a> {
                 }
             }
         }
-        if (!o.context.is_empty() || !o.generation.is_empty()) && s.stall_count() != 0 {
+        if (!o.context().is_empty() || !o.generation().is_empty()) && s.stall_count() != 0 {
             return Err("stall counter not reset by a pass that scheduled work".into());
         }
         Ok(())
@@ -996,7 +1044,11 @@ impl<'a> Harness<'a> {
             }
         }
         let recompute_pending: BTreeSet<u64> = if self.out_pending {
-            self.out.recompute_paused.iter().map(|l| l.id.0).collect()
+            self.out
+                .recompute_paused()
+                .iter()
+                .filter_map(|l| s.get(l.handle()).ok().map(|e| e.spec().id.0))
+                .collect()
         } else {
             BTreeSet::new()
         };
@@ -1022,13 +1074,13 @@ impl<'a> Harness<'a> {
                 id: sp.id,
             };
             let (has, act) = (pool.has_cache(r), pool.is_active(r));
-            let ok = match e.residency() {
-                ResidencyKind::Waiting => {
-                    !has && sp.position == 0 && sp.phase == Phase::ContextInit
-                }
-                ResidencyKind::Active => act,
-                ResidencyKind::Paused => has && !act,
-                ResidencyKind::Recompute => {
+            let ok = match e.ownership() {
+                Ownership::Waiting => !has && sp.position == 0 && sp.phase == Phase::ContextInit,
+                // A resumed request stays Resumed until the engine takes the page moves.
+                Ownership::Active => act,
+                Ownership::Resumed => act && self.out_pending,
+                Ownership::Paused => has && !act,
+                Ownership::Recompute => {
                     !has && (pending_reset || (sp.position == 0 && sp.phase == Phase::ContextInit))
                 }
             };
@@ -1036,20 +1088,21 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "request {} is {:?} ({:?} at {}) but its KV has_cache={has} active={act}",
                     l.id,
-                    e.residency(),
+                    e.ownership(),
                     sp.phase,
                     sp.position
                 ));
             }
             if let Some(t) = e.task() {
-                match e.residency() {
-                    ResidencyKind::Active => active[t.slot as usize] += 1,
-                    ResidencyKind::Paused | ResidencyKind::Recompute => {
-                        paused[t.slot as usize] += 1
-                    }
-                    ResidencyKind::Waiting => {}
+                match e.ownership() {
+                    Ownership::Active | Ownership::Resumed => active[t.slot as usize] += 1,
+                    Ownership::Paused | Ownership::Recompute => paused[t.slot as usize] += 1,
+                    Ownership::Waiting => {}
                 }
             }
+        }
+        if !s.check() {
+            return Err("the scheduler's table or lease invariants are broken".into());
         }
         // Leases = device refcount = active LoRA requests; paused registrations = suspended ones.
         let desk = s.adapters();
@@ -1101,8 +1154,8 @@ impl<'a> Harness<'a> {
     /// 0 schedules nothing and, with only context requests waiting, is idle by the reference's rules:
     /// skipped.)
     pub fn settle(&mut self) -> Result<Done, String> {
-        self.sched.kv_mut().faults.left = [0; 4];
-        self.sched.peft_mut().faults.left = [0; 4];
+        self.sched.kv().faults.clear();
+        self.sched.adapters().backend().faults.clear();
         for l in self.live.iter_mut().filter(|l| l.inflight) {
             l.inflight = false;
             self.sched

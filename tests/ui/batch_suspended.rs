@@ -3,7 +3,7 @@ use kvsched_core::output::SchedulerOutput;
 use kvsched_core::request::{Paused, Request, Suspended};
 
 fn schedule(out: &mut SchedulerOutput<4>, r: &Request<Suspended<Paused>>) {
-    out.push_generation(r, None);
+    let _ = out.push_generation(r);
 }
 
 fn main() {}

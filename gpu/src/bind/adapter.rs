@@ -4,10 +4,12 @@
 use core::ops::Range;
 
 use kvsched_core::adapter::TaskRef;
+use kvsched_core::kv::{PageMove, Tier};
+use kvsched_core::request::RequestId;
 use kvsched_core::{AdapterPool, SchedulerOutput};
 
-use crate::error::{MemError, Tier};
-use crate::page::{AdapterMemory, AdapterShape, CopyEvent, PageMove};
+use crate::error::MemError;
+use crate::page::{AdapterMemory, AdapterShape, CopyEvent};
 
 /// What [`AdapterSlots::apply`] did for one adapter plan.
 #[derive(Debug)]
@@ -57,15 +59,23 @@ struct Placement {
 ///
 /// Device: per task slot, the device pages it occupies while resident, taken from a free list of
 /// the store's device pages. [`AdapterSlots::apply`] takes a plan — the adapters the core evicted
-/// from the device ([`AdapterPool::take_device_evictions`]) and the adapters it loaded
-/// (`SchedulerOutput::adapter_loads`) — and first frees the evicted adapters' pages (no copy:
-/// eviction only makes pages reusable), then gives each loaded adapter pages from the free list and
-/// uploads its host pages into them, all loads in one `upload_adapter` call. The core sized the plan
-/// to its device pages, so with a store of at least that many device pages the loads always fit.
+/// from the device ([`Scheduler::take_adapter_evictions`]) and the adapters it loaded
+/// ([`SchedulerOutput::adapter_loads`]) — and first frees the evicted adapters' pages (no copy:
+/// eviction only makes pages reusable), then gives each loaded adapter pages from the free list
+/// and uploads its host pages into them, all loads in one `upload_adapter` call. The core sized
+/// the plan to its device pages, so with a store of at least that many device pages the loads
+/// always fit. [`AdapterSlots::apply_plan`] does the same after checking the plan against the
+/// core's adapter cache.
+///
+/// The upload's moves are kvsched-core [`PageMove`]s `from` [`Tier::Host`] (`src` a host page,
+/// `dst` a device page). An adapter copy belongs to no request: its `request` field is unused by
+/// the stores and set to the task id (`RequestId(task.id.0)`), for tracing only.
 ///
 /// The upload may overwrite pages an evicted adapter had: kernels of an earlier step that still
 /// read them must be done before the upload starts (make the store's copy stream wait on the
 /// previous step, or synchronise).
+///
+/// [`Scheduler::take_adapter_evictions`]: kvsched_core::Scheduler::take_adapter_evictions
 #[derive(Debug)]
 pub struct AdapterSlots {
     shape: AdapterShape,
@@ -202,18 +212,41 @@ impl AdapterSlots {
         }
     }
 
-    /// Applies the plan of one `ensure_batch`: takes `pool`'s device evictions
-    /// ([`AdapterPool::take_device_evictions`]) and `out.adapter_loads`, checks that every adapter
-    /// in them has the page count the core gives it, and [`applies`](AdapterSlots::apply) them.
-    /// Call it after every `Scheduler::ensure_batch` (the eviction log holds one pass's worth).
+    /// Applies the plan of one `ensure_batch`: the adapters the core evicted from the device
+    /// (`evicted`, as [`Scheduler::take_adapter_evictions`] handed them over) and
+    /// [`out.adapter_loads()`](SchedulerOutput::adapter_loads). Checks that every adapter in them
+    /// has the page count `pool` (the core's adapter cache, `sched.adapters().backend()`) gives it,
+    /// then [`applies`](AdapterSlots::apply) them; all-or-nothing.
+    ///
+    /// Call it after every `Scheduler::ensure_batch` (the core's eviction log holds one pass's
+    /// worth):
+    ///
+    /// ```text
+    /// evicted.clear();                                   // a Vec<TaskRef> kept across iterations
+    /// sched.take_adapter_evictions(|task| evicted.push(task));
+    /// let loaded = slots.apply_plan(&mut store, sched.adapters().backend(), &evicted, &out)?;
+    /// ```
+    ///
+    /// [`Scheduler::take_adapter_evictions`]: kvsched_core::Scheduler::take_adapter_evictions
     pub fn apply_plan<S: AdapterMemory + ?Sized, const T: usize, const N: usize>(
         &mut self,
         store: &mut S,
-        pool: &mut AdapterPool<T>,
+        pool: &AdapterPool<T>,
+        evicted: &[TaskRef],
         out: &SchedulerOutput<N>,
     ) -> Result<AdapterUploads, MemError> {
-        let evicted = pool.take_device_evictions();
-        for task in evicted.iter().chain(out.adapter_loads.iter()) {
+        self.apply_checked(store, pool, evicted, out.adapter_loads())
+    }
+
+    /// [`AdapterSlots::apply`] after checking the page counts against the core's adapter cache.
+    fn apply_checked<S: AdapterMemory + ?Sized, const T: usize>(
+        &mut self,
+        store: &mut S,
+        pool: &AdapterPool<T>,
+        evicted: &[TaskRef],
+        loads: &[TaskRef],
+    ) -> Result<AdapterUploads, MemError> {
+        for task in evicted.iter().chain(loads) {
             let core_pages = pool.tasks().get(usize::from(task.slot)).map(|t| t.pages);
             if core_pages != Some(self.placement(*task)?.pages) {
                 return Err(MemError::AdapterPlan {
@@ -222,7 +255,7 @@ impl AdapterSlots {
                 });
             }
         }
-        self.apply(store, &evicted, &out.adapter_loads)
+        self.apply(store, evicted, loads)
     }
 
     /// Applies an adapter plan: frees the device pages of `evicted` (no copy), then places each of
@@ -291,8 +324,13 @@ impl AdapterSlots {
                         break;
                     };
                     placement.device.push(page);
-                    self.moves
-                        .push(PageMove::new(placement.host_first + index, page));
+                    self.moves.push(PageMove {
+                        // Unused by the stores: the task id, for tracing (see the type's docs).
+                        request: RequestId(task.id.0),
+                        from: Tier::Host,
+                        src: placement.host_first + index,
+                        dst: page,
+                    });
                 }
             }
         }
@@ -496,40 +534,47 @@ mod tests {
 
     #[test]
     fn plan_from_the_core_adapter_cache() {
-        use kvsched_core::adapter::PeftBackend;
-        use kvsched_core::request::RequestId;
+        use kvsched_core::adapter::{Holding, PeftBackend};
         let (mut store, mut slots) = setup();
         let mut pool: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
         let a = pool.register(TaskId(100), 2).unwrap();
         let b = pool.register(TaskId(101), 3).unwrap();
         assert_eq!((a, b), (task(0), task(1)));
-        let mut out: SchedulerOutput<4> = SchedulerOutput::new();
+        let (mut evicted, mut loads) = (Vec::new(), Vec::new());
         pool.add_request(RequestId(1), a, false).unwrap();
-        pool.ensure_batch(&[a], &mut |t| out.adapter_loads.push(t).unwrap())
+        pool.ensure_batch(&[a], &mut |t| loads.push(t)).unwrap();
+        pool.take_device_evictions(&mut |t| evicted.push(t));
+        let up = slots
+            .apply_checked(&mut store, &pool, &evicted, &loads)
             .unwrap();
-        let up = slots.apply_plan(&mut store, &mut pool, &out).unwrap();
         assert_eq!((up.evicted, up.loaded), (0, 1));
-        pool.mark_request_done(
-            RequestId(1),
-            a,
-            false,
-            kvsched_core::adapter::Holding::Lease,
-        );
-        out.adapter_loads.clear();
+        pool.mark_request_done(RequestId(1), a, false, Holding::Lease);
+        loads.clear();
         pool.add_request(RequestId(2), b, false).unwrap();
-        pool.ensure_batch(&[b], &mut |t| out.adapter_loads.push(t).unwrap())
+        pool.ensure_batch(&[b], &mut |t| loads.push(t)).unwrap();
+        pool.take_device_evictions(&mut |t| evicted.push(t));
+        assert_eq!(evicted, [a]);
+        let up = slots
+            .apply_checked(&mut store, &pool, &evicted, &loads)
             .unwrap();
-        let up = slots.apply_plan(&mut store, &mut pool, &out).unwrap();
         assert_eq!((up.evicted, up.loaded, up.pages), (1, 1, 3));
         assert_eq!(slots.device_free(), 4 - pool.device_used());
-        // A page count that differs from the core's is refused.
+        // The upload's moves: host pages of task 1 to the device, tagged with its task id.
+        assert!(slots
+            .moves
+            .iter()
+            .all(|m| m.from == Tier::Host && m.request == RequestId(101)));
+        let srcs: Vec<u32> = slots.moves.iter().map(|m| m.src).collect();
+        assert_eq!(srcs, [2, 3, 4]);
+        // A page count that differs from the core's is refused, changing nothing.
         let c = pool.register(TaskId(102), 2).unwrap();
         slots.register_task(&mut store, c, 1, &[]).unwrap();
-        out.adapter_loads.clear();
-        out.adapter_loads.push(c).unwrap();
+        let free = slots.device_free();
         assert!(matches!(
-            slots.apply_plan(&mut store, &mut pool, &out),
+            slots.apply_checked(&mut store, &pool, &[], &[c]),
             Err(MemError::AdapterPlan { slot: 2, .. })
         ));
+        assert_eq!(slots.device_free(), free);
+        assert_eq!(slots.device_pages(2), None);
     }
 }

@@ -1,13 +1,14 @@
-//! The KV binding: the core pool's move log as batched offloads and reloads, and the block tables
+//! The KV binding: the scheduler's move log as batched offloads and reloads, and the block tables
 //! of a scheduled batch.
 
+use kvsched_core::kv::{PageMove, Tier};
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::page_pool::{self, KvPool, SeqState};
+use kvsched_core::page_pool::{KvPool, SeqState};
 
-use crate::error::{MemError, Tier};
-use crate::page::{CopyEvent, KvMemory, PageMove};
+use crate::error::MemError;
+use crate::page::{CopyEvent, KvMemory};
 
-/// What [`KvPages::apply`] issued for one move log.
+/// What [`KvPages::apply_moves`] issued for one move log.
 #[derive(Debug)]
 #[must_use = "wait on the event before the batch's kernels read the moved pages"]
 pub struct AppliedMoves {
@@ -61,20 +62,27 @@ struct Access {
     written: u32,
 }
 
-/// Applies a core [`KvPool`]'s page moves and block tables to a [`KvMemory`] store.
+/// Applies the scheduler's page moves and a core [`KvPool`]'s block tables to a [`KvMemory`] store.
 ///
 /// # Moves
 ///
-/// The pool logs one [`page_pool::PageMove`] per page, in the order it decided them. Within one
-/// pass a GPU page that a suspension freed is often handed to a resumed request (LIFO free
-/// stacks), a host page that a resume freed to the next suspension, and a cache can be suspended
-/// and resumed again. [`KvPages::apply_moves`] therefore assigns every move to a *batch*: batches
-/// alternate offload, reload, offload, …, and a move goes to the first batch of its direction that
-/// comes after every earlier move that wrote its source page, read its target page or wrote its
-/// target page. Each batch is one `offload` or `reload` call (moves in log order, consecutive pages
-/// merged into one copy by the store). The usual log — suspensions whose GPU pages resumes reuse —
-/// becomes one offload followed by one reload; a log without conflicts becomes at most one of
-/// each. Batches run in order: on a store whose copies run in issue order
+/// The pool logs one [`PageMove`] per page, in the order it decided them; the engine takes the log
+/// with [`Scheduler::take_moves`](kvsched_core::Scheduler::take_moves) (which also settles the
+/// requests the pass resumed) and hands it over as is:
+///
+/// ```text
+/// let moved = kv_pages.apply_moves(sched.take_moves(), &mut kv_store)?;
+/// ```
+///
+/// Within one pass a GPU page that a suspension freed is often handed to a resumed request (LIFO
+/// free stacks), a host page that a resume freed to the next suspension, and a cache can be
+/// suspended and resumed again. [`KvPages::apply_moves`] therefore assigns every move to a *batch*:
+/// batches alternate offload, reload, offload, …, and a move goes to the first batch of its
+/// direction that comes after every earlier move that wrote its source page, read its target page
+/// or wrote its target page. Each batch is one `offload` or `reload` call (moves in log order,
+/// consecutive pages merged into one copy by the store). The usual log — suspensions whose GPU
+/// pages resumes reuse — becomes one offload followed by one reload; a log without conflicts
+/// becomes at most one of each. Batches run in order: on a store whose copies run in issue order
 /// ([`KvMemory::copies_in_order`]) by construction, on any other store by waiting on each batch's
 /// event before issuing the next.
 ///
@@ -85,7 +93,7 @@ struct Access {
 ///
 /// # Ordering against compute
 ///
-/// The copies are ordered among themselves, not against kernels. Before `apply`, the previous
+/// The copies are ordered among themselves, not against kernels. Before `apply_moves`, the previous
 /// step's kernels that write KV pages must be done (on CUDA: make
 /// [`CudaKvStore::copy_stream`](crate::CudaKvStore::copy_stream) wait on the compute stream's
 /// event); before the next step's kernels, wait on the returned events
@@ -93,7 +101,7 @@ struct Access {
 #[derive(Debug, Default)]
 pub struct KvPages {
     /// The log of the last `apply_moves`.
-    log: Vec<page_pool::PageMove>,
+    log: Vec<PageMove>,
     /// `(batch, index into log)`, sorted.
     order: Vec<(u32, u32)>,
     gpu: Vec<Access>,
@@ -102,13 +110,14 @@ pub struct KvPages {
     stats: KvPageStats,
 }
 
-/// The scheduled requests that get a block-table row, in row order: the context chunks, then the
-/// generation steps (the batch layout of [`SchedulerOutput`]). Encoder requests have no decoder KV
-/// and get no row.
+/// The scheduled requests that get a block-table row, in row order: the context chunks (their
+/// [`Chunk::listed`](kvsched_core::output::Chunk::listed)), then the generation steps (the batch
+/// layout of [`SchedulerOutput`]). Encoder requests have no decoder KV and get no row.
 pub fn block_table_rows<const N: usize>(
     out: &SchedulerOutput<N>,
-) -> impl Iterator<Item = &Listed> + '_ {
-    out.context.iter().chain(out.generation.iter())
+) -> impl Iterator<Item = Listed> + '_ {
+    let context = out.context().iter().map(|chunk| chunk.listed);
+    context.chain(out.generation().iter().copied())
 }
 
 impl KvPages {
@@ -117,22 +126,13 @@ impl KvPages {
         Self::default()
     }
 
-    /// Takes `pool`'s move log ([`KvPool::take_moves`]) and applies it to `mem`; see
-    /// [`KvPages::apply_moves`].
-    pub fn apply<M: KvMemory + ?Sized>(
-        &mut self,
-        pool: &mut KvPool<'_>,
-        mem: &mut M,
-    ) -> Result<AppliedMoves, MemError> {
-        self.apply_moves(pool.take_moves(), mem)
-    }
-
-    /// Applies a move log (in the order the pool logged it) to `mem`, in batches (see the type's
-    /// docs). A page id beyond `mem`'s tiers is refused before anything is issued; an error from a
-    /// later batch leaves the earlier batches issued.
+    /// Applies a move log (in the order the pool logged it, as
+    /// [`Scheduler::take_moves`](kvsched_core::Scheduler::take_moves) hands it over) to `mem`, in
+    /// batches (see the type's docs). A page id beyond `mem`'s tiers is refused before anything is
+    /// issued; an error from a later batch leaves the earlier batches issued.
     pub fn apply_moves<M: KvMemory + ?Sized>(
         &mut self,
-        log: &[page_pool::PageMove],
+        log: &[PageMove],
         mem: &mut M,
     ) -> Result<AppliedMoves, MemError> {
         self.log.clear();
@@ -157,11 +157,9 @@ impl KvPages {
                 .take_while(|&&(b, _)| b == batch)
                 .count();
             self.batch.clear();
-            self.batch
-                .extend(self.order[start..start + len].iter().map(|&(_, i)| {
-                    let m = self.log[i as usize];
-                    PageMove::new(m.src, m.dst)
-                }));
+            let log = &self.log;
+            let moves = self.order[start..start + len].iter();
+            self.batch.extend(moves.map(|&(_, i)| log[i as usize]));
             start += len;
             if applied.batches > 0 && !in_order {
                 applied.event.wait()?;
@@ -196,11 +194,7 @@ impl KvPages {
     /// order within a batch). Batch `2k` offloads, batch `2k + 1` reloads.
     fn plan(&mut self, shape: crate::PoolShape) -> Result<(), MemError> {
         for m in &self.log {
-            let (from, to) = match m.from {
-                page_pool::Tier::Gpu => (Tier::Gpu, Tier::Host),
-                page_pool::Tier::Host => (Tier::Host, Tier::Gpu),
-            };
-            for (tier, page) in [(from, m.src), (to, m.dst)] {
+            for (tier, page) in [(m.from, m.src), (m.from.other(), m.dst)] {
                 let pages = shape.pages(tier);
                 if page >= pages {
                     return Err(MemError::PageOutOfRange { tier, page, pages });
@@ -214,51 +208,57 @@ impl KvPages {
             }
         }
         self.order.clear();
-        for (index, m) in self.log.iter().enumerate() {
-            let (src, dst) = match m.from {
-                page_pool::Tier::Gpu => (&self.gpu[m.src as usize], &self.host[m.dst as usize]),
-                page_pool::Tier::Host => (&self.host[m.src as usize], &self.gpu[m.dst as usize]),
-            };
+        for index in 0..self.log.len() {
+            let m = self.log[index];
+            let (src, dst) = (
+                self.access(m.from, m.src),
+                self.access(m.from.other(), m.dst),
+            );
             // After every earlier write of the source (read after write), read of the target
             // (write after read) and write of the target (write after write; a batch may not name
             // a target twice either).
             let after = src.written.max(dst.read).max(dst.written);
             let parity = match m.from {
-                page_pool::Tier::Gpu => 0,
-                page_pool::Tier::Host => 1,
+                Tier::Gpu => 0,
+                Tier::Host => 1,
             };
             let batch = if after % 2 == parity {
                 after
             } else {
                 after + 1
             };
-            let (src, dst) = match m.from {
-                page_pool::Tier::Gpu => (
-                    &mut self.gpu[m.src as usize],
-                    &mut self.host[m.dst as usize],
-                ),
-                page_pool::Tier::Host => (
-                    &mut self.host[m.src as usize],
-                    &mut self.gpu[m.dst as usize],
-                ),
-            };
+            let src = self.access_mut(m.from, m.src);
             src.read = src.read.max(batch + 1);
+            let dst = self.access_mut(m.from.other(), m.dst);
             dst.written = dst.written.max(batch + 1);
             // Lossless: the log is at most gpu_pages + host_pages long, both u32.
             self.order.push((batch, index as u32));
         }
         // Clear what this log touched, for the next one.
-        for m in &self.log {
-            let (src, dst) = match m.from {
-                page_pool::Tier::Gpu => (m.src, m.dst),
-                page_pool::Tier::Host => (m.dst, m.src),
-            };
-            self.gpu[src as usize] = Access::default();
-            self.host[dst as usize] = Access::default();
+        for index in 0..self.log.len() {
+            let m = self.log[index];
+            *self.access_mut(m.from, m.src) = Access::default();
+            *self.access_mut(m.from.other(), m.dst) = Access::default();
         }
         // Unique keys: the unstable sort keeps log order within a batch and does not allocate.
         self.order.sort_unstable();
         Ok(())
+    }
+
+    /// The accesses of `page` of `tier` in the log being planned (in range: checked by `plan`).
+    fn access(&self, tier: Tier, page: u32) -> Access {
+        match tier {
+            Tier::Gpu => self.gpu[page as usize],
+            Tier::Host => self.host[page as usize],
+        }
+    }
+
+    /// The accesses of `page` of `tier`, to update (in range: checked by `plan`).
+    fn access_mut(&mut self, tier: Tier, page: u32) -> &mut Access {
+        match tier {
+            Tier::Gpu => &mut self.gpu[page as usize],
+            Tier::Host => &mut self.host[page as usize],
+        }
     }
 
     /// Stages one block-table row per scheduled request ([`block_table_rows`] order: row `r` holds
@@ -275,11 +275,12 @@ impl KvPages {
     ) -> Result<StagedTables, MemError> {
         let mut rows = 0u32;
         for listed in block_table_rows(out) {
-            let seq = pool.seq(listed.slot);
+            let slot = listed.slot();
+            let seq = pool.seq(slot);
             if seq.state != SeqState::Active || seq.on_host {
-                return Err(MemError::NotActive { slot: listed.slot });
+                return Err(MemError::NotActive { slot });
             }
-            mem.stage_block_table(rows, pool.table(listed.slot))?;
+            mem.stage_block_table(rows, pool.table(slot))?;
             rows += 1;
         }
         let event = mem.upload_block_tables(rows)?;
@@ -287,9 +288,8 @@ impl KvPages {
         Ok(StagedTables { rows, event })
     }
 
-    /// The move log the last [`KvPages::apply`] or [`KvPages::apply_moves`] applied (for tracing
-    /// and tests).
-    pub fn last_log(&self) -> &[page_pool::PageMove] {
+    /// The move log the last [`KvPages::apply_moves`] applied (for tracing and tests).
+    pub fn last_log(&self) -> &[PageMove] {
         &self.log
     }
 
@@ -308,19 +308,19 @@ mod tests {
 
     const PAGE: usize = 8;
 
-    fn offload(src: u32, dst: u32) -> page_pool::PageMove {
-        page_pool::PageMove {
+    fn offload(src: u32, dst: u32) -> PageMove {
+        PageMove {
             request: RequestId(0),
-            from: page_pool::Tier::Gpu,
+            from: Tier::Gpu,
             src,
             dst,
         }
     }
 
-    fn reload(src: u32, dst: u32) -> page_pool::PageMove {
-        page_pool::PageMove {
+    fn reload(src: u32, dst: u32) -> PageMove {
+        PageMove {
             request: RequestId(0),
-            from: page_pool::Tier::Host,
+            from: Tier::Host,
             src,
             dst,
         }

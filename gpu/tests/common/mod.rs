@@ -5,9 +5,22 @@
 
 use std::sync::Arc;
 
-use kvsched_gpu::{open_device, CudaContext, MemError, PageStore, Tier};
+use kvsched_gpu::{open_device, CudaContext, MemError, PageMove, PageStore, Tier};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+/// Moves `(src, dst)` of pages from tier `from` to the other tier (`request` unused by the stores).
+pub fn moves(from: Tier, pairs: &[(u32, u32)]) -> Vec<PageMove> {
+    pairs
+        .iter()
+        .map(|&(src, dst)| PageMove {
+            request: kvsched_core::RequestId::default(),
+            from,
+            src,
+            dst,
+        })
+        .collect()
+}
 
 /// `len` pseudo-random bytes determined by `seed` (splitmix64).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -93,14 +106,14 @@ impl Model {
         self.tier_mut(tier)[page as usize] = bytes;
     }
 
-    /// Applies a move list to the model: `(source, target)` pages from tier `from` to the other.
-    pub fn apply(&mut self, from: Tier, moves: &[kvsched_gpu::PageMove]) {
-        let (source, target) = match from {
-            Tier::Gpu => (&self.gpu, &mut self.host),
-            Tier::Host => (&self.host, &mut self.gpu),
-        };
+    /// Applies a move list to the model: page `src` of tier `from` to page `dst` of the other.
+    pub fn apply(&mut self, moves: &[PageMove]) {
         for page_move in moves {
-            target[page_move.target as usize] = source[page_move.source as usize].clone();
+            let (source, target) = match page_move.from {
+                Tier::Gpu => (&self.gpu, &mut self.host),
+                Tier::Host => (&self.host, &mut self.gpu),
+            };
+            target[page_move.dst as usize] = source[page_move.src as usize].clone();
         }
     }
 

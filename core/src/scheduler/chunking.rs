@@ -1,0 +1,199 @@
+//! Context admission's sizing (spec §1.7): prepare the cache (a first chunk's reused prefix moves the
+//! position), size the chunk — the whole remaining prompt, or a chunk by policy (first come first
+//! served, FORCE_CHUNK snapshot points, EQUAL_PROGRESS plans) rounded to the chunk unit — and resize the
+//! cache for it, with context-side preemption when pages are short.
+//!
+//! Invariants: the budget is charged the pre-reuse length when prefix-aware scheduling is off and the
+//! post-reuse length when on, while the KV resize always uses the post-reuse length; only the last chunk
+//! adds drafts (without a budget check, as upstream); a chunk is never 0 tokens; under
+//! GUARANTEED_NO_EVICT the resize reserves prompt + output + drafts.
+
+use crate::adapter::PeftBackend;
+use crate::config::{CapacityPolicy, ChunkPolicy};
+use crate::kv::{ContextPrep, KvBackend, KvRef};
+
+use super::pass::{Pass, Step};
+
+/// What an admission charges and schedules.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admission {
+    /// Tokens charged to the budget.
+    pub(crate) charged: u32,
+    /// Prompt tokens the chunk processes.
+    pub(crate) chunk: u32,
+    /// The chunk ends the prompt.
+    pub(crate) last: bool,
+}
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+    fn kv_ref(&self, slot: u16) -> KvRef {
+        KvRef {
+            slot,
+            id: self.table.entry(slot).spec().id,
+        }
+    }
+
+    /// Prepares the cache; a first chunk's reused prefix moves the position.
+    fn prepare(&mut self, slot: u16, first: bool) -> bool {
+        let r = self.kv_ref(slot);
+        let s = self.table.entry(slot).spec();
+        let prep = ContextPrep {
+            first_chunk: first,
+            prompt: s.prompt,
+            position: s.position,
+        };
+        match self.kv.prepare_context(r, prep) {
+            None => false,
+            Some(reused) => {
+                if first && reused > 0 {
+                    self.table.edit(slot, |e| {
+                        let s = e.spec_mut();
+                        s.position = reused.min(s.prompt);
+                    });
+                }
+                true
+            }
+        }
+    }
+
+    /// The capacity to resize to: under GUARANTEED_NO_EVICT, the whole request's.
+    fn reserve(&self, slot: u16, capacity: u32) -> u32 {
+        let s = self.table.entry(slot).spec();
+        if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+            capacity.max(s.prompt + s.max_new_tokens + s.draft)
+        } else {
+            capacity
+        }
+    }
+
+    /// Grows the cache of the request at index `i` to `capacity`; a refusal tries context-side
+    /// preemption (STOP when it freed pages for this request next pass, else SKIP).
+    fn resize(&mut self, i: usize, first: bool, capacity: u32) -> Result<(), Step> {
+        let slot = self.table.slot(i);
+        let r = self.kv_ref(slot);
+        let reserved = self.reserve(slot, capacity);
+        if self.kv.resize_context(r, reserved, first) {
+            // What the cache holds beyond this chunk stays reserved for the decode steps (under-
+            // stating it is safe: a step then merely asks for tokens the cache already has room for).
+            self.table.set_headroom(slot, reserved - capacity);
+            return Ok(());
+        }
+        if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+            // C++ GUARANTEED_NO_EVICT (spec §7): a block shortage ends the admission of new requests, so
+            // later (smaller) ones cannot overtake one that waits for its whole reservation. Contexts
+            // already admitted hold their reservation and keep going.
+            if first {
+                self.admissions_closed = true;
+            }
+            return Err(Step::Skip);
+        }
+        Err(if self.preempt_for_pages(i) {
+            Step::Stop
+        } else {
+            Step::Skip
+        })
+    }
+
+    /// Non-chunked admission (§1.7 `_full`).
+    pub(crate) fn context_whole(&mut self, i: usize, first: bool) -> Result<Admission, Step> {
+        let slot = self.table.slot(i);
+        let s = self.table.entry(slot).spec();
+        let (prompt, pos0, draft) = (s.prompt, s.position, s.draft);
+        let pre = prompt - pos0 + draft;
+        if !self.cfg.prefix_aware && !self.budget.fits(pre) {
+            return Err(Step::Stop);
+        }
+        if !self.prepare(slot, first) {
+            return Err(Step::Stop);
+        }
+        let pos = self.table.entry(slot).spec().position;
+        let post = prompt - pos + draft;
+        if self.cfg.prefix_aware && !self.budget.fits(post) {
+            return Err(Step::Stop);
+        }
+        self.resize(i, first, pos + post)?;
+        Ok(Admission {
+            charged: if self.cfg.prefix_aware { post } else { pre },
+            chunk: prompt - pos,
+            last: true,
+        })
+    }
+
+    /// Chunked admission (§1.7 `_chunked`).
+    pub(crate) fn context_chunked(
+        &mut self,
+        i: usize,
+        first: bool,
+        planned: u32,
+    ) -> Result<Admission, Step> {
+        let slot = self.table.slot(i);
+        let Some(ch) = self.cfg.chunking else {
+            return Err(Step::Skip);
+        };
+        if !self.budget.has_chunk_budget(ch.policy, ch.unit) {
+            return Err(Step::Skip);
+        }
+        let pos0 = self.table.entry(slot).spec().position;
+        if !self.prepare(slot, first) {
+            return Err(Step::Skip);
+        }
+        let s = self.table.entry(slot).spec();
+        let (prompt, pos, draft) = (s.prompt, s.position, s.draft);
+        let post_remaining = prompt - pos;
+        let remaining = if self.cfg.prefix_aware {
+            post_remaining
+        } else {
+            prompt - pos0
+        };
+        let chunk = self.chunk_size(slot, remaining, planned);
+        if chunk == 0 {
+            return Err(Step::Skip);
+        }
+        let ctx_chunk = chunk.min(post_remaining);
+        let last = pos + ctx_chunk >= prompt;
+        let extra = if last { draft } else { 0 };
+        self.resize(i, first, pos + ctx_chunk + extra)?;
+        Ok(Admission {
+            charged: chunk + extra,
+            chunk: ctx_chunk,
+            last,
+        })
+    }
+
+    /// The chunk a policy gives a request with `remaining` prompt tokens (§1.7 `_chunked` step 3).
+    fn chunk_size(&self, slot: u16, remaining: u32, planned: u32) -> u32 {
+        let Some(ch) = self.cfg.chunking else {
+            return remaining;
+        };
+        let s = self.table.entry(slot).spec();
+        let (prompt, pos) = (s.prompt, s.position);
+        let next_snapshot = s
+            .snapshots
+            .iter()
+            .copied()
+            .find(|&p| p > pos)
+            .map(|p| p.min(prompt));
+        let mut chunk = match ch.policy {
+            ChunkPolicy::ForceChunk => next_snapshot.map_or(remaining, |p| p - pos),
+            ChunkPolicy::EqualProgress => planned.min(remaining),
+            ChunkPolicy::FirstComeFirstServed => self
+                .budget
+                .remaining()
+                .map_or(remaining, |b| b.min(remaining)),
+        };
+        if let Some(m) = self.cfg.max_context_length {
+            chunk = chunk.min(m);
+        }
+        if let Some(b) = self.budget.remaining() {
+            chunk = chunk.min(b);
+        }
+        if chunk < remaining {
+            let end = pos + chunk;
+            let on_boundary = end == prompt || s.snapshots.contains(&end);
+            if ch.policy != ChunkPolicy::ForceChunk || !on_boundary {
+                chunk = chunk / ch.unit * ch.unit;
+            }
+        }
+        chunk
+    }
+}

@@ -1,0 +1,210 @@
+//! Phase 2 (spec §1.6, §1.7): the deferred context and encoder requests, in arrival order, and what
+//! admission does to a request's ownership.
+//!
+//! A context request is prepared and resized first (chunking decides how much, `chunking`); once its KV
+//! is in place its type-state takes ownership — admission of a first chunk, replay after a recompute
+//! pause, or resume of a suspended later chunk — each acquiring the lease. Anything refused on the way
+//! is rolled back: a first chunk keeps no cache (and no reuse claim), a suspended later chunk whose KV
+//! came back without being scheduled is suspended again, so no request holds active KV without its
+//! lease.
+//!
+//! Invariants: a scheduled context chunk owns active KV and its lease; a rolled-back first chunk made no
+//! adapter call; a request preempted in this pass is not admitted in it.
+
+use crate::adapter::PeftBackend;
+use crate::config::ChunkPolicy;
+use crate::kv::{KvBackend, KvRef};
+use crate::phase::Phase;
+use crate::request::KvReturn;
+
+use super::pass::{listed, mark, Pass, Step};
+use super::table::Held;
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+    /// Phase 2 over the deferred requests.
+    pub(crate) fn context_phase(&mut self) {
+        let mut k = 0;
+        while k < self.pending.len() {
+            let p = self.pending[k];
+            k += 1;
+            if self.budget.requests_full() {
+                break;
+            }
+            if self.pending_step(p.index as usize, p.planned) == Step::Stop {
+                break;
+            }
+        }
+    }
+
+    /// §1.6 steps 2–8 for one deferred request.
+    fn pending_step(&mut self, i: usize, planned: u32) -> Step {
+        let slot = self.table.slot(i);
+        let e = self.table.entry(slot);
+        let phase = e.spec().phase;
+        let first = e.spec().position == 0;
+        if let Some(c) = self.cfg.chunking {
+            if phase == Phase::ContextInit && !self.budget.has_chunk_budget(c.policy, c.unit) {
+                return Step::Skip;
+            }
+        }
+        let closed = self.admissions_closed && phase == Phase::ContextInit && first;
+        if self.marked(slot, mark::PREEMPTED) || closed {
+            return Step::Skip;
+        }
+        let Some(pages) = self.peft_need(slot) else {
+            return Step::Skip;
+        };
+        if phase == Phase::EncoderInit {
+            return self.try_encoder(slot, pages);
+        }
+        self.try_context(i, pages, planned)
+    }
+
+    /// §1.6 step 7: an encoder request costs its encoder length and touches no KV pool.
+    fn try_encoder(&mut self, slot: u16, pages: u32) -> Step {
+        let s = self.table.entry(slot).spec();
+        let tokens = if s.encoder_len > 0 {
+            s.encoder_len
+        } else {
+            s.prompt
+        };
+        if !self.budget.fits(tokens) {
+            return Step::Stop;
+        }
+        match self.table.entry(slot).held() {
+            Held::Waiting(r) => listed(self.out.push_encoder(r)),
+            Held::Active(r) => listed(self.out.push_encoder(r)),
+            Held::Resumed(r) => listed(self.out.push_encoder(r)),
+            Held::Paused(r) => listed(self.out.push_encoder(r)),
+            Held::Recompute(r) => listed(self.out.push_encoder(r)),
+        }
+        self.budget.commit(tokens);
+        self.commit_peft(slot, pages);
+        self.mark(slot, mark::SCHEDULED);
+        Step::Scheduled
+    }
+
+    /// §1.7: one context request (index `i`), whole or chunked.
+    fn try_context(&mut self, i: usize, pages: u32, planned: u32) -> Step {
+        let slot = self.table.slot(i);
+        if !self.lease_obtainable(slot) {
+            // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
+            // lease would be refused after the pages were found.
+            return Step::Skip;
+        }
+        let first = self.table.entry(slot).spec().position == 0;
+        let admitted = match self.cfg.chunking {
+            None => self.context_whole(i, first),
+            Some(_) => self.context_chunked(i, first, planned),
+        };
+        let a = match admitted {
+            Ok(a) => a,
+            Err(step) => {
+                self.roll_back_context(slot, first);
+                return step;
+            }
+        };
+        // KV is in place: the type-state transition takes the lease (first chunk, replay, resume).
+        if !self.take_ownership(slot) {
+            self.roll_back_context(slot, first);
+            return Step::Skip;
+        }
+        match self.table.entry(slot).held() {
+            Held::Active(r) => listed(self.out.push_context(r, a.chunk, a.last)),
+            Held::Resumed(r) => listed(self.out.push_context(r, a.chunk, a.last)),
+            _ => panic!("an admitted context request owns active KV and its lease"),
+        }
+        self.budget.commit(a.charged);
+        self.commit_peft(slot, pages);
+        self.mark(slot, mark::SCHEDULED);
+        Step::Scheduled
+    }
+
+    /// The pass has put a request's KV in place: its type-state takes ownership — (1) admission of a
+    /// first chunk, (6) replay after a recompute pause, (3) resume of a suspended one — each acquiring
+    /// the lease. Returns whether it now owns its KV; if the lease was refused it keeps its old state.
+    pub(crate) fn take_ownership(&mut self, slot: u16) -> bool {
+        if matches!(self.table.entry(slot).held(), Held::Paused(_)) {
+            return self.resume(slot, KvReturn::Context);
+        }
+        let (kv, desk) = (&mut *self.kv, &mut *self.desk);
+        self.table.transition(slot, |held| match held {
+            Held::Waiting(w) => match w.admit(kv, desk) {
+                Ok(a) => (a.into(), true),
+                Err(x) => (x.request.into(), false),
+            },
+            Held::Recompute(rc) => match rc.replay(kv, desk) {
+                Ok(a) => (a.into(), true),
+                Err(x) => (x.request.into(), false),
+            },
+            on_gpu @ (Held::Active(_) | Held::Resumed(_)) => (on_gpu, true),
+            paused @ Held::Paused(_) => (paused, false),
+        })
+    }
+
+    /// A failed first chunk releases whatever cache it got and is rewound (it keeps no reuse claim); a
+    /// suspended later chunk whose KV came back without being scheduled is suspended again.
+    pub(crate) fn roll_back_context(&mut self, slot: u16, first: bool) {
+        let e = self.table.entry(slot);
+        let r = KvRef {
+            slot,
+            id: e.spec().id,
+        };
+        let paused = matches!(e.held(), Held::Paused(_));
+        if first {
+            if self.kv.has_cache(r) {
+                self.kv.free(r);
+            }
+            self.table.edit(slot, |e| e.spec_mut().position = 0);
+            self.table.set_headroom(slot, 0);
+        } else if paused && self.kv.is_active(r) {
+            self.kv.suspend(r);
+        }
+    }
+
+    /// EQUAL_PROGRESS (C++ micro-batch scheduler): before admission, one unit at a time round-robin over
+    /// the chunked contexts until the budget left after phase 1 is used; each request's plan is stored
+    /// with its pending entry.
+    pub(crate) fn plan_equal_progress(&mut self, unit: u32) {
+        let maxctx = self.cfg.max_context_length;
+        let Some(mut left) = self.budget.remaining() else {
+            for k in 0..self.pending.len() {
+                let s = self
+                    .table
+                    .entry(self.table.slot(self.pending[k].index as usize))
+                    .spec();
+                self.pending[k].planned = s.prompt - s.position;
+            }
+            return;
+        };
+        loop {
+            let mut progressed = 0u32;
+            for k in 0..self.pending.len() {
+                let s = self
+                    .table
+                    .entry(self.table.slot(self.pending[k].index as usize))
+                    .spec();
+                if s.phase != Phase::ContextInit {
+                    continue;
+                }
+                let remaining = s.prompt - s.position;
+                let past = self.pending[k].planned;
+                let actual = (past + unit).min(remaining);
+                let inc = actual - past;
+                if inc == 0 || inc > left || maxctx.is_some_and(|m| actual > m) {
+                    continue;
+                }
+                self.pending[k].planned = actual;
+                left -= inc;
+                progressed += inc;
+            }
+            if progressed == 0 {
+                break;
+            }
+        }
+        debug_assert!(self
+            .cfg
+            .chunking
+            .is_some_and(|c| c.policy == ChunkPolicy::EqualProgress));
+    }
+}

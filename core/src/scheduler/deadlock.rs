@@ -1,0 +1,130 @@
+//! Deadlock detection (spec §1.12) and the two remedies kvsched adds before a stalled pass counts.
+//!
+//! A pass made progress when it scheduled anything (generation, context, encoder, disagg) or evicted,
+//! recompute-paused or preempted anything; progress resets the stall counter, and so do an idle pass
+//! (no candidates) and a request whose transfer holds pages. Otherwise, before the stall counts:
+//!
+//! - **Wedge breaker** (deliberate difference 6): with a tier below the GPU that absorbs suspended
+//!   pages, two or more partially prefilled contexts can each hold pages the others' next chunks need,
+//!   and the reference has nothing to free them. The youngest is suspended, so the older ones progress.
+//! - **Held-page remedy** (deliberate difference 7): without a lower tier, suspended requests keep their
+//!   pages HELD on the GPU, and the reference's preemption takes only active caches. When nothing else
+//!   can move, the newest suspended recompute candidate gives its held pages up (preempted, listed in
+//!   `recompute_paused`). It fires only here: never while the pass can schedule anything.
+//!
+//! Either remedy is progress. Each is bounded: the wedge breaker turns an active partial context into a
+//! suspended one (only a scheduled chunk turns one back), the held-page remedy turns a suspended request
+//! into one with no KV. A pool truly too small still ends in `Error::Deadlock` after the threshold.
+
+use crate::adapter::PeftBackend;
+use crate::config::CapacityPolicy;
+use crate::error::Error;
+use crate::kv::KvBackend;
+use crate::phase::Phase;
+
+use super::pass::{mark, Pass};
+use super::table::Held;
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+    /// The verdict on this pass; updates `stall`.
+    pub(crate) fn detect_deadlock(&mut self, stall: &mut u32) -> Result<(), Error> {
+        let out = &*self.out;
+        let progress = !out.generation().is_empty()
+            || !out.context().is_empty()
+            || !out.encoder().is_empty()
+            || !out.disagg().is_empty()
+            || self.evictions > 0
+            || self.recomputes > 0;
+        if progress || !self.has_candidates() || self.transfer_holds_pages() {
+            *stall = 0;
+            return Ok(());
+        }
+        if self.break_context_wedge() || self.release_held_pages() {
+            *stall = 0;
+            return Ok(());
+        }
+        *stall += 1;
+        if *stall >= self.cfg.deadlock_threshold {
+            crate::fmt::log_warn!("scheduler deadlock after {} stalled passes", *stall);
+            return Err(Error::Deadlock { stalled: *stall });
+        }
+        Ok(())
+    }
+
+    /// Work is pending: a generation request (not completing, not in flight) or a deferred context that
+    /// was not preempted in this pass.
+    fn has_candidates(&self) -> bool {
+        let generation = self.table.order().iter().any(|&s| {
+            let e = self.table.entry(s);
+            let p = e.spec().phase;
+            p.is_generation() && p != Phase::GenerationToComplete && !e.inflight()
+        });
+        generation
+            || self.pending.iter().any(|p| {
+                let s = self.table.slot(p.index as usize);
+                !self.marked(s, mark::PREEMPTED)
+            })
+    }
+
+    /// A request whose transfer holds its pages (they count as progress).
+    fn transfer_holds_pages(&self) -> bool {
+        self.table
+            .order()
+            .iter()
+            .any(|&s| self.table.entry(s).spec().phase.holds_transfer())
+    }
+
+    /// The wedge breaker (see the module docs). Returns whether it suspended one.
+    fn break_context_wedge(&mut self) -> bool {
+        if !self.kv.tier_below_gpu()
+            || !self.kv.can_evict()
+            || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
+        {
+            return false;
+        }
+        let wedged = |s: &u16| {
+            let e = self.table.entry(*s);
+            !e.inflight()
+                && e.spec().phase.is_context_init()
+                && e.spec().started()
+                && e.ownership().on_gpu()
+        };
+        let count = self.table.order().iter().filter(|s| wedged(s)).count();
+        let youngest = self.table.order().iter().rev().find(|s| wedged(s)).copied();
+        match (count >= 2, youngest) {
+            (true, Some(s)) => {
+                self.suspend(s);
+                self.stats.victims += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The held-page remedy (see the module docs). Returns whether it preempted one.
+    fn release_held_pages(&mut self) -> bool {
+        if self.kv.tier_below_gpu()
+            || !self.cfg.recompute_pause
+            || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
+        {
+            return false;
+        }
+        let held = self.table.order().iter().rev().copied().find(|&s| {
+            let e = self.table.entry(s);
+            let r = crate::kv::KvRef {
+                slot: s,
+                id: e.spec().id,
+            };
+            matches!(e.held(), Held::Paused(_))
+                && self.kv.has_cache(r)
+                && self.recompute_candidate(s)
+        });
+        match held {
+            Some(s) => {
+                self.preempt(s);
+                true
+            }
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Phase 1 (spec §1.4, §1.5): generation and disaggregated-generation-init requests in arrival order,
+//! with a shrinking end index; context and encoder requests are deferred to phase 2.
+//!
+//! One decode path: its first branch is the common case — an active, not in-flight
+//! `GENERATION_IN_PROGRESS` request, read from its 16-byte hot record, whose KV step succeeds — and
+//! every other request takes the general rule order of §1.4 below it. A refused KV step goes to the
+//! ladder (`victims`).
+//!
+//! Invariants: a scheduled generation request owns active KV and its lease (`Active` or `Resumed`) and
+//! was charged its token cost (beam + drafts); the first scheduled request fixes the pass's beam; a
+//! request whose adapter would not fit stops the phase (§1.4 step 7) before any KV call.
+
+use crate::adapter::PeftBackend;
+use crate::kv::{KvBackend, KvRef};
+use crate::output::NO_TASK;
+use crate::phase::Phase;
+use crate::request::KvReturn;
+
+use super::pass::{listed, mark, Pass, Step};
+use super::table::{Held, READY, READY_MASK};
+
+/// A decode step whose one KV attempt was refused: what the ladder needs to finish it.
+#[derive(Clone, Copy)]
+pub(crate) struct Refusal {
+    grow: u32,
+    after: u32,
+    tokens: u32,
+    beam: u32,
+}
+
+/// What the first branch did with a request.
+enum Fast {
+    Done(Step),
+    Refused(Refusal),
+    /// Not an active decode step: the general rule order handles it.
+    General,
+}
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+    /// Phase 1 over the arrival order.
+    pub(crate) fn generation_phase(&mut self) {
+        let mut i = 0;
+        while i < self.end {
+            let slot = self.table.slot(i);
+            let step = match self.decode_step(slot) {
+                Fast::Done(step) => step,
+                Fast::Refused(r) => self.decode_refused(i, slot, r),
+                Fast::General => self.general_step(i, slot),
+            };
+            if step == Step::Stop {
+                break;
+            }
+            i += 1;
+        }
+    }
+
+    /// The common case first: an active request's decode step, from its hot record, the same checks in
+    /// the same order as the general path (§1.4 step 4, §1.5 steps 1–3).
+    #[inline(always)]
+    fn decode_step(&mut self, slot: u16) -> Fast {
+        let h = self.table.hot(slot);
+        if h.code & READY_MASK != READY {
+            return Fast::General;
+        }
+        if self.budget.requests_full() {
+            return Fast::Done(Step::Stop);
+        }
+        // No overflow: admission and `update` keep beam (at least 1) + drafts within u32.
+        let tokens = h.beam + h.draft;
+        if !self.budget.fits(tokens) {
+            return Fast::Done(Step::Stop);
+        }
+        if self.beam != 0 && self.beam != h.beam {
+            return Fast::Done(Step::Skip);
+        }
+        // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
+        // reservation asks the backend for no new tokens.
+        let step = h.draft + 1;
+        let grow = step.saturating_sub(h.headroom);
+        let after = h.headroom.saturating_sub(step);
+        let Held::Active(r) = self.table.held(slot) else {
+            debug_assert!(false, "a READY hot record holds an Active request");
+            return Fast::General;
+        };
+        if !self.kv.try_allocate_generation(r.kv_ref(), grow) {
+            return Fast::Refused(Refusal {
+                grow,
+                after,
+                tokens,
+                beam: h.beam,
+            });
+        }
+        listed(self.out.push_generation(r));
+        // A lease holder's adapter was counted when the pass began: no pages, no budget query.
+        match r.task() {
+            Some(t) => {
+                listed(self.plan.commit_counted(t, self.out));
+                self.plan.count_generation(t.slot);
+            }
+            None if h.bucket == NO_TASK => self.plan.plain += 1,
+            None => self.plan.unbucketed += 1,
+        }
+        if h.headroom != 0 {
+            self.table.set_headroom(slot, after);
+        }
+        self.mark(slot, mark::SCHEDULED);
+        self.budget.commit(tokens);
+        self.beam = h.beam;
+        Fast::Done(Step::Scheduled)
+    }
+
+    /// An active request whose decode step was refused: the ladder (§1.5 steps 5–8).
+    #[cold]
+    #[inline(never)]
+    fn decode_refused(&mut self, i: usize, slot: u16, r: Refusal) -> Step {
+        if let Some(refused) = self.generation_ladder(i, r.grow) {
+            return refused;
+        }
+        self.scheduled_generation(slot, r.after, 0);
+        self.budget.commit(r.tokens);
+        self.beam = r.beam;
+        Step::Scheduled
+    }
+
+    /// The rule order of §1.4 for everything but the first branch's case.
+    #[inline(never)]
+    fn general_step(&mut self, i: usize, slot: u16) -> Step {
+        let e = self.table.entry(slot);
+        if self.marked(slot, mark::RECOMPUTED) || e.inflight() {
+            return Step::Skip;
+        }
+        let phase = e.spec().phase;
+        if phase == Phase::DisaggGenerationInit {
+            return self.disagg_init(slot);
+        }
+        if self.budget.requests_full() {
+            return Step::Stop;
+        }
+        if !self.cfg.window.contains(phase) {
+            return Step::Skip;
+        }
+        if phase == Phase::EncoderInit || phase == Phase::ContextInit {
+            let deferred = self.pending.push(super::pass::Pending {
+                index: i as u16,
+                planned: 0,
+            });
+            assert!(deferred.is_ok(), "one pending entry per live request");
+            return Step::Skip;
+        }
+        let on_gpu = e.ownership().on_gpu();
+        // A lease holder's adapter is counted: nothing to add. Another must fit (§1.4 step 7).
+        let pages = match e.task() {
+            Some(t) if !on_gpu => self.plan.pages_needed(self.desk, e.spec().id, t),
+            _ => Some(0),
+        };
+        let Some(pages) = pages else {
+            return Step::Stop;
+        };
+        self.try_generation(i, slot, pages)
+    }
+
+    /// §1.5 for a request the first branch did not take: a suspended one (its KV comes back through
+    /// the allocation), one with no cache, or an active one in another generation phase.
+    fn try_generation(&mut self, i: usize, slot: u16, pages: u32) -> Step {
+        let h = self.table.hot(slot);
+        let tokens = h.beam + h.draft;
+        if !self.budget.fits(tokens) {
+            return Step::Stop;
+        }
+        if self.beam != 0 && self.beam != h.beam {
+            return Step::Skip;
+        }
+        if !self.lease_obtainable(slot) {
+            // A suspended request whose lease would be refused: evicting others for its KV is futile.
+            return Step::Skip;
+        }
+        let step = h.draft.saturating_add(1);
+        let grow = step.saturating_sub(h.headroom);
+        let after = h.headroom.saturating_sub(step);
+        if !self.allocate_generation(slot, grow) {
+            if let Some(refused) = self.generation_ladder(i, grow) {
+                return refused;
+            }
+        }
+        self.scheduled_generation(slot, after, pages);
+        self.budget.commit(tokens);
+        self.beam = h.beam;
+        Step::Scheduled
+    }
+
+    /// Lists a generation request whose KV step succeeded, marks it and commits its adapter.
+    pub(crate) fn scheduled_generation(&mut self, slot: u16, headroom: u32, pages: u32) {
+        self.table.set_headroom(slot, headroom);
+        match self.table.entry(slot).held() {
+            Held::Active(r) => listed(self.out.push_generation(r)),
+            Held::Resumed(r) => listed(self.out.push_generation(r)),
+            _ => panic!("a scheduled generation request owns active KV and its lease"),
+        }
+        let task = self.table.entry(slot).task();
+        if let Some(t) = task {
+            listed(self.plan.commit(t, pages, self.out));
+            self.plan.count_generation(t.slot);
+        } else if self.table.hot(slot).bucket == NO_TASK {
+            self.plan.plain += 1;
+        } else {
+            self.plan.unbucketed += 1;
+        }
+        self.mark(slot, mark::SCHEDULED);
+    }
+
+    /// One allocation attempt (§1.5 step 3). A suspended request whose KV comes back is resumed: it
+    /// re-acquires its lease before it is listed.
+    pub(crate) fn allocate_generation(&mut self, slot: u16, grow: u32) -> bool {
+        let e = self.table.entry(slot);
+        let r = KvRef {
+            slot,
+            id: e.spec().id,
+        };
+        match e.held() {
+            Held::Active(_) | Held::Resumed(_) => self.kv.try_allocate_generation(r, grow),
+            Held::Paused(_) => {
+                self.kv.try_allocate_generation(r, grow) && self.resume(slot, KvReturn::Generation)
+            }
+            Held::Waiting(_) | Held::Recompute(_) => {
+                // No cache: the backend refuses (the call is still made, as upstream).
+                if self.kv.try_allocate_generation(r, grow) {
+                    self.kv.revert_allocate_generation(r);
+                }
+                false
+            }
+        }
+    }
+
+    /// (3) A suspended request whose KV came back (`how`) is resumed: fresh lease, listed in `resumed`.
+    /// If the lease is refused the KV is put back and the request stays suspended.
+    pub(crate) fn resume(&mut self, slot: u16, how: KvReturn) -> bool {
+        let (kv, desk, out) = (&mut *self.kv, &mut *self.desk, &mut *self.out);
+        self.table.transition(slot, |held| match held {
+            Held::Paused(p) => match p.resume(kv, desk, how) {
+                Ok(r) => {
+                    listed(out.push_resumed(&r));
+                    (r.into(), true)
+                }
+                Err(refused) => (refused.request.into(), false),
+            },
+            other => (other, false),
+        })
+    }
+
+    /// A request that must acquire a lease to run (it holds none) can get one, as far as the adapter
+    /// backend can tell without side effects ([`PeftBackend::can_admit`]).
+    pub(crate) fn lease_obtainable(&self, slot: u16) -> bool {
+        let e = self.table.entry(slot);
+        match e.task() {
+            Some(t) if !e.ownership().on_gpu() => self.desk.backend().can_admit(t),
+            _ => true,
+        }
+    }
+
+    /// §1.4 step 3: a disaggregated generation request whose transferred prompt's KV is prepared takes
+    /// ownership of it (and its lease), so it decodes as an ordinary active request once the transfer
+    /// completes. Bypasses the window and the request budget; uses no tokens.
+    fn disagg_init(&mut self, slot: u16) -> Step {
+        let Some(pages) = self.peft_need(slot) else {
+            return Step::Stop;
+        };
+        let e = self.table.entry(slot);
+        let cap = e.spec().prompt + e.spec().draft;
+        let r = KvRef {
+            slot,
+            id: e.spec().id,
+        };
+        if !(self.lease_obtainable(slot) && self.kv.prepare_disagg_gen_init(r, cap)) {
+            return Step::Skip;
+        }
+        if !self.take_ownership(slot) {
+            // A refused lease: a cache it did not own before is released (a suspended one was put back).
+            let paused = matches!(self.table.entry(slot).held(), Held::Paused(_));
+            if !paused && self.kv.has_cache(r) {
+                self.kv.free(r);
+            }
+            return Step::Skip;
+        }
+        match self.table.entry(slot).held() {
+            Held::Active(a) => listed(self.out.push_disagg(a)),
+            Held::Resumed(a) => listed(self.out.push_disagg(a)),
+            _ => panic!("a prepared disagg request owns its KV and its lease"),
+        }
+        self.commit_peft(slot, pages);
+        Step::Skip
+    }
+}

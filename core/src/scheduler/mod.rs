@@ -1,0 +1,446 @@
+//! The scheduler: the request table, its public API, and the scheduling pass — one file per rule of
+//! spec §1:
+//!
+//! | file | what |
+//! |---|---|
+//! | `table.rs` | the table: typed ownership, hot records, arrival order, id index |
+//! | `pass.rs` | the [`PassStats`] and the `Pass` value: per-pass state, the algorithm in a few lines |
+//! | `generation.rs` | phase 1: the decode step (fast case first), §1.4–§1.5 |
+//! | `victims.rs` | the generation ladder: eviction, recompute pause, self-eviction; §1.15 predicates |
+//! | `context.rs` | phase 2: deferred contexts and encoders, ownership on admission, roll-back |
+//! | `chunking.rs` | preparing, sizing and resizing a context chunk, §1.7 |
+//! | `preempt.rs` | context-side preemption, §1.8 |
+//! | `deadlock.rs` | deadlock detection and the remedies before a stall counts, §1.12 |
+//! | `plan.rs` | the adapter plan: PEFT page budget and distinct adapters |
+//! | `sort.rs` | the LoRA sort, §1.13 |
+//!
+//! Every resource change goes through a type-state transition of [`crate::request`], so the PEFT
+//! lifecycle of DESIGN.md §3 holds by construction.
+//!
+//! The engine's loop: [`Scheduler::schedule`] fills an output; [`Scheduler::ensure_batch`] makes its
+//! adapters resident; [`Scheduler::take_moves`] hands the page moves to the copy engine (and settles
+//! the resumed requests, whose pages those moves bring up); the step runs;
+//! [`Scheduler::complete_step`] advances what it processed; finished requests are
+//! [`removed`](Scheduler::remove).
+//!
+//! Invariants between calls (checked by [`Scheduler::check`] and the property tests): the table's
+//! (`table.rs`); per task, live leases = the adapter cache's device refcount; no suspended or
+//! recompute-paused request holds a lease or active KV.
+
+mod chunking;
+mod context;
+mod deadlock;
+mod generation;
+mod pass;
+mod plan;
+mod preempt;
+mod sort;
+mod table;
+mod victims;
+
+#[cfg(test)]
+mod tests;
+
+pub use pass::PassStats;
+pub use table::{Entry, Handle};
+
+use crate::adapter::{PeftBackend, TaskRef};
+use crate::config::Config;
+use crate::error::{Error, PeftError};
+use crate::kv::{KvBackend, KvRef, PageMove};
+use crate::lease::AdapterDesk;
+use crate::output::SchedulerOutput;
+use crate::phase::Phase;
+use crate::request::{MovesTaken, Ownership, RequestId, RequestSpec};
+
+use pass::{Pass, Scratch};
+use table::{Held, Table};
+
+/// How a request starts when it is adopted with resources a backend already holds (restoring state, or
+/// scripted scenarios).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adopt {
+    /// Owns nothing.
+    Waiting,
+    /// Its cache is active: it takes a lease on its adapter.
+    Active,
+    /// Its cache is suspended: it is registered as paused on its adapter.
+    Suspended,
+}
+
+/// The scheduler: a request table of `N` slots over a KV backend `K` and an adapter backend `P` with `T`
+/// task slots.
+pub struct Scheduler<K, P, const N: usize, const T: usize> {
+    cfg: Config,
+    kv: K,
+    desk: AdapterDesk<P, T>,
+    table: Table<N>,
+    scratch: Scratch<N, T>,
+    /// Consecutive stalled passes (the only state a pass leaves for the next, spec §1.1).
+    stall: u32,
+    /// Passes run; the output of the last one carries this number.
+    passes: u64,
+    /// The last pass whose step was completed.
+    completed: u64,
+    last: PassStats,
+}
+
+impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
+    /// Tearing the scheduler down takes its backends with it: every request's resources go too.
+    fn drop(&mut self) {
+        self.table.abandon_all();
+    }
+}
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, P, N, T> {
+    /// A scheduler over the given backends.
+    pub fn new(cfg: Config, kv: K, peft: P) -> Result<Self, Error> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            kv,
+            desk: AdapterDesk::new(peft),
+            table: Table::new(),
+            scratch: Scratch::new(),
+            stall: 0,
+            passes: 0,
+            completed: 0,
+            last: PassStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    /// The KV backend, read-only (statistics, block tables, invariant checks).
+    pub fn kv(&self) -> &K {
+        &self.kv
+    }
+    /// The adapter desk, read-only (leases, pinned pages, and the adapter backend through it).
+    pub fn adapters(&self) -> &AdapterDesk<P, T> {
+        &self.desk
+    }
+    /// What the last pass did beyond its output lists.
+    pub fn last_pass(&self) -> PassStats {
+        self.last
+    }
+    /// Consecutive stalled passes.
+    pub fn stall_count(&self) -> u32 {
+        self.stall
+    }
+    /// Live requests.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+    /// No live requests.
+    pub fn is_empty(&self) -> bool {
+        self.table.len() == 0
+    }
+    /// Requests in arrival order.
+    pub fn requests(&self) -> impl Iterator<Item = (Handle, Entry<'_>)> + '_ {
+        self.table.iter()
+    }
+    /// One request.
+    pub fn get(&self, h: Handle) -> Result<Entry<'_>, Error> {
+        self.table.get(h).ok_or(Error::StaleHandle)
+    }
+    /// The live handle of a table slot.
+    pub fn handle_of(&self, slot: u16) -> Option<Handle> {
+        self.table.handle_at(slot)
+    }
+    /// Finds a request by id (O(1): the table keeps an id index).
+    pub fn find(&self, id: RequestId) -> Option<Handle> {
+        self.table.handle_at(self.table.find(id)?)
+    }
+
+    /// A fingerprint of the scheduler's own state: the request table (entries, hot records, arrival
+    /// order, id index), the counters and the adapter desk. The backends are left out: fingerprint those
+    /// with [`crate::KvPool::fingerprint`] and the adapter cache's `PartialEq`. Equal before and after a
+    /// refused call = the call changed nothing.
+    pub fn fingerprint(&self) -> u64 {
+        use core::hash::{Hash, Hasher};
+        let mut h = crate::fingerprint::Fingerprint::new();
+        self.table.hash_state(&mut h);
+        self.stall.hash(&mut h);
+        self.passes.hash(&mut h);
+        self.completed.hash(&mut h);
+        self.desk.hash_state(&mut h);
+        h.finish()
+    }
+
+    /// The table's invariants and the ownership agreements with the backends: every request on the GPU
+    /// has an active cache, no suspended or recompute-paused one does, and per task the desk's leases
+    /// equal the requests holding one.
+    pub fn check(&self) -> bool {
+        let mut leases = [0u32; T];
+        let agree = self.table.iter().all(|(h, e)| {
+            let r = KvRef {
+                slot: h.index(),
+                id: e.spec().id,
+            };
+            let o = e.ownership();
+            if let (true, Some(t)) = (o.on_gpu(), e.task()) {
+                if let Some(n) = leases.get_mut(t.slot as usize) {
+                    *n += 1;
+                }
+            }
+            match o {
+                Ownership::Active | Ownership::Resumed => self.kv.is_active(r),
+                Ownership::Paused => !self.kv.is_active(r),
+                Ownership::Waiting | Ownership::Recompute => !self.kv.is_active(r),
+            }
+        });
+        agree && self.table.check() && (0..T).all(|s| self.desk.leases(s as u16) == leases[s])
+    }
+
+    fn check_spec(&self, spec: &RequestSpec) -> Result<Option<TaskRef>, Error> {
+        if spec.position > spec.prompt {
+            return Err(Error::Invalid("position is beyond the prompt"));
+        }
+        if self.table.find(spec.id).is_some() {
+            return Err(Error::DuplicateId(spec.id));
+        }
+        self.check_sizes(spec)?;
+        let task = match spec.lora {
+            None => None,
+            Some(t) => {
+                let peft = self.desk.backend();
+                if peft.max_device_pages() == u32::MAX {
+                    None // no adapter cache configured
+                } else {
+                    Some(peft.lookup(t).ok_or(PeftError::UnknownTask(t))?)
+                }
+            }
+        };
+        if self.table.is_full() {
+            return Err(Error::CapacityExhausted {
+                what: "request table",
+                capacity: N as u32,
+            });
+        }
+        Ok(task)
+    }
+
+    /// The per-step and whole-life sizes of a request: beam width at least 1, one step's tokens (beam +
+    /// drafts) within `u32`, and prompt + reserved output + drafts within what one request can hold
+    /// (capped at `u32::MAX`: token counts are `u32`, so no later sum can overflow).
+    fn check_sizes(&self, spec: &RequestSpec) -> Result<(), Error> {
+        if spec.beam == 0 {
+            return Err(Error::Invalid("beam width must be at least 1"));
+        }
+        if spec.beam.checked_add(spec.draft).is_none() {
+            return Err(Error::Invalid(
+                "beam width plus draft tokens overflow one step's token count",
+            ));
+        }
+        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
+        let limit = self.kv.max_tokens_per_request().min(u32::MAX as u64);
+        if tokens > limit {
+            return Err(Error::RequestTooLarge {
+                id: spec.id,
+                tokens,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Submits a new request (it owns nothing until the pass admits it). Refuses, changing nothing: a
+    /// duplicate id, an unknown LoRA task, a request larger than the KV pool, a full table.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<Handle, Error> {
+        self.adopt(spec, Adopt::Waiting)
+    }
+
+    /// Submits a request that already has a cache in the KV backend (restoring state; scripted tests):
+    /// `Active` takes a lease on its adapter, `Suspended` registers it as paused on its adapter. Refused,
+    /// changing nothing, when the backend's cache does not match `how` or the adapter cache refuses.
+    pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
+        let task = self.check_spec(&spec)?;
+        let r = |h: Handle| KvRef {
+            slot: h.index(),
+            id: spec.id,
+        };
+        let h = self.table.insert(spec.clone(), task)?;
+        let kv_ok = match how {
+            Adopt::Waiting => true,
+            Adopt::Active => self.kv.is_active(r(h)),
+            Adopt::Suspended => self.kv.has_cache(r(h)) && !self.kv.is_active(r(h)),
+        };
+        if !kv_ok {
+            self.table.cancel_insert(h);
+            return Err(Error::Invalid(match how {
+                Adopt::Active => "adopted as active but the KV backend has no active cache",
+                _ => "adopted as suspended but the KV backend has no suspended cache",
+            }));
+        }
+        let (kv, desk) = (&self.kv, &mut self.desk);
+        let adopted = self.table.transition(h.index(), |held| {
+            let Held::Waiting(w) = held else {
+                panic!("a new entry is waiting");
+            };
+            match how {
+                Adopt::Waiting => (w.into(), Ok(())),
+                Adopt::Active => match w.admit(kv, desk) {
+                    Ok(a) => (a.into(), Ok(())),
+                    Err(x) => (x.request.into(), Err(x.error)),
+                },
+                Adopt::Suspended => match w.task() {
+                    None => (w.adopt_suspended(None).into(), Ok(())),
+                    Some(t) => match desk.acquire(spec.id, t, None) {
+                        Ok(lease) => {
+                            let paused = desk.release(spec.id, lease, true);
+                            (w.adopt_suspended(paused).into(), Ok(()))
+                        }
+                        Err((_, e)) => (w.into(), Err(Error::Peft(e))),
+                    },
+                },
+            }
+        });
+        if let Err(e) = adopted {
+            // The handle never left this call: the table is exactly as it was.
+            self.table.cancel_insert(h);
+            return Err(e);
+        }
+        Ok(h)
+    }
+
+    /// Marks a request in flight (it is skipped and uses no budget while marked).
+    pub fn set_inflight(&mut self, h: Handle, inflight: bool) -> Result<(), Error> {
+        self.table.get(h).ok_or(Error::StaleHandle)?;
+        self.table.set_inflight(h.index(), inflight);
+        Ok(())
+    }
+
+    /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id and LoRA task cannot
+    /// change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
+    /// as at submission) is refused and nothing changes.
+    pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        let mut s = e.spec().clone();
+        f(&mut s);
+        s.id = e.spec().id;
+        s.lora = e.spec().lora;
+        if s.position > s.prompt {
+            return Err(Error::Invalid("position is beyond the prompt"));
+        }
+        self.check_sizes(&s)?;
+        self.table.edit(h.index(), |r| *r.spec_mut() = s);
+        Ok(())
+    }
+
+    /// Removes a finished or cancelled request: everything it owns is released (a lease with
+    /// pause = false, a paused registration dropped, its KV freed).
+    pub fn remove(&mut self, h: Handle) -> Result<RequestSpec, Error> {
+        let (held, spec) = self.table.remove(h).ok_or(Error::StaleHandle)?;
+        held.finish(&mut self.kv, &mut self.desk);
+        Ok(spec)
+    }
+
+    /// Runs one scheduling pass into `out` (spec §1.2; the algorithm is `pass.rs`).
+    pub fn schedule(&mut self, out: &mut SchedulerOutput<N>) -> Result<(), Error> {
+        self.passes += 1;
+        let Scratch {
+            marks,
+            pending,
+            plan,
+            listed,
+            chunks,
+        } = &mut self.scratch;
+        let parts = pass::Parts {
+            marks,
+            pending,
+            plan,
+        };
+        let pass = Pass::begin(
+            &self.cfg,
+            &mut self.kv,
+            &mut self.desk,
+            &mut self.table,
+            parts,
+            out,
+        );
+        let (stats, verdict) = pass.run((listed, chunks), &mut self.stall);
+        out.set_pass(self.passes);
+        self.last = stats;
+        verdict
+    }
+
+    /// Makes the scheduled batch's adapters resident on the device; `out.adapter_loads()` lists the
+    /// copies. With the pass's adapter page budget this never fails for a batch the pass produced.
+    pub fn ensure_batch(&mut self, out: &mut SchedulerOutput<N>) -> Result<(), PeftError> {
+        let (plan, loads) = out.plan_and_loads();
+        loads.clear();
+        self.desk.ensure_batch(plan, &mut |t| {
+            let pushed = loads.push(t);
+            assert!(pushed.is_ok(), "a load per planned adapter");
+        })
+    }
+
+    /// Hands the page moves logged since the last call to the copy engine (in order; the log is then
+    /// empty), and settles every resumed request: its pages come up with these moves, ordered before its
+    /// step, so it is an ordinary active request from now on (arrow 5 of [`crate::request`]).
+    pub fn take_moves(&mut self) -> &[PageMove] {
+        if self.table.resumed() > 0 {
+            self.settle_resumed(&MovesTaken::mint());
+        }
+        self.kv.take_moves()
+    }
+
+    fn settle_resumed(&mut self, moves: &MovesTaken) {
+        for i in 0..self.table.len() {
+            let slot = self.table.slot(i);
+            if self.table.hot(slot).ownership() != Ownership::Resumed as u8 {
+                continue;
+            }
+            self.table.transition(slot, |held| match held {
+                Held::Resumed(r) => (r.settle(moves).into(), ()),
+                other => (other, ()),
+            });
+        }
+        assert_eq!(self.table.resumed(), 0, "every resumed request settled");
+    }
+
+    /// Adapters evicted from the device since the last call (their device pages are free for reuse), in
+    /// order: with the loads `ensure_batch` reports, the adapter plan a device binding applies.
+    pub fn take_adapter_evictions(&mut self, mut evicted: impl FnMut(TaskRef)) {
+        self.desk.backend_mut().take_device_evictions(&mut evicted);
+    }
+
+    /// Completes the step the last pass scheduled, as an engine does once it ran: a context chunk
+    /// advances the position (a fully processed prompt moves to `GENERATION_IN_PROGRESS`); a
+    /// recompute-paused request is reset to a first-chunk `CONTEXT_INIT` that replays its prefill.
+    ///
+    /// Refused ([`Error::StaleOutput`], nothing changes) for an output that is not the last pass's, or
+    /// whose step was completed already. An entry whose request was removed after the pass is skipped.
+    pub fn complete_step(&mut self, out: &SchedulerOutput<N>) -> Result<(), Error> {
+        if out.pass() != self.passes || self.completed == self.passes {
+            return Err(Error::StaleOutput);
+        }
+        self.completed = self.passes;
+        for c in out.context() {
+            let l = c.listed;
+            if !self.table.is_live(l.slot(), l.handle().generation()) {
+                continue;
+            }
+            self.table.edit(l.slot(), |e| {
+                let s = e.spec_mut();
+                s.position = s.position.saturating_add(c.tokens).min(s.prompt);
+                if s.position >= s.prompt {
+                    s.phase = Phase::GenerationInProgress;
+                }
+            });
+        }
+        for l in out.recompute_paused() {
+            if !self.table.is_live(l.slot(), l.handle().generation()) {
+                continue;
+            }
+            self.table.edit(l.slot(), |e| {
+                let s = e.spec_mut();
+                s.phase = Phase::ContextInit;
+                s.position = 0;
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,246 @@
+//! One scheduling pass: the [`Pass`] value that holds all per-pass state and dies with the pass, and the
+//! algorithm of spec §1.2 in a few lines ([`Pass::run`]).
+//!
+//! A pass borrows the scheduler's parts (configuration, backends, table) and the output, and owns its
+//! budget, frontiers and statistics; its per-slot marks, pending list, adapter plan and sort buffers live
+//! in [`Scratch`], storage the scheduler keeps so that a pass allocates nothing, which the pass clears
+//! when it begins. Nothing of a pass survives it except what it did to the table and the output, and the
+//! statistics the scheduler reads back.
+//!
+//! Invariants at the end of every pass (asserted by the property tests; the cheap ones here): no request
+//! appears in two output lists; the batch respects the token budget (except unchecked last-chunk drafts,
+//! as upstream), the request budget and the adapter page budget; every batched request is `Active` or
+//! `Resumed`; every request the pass suspended, paused or preempted is listed exactly once.
+
+use crate::adapter::{PeftBackend, TaskRef};
+use crate::budget::Budget;
+use crate::config::{ChunkPolicy, Config};
+use crate::error::Error;
+use crate::fmt::trace;
+use crate::kv::KvBackend;
+use crate::lease::AdapterDesk;
+use crate::output::{Chunk, Full, Listed, SchedulerOutput};
+
+use super::plan::Plan;
+use super::table::Table;
+
+/// What the last pass did, beyond its output lists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassStats {
+    /// Ordinary suspensions of other requests (victims, and the wedge breaker's).
+    pub victims: u32,
+    /// Self-evictions.
+    pub self_evictions: u32,
+    /// Destructive recompute pauses (generation side).
+    pub recompute_pauses: u32,
+    /// Context-side preemptions (including the deadlock remedy's).
+    pub preemptions: u32,
+}
+
+/// Per-slot marks of one pass.
+pub(crate) mod mark {
+    /// Scheduled (generation, context or encoder) in this pass: protected from preemption.
+    pub(crate) const SCHEDULED: u8 = 1;
+    /// Recompute-paused in this pass: never visited again.
+    pub(crate) const RECOMPUTED: u8 = 2;
+    /// Preempted in this pass: never admitted again in it.
+    pub(crate) const PREEMPTED: u8 = 4;
+    /// Ordinarily suspended in this pass.
+    pub(crate) const EVICTED: u8 = 8;
+}
+
+/// A deferred context or encoder request: its arrival index and, under EQUAL_PROGRESS, its planned
+/// chunk.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pending {
+    pub(crate) index: u16,
+    pub(crate) planned: u32,
+}
+
+/// Storage a pass uses and clears: kept by the scheduler so that a pass allocates nothing.
+pub(crate) struct Scratch<const N: usize, const T: usize> {
+    pub(crate) marks: [u8; N],
+    pub(crate) pending: heapless::Vec<Pending, N>,
+    pub(crate) plan: Plan<T>,
+    pub(crate) listed: [Listed; N],
+    pub(crate) chunks: [Chunk; N],
+}
+
+impl<const N: usize, const T: usize> Scratch<N, T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            marks: [0; N],
+            pending: heapless::Vec::new(),
+            plan: Plan::new(),
+            listed: [Listed::default(); N],
+            chunks: [Chunk::default(); N],
+        }
+    }
+}
+
+/// The scratch a pass borrows for its marks, pending list and plan.
+pub(crate) struct Parts<'a, const N: usize, const T: usize> {
+    pub(crate) marks: &'a mut [u8; N],
+    pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
+    pub(crate) plan: &'a mut Plan<T>,
+}
+
+/// What a rule decided for one request (spec §1.4–§1.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Scheduled.
+    Scheduled,
+    /// Not this pass; go on with the next request.
+    Skip,
+    /// End the phase.
+    Stop,
+}
+
+/// One pass over the scheduler's parts.
+pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
+    pub(crate) cfg: &'a Config,
+    pub(crate) kv: &'a mut K,
+    pub(crate) desk: &'a mut AdapterDesk<P, T>,
+    pub(crate) table: &'a mut Table<N>,
+    pub(crate) out: &'a mut SchedulerOutput<N>,
+    pub(crate) marks: &'a mut [u8; N],
+    pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
+    pub(crate) plan: &'a mut Plan<T>,
+    pub(crate) budget: Budget,
+    pub(crate) stats: PassStats,
+    /// Ordinary eviction's end index (spec §1.5 step 5): nothing at or beyond it is visited again.
+    pub(crate) end: usize,
+    /// Recompute pause's own frontier (spec §1.5 step 6).
+    pub(crate) frontier: usize,
+    /// Beam width of the generation requests scheduled so far (0: none yet; a beam is at least 1).
+    pub(crate) beam: u32,
+    /// Ordinary evictions and recompute pauses / preemptions this pass (progress for the deadlock
+    /// detector).
+    pub(crate) evictions: u32,
+    pub(crate) recomputes: u32,
+    /// After a preemption scan that found no candidate: the only index that can have become one since
+    /// (that scan's requester), or `usize::MAX` for none.
+    pub(crate) preempt_only: Option<usize>,
+    /// GUARANTEED_NO_EVICT: a first chunk's reservation did not fit; no new request is admitted after it.
+    pub(crate) admissions_closed: bool,
+}
+
+impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, K, P, N, T> {
+    /// Begins a pass: the output is emptied, the budgets are fresh, the marks clear, the pinned
+    /// adapters counted.
+    pub(crate) fn begin(
+        cfg: &'a Config,
+        kv: &'a mut K,
+        desk: &'a mut AdapterDesk<P, T>,
+        table: &'a mut Table<N>,
+        parts: Parts<'a, N, T>,
+        out: &'a mut SchedulerOutput<N>,
+    ) -> Self {
+        out.clear();
+        let len = table.len();
+        parts.marks.fill(0);
+        parts.pending.clear();
+        parts.plan.begin(desk);
+        Self {
+            cfg,
+            kv,
+            desk,
+            table,
+            out,
+            marks: parts.marks,
+            pending: parts.pending,
+            plan: parts.plan,
+            budget: Budget::new(cfg),
+            stats: PassStats::default(),
+            end: len,
+            frontier: len,
+            beam: 0,
+            evictions: 0,
+            recomputes: 0,
+            preempt_only: None,
+            admissions_closed: false,
+        }
+    }
+
+    /// The pass (spec §1.2): generation first, then the deferred contexts, then the verdict on progress
+    /// and the LoRA sort. `stall` is the scheduler's count of consecutive stalled passes.
+    pub(crate) fn run(
+        mut self,
+        scratch_sort: (&mut [Listed; N], &mut [Chunk; N]),
+        stall: &mut u32,
+    ) -> (PassStats, Result<(), Error>) {
+        self.generation_phase();
+        if let Some(c) = self.cfg.chunking {
+            if c.policy == ChunkPolicy::EqualProgress {
+                self.plan_equal_progress(c.unit);
+            }
+        }
+        self.context_phase();
+        let verdict = self.detect_deadlock(stall);
+        if verdict.is_ok() {
+            self.sort(scratch_sort);
+        }
+        trace!(
+            "pass: {} gen, {} ctx",
+            self.out.generation().len(),
+            self.out.context().len()
+        );
+        (self.stats, verdict)
+    }
+
+    // --- Shared helpers of the phases. ---
+
+    /// The pass's mark of a slot has `bit`.
+    #[inline]
+    pub(crate) fn marked(&self, slot: u16, bit: u8) -> bool {
+        self.marks[slot as usize] & bit != 0
+    }
+
+    #[inline]
+    pub(crate) fn mark(&mut self, slot: u16, bit: u8) {
+        self.marks[slot as usize] |= bit;
+    }
+
+    /// Pages the request's adapter adds to the pass (`Some(0)` without one), `None` when it does not fit.
+    pub(crate) fn peft_need(&mut self, slot: u16) -> Option<u32> {
+        let e = self.table.entry(slot);
+        match e.task() {
+            None => Some(0),
+            Some(t) => {
+                let id = e.spec().id;
+                self.plan.pages_needed(self.desk, id, t)
+            }
+        }
+    }
+
+    /// Commits a scheduled request's adapter to the plan.
+    pub(crate) fn commit_peft(&mut self, slot: u16, pages: u32) {
+        let task = self.table.entry(slot).task();
+        if let Some(t) = task {
+            listed(self.plan.commit(t, pages, self.out));
+        }
+        self.note_unbucketed(slot);
+    }
+
+    /// A listed request with a LoRA task but no adapter-cache bucket: the sort orders by id.
+    pub(crate) fn note_unbucketed(&mut self, slot: u16) {
+        let e = self.table.entry(slot);
+        if e.task().is_none() && e.spec().lora.is_some() {
+            self.plan.unbucketed += 1;
+        }
+    }
+
+    /// A lease on `task` may have been returned: the plan un-counts a task nobody pins or uses.
+    pub(crate) fn lease_returned(&mut self, task: Option<TaskRef>) {
+        if let Some(t) = task {
+            self.plan.released(self.desk, t);
+        }
+    }
+}
+
+/// Asserts a push into the output (the module invariant of `output`: it cannot overflow).
+#[inline(always)]
+#[track_caller]
+pub(crate) fn listed(r: Result<(), Full>) {
+    assert!(r.is_ok(), "an output list holds one entry per live request");
+}

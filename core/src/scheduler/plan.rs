@@ -1,0 +1,157 @@
+//! The adapter plan of one pass: the PEFT page budget (spec §1.3, with DESIGN.md §3 point 6) and the
+//! distinct adapters of the scheduled batch.
+//!
+//! Every adapter pinned by a lease holder when the pass begins is *counted* (its pages are claimed),
+//! scheduled or not, so the plan of a scheduled batch always fits the device cache and ensure-batch
+//! never fails. A request whose adapter is not counted yet claims its pages when it is scheduled; its
+//! task then enters the plan (listed once, in the output's adapter list). A counted task whose last
+//! lease is returned during the pass and that no scheduled request uses is un-counted again
+//! ([`Plan::released`]).
+//!
+//! The plan also keeps the LoRA sort's per-task counters, filled as the generation list is filled.
+//!
+//! Invariants (asserted): `claimed` = the pages of the counted tasks ≤ the device cache (each claim is
+//! checked against it when made); a scheduled task is counted.
+
+use crate::adapter::{PeftBackend, TaskRef};
+use crate::lease::AdapterDesk;
+use crate::output::{Full, SchedulerOutput};
+use crate::request::RequestId;
+
+const COUNTED: u8 = 1;
+const SCHEDULED: u8 = 2;
+
+/// Per-task state of one pass (`T` task slots).
+pub(crate) struct Plan<const T: usize> {
+    flags: [u8; T],
+    /// Per task slot, `[part 0, part 1]` counters of the LoRA sort (reset when the task enters the
+    /// plan; the generation list's part 0 is counted as it is filled).
+    pub(crate) counts: [[u32; 2]; T],
+    /// Per task slot in the plan, its rank among the plan's adapters by id (from 1), set by the sort.
+    pub(crate) rank: [u16; T],
+    /// Generation entries without a LoRA task, counted as the list is filled.
+    pub(crate) plain: u32,
+    /// Listed requests with a LoRA task but no adapter cache bucket (they are sorted by id).
+    pub(crate) unbucketed: u32,
+    claimed: u32,
+    max_pages: u32,
+}
+
+impl<const T: usize> Plan<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            flags: [0; T],
+            counts: [[0; 2]; T],
+            rank: [0; T],
+            plain: 0,
+            unbucketed: 0,
+            claimed: 0,
+            max_pages: 0,
+        }
+    }
+
+    /// Starts a pass: every pinned adapter is counted.
+    pub(crate) fn begin<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T>) {
+        self.flags.fill(0);
+        self.plain = 0;
+        self.unbucketed = 0;
+        self.max_pages = desk.backend().max_device_pages();
+        self.claimed = desk.pinned_pages();
+        for &s in desk.pinned_tasks() {
+            self.flags[s as usize] = COUNTED;
+        }
+        assert!(
+            self.max_pages == u32::MAX || self.claimed <= self.max_pages,
+            "pinned adapters fit the device cache"
+        );
+    }
+
+    /// The task's pages are counted in this pass.
+    #[inline]
+    pub(crate) fn is_counted(&self, task: TaskRef) -> bool {
+        self.flags
+            .get(task.slot as usize)
+            .is_some_and(|f| f & COUNTED != 0)
+    }
+
+    /// Pages this request's adapter adds to the pass (0 when already counted), or `None` when it does
+    /// not fit in the device cache next to what is counted.
+    pub(crate) fn pages_needed<P: PeftBackend>(
+        &self,
+        desk: &mut AdapterDesk<P, T>,
+        req: RequestId,
+        task: TaskRef,
+    ) -> Option<u32> {
+        if task.slot as usize >= T {
+            return None;
+        }
+        if self.is_counted(task) {
+            return Some(0);
+        }
+        let pages = desk.determine_pages(req, task);
+        (u64::from(self.claimed) + u64::from(pages) <= u64::from(self.max_pages)).then_some(pages)
+    }
+
+    /// Commits a scheduled request's adapter (`pages` from [`Plan::pages_needed`]): counted, and listed
+    /// in the plan the first time a request on it is scheduled.
+    #[inline]
+    pub(crate) fn commit<const N: usize>(
+        &mut self,
+        task: TaskRef,
+        pages: u32,
+        out: &mut SchedulerOutput<N>,
+    ) -> Result<(), Full> {
+        let f = &mut self.flags[task.slot as usize];
+        if *f & COUNTED == 0 {
+            *f |= COUNTED;
+            self.claimed += pages;
+            assert!(self.claimed <= self.max_pages, "a claim was checked to fit");
+        }
+        self.schedule(task, out)
+    }
+
+    /// [`Plan::commit`] for a task already counted (a lease holder's: pinned when the pass began).
+    #[inline]
+    pub(crate) fn commit_counted<const N: usize>(
+        &mut self,
+        task: TaskRef,
+        out: &mut SchedulerOutput<N>,
+    ) -> Result<(), Full> {
+        debug_assert!(self.is_counted(task), "a lease holder's task is counted");
+        self.schedule(task, out)
+    }
+
+    #[inline]
+    fn schedule<const N: usize>(
+        &mut self,
+        task: TaskRef,
+        out: &mut SchedulerOutput<N>,
+    ) -> Result<(), Full> {
+        let s = task.slot as usize;
+        if self.flags[s] & SCHEDULED != 0 {
+            return Ok(());
+        }
+        self.flags[s] |= SCHEDULED;
+        self.counts[s] = [0, 0];
+        out.push_adapter(task)
+    }
+
+    /// A generation entry on task slot `bucket` (in the plan) is counted for the LoRA sort.
+    #[inline]
+    pub(crate) fn count_generation(&mut self, bucket: u16) {
+        self.counts[bucket as usize][0] += 1;
+    }
+
+    /// A lease on `task` was returned during the pass: if it was the last one and no scheduled request
+    /// uses the task, its pages are no longer claimed.
+    pub(crate) fn released<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T>, task: TaskRef) {
+        let s = task.slot as usize;
+        if desk.leases(task.slot) > 0 || self.flags[s] != COUNTED {
+            return;
+        }
+        self.flags[s] = 0;
+        let pages = desk.known_pages(task.slot);
+        assert!(self.claimed >= pages, "an un-counted task was claimed");
+        self.claimed -= pages;
+    }
+}

@@ -1,0 +1,554 @@
+//! The request table: every live request's typed ownership and spec (the entry), its hot record, the
+//! arrival order and the id index.
+//!
+//! The entry holds the request *as its type-state* ([`Held`]: a `Request<Waiting>`, `Request<Active>`,
+//! …). The hot record is the 16 bytes the decode loop reads: the ownership tag derived from that
+//! type-state ([`State::OWNERSHIP`]), the phase and in-flight bits, beam, drafts, the KV headroom and the
+//! adapter bucket. A transition moves the typed request out of its entry, through one consuming
+//! function and back ([`Table::transition`]); nothing can observe the entry meanwhile.
+//!
+//! Invariants (checked by [`Table::check`], asserted where they can break):
+//! 1. every slot in `order` is live, exactly once, and `order.len()` = live entries = indexed ids;
+//! 2. `hot[slot]` agrees with the slot's entry: ownership tag, decode and in-flight bits, beam, drafts
+//!    and adapter bucket are derived from the held request and the spec ([`Hot::derive`]);
+//! 3. the id index maps each live request's id to its slot, and the held request names its own slot,
+//!    generation and id.
+
+use crate::adapter::{PeftBackend, TaskRef};
+use crate::arena::{Arena, Handle as ArenaHandle};
+use crate::error::Error;
+use crate::id_index::IdIndex;
+use crate::kv::KvBackend;
+use crate::lease::AdapterDesk;
+use crate::output::NO_TASK;
+use crate::phase::Phase;
+use crate::request::{
+    Active, Ownership, Paused, Place, Recompute, Request, RequestId, RequestSpec, Resumed, State,
+    Suspended, Waiting,
+};
+
+/// A request in the table, as its type-state.
+#[derive(Debug)]
+pub(crate) enum Held {
+    Waiting(Request<Waiting>),
+    Active(Request<Active>),
+    Resumed(Request<Resumed>),
+    Paused(Request<Suspended<Paused>>),
+    Recompute(Request<Suspended<Recompute>>),
+}
+
+macro_rules! held_from {
+    ($($s:ty => $v:ident),*) => {$(
+        impl From<Request<$s>> for Held {
+            #[inline]
+            fn from(r: Request<$s>) -> Self {
+                Held::$v(r)
+            }
+        }
+    )*};
+}
+held_from!(Waiting => Waiting, Active => Active, Resumed => Resumed,
+    Suspended<Paused> => Paused, Suspended<Recompute> => Recompute);
+
+/// Applies `$f` to the request whatever its state.
+macro_rules! each {
+    ($held:expr, $r:ident => $f:expr) => {
+        match $held {
+            Held::Waiting($r) => $f,
+            Held::Active($r) => $f,
+            Held::Resumed($r) => $f,
+            Held::Paused($r) => $f,
+            Held::Recompute($r) => $f,
+        }
+    };
+}
+
+impl Held {
+    /// The runtime tag of the held type-state.
+    #[inline]
+    pub(crate) fn ownership(&self) -> Ownership {
+        match self {
+            Held::Waiting(_) => Waiting::OWNERSHIP,
+            Held::Active(_) => Active::OWNERSHIP,
+            Held::Resumed(_) => Resumed::OWNERSHIP,
+            Held::Paused(_) => <Suspended<Paused>>::OWNERSHIP,
+            Held::Recompute(_) => <Suspended<Recompute>>::OWNERSHIP,
+        }
+    }
+
+    fn place(&self) -> Place {
+        each!(self, r => r.place())
+    }
+
+    fn id(&self) -> RequestId {
+        each!(self, r => r.id())
+    }
+
+    /// (8) Finishes the request in whatever state it is: everything it owns is released.
+    pub(crate) fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T>,
+    ) {
+        match self {
+            Held::Waiting(r) => r.finish(kv),
+            Held::Active(r) => r.finish(kv, desk),
+            Held::Resumed(r) => r.finish(kv, desk),
+            Held::Paused(r) => r.finish(kv, desk),
+            Held::Recompute(r) => r.finish(kv, desk),
+        }
+    }
+
+    fn abandon(self) {
+        each!(self, r => r.abandon())
+    }
+
+    fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        self.ownership().hash(h);
+        self.place().hash(h);
+        self.id().hash(h);
+        let owns = match self {
+            Held::Waiting(_) => false,
+            Held::Active(r) => r.lease().is_some(),
+            Held::Resumed(r) => r.lease().is_some(),
+            Held::Paused(r) => r.paused_on().is_some(),
+            Held::Recompute(r) => r.paused_on().is_some(),
+        };
+        owns.hash(h);
+    }
+}
+
+/// A request's data in the table (its typed ownership is kept apart, in a dense array).
+#[derive(Debug)]
+pub struct Record {
+    spec: RequestSpec,
+    task: Option<TaskRef>,
+    inflight: bool,
+}
+
+impl Record {
+    pub(crate) fn spec_mut(&mut self) -> &mut RequestSpec {
+        &mut self.spec
+    }
+
+    fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        self.spec.hash(h);
+        self.task.hash(h);
+        self.inflight.hash(h);
+    }
+}
+
+/// A read-only view of one request in the table: its data and what it owns.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'t> {
+    record: &'t Record,
+    held: &'t Held,
+}
+
+impl<'t> Entry<'t> {
+    /// The request's data.
+    pub fn spec(&self) -> &'t RequestSpec {
+        &self.record.spec
+    }
+    /// What it owns.
+    pub fn ownership(&self) -> Ownership {
+        self.held.ownership()
+    }
+    /// Its adapter task, when an adapter cache is configured.
+    pub fn task(&self) -> Option<TaskRef> {
+        self.record.task
+    }
+    /// Marked in flight.
+    pub fn inflight(&self) -> bool {
+        self.record.inflight
+    }
+    pub(crate) fn held(&self) -> &'t Held {
+        self.held
+    }
+}
+
+/// A handle to a request in the table.
+pub type Handle = ArenaHandle<Record>;
+
+/// Hot-record bits: the ownership tag is the low three bits.
+const OWNERSHIP_BITS: u8 = 0b111;
+/// The phase is `GENERATION_IN_PROGRESS`.
+const DECODE: u8 = 1 << 3;
+/// Marked in flight.
+const INFLIGHT: u8 = 1 << 4;
+/// Started (spec §1.15).
+const STARTED: u8 = 1 << 5;
+/// The phase and data allow a recompute pause (spec §1.15, less the in-flight mark): started, not
+/// `GENERATION_TO_COMPLETE`, not a generation request carrying multimodal data.
+const RECOMPUTABLE: u8 = 1 << 6;
+/// An active, not in-flight decode step: the fast path's case (under [`READY_MASK`]).
+pub(crate) const READY: u8 = Ownership::Active as u8 | DECODE;
+/// The bits [`READY`] is compared under.
+pub(crate) const READY_MASK: u8 = OWNERSHIP_BITS | DECODE | INFLIGHT;
+/// The request has a LoRA task but no adapter cache bucket (sorted by its id, not counted).
+pub(crate) const UNCACHED_LORA: u16 = NO_TASK - 1;
+
+/// What the decode loop reads of a request, by slot (16 bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Hot {
+    /// Ownership tag | [`DECODE`] | [`INFLIGHT`].
+    pub(crate) code: u8,
+    /// Adapter task slot, [`NO_TASK`] without a LoRA task, [`UNCACHED_LORA`] with one but no cache.
+    pub(crate) bucket: u16,
+    /// Beam width.
+    pub(crate) beam: u32,
+    /// Draft tokens.
+    pub(crate) draft: u32,
+    /// GUARANTEED_NO_EVICT: KV tokens reserved at admission and not yet used by decode steps.
+    pub(crate) headroom: u32,
+}
+
+impl Hot {
+    /// The record derived from a request (the headroom is kept: it is not derivable).
+    fn derive(e: Entry<'_>, headroom: u32) -> Self {
+        let spec = e.spec();
+        let decode = if spec.phase == Phase::GenerationInProgress {
+            DECODE
+        } else {
+            0
+        };
+        let inflight = if e.inflight() { INFLIGHT } else { 0 };
+        let started = spec.started();
+        let recomputable = started
+            && spec.phase != Phase::GenerationToComplete
+            && !(spec.phase.is_generation() && spec.multimodal);
+        let flags = (u8::from(started) * STARTED) | (u8::from(recomputable) * RECOMPUTABLE);
+        let bucket = match (e.task(), spec.lora) {
+            (Some(t), _) => t.slot,
+            (None, Some(_)) => UNCACHED_LORA,
+            (None, None) => NO_TASK,
+        };
+        Self {
+            code: e.ownership() as u8 | decode | inflight | flags,
+            bucket,
+            beam: spec.beam,
+            draft: spec.draft,
+            headroom,
+        }
+    }
+
+    /// The ownership tag.
+    #[inline]
+    pub(crate) fn ownership(self) -> u8 {
+        self.code & OWNERSHIP_BITS
+    }
+
+    /// The KV is on the GPU with the lease (`Active` or `Resumed`).
+    #[inline]
+    pub(crate) fn on_gpu(self) -> bool {
+        let o = self.ownership();
+        o == Ownership::Active as u8 || o == Ownership::Resumed as u8
+    }
+
+    /// Evictable (spec §1.15): not in flight, started, KV on the GPU.
+    #[inline]
+    pub(crate) fn evictable(self) -> bool {
+        self.code & (INFLIGHT | STARTED) == STARTED && self.on_gpu()
+    }
+
+    /// Recompute-pause candidate (spec §1.15): not in flight, not `GENERATION_TO_COMPLETE`, not a
+    /// generation request carrying multimodal data, started. Its KV may be anywhere.
+    #[inline]
+    pub(crate) fn recomputable(self) -> bool {
+        self.code & (INFLIGHT | RECOMPUTABLE) == RECOMPUTABLE
+    }
+}
+
+/// The request table of `N` slots.
+pub(crate) struct Table<const N: usize> {
+    records: Arena<Record, N>,
+    /// The typed requests, by slot: `Some` exactly for the live slots (taken only inside
+    /// [`Table::transition`]).
+    held: [Option<Held>; N],
+    hot: [Hot; N],
+    order: heapless::Vec<u16, N>,
+    ids: IdIndex<N>,
+    /// Entries holding a `Resumed` request (settled when the engine takes the page moves).
+    resumed: u32,
+}
+
+impl<const N: usize> Table<N> {
+    pub(crate) fn new() -> Self {
+        Self {
+            records: Arena::new(),
+            held: core::array::from_fn(|_| None),
+            hot: [Hot::default(); N],
+            order: heapless::Vec::new(),
+            ids: IdIndex::new(),
+            resumed: 0,
+        }
+    }
+
+    /// Entries holding a `Resumed` request.
+    pub(crate) fn resumed(&self) -> u32 {
+        self.resumed
+    }
+    /// Live requests.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
+    }
+    /// The table is full.
+    pub(crate) fn is_full(&self) -> bool {
+        self.order.is_full()
+    }
+    /// Slots in arrival order.
+    #[inline]
+    pub(crate) fn order(&self) -> &[u16] {
+        &self.order
+    }
+    /// The slot at arrival index `i`.
+    #[inline]
+    pub(crate) fn slot(&self, i: usize) -> u16 {
+        self.order[i]
+    }
+    /// The arrival index of a live slot.
+    pub(crate) fn index_of(&self, slot: u16) -> Option<usize> {
+        self.order.iter().position(|&s| s == slot)
+    }
+    /// The typed request at a live slot.
+    #[inline]
+    pub(crate) fn held(&self, slot: u16) -> &Held {
+        match &self.held[slot as usize] {
+            Some(h) => h,
+            None => panic!("table slot {slot} is vacant"),
+        }
+    }
+    /// The live entry at `slot` (invariant 1: every slot the pass names is live).
+    #[inline]
+    pub(crate) fn entry(&self, slot: u16) -> Entry<'_> {
+        match self.records.at(slot) {
+            Some(record) => Entry {
+                record,
+                held: self.held(slot),
+            },
+            None => panic!("table slot {slot} is vacant"),
+        }
+    }
+    /// The hot record of a live slot.
+    #[inline]
+    pub(crate) fn hot(&self, slot: u16) -> Hot {
+        self.hot[slot as usize]
+    }
+    /// Sets a slot's KV headroom.
+    #[inline]
+    pub(crate) fn set_headroom(&mut self, slot: u16, headroom: u32) {
+        self.hot[slot as usize].headroom = headroom;
+    }
+    /// The entry of a live handle.
+    pub(crate) fn get(&self, h: Handle) -> Option<Entry<'_>> {
+        self.records.get(h)?;
+        Some(self.entry(h.index()))
+    }
+    /// The live handle of a slot.
+    pub(crate) fn handle_at(&self, slot: u16) -> Option<Handle> {
+        self.records.handle_at(slot)
+    }
+    /// The slot of a live id.
+    pub(crate) fn find(&self, id: RequestId) -> Option<u16> {
+        self.ids.get(id)
+    }
+    /// A handle names this live request (slot and generation).
+    pub(crate) fn is_live(&self, slot: u16, generation: u32) -> bool {
+        self.records.at(slot).is_some() && self.records.generation_at(slot) == generation
+    }
+
+    /// Inserts a waiting request; its slot and generation are known before the request is built.
+    pub(crate) fn insert(
+        &mut self,
+        spec: RequestSpec,
+        task: Option<TaskRef>,
+    ) -> Result<Handle, Error> {
+        let full = Error::CapacityExhausted {
+            what: "request table",
+            capacity: N as u32,
+        };
+        let next = match self.records.vacancy() {
+            Some(next) if !self.is_full() => next,
+            _ => return Err(full),
+        };
+        let place = Place {
+            slot: next.index(),
+            generation: next.generation(),
+        };
+        let id = spec.id;
+        let record = Record {
+            spec,
+            task,
+            inflight: false,
+        };
+        let h = match self.records.insert(record) {
+            Ok(h) => h,
+            Err(_) => return Err(full),
+        };
+        assert_eq!(h, next, "the arena hands out its announced vacancy");
+        let slot = h.index();
+        assert!(
+            self.held[slot as usize].is_none(),
+            "a vacant slot holds no request"
+        );
+        self.held[slot as usize] = Some(Held::Waiting(Request::new(place, id, task)));
+        let pushed = self.order.push(slot);
+        assert!(pushed.is_ok(), "order has room for every live slot");
+        self.ids.insert(id, slot);
+        self.refresh(slot, 0);
+        Ok(h)
+    }
+
+    /// Takes back an insertion whose handle was never handed out (a refused adoption): the table is
+    /// exactly as it was before.
+    pub(crate) fn cancel_insert(&mut self, h: Handle) {
+        let popped = self.order.pop();
+        assert_eq!(
+            popped,
+            Some(h.index()),
+            "the cancelled insertion is the last one"
+        );
+        let Some(r) = self.records.cancel_insert(h) else {
+            panic!("cancel_insert of a vacant slot");
+        };
+        let gone = self.ids.remove(r.spec.id);
+        assert_eq!(gone, Some(h.index()));
+        self.hot[h.index() as usize] = Hot::default();
+        match self.held[h.index() as usize].take() {
+            Some(Held::Waiting(w)) => w.abandon(),
+            _ => panic!("a cancelled insertion owns nothing"),
+        }
+    }
+
+    /// Removes a live request: its typed request (for the caller to release what it owns) and its data.
+    pub(crate) fn remove(&mut self, h: Handle) -> Option<(Held, RequestSpec)> {
+        let r = self.records.remove(h)?;
+        let slot = h.index();
+        let gone = self.ids.remove(r.spec.id);
+        assert_eq!(gone, Some(slot), "the id index follows the table");
+        let i = self.index_of(slot);
+        assert!(i.is_some(), "a live slot is in the arrival order");
+        if let Some(i) = i {
+            self.order.remove(i);
+        }
+        self.hot[slot as usize] = Hot::default();
+        let Some(held) = self.held[slot as usize].take() else {
+            panic!("a live slot holds its request");
+        };
+        if held.ownership() == Ownership::Resumed {
+            self.resumed -= 1;
+        }
+        Some((held, r.spec))
+    }
+
+    /// Moves the typed request at `slot` through `f` (one consuming transition) and back; the hot
+    /// record follows the new type-state.
+    #[inline]
+    pub(crate) fn transition<R>(&mut self, slot: u16, f: impl FnOnce(Held) -> (Held, R)) -> R {
+        let Some(before) = self.held[slot as usize].take() else {
+            panic!("transition of vacant slot {slot}");
+        };
+        let was = before.ownership();
+        let (after, r) = f(before);
+        assert_eq!(
+            after.place().slot,
+            slot,
+            "a transition keeps the request in its slot"
+        );
+        let now = after.ownership();
+        self.held[slot as usize] = Some(after);
+        let resumed = |o: Ownership| u32::from(o == Ownership::Resumed);
+        self.resumed = self.resumed + resumed(now) - resumed(was);
+        // Only the ownership changed: the rest of the hot record stands.
+        let hot = &mut self.hot[slot as usize];
+        hot.code = (hot.code & !OWNERSHIP_BITS) | now as u8;
+        r
+    }
+
+    /// Changes a live request's data through `f`; the hot record follows.
+    pub(crate) fn edit<R>(&mut self, slot: u16, f: impl FnOnce(&mut Record) -> R) -> R {
+        let r = match self.records.at_mut(slot) {
+            Some(record) => f(record),
+            None => panic!("edit of vacant slot {slot}"),
+        };
+        self.refresh(slot, self.hot[slot as usize].headroom);
+        r
+    }
+
+    /// Marks a request in flight (or not).
+    pub(crate) fn set_inflight(&mut self, slot: u16, inflight: bool) {
+        self.edit(slot, |r| r.inflight = inflight);
+    }
+
+    fn refresh(&mut self, slot: u16, headroom: u32) {
+        let hot = Hot::derive(self.entry(slot), headroom);
+        self.hot[slot as usize] = hot;
+    }
+
+    /// Entries in arrival order, with their handles.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Handle, Entry<'_>)> + '_ {
+        self.order
+            .iter()
+            .map(move |&s| match self.records.handle_at(s) {
+                Some(h) => (h, self.entry(s)),
+                None => panic!("order names vacant slot {s}"),
+            })
+    }
+
+    /// Feeds the table's whole state to `h`.
+    pub(crate) fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        self.records.hash_state(h, |r, h| r.hash_state(h));
+        for held in self.held.iter() {
+            match held {
+                None => 0u8.hash(h),
+                Some(x) => x.hash_state(h),
+            }
+        }
+        self.hot.hash(h);
+        self.order.hash(h);
+        self.ids.hash_state(h);
+        self.resumed.hash(h);
+    }
+
+    /// Invariants 1–3 of the module.
+    pub(crate) fn check(&self) -> bool {
+        if !self.records.check() || self.records.len() != self.order.len() {
+            return false;
+        }
+        let live = self.held.iter().filter(|h| h.is_some()).count();
+        let resumed = self
+            .order
+            .iter()
+            .filter(|&&s| self.hot[s as usize].ownership() == Ownership::Resumed as u8)
+            .count();
+        if live != self.order.len() || resumed != self.resumed as usize {
+            return false;
+        }
+        self.order.iter().enumerate().all(|(i, &s)| {
+            let (Some(record), Some(held)) = (self.records.at(s), &self.held[s as usize]) else {
+                return false;
+            };
+            let place = held.place();
+            let e = Entry { record, held };
+            !self.order[..i].contains(&s)
+                && self.hot[s as usize] == Hot::derive(e, self.hot[s as usize].headroom)
+                && self.ids.get(record.spec.id) == Some(s)
+                && place.slot == s
+                && place.generation == self.records.generation_at(s)
+                && held.id() == record.spec.id
+        })
+    }
+
+    /// Tears the table down without releasing anything (the backends go with it).
+    pub(crate) fn abandon_all(&mut self) {
+        for held in self.held.iter_mut() {
+            if let Some(h) = held.take() {
+                h.abandon();
+            }
+        }
+    }
+}
