@@ -49,6 +49,19 @@ impl Budget {
         self.used += tokens as u64;
         self.requests += 1;
     }
+    /// The raw counters, for a loop that keeps them in registers: (tokens used, token cap — `u64::MAX`
+    /// when unlimited — requests committed, request limit).
+    #[inline]
+    pub(crate) fn raw(&self) -> (u64, u64, u32, u32) {
+        (self.used, self.cap, self.requests, self.max_requests)
+    }
+    /// Stores the counters such a loop advanced (only ever forward).
+    #[inline]
+    pub(crate) fn set_raw(&mut self, used: u64, requests: u32) {
+        debug_assert!(used >= self.used && requests >= self.requests);
+        self.used = used;
+        self.requests = requests;
+    }
     /// Tokens used.
     pub fn used(&self) -> u64 {
         self.used

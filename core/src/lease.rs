@@ -16,21 +16,41 @@
 
 use crate::adapter::{Holding, PeftBackend, TaskRef};
 use crate::error::PeftError;
-use crate::request::{Bomb, RequestId};
+use crate::request::{Bomb, RequestId, TaskId};
+
+/// A task slot kept as slot + 1, so that an optional token costs nothing (16 bytes with its holder).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotPlusOne(core::num::NonZeroU16);
+
+impl SlotPlusOne {
+    fn of(task: TaskRef) -> Self {
+        match task
+            .slot
+            .checked_add(1)
+            .and_then(core::num::NonZeroU16::new)
+        {
+            Some(n) => Self(n),
+            None => panic!("task slot {} is beyond the task table", task.slot),
+        }
+    }
+    fn slot(self) -> u16 {
+        self.0.get() - 1
+    }
+}
 
 /// Device ownership of one adapter by one request. Minted and consumed only by [`AdapterDesk`].
 #[must_use = "a lease must be returned to the adapter desk"]
 #[derive(Debug)]
 pub struct AdapterLease {
-    task: TaskRef,
     holder: RequestId,
+    task: SlotPlusOne,
     _bomb: Bomb,
 }
 
 impl AdapterLease {
-    /// The task this lease pins.
-    pub fn task(&self) -> TaskRef {
-        self.task
+    /// The slot of the task this lease pins.
+    pub fn task_slot(&self) -> u16 {
+        self.task.slot()
     }
     /// The request it was minted for.
     pub fn holder(&self) -> RequestId {
@@ -42,15 +62,15 @@ impl AdapterLease {
 #[must_use = "a paused registration must be resumed or dropped through the adapter desk"]
 #[derive(Debug)]
 pub struct PausedOn {
-    task: TaskRef,
     holder: RequestId,
+    task: SlotPlusOne,
     _bomb: Bomb,
 }
 
 impl PausedOn {
-    /// The task the request is paused on.
-    pub fn task(&self) -> TaskRef {
-        self.task
+    /// The slot of the task the request is paused on.
+    pub fn task_slot(&self) -> u16 {
+        self.task.slot()
     }
     /// The paused request.
     pub fn holder(&self) -> RequestId {
@@ -60,6 +80,7 @@ impl PausedOn {
 
 static_assertions::assert_not_impl_any!(AdapterLease: Clone, Copy, Default);
 static_assertions::assert_not_impl_any!(PausedOn: Clone, Copy, Default);
+static_assertions::assert_eq_size!(Option<AdapterLease>, [u64; 2]);
 
 /// Mints and consumes leases over a [`PeftBackend`] with `T` task slots.
 #[derive(Debug)]
@@ -67,6 +88,8 @@ pub struct AdapterDesk<P, const T: usize> {
     backend: P,
     leases: [u32; T],
     pages: [u32; T],
+    /// The id of each task slot leased so far.
+    ids: [TaskId; T],
     pinned: heapless::Vec<u16, T>,
     pinned_pages: u32,
 }
@@ -78,6 +101,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
             backend,
             leases: [0; T],
             pages: [0; T],
+            ids: [TaskId(0); T],
             pinned: heapless::Vec::new(),
             pinned_pages: 0,
         }
@@ -117,6 +141,14 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         &self.pinned
     }
 
+    /// The task in slot `slot`, once it was leased (a pinned task's).
+    pub(crate) fn task_ref(&self, slot: u16) -> TaskRef {
+        TaskRef {
+            id: self.ids[slot as usize],
+            slot,
+        }
+    }
+
     /// The device pages of the task in slot `slot`, as last determined (0 before the first time).
     pub(crate) fn known_pages(&self, slot: u16) -> u32 {
         self.pages.get(slot as usize).copied().unwrap_or(0)
@@ -150,7 +182,8 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
                 "a paused registration resumes its own request"
             );
             assert_eq!(
-                p.task, task,
+                p.task.slot(),
+                task.slot,
                 "a paused registration resumes on its own task"
             );
         }
@@ -163,6 +196,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         if self.pages[s] == 0 {
             self.pages[s] = self.backend.determine_num_pages(req, task);
         }
+        self.ids[s] = task.id;
         self.leases[s] += 1;
         if self.leases[s] == 1 {
             self.pinned_pages += self.pages[s];
@@ -170,8 +204,8 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
             assert!(pushed.is_ok(), "one pinned entry per task slot");
         }
         Ok(AdapterLease {
-            task,
             holder: req,
+            task: SlotPlusOne::of(task),
             _bomb: Bomb::armed(),
         })
     }
@@ -185,7 +219,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         pause: bool,
     ) -> Option<PausedOn> {
         assert_eq!(lease.holder, req, "a lease is returned by its own request");
-        let task = lease.task;
+        let task = self.task_ref(lease.task.slot());
         lease._bomb.defuse();
         let s = task.slot as usize;
         self.backend
@@ -201,8 +235,8 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
             }
         }
         pause.then(|| PausedOn {
-            task,
             holder: req,
+            task: SlotPlusOne::of(task),
             _bomb: Bomb::armed(),
         })
     }
@@ -213,7 +247,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
             paused.holder, req,
             "a paused registration is dropped by its own request"
         );
-        let task = paused.task;
+        let task = self.task_ref(paused.task.slot());
         paused._bomb.defuse();
         self.backend
             .mark_request_done(req, task, false, Holding::Paused);
@@ -233,7 +267,6 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
 mod tests {
     use super::*;
     use crate::adapter::AdapterPool;
-    use crate::request::TaskId;
 
     #[test]
     fn leases_pin_their_task_until_the_last_one_returns() {

@@ -33,7 +33,7 @@ impl Listed {
         let place = r.place();
         Self {
             slot: place.slot,
-            task: r.task().map_or(NO_TASK, |t| t.slot),
+            task: place.task,
             generation: place.generation,
         }
     }

@@ -45,6 +45,7 @@ use crate::adapter::{PeftBackend, TaskRef};
 use crate::error::Error;
 use crate::kv::{KvBackend, KvRef};
 use crate::lease::{AdapterDesk, AdapterLease, PausedOn};
+use crate::output::NO_TASK;
 use crate::phase::Phase;
 
 /// A request id (unique among live requests).
@@ -295,10 +296,12 @@ impl OnGpu for Resumed {
     }
 }
 
-/// Where a request lives in the scheduler's table: its slot and the slot's generation.
+/// Where a request lives in the scheduler's table: its slot, its adapter task slot
+/// ([`crate::output::NO_TASK`] without one) and the slot's generation — the layout of a list entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Place {
     pub(crate) slot: u16,
+    pub(crate) task: u16,
     pub(crate) generation: u32,
 }
 
@@ -307,7 +310,8 @@ pub(crate) struct Place {
 pub struct Request<S: State> {
     place: Place,
     id: RequestId,
-    task: Option<TaskRef>,
+    /// The adapter task's id (meaningful when `place.task` names a slot).
+    task_id: TaskId,
     state: S,
     bomb: Bomb,
 }
@@ -355,7 +359,10 @@ impl<S: State> Request<S> {
     /// The adapter task, when the request has one and an adapter cache is configured.
     #[inline]
     pub fn task(&self) -> Option<TaskRef> {
-        self.task
+        (self.place.task != NO_TASK).then_some(TaskRef {
+            id: self.task_id,
+            slot: self.place.task,
+        })
     }
     #[inline]
     pub(crate) fn place(&self) -> Place {
@@ -369,17 +376,21 @@ impl<S: State> Request<S> {
     }
 
     fn into_parts(self) -> (Place, RequestId, Option<TaskRef>, S) {
+        let task = self.task();
         self.bomb.defuse();
-        (self.place, self.id, self.task, self.state)
+        (self.place, self.id, task, self.state)
     }
     // Not inlined: built in place behind a pointer, a request is copied as bytes (inlined into a
     // transition, LLVM has been seen to split the copy into per-bit shuffles of its padding).
     #[inline(never)]
     fn build<T: State>(place: Place, id: RequestId, task: Option<TaskRef>, state: T) -> Request<T> {
         Request {
-            place,
+            place: Place {
+                task: task.map_or(NO_TASK, |t| t.slot),
+                ..place
+            },
             id,
-            task,
+            task_id: task.map_or(TaskId(0), |t| t.id),
             state,
             bomb: Bomb::armed(),
         }
@@ -409,7 +420,7 @@ impl Request<Waiting> {
         if !kv.is_active(self.kv_ref()) {
             return Err(self.not_on_gpu());
         }
-        let lease = match self.task {
+        let lease = match self.task() {
             None => None,
             Some(t) => match desk.acquire(self.id, t, None) {
                 Ok(l) => Some(l),

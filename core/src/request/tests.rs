@@ -11,6 +11,7 @@ fn request(slot: u16, id: u64, task: Option<TaskRef>) -> Request<Waiting> {
     Request::new(
         Place {
             slot,
+            task: crate::output::NO_TASK,
             generation: 0,
         },
         RequestId(id),
@@ -37,7 +38,7 @@ fn every_transition_moves_exactly_what_it_owns() {
     place(&mut kv, r, 8);
     let active = w.admit(&kv, &mut desk).unwrap();
     assert_eq!(task_state(&desk, t), (1, 1, 0));
-    assert_eq!(active.lease().unwrap().task(), t);
+    assert_eq!(active.lease().unwrap().task_slot(), t.slot);
     assert_eq!(active.lease().unwrap().holder(), RequestId(1));
 
     // (2) suspend: pages move to the host tier, lease returned with pause.

@@ -28,85 +28,111 @@ pub(crate) struct Refusal {
     beam: u32,
 }
 
-/// What the first branch did with a request.
-enum Fast {
-    Done(Step),
+/// Why a run of decode steps ended.
+enum Exit {
+    /// The end index was reached.
+    End,
+    /// The phase ends here (request or token budget).
+    Stop,
+    /// The request's one KV attempt was refused: the ladder is next.
     Refused(Refusal),
     /// Not an active decode step: the general rule order handles it.
-    General,
+    Other,
 }
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
-    /// Phase 1 over the arrival order.
+    /// Phase 1 over the arrival order: runs of decode steps, and the general rules between them.
     pub(crate) fn generation_phase(&mut self) {
         let mut i = 0;
         while i < self.end {
-            let slot = self.table.slot(i);
-            let step = match self.decode_step(slot) {
-                Fast::Done(step) => step,
-                Fast::Refused(r) => self.decode_refused(i, slot, r),
-                Fast::General => self.general_step(i, slot),
+            let (at, exit) = self.decode_run(i);
+            i = at;
+            let step = match exit {
+                Exit::End => break,
+                Exit::Stop => Step::Stop,
+                Exit::Refused(r) => self.decode_refused(i, self.table.slot(i), r),
+                Exit::Other => self.general_step(i, self.table.slot(i)),
             };
             if step == Step::Stop {
                 break;
             }
             i += 1;
         }
+        listed(self.plan.enter_counted(self.desk, self.out));
     }
 
-    /// The common case first: an active request's decode step, from its hot record, the same checks in
-    /// the same order as the general path (§1.4 step 4, §1.5 steps 1–3).
-    #[inline(always)]
-    fn decode_step(&mut self, slot: u16) -> Fast {
-        let h = self.table.hot(slot);
-        if h.code & READY_MASK != READY {
-            return Fast::General;
-        }
-        if self.budget.requests_full() {
-            return Fast::Done(Step::Stop);
-        }
-        // No overflow: admission and `update` keep beam (at least 1) + drafts within u32.
-        let tokens = h.beam + h.draft;
-        if !self.budget.fits(tokens) {
-            return Fast::Done(Step::Stop);
-        }
-        if self.beam != 0 && self.beam != h.beam {
-            return Fast::Done(Step::Skip);
-        }
-        // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
-        // reservation asks the backend for no new tokens.
-        let step = h.draft + 1;
-        let grow = step.saturating_sub(h.headroom);
-        let after = h.headroom.saturating_sub(step);
-        let Held::Active(r) = self.table.held(slot) else {
-            debug_assert!(false, "a READY hot record holds an Active request");
-            return Fast::General;
-        };
-        if !self.kv.try_allocate_generation(r.kv_ref(), grow) {
-            return Fast::Refused(Refusal {
-                grow,
-                after,
-                tokens,
-                beam: h.beam,
-            });
-        }
-        listed(self.out.push_generation(r));
-        // A lease holder's adapter was counted when the pass began: no pages, no budget query.
-        match r.task() {
-            Some(t) => {
-                listed(self.plan.commit_counted(t, self.out));
-                self.plan.count_generation(t.slot);
+    /// The common case first, in a loop of its own: consecutive active, not in-flight
+    /// `GENERATION_IN_PROGRESS` requests from index `start`, each read from its 16-byte hot record with
+    /// the budgets in registers — the same checks in the same order as the general path (§1.4 step 4,
+    /// §1.5 steps 1–3). A lease holder's adapter was counted when the pass began: its step only counts
+    /// the request for the LoRA sort. Returns where the run stopped, and why.
+    #[inline(never)]
+    fn decode_run(&mut self, start: usize) -> (usize, Exit) {
+        let (order, hot, held) = self.table.decode_view();
+        let (kv, out, plan, marks) = (
+            &mut *self.kv,
+            &mut *self.out,
+            &mut *self.plan,
+            &mut *self.marks,
+        );
+        let (mut used, cap, mut requests, max_requests) = self.budget.raw();
+        let (end, mut beam) = (self.end, self.beam);
+        let mut i = start;
+        let exit = loop {
+            if i >= end {
+                break Exit::End;
             }
-            None if h.bucket == NO_TASK => self.plan.plain += 1,
-            None => self.plan.unbucketed += 1,
-        }
-        if h.headroom != 0 {
-            self.table.set_headroom(slot, after);
-        }
-        self.mark(slot, mark::SCHEDULED);
-        self.budget.commit(tokens);
-        self.beam = h.beam;
-        Fast::Done(Step::Scheduled)
+            let slot = order[i];
+            let h = &mut hot[slot as usize];
+            if h.code & READY_MASK != READY {
+                break Exit::Other;
+            }
+            if requests >= max_requests {
+                break Exit::Stop;
+            }
+            // No overflow: admission and `update` keep beam (at least 1) + drafts within u32.
+            let tokens = h.beam + h.draft;
+            if used + u64::from(tokens) > cap {
+                break Exit::Stop;
+            }
+            if h.beam != beam && beam != 0 {
+                i += 1; // §1.5 step 2: a beam mismatch skips
+                continue;
+            }
+            // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
+            // reservation asks the backend for no new tokens.
+            let step = h.draft + 1;
+            let grow = step.saturating_sub(h.headroom);
+            let after = h.headroom.saturating_sub(step);
+            let Some(Held::Active(r)) = &held[slot as usize] else {
+                debug_assert!(false, "a READY hot record holds an Active request");
+                break Exit::Other;
+            };
+            if !kv.try_allocate_generation(r.kv_ref(), grow) {
+                let beam = h.beam;
+                break Exit::Refused(Refusal {
+                    grow,
+                    after,
+                    tokens,
+                    beam,
+                });
+            }
+            listed(out.push_generation(r));
+            match h.bucket {
+                b if usize::from(b) < T => plan.counts[usize::from(b)][0] += 1,
+                NO_TASK => plan.plain += 1,
+                _ => plan.unbucketed += 1,
+            }
+            h.headroom = after;
+            marks[slot as usize] = mark::SCHEDULED;
+            used += u64::from(tokens);
+            requests += 1;
+            beam = h.beam;
+            i += 1;
+        };
+        self.budget.set_raw(used, requests);
+        self.beam = beam;
+        (i, exit)
     }
 
     /// An active request whose decode step was refused: the ladder (§1.5 steps 5–8).

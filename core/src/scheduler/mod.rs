@@ -346,6 +346,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             plan,
             listed,
             chunks,
+            ..
         } = &mut self.scratch;
         let parts = pass::Parts {
             marks,
@@ -388,9 +389,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     fn settle_resumed(&mut self, moves: &MovesTaken) {
-        for i in 0..self.table.len() {
-            let slot = self.table.slot(i);
-            if self.table.hot(slot).ownership() != Ownership::Resumed as u8 {
+        let slots = &mut self.scratch.pending_slots;
+        self.table.take_resumed_slots(slots);
+        for &slot in slots.iter() {
+            let live = self.table.handle_at(slot).is_some();
+            if !live || self.table.hot(slot).ownership() != Ownership::Resumed as u8 {
                 continue;
             }
             self.table.transition(slot, |held| match held {

@@ -64,6 +64,8 @@ pub(crate) struct Scratch<const N: usize, const T: usize> {
     pub(crate) plan: Plan<T>,
     pub(crate) listed: [Listed; N],
     pub(crate) chunks: [Chunk; N],
+    /// Slots to settle when the engine takes the page moves (outside a pass).
+    pub(crate) pending_slots: heapless::Vec<u16, N>,
 }
 
 impl<const N: usize, const T: usize> Scratch<N, T> {
@@ -74,6 +76,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
             plan: Plan::new(),
             listed: [Listed::default(); N],
             chunks: [Chunk::default(); N],
+            pending_slots: heapless::Vec::new(),
         }
     }
 }

@@ -24,8 +24,11 @@ const SCHEDULED: u8 = 2;
 /// Per-task state of one pass (`T` task slots).
 pub(crate) struct Plan<const T: usize> {
     flags: [u8; T],
-    /// Per task slot, `[part 0, part 1]` counters of the LoRA sort (reset when the task enters the
-    /// plan; the generation list's part 0 is counted as it is filled).
+    /// The tasks pinned when the pass began (the decode steps of their lease holders are counted in
+    /// `counts` only, and enter the plan after phase 1: [`Plan::enter_counted`]).
+    pinned: heapless::Vec<u16, T>,
+    /// Per task slot, `[part 0, part 1]` counters of the LoRA sort (zero when the pass begins; the
+    /// generation list's part 0 is counted as it is filled).
     pub(crate) counts: [[u32; 2]; T],
     /// Per task slot in the plan, its rank among the plan's adapters by id (from 1), set by the sort.
     pub(crate) rank: [u16; T],
@@ -41,6 +44,7 @@ impl<const T: usize> Plan<T> {
     pub(crate) fn new() -> Self {
         Self {
             flags: [0; T],
+            pinned: heapless::Vec::new(),
             counts: [[0; 2]; T],
             rank: [0; T],
             plain: 0,
@@ -53,12 +57,16 @@ impl<const T: usize> Plan<T> {
     /// Starts a pass: every pinned adapter is counted.
     pub(crate) fn begin<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T>) {
         self.flags.fill(0);
+        self.counts.fill([0, 0]);
         self.plain = 0;
         self.unbucketed = 0;
         self.max_pages = desk.backend().max_device_pages();
         self.claimed = desk.pinned_pages();
+        self.pinned.clear();
         for &s in desk.pinned_tasks() {
             self.flags[s as usize] = COUNTED;
+            let pushed = self.pinned.push(s);
+            assert!(pushed.is_ok(), "one pinned entry per task slot");
         }
         assert!(
             self.max_pages == u32::MAX || self.claimed <= self.max_pages,
@@ -110,17 +118,6 @@ impl<const T: usize> Plan<T> {
         self.schedule(task, out)
     }
 
-    /// [`Plan::commit`] for a task already counted (a lease holder's: pinned when the pass began).
-    #[inline]
-    pub(crate) fn commit_counted<const N: usize>(
-        &mut self,
-        task: TaskRef,
-        out: &mut SchedulerOutput<N>,
-    ) -> Result<(), Full> {
-        debug_assert!(self.is_counted(task), "a lease holder's task is counted");
-        self.schedule(task, out)
-    }
-
     #[inline]
     fn schedule<const N: usize>(
         &mut self,
@@ -132,8 +129,25 @@ impl<const T: usize> Plan<T> {
             return Ok(());
         }
         self.flags[s] |= SCHEDULED;
-        self.counts[s] = [0, 0];
         out.push_adapter(task)
+    }
+
+    /// After phase 1: the pinned tasks whose lease holders' decode steps were only counted enter the
+    /// plan.
+    pub(crate) fn enter_counted<P: PeftBackend, const N: usize>(
+        &mut self,
+        desk: &AdapterDesk<P, T>,
+        out: &mut SchedulerOutput<N>,
+    ) -> Result<(), Full> {
+        for &s in self.pinned.iter() {
+            let i = s as usize;
+            if self.counts[i][0] > 0 && self.flags[i] & SCHEDULED == 0 {
+                assert!(self.flags[i] & COUNTED != 0, "a pinned task is counted");
+                self.flags[i] |= SCHEDULED;
+                out.push_adapter(desk.task_ref(s))?;
+            }
+        }
+        Ok(())
     }
 
     /// A generation entry on task slot `bucket` (in the plan) is counted for the LoRA sort.
@@ -146,7 +160,8 @@ impl<const T: usize> Plan<T> {
     /// uses the task, its pages are no longer claimed.
     pub(crate) fn released<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T>, task: TaskRef) {
         let s = task.slot as usize;
-        if desk.leases(task.slot) > 0 || self.flags[s] != COUNTED {
+        // Scheduled (flagged, or a decode step counted): stays counted.
+        if desk.leases(task.slot) > 0 || self.flags[s] != COUNTED || self.counts[s][0] > 0 {
             return;
         }
         self.flags[s] = 0;

@@ -272,6 +272,10 @@ pub(crate) struct Table<const N: usize> {
     ids: IdIndex<N>,
     /// Entries holding a `Resumed` request (settled when the engine takes the page moves).
     resumed: u32,
+    /// Slots that became `Resumed` since the last settlement (a superset of the resumed ones; when it
+    /// overflows, settlement scans the table).
+    resumed_slots: heapless::Vec<u16, N>,
+    resumed_overflow: bool,
 }
 
 impl<const N: usize> Table<N> {
@@ -283,7 +287,21 @@ impl<const N: usize> Table<N> {
             order: heapless::Vec::new(),
             ids: IdIndex::new(),
             resumed: 0,
+            resumed_slots: heapless::Vec::new(),
+            resumed_overflow: false,
         }
+    }
+
+    /// The slots to look at for resumed requests (every live one after an overflow of the list), and
+    /// the list cleared for the next settlement.
+    pub(crate) fn take_resumed_slots(&mut self, into: &mut heapless::Vec<u16, N>) {
+        into.clear();
+        if core::mem::take(&mut self.resumed_overflow) {
+            into.extend(self.order.iter().copied());
+        } else {
+            into.extend(self.resumed_slots.iter().copied());
+        }
+        self.resumed_slots.clear();
     }
 
     /// Entries holding a `Resumed` request.
@@ -337,6 +355,13 @@ impl<const N: usize> Table<N> {
     pub(crate) fn hot(&self, slot: u16) -> Hot {
         self.hot[slot as usize]
     }
+    /// What the decode loop reads and writes, as disjoint borrows: the arrival order, the hot records
+    /// and the typed requests.
+    #[inline]
+    pub(crate) fn decode_view(&mut self) -> (&[u16], &mut [Hot; N], &[Option<Held>; N]) {
+        (&self.order, &mut self.hot, &self.held)
+    }
+
     /// Sets a slot's KV headroom.
     #[inline]
     pub(crate) fn set_headroom(&mut self, slot: u16, headroom: u32) {
@@ -376,6 +401,7 @@ impl<const N: usize> Table<N> {
         };
         let place = Place {
             slot: next.index(),
+            task: NO_TASK,
             generation: next.generation(),
         };
         let id = spec.id;
@@ -462,6 +488,12 @@ impl<const N: usize> Table<N> {
         self.held[slot as usize] = Some(after);
         let resumed = |o: Ownership| u32::from(o == Ownership::Resumed);
         self.resumed = self.resumed + resumed(now) - resumed(was);
+        if now == Ownership::Resumed
+            && was != Ownership::Resumed
+            && self.resumed_slots.push(slot).is_err()
+        {
+            self.resumed_overflow = true;
+        }
         // Only the ownership changed: the rest of the hot record stands.
         let hot = &mut self.hot[slot as usize];
         hot.code = (hot.code & !OWNERSHIP_BITS) | now as u8;
@@ -512,6 +544,8 @@ impl<const N: usize> Table<N> {
         self.order.hash(h);
         self.ids.hash_state(h);
         self.resumed.hash(h);
+        self.resumed_slots.hash(h);
+        self.resumed_overflow.hash(h);
     }
 
     /// Invariants 1–3 of the module.
@@ -526,6 +560,14 @@ impl<const N: usize> Table<N> {
             .filter(|&&s| self.hot[s as usize].ownership() == Ownership::Resumed as u8)
             .count();
         if live != self.order.len() || resumed != self.resumed as usize {
+            return false;
+        }
+        let listed = |s: u16| self.resumed_overflow || self.resumed_slots.contains(&s);
+        if self
+            .order
+            .iter()
+            .any(|&s| self.hot[s as usize].ownership() == Ownership::Resumed as u8 && !listed(s))
+        {
             return false;
         }
         self.order.iter().enumerate().all(|(i, &s)| {
