@@ -13,7 +13,7 @@
 use crate::request::RequestId;
 
 /// Names a request's KV cache: its dense slot in the scheduler's table and its id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct KvRef {
     /// Dense table slot, `< N` of the scheduler.
     pub slot: u16,

@@ -305,13 +305,28 @@ pub(crate) struct Place {
     pub(crate) generation: u32,
 }
 
+/// What a request is, whatever it owns: where it lives, its id, its adapter task's id (meaningful when
+/// `place.task` names a slot). Moves unchanged through every transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Core {
+    place: Place,
+    id: RequestId,
+    task_id: TaskId,
+}
+
+impl Core {
+    fn task(self) -> Option<TaskRef> {
+        (self.place.task != NO_TASK).then_some(TaskRef {
+            id: self.task_id,
+            slot: self.place.task,
+        })
+    }
+}
+
 /// A request in type-state `S`.
 #[derive(Debug)]
 pub struct Request<S: State> {
-    place: Place,
-    id: RequestId,
-    /// The adapter task's id (meaningful when `place.task` names a slot).
-    task_id: TaskId,
+    core: Core,
     state: S,
     bomb: Bomb,
 }
@@ -347,56 +362,46 @@ impl<S: State> Request<S> {
     #[inline]
     pub fn kv_ref(&self) -> KvRef {
         KvRef {
-            slot: self.place.slot,
-            id: self.id,
+            slot: self.core.place.slot,
+            id: self.core.id,
         }
     }
     /// The request id.
     #[inline]
     pub fn id(&self) -> RequestId {
-        self.id
+        self.core.id
     }
     /// The adapter task, when the request has one and an adapter cache is configured.
     #[inline]
     pub fn task(&self) -> Option<TaskRef> {
-        (self.place.task != NO_TASK).then_some(TaskRef {
-            id: self.task_id,
-            slot: self.place.task,
-        })
+        self.core.task()
     }
     #[inline]
     pub(crate) fn place(&self) -> Place {
-        self.place
+        self.core.place
     }
     /// Forgets the request's resources without releasing them: only for tearing down a whole scheduler,
     /// whose backends go away with it.
     pub(crate) fn abandon(self) {
-        let (_, _, _, state) = self.into_parts();
+        let (_, state) = self.into_parts();
         core::mem::forget(state);
     }
 
-    fn into_parts(self) -> (Place, RequestId, Option<TaskRef>, S) {
-        let task = self.task();
+    #[inline]
+    fn into_parts(self) -> (Core, S) {
         self.bomb.defuse();
-        (self.place, self.id, task, self.state)
+        (self.core, self.state)
     }
-    // Not inlined: built in place behind a pointer, a request is copied as bytes (inlined into a
-    // transition, LLVM has been seen to split the copy into per-bit shuffles of its padding).
-    #[inline(never)]
-    fn build<T: State>(place: Place, id: RequestId, task: Option<TaskRef>, state: T) -> Request<T> {
+    #[inline]
+    fn build<T: State>(core: Core, state: T) -> Request<T> {
         Request {
-            place: Place {
-                task: task.map_or(NO_TASK, |t| t.slot),
-                ..place
-            },
-            id,
-            task_id: task.map_or(TaskId(0), |t| t.id),
+            core,
             state,
             bomb: Bomb::armed(),
         }
     }
     fn not_on_gpu(self) -> Refused<S> {
-        let error = Error::NotOnGpu(self.id);
+        let error = Error::NotOnGpu(self.core.id);
         Refused {
             request: self,
             error,
@@ -407,7 +412,15 @@ impl<S: State> Request<S> {
 impl Request<Waiting> {
     /// A request that owns nothing yet, at `place` in the table.
     pub(crate) fn new(place: Place, id: RequestId, task: Option<TaskRef>) -> Self {
-        Self::build(place, id, task, Waiting)
+        let core = Core {
+            place: Place {
+                task: task.map_or(NO_TASK, |t| t.slot),
+                ..place
+            },
+            id,
+            task_id: task.map_or(TaskId(0), |t| t.id),
+        };
+        Self::build(core, Waiting)
     }
 
     /// (1) Admission: the pass has given the first chunk its KV pages; the desk mints the lease. Refused
@@ -422,7 +435,7 @@ impl Request<Waiting> {
         }
         let lease = match self.task() {
             None => None,
-            Some(t) => match desk.acquire(self.id, t, None) {
+            Some(t) => match desk.acquire(self.core.id, t, None) {
                 Ok(l) => Some(l),
                 Err((_, e)) => {
                     return Err(Refused {
@@ -432,23 +445,23 @@ impl Request<Waiting> {
                 }
             },
         };
-        let (place, id, task, _) = self.into_parts();
-        Ok(Self::build(place, id, task, Active { lease }))
+        let (core, _) = self.into_parts();
+        Ok(Self::build(core, Active { lease }))
     }
 
     /// Registers a request whose cache the KV backend already holds suspended (adoption): it is paused
     /// on its adapter with `paused_on`.
     pub(crate) fn adopt_suspended(self, paused_on: Option<PausedOn>) -> Request<Suspended<Paused>> {
-        let (place, id, task, _) = self.into_parts();
-        Self::build(place, id, task, Suspended::new(paused_on))
+        let (core, _) = self.into_parts();
+        Self::build(core, Suspended::new(paused_on))
     }
 
     /// (4) Recompute pause of a started request that owns no lease: any cache is freed and the request
     /// is marked for replay.
     pub fn recompute<K: KvBackend>(self, kv: &mut K) -> Request<Suspended<Recompute>> {
         kv.free(self.kv_ref());
-        let (place, id, task, _) = self.into_parts();
-        Self::build(place, id, task, Suspended::new(None))
+        let (core, _) = self.into_parts();
+        Self::build(core, Suspended::new(None))
     }
 
     /// (8) Finish: drops any cache left by a rolled-back admission.
@@ -457,7 +470,7 @@ impl Request<Waiting> {
         if kv.has_cache(r) {
             kv.free(r);
         }
-        self.into_parts();
+        let _ = self.into_parts();
     }
 }
 
@@ -506,9 +519,11 @@ impl<S: OnGpu> Request<S> {
     where
         Suspended<M>: State,
     {
-        let (place, id, task, state) = self.into_parts();
-        let paused_on = state.into_lease().and_then(|l| desk.release(id, l, true));
-        Self::build(place, id, task, Suspended::new(paused_on))
+        let (core, state) = self.into_parts();
+        let paused_on = state
+            .into_lease()
+            .and_then(|l| desk.release(core.id, l, true));
+        Self::build(core, Suspended::new(paused_on))
     }
 
     /// (8) Finish: KV freed, lease returned with pause = false.
@@ -518,7 +533,8 @@ impl<S: OnGpu> Request<S> {
         desk: &mut AdapterDesk<P, T>,
     ) {
         kv.free(self.kv_ref());
-        let (_, id, _, state) = self.into_parts();
+        let (core, state) = self.into_parts();
+        let id = core.id;
         if let Some(l) = state.into_lease() {
             let paused = desk.release(id, l, false);
             assert!(paused.is_none(), "a finished lease leaves no pause behind");
@@ -545,7 +561,8 @@ where
         if kv.has_cache(r) {
             kv.free(r);
         }
-        let (_, id, _, state) = self.into_parts();
+        let (core, state) = self.into_parts();
+        let id = core.id;
         if let Some(p) = state.paused_on {
             desk.drop_paused(id, p);
         }
@@ -566,16 +583,16 @@ impl Request<Suspended<Paused>> {
             return Err(self.not_on_gpu());
         }
         let r = self.kv_ref();
-        let (place, id, task, state) = self.into_parts();
-        let lease = match task {
-            Some(t) => match desk.acquire(id, t, state.paused_on) {
+        let (core, state) = self.into_parts();
+        let lease = match core.task() {
+            Some(t) => match desk.acquire(core.id, t, state.paused_on) {
                 Ok(l) => Some(l),
                 Err((paused_on, e)) => {
                     if how == KvReturn::Generation {
                         kv.revert_allocate_generation(r);
                     }
                     kv.suspend(r);
-                    let request = Self::build(place, id, task, Suspended::new(paused_on));
+                    let request = Self::build(core, Suspended::new(paused_on));
                     return Err(Refused {
                         request,
                         error: Error::Peft(e),
@@ -590,7 +607,7 @@ impl Request<Suspended<Paused>> {
                 None
             }
         };
-        Ok(Self::build(place, id, task, Resumed { lease }))
+        Ok(Self::build(core, Resumed { lease }))
     }
 
     /// (4) Recompute pause of a suspended request: its KV (held or in the lower tier) is freed; it stays
@@ -609,8 +626,8 @@ impl Request<Suspended<Paused>> {
     }
 
     fn into_recompute(self) -> Request<Suspended<Recompute>> {
-        let (place, id, task, state) = self.into_parts();
-        Self::build(place, id, task, Suspended::new(state.paused_on))
+        let (core, state) = self.into_parts();
+        Self::build(core, Suspended::new(state.paused_on))
     }
 }
 
@@ -625,12 +642,12 @@ impl Request<Suspended<Recompute>> {
         if !kv.is_active(self.kv_ref()) {
             return Err(self.not_on_gpu());
         }
-        let (place, id, task, state) = self.into_parts();
-        let lease = match (task, state.paused_on) {
-            (Some(t), paused) => match desk.acquire(id, t, paused) {
+        let (core, state) = self.into_parts();
+        let lease = match (core.task(), state.paused_on) {
+            (Some(t), paused) => match desk.acquire(core.id, t, paused) {
                 Ok(l) => Some(l),
                 Err((paused_on, e)) => {
-                    let request = Self::build(place, id, task, Suspended::new(paused_on));
+                    let request = Self::build(core, Suspended::new(paused_on));
                     return Err(Refused {
                         request,
                         error: Error::Peft(e),
@@ -642,7 +659,7 @@ impl Request<Suspended<Recompute>> {
                 None
             }
         };
-        Ok(Self::build(place, id, task, Active { lease }))
+        Ok(Self::build(core, Active { lease }))
     }
 }
 
@@ -651,8 +668,8 @@ impl Request<Resumed> {
     /// before its step), so the resumed request becomes an ordinary active one.
     pub fn settle(self, moves: &MovesTaken) -> Request<Active> {
         let _ = moves;
-        let (place, id, task, state) = self.into_parts();
-        Self::build(place, id, task, Active { lease: state.lease })
+        let (core, state) = self.into_parts();
+        Self::build(core, Active { lease: state.lease })
     }
 }
 

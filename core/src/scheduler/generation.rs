@@ -45,8 +45,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
     pub(crate) fn generation_phase(&mut self) {
         let mut i = 0;
         while i < self.end {
-            let (at, exit) = self.decode_run(i);
-            i = at;
+            let slot = self.table.slot(i);
+            let exit = if self.table.hot(slot).code & READY_MASK == READY {
+                let (at, exit) = self.decode_run(i);
+                i = at;
+                exit
+            } else {
+                Exit::Other
+            };
             let step = match exit {
                 Exit::End => break,
                 Exit::Stop => Step::Stop,
@@ -75,7 +81,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             &mut *self.plan,
             &mut *self.marks,
         );
-        let (mut used, cap, mut requests, max_requests) = self.budget.raw();
+        let (mut used, cap, requests, max_requests) = self.budget.raw();
+        // Requests the batch still takes, counted down (one register instead of two).
+        let mut room = max_requests.saturating_sub(requests);
         let (end, mut beam) = (self.end, self.beam);
         let mut i = start;
         let exit = loop {
@@ -83,11 +91,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 break Exit::End;
             }
             let slot = order[i];
-            let h = &mut hot[slot as usize];
+            let h = &mut hot[usize::from(slot)];
             if h.code & READY_MASK != READY {
                 break Exit::Other;
             }
-            if requests >= max_requests {
+            if room == 0 {
                 break Exit::Stop;
             }
             // No overflow: admission and `update` keep beam (at least 1) + drafts within u32.
@@ -104,7 +112,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             let step = h.draft + 1;
             let grow = step.saturating_sub(h.headroom);
             let after = h.headroom.saturating_sub(step);
-            let Some(Held::Active(r)) = &held[slot as usize] else {
+            let Some(Held::Active(r)) = &held[usize::from(slot)] else {
                 debug_assert!(false, "a READY hot record holds an Active request");
                 break Exit::Other;
             };
@@ -124,13 +132,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 _ => plan.unbucketed += 1,
             }
             h.headroom = after;
-            marks[slot as usize] = mark::SCHEDULED;
+            marks[usize::from(slot)] = mark::SCHEDULED;
             used += u64::from(tokens);
-            requests += 1;
+            room -= 1;
             beam = h.beam;
             i += 1;
         };
-        self.budget.set_raw(used, requests);
+        self.budget.set_raw(used, max_requests.max(requests) - room);
         self.beam = beam;
         (i, exit)
     }

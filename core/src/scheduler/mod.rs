@@ -392,8 +392,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let slots = &mut self.scratch.pending_slots;
         self.table.take_resumed_slots(slots);
         for &slot in slots.iter() {
-            let live = self.table.handle_at(slot).is_some();
-            if !live || self.table.hot(slot).ownership() != Ownership::Resumed as u8 {
+            // A vacant slot's hot record is the default one (waiting): only live resumed ones settle.
+            if self.table.hot(slot).ownership() != Ownership::Resumed as u8 {
                 continue;
             }
             self.table.transition(slot, |held| match held {

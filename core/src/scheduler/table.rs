@@ -144,7 +144,7 @@ impl Record {
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'t> {
     record: &'t Record,
-    held: &'t Held,
+    held: &'t Option<Held>,
 }
 
 impl<'t> Entry<'t> {
@@ -154,7 +154,7 @@ impl<'t> Entry<'t> {
     }
     /// What it owns.
     pub fn ownership(&self) -> Ownership {
-        self.held.ownership()
+        self.held().ownership()
     }
     /// Its adapter task, when an adapter cache is configured.
     pub fn task(&self) -> Option<TaskRef> {
@@ -165,7 +165,10 @@ impl<'t> Entry<'t> {
         self.record.inflight
     }
     pub(crate) fn held(&self) -> &'t Held {
-        self.held
+        match self.held {
+            Some(h) => h,
+            None => panic!("a live entry holds its request"),
+        }
     }
 }
 
@@ -331,21 +334,13 @@ impl<const N: usize> Table<N> {
     pub(crate) fn index_of(&self, slot: u16) -> Option<usize> {
         self.order.iter().position(|&s| s == slot)
     }
-    /// The typed request at a live slot.
-    #[inline]
-    pub(crate) fn held(&self, slot: u16) -> &Held {
-        match &self.held[slot as usize] {
-            Some(h) => h,
-            None => panic!("table slot {slot} is vacant"),
-        }
-    }
     /// The live entry at `slot` (invariant 1: every slot the pass names is live).
     #[inline]
     pub(crate) fn entry(&self, slot: u16) -> Entry<'_> {
         match self.records.at(slot) {
             Some(record) => Entry {
                 record,
-                held: self.held(slot),
+                held: &self.held[slot as usize],
             },
             None => panic!("table slot {slot} is vacant"),
         }
@@ -575,7 +570,10 @@ impl<const N: usize> Table<N> {
                 return false;
             };
             let place = held.place();
-            let e = Entry { record, held };
+            let e = Entry {
+                record,
+                held: &self.held[s as usize],
+            };
             !self.order[..i].contains(&s)
                 && self.hot[s as usize] == Hot::derive(e, self.hot[s as usize].headroom)
                 && self.ids.get(record.spec.id) == Some(s)
