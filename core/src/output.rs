@@ -2,8 +2,9 @@
 //!
 //! Every list is private and filled only through a `push_*` method that takes the request in the
 //! type-state the list stands for: the batch lists (context, generation) accept only [`Schedulable`]
-//! requests ([`Active`] and [`Resumed`]), `paused` only [`Suspended<Paused>`], `recompute_paused` only
-//! [`Suspended<Recompute>`], `resumed` only [`Resumed`]. Readers get slices.
+//! requests ([`Active`](crate::request::Active) and [`Resumed`]), `paused` only
+//! [`Suspended<Paused>`], `recompute_paused` only [`Suspended<Recompute>`], `resumed` only [`Resumed`].
+//! Readers get slices.
 //!
 //! An entry is a [`Listed`]: the request's table slot, the slot's generation (so an entry that outlived
 //! its request is recognised) and its adapter task slot, 8 bytes. Everything else about a listed request

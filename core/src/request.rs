@@ -1,6 +1,6 @@
 //! Requests: ids, per-request data, and the type-state lifecycle of what a request owns.
 //!
-//! The *phase* of a request ([`Phase`]) is runtime data. What it *owns* — KV pages and an adapter lease —
+//! The *phase* of a request ([`Phase`](crate::phase::Phase)) is runtime data. What it *owns* — KV pages and an adapter lease —
 //! is its type-state: a [`Request<S>`] with `S` one of [`Waiting`], [`Active`], [`Resumed`],
 //! [`Suspended<Paused>`] and [`Suspended<Recompute>`]. Each numbered arrow is one consuming function:
 //!
@@ -46,83 +46,9 @@ use crate::error::Error;
 use crate::kv::{KvBackend, KvRef};
 use crate::lease::{AdapterDesk, AdapterLease, PausedOn};
 use crate::output::NO_TASK;
-use crate::phase::Phase;
 
-/// A request id (unique among live requests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct RequestId(pub u64);
-
-/// A LoRA task (adapter) id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct TaskId(pub u64);
-
-/// Most FORCE_CHUNK snapshot points one request carries.
-pub const MAX_SNAPSHOTS: usize = 8;
-
-/// What a request is: the data the pass reads. Phase and position change every step.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RequestSpec {
-    /// Id.
-    pub id: RequestId,
-    /// LoRA task, if any.
-    pub lora: Option<TaskId>,
-    /// Current phase.
-    pub phase: Phase,
-    /// Prompt length in tokens.
-    pub prompt: u32,
-    /// Context tokens already processed (in the KV cache).
-    pub position: u32,
-    /// Beam width this iteration.
-    pub beam: u32,
-    /// Speculative draft tokens this iteration.
-    pub draft: u32,
-    /// Output tokens to reserve at admission (GUARANTEED_NO_EVICT) and to check against the pool.
-    pub max_new_tokens: u32,
-    /// Encoder output length (encoder requests); 0 = use `prompt`.
-    pub encoder_len: u32,
-    /// FORCE_CHUNK snapshot points (absolute token positions, ascending).
-    pub snapshots: heapless::Vec<u32, MAX_SNAPSHOTS>,
-    /// A generation request that carries multimodal data (its replay inputs are gone: not a recompute
-    /// candidate).
-    pub multimodal: bool,
-}
-
-impl RequestSpec {
-    /// A request in `phase` with a `prompt`-token prompt and defaults elsewhere (position 0, beam 1).
-    pub fn new(id: u64, phase: Phase, prompt: u32) -> Self {
-        Self {
-            id: RequestId(id),
-            lora: None,
-            phase,
-            prompt,
-            position: 0,
-            beam: 1,
-            draft: 0,
-            max_new_tokens: 0,
-            encoder_len: 0,
-            snapshots: heapless::Vec::new(),
-            multimodal: false,
-        }
-    }
-
-    /// A decoding request whose prompt is fully processed.
-    pub fn generation(id: u64, prompt: u32) -> Self {
-        let mut s = Self::new(id, Phase::GenerationInProgress, prompt);
-        s.position = prompt;
-        s
-    }
-
-    /// With a LoRA task.
-    pub fn with_lora(mut self, task: u64) -> Self {
-        self.lora = Some(TaskId(task));
-        self
-    }
-
-    /// Started (spec §1.15): a context-init phase past its first chunk, or a generation phase.
-    pub fn started(&self) -> bool {
-        (self.phase.is_context_init() && self.position > 0) || self.phase.is_generation()
-    }
-}
+mod spec;
+pub use spec::{RequestId, RequestSpec, TaskId, MAX_SNAPSHOTS};
 
 /// Debug drop bomb: armed while its owner holds resources. Defused by the consuming transition.
 #[derive(Debug)]

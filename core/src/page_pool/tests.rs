@@ -1,0 +1,115 @@
+//! The page pool's unit tests.
+use super::*;
+
+struct Buf {
+    gpu: [u32; 8],
+    host: [u32; 4],
+    tables: [u32; 16],
+    seqs: [Seq; 4],
+    moves: [PageMove; 12],
+}
+
+impl Buf {
+    fn new() -> Self {
+        Self {
+            gpu: [0; 8],
+            host: [0; 4],
+            tables: [0; 16],
+            seqs: [Seq::default(); 4],
+            moves: [PageMove::default(); 12],
+        }
+    }
+    fn pool(&mut self, host: bool) -> KvPool<'_> {
+        let host_pages = if host { 4 } else { 0 };
+        let cfg = KvPoolConfig {
+            tokens_per_block: 4,
+            gpu_pages: 8,
+            host_pages,
+            slots: 4,
+            max_blocks: 4,
+        };
+        let moves_len = cfg.move_log_len();
+        KvPool::new(
+            cfg,
+            KvStorage {
+                gpu_free: &mut self.gpu,
+                host_free: &mut self.host[..host_pages as usize],
+                tables: &mut self.tables,
+                seqs: &mut self.seqs,
+                moves: &mut self.moves[..moves_len],
+            },
+        )
+        .unwrap()
+    }
+}
+
+fn r(slot: u16) -> KvRef {
+    KvRef {
+        slot,
+        id: RequestId(slot as u64 + 100),
+    }
+}
+const FIRST: ContextPrep = ContextPrep {
+    first_chunk: true,
+    prompt: 8,
+    position: 0,
+};
+
+#[test]
+fn grow_suspend_to_host_and_resume_moves_every_page() {
+    let mut b = Buf::new();
+    let mut p = b.pool(true);
+    assert_eq!(p.prepare_context(r(0), FIRST), Some(0));
+    assert!(p.resize_context(r(0), 8, true));
+    assert_eq!(p.gpu_free(), 6);
+    p.suspend(r(0));
+    assert!(!p.is_active(r(0)));
+    assert_eq!((p.gpu_free(), p.host_free()), (8, 2));
+    let out: heapless::Vec<PageMove, 8> = p.take_moves().iter().copied().collect();
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|m| m.from == Tier::Gpu));
+    assert!(p.try_allocate_generation(r(0), 1));
+    assert_eq!(p.seq(0).capacity, 9);
+    assert_eq!(p.gpu_free(), 5, "two pages back plus one for the growth");
+    assert_eq!(p.take_moves().len(), 2);
+    assert!(p.check());
+    p.revert_allocate_generation(r(0));
+    assert_eq!(p.gpu_free(), 6);
+    p.free(r(0));
+    assert_eq!((p.gpu_free(), p.host_free()), (8, 4));
+    assert!(p.check());
+}
+
+#[test]
+fn suspension_without_a_host_tier_holds_the_pages() {
+    let mut b = Buf::new();
+    let mut p = b.pool(false);
+    p.prepare_context(r(1), FIRST).unwrap();
+    assert!(p.resize_context(r(1), 16, true));
+    p.suspend(r(1));
+    assert_eq!(p.gpu_free(), 4, "held pages are not freed");
+    assert_eq!(p.stats().held_suspends, 1);
+    assert!(p.try_allocate_generation(r(1), 0));
+    assert!(p.check());
+}
+
+#[test]
+fn exhaustion_is_all_or_nothing() {
+    let mut b = Buf::new();
+    let mut p = b.pool(false);
+    p.prepare_context(r(0), FIRST).unwrap();
+    assert!(p.resize_context(r(0), 16, true));
+    p.prepare_context(r(1), FIRST).unwrap();
+    assert!(p.resize_context(r(1), 12, true));
+    assert_eq!(p.gpu_free(), 1);
+    p.prepare_context(r(2), FIRST).unwrap();
+    assert!(!p.resize_context(r(2), 8, true), "needs 2 pages, 1 free");
+    assert_eq!(p.gpu_free(), 1, "refusal took nothing");
+    assert!(
+        !p.try_allocate_generation(r(0), 1),
+        "table is at max_blocks"
+    );
+    assert_eq!(p.seq(0).capacity, 16);
+    assert!(!p.try_allocate_generation(r(3), 1), "no cache");
+    assert!(p.check());
+}
