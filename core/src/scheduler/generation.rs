@@ -81,64 +81,66 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             &mut *self.plan,
             &mut *self.marks,
         );
-        let (mut used, cap, requests, max_requests) = self.budget.raw();
-        // Requests the batch still takes, counted down (one register instead of two).
+        let (used, cap, requests, max_requests) = self.budget.raw();
+        // What the batch still takes, counted down: requests, and tokens (one register each).
         let mut room = max_requests.saturating_sub(requests);
-        let (end, mut beam) = (self.end, self.beam);
+        let mut tokens_left = cap.saturating_sub(used);
+        let mut beam = self.beam;
         let mut i = start;
-        let exit = loop {
-            if i >= end {
-                break Exit::End;
+        let exit = 'run: {
+            for &slot in &order[start..self.end] {
+                let h = &mut hot[usize::from(slot)];
+                if h.code & READY_MASK != READY {
+                    break 'run Exit::Other;
+                }
+                if room == 0 {
+                    break 'run Exit::Stop;
+                }
+                // No overflow: admission and `update` keep beam (at least 1) + drafts within u32.
+                let tokens = h.beam + h.draft;
+                if u64::from(tokens) > tokens_left {
+                    break 'run Exit::Stop;
+                }
+                if h.beam != beam && beam != 0 {
+                    i += 1; // §1.5 step 2: a beam mismatch skips
+                    continue;
+                }
+                // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
+                // reservation asks the backend for no new tokens.
+                let step = h.draft + 1;
+                let grow = step.saturating_sub(h.headroom);
+                let after = h.headroom.saturating_sub(step);
+                let Some(Held::Active(r)) = &held[usize::from(slot)] else {
+                    debug_assert!(false, "a READY hot record holds an Active request");
+                    break 'run Exit::Other;
+                };
+                if !kv.try_allocate_generation(r.kv_ref(), grow) {
+                    let beam = h.beam;
+                    break 'run Exit::Refused(Refusal {
+                        grow,
+                        after,
+                        tokens,
+                        beam,
+                    });
+                }
+                listed(out.push_generation(r));
+                match h.bucket {
+                    b if usize::from(b) < T => plan.counts[usize::from(b)][0] += 1,
+                    NO_TASK => plan.plain += 1,
+                    _ => plan.unbucketed += 1,
+                }
+                h.headroom = after;
+                marks[usize::from(slot)] = mark::SCHEDULED;
+                tokens_left -= u64::from(tokens);
+                room -= 1;
+                beam = h.beam;
+                i += 1;
             }
-            let slot = order[i];
-            let h = &mut hot[usize::from(slot)];
-            if h.code & READY_MASK != READY {
-                break Exit::Other;
-            }
-            if room == 0 {
-                break Exit::Stop;
-            }
-            // No overflow: admission and `update` keep beam (at least 1) + drafts within u32.
-            let tokens = h.beam + h.draft;
-            if used + u64::from(tokens) > cap {
-                break Exit::Stop;
-            }
-            if h.beam != beam && beam != 0 {
-                i += 1; // §1.5 step 2: a beam mismatch skips
-                continue;
-            }
-            // Under GUARANTEED_NO_EVICT the admission reserved KV to completion: a step inside the
-            // reservation asks the backend for no new tokens.
-            let step = h.draft + 1;
-            let grow = step.saturating_sub(h.headroom);
-            let after = h.headroom.saturating_sub(step);
-            let Some(Held::Active(r)) = &held[usize::from(slot)] else {
-                debug_assert!(false, "a READY hot record holds an Active request");
-                break Exit::Other;
-            };
-            if !kv.try_allocate_generation(r.kv_ref(), grow) {
-                let beam = h.beam;
-                break Exit::Refused(Refusal {
-                    grow,
-                    after,
-                    tokens,
-                    beam,
-                });
-            }
-            listed(out.push_generation(r));
-            match h.bucket {
-                b if usize::from(b) < T => plan.counts[usize::from(b)][0] += 1,
-                NO_TASK => plan.plain += 1,
-                _ => plan.unbucketed += 1,
-            }
-            h.headroom = after;
-            marks[usize::from(slot)] = mark::SCHEDULED;
-            used += u64::from(tokens);
-            room -= 1;
-            beam = h.beam;
-            i += 1;
+            Exit::End
         };
-        self.budget.set_raw(used, max_requests.max(requests) - room);
+        let charged = cap.saturating_sub(used) - tokens_left;
+        self.budget
+            .set_raw(used + charged, max_requests.max(requests) - room);
         self.beam = beam;
         (i, exit)
     }
