@@ -1,46 +1,12 @@
 //! The page pool's unit tests.
 use super::*;
 
-struct Buf {
-    gpu: [u32; 8],
-    host: [u32; 4],
-    tables: [u32; 16],
-    seqs: [Seq; 4],
-    moves: [PageMove; 12],
-}
+/// 8 GPU pages, up to 4 host pages, 4 slots of 4 pages, 4 tokens a page.
+type Buf = crate::testing::Mem<8, 4, 4, 16, 12>;
 
-impl Buf {
-    fn new() -> Self {
-        Self {
-            gpu: [0; 8],
-            host: [0; 4],
-            tables: [0; 16],
-            seqs: [Seq::default(); 4],
-            moves: [PageMove::default(); 12],
-        }
-    }
-    fn pool(&mut self, host: bool) -> KvPool<'_> {
-        let host_pages = if host { 4 } else { 0 };
-        let cfg = KvPoolConfig {
-            tokens_per_block: 4,
-            gpu_pages: 8,
-            host_pages,
-            slots: 4,
-            max_blocks: 4,
-        };
-        let moves_len = cfg.move_log_len();
-        KvPool::new(
-            cfg,
-            KvStorage {
-                gpu_free: &mut self.gpu,
-                host_free: &mut self.host[..host_pages as usize],
-                tables: &mut self.tables,
-                seqs: &mut self.seqs,
-                moves: &mut self.moves[..moves_len],
-            },
-        )
-        .unwrap()
-    }
+/// The pool, with or without its host tier.
+fn pool(b: &mut Buf, host: bool) -> KvPool<'_> {
+    b.pool(if host { 4 } else { 0 }, 4)
 }
 
 fn r(slot: u16) -> KvRef {
@@ -58,7 +24,7 @@ const FIRST: ContextPrep = ContextPrep {
 #[test]
 fn grow_suspend_to_host_and_resume_moves_every_page() {
     let mut b = Buf::new();
-    let mut p = b.pool(true);
+    let mut p = pool(&mut b, true);
     assert_eq!(p.prepare_context(r(0), FIRST), Some(0));
     assert!(p.resize_context(r(0), 8, true));
     assert_eq!(p.gpu_free(), 6);
@@ -83,7 +49,7 @@ fn grow_suspend_to_host_and_resume_moves_every_page() {
 #[test]
 fn suspension_without_a_host_tier_holds_the_pages() {
     let mut b = Buf::new();
-    let mut p = b.pool(false);
+    let mut p = pool(&mut b, false);
     p.prepare_context(r(1), FIRST).unwrap();
     assert!(p.resize_context(r(1), 16, true));
     p.suspend(r(1));
@@ -96,7 +62,7 @@ fn suspension_without_a_host_tier_holds_the_pages() {
 #[test]
 fn exhaustion_is_all_or_nothing() {
     let mut b = Buf::new();
-    let mut p = b.pool(false);
+    let mut p = pool(&mut b, false);
     p.prepare_context(r(0), FIRST).unwrap();
     assert!(p.resize_context(r(0), 16, true));
     p.prepare_context(r(1), FIRST).unwrap();

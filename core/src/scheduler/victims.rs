@@ -136,9 +136,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             let task = rc.task();
             (rc.into(), task)
         });
+        self.freed(slot, task, mark::RECOMPUTED);
+    }
+
+    /// After a recompute pause or a preemption: the lease's return reported to the plan, no KV headroom
+    /// left, the request marked for the rest of the pass, the pass counted as progress.
+    fn freed(&mut self, slot: u16, task: Option<crate::adapter::TaskRef>, bit: u8) {
         self.lease_returned(task);
         self.table.set_headroom(slot, 0);
-        self.mark(slot, mark::RECOMPUTED);
+        self.mark(slot, bit);
         self.recomputes += 1;
     }
 
@@ -158,10 +164,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             let task = rc.task();
             (rc.into(), task)
         });
-        self.lease_returned(task);
-        self.table.set_headroom(slot, 0);
-        self.mark(slot, mark::PREEMPTED);
-        self.recomputes += 1;
+        self.freed(slot, task, mark::PREEMPTED);
         self.stats.preemptions += 1;
     }
 
