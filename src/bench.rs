@@ -422,6 +422,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
                 first_chunk: true,
                 prompt: r.spec.prompt,
                 position: 0,
+                lookahead: 0,
             };
             assert_eq!(pool.prepare_context(kr, prep), Some(0));
             assert!(

@@ -1,7 +1,7 @@
 //! Heap-backed storage for the core's borrowed-storage page pool (the core itself never allocates).
 
 use kvsched_core::kv::PageMove;
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStorage, Seq};
 
 /// Owns the buffers of one [`KvPool`]; lend them with [`KvMemory::pool`].
 #[derive(Debug, Clone)]
@@ -12,6 +12,16 @@ pub struct KvMemory {
     tables: Vec<u32>,
     seqs: Vec<Seq>,
     moves: Vec<PageMove>,
+    /// The prefix cache's buffers, when the pool has one.
+    prefix: Option<PrefixMemory>,
+}
+
+/// The buffers of a prefix cache.
+#[derive(Debug, Clone)]
+struct PrefixMemory {
+    pages: Vec<PageInfo>,
+    index: Vec<u32>,
+    hashes: Vec<u64>,
 }
 
 impl KvMemory {
@@ -24,21 +34,36 @@ impl KvMemory {
             tables: vec![0; cfg.table_len()],
             seqs: vec![Seq::default(); cfg.slots as usize],
             moves: vec![PageMove::default(); cfg.move_log_len()],
+            prefix: None,
         }
+    }
+
+    /// Buffers sized for `cfg`, with a prefix cache.
+    pub fn with_prefix_cache(cfg: KvPoolConfig) -> Self {
+        let mut m = Self::new(cfg);
+        m.prefix = Some(PrefixMemory {
+            pages: vec![PageInfo::default(); cfg.page_info_len()],
+            index: vec![0; cfg.index_len()],
+            hashes: vec![0; cfg.table_len()],
+        });
+        m
+    }
+
+    /// [`KvMemory::try_new`] with a prefix cache.
+    pub fn try_with_prefix_cache(cfg: KvPoolConfig) -> Result<Self, kvsched_core::Error> {
+        let mut m = Self::try_new(cfg)?;
+        m.prefix = Some(PrefixMemory {
+            pages: buffer(cfg.page_info_len(), PageInfo::default())?,
+            index: buffer(cfg.index_len(), 0)?,
+            hashes: buffer(cfg.table_len(), 0)?,
+        });
+        Ok(m)
     }
 
     /// Buffers sized for `cfg`, after checking the geometry ([`KvPoolConfig::validate`]) and reserving
     /// the memory: an invalid or unaffordable geometry is an error, never an abort.
     pub fn try_new(cfg: KvPoolConfig) -> Result<Self, kvsched_core::Error> {
         cfg.validate()?;
-        fn buffer<T: Clone>(len: usize, fill: T) -> Result<Vec<T>, kvsched_core::Error> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(len).map_err(|_| {
-                kvsched_core::Error::Invalid("KV pool buffers do not fit in memory")
-            })?;
-            v.resize(len, fill);
-            Ok(v)
-        }
         Ok(Self {
             cfg,
             gpu_free: buffer(cfg.gpu_pages as usize, 0)?,
@@ -46,6 +71,7 @@ impl KvMemory {
             tables: buffer(cfg.table_len(), 0)?,
             seqs: buffer(cfg.slots as usize, Seq::default())?,
             moves: buffer(cfg.move_log_len(), PageMove::default())?,
+            prefix: None,
         })
     }
 
@@ -59,6 +85,11 @@ impl KvMemory {
                 tables: &mut self.tables,
                 seqs: &mut self.seqs,
                 moves: &mut self.moves,
+                prefix: self.prefix.as_mut().map(|p| PrefixStorage {
+                    pages: &mut p.pages,
+                    index: &mut p.index,
+                    hashes: &mut p.hashes,
+                }),
             },
         )
     }
@@ -68,5 +99,19 @@ impl KvMemory {
         (self.gpu_free.len() + self.host_free.len() + self.tables.len()) * 4
             + self.seqs.len() * std::mem::size_of::<Seq>()
             + self.moves.len() * std::mem::size_of::<PageMove>()
+            + self.prefix.as_ref().map_or(0, |p| {
+                p.pages.len() * std::mem::size_of::<PageInfo>()
+                    + p.index.len() * 4
+                    + p.hashes.len() * 8
+            })
     }
+}
+
+/// A buffer of `len` copies of `fill`, reserved first: an allocation that cannot be had is an error.
+fn buffer<T: Clone>(len: usize, fill: T) -> Result<Vec<T>, kvsched_core::Error> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| kvsched_core::Error::Invalid("KV pool buffers do not fit in memory"))?;
+    v.resize(len, fill);
+    Ok(v)
 }

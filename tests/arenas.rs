@@ -6,7 +6,7 @@ use kvsched::memory::KvMemory;
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
 use kvsched_core::kv::Tier;
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
-use kvsched_core::page_pool::{KvPoolConfig, SeqState};
+use kvsched_core::page_pool::{page_of, KvPoolConfig, SeqState};
 use kvsched_core::request::{RequestId, TaskId};
 use proptest::prelude::*;
 
@@ -56,7 +56,7 @@ proptest! {
             let host_used: u32 = m.iter().filter(|x| x.state != SeqState::None && x.on_host).map(|x| blocks(x.capacity)).sum();
             match op {
                 KvOp::Prepare(s) => {
-                    let ok = kv.prepare_context(r(s), ContextPrep { first_chunk: true, prompt: 32, position: 0 }).is_some();
+                    let ok = kv.prepare_context(r(s), ContextPrep { first_chunk: true, prompt: 32, position: 0 , lookahead: 0}).is_some();
                     let x = &mut m[s as usize];
                     match x.state {
                         SeqState::None => { prop_assert!(ok); *x = M { state: SeqState::Active, capacity: 0, on_host: false }; }
@@ -106,22 +106,22 @@ proptest! {
                     m[s as usize] = M::default();
                 }
             }
-            prop_assert!(kv.check(), "page conservation per tier");
+            prop_assert!(kv.audit(&mut vec![0; kv.config().page_info_len()]), "page conservation per tier");
             for s in 0..6u16 {
                 let q = kv.seq(s);
                 let x = m[s as usize];
                 prop_assert_eq!(q.state, x.state);
                 if x.state != SeqState::None {
                     prop_assert_eq!(q.capacity, x.capacity);
-                    prop_assert_eq!(q.on_host, x.on_host);
+                    let want = if x.on_host { Tier::Host } else { Tier::Gpu };
+                    prop_assert!(kv.table(s).iter().all(|&e| page_of(e).0 == want), "slot {} tier", s);
                     prop_assert_eq!(q.blocks, blocks(x.capacity));
                 }
             }
             // No page is in two tables, and no table page is free.
             let mut owner = std::collections::HashMap::new();
             for s in 0..6u16 {
-                let tier = if kv.seq(s).on_host { Tier::Host } else { Tier::Gpu };
-                for &p in kv.table(s) {
+                for (tier, p) in kv.table(s).iter().map(|&e| page_of(e)) {
                     prop_assert!(owner.insert((tier as u8, p), s).is_none(), "page {:?} owned twice", (tier, p));
                 }
             }

@@ -361,6 +361,7 @@ fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
         first_chunk: true,
         prompt: 4,
         position: 0,
+        lookahead: 0,
     };
     use kvsched_core::kv::KvBackend;
     pool.prepare_context(r, prep).unwrap();
@@ -466,6 +467,7 @@ fn storage_case(cfg: KvPoolConfig, lens: [usize; 5], case: &str) {
             tables: &mut tables,
             seqs: &mut seqs,
             moves: &mut moves,
+            prefix: None,
         },
     )
     .map(|_| ())

@@ -63,6 +63,12 @@ pub trait PeftBackend {
         tasks: &[TaskRef],
         load: &mut dyn FnMut(TaskRef),
     ) -> Result<(), PeftError>;
+    /// The version of the task's weights: KV computed under one version is never reused under another
+    /// (a reload under the same task id gives it a new version).
+    fn cache_identity(&self, task: TaskRef) -> u64 {
+        let _ = task;
+        0
+    }
     /// Hands `evicted` the tasks evicted from the device since the last call, in order (their device
     /// pages are free for reuse); the log is then empty. A backend without device memory logs nothing.
     fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
@@ -120,6 +126,8 @@ pub struct TaskEntry {
     pub on_host: bool,
     /// Last use, for least-recently-used eviction.
     pub last_use: u64,
+    /// The version of its weights (bumped by [`AdapterPool::reload`]): the prefix cache keys KV by it.
+    pub version: u64,
 }
 
 /// Counters of adapter-cache activity.
@@ -191,9 +199,52 @@ impl<const T: usize> AdapterPool<T> {
                 on_device: false,
                 on_host: false,
                 last_use: 0,
+                version: 0,
             })
             .map_err(|_| PeftError::TaskTableFull)?;
         Ok(TaskRef { id, slot })
+    }
+
+    /// Replaces a registered task's weights (a new adapter under the same task id, `pages` pages): its
+    /// cached copies are dropped (a device copy is logged as evicted, for the binding) and its version is
+    /// bumped, so KV computed under the old weights is never reused under the new ones. Refused, changing
+    /// nothing, while a request holds or is paused on the task, or for an adapter larger than the cache.
+    pub fn reload(&mut self, id: TaskId, pages: u32) -> Result<TaskRef, PeftError> {
+        let slot = self
+            .tasks
+            .iter()
+            .position(|t| t.id == id)
+            .ok_or(PeftError::UnknownTask(id))?;
+        let capacity = self.device_pages.min(self.host_pages);
+        if pages == 0 || pages > capacity {
+            return Err(PeftError::AdapterTooLarge {
+                task: id,
+                pages,
+                capacity,
+            });
+        }
+        let t = self.tasks[slot];
+        if t.active > 0 || t.paused > 0 {
+            return Err(PeftError::TaskBusy(id));
+        }
+        let task = TaskRef {
+            id,
+            slot: slot as u16,
+        };
+        if t.on_device {
+            self.device_used -= t.pages;
+            let logged = self.device_evicted.push(task);
+            debug_assert!(logged.is_ok(), "one eviction per task before its next load");
+        }
+        if t.on_host {
+            self.host_used -= t.pages;
+        }
+        let e = &mut self.tasks[slot];
+        e.on_device = false;
+        e.on_host = false;
+        e.pages = pages;
+        e.version += 1;
+        Ok(task)
     }
 
     /// The task entries.
@@ -327,6 +378,10 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
 
     fn determine_num_pages(&mut self, _req: RequestId, task: TaskRef) -> u32 {
         self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+    }
+
+    fn cache_identity(&self, task: TaskRef) -> u64 {
+        self.tasks.get(task.slot as usize).map_or(0, |t| t.version)
     }
 
     fn can_admit(&self, task: TaskRef) -> bool {

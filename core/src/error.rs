@@ -34,6 +34,8 @@ pub enum PeftError {
     TaskTableFull,
     /// The task is already registered.
     DuplicateTask(TaskId),
+    /// A request holds or is paused on the task (its weights cannot be replaced now).
+    TaskBusy(TaskId),
 }
 
 impl fmt::Display for PeftError {
@@ -53,6 +55,11 @@ impl fmt::Display for PeftError {
             ),
             Self::TaskTableFull => f.write_str("adapter task table is full"),
             Self::DuplicateTask(t) => write!(f, "LoRA task {} is already registered", t.0),
+            Self::TaskBusy(t) => write!(
+                f,
+                "LoRA task {} is in use by a request: its weights can be replaced once none holds or is paused on it",
+                t.0
+            ),
         }
     }
 }

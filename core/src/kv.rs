@@ -30,6 +30,8 @@ pub struct ContextPrep {
     pub prompt: u32,
     /// Tokens already in the cache.
     pub position: u32,
+    /// Draft tokens the request looks ahead: a first chunk's reuse stops this many tokens earlier.
+    pub lookahead: u32,
 }
 
 /// A memory tier.
@@ -108,6 +110,27 @@ pub trait KvBackend {
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool;
     /// Most tokens one request can ever hold (admission refuses larger requests).
     fn max_tokens_per_request(&self) -> u64;
+    /// The prompt's block hashes (one per full block, in order, computed by the engine) and the request's
+    /// prefix root (its adapter identity and cache salt), set before the request has a cache. A backend
+    /// without a prefix cache ignores them.
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        let _ = (r, root, hashes);
+    }
+    /// The request's prompt KV is computed up to `computed` tokens: its full blocks may join the prefix
+    /// cache.
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        let _ = (r, computed);
+    }
+    /// Block reuse is on for every block (the reference's ALL_REUSABLE policy): the pass may defer a first
+    /// chunk behind another request that contributes its first new block (spec §1.10).
+    fn prefix_skip(&self) -> bool {
+        false
+    }
+    /// Side-effect free: the key of the first block the request would newly contribute (spec §1.10).
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        let _ = (r, prep);
+        None
+    }
     /// The page moves logged since the last call, in order; the log is then empty. A backend without
     /// a lower tier (or without memory behind it) logs nothing.
     fn take_moves(&mut self) -> &[PageMove] {

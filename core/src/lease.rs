@@ -193,7 +193,8 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         if let Some(p) = paused {
             p._bomb.defuse();
         }
-        if self.pages[s] == 0 {
+        if self.leases[s] == 0 {
+            // The first lease reads the page count afresh (a reloaded adapter may have a new size).
             self.pages[s] = self.backend.determine_num_pages(req, task);
         }
         self.ids[s] = task.id;

@@ -50,6 +50,7 @@ impl<const G: usize, const H: usize, const S: usize, const TB: usize, const M: u
                 tables: &mut self.tables,
                 seqs: &mut self.seqs,
                 moves: &mut self.moves[..moves],
+                prefix: None,
             },
         )
         .expect("a valid test pool")
@@ -65,6 +66,7 @@ pub(crate) fn place(kv: &mut KvPool<'_>, r: KvRef, tokens: u32) {
         first_chunk: true,
         prompt: tokens,
         position: 0,
+        lookahead: 0,
     };
     assert!(kv.prepare_context(r, prep).is_some());
     assert!(kv.resize_context(r, tokens, true));

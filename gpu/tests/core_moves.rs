@@ -13,7 +13,7 @@ mod common;
 
 use common::{cuda_property, fail, pattern};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PageMove};
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
+use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
 use kvsched_core::request::RequestId;
 use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, KvPages, PoolShape, Tier};
 use proptest::prelude::*;
@@ -78,14 +78,6 @@ fn kv_ref(slot: u16) -> KvRef {
     }
 }
 
-fn tier_of(seq: Seq) -> Tier {
-    if seq.on_host {
-        Tier::Host
-    } else {
-        Tier::Gpu
-    }
-}
-
 struct Harness {
     /// The binding under test: the pool's move log as store calls.
     binding: KvPages,
@@ -107,6 +99,7 @@ impl Harness {
                     first_chunk: true,
                     prompt: tokens,
                     position: 0,
+                    lookahead: 0,
                 };
                 if pool.prepare_context(kv_ref(slot), prep).is_some()
                     && pool.seq(slot).state == SeqState::Active
@@ -148,10 +141,11 @@ impl Harness {
             let seq = pool.seq(slot);
             let contents = &mut self.contents[usize::from(slot)];
             contents.truncate(seq.blocks as usize);
-            for &page in &pool.table(slot)[contents.len()..] {
+            for &entry in &pool.table(slot)[contents.len()..] {
+                let (tier, page) = page_of(entry);
                 let bytes = pattern(self.next_seed, SHAPE.page_bytes);
                 self.next_seed += 1;
-                mem.write_page(tier_of(seq), page, &bytes).map_err(fail)?;
+                mem.write_page(tier, page, &bytes).map_err(fail)?;
                 contents.push(bytes);
             }
         }
@@ -159,12 +153,15 @@ impl Harness {
     }
 
     fn check<M: KvMemory>(&self, pool: &KvPool<'_>, mem: &M) -> Result<(), TestCaseError> {
-        prop_assert!(pool.check(), "KvPool::check");
+        prop_assert!(
+            pool.audit(&mut vec![0; pool.config().page_info_len()]),
+            "KvPool::audit"
+        );
         for tier in [Tier::Gpu, Tier::Host] {
             let mut owners = vec![0u32; SHAPE.pages(tier) as usize];
             for slot in 0..SLOTS {
-                if tier_of(pool.seq(slot)) == tier {
-                    for &page in pool.table(slot) {
+                for (entry_tier, page) in pool.table(slot).iter().map(|&e| page_of(e)) {
+                    if entry_tier == tier {
                         owners[page as usize] += 1;
                     }
                 }
@@ -190,22 +187,22 @@ impl Harness {
         }
         let mut out = vec![0; SHAPE.page_bytes];
         for slot in 0..SLOTS {
-            let seq = pool.seq(slot);
             let table = pool.table(slot);
             prop_assert_eq!(table.len(), self.contents[usize::from(slot)].len());
-            for (block, (&page, expected)) in table
+            for (block, (&entry, expected)) in table
                 .iter()
                 .zip(&self.contents[usize::from(slot)])
                 .enumerate()
             {
-                mem.read_page(tier_of(seq), page, &mut out).map_err(fail)?;
+                let (tier, page) = page_of(entry);
+                mem.read_page(tier, page, &mut out).map_err(fail)?;
                 prop_assert_eq!(
                     &out,
                     expected,
                     "slot {} block {} at {} page {}",
                     slot,
                     block,
-                    tier_of(seq),
+                    tier,
                     page
                 );
             }
@@ -218,8 +215,8 @@ impl Harness {
 fn free_pages(pool: &KvPool<'_>, tier: Tier) -> Vec<u32> {
     let mut used = vec![false; SHAPE.pages(tier) as usize];
     for slot in 0..SLOTS {
-        if tier_of(pool.seq(slot)) == tier {
-            for &page in pool.table(slot) {
+        for (entry_tier, page) in pool.table(slot).iter().map(|&e| page_of(e)) {
+            if entry_tier == tier {
                 used[page as usize] = true;
             }
         }
@@ -242,6 +239,7 @@ fn run<M: KvMemory>(mem: &mut M, ops: &[Op]) -> Result<KvStats, TestCaseError> {
         tables: &mut tables,
         seqs: &mut seqs,
         moves: &mut moves,
+        prefix: None,
     };
     let mut pool =
         KvPool::new(CONFIG, storage).map_err(|error| TestCaseError::fail(format!("{error:?}")))?;

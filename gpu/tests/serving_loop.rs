@@ -29,7 +29,7 @@ use common::{cuda_or_skip, pattern};
 use kvsched_core::adapter::{AdapterPool, TaskRef};
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
 use kvsched_core::kv::PageMove;
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
+use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
 use kvsched_core::request::{Ownership, RequestSpec, TaskId};
 use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::{Error, Phase, SchedulerOutput};
@@ -202,14 +202,6 @@ impl Totals {
     }
 }
 
-fn tier_of(seq: Seq) -> Tier {
-    if seq.on_host {
-        Tier::Host
-    } else {
-        Tier::Gpu
-    }
-}
-
 type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<T>, N, T>;
 
 /// Follows `live`'s blocks through this iteration's move log, checks the result against the
@@ -237,18 +229,18 @@ fn follow<K: KvMemory>(
         }
     }
     let table = pool.table(slot);
-    let tier = tier_of(seq);
     let kept = live.blocks.len().min(table.len());
-    for (index, (block, &page)) in live.blocks.iter().zip(table).enumerate() {
+    for (index, (block, &entry)) in live.blocks.iter().zip(table).enumerate() {
         assert_eq!(
             (block.tier, block.page),
-            (tier, page),
+            page_of(entry),
             "request {} block {index}: the move log and the table disagree",
             live.id
         );
     }
     live.blocks.truncate(kept);
-    for (index, &page) in table.iter().enumerate().skip(kept) {
+    for (index, &entry) in table.iter().enumerate().skip(kept) {
+        let (tier, page) = page_of(entry);
         let seed = block_seed(live.id, index, live.incarnations);
         live.incarnations += 1;
         kv_mem
@@ -415,6 +407,7 @@ fn serve<K: KvMemory, A: AdapterMemory>(
             tables: &mut tables,
             seqs: &mut seqs,
             moves: &mut moves,
+            prefix: None,
         },
     )
     .expect("KV pool");
@@ -544,7 +537,8 @@ fn serve<K: KvMemory, A: AdapterMemory>(
 
         // The checks.
         assert!(sched.check(), "Scheduler::check");
-        assert!(sched.kv().check(), "KvPool::check");
+        let pages = sched.kv().config().page_info_len();
+        assert!(sched.kv().audit(&mut vec![0; pages]), "KvPool::audit");
         assert!(sched.adapters().backend().check(), "AdapterPool::check");
         check_tables(staged.rows, &sched, &out, kv_mem);
         totals.pages_checked += check_kv(&live, sched.kv(), kv_mem);

@@ -25,7 +25,7 @@ pub fn kvsched_probe() -> u32 {
     let mut moves = [PageMove::default(); 64];
     let Ok(kv) = KvPool::new(
         cfg,
-        KvStorage { gpu_free: &mut gpu, host_free: &mut [], tables: &mut tables, seqs: &mut seqs, moves: &mut moves },
+        KvStorage { gpu_free: &mut gpu, host_free: &mut [], tables: &mut tables, seqs: &mut seqs, moves: &mut moves , prefix: None},
     ) else {
         return 0;
     };

@@ -277,7 +277,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.
 fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     let mut bad = 0;
-    bad += u64::from(!s.kv().check());
+    let pages = s.kv().config().page_info_len();
+    bad += u64::from(!s.kv().audit(&mut vec![0; pages]));
     let pool = s.adapters().backend();
     bad += u64::from(!pool.check());
     for (slot, t) in pool.tasks().iter().enumerate() {

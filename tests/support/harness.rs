@@ -1029,8 +1029,10 @@ impl<'a> Harness<'a> {
     pub fn check(&self) -> Result<(), String> {
         let s = &self.sched;
         let pool = &s.kv().inner;
-        if !pool.check() {
-            return Err("KV page conservation broken".into());
+        if !pool.audit(&mut vec![0; pool.config().page_info_len()]) {
+            return Err(
+                "KV pool audit failed (page conservation, reference counts, prefix cache)".into(),
+            );
         }
         // Requests: exactly the model's, in arrival order.
         let got: Vec<u64> = s.requests().map(|(_, e)| e.spec().id.0).collect();

@@ -1,5 +1,7 @@
 //! The page pool's unit tests.
 use super::*;
+use crate::kv::{ContextPrep, KvBackend, KvRef};
+use crate::request::RequestId;
 
 /// 8 GPU pages, up to 4 host pages, 4 slots of 4 pages, 4 tokens a page.
 type Buf = crate::testing::Mem<8, 4, 4, 16, 12>;
@@ -19,6 +21,7 @@ const FIRST: ContextPrep = ContextPrep {
     first_chunk: true,
     prompt: 8,
     position: 0,
+    lookahead: 0,
 };
 
 #[test]

@@ -26,26 +26,34 @@ pub(crate) struct Admission {
 }
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
-    fn kv_ref(&self, slot: u16) -> KvRef {
+    /// What the KV backend learns of a context request.
+    pub(crate) fn context_prep(&self, slot: u16, first: bool) -> ContextPrep {
+        let s = self.table.entry(slot).spec();
+        ContextPrep {
+            first_chunk: first,
+            prompt: s.prompt,
+            position: s.position,
+            lookahead: s.draft,
+        }
+    }
+
+    pub(crate) fn kv_ref(&self, slot: u16) -> KvRef {
         KvRef {
             slot,
             id: self.table.entry(slot).spec().id,
         }
     }
 
-    /// Prepares the cache; a first chunk's reused prefix moves the position.
+    /// Prepares the cache; a first chunk's cursor moves to its reused prefix (spec §2
+    /// `prepare_context`: set to the reused depth, so a first chunk with a stale cursor and no match is
+    /// rewound to 0).
     fn prepare(&mut self, slot: u16, first: bool) -> bool {
         let r = self.kv_ref(slot);
-        let s = self.table.entry(slot).spec();
-        let prep = ContextPrep {
-            first_chunk: first,
-            prompt: s.prompt,
-            position: s.position,
-        };
+        let prep = self.context_prep(slot, first);
         match self.kv.prepare_context(r, prep) {
             None => false,
             Some(reused) => {
-                if first && reused > 0 {
+                if first {
                     self.table.edit(slot, |e| {
                         let s = e.spec_mut();
                         s.position = reused.min(s.prompt);

@@ -23,6 +23,7 @@ use super::table::Held;
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
     /// Phase 2 over the deferred requests.
     pub(crate) fn context_phase(&mut self) {
+        self.begin_prefix_skip();
         let mut k = 0;
         while k < self.pending.len() {
             let p = self.pending[k];
@@ -41,7 +42,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let slot = self.table.slot(i);
         let e = self.table.entry(slot);
         let phase = e.spec().phase;
-        let first = e.spec().position == 0;
+        let first = self.first_chunk(slot);
         if let Some(c) = self.cfg.chunking {
             if phase == Phase::ContextInit && !self.budget.has_chunk_budget(c.policy, c.unit) {
                 return Step::Skip;
@@ -51,13 +52,21 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         if self.marked(slot, mark::PREEMPTED) || closed {
             return Step::Skip;
         }
+        // §1.6 step 5: before the adapter and any KV call, so a deferral costs nothing.
+        let Ok(key) = self.prefix_probe(slot) else {
+            return Step::Skip;
+        };
         let Some(pages) = self.peft_need(slot) else {
             return Step::Skip;
         };
         if phase == Phase::EncoderInit {
             return self.try_encoder(slot, pages);
         }
-        self.try_context(i, pages, planned)
+        let step = self.try_context(i, pages, planned);
+        if let (Step::Scheduled, Some(k)) = (step, key) {
+            self.contribute(k);
+        }
+        step
     }
 
     /// §1.6 step 7: an encoder request costs its encoder length and touches no KV pool.
@@ -92,7 +101,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             // lease would be refused after the pages were found.
             return Step::Skip;
         }
-        let first = self.table.entry(slot).spec().position == 0;
+        let first = self.first_chunk(slot);
         let admitted = match self.cfg.chunking {
             None => self.context_whole(i, first),
             Some(_) => self.context_chunked(i, first, planned),

@@ -34,7 +34,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             || !out.encoder().is_empty()
             || !out.disagg().is_empty()
             || self.evictions > 0
-            || self.recomputes > 0;
+            || self.recomputes > 0
+            || self.deferred;
         if progress || !self.has_candidates() || self.transfer_holds_pages() {
             *stall = 0;
             return Ok(());

@@ -34,6 +34,7 @@ mod generation;
 mod pass;
 mod plan;
 mod preempt;
+mod prefix;
 mod sort;
 mod table;
 mod victims;
@@ -55,6 +56,28 @@ use crate::request::{MovesTaken, Ownership, RequestId, RequestSpec};
 
 use pass::{Pass, Scratch};
 use table::{Held, Table};
+
+impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPool<T>, N, T> {
+    /// Registers an adapter with the adapter cache (see [`crate::AdapterPool::register`]).
+    pub fn register_adapter(
+        &mut self,
+        id: crate::request::TaskId,
+        pages: u32,
+    ) -> Result<TaskRef, PeftError> {
+        self.desk.backend_mut().register(id, pages)
+    }
+
+    /// Replaces an adapter's weights under the same task id (see [`crate::AdapterPool::reload`]): requests
+    /// submitted from now on get a new prefix identity, so the KV cached under the old weights is never
+    /// reused.
+    pub fn reload_adapter(
+        &mut self,
+        id: crate::request::TaskId,
+        pages: u32,
+    ) -> Result<TaskRef, PeftError> {
+        self.desk.backend_mut().reload(id, pages)
+    }
+}
 
 /// How a request starts when it is adopted with resources a backend already holds (restoring state, or
 /// scripted scenarios).
@@ -249,7 +272,50 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// Submits a new request (it owns nothing until the pass admits it). Refuses, changing nothing: a
     /// duplicate id, an unknown LoRA task, a request larger than the KV pool, a full table.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<Handle, Error> {
-        self.adopt(spec, Adopt::Waiting)
+        self.submit_with_prefix(spec, 0, &[])
+    }
+
+    /// Submits a new request with its prompt's block hashes — one per full block of `tokens_per_block`
+    /// tokens, in order, computed by the engine over the tokens (the core stores no tokens) — and a cache
+    /// salt. With a prefix cache in the KV backend, its first chunk reuses the cached blocks of its
+    /// prompt, and its computed blocks are cached for others, only among requests of the same adapter
+    /// identity (task and weights version, or the base model) and salt. Refuses as [`Self::submit`].
+    pub fn submit_with_prefix(
+        &mut self,
+        spec: RequestSpec,
+        salt: u64,
+        hashes: &[u64],
+    ) -> Result<Handle, Error> {
+        let h = self.adopt(spec, Adopt::Waiting)?;
+        let e = self.table.entry(h.index());
+        let r = KvRef {
+            slot: h.index(),
+            id: e.spec().id,
+        };
+        let root = self.prefix_root(e.task(), e.spec().lora, salt);
+        self.kv.set_prefix(r, root, hashes);
+        Ok(h)
+    }
+
+    /// A request's prefix root: its adapter identity (the task and the version of its weights, a LoRA id
+    /// without an adapter cache, or the base model) chained with its cache salt. KV computed under one
+    /// root is never matched under another.
+    fn prefix_root(
+        &self,
+        task: Option<TaskRef>,
+        lora: Option<crate::request::TaskId>,
+        salt: u64,
+    ) -> u64 {
+        use crate::page_pool::chain;
+        let identity = match (task, lora) {
+            (Some(t), _) => {
+                let version = self.desk.backend().cache_identity(t);
+                chain(chain(1, t.id.0), version)
+            }
+            (None, Some(id)) => chain(2, id.0),
+            (None, None) => 3,
+        };
+        chain(identity, salt)
     }
 
     /// Submits a request that already has a cache in the KV backend (restoring state; scripted tests):
@@ -346,10 +412,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             plan,
             listed,
             chunks,
+            contributed,
             ..
         } = &mut self.scratch;
         let parts = pass::Parts {
             marks,
+            contributed,
             pending,
             plan,
         };
@@ -426,13 +494,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             if !self.table.is_live(l.slot(), l.handle().generation()) {
                 continue;
             }
-            self.table.edit(l.slot(), |e| {
+            let (id, position) = self.table.edit(l.slot(), |e| {
                 let s = e.spec_mut();
                 s.position = s.position.saturating_add(c.tokens).min(s.prompt);
                 if s.position >= s.prompt {
                     s.phase = Phase::GenerationInProgress;
                 }
+                (s.id, s.position)
             });
+            // The chunk's blocks are computed: they may join the prefix cache.
+            let r = KvRef { slot: l.slot(), id };
+            self.kv.commit(r, position);
         }
         for l in out.recompute_paused() {
             if !self.table.is_live(l.slot(), l.handle().generation()) {

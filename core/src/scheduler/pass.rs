@@ -64,6 +64,8 @@ pub(crate) struct Scratch<const N: usize, const T: usize> {
     pub(crate) plan: Plan<T>,
     pub(crate) listed: [Listed; N],
     pub(crate) chunks: [Chunk; N],
+    /// Prefix-aware skip: the first new block keys contributed this pass.
+    pub(crate) contributed: heapless::Vec<u64, N>,
     /// Slots to settle when the engine takes the page moves (outside a pass).
     pub(crate) pending_slots: heapless::Vec<u16, N>,
 }
@@ -76,6 +78,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
             plan: Plan::new(),
             listed: [Listed::default(); N],
             chunks: [Chunk::default(); N],
+            contributed: heapless::Vec::new(),
             pending_slots: heapless::Vec::new(),
         }
     }
@@ -84,6 +87,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
 /// The scratch a pass borrows for its marks, pending list and plan.
 pub(crate) struct Parts<'a, const N: usize, const T: usize> {
     pub(crate) marks: &'a mut [u8; N],
+    pub(crate) contributed: &'a mut heapless::Vec<u64, N>,
     pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
     pub(crate) plan: &'a mut Plan<T>,
 }
@@ -107,6 +111,10 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     pub(crate) table: &'a mut Table<N>,
     pub(crate) out: &'a mut SchedulerOutput<N>,
     pub(crate) marks: &'a mut [u8; N],
+    pub(crate) contributed: &'a mut heapless::Vec<u64, N>,
+    /// Prefix-aware skip is live this pass (`prefix.rs`), and deferred a request.
+    pub(crate) skip_live: bool,
+    pub(crate) deferred: bool,
     pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
     pub(crate) plan: &'a mut Plan<T>,
     pub(crate) budget: Budget,
@@ -151,6 +159,9 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             table,
             out,
             marks: parts.marks,
+            contributed: parts.contributed,
+            skip_live: false,
+            deferred: false,
             pending: parts.pending,
             plan: parts.plan,
             budget: Budget::new(cfg),

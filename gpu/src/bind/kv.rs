@@ -277,7 +277,7 @@ impl KvPages {
         for listed in block_table_rows(out) {
             let slot = listed.slot();
             let seq = pool.seq(slot);
-            if seq.state != SeqState::Active || seq.on_host {
+            if seq.state != SeqState::Active {
                 return Err(MemError::NotActive { slot });
             }
             mem.stage_block_table(rows, pool.table(slot))?;

@@ -1,0 +1,200 @@
+//! The pool as the scheduler's [`KvBackend`].
+
+use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
+
+use super::{blocks_for, KvPool, Seq, SeqState};
+
+impl KvPool<'_> {
+    /// `try_allocate_generation` beyond the fast path: new pages, or a suspended cache coming back.
+    #[inline(never)]
+    fn allocate_generation_general(&mut self, r: KvRef, grow: u32) -> bool {
+        let Some(i) = self.slot(r) else { return false };
+        let s = self.seqs[i];
+        let Some(target) = s.capacity.checked_add(grow) else {
+            return false;
+        };
+        match s.state {
+            SeqState::None => return false,
+            SeqState::Active => {
+                if !self.grow(i, target, r.id) {
+                    return false;
+                }
+            }
+            SeqState::Suspended => {
+                let extra = blocks_for(target, self.cfg.tokens_per_block).saturating_sub(s.blocks);
+                if blocks_for(target, self.cfg.tokens_per_block) > self.cfg.max_blocks
+                    || !self.resume_row(i, r.id, extra)
+                {
+                    return false;
+                }
+                let grown = self.grow(i, target, r.id);
+                debug_assert!(grown, "resume reserved the growth");
+            }
+        }
+        self.seqs[i].last_grow = grow;
+        true
+    }
+}
+
+impl KvBackend for KvPool<'_> {
+    fn tier_below_gpu(&self) -> bool {
+        self.cfg.host_pages > 0
+    }
+
+    fn can_evict(&self) -> bool {
+        self.cfg.host_pages > 0
+    }
+
+    fn has_cache(&self, r: KvRef) -> bool {
+        self.slot(r)
+            .is_some_and(|i| self.seqs[i].state != SeqState::None)
+    }
+
+    fn is_active(&self, r: KvRef) -> bool {
+        self.slot(r)
+            .is_some_and(|i| self.seqs[i].state == SeqState::Active)
+    }
+
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let i = self.slot(r)?;
+        match self.seqs[i].state {
+            SeqState::None if prep.first_chunk => {
+                self.seqs[i].state = SeqState::Active;
+                Some(self.match_prefix(i, prep, r.id))
+            }
+            SeqState::None => None,
+            SeqState::Active => Some(0),
+            SeqState::Suspended => self.resume_row(i, r.id, 0).then_some(0),
+        }
+    }
+
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
+        let Some(i) = self.slot(r) else { return false };
+        if self.seqs[i].state != SeqState::Active {
+            return false;
+        }
+        if self.grow(i, capacity, r.id) {
+            return true;
+        }
+        if first_chunk {
+            self.suspend(r);
+        }
+        false
+    }
+
+    #[inline]
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+        // The common decode step: an active cache whose pages already hold the growth; and its refusal
+        // when a page is needed but none can be had (the eviction ladder retries after every victim).
+        let (tpb, free, max_blocks) = (
+            self.cfg.tokens_per_block,
+            self.gpu_free_len,
+            self.cfg.max_blocks,
+        );
+        if let Some(s) = self.seqs.get_mut(r.slot as usize) {
+            if s.state == SeqState::Active {
+                let Some(target) = s.capacity.checked_add(grow) else {
+                    return false;
+                };
+                if u64::from(target) <= u64::from(s.blocks) * u64::from(tpb) {
+                    // target >= capacity: the checked sum did not overflow.
+                    s.capacity = target;
+                    s.last_grow = grow;
+                    return true;
+                }
+                if s.blocks >= max_blocks || (free == 0 && self.gpu_available() == 0) {
+                    return false;
+                }
+            }
+        }
+        self.allocate_generation_general(r, grow)
+    }
+
+    fn revert_allocate_generation(&mut self, r: KvRef) {
+        let Some(i) = self.slot(r) else { return };
+        let s = self.seqs[i];
+        if s.state != SeqState::Active || s.last_grow == 0 {
+            return;
+        }
+        let cap = s.capacity - s.last_grow;
+        self.seqs[i].capacity = cap;
+        self.seqs[i].last_grow = 0;
+        self.release_from(i, blocks_for(cap, self.cfg.tokens_per_block));
+    }
+
+    fn suspend(&mut self, r: KvRef) {
+        let Some(i) = self.slot(r) else { return };
+        if self.seqs[i].state == SeqState::Active {
+            self.suspend_row(i, r.id);
+        }
+    }
+
+    fn free(&mut self, r: KvRef) {
+        let Some(i) = self.slot(r) else { return };
+        if self.seqs[i].state != SeqState::None {
+            self.free_row(i);
+        }
+    }
+
+    fn preempt(&mut self, r: KvRef) {
+        self.free(r);
+    }
+
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        let Some(i) = self.slot(r) else { return false };
+        match self.seqs[i].state {
+            SeqState::None => {
+                self.seqs[i].state = SeqState::Active;
+                if self.grow(i, capacity, r.id) {
+                    true
+                } else {
+                    let s = self.seqs[i];
+                    self.seqs[i] = Seq {
+                        state: SeqState::None,
+                        ..s
+                    };
+                    false
+                }
+            }
+            SeqState::Active => self.grow(i, capacity, r.id),
+            SeqState::Suspended => {
+                let extra = blocks_for(capacity, self.cfg.tokens_per_block)
+                    .saturating_sub(self.seqs[i].blocks);
+                self.resume_row(i, r.id, extra) && self.grow(i, capacity, r.id)
+            }
+        }
+    }
+
+    fn max_tokens_per_request(&self) -> u64 {
+        self.cfg.max_blocks.min(self.cfg.gpu_pages) as u64 * self.cfg.tokens_per_block as u64
+    }
+
+    fn take_moves(&mut self) -> &[PageMove] {
+        let n = core::mem::take(&mut self.moves_len);
+        &self.moves[..n]
+    }
+
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        if let Some(i) = self.slot(r) {
+            if self.seqs[i].state == SeqState::None {
+                self.set_prefix_row(i, root, hashes);
+            }
+        }
+    }
+
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        if let Some(i) = self.slot(r) {
+            if self.seqs[i].state == SeqState::Active {
+                self.commit_row(i, computed);
+            }
+        }
+    }
+
+    fn prefix_skip(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        self.probe_row(self.slot(r)?, prep)
+    }
+}

@@ -1,0 +1,478 @@
+//! The fixed-capacity two-tier KV page pool: the built-in [`KvBackend`], with an optional prefix cache.
+//!
+//! Pages are `tokens_per_block` tokens each. The GPU tier and the optional host tier are each a fixed
+//! page arena with a free stack. Every request slot has a page table of at most `max_blocks` entries (a
+//! row of the block table attention kernels read) and a capacity in tokens. A table entry is a GPU page
+//! id, or a host page id tagged [`HOST`].
+//!
+//! Suspension moves a request's private pages GPU → host when the host tier has room (each move is
+//! logged for the copy engine, see [`KvBackend::take_moves`]); otherwise the pages stay HELD on the GPU
+//! and suspension frees nothing — which is why recompute pause and context-side preemption exist.
+//!
+//! With a prefix cache ([`PrefixStorage`], `prefix.rs`), committed full prompt blocks are indexed by
+//! their chained key and shared: a first chunk matches its prefix block by block (a block cached on the
+//! host tier is reloaded, one page copy), pages are reference-counted, a page referenced by any row is
+//! never freed, moved or overwritten, and suspension moves only private pages. Unreferenced cached blocks
+//! stay matchable until space is needed; then the oldest leaf is demoted to the host tier (or dropped).
+//!
+//! Invariant, after every operation (checked by [`KvPool::check`]): per tier, free pages + pages held by
+//! rows or cached = capacity, and no page is both free and held (plus `prefix.rs`'s). Every operation is
+//! all-or-nothing.
+//!
+//! Storage is borrowed ([`KvStorage`]), so the pool itself never allocates: place the buffers in
+//! statics, on the stack, or in a `Vec` owned by the caller.
+
+mod backend;
+mod prefix;
+mod rows;
+#[cfg(test)]
+mod tests;
+
+pub use prefix::{chain, PageInfo, PrefixStats};
+
+use crate::kv::{PageMove, Tier};
+use prefix::Prefix;
+
+/// The tag of a host page in a table entry.
+pub const HOST: u32 = 1 << 31;
+
+/// The tier and page id of a table entry.
+pub const fn page_of(entry: u32) -> (Tier, u32) {
+    if entry & HOST != 0 {
+        (Tier::Host, entry & !HOST)
+    } else {
+        (Tier::Gpu, entry)
+    }
+}
+
+/// State of one request slot's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SeqState {
+    /// No cache.
+    #[default]
+    None,
+    /// Active on the GPU.
+    Active,
+    /// Suspended: private pages on the host tier, or HELD on the GPU; shared pages HELD on the GPU.
+    Suspended,
+}
+
+/// Per-slot bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Seq {
+    /// Cache state.
+    pub state: SeqState,
+    /// Capacity in tokens.
+    pub capacity: u32,
+    /// Pages in the table.
+    pub blocks: u32,
+    /// Growth of the last `try_allocate_generation` (for revert).
+    pub last_grow: u32,
+    /// The request's prefix root (adapter identity and salt), set with its block hashes.
+    pub root: u64,
+    /// Prompt blocks with a hash.
+    pub hashed: u32,
+    /// Leading blocks committed to (or found in) the prefix cache.
+    pub committed: u32,
+    /// The key of the last committed block (the root when none).
+    pub chain: u64,
+}
+
+/// Geometry of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvPoolConfig {
+    /// Tokens per page.
+    pub tokens_per_block: u32,
+    /// GPU pages.
+    pub gpu_pages: u32,
+    /// Host pages (0 = no host tier).
+    pub host_pages: u32,
+    /// Request slots (at least the scheduler's `N`).
+    pub slots: u32,
+    /// Longest page table of one request.
+    pub max_blocks: u32,
+}
+
+impl KvPoolConfig {
+    /// Checks the geometry: every size at least 1 (the host tier may be 0), at most 65536 slots (a table
+    /// slot is a `u16`), one request's page table within `u32::MAX` tokens (capacities are `u32`), and
+    /// page ids below the host tag.
+    pub const fn validate(&self) -> Result<(), crate::Error> {
+        if self.tokens_per_block == 0
+            || self.gpu_pages == 0
+            || self.slots == 0
+            || self.max_blocks == 0
+        {
+            return Err(crate::Error::Invalid("KV pool sizes must be non-zero"));
+        }
+        if self.slots > u16::MAX as u32 + 1 {
+            return Err(crate::Error::Invalid(
+                "KV pool has more slots than a table slot can name",
+            ));
+        }
+        if self.gpu_pages >= HOST || self.host_pages >= HOST / 2 {
+            return Err(crate::Error::Invalid(
+                "KV pool has more pages than a page id can name",
+            ));
+        }
+        let blocks = if self.max_blocks < self.gpu_pages {
+            self.max_blocks
+        } else {
+            self.gpu_pages
+        };
+        if blocks as u64 * self.tokens_per_block as u64 > u32::MAX as u64 {
+            return Err(crate::Error::Invalid(
+                "one request's page table would hold more than u32::MAX tokens",
+            ));
+        }
+        Ok(())
+    }
+    /// Length of the move log the pool needs.
+    pub const fn move_log_len(&self) -> usize {
+        self.gpu_pages as usize + self.host_pages as usize
+    }
+    /// Length of the page-table buffer (and of the block-hash buffer of a prefix cache).
+    pub const fn table_len(&self) -> usize {
+        self.slots as usize * self.max_blocks as usize
+    }
+    /// Length of a prefix cache's page-entry buffer: one per page of either tier.
+    pub const fn page_info_len(&self) -> usize {
+        self.gpu_pages as usize + self.host_pages as usize
+    }
+    /// Length of a prefix cache's index: a power of two at least twice the pages.
+    pub const fn index_len(&self) -> usize {
+        (2 * self.page_info_len()).next_power_of_two()
+    }
+}
+
+/// The borrowed buffers of a pool. Lengths: `gpu_free` = gpu_pages, `host_free` = host_pages, `tables` =
+/// slots × max_blocks, `seqs` = slots, `moves` = gpu_pages + host_pages.
+#[derive(Debug)]
+pub struct KvStorage<'a> {
+    /// GPU free stack.
+    pub gpu_free: &'a mut [u32],
+    /// Host free stack.
+    pub host_free: &'a mut [u32],
+    /// Page tables, one row of `max_blocks` per slot.
+    pub tables: &'a mut [u32],
+    /// Per-slot state.
+    pub seqs: &'a mut [Seq],
+    /// Move log.
+    pub moves: &'a mut [PageMove],
+    /// The prefix cache's buffers; `None`: no prefix cache (no page is ever shared).
+    pub prefix: Option<PrefixStorage<'a>>,
+}
+
+/// The borrowed buffers of a prefix cache. Lengths: `pages` = [`KvPoolConfig::page_info_len`], `index` =
+/// [`KvPoolConfig::index_len`], `hashes` = slots × max_blocks.
+#[derive(Debug)]
+pub struct PrefixStorage<'a> {
+    /// One entry per page of either tier.
+    pub pages: &'a mut [PageInfo],
+    /// The index of cached blocks by key.
+    pub index: &'a mut [u32],
+    /// The block hashes of each slot's prompt, one row of `max_blocks` per slot.
+    pub hashes: &'a mut [u64],
+}
+
+/// Counters of pool activity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KvStats {
+    /// Suspensions.
+    pub suspends: u64,
+    /// Pages moved GPU → host (suspended requests' and demoted cached blocks').
+    pub pages_offloaded: u64,
+    /// Pages moved host → GPU (resumed requests' and reloaded cached blocks').
+    pub pages_reloaded: u64,
+    /// Suspensions that left the pages HELD on the GPU.
+    pub held_suspends: u64,
+}
+
+/// The two-tier page pool.
+#[derive(Debug)]
+pub struct KvPool<'a> {
+    cfg: KvPoolConfig,
+    gpu_free: &'a mut [u32],
+    gpu_free_len: u32,
+    host_free: &'a mut [u32],
+    host_free_len: u32,
+    tables: &'a mut [u32],
+    seqs: &'a mut [Seq],
+    moves: &'a mut [PageMove],
+    moves_len: usize,
+    stats: KvStats,
+    prefix: Option<Prefix<'a>>,
+    hashes: &'a mut [u64],
+}
+
+const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
+    tokens.div_ceil(tpb)
+}
+
+impl<'a> KvPool<'a> {
+    /// A pool over `storage`; refuses an invalid geometry ([`KvPoolConfig::validate`]) and buffers of
+    /// the wrong length, without writing to them.
+    pub fn new(cfg: KvPoolConfig, storage: KvStorage<'a>) -> Result<Self, crate::Error> {
+        cfg.validate()?;
+        let prefix_ok = storage.prefix.as_ref().is_none_or(|p| {
+            p.pages.len() == cfg.page_info_len()
+                && p.index.len() == cfg.index_len()
+                && p.hashes.len() == cfg.table_len()
+        });
+        if storage.gpu_free.len() != cfg.gpu_pages as usize
+            || storage.host_free.len() != cfg.host_pages as usize
+            || storage.tables.len() != cfg.table_len()
+            || storage.seqs.len() != cfg.slots as usize
+            || storage.moves.len() != cfg.move_log_len()
+            || !prefix_ok
+        {
+            return Err(crate::Error::Invalid(
+                "KV storage buffers do not match the pool geometry",
+            ));
+        }
+        // Free stacks pop low page ids first.
+        for (i, p) in storage.gpu_free.iter_mut().enumerate() {
+            *p = cfg.gpu_pages - 1 - i as u32;
+        }
+        for (i, p) in storage.host_free.iter_mut().enumerate() {
+            *p = cfg.host_pages - 1 - i as u32;
+        }
+        storage.seqs.fill(Seq::default());
+        let (prefix, hashes) = match storage.prefix {
+            Some(p) => {
+                p.hashes.fill(0);
+                (Some(Prefix::new(p.pages, p.index, cfg.gpu_pages)), p.hashes)
+            }
+            None => (None, &mut [][..]),
+        };
+        Ok(Self {
+            cfg,
+            gpu_free_len: cfg.gpu_pages,
+            host_free_len: cfg.host_pages,
+            gpu_free: storage.gpu_free,
+            host_free: storage.host_free,
+            tables: storage.tables,
+            seqs: storage.seqs,
+            moves: storage.moves,
+            moves_len: 0,
+            stats: KvStats::default(),
+            prefix,
+            hashes,
+        })
+    }
+
+    /// The geometry.
+    pub fn config(&self) -> KvPoolConfig {
+        self.cfg
+    }
+    /// Free GPU pages (on the free stack; cached blocks nobody uses can be evicted for more).
+    pub fn gpu_free(&self) -> u32 {
+        self.gpu_free_len
+    }
+    /// Free host pages.
+    pub fn host_free(&self) -> u32 {
+        self.host_free_len
+    }
+    /// Activity counters.
+    pub fn stats(&self) -> KvStats {
+        self.stats
+    }
+    /// The prefix cache's counters (`None` without a prefix cache).
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(|p| p.stats)
+    }
+    /// Pages of a tier holding cached blocks (referenced or not); 0 without a prefix cache.
+    pub fn cached_pages(&self, tier: Tier) -> u32 {
+        self.prefix.as_ref().map_or(0, |p| p.cached(tier))
+    }
+    /// A page's entry in the prefix cache (`None` without one).
+    pub fn page_info(&self, entry: u32) -> Option<PageInfo> {
+        self.prefix.as_ref().map(|p| *p.info(entry))
+    }
+    /// A slot's state.
+    pub fn seq(&self, slot: u16) -> Seq {
+        self.seqs.get(slot as usize).copied().unwrap_or_default()
+    }
+    /// A slot's page table: GPU page ids, and host page ids tagged [`HOST`] ([`page_of`]).
+    pub fn table(&self, slot: u16) -> &[u32] {
+        let s = self.seq(slot);
+        let base = slot as usize * self.cfg.max_blocks as usize;
+        &self.tables[base..base + s.blocks as usize]
+    }
+
+    /// A fingerprint of the whole pool state: geometry, both free stacks (whole buffers, so a page that
+    /// was taken and given back in another order shows), every page table row, every slot, the move log,
+    /// the counters and the prefix cache. Equal before and after an operation = the operation changed
+    /// nothing.
+    pub fn fingerprint(&self) -> u64 {
+        use core::hash::{Hash, Hasher};
+        let mut h = crate::fingerprint::Fingerprint::new();
+        self.cfg.hash(&mut h);
+        self.gpu_free.hash(&mut h);
+        self.gpu_free_len.hash(&mut h);
+        self.host_free.hash(&mut h);
+        self.host_free_len.hash(&mut h);
+        self.tables.hash(&mut h);
+        self.seqs.hash(&mut h);
+        self.moves[..self.moves_len].hash(&mut h);
+        self.stats.hash(&mut h);
+        self.hashes.hash(&mut h);
+        if let Some(p) = &self.prefix {
+            p.hash_state(&mut h);
+        }
+        h.finish()
+    }
+
+    /// The structural invariants, in O(pages + table entries) without scratch space: every row within
+    /// its slot and naming pages that exist; per tier, free pages + pages held by rows or cached =
+    /// capacity; with a prefix cache, every free page unused, every table entry referenced, the
+    /// references summing to the table entries, host entries private, and the cache's own invariants
+    /// (`prefix.rs`). [`KvPool::audit`] adds what needs a count per page.
+    pub fn check(&self) -> bool {
+        let mut entries = [0u64; 2];
+        for (slot, s) in self.seqs.iter().enumerate() {
+            if s.state == SeqState::None {
+                if s.blocks != 0 {
+                    return false;
+                }
+                continue;
+            }
+            if s.blocks > self.cfg.max_blocks
+                || s.blocks < blocks_for(s.capacity, self.cfg.tokens_per_block)
+            {
+                return false;
+            }
+            for &e in self.row_entries(slot, s) {
+                let (tier, page) = page_of(e);
+                if page >= self.tier_pages(tier) {
+                    return false;
+                }
+                entries[usize::from(tier == Tier::Host)] += 1;
+            }
+        }
+        match &self.prefix {
+            None => {
+                entries[0] + u64::from(self.gpu_free_len) == u64::from(self.cfg.gpu_pages)
+                    && entries[1] + u64::from(self.host_free_len) == u64::from(self.cfg.host_pages)
+            }
+            Some(prefix) => self.check_shared(prefix, entries[0] + entries[1]),
+        }
+    }
+
+    /// [`KvPool::check`] with a prefix cache, given the number of table entries.
+    fn check_shared(&self, prefix: &Prefix<'_>, entries: u64) -> bool {
+        let free = self.gpu_free[..self.gpu_free_len as usize]
+            .iter()
+            .copied()
+            .chain(
+                self.host_free[..self.host_free_len as usize]
+                    .iter()
+                    .map(|&h| h | HOST),
+            );
+        for e in free {
+            if *prefix.info(e) != PageInfo::default() {
+                return false;
+            }
+        }
+        for (slot, s) in self.seqs.iter().enumerate() {
+            for &e in self.row_entries(slot, s) {
+                let info = prefix.info(e);
+                if info.refs() == 0 || (e & HOST != 0 && (info.refs() != 1 || info.cached())) {
+                    return false;
+                }
+            }
+        }
+        let (used, refs) = prefix.usage();
+        used[0] + self.gpu_free_len == self.cfg.gpu_pages
+            && used[1] + self.host_free_len == self.cfg.host_pages
+            && refs == entries
+            && prefix.check()
+    }
+
+    /// [`KvPool::check`], and exactly: every page is free once (no duplicate on a free stack) or held;
+    /// a held page's reference count equals the number of table entries naming it (exactly one without
+    /// a prefix cache), and one with none is a cached block; every cached block counts its cached
+    /// children. `scratch` needs [`KvPoolConfig::page_info_len`] entries (else `false`); O(pages + table
+    /// entries).
+    pub fn audit(&self, scratch: &mut [u32]) -> bool {
+        const FREE: u32 = u32::MAX;
+        if scratch.len() != self.cfg.page_info_len() || !self.check() {
+            return false;
+        }
+        scratch.fill(0);
+        let at = |e: u32| match page_of(e) {
+            (Tier::Gpu, p) => p as usize,
+            (Tier::Host, h) => (self.cfg.gpu_pages + h) as usize,
+        };
+        for (slot, s) in self.seqs.iter().enumerate() {
+            for &e in self.row_entries(slot, s) {
+                scratch[at(e)] += 1;
+            }
+        }
+        let free = self.gpu_free[..self.gpu_free_len as usize]
+            .iter()
+            .copied()
+            .chain(
+                self.host_free[..self.host_free_len as usize]
+                    .iter()
+                    .map(|&h| h | HOST),
+            );
+        for e in free {
+            if scratch[at(e)] != 0 {
+                return false;
+            }
+            scratch[at(e)] = FREE;
+        }
+        for (i, &n) in scratch.iter().enumerate() {
+            let entry = if (i as u32) < self.cfg.gpu_pages {
+                i as u32
+            } else {
+                (i as u32 - self.cfg.gpu_pages) | HOST
+            };
+            let ok = match (&self.prefix, n) {
+                (_, FREE) => true,
+                (None, n) => n == 1,
+                (Some(p), n) => {
+                    let info = p.info(entry);
+                    info.refs() == n && (n > 0 || info.cached())
+                }
+            };
+            if !ok {
+                return false;
+            }
+        }
+        self.prefix
+            .as_ref()
+            .is_none_or(|p| p.audit_children(scratch))
+    }
+
+    fn row_entries(&self, slot: usize, s: &Seq) -> &[u32] {
+        let base = slot * self.cfg.max_blocks as usize;
+        let n = if s.state == SeqState::None {
+            0
+        } else {
+            s.blocks as usize
+        };
+        &self.tables[base..base + n]
+    }
+
+    fn tier_pages(&self, tier: Tier) -> u32 {
+        match tier {
+            Tier::Gpu => self.cfg.gpu_pages,
+            Tier::Host => self.cfg.host_pages,
+        }
+    }
+
+    fn row(&self, slot: usize) -> usize {
+        slot * self.cfg.max_blocks as usize
+    }
+
+    fn log_room(&self, n: u32) -> bool {
+        self.moves_len + n as usize <= self.moves.len()
+    }
+
+    fn slot(&self, r: crate::kv::KvRef) -> Option<usize> {
+        let i = r.slot as usize;
+        (i < self.seqs.len()).then_some(i)
+    }
+}

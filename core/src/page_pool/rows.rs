@@ -1,0 +1,468 @@
+//! What the pool does to one row: pages taken (evicting cached blocks when none is free), released,
+//! moved down on suspension and up on resumption; and, with a prefix cache, a first chunk's prefix
+//! matched and a computed prefix committed.
+//!
+//! Every operation is all-or-nothing: what it needs (pages, room in the move log) is checked before
+//! anything changes, and an eviction it makes on the way frees exactly the page it takes.
+
+use crate::kv::{ContextPrep, PageMove, Tier};
+use crate::request::RequestId;
+
+use super::prefix::chain;
+use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST};
+
+/// Moves a row of private pages to the other tier in one loop (a pool without a prefix cache, whose
+/// pages are all private): page `b` of `row` goes to the `b`-th page popped from the destination's free
+/// stack (`popped`, its top `row.len()` entries), tagged `to_tag`; the source page is pushed on its
+/// tier's free stack (`pushed`, in row order), and the copy is logged. Equal lengths (the callers slice
+/// them so), so the loop has no bounds checks.
+fn move_pages(
+    row: &mut [u32],
+    popped: &[u32],
+    pushed: &mut [u32],
+    log: &mut [PageMove],
+    request: RequestId,
+    from: Tier,
+    to_tag: u32,
+) {
+    let rows = row.iter_mut().zip(popped.iter().rev());
+    for ((page, &dst), (free, entry)) in rows.zip(pushed.iter_mut().zip(log.iter_mut())) {
+        let src = *page & !HOST;
+        *page = dst | to_tag;
+        *free = src;
+        *entry = PageMove {
+            request,
+            from,
+            src,
+            dst,
+        };
+    }
+}
+
+impl KvPool<'_> {
+    /// GPU pages that can be had: free, or held by cached blocks nobody uses.
+    pub(super) fn gpu_available(&self) -> u32 {
+        self.gpu_free_len + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Gpu))
+    }
+
+    fn host_available(&self) -> u32 {
+        self.host_free_len + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Host))
+    }
+
+    fn push_free(&mut self, entry: u32) {
+        match page_of(entry) {
+            (Tier::Gpu, p) => {
+                self.gpu_free[self.gpu_free_len as usize] = p;
+                self.gpu_free_len += 1;
+            }
+            (Tier::Host, h) => {
+                self.host_free[self.host_free_len as usize] = h;
+                self.host_free_len += 1;
+            }
+        }
+    }
+
+    fn log(&mut self, request: RequestId, from: Tier, src: u32, dst: u32) {
+        self.moves[self.moves_len] = PageMove {
+            request,
+            from,
+            src,
+            dst,
+        };
+        self.moves_len += 1;
+        match from {
+            Tier::Gpu => self.stats.pages_offloaded += 1,
+            Tier::Host => self.stats.pages_reloaded += 1,
+        }
+    }
+
+    /// A free host page, dropping the oldest unreferenced cached host block when none is free.
+    fn take_host(&mut self) -> Option<u32> {
+        if self.host_free_len == 0 {
+            let prefix = self.prefix.as_mut()?;
+            let h = prefix.oldest(Tier::Host)?;
+            prefix.drop_block(h);
+            self.push_free(h);
+        }
+        self.host_free_len -= 1;
+        Some(self.host_free[self.host_free_len as usize])
+    }
+
+    /// Frees one GPU page by evicting the oldest unreferenced cached leaf: demoted to the host tier (one
+    /// page copy) when it has a page for it and the move log has room for this copy and `reserve` more,
+    /// else dropped. Returns whether there was one.
+    fn evict_gpu(&mut self, who: RequestId, reserve: u32) -> bool {
+        let Some(p) = self.prefix.as_ref().and_then(|x| x.oldest(Tier::Gpu)) else {
+            return false;
+        };
+        if self.cfg.host_pages > 0 && self.log_room(reserve + 1) {
+            if let Some(h) = self.take_host() {
+                self.log(who, Tier::Gpu, p, h);
+                if let Some(prefix) = self.prefix.as_mut() {
+                    prefix.relocate(p, h | HOST);
+                    prefix.stats.demoted += 1;
+                }
+                self.push_free(p);
+                return true;
+            }
+        }
+        if let Some(prefix) = self.prefix.as_mut() {
+            prefix.drop_block(p);
+        }
+        self.push_free(p);
+        true
+    }
+
+    /// A GPU page off the free stack, evicting a cached block for it when none is free (`reserve`: moves
+    /// the caller still logs after this). Its prefix entry is the caller's to set.
+    fn take_gpu(&mut self, who: RequestId, reserve: u32) -> Option<u32> {
+        if self.gpu_free_len == 0 && !self.evict_gpu(who, reserve) {
+            return None;
+        }
+        self.gpu_free_len -= 1;
+        Some(self.gpu_free[self.gpu_free_len as usize])
+    }
+
+    /// Grows an active GPU-resident row to `capacity` tokens; all-or-nothing.
+    pub(super) fn grow(&mut self, slot: usize, capacity: u32, who: RequestId) -> bool {
+        let s = self.seqs[slot];
+        if capacity <= s.capacity {
+            return true;
+        }
+        let tpb = self.cfg.tokens_per_block;
+        // The pages it holds cover the growth (the common decode step): no division, no page.
+        if capacity <= s.blocks.saturating_mul(tpb) {
+            self.seqs[slot].capacity = capacity;
+            return true;
+        }
+        let need = blocks_for(capacity, tpb);
+        if need > self.cfg.max_blocks || need - s.blocks > self.gpu_available() {
+            return false;
+        }
+        let base = self.row(slot);
+        for b in s.blocks..need {
+            let Some(p) = self.take_gpu(who, 0) else {
+                panic!("the pages were counted available");
+            };
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.take_private(p);
+            }
+            self.tables[base + b as usize] = p;
+        }
+        self.seqs[slot].blocks = need;
+        self.seqs[slot].capacity = capacity;
+        true
+    }
+
+    /// Releases the row's pages from `from_block` on, deepest first (so the deepest cached block becomes
+    /// the oldest evictable one): a page nobody else holds and no cache keeps goes back to its free stack.
+    pub(super) fn release_from(&mut self, slot: usize, from_block: u32) {
+        let s = self.seqs[slot];
+        let base = self.row(slot);
+        for b in (from_block..s.blocks).rev() {
+            let e = self.tables[base + b as usize];
+            let free = self.prefix.as_mut().is_none_or(|p| p.release(e));
+            if free {
+                self.push_free(e);
+            }
+        }
+        let kept = from_block.min(s.blocks);
+        self.seqs[slot].blocks = kept;
+        if s.committed > kept {
+            self.seqs[slot].committed = kept;
+            self.seqs[slot].chain = self.chain_to(slot, kept);
+        }
+    }
+
+    /// The key of block `k - 1` of the slot's prompt (its root for `k == 0`).
+    fn chain_to(&self, slot: usize, k: u32) -> u64 {
+        let s = self.seqs[slot];
+        let n = k.min(s.hashed) as usize;
+        if n == 0 {
+            return s.root;
+        }
+        let base = self.row(slot);
+        self.hashes[base..base + n]
+            .iter()
+            .fold(s.root, |key, &h| chain(key, h))
+    }
+
+    /// Suspends an active row: its private pages move to the host tier when it can take them all (and
+    /// the log can record them), else everything stays HELD on the GPU; shared pages always stay.
+    pub(super) fn suspend_row(&mut self, slot: usize, who: RequestId) {
+        let s = self.seqs[slot];
+        self.stats.suspends += 1;
+        self.seqs[slot].state = SeqState::Suspended;
+        self.seqs[slot].last_grow = 0;
+        if s.blocks == 0 {
+            return;
+        }
+        let base = self.row(slot);
+        let n = s.blocks as usize;
+        let Some(prefix) = self.prefix.as_ref() else {
+            if s.blocks > self.host_free_len || !self.log_room(s.blocks) {
+                self.stats.held_suspends += 1;
+                return;
+            }
+            let (h, g, m) = (
+                self.host_free_len as usize - n,
+                self.gpu_free_len as usize,
+                self.moves_len,
+            );
+            move_pages(
+                &mut self.tables[base..base + n],
+                &self.host_free[h..h + n],
+                &mut self.gpu_free[g..g + n],
+                &mut self.moves[m..m + n],
+                who,
+                Tier::Gpu,
+                HOST,
+            );
+            self.host_free_len -= s.blocks;
+            self.gpu_free_len += s.blocks;
+            self.moves_len += n;
+            self.stats.pages_offloaded += u64::from(s.blocks);
+            return;
+        };
+        let private = self.tables[base..base + n]
+            .iter()
+            .filter(|&&e| e & HOST == 0 && prefix.private(e))
+            .count() as u32;
+        if private == 0 || private > self.host_available() || !self.log_room(private) {
+            self.stats.held_suspends += 1;
+            return;
+        }
+        for b in 0..n {
+            let e = self.tables[base + b];
+            let moves = e & HOST == 0 && self.prefix.as_ref().is_some_and(|p| p.private(e));
+            if !moves {
+                continue;
+            }
+            let Some(h) = self.take_host() else {
+                panic!("the host pages were counted available");
+            };
+            self.log(who, Tier::Gpu, e, h);
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.move_private(e, h | HOST);
+            }
+            self.push_free(e);
+            self.tables[base + b] = h | HOST;
+        }
+    }
+
+    /// Resumes a suspended row, with `extra` more GPU pages needed right after; all-or-nothing.
+    pub(super) fn resume_row(&mut self, slot: usize, who: RequestId, extra: u32) -> bool {
+        let s = self.seqs[slot];
+        debug_assert_eq!(s.state, SeqState::Suspended);
+        let base = self.row(slot);
+        let n = s.blocks as usize;
+        let down = self.tables[base..base + n]
+            .iter()
+            .filter(|&&e| e & HOST != 0)
+            .count() as u32;
+        if down + extra > self.gpu_available() || !self.log_room(down) {
+            return false;
+        }
+        if self.prefix.is_none() && down > 0 {
+            // All or none of a row is on the host without a prefix cache.
+            let (g, h, m) = (
+                self.gpu_free_len as usize - n,
+                self.host_free_len as usize,
+                self.moves_len,
+            );
+            move_pages(
+                &mut self.tables[base..base + n],
+                &self.gpu_free[g..g + n],
+                &mut self.host_free[h..h + n],
+                &mut self.moves[m..m + n],
+                who,
+                Tier::Host,
+                0,
+            );
+            self.gpu_free_len -= s.blocks;
+            self.host_free_len += s.blocks;
+            self.moves_len += n;
+            self.stats.pages_reloaded += u64::from(s.blocks);
+        } else {
+            let mut left = down;
+            for b in 0..n {
+                let e = self.tables[base + b];
+                if e & HOST == 0 {
+                    continue;
+                }
+                left -= 1;
+                let Some(p) = self.take_gpu(who, left + 1) else {
+                    panic!("the GPU pages were counted available");
+                };
+                self.log(who, Tier::Host, e & !HOST, p);
+                if let Some(prefix) = self.prefix.as_mut() {
+                    prefix.move_private(e, p);
+                }
+                self.push_free(e);
+                self.tables[base + b] = p;
+            }
+        }
+        self.seqs[slot].state = SeqState::Active;
+        true
+    }
+
+    /// A first chunk's new row matches its prompt's cached prefix, block by block from the root, up to
+    /// the prompt minus its last token and the draft lookahead: a block on the GPU is shared, one on the
+    /// host tier is reloaded (one page copy) when a GPU page and room in the log can be had. Returns the
+    /// reused tokens.
+    pub(super) fn match_prefix(&mut self, slot: usize, prep: ContextPrep, who: RequestId) -> u32 {
+        if self.prefix.is_none() {
+            return 0;
+        }
+        let (s, tpb, base) = (self.seqs[slot], self.cfg.tokens_per_block, self.row(slot));
+        let limit = s
+            .hashed
+            .min(prep.prompt.saturating_sub(1 + prep.lookahead) / tpb)
+            .min(self.cfg.max_blocks);
+        let (mut key, mut m) = (s.root, 0u32);
+        while m < limit {
+            let next = chain(key, self.hashes[base + m as usize]);
+            let Some(e) = self.prefix.as_ref().and_then(|p| p.lookup(next)) else {
+                break;
+            };
+            let page = if e & HOST == 0 {
+                if let Some(prefix) = self.prefix.as_mut() {
+                    prefix.acquire(e);
+                    prefix.stats.gpu_hits += 1;
+                }
+                e
+            } else {
+                if self.gpu_available() == 0 || !self.log_room(1) {
+                    break;
+                }
+                // Pinned first, so that the allocation's evictions cannot take it.
+                if let Some(prefix) = self.prefix.as_mut() {
+                    prefix.acquire(e);
+                }
+                let Some(p) = self.take_gpu(who, 1) else {
+                    panic!("a GPU page was counted available");
+                };
+                self.log(who, Tier::Host, e & !HOST, p);
+                if let Some(prefix) = self.prefix.as_mut() {
+                    prefix.relocate(e, p);
+                    prefix.stats.host_hits += 1;
+                }
+                self.push_free(e);
+                p
+            };
+            self.tables[base + m as usize] = page;
+            key = next;
+            m += 1;
+        }
+        let seq = &mut self.seqs[slot];
+        seq.blocks = m;
+        seq.capacity = m * tpb;
+        seq.committed = m;
+        seq.chain = key;
+        m * tpb
+    }
+
+    /// Commits the row's prompt blocks computed so far (`computed` tokens) to the prefix cache, in order:
+    /// a block already cached on the GPU replaces the row's copy (shared, the copy freed); one cached on
+    /// the host tier is taken over by the row's copy; a new one is indexed.
+    pub(super) fn commit_row(&mut self, slot: usize, computed: u32) {
+        if self.prefix.is_none() {
+            return;
+        }
+        let (s, base) = (self.seqs[slot], self.row(slot));
+        let upto = s
+            .hashed
+            .min(computed / self.cfg.tokens_per_block)
+            .min(s.blocks);
+        let (mut key, mut k) = (s.chain, s.committed);
+        while k < upto {
+            let e = self.tables[base + k as usize];
+            if e & HOST != 0 {
+                break;
+            }
+            let next = chain(key, self.hashes[base + k as usize]);
+            let Some(prefix) = self.prefix.as_mut() else {
+                break;
+            };
+            match prefix.lookup(next) {
+                Some(other) if other == e => {}
+                Some(other) if other & HOST == 0 => {
+                    prefix.acquire(other);
+                    prefix.stats.deduplicated += 1;
+                    let freed = prefix.release(e);
+                    self.tables[base + k as usize] = other;
+                    if freed {
+                        self.push_free(e);
+                    }
+                }
+                Some(other) => {
+                    prefix.take_over(other, e);
+                    self.push_free(other);
+                }
+                None => prefix.commit(e, next, key),
+            }
+            key = next;
+            k += 1;
+        }
+        self.seqs[slot].committed = k;
+        self.seqs[slot].chain = key;
+    }
+
+    /// The key of the first block the request would newly contribute: for a first chunk the first block
+    /// of its prompt that is not cached (within the matchable part), for a later chunk the block at its
+    /// position. `None` without a hash for it, or without a prefix cache.
+    pub(super) fn probe_row(&self, slot: usize, prep: ContextPrep) -> Option<u64> {
+        let prefix = self.prefix.as_ref()?;
+        let (s, tpb, base) = (self.seqs[slot], self.cfg.tokens_per_block, self.row(slot));
+        let hashes = if s.hashed == 0 {
+            &[][..]
+        } else {
+            &self.hashes[base..base + s.hashed as usize]
+        };
+        if !prep.first_chunk {
+            let k = (prep.position / tpb) as usize;
+            return (k < hashes.len()).then(|| self.chain_to(slot, k as u32 + 1));
+        }
+        let limit = prep.prompt.saturating_sub(1 + prep.lookahead) / tpb;
+        let mut key = s.root;
+        for (k, &h) in hashes.iter().enumerate() {
+            key = chain(key, h);
+            if k as u32 >= limit || prefix.lookup(key).is_none() {
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    /// Sets the slot's prompt block hashes and root (before it has a cache).
+    pub(super) fn set_prefix_row(&mut self, slot: usize, root: u64, hashes: &[u64]) {
+        let n = if self.prefix.is_some() {
+            hashes.len().min(self.cfg.max_blocks as usize)
+        } else {
+            0
+        };
+        if n > 0 {
+            let base = self.row(slot);
+            self.hashes[base..base + n].copy_from_slice(&hashes[..n]);
+        }
+        let s = &mut self.seqs[slot];
+        *s = Seq {
+            root,
+            hashed: n as u32,
+            chain: root,
+            ..Seq::default()
+        };
+    }
+
+    /// The slot loses its cache (its prompt's hashes and root stay, for a replay).
+    pub(super) fn free_row(&mut self, slot: usize) {
+        self.release_from(slot, 0);
+        let s = self.seqs[slot];
+        self.seqs[slot] = Seq {
+            root: s.root,
+            hashed: s.hashed,
+            chain: s.root,
+            ..Seq::default()
+        };
+    }
+}

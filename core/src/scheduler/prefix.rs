@@ -1,0 +1,104 @@
+//! Prefix-aware skip (spec §1.10, the port of C++ `beneficialToSkip`): a first chunk whose first new
+//! block another request contributes in this pass is deferred one pass, so it reuses that block instead
+//! of computing it twice.
+//!
+//! Live only when prefix-aware scheduling is on and the KV backend reuses every block (the reference's
+//! ALL_REUSABLE policy, [`KvBackend::prefix_skip`]), and only when there is something to defer: a
+//! first-chunk candidate, and either an in-flight continuation, a pending continuation or a second
+//! candidate. The contributed set starts with the in-flight continuations' keys; a pending request adds
+//! its key only once it is scheduled, so a failing contributor never causes a deferral.
+//!
+//! Invariant (kept for the deadlock detector): a deferral only ever happens behind a contributor that
+//! runs this pass (or is in flight), and counts as progress.
+
+use crate::adapter::PeftBackend;
+use crate::kv::{KvBackend, KvRef};
+use crate::phase::Phase;
+
+use super::pass::Pass;
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+    /// A context request that owns no KV (waiting, or replaying after a recompute pause) or stands at
+    /// position 0 starts with a first chunk.
+    pub(crate) fn first_chunk(&self, slot: u16) -> bool {
+        let e = self.table.entry(slot);
+        e.spec().position == 0 || !e.ownership().on_gpu() && !self.kv.has_cache(self.kv_ref(slot))
+    }
+
+    /// Decides whether the skip is live this pass and seeds the contributed set.
+    pub(crate) fn begin_prefix_skip(&mut self) {
+        self.contributed.clear();
+        self.skip_live = false;
+        if !self.cfg.prefix_aware || !self.kv.prefix_skip() {
+            return;
+        }
+        let context = |e: &crate::scheduler::Entry<'_>| e.spec().phase == Phase::ContextInit;
+        let (mut candidates, mut pending_continuations) = (0u32, 0u32);
+        for p in self.pending.iter() {
+            let slot = self.table.slot(usize::from(p.index));
+            if !context(&self.table.entry(slot)) {
+                continue;
+            }
+            if self.first_chunk(slot) {
+                candidates += 1;
+            } else {
+                pending_continuations += 1;
+            }
+        }
+        let inflight_continuations = (0..self.table.len())
+            .filter(|&i| self.in_flight_continuation(self.table.slot(i)))
+            .count();
+        if candidates == 0
+            || (inflight_continuations == 0 && candidates < 2 && pending_continuations == 0)
+        {
+            return;
+        }
+        self.skip_live = true;
+        for i in 0..self.table.len() {
+            let slot = self.table.slot(i);
+            if !self.in_flight_continuation(slot) {
+                continue;
+            }
+            if let Some(key) = self.probe(slot, false) {
+                self.contribute(key);
+            }
+        }
+    }
+
+    /// A context request past its first chunk, in flight: it contributes whatever it computes next.
+    fn in_flight_continuation(&self, slot: u16) -> bool {
+        let e = self.table.entry(slot);
+        e.inflight() && e.spec().phase == Phase::ContextInit && !self.first_chunk(slot)
+    }
+
+    /// The request's first new block key, when the skip is live and it is a context request: the probe
+    /// of §1.6 step 5. `Err(())`: defer it (a first chunk behind a contributor).
+    pub(crate) fn prefix_probe(&mut self, slot: u16) -> Result<Option<u64>, ()> {
+        if !self.skip_live || self.table.entry(slot).spec().phase != Phase::ContextInit {
+            return Ok(None);
+        }
+        let first = self.first_chunk(slot);
+        let key = self.probe(slot, first);
+        match key {
+            Some(k) if first && self.contributed.contains(&k) => {
+                self.deferred = true;
+                Err(())
+            }
+            _ => Ok(key),
+        }
+    }
+
+    /// A scheduled request contributes its first new block.
+    pub(crate) fn contribute(&mut self, key: u64) {
+        if !self.contributed.contains(&key) {
+            let pushed = self.contributed.push(key);
+            assert!(pushed.is_ok(), "one contribution per live request");
+        }
+    }
+
+    fn probe(&self, slot: u16, first: bool) -> Option<u64> {
+        let r: KvRef = self.kv_ref(slot);
+        self.kv
+            .probe_first_new_block(r, self.context_prep(slot, first))
+    }
+}
