@@ -191,3 +191,171 @@ fn cases() -> u32 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256)
 }
+
+/// An operation on a pool with a prefix cache.
+#[derive(Debug, Clone)]
+enum PrefixOp {
+    /// A first chunk: root (adapter) A or B, a prompt family, the block where it leaves the family for
+    /// its own tail, its length in tokens, and whether the engine also hashed the partial last block.
+    Start {
+        slot: u16,
+        root_b: bool,
+        family: u64,
+        diverge: u32,
+        prompt: u32,
+        partial: bool,
+    },
+    Grow(u16, u32),
+    Suspend(u16),
+    Free(u16),
+}
+
+fn prefix_op() -> impl Strategy<Value = PrefixOp> {
+    let slot = 0u16..6;
+    prop_oneof![
+        3 => (slot.clone(), any::<bool>(), 0u64..3, 0u32..8, 1u32..33, any::<bool>()).prop_map(
+            |(slot, root_b, family, diverge, prompt, partial)| PrefixOp::Start { slot, root_b, family, diverge, prompt, partial }
+        ),
+        2 => (slot.clone(), 1u32..9).prop_map(|(s, n)| PrefixOp::Grow(s, n)),
+        1 => slot.clone().prop_map(PrefixOp::Suspend),
+        2 => slot.prop_map(PrefixOp::Free),
+    ]
+}
+
+/// What each page holds: the key of the prompt block written into it, or a private tag (decode tokens,
+/// the partial block, unhashed blocks). Follows the pool's move log.
+#[derive(Debug, Default)]
+struct Contents {
+    pages: std::collections::HashMap<(Tier, u32), u64>,
+    next_tag: u64,
+}
+
+impl Contents {
+    fn write(&mut self, entry: u32, what: u64) {
+        self.pages.insert(page_of(entry), what);
+    }
+    fn private_tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        u64::MAX - self.next_tag
+    }
+    fn read(&self, entry: u32) -> Option<u64> {
+        self.pages.get(&page_of(entry)).copied()
+    }
+    fn apply(&mut self, moves: &[kvsched_core::kv::PageMove]) {
+        for m in moves {
+            let v = self.pages.get(&(m.from, m.src)).copied();
+            let to = match m.from {
+                Tier::Gpu => Tier::Host,
+                Tier::Host => Tier::Gpu,
+            };
+            if let Some(v) = v {
+                self.pages.insert((to, m.dst), v);
+            }
+        }
+    }
+}
+
+/// The chain keys of a prompt's blocks.
+fn keys(root: u64, hashes: &[u64]) -> Vec<u64> {
+    let mut key = root;
+    hashes
+        .iter()
+        .map(|&h| {
+            key = kvsched_core::page_pool::chain(key, h);
+            key
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// Random first chunks over shared prompt families under two adapters, growth, suspension and
+    /// frees, with eviction, demotion and reload under pressure: the audit (reference counts, free
+    /// pages, the cache's own invariants) holds after every operation; a match only ever hands out pages
+    /// holding exactly the matched blocks; nothing is ever written into a page another row or the cache
+    /// holds; every cached page holds the block of its key.
+    #[test]
+    fn prefix_cache_shares_only_what_it_holds(host in prop_oneof![Just(0u32), Just(5), Just(16)], ops in prop::collection::vec(prefix_op(), 1..150)) {
+        let cfg = KvPoolConfig { tokens_per_block: 4, gpu_pages: 14, host_pages: host, slots: 6, max_blocks: 10 };
+        let mut mem = KvMemory::with_prefix_cache(cfg);
+        let mut kv = mem.pool().unwrap();
+        let mut scratch = vec![0u32; cfg.page_info_len()];
+        let mut contents = Contents::default();
+        let mut prompt_keys: Vec<Vec<u64>> = vec![Vec::new(); 6];
+        let r = |s: u16| KvRef { slot: s, id: RequestId(s as u64) };
+        for op in ops {
+            match op {
+                PrefixOp::Start { slot, root_b, family, diverge, prompt, partial } => {
+                    if kv.has_cache(r(slot)) {
+                        continue;
+                    }
+                    let root = if root_b { 0xb } else { 0xa };
+                    let n = (prompt / 4 + u32::from(partial && prompt % 4 != 0)) as u64;
+                    let hashes: Vec<u64> = (0..n)
+                        .map(|k| if k < u64::from(diverge) { family * 100 + k } else { contents.private_tag() })
+                        .collect();
+                    kv.set_prefix(r(slot), root, &hashes);
+                    let want = keys(root, &hashes);
+                    let prep = ContextPrep { first_chunk: true, prompt, position: 0, lookahead: 0 };
+                    let reused = kv.prepare_context(r(slot), prep).expect("a free slot");
+                    prop_assert!(reused % 4 == 0 && reused < prompt.max(1), "reused {} of {}", reused, prompt);
+                    contents.apply(kv.take_moves());
+                    for (k, &e) in kv.table(slot).iter().enumerate() {
+                        prop_assert_eq!(contents.read(e), Some(want[k]), "matched block {} holds another block", k);
+                    }
+                    if !kv.resize_context(r(slot), prompt, true) {
+                        kv.free(r(slot));
+                    } else {
+                        contents.apply(kv.take_moves());
+                        // The prefill writes the blocks it did not reuse.
+                        let full = (prompt / 4) as usize;
+                        for k in (reused / 4) as usize..kv.table(slot).len() {
+                            let e = kv.table(slot)[k];
+                            let info = kv.page_info(e).unwrap();
+                            prop_assert!(info.refs() == 1 && !info.cached(), "block {} written into a shared page", k);
+                            let what = if k < full && k < want.len() { want[k] } else { contents.private_tag() };
+                            contents.write(e, what);
+                        }
+                        kv.commit(r(slot), prompt);
+                        prompt_keys[slot as usize] = want;
+                    }
+                }
+                PrefixOp::Grow(slot, n) => {
+                    let before = kv.table(slot).len();
+                    if kv.try_allocate_generation(r(slot), n) {
+                        contents.apply(kv.take_moves());
+                        for k in before..kv.table(slot).len() {
+                            let e = kv.table(slot)[k];
+                            let info = kv.page_info(e).unwrap();
+                            prop_assert!(info.refs() == 1 && !info.cached(), "decode written into a shared page");
+                            let tag = contents.private_tag();
+                            contents.write(e, tag);
+                        }
+                    }
+                }
+                PrefixOp::Suspend(slot) => kv.suspend(r(slot)),
+                PrefixOp::Free(slot) => kv.free(r(slot)),
+            }
+            contents.apply(kv.take_moves());
+            prop_assert!(kv.audit(&mut scratch), "the pool's audit");
+            for slot in 0..6u16 {
+                let seq = kv.seq(slot);
+                let committed = kv.table(slot).iter().zip(&prompt_keys[slot as usize]).take(seq.committed as usize);
+                for (k, (&e, &key)) in committed.enumerate() {
+                    prop_assert_eq!(contents.read(e), Some(key), "slot {} committed block {}", slot, k);
+                }
+            }
+            for tier in [Tier::Gpu, Tier::Host] {
+                let pages = if tier == Tier::Gpu { cfg.gpu_pages } else { cfg.host_pages };
+                for p in 0..pages {
+                    let e = if tier == Tier::Gpu { p } else { p | kvsched_core::page_pool::HOST };
+                    let info = kv.page_info(e).unwrap();
+                    if info.cached() {
+                        prop_assert_eq!(contents.read(e), Some(info.key()), "cached {:?} page {} holds another block", tier, p);
+                    }
+                }
+            }
+        }
+    }
+}

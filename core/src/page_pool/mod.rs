@@ -24,6 +24,8 @@
 
 mod backend;
 mod prefix;
+#[cfg(test)]
+mod prefix_tests;
 mod rows;
 #[cfg(test)]
 mod tests;

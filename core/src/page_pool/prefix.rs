@@ -9,14 +9,23 @@
 //! Every page of either tier has a [`PageInfo`] (the page's entry in this cache's storage, by *info
 //! index*: GPU page `p` at `p`, host page `h` at `gpu_pages + h`). A page is in exactly one of three
 //! states: free (on its tier's free stack), referenced (`refs` block tables hold it), or cached and
-//! unreferenced (matchable, evictable once it is a leaf).
+//! unreferenced (*idle*: matchable, evictable leaf first).
 //!
-//! Invariants (checked by `KvPool::check`):
+//! Eviction is leaf first, so that no cached block outlives its parent (an orphan could never be
+//! matched): on the GPU a leaf is an idle block with no child *on the GPU* — it is demoted to the host
+//! tier, where its children already are, or dropped when it has no child at all; on the host tier a
+//! leaf has no child at all, and is dropped. A block moves up (reload) only after its parent, and down
+//! (demotion) only after its children, so a GPU block's parent is on the GPU and a host block's children
+//! are on the host. A row holding a block holds its parent, so an idle block's children are idle: every
+//! idle block can be evicted once its descendants are, and a tier can give back all its idle pages.
+//!
+//! Invariants (checked by `KvPool::check` and `KvPool::audit`):
 //! 1. `refs` = the number of block-table rows holding the page;
 //! 2. a cached page is in the index under its key, and the index holds nothing else;
-//! 3. `children` = the cached pages whose parent key is this page's key;
-//! 4. a tier's LRU list holds exactly its cached pages with `refs == 0 && children == 0` (oldest first);
-//! 5. host pages are never referenced by a row through the cache (a match reloads them first).
+//! 3. `children` (`gpu_children`) = the cached pages (on the GPU) whose parent key is this page's key;
+//! 4. a tier's LRU list holds exactly its leaves (oldest first), and `idle` counts its idle pages;
+//! 5. host pages are never referenced by a row through the cache (a match reloads them first);
+//! 6. a GPU block's cached parent is on the GPU.
 
 use crate::kv::Tier;
 
@@ -30,11 +39,13 @@ const NIL: u32 = u32::MAX;
 pub struct PageInfo {
     refs: u32,
     children: u32,
+    gpu_children: u32,
     key: u64,
     parent: u64,
     prev: u32,
     next: u32,
     cached: bool,
+    listed: bool,
 }
 
 impl Default for PageInfo {
@@ -42,11 +53,13 @@ impl Default for PageInfo {
         Self {
             refs: 0,
             children: 0,
+            gpu_children: 0,
             key: 0,
             parent: 0,
             prev: NIL,
             next: NIL,
             cached: false,
+            listed: false,
         }
     }
 }
@@ -60,8 +73,12 @@ impl PageInfo {
     pub fn cached(&self) -> bool {
         self.cached
     }
-    fn evictable(&self) -> bool {
-        self.cached && self.refs == 0 && self.children == 0
+    /// The key of the block the page caches (meaningful when [`PageInfo::cached`]).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+    fn idle(&self) -> bool {
+        self.cached && self.refs == 0
     }
 }
 
@@ -115,6 +132,7 @@ pub(super) struct Prefix<'a> {
     gpu_pages: u32,
     lru: [Lru; 2],
     cached: [u32; 2],
+    idle: [u32; 2],
     pub(super) stats: PrefixStats,
 }
 
@@ -135,6 +153,7 @@ impl<'a> Prefix<'a> {
             gpu_pages,
             lru: [Lru::EMPTY; 2],
             cached: [0; 2],
+            idle: [0; 2],
             stats: PrefixStats::default(),
         }
     }
@@ -158,14 +177,6 @@ impl<'a> Prefix<'a> {
         }
     }
 
-    fn tier(entry: u32) -> Tier {
-        if entry & HOST != 0 {
-            Tier::Host
-        } else {
-            Tier::Gpu
-        }
-    }
-
     /// The entry of a page.
     pub(super) fn info(&self, entry: u32) -> &PageInfo {
         &self.pages[self.at(entry)]
@@ -176,9 +187,9 @@ impl<'a> Prefix<'a> {
         self.cached[tier_index(tier)]
     }
 
-    /// Cached pages of a tier that can be evicted now.
+    /// Idle cached pages of a tier: all of them can be evicted, leaves first.
     pub(super) fn evictable(&self, tier: Tier) -> u32 {
-        self.lru[tier_index(tier)].len
+        self.idle[tier_index(tier)]
     }
 
     /// The oldest evictable page of a tier.
@@ -253,11 +264,33 @@ impl<'a> Prefix<'a> {
 
     // --- The LRU lists. ---
 
+    /// A leaf of its tier: idle, with no child on the GPU (a GPU page) or none at all (a host page).
+    fn leaf(&self, at: usize) -> bool {
+        let p = &self.pages[at];
+        let children = if (at as u32) < self.gpu_pages {
+            p.gpu_children
+        } else {
+            p.children
+        };
+        p.idle() && children == 0
+    }
+
+    /// Puts the page on its tier's LRU list (as the youngest) or takes it off, as it is a leaf or not.
+    fn relist(&mut self, at: usize) {
+        let leaf = self.leaf(at);
+        if leaf && !self.pages[at].listed {
+            self.link(at);
+        } else if !leaf && self.pages[at].listed {
+            self.unlink(at);
+        }
+    }
+
     fn link(&mut self, at: usize) {
-        let t = tier_index(Self::tier(self.entry(at)));
+        let t = usize::from(at as u32 >= self.gpu_pages);
         let tail = self.lru[t].tail;
         self.pages[at].prev = tail;
         self.pages[at].next = NIL;
+        self.pages[at].listed = true;
         if tail == NIL {
             self.lru[t].head = at as u32;
         } else {
@@ -268,7 +301,7 @@ impl<'a> Prefix<'a> {
     }
 
     fn unlink(&mut self, at: usize) {
-        let t = tier_index(Self::tier(self.entry(at)));
+        let t = usize::from(at as u32 >= self.gpu_pages);
         let (prev, next) = (self.pages[at].prev, self.pages[at].next);
         if prev == NIL {
             self.lru[t].head = next;
@@ -282,7 +315,33 @@ impl<'a> Prefix<'a> {
         }
         self.pages[at].prev = NIL;
         self.pages[at].next = NIL;
+        self.pages[at].listed = false;
         self.lru[t].len -= 1;
+    }
+
+    /// Counts the page in (`+1`) or out of (`-1`) its tier's idle pages, as it is idle.
+    fn count_idle(&mut self, at: usize, sign: i32) {
+        if self.pages[at].idle() {
+            let t = usize::from(at as u32 >= self.gpu_pages);
+            self.idle[t] = self.idle[t].wrapping_add_signed(sign);
+        }
+    }
+
+    /// The cached page of `parent`, if any.
+    fn parent_at(&self, parent: u64) -> Option<usize> {
+        self.find(parent).map(|k| (self.index[k] - 1) as usize)
+    }
+
+    /// A cached child of the block of `parent` appears (`+1`) or goes (`-1`), on the GPU or not.
+    fn adopt(&mut self, parent: u64, gpu: bool, sign: i32) {
+        if let Some(at) = self.parent_at(parent) {
+            let p = &mut self.pages[at];
+            p.children = p.children.wrapping_add_signed(sign);
+            if gpu {
+                p.gpu_children = p.gpu_children.wrapping_add_signed(sign);
+            }
+            self.relist(at);
+        }
     }
 
     // --- References. ---
@@ -290,25 +349,19 @@ impl<'a> Prefix<'a> {
     /// A row takes a reference to the page.
     pub(super) fn acquire(&mut self, entry: u32) {
         let at = self.at(entry);
-        if self.pages[at].evictable() {
-            self.unlink(at);
-        }
+        self.count_idle(at, -1);
         self.pages[at].refs += 1;
+        self.relist(at);
     }
 
     /// A row gives its reference up. Returns whether the page is now free (not cached, unreferenced).
     pub(super) fn release(&mut self, entry: u32) -> bool {
         let at = self.at(entry);
-        let p = &mut self.pages[at];
-        assert!(p.refs > 0, "a released page was referenced");
-        p.refs -= 1;
-        if p.refs > 0 {
-            return false;
-        }
-        if p.evictable() {
-            self.link(at);
-        }
-        !self.pages[at].cached
+        assert!(self.pages[at].refs > 0, "a released page was referenced");
+        self.pages[at].refs -= 1;
+        self.count_idle(at, 1);
+        self.relist(at);
+        self.pages[at].refs == 0 && !self.pages[at].cached
     }
 
     /// A fresh private page enters a row.
@@ -341,27 +394,6 @@ impl<'a> Prefix<'a> {
 
     // --- Cached blocks. ---
 
-    fn add_child(&mut self, parent: u64) {
-        if let Some(k) = self.find(parent) {
-            let at = (self.index[k] - 1) as usize;
-            if self.pages[at].evictable() {
-                self.unlink(at);
-            }
-            self.pages[at].children += 1;
-        }
-    }
-
-    fn remove_child(&mut self, parent: u64) {
-        if let Some(k) = self.find(parent) {
-            let at = (self.index[k] - 1) as usize;
-            assert!(self.pages[at].children > 0, "a parent counts its children");
-            self.pages[at].children -= 1;
-            if self.pages[at].evictable() {
-                self.link(at);
-            }
-        }
-    }
-
     /// Commits a row's private GPU page as the block of `key` (child of `parent`).
     pub(super) fn commit(&mut self, entry: u32, key: u64, parent: u64) {
         let at = self.at(entry);
@@ -375,71 +407,92 @@ impl<'a> Prefix<'a> {
         self.pages[at].parent = parent;
         self.index_insert(key, at);
         self.cached[0] += 1;
-        self.add_child(parent);
+        self.adopt(parent, true, 1);
         self.stats.committed += 1;
     }
 
-    /// The cached block at `from` (unreferenced, a host page) is taken over by the row's private GPU page
-    /// `to` holding the same block: the index entry, parent and children follow; `from` becomes free.
+    /// The cached block at `from` (idle, a host page) is taken over by the row's private GPU page `to`
+    /// holding the same block: the index entry, parent and children follow; `from` becomes free.
     pub(super) fn take_over(&mut self, from: u32, to: u32) {
         let (a, b) = (self.at(from), self.at(to));
         assert!(
-            self.pages[a].cached && self.pages[a].refs == 0,
-            "an unreferenced block"
+            self.pages[a].idle() && from & HOST != 0,
+            "an idle host block"
         );
-        assert!(!self.pages[b].cached, "by a private page");
-        if self.pages[a].evictable() {
+        assert!(
+            !self.pages[b].cached && to & HOST == 0,
+            "by a private GPU page"
+        );
+        self.count_idle(a, -1);
+        if self.pages[a].listed {
             self.unlink(a);
         }
         let old = self.pages[a];
-        self.pages[b].cached = true;
-        self.pages[b].key = old.key;
-        self.pages[b].parent = old.parent;
-        self.pages[b].children = old.children;
+        let p = &mut self.pages[b];
+        (p.cached, p.key, p.parent) = (true, old.key, old.parent);
+        (p.children, p.gpu_children) = (old.children, old.gpu_children);
         self.index_set(old.key, b);
         self.pages[a] = PageInfo::default();
-        self.cached[tier_index(Self::tier(from))] -= 1;
-        self.cached[tier_index(Self::tier(to))] += 1;
+        self.cached[1] -= 1;
+        self.cached[0] += 1;
+        self.gpu_child(old.parent, 1);
         self.stats.deduplicated += 1;
     }
 
-    /// Moves a cached block to another page (demotion to the host tier, reload to the GPU): the page
-    /// `to` takes its entry (references included), `from` becomes free.
+    /// The block of `parent` gains (`+1`) or loses (`-1`) a child on the GPU, the count of all its
+    /// children unchanged (a child moved between tiers).
+    fn gpu_child(&mut self, parent: u64, sign: i32) {
+        if let Some(at) = self.parent_at(parent) {
+            let p = &mut self.pages[at];
+            p.gpu_children = p.gpu_children.wrapping_add_signed(sign);
+            self.relist(at);
+        }
+    }
+
+    /// Moves a cached block to a free page of the other tier (demotion to the host tier, reload to the
+    /// GPU): the page `to` takes its entry (references included), `from` becomes free.
     pub(super) fn relocate(&mut self, from: u32, to: u32) {
         let (a, b) = (self.at(from), self.at(to));
         assert!(self.pages[a].cached, "a cached block moves");
         assert!(self.pages[b] == PageInfo::default(), "to a free page");
-        let listed = self.pages[a].evictable();
-        if listed {
+        assert!((from ^ to) & HOST != 0, "to the other tier");
+        self.count_idle(a, -1);
+        if self.pages[a].listed {
             self.unlink(a);
         }
         self.pages[b] = self.pages[a];
-        self.pages[b].prev = NIL;
-        self.pages[b].next = NIL;
-        self.pages[a] = PageInfo::default();
-        let key = self.pages[b].key;
+        let (key, parent) = (self.pages[b].key, self.pages[b].parent);
         self.index_set(key, b);
-        self.cached[tier_index(Self::tier(from))] -= 1;
-        self.cached[tier_index(Self::tier(to))] += 1;
-        if listed {
-            self.link(b);
-        }
+        self.pages[a] = PageInfo::default();
+        let up = to & HOST == 0;
+        self.cached[usize::from(up)] -= 1;
+        self.cached[usize::from(!up)] += 1;
+        self.count_idle(b, 1);
+        self.relist(b);
+        self.gpu_child(parent, if up { 1 } else { -1 });
     }
 
-    /// Drops an evictable cached block from the index; its page becomes free.
+    /// Drops a leaf with no children from the index; its page becomes free.
     pub(super) fn drop_block(&mut self, entry: u32) {
         let at = self.at(entry);
         assert!(
-            self.pages[at].evictable(),
-            "only an evictable leaf is dropped"
+            self.leaf(at) && self.pages[at].children == 0,
+            "only a childless leaf is dropped"
         );
+        self.count_idle(at, -1);
         self.unlink(at);
         let (key, parent) = (self.pages[at].key, self.pages[at].parent);
         self.index_remove(key);
         self.pages[at] = PageInfo::default();
-        self.cached[tier_index(Self::tier(entry))] -= 1;
-        self.remove_child(parent);
+        let gpu = entry & HOST == 0;
+        self.cached[usize::from(!gpu)] -= 1;
+        self.adopt(parent, gpu, -1);
         self.stats.evicted += 1;
+    }
+
+    /// The oldest leaf of a tier has children (on the host tier): it cannot be dropped, only demoted.
+    pub(super) fn has_children(&self, entry: u32) -> bool {
+        self.pages[self.at(entry)].children > 0
     }
 
     /// Feeds the cache's whole state to `h`.
@@ -464,11 +517,11 @@ impl<'a> Prefix<'a> {
         (used, refs)
     }
 
-    /// Invariants 2 and 4 in O(pages + index): every cached page is indexed under its key, the index
-    /// holds nothing else, the cached counts agree, and each tier's LRU list holds exactly its evictable
-    /// pages.
+    /// Invariants 2, 4 and 6 in O(pages + index): every cached page is indexed under its key, the index
+    /// holds nothing else, the cached and idle counts agree, each tier's LRU list holds exactly its
+    /// leaves, and a GPU block's cached parent is on the GPU.
     pub(super) fn check(&self) -> bool {
-        let (mut cached, mut listed) = ([0u32; 2], [0u32; 2]);
+        let (mut cached, mut idle, mut listed) = ([0u32; 2], [0u32; 2], [0u32; 2]);
         for (at, p) in self.pages.iter().enumerate() {
             let t = usize::from(at as u32 >= self.gpu_pages);
             if p.cached {
@@ -476,19 +529,28 @@ impl<'a> Prefix<'a> {
                 if self.find(p.key).map(|k| self.index[k] as usize) != Some(at + 1) {
                     return false;
                 }
-            } else if p.children != 0 || p.prev != NIL || p.next != NIL {
+                if t == 0
+                    && self
+                        .parent_at(p.parent)
+                        .is_some_and(|q| q as u32 >= self.gpu_pages)
+                {
+                    return false;
+                }
+            } else if p.children != 0 || p.gpu_children != 0 {
                 return false;
             }
-            if p.evictable() {
-                listed[t] += 1;
+            idle[t] += u32::from(p.idle());
+            if p.listed != self.leaf(at) {
+                return false;
             }
+            listed[t] += u32::from(p.listed);
         }
         let indexed = self.index.iter().filter(|&&v| v != 0).count() as u32;
         let walk = |t: usize| {
             let (mut n, mut at) = (0u32, self.lru[t].head);
             while at != NIL && n <= self.pages.len() as u32 {
                 let p = &self.pages[at as usize];
-                if !p.evictable() || usize::from(at >= self.gpu_pages) != t {
+                if !p.listed || usize::from(at >= self.gpu_pages) != t {
                     return u32::MAX;
                 }
                 n += 1;
@@ -497,6 +559,7 @@ impl<'a> Prefix<'a> {
             n
         };
         cached == self.cached
+            && idle == self.idle
             && indexed == cached[0] + cached[1]
             && listed == [self.lru[0].len, self.lru[1].len]
             && walk(0) == listed[0]
@@ -504,17 +567,24 @@ impl<'a> Prefix<'a> {
     }
 
     /// Invariant 3 with a count per page (`scratch`, one per page, overwritten): every cached page's
-    /// `children` is the number of cached pages whose parent is its key.
+    /// `children` and `gpu_children` are the cached pages (on the GPU) whose parent is its key.
     pub(super) fn audit_children(&self, scratch: &mut [u32]) -> bool {
-        scratch.fill(0);
-        for p in self.pages.iter().filter(|p| p.cached) {
-            if let Some(k) = self.find(p.parent) {
-                scratch[(self.index[k] - 1) as usize] += 1;
+        for gpu_only in [false, true] {
+            scratch.fill(0);
+            for (at, p) in self.pages.iter().enumerate() {
+                let counted = p.cached && (!gpu_only || (at as u32) < self.gpu_pages);
+                if let Some(q) = self.parent_at(p.parent).filter(|_| counted) {
+                    scratch[q] += 1;
+                }
+            }
+            let agree = self.pages.iter().zip(scratch.iter()).all(|(p, &n)| {
+                let want = if gpu_only { p.gpu_children } else { p.children };
+                !p.cached || want == n
+            });
+            if !agree {
+                return false;
             }
         }
-        self.pages
-            .iter()
-            .zip(scratch.iter())
-            .all(|(p, &n)| !p.cached || p.children == n)
+        true
     }
 }

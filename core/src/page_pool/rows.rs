@@ -45,7 +45,7 @@ impl KvPool<'_> {
         self.gpu_free_len + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Gpu))
     }
 
-    fn host_available(&self) -> u32 {
+    pub(super) fn host_available(&self) -> u32 {
         self.host_free_len + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Host))
     }
 
@@ -76,7 +76,8 @@ impl KvPool<'_> {
         }
     }
 
-    /// A free host page, dropping the oldest unreferenced cached host block when none is free.
+    /// A free host page, dropping the oldest host leaf (an idle cached block with no child) when none is
+    /// free.
     fn take_host(&mut self) -> Option<u32> {
         if self.host_free_len == 0 {
             let prefix = self.prefix.as_mut()?;
@@ -88,9 +89,10 @@ impl KvPool<'_> {
         Some(self.host_free[self.host_free_len as usize])
     }
 
-    /// Frees one GPU page by evicting the oldest unreferenced cached leaf: demoted to the host tier (one
-    /// page copy) when it has a page for it and the move log has room for this copy and `reserve` more,
-    /// else dropped. Returns whether there was one.
+    /// Frees one GPU page by evicting the oldest GPU leaf (an idle cached block with no child on the
+    /// GPU): demoted to the host tier (one page copy) when it has a page for it and the move log has
+    /// room for this copy and `reserve` more; else dropped, after the host leaves below it when the log
+    /// was the obstacle (no orphan is left). Returns whether there was one.
     fn evict_gpu(&mut self, who: RequestId, reserve: u32) -> bool {
         let Some(p) = self.prefix.as_ref().and_then(|x| x.oldest(Tier::Gpu)) else {
             return false;
@@ -105,6 +107,16 @@ impl KvPool<'_> {
                 self.push_free(p);
                 return true;
             }
+        }
+        // Children of a GPU leaf are on the host tier, whose leaves go first.
+        while self.prefix.as_ref().is_some_and(|x| x.has_children(p)) {
+            let Some(h) = self.prefix.as_ref().and_then(|x| x.oldest(Tier::Host)) else {
+                panic!("a host tier with cached blocks has a leaf");
+            };
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.drop_block(h);
+            }
+            self.push_free(h);
         }
         if let Some(prefix) = self.prefix.as_mut() {
             prefix.drop_block(p);
