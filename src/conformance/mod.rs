@@ -151,6 +151,16 @@ fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     Ok(s)
 }
 
+/// A block key: an integer, or null for none.
+fn block_key(field: &str, v: &Value) -> Result<Option<u64>, String> {
+    match v {
+        Value::Null => Ok(None),
+        v => v.as_u64().map(Some).ok_or_else(|| {
+            format!("malformed: field {field}: expected a non-negative integer or null")
+        }),
+    }
+}
+
 fn not_started(s: &RequestSpec) -> bool {
     matches!(s.phase, Phase::EncoderInit | Phase::DisaggGenerationInit)
         || (s.phase == Phase::ContextInit && s.position == 0)
@@ -180,6 +190,10 @@ impl Run {
             Some(true)
         };
         self.kv.set_cache(id, cache, r.reuse.unwrap_or(0));
+        if let Some(v) = &r.first_new_block {
+            self.kv
+                .set_first_new_block(id, block_key(&format!("{field}.first_new_block"), v)?);
+        }
         let how = match (cache, spec.started()) {
             (Some(true), true) => Adopt::Active,
             (Some(false), true) => Adopt::Suspended,
@@ -278,6 +292,16 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         kv.can_evict.unwrap_or(false),
         scripts,
     );
+    let all_reusable = match kv.reuse_policy.as_deref() {
+        None | Some("all_reusable") => true,
+        Some("per_request" | "per_conversation") => false,
+        Some(v) => {
+            return Err(format!(
+                "malformed: field kv.reuse_policy: unknown policy {v:?} (all_reusable, per_request, per_conversation)"
+            ))
+        }
+    };
+    skv.set_all_reusable(kv.block_reuse.unwrap_or(false) && all_reusable);
     let all_requests: Vec<&RequestIn> = sc
         .requests
         .iter()
@@ -396,6 +420,12 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                     .sched
                     .find(kvsched_core::RequestId(u.id))
                     .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
+                if let Some(v) = &u.first_new_block {
+                    run.kv.set_first_new_block(
+                        u.id,
+                        block_key(&format!("{field}.first_new_block"), v)?,
+                    );
+                }
                 if u.lora_task.is_some() || u.reuse.is_some() {
                     if let Some(r) = u.reuse {
                         run.kv.set_reuse(u.id, r);

@@ -104,6 +104,10 @@ pub struct KvIn {
     pub try_allocate_generation: Option<Value>,
     /// Script.
     pub prepare_disagg_gen_init: Option<Value>,
+    /// Block reuse (prefix caching) is on.
+    pub block_reuse: Option<bool>,
+    /// Which blocks are reusable: `"all_reusable"`, `"per_request"` or `"per_conversation"`.
+    pub reuse_policy: Option<String>,
 }
 
 /// `peft`.
@@ -148,6 +152,9 @@ pub struct RequestIn {
     pub snapshots: Option<Vec<u32>>,
     /// Carries multimodal data.
     pub multimodal: Option<bool>,
+    /// The key of the first block the request would newly contribute (`probe_first_new_block_key`):
+    /// an integer, or null for none.
+    pub first_new_block: Option<Value>,
 }
 
 /// `passes[]`.

@@ -35,6 +35,8 @@ pub enum KvCall {
     Preempt,
     /// `prepare_disagg_gen_init`.
     PrepareDisaggGenInit,
+    /// `probe_first_new_block_key`.
+    ProbeFirstNewBlock,
 }
 
 impl KvCall {
@@ -49,6 +51,7 @@ impl KvCall {
             "free_resources" => Self::FreeResources,
             "preempt" => Self::Preempt,
             "prepare_disagg_gen_init" => Self::PrepareDisaggGenInit,
+            "probe_first_new_block_key" => Self::ProbeFirstNewBlock,
             _ => return None,
         })
     }
@@ -115,6 +118,9 @@ pub struct KvState {
     caches: BTreeMap<u64, bool>,
     released: BTreeSet<u64>,
     reuse: BTreeMap<u64, u32>,
+    /// Block reuse on with every block reusable (the prefix-aware skip may probe).
+    all_reusable: bool,
+    first_new_block: BTreeMap<u64, u64>,
     prepare: Script,
     resize: Script,
     allocate: Script,
@@ -143,6 +149,8 @@ impl ScriptedKv {
             caches: BTreeMap::new(),
             released: BTreeSet::new(),
             reuse: BTreeMap::new(),
+            all_reusable: false,
+            first_new_block: BTreeMap::new(),
             prepare: Script::new(scripts.prepare),
             resize: Script::new(scripts.resize),
             allocate: Script::new(scripts.allocate),
@@ -171,6 +179,20 @@ impl ScriptedKv {
     /// Changes a request's reusable prefix.
     pub fn set_reuse(&self, id: u64, reuse: u32) {
         self.state.borrow_mut().reuse.insert(id, reuse);
+    }
+
+    /// Block reuse is on for every block (the reference's ALL_REUSABLE policy).
+    pub fn set_all_reusable(&self, on: bool) {
+        self.state.borrow_mut().all_reusable = on;
+    }
+
+    /// Sets the key a probe of the request's first new block answers (`None`: no key).
+    pub fn set_first_new_block(&self, id: u64, key: Option<u64>) {
+        let mut st = self.state.borrow_mut();
+        match key {
+            Some(k) => st.first_new_block.insert(id, k),
+            None => st.first_new_block.remove(&id),
+        };
     }
 
     /// The calls recorded so far, in order.
@@ -317,6 +339,14 @@ impl KvBackend for ScriptedKv {
     }
     fn max_tokens_per_request(&self) -> u64 {
         u64::MAX
+    }
+    fn prefix_skip(&self) -> bool {
+        self.state.borrow().all_reusable
+    }
+    fn probe_first_new_block(&self, r: KvRef, _prep: ContextPrep) -> Option<u64> {
+        let mut st = self.state.borrow_mut();
+        st.calls.push((KvCall::ProbeFirstNewBlock, r.id.0));
+        st.first_new_block.get(&r.id.0).copied()
     }
 }
 
