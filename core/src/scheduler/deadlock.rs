@@ -35,7 +35,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             || !out.disagg().is_empty()
             || self.evictions > 0
             || self.recomputes > 0
-            || self.deferred;
+            || self.stats.deferred > 0;
         if progress || !self.has_candidates() || self.transfer_holds_pages() {
             *stall = 0;
             return Ok(());

@@ -69,12 +69,18 @@ impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPo
 
     /// Replaces an adapter's weights under the same task id (see [`crate::AdapterPool::reload`]): requests
     /// submitted from now on get a new prefix identity, so the KV cached under the old weights is never
-    /// reused.
+    /// reused. Refused ([`PeftError::TaskBusy`], nothing changes) while any live request uses the task —
+    /// waiting ones included, whose prefix identity names the old weights.
     pub fn reload_adapter(
         &mut self,
         id: crate::request::TaskId,
         pages: u32,
     ) -> Result<TaskRef, PeftError> {
+        let in_use = (0..self.table.len())
+            .any(|i| self.table.entry(self.table.slot(i)).spec().lora == Some(id));
+        if in_use {
+            return Err(PeftError::TaskBusy(id));
+        }
         self.desk.backend_mut().reload(id, pages)
     }
 }

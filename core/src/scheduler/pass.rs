@@ -35,6 +35,8 @@ pub struct PassStats {
     pub recompute_pauses: u32,
     /// Context-side preemptions (including the deadlock remedy's).
     pub preemptions: u32,
+    /// First chunks deferred behind a contributor of their first new block (prefix-aware skip).
+    pub deferred: u32,
 }
 
 /// Per-slot marks of one pass.
@@ -112,9 +114,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     pub(crate) out: &'a mut SchedulerOutput<N>,
     pub(crate) marks: &'a mut [u8; N],
     pub(crate) contributed: &'a mut heapless::Vec<u64, N>,
-    /// Prefix-aware skip is live this pass (`prefix.rs`), and deferred a request.
+    /// Prefix-aware skip is live this pass (`prefix.rs`).
     pub(crate) skip_live: bool,
-    pub(crate) deferred: bool,
     pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
     pub(crate) plan: &'a mut Plan<T>,
     pub(crate) budget: Budget,
@@ -161,7 +162,6 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             marks: parts.marks,
             contributed: parts.contributed,
             skip_live: false,
-            deferred: false,
             pending: parts.pending,
             plan: parts.plan,
             budget: Budget::new(cfg),

@@ -81,7 +81,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let key = self.probe(slot, first);
         match key {
             Some(k) if first && self.contributed.contains(&k) => {
-                self.deferred = true;
+                self.stats.deferred += 1;
                 Err(())
             }
             _ => Ok(key),
