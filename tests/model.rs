@@ -16,7 +16,6 @@
 mod harness;
 
 use harness::{run, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, N, T};
-use kvsched::memory::KvMemory;
 use kvsched_core::error::Error;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError};
@@ -79,7 +78,7 @@ fn setup() -> impl Strategy<Value = Setup> {
             1u32..=8,
         ),
         peft(),
-        2u32..=12,
+        (2u32..=12, any::<bool>()),
     )
         .prop_map(
             |(
@@ -87,7 +86,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 (chunk, unit, no_evict, recompute_pause),
                 (max_num_tokens, max_num_requests),
                 peft,
-                deadlock_threshold,
+                (deadlock_threshold, prefix),
             )| Setup {
                 gpu_pages,
                 host_pages,
@@ -101,6 +100,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 max_num_requests,
                 peft,
                 deadlock_threshold,
+                prefix,
             },
         )
 }
@@ -119,15 +119,16 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::weighted(0.6, 0u8..(T as u8 + 1)),
             prop_oneof![6 => Just(0u8), 1 => 1u8..=2],
             prop_oneof![3 => Just(0u8), 1 => 2u8..=12],
-            prop::bool::weighted(0.05),
+            (prop::bool::weighted(0.05), prop::option::weighted(0.7, 1u8..=3)),
         )
-            .prop_map(|(prompt, out_len, lora, draft, snap_every, duplicate)| Op::Submit {
+            .prop_map(|(prompt, out_len, lora, draft, snap_every, (duplicate, family))| Op::Submit {
                 prompt,
                 out_len,
                 lora,
                 draft,
                 snap_every,
                 duplicate,
+                family,
             }),
         8 => Just(Op::Pass),
         5 => Just(Op::Complete),
@@ -161,6 +162,7 @@ struct Req {
     draft: u8,
     lora: Option<u8>,
     snap_every: u8,
+    family: Option<u8>,
 }
 
 /// Configurations where every request below fits alone: the token budget admits any whole prompt.
@@ -183,11 +185,11 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
         1u32..=max,
         prop::option::weighted(0.6, 0u8..tasks.max(1)),
         0u8..=1,
-        0u8..=8,
+        (0u8..=8, prop::option::of(1u8..=3)),
     )
         .prop_filter_map(
             "fits alone",
-            move |(prompt, out_len, lora, draft, snap_every)| {
+            move |(prompt, out_len, lora, draft, (snap_every, family))| {
                 let out_len = out_len.min(12);
                 let prompt = prompt.min(40);
                 let total = prompt + out_len * (1 + u32::from(draft)) + u32::from(draft);
@@ -197,6 +199,7 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
                     draft,
                     lora: if tasks == 0 { None } else { lora },
                     snap_every,
+                    family,
                 })
             },
         );
@@ -243,7 +246,7 @@ proptest! {
     #[test]
     fn every_request_that_fits_alone_finishes((setup, reqs) in with_reqs()) {
         let bound = pass_bound(&reqs, &setup);
-        let mut mem = KvMemory::new(setup.pool());
+        let mut mem = setup.memory();
         let mut h = Harness::new(setup.clone(), &mut mem).map_err(TestCaseError::fail)?;
         for r in &reqs {
             h.apply(&Op::Submit {
@@ -253,6 +256,7 @@ proptest! {
                 draft: r.draft,
                 snap_every: r.snap_every,
                 duplicate: false,
+                family: r.family,
             })
             .map_err(TestCaseError::fail)?;
         }
@@ -282,6 +286,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         max_num_requests: 8,
         peft: None,
         deadlock_threshold: 5,
+        prefix: false,
     }
 }
 
@@ -293,6 +298,7 @@ fn submit(h: &mut Harness<'_>, prompt: u32, out_len: u32) {
         draft: 0,
         snap_every: 0,
         duplicate: false,
+        family: None,
     })
     .unwrap();
 }
@@ -304,7 +310,7 @@ fn submit(h: &mut Harness<'_>, prompt: u32, out_len: u32) {
 fn deadlock_fires_when_the_pool_is_truly_too_small() {
     let setup = base(8, 0);
     let threshold = setup.deadlock_threshold;
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     // 16 tokens = 4 pages each: together they fill the 8-page GPU tier.
     submit(&mut h, 16, 12);
@@ -343,7 +349,7 @@ fn deadlock_fires_after_exactly_threshold_stalled_passes() {
         let mut setup = base(4, 0);
         setup.deadlock_threshold = threshold;
         setup.max_num_tokens = Some(2); // a whole 4-token prompt never fits the budget
-        let mut mem = KvMemory::new(setup.pool());
+        let mut mem = setup.memory();
         let mut h = Harness::new(setup, &mut mem).unwrap();
         submit(&mut h, 4, 1);
         let mut out = kvsched_core::SchedulerOutput::<N>::new();
@@ -367,7 +373,7 @@ fn deadlock_fires_after_exactly_threshold_stalled_passes() {
 fn deadlock_never_fires_on_an_idle_pass() {
     let mut setup = base(8, 0);
     setup.deadlock_threshold = 1;
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     for _ in 0..50 {
         h.pass().unwrap();
@@ -397,7 +403,7 @@ fn deadlock_never_fires_on_a_slow_pass() {
     setup.unit = 1;
     setup.max_num_tokens = Some(1);
     setup.deadlock_threshold = 2;
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     submit(&mut h, 24, 4);
     submit(&mut h, 20, 4);
@@ -411,7 +417,7 @@ fn deadlock_never_fires_on_a_slow_pass() {
     // Stalls of threshold - 1 passes, then progress, repeated: never an error.
     let mut setup = base(16, 0);
     setup.deadlock_threshold = 3;
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     submit(&mut h, 8, 20);
     h.pass().unwrap();
@@ -471,6 +477,7 @@ fn sub(prompt: u32, out_len: u32, lora: Option<u8>, snap_every: u8) -> Op {
         draft: 0,
         snap_every,
         duplicate: false,
+        family: None,
     }
 }
 
@@ -509,7 +516,7 @@ fn regression_no_evict_decode_uses_the_reservation() {
     setup.tokens_per_block = 1;
     setup.max_blocks = 4;
     setup.no_evict = true;
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     submit(&mut h, 1, 3); // 1 + 3 = 4 tokens = the whole page table
     assert_eq!(h.run_to_completion(20), Ok(Done::Finished(3)));
@@ -529,7 +536,7 @@ fn regression_held_suspended_request_can_be_preempted() {
     setup.recompute_pause = true;
     setup.max_num_tokens = Some(26);
     setup.max_num_requests = 2;
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     h.apply(&sub(4, 1, None, 3)).unwrap();
     h.apply(&sub(3, 2, None, 3)).unwrap();
@@ -556,7 +563,7 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
         host_pages: 2,
         task_pages: vec![1, 2],
     });
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     for op in [
         sub(3, 2, None, 0),
@@ -568,4 +575,29 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
     }
     assert!(matches!(h.run_to_completion(60), Ok(Done::Finished(_))));
     h.drain().unwrap();
+}
+
+/// The model runs exercise prefix reuse: prompts of one family share blocks, and the checks of every
+/// pass (positions, reuse limits, the pool's audit) hold while they do.
+#[test]
+fn prompt_families_reuse_blocks_under_the_model() {
+    let mut setup = base(24, 8);
+    setup.prefix = true;
+    setup.recompute_pause = true;
+    let mut ops = Vec::new();
+    for k in 0..12u8 {
+        ops.push(Op::Submit {
+            prompt: 20 + u32::from(k % 3),
+            out_len: 3,
+            lora: None,
+            draft: k % 2,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 2),
+        });
+        ops.push(Op::Pass);
+        ops.push(Op::Complete);
+    }
+    let stats = replay(setup, &ops);
+    assert!(stats.reused >= 8 * 4, "reused {} tokens", stats.reused);
 }

@@ -30,7 +30,7 @@ use kvsched::memory::KvMemory;
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Tier};
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
@@ -86,6 +86,8 @@ pub struct Setup {
     pub peft: Option<PeftSetup>,
     /// Stalled passes before `Error::Deadlock`.
     pub deadlock_threshold: u32,
+    /// The KV pool has a prefix cache (requests with a prompt family share blocks).
+    pub prefix: bool,
 }
 
 /// The adapter cache of a [`Setup`].
@@ -140,6 +142,15 @@ impl Setup {
         }
     }
 
+    /// The KV pool's buffers.
+    pub fn memory(&self) -> KvMemory {
+        if self.prefix {
+            KvMemory::with_prefix_cache(self.pool())
+        } else {
+            KvMemory::new(self.pool())
+        }
+    }
+
     /// Most KV tokens one request may hold.
     pub fn max_tokens(&self) -> u64 {
         u64::from(self.max_blocks.min(self.gpu_pages)) * u64::from(self.tokens_per_block)
@@ -181,6 +192,9 @@ pub enum Op {
         snap_every: u8,
         /// Reuse a live id.
         duplicate: bool,
+        /// The prompt family whose leading blocks it shares (1-3: 2, 4 or 6 blocks), or none (no block
+        /// hashes).
+        family: Option<u8>,
     },
     /// Run a scheduling pass (completing the previous one first, as an engine executes every batch).
     Pass,
@@ -320,6 +334,18 @@ impl KvBackend for FaultKv<'_> {
     fn take_moves(&mut self) -> &[kvsched_core::kv::PageMove] {
         self.inner.take_moves()
     }
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        self.inner.set_prefix(r, root, hashes);
+    }
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        self.inner.commit(r, computed);
+    }
+    fn prefix_skip(&self) -> bool {
+        self.inner.prefix_skip()
+    }
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        self.inner.probe_first_new_block(r, prep)
+    }
 }
 
 /// The adapter cache (or none) behind a fault schedule. `ensure_batch` is never refused: that it always
@@ -429,6 +455,8 @@ pub struct Stats {
     pub resumed: u64,
     /// Context chunks and generation steps scheduled.
     pub scheduled: u64,
+    /// Prompt tokens first chunks reused from the prefix cache.
+    pub reused: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -528,7 +556,8 @@ impl<'a> Harness<'a> {
                 draft,
                 snap_every,
                 duplicate,
-            } => self.submit(prompt, out_len, lora, draft, snap_every, duplicate)?,
+                family,
+            } => self.submit(prompt, out_len, lora, draft, snap_every, duplicate, family)?,
             Op::Pass => self.pass()?,
             Op::Complete => self.complete()?,
             Op::Finish { pick: p } => {
@@ -622,6 +651,54 @@ impl<'a> Harness<'a> {
         None
     }
 
+    /// The block hashes of a prompt of `family`: its leading blocks the family's, the rest the request's.
+    fn hashes(&self, id: u64, prompt: u32, family: Option<u8>) -> Vec<u64> {
+        let Some(f) = family.filter(|_| self.setup.prefix) else {
+            return Vec::new();
+        };
+        let f = u64::from(f % 3 + 1);
+        let full = u64::from(prompt / self.setup.tokens_per_block);
+        (0..full)
+            .map(|k| {
+                if k < 2 * f {
+                    f * 1000 + k
+                } else {
+                    (id + 1) * 1_000_000 + k
+                }
+            })
+            .collect()
+    }
+
+    /// A scheduled context chunk at `position`: a first chunk (the model at 0) may start past a reused
+    /// prefix — whole blocks, never the last token nor the draft lookahead, and only with a prefix cache.
+    fn reused(
+        live: &mut [Live],
+        setup: &Setup,
+        stats: &mut Stats,
+        (id, position, draft): (u64, u32, u32),
+    ) -> Result<(), String> {
+        let tpb = setup.tokens_per_block;
+        let prefix = setup.prefix;
+        let m = live
+            .iter_mut()
+            .find(|m| m.id == id)
+            .ok_or(format!("context: {id} not in the model"))?;
+        if m.position == position {
+            return Ok(());
+        }
+        let limit = m.prompt.saturating_sub(1 + draft) / tpb * tpb;
+        if m.position != 0 || !prefix || position % tpb != 0 || position > limit {
+            return Err(format!(
+                "context: request {id} scheduled at {position}, model at {} (prompt {}, reuse limit {limit})",
+                m.position, m.prompt
+            ));
+        }
+        m.position = position;
+        stats.reused += u64::from(position);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &mut self,
         prompt: u32,
@@ -630,6 +707,7 @@ impl<'a> Harness<'a> {
         draft: u8,
         snap: u8,
         duplicate: bool,
+        family: Option<u8>,
     ) -> Result<(), String> {
         let mut s = self.spec(prompt.max(1), out_len.max(1), lora, draft, snap);
         if duplicate {
@@ -640,7 +718,11 @@ impl<'a> Harness<'a> {
         }
         let expected = self.predict(&s);
         let before = fingerprint(&self.sched);
-        match (self.sched.submit(s.clone()), expected) {
+        let hashes = self.hashes(s.id.0, s.prompt, family);
+        match (
+            self.sched.submit_with_prefix(s.clone(), 0, &hashes),
+            expected,
+        ) {
             (Ok(h), None) => {
                 self.next_id += 1;
                 self.stats.submitted += 1;
@@ -924,6 +1006,10 @@ impl<'a> Harness<'a> {
                         e.ownership()
                     ));
                 }
+                if name == "context" {
+                    let at = (id, e.spec().position, e.spec().draft);
+                    Self::reused(&mut self.live, &self.setup, &mut self.stats, at)?;
+                }
                 let scheduled = matches!(name, "context" | "generation" | "encoder");
                 if scheduled && e.inflight() {
                     return Err(format!("{name}: request {id} is in flight"));
@@ -1181,14 +1267,15 @@ impl<'a> Harness<'a> {
             self.remove(0, false)?;
             self.check()?;
         }
+        // With no request, every page is free or holds a cached block nobody references (the audit
+        // of `check` has counted the references: none).
         let pool = &self.sched.kv().inner;
-        if pool.gpu_free() != self.setup.gpu_pages || pool.host_free() != self.setup.host_pages {
+        let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu);
+        let host = pool.host_free() + pool.cached_pages(Tier::Host);
+        if gpu != self.setup.gpu_pages || host != self.setup.host_pages {
             return Err(format!(
-                "pages leaked: {} of {} GPU and {} of {} host pages free with no request",
-                pool.gpu_free(),
-                self.setup.gpu_pages,
-                pool.host_free(),
-                self.setup.host_pages
+                "pages leaked: {gpu} of {} GPU and {host} of {} host pages free or cached with no request",
+                self.setup.gpu_pages, self.setup.host_pages
             ));
         }
         if let Some(c) = &self.sched.adapters().backend().inner {
@@ -1220,6 +1307,7 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     };
     let no_evict = mode & 4 != 0;
     let recompute_pause = mode & 8 == 0;
+    let prefix = mode & 16 != 0;
     let unit = 1 + u32::from(r.byte() % 16);
     let max_num_tokens = match r.byte() {
         0..=31 => None,
@@ -1255,6 +1343,7 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         max_num_requests,
         peft,
         deadlock_threshold,
+        prefix,
     };
     let mut ops = Vec::new();
     while !r.0.is_empty() && ops.len() < 4096 {
@@ -1274,6 +1363,10 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
                 },
                 snap_every: r.byte() % 24,
                 duplicate: b & 0x80 != 0,
+                family: {
+                    let f = r.byte();
+                    (f & 0x80 != 0).then_some(f % 3 + 1)
+                },
             },
             4..=8 => Op::Pass,
             9 | 10 => Op::Complete,
@@ -1320,7 +1413,7 @@ impl Bytes<'_> {
 /// Runs a decoded input: applies every operation (checking after each), settles (every request
 /// finishes or a deadlock is reported), then drains.
 pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, String> {
-    let mut mem = KvMemory::new(setup.pool());
+    let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem)?;
     for (i, op) in ops.iter().enumerate() {
         h.apply(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
