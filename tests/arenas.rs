@@ -60,7 +60,7 @@ proptest! {
                     let x = &mut m[s as usize];
                     match x.state {
                         SeqState::None => { prop_assert!(ok); *x = M { state: SeqState::Active, capacity: 0, on_host: false }; }
-                        SeqState::Active => prop_assert!(ok),
+                        SeqState::Active | SeqState::Claimed => prop_assert!(ok),
                         SeqState::Suspended => {
                             let fits = !x.on_host || blocks(x.capacity) <= 12 - gpu_used;
                             prop_assert_eq!(ok, fits);

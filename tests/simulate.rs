@@ -69,9 +69,80 @@ fn default_replay_is_consistent_and_checked() {
     );
     assert!(r["adapter_loads"].as_u64().unwrap() > 0);
     assert!(r["iterations"].as_u64().unwrap() > 1000);
+    assert!(
+        r["prefix_hit_rate"].as_f64().unwrap() > 0.1,
+        "the conversation generator's system prompts and sessions are reused"
+    );
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(
-        svg.starts_with("<svg") && svg.contains("KV cache utilization") && svg.contains("adapters")
+        svg.starts_with("<svg")
+            && svg.contains("KV cache utilization")
+            && svg.contains("adapters")
+            && svg.contains("prefix cache occupancy")
+    );
+}
+
+/// Mooncake `hash_ids` drive reuse; `--no-prefix-reuse` turns it off for the comparison.
+#[test]
+fn prefix_reuse_follows_the_trace_and_saves_prefill() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/mooncake_conversation_head30.jsonl");
+    let run = |extra: &[&str]| {
+        let j = tmp(&format!("mooncake{}.json", extra.len()));
+        let mut args = vec![
+            "simulate",
+            &trace,
+            "--check",
+            "--adapters",
+            "0",
+            "--kv-gpu-pages",
+            "8192",
+            "--json",
+            j.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = kvsched(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json(&j)
+    };
+    let on = run(&[]);
+    let off = run(&["--no-prefix-reuse"]);
+    assert_eq!(on["invariant_violations"], 0);
+    assert_eq!(on["prefix_reuse"], true);
+    assert_eq!(off["prefix_reuse"], false);
+    // The head's ceiling: each prompt's run of hash_ids already seen earlier, 512 tokens a block, capped
+    // at its length, is 14,848 of its 424,999 prompt tokens; with a pool that evicts nothing the
+    // replay reuses all of it (no reused run ends on a prompt's last token here).
+    assert_eq!(on["admitted_prompt_tokens"], 424_999);
+    assert_eq!(on["admitted_reused_tokens"], 14_848);
+    assert_eq!(off["prefix_hit_rate"].as_f64(), Some(0.0));
+    assert_eq!(off["prefill_tokens_saved"], 0);
+    let (p_on, p_off) = (
+        on["prefill_tokens"].as_u64().unwrap(),
+        off["prefill_tokens"].as_u64().unwrap(),
+    );
+    assert!(p_on < p_off, "prefill {p_on} with reuse, {p_off} without");
+    assert_eq!(
+        on["admitted_prompt_tokens"], off["admitted_prompt_tokens"],
+        "the same prompts were admitted"
+    );
+    // Pages that do not nest with the trace's 512-token blocks are refused before the run.
+    let out = kvsched(&[
+        "simulate",
+        &trace,
+        "--tokens-per-block",
+        "48",
+        "--kv-gpu-pages",
+        "8192",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("512-token prefix blocks"),
+        "{err}"
     );
 }
 

@@ -31,6 +31,10 @@ workload:
   --time-scale F               multiply arrival times by F (F < 1 = heavier load)
 KV cache:
   --kv-gpu-pages N (640)  --kv-host-pages N (4096, 0 = no host tier)  --tokens-per-block N (32)
+  --no-prefix-reuse            no prefix cache (compare). Reuse follows the trace's prefix blocks
+                               (Mooncake hash_ids, 512 tokens: --tokens-per-block must divide or be a
+                               multiple of 512); traces without them get multi-turn sessions over
+                               per-adapter system prompts (16-token blocks, see workload::sessions)
 adapters (multi-LoRA):
   --adapters N (32, 0 = no LoRA)  --popularity power:A|zipf:S|uniform (power:0.8)  --ranks 8,16,32,64
   --pages-per-rank8 N (2)  --adapter-device-pages N (64)  --adapter-host-pages N (1024)
@@ -156,6 +160,7 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             }
             "--no-recompute-pause" => o.recompute_pause = false,
             "--deadlock-threshold" => o.deadlock_threshold = num(args, &mut i, a)?,
+            "--no-prefix-reuse" => o.prefix_reuse = false,
             "--step-us" => o.cost.step_us = num(args, &mut i, a)?,
             "--prefill-us-per-token" => o.cost.prefill_us_per_token = num(args, &mut i, a)?,
             "--decode-us-per-request" => o.cost.decode_us_per_request = num(args, &mut i, a)?,

@@ -4,6 +4,7 @@
 //! the arrivals whose time has come. The scheduler's own wall time per iteration is measured for real.
 
 pub mod cli;
+pub mod prefix;
 pub mod report;
 
 use std::collections::VecDeque;
@@ -110,6 +111,9 @@ pub struct SimOptions {
     pub progress: bool,
     /// Deadlock threshold (stalled passes).
     pub deadlock_threshold: u32,
+    /// Prefix reuse: a prefix cache in the KV pool, prompts hashed from the trace's prefix blocks (or
+    /// the conversation generator's, `workload::sessions`).
+    pub prefix_reuse: bool,
 }
 
 impl Default for SimOptions {
@@ -139,6 +143,7 @@ impl Default for SimOptions {
             check: false,
             progress: true,
             deadlock_threshold: 1000,
+            prefix_reuse: true,
         }
     }
 }
@@ -173,6 +178,10 @@ struct Live {
     generated: u32,
     first_token_ms: Option<f64>,
     last_token_ms: f64,
+    /// Its next context chunk is a first chunk (admission, or replay after a recompute pause).
+    first_chunk: bool,
+    /// It was recompute-paused: its first chunk is a replay.
+    replay: bool,
 }
 
 /// Per-iteration samples for the plot.
@@ -188,6 +197,10 @@ pub struct Samples {
     pub kv_gpu: Vec<f64>,
     /// Host KV utilization, %.
     pub kv_host: Vec<f64>,
+    /// GPU pages holding cached prefix blocks, %.
+    pub cached_gpu: Vec<f64>,
+    /// Host pages holding cached prefix blocks, %.
+    pub cached_host: Vec<f64>,
     /// Adapters resident on the device.
     pub adapters: Vec<f64>,
 }
@@ -212,6 +225,17 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
             return opt(format!(
                 "without chunking a {}-token prompt never fits the {}-token budget: raise --max-tokens or enable --chunking",
                 a.prompt_tokens, o.max_tokens
+            ));
+        }
+    }
+    if o.prefix_reuse {
+        let block = w
+            .prefix_block_tokens
+            .unwrap_or(crate::workload::sessions::BLOCK_TOKENS);
+        if !prefix::compatible(block, o.tokens_per_block) {
+            return opt(format!(
+                "--tokens-per-block {} does not nest with the workload's {block}-token prefix blocks: use a divisor or a multiple of {block}, or --no-prefix-reuse",
+                o.tokens_per_block
             ));
         }
     }
@@ -313,7 +337,16 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             .map_err(|e| SimError::Options(e.to_string()))?;
         crate::workload::popularity::assign_adapters(&mut w.arrivals, &sampler, o.seed);
     }
-    let mut mem = KvMemory::new(kv_cfg);
+    if o.prefix_reuse && w.prefix_block_tokens.is_none() {
+        crate::workload::sessions::assign_sessions(&mut w, o.seed);
+    }
+    let block_tokens = w.prefix_block_tokens.unwrap_or(0);
+    let mut hashes: Vec<u64> = Vec::new();
+    let mut mem = if o.prefix_reuse {
+        KvMemory::with_prefix_cache(kv_cfg)
+    } else {
+        KvMemory::new(kv_cfg)
+    };
     let kv = mem.pool().map_err(|e| SimError::Options(e.to_string()))?;
     let mut pool: AdapterPool<MAX_ADAPTERS> =
         AdapterPool::new(o.adapters.device_pages.max(1), o.adapters.host_pages.max(1))
@@ -368,8 +401,19 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, a.prompt_tokens);
             spec.max_new_tokens = a.output_tokens;
             spec.lora = a.adapter.map(|x| TaskId(x as u64));
+            hashes.clear();
+            if o.prefix_reuse {
+                let tpb = o.tokens_per_block;
+                prefix::page_hashes(
+                    &a.prefix_blocks,
+                    block_tokens,
+                    tpb,
+                    a.prompt_tokens,
+                    &mut hashes,
+                );
+            }
             let h = sched
-                .submit(spec)
+                .submit_with_prefix(spec, 0, &hashes)
                 .map_err(|e| SimError::Scheduler(e.to_string()))?;
             live[h.index() as usize] = Some(Live {
                 arrival: i,
@@ -379,6 +423,8 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 generated: 0,
                 first_token_ms: None,
                 last_token_ms: 0.0,
+                first_chunk: true,
+                replay: false,
             });
             queue.pop_front();
         }
@@ -424,6 +470,23 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         r.adapter_loads += out.adapter_loads().len() as u64;
         if o.check {
             r.invariant_violations += check_invariants(&sched, &out, o);
+        }
+        // A first chunk starts at its reused prefix.
+        for c in out.context() {
+            let Some(lv) = live[c.listed.slot() as usize].as_mut() else {
+                continue;
+            };
+            if std::mem::take(&mut lv.first_chunk) {
+                let spec = sched
+                    .get(lv.handle)
+                    .map_err(|e| SimError::Scheduler(e.to_string()))?
+                    .spec();
+                r.prefill_tokens_saved += u64::from(spec.position);
+                if !lv.replay {
+                    r.admitted_prompt_tokens += u64::from(spec.prompt);
+                    r.admitted_reused_tokens += u64::from(spec.position);
+                }
+            }
         }
 
         let prefill: u64 = out.context().iter().map(|c| c.tokens as u64).sum();
@@ -487,9 +550,11 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         }
         for l in out.recompute_paused() {
             // The replay re-prefills the prompt plus what was generated (beam 1), as upstream's pause.
-            let Some(lv) = live[l.slot() as usize].as_ref() else {
+            let Some(lv) = live[l.slot() as usize].as_mut() else {
                 continue;
             };
+            lv.first_chunk = true;
+            lv.replay = true;
             let (h, prompt) = (lv.handle, lv.prompt0 + lv.generated);
             let remaining = lv.output - lv.generated;
             sched
@@ -515,13 +580,18 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             }
         }
 
+        // Utilization counts the pages requests hold; cached blocks nobody holds are the cache's.
         let kv = sched.kv();
-        let kv_gpu = 100.0 * (kv_cfg.gpu_pages - kv.gpu_free()) as f64 / kv_cfg.gpu_pages as f64;
-        let kv_host = if kv_cfg.host_pages > 0 {
-            100.0 * (kv_cfg.host_pages - kv.host_free()) as f64 / kv_cfg.host_pages as f64
-        } else {
-            0.0
+        let pct = |n: u32, of: u32| {
+            if of > 0 {
+                100.0 * n as f64 / of as f64
+            } else {
+                0.0
+            }
         };
+        let (gpu, host) = (kv_cfg.gpu_pages, kv_cfg.host_pages);
+        let kv_gpu = pct(gpu - kv.gpu_free() - kv.idle_pages(Tier::Gpu), gpu);
+        let kv_host = pct(host - kv.host_free() - kv.idle_pages(Tier::Host), host);
         let resident = sched
             .adapters()
             .backend()
@@ -547,6 +617,12 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 .push((out.generation().len() + out.context().len()) as f64);
             samples.kv_gpu.push(kv_gpu);
             samples.kv_host.push(kv_host);
+            samples
+                .cached_gpu
+                .push(pct(kv.cached_pages(Tier::Gpu), gpu));
+            samples
+                .cached_host
+                .push(pct(kv.cached_pages(Tier::Host), host));
             samples.adapters.push(resident);
         }
         if show_progress
@@ -571,6 +647,17 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     }
     let stats = sched.adapters().backend().stats();
     r.adapter_evictions = stats.device_evictions;
+    r.prefix_reuse = o.prefix_reuse;
+    if let Some(p) = sched.kv().prefix_stats() {
+        r.cached_blocks_evicted = p.evicted;
+        r.cached_blocks_demoted = p.demoted;
+        r.host_cache_hits = p.host_hits;
+    }
+    r.prefix_hit_rate = if r.admitted_prompt_tokens > 0 {
+        r.admitted_reused_tokens as f64 / r.admitted_prompt_tokens as f64
+    } else {
+        0.0
+    };
     r.sim_seconds = (now_ms - start_ms) / 1000.0;
     r.wall_seconds = wall.elapsed().as_secs_f64();
     r.kv_gpu_util_mean_pct = kv_gpu_sum / r.iterations.max(1) as f64;

@@ -65,6 +65,23 @@ pub struct Report {
     pub sched_ns_per_iter: (f64, f64),
     /// Scheduling iterations.
     pub iterations: u64,
+    /// Prefix reuse was on.
+    pub prefix_reuse: bool,
+    /// Prompt tokens of the requests' first admissions (the trace's prompts).
+    pub admitted_prompt_tokens: u64,
+    /// Of those, the tokens found cached.
+    pub admitted_reused_tokens: u64,
+    /// `admitted_reused_tokens / admitted_prompt_tokens`: comparable to a trace's reuse ceiling.
+    pub prefix_hit_rate: f64,
+    /// Prompt tokens found cached by every first chunk, replays after a recompute pause included: the
+    /// prefill the cache saved.
+    pub prefill_tokens_saved: u64,
+    /// Cached blocks dropped from the cache to make room.
+    pub cached_blocks_evicted: u64,
+    /// Cached blocks demoted from the GPU to the host tier.
+    pub cached_blocks_demoted: u64,
+    /// Cached blocks found on the host tier and reloaded (one page copy each).
+    pub host_cache_hits: u64,
     /// Invariant violations seen by `--check` (0 expected).
     pub invariant_violations: u64,
     /// Timeline samples.
@@ -132,6 +149,36 @@ impl Report {
             format!("{} ({})", self.recompute_paused, self.preempted),
         );
         row(&mut s, "resumes", self.resumed.to_string());
+        if self.prefix_reuse {
+            row(
+                &mut s,
+                "prefix hit rate (reused tokens)",
+                format!(
+                    "{:.3} ({} of {} prompt tokens)",
+                    self.prefix_hit_rate, self.admitted_reused_tokens, self.admitted_prompt_tokens
+                ),
+            );
+            row(
+                &mut s,
+                "prefill saved (incl. replays)",
+                self.prefill_tokens_saved.to_string(),
+            );
+            row(
+                &mut s,
+                "cached blocks evicted / demoted",
+                format!(
+                    "{} / {}",
+                    self.cached_blocks_evicted, self.cached_blocks_demoted
+                ),
+            );
+            row(
+                &mut s,
+                "host cache hits (blocks reloaded)",
+                self.host_cache_hits.to_string(),
+            );
+        } else {
+            row(&mut s, "prefix reuse", "off".into());
+        }
         row(
             &mut s,
             "KV pages offloaded / reloaded",
@@ -212,6 +259,14 @@ impl Report {
             "adapter_util_mean_pct": self.adapter_util_mean_pct,
             "sched_ns_per_iter": {"p50": self.sched_ns_per_iter.0, "p99": self.sched_ns_per_iter.1},
             "iterations": self.iterations,
+            "prefix_reuse": self.prefix_reuse,
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "prefill_tokens_saved": self.prefill_tokens_saved,
+            "admitted_prompt_tokens": self.admitted_prompt_tokens,
+            "admitted_reused_tokens": self.admitted_reused_tokens,
+            "cached_blocks_evicted": self.cached_blocks_evicted,
+            "cached_blocks_demoted": self.cached_blocks_demoted,
+            "host_cache_hits": self.host_cache_hits,
             "invariant_violations": self.invariant_violations,
         })
     }
@@ -235,6 +290,14 @@ impl Report {
                     .series("GPU tier", s.kv_gpu.clone())
                     .series("host tier", s.kv_host.clone()),
             );
+        if self.prefix_reuse {
+            t = t.panel(
+                Panel::new("prefix cache occupancy", "% of the tier's pages")
+                    .range(0.0, 100.0)
+                    .series("GPU tier", s.cached_gpu.clone())
+                    .series("host tier", s.cached_host.clone()),
+            );
+        }
         if self.adapters > 0 {
             t = t.panel(
                 Panel::new("adapter residency", "adapters on device")

@@ -36,6 +36,7 @@ pub mod burstgpt;
 pub mod mooncake;
 pub mod popularity;
 pub mod rng;
+pub mod sessions;
 pub mod synthetic;
 
 /// One request as the simulator replays it.

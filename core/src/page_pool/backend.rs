@@ -15,7 +15,7 @@ impl KvPool<'_> {
         };
         match s.state {
             SeqState::None => return false,
-            SeqState::Active => {
+            SeqState::Active | SeqState::Claimed => {
                 if !self.grow(i, target, r.id) {
                     return false;
                 }
@@ -52,7 +52,7 @@ impl KvBackend for KvPool<'_> {
 
     fn is_active(&self, r: KvRef) -> bool {
         self.slot(r)
-            .is_some_and(|i| self.seqs[i].state == SeqState::Active)
+            .is_some_and(|i| matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed))
     }
 
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
@@ -60,17 +60,17 @@ impl KvBackend for KvPool<'_> {
         match self.seqs[i].state {
             SeqState::None if prep.first_chunk => {
                 self.seqs[i].state = SeqState::Active;
-                Some(self.match_prefix(i, prep, r.id))
+                Some(self.match_prefix(i, prep))
             }
             SeqState::None => None,
-            SeqState::Active => Some(0),
+            SeqState::Active | SeqState::Claimed => Some(0),
             SeqState::Suspended => self.resume_row(i, r.id, 0).then_some(0),
         }
     }
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         let Some(i) = self.slot(r) else { return false };
-        if self.seqs[i].state != SeqState::Active {
+        if !matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
             return false;
         }
         if self.grow(i, capacity, r.id) {
@@ -124,7 +124,7 @@ impl KvBackend for KvPool<'_> {
 
     fn suspend(&mut self, r: KvRef) {
         let Some(i) = self.slot(r) else { return };
-        if self.seqs[i].state == SeqState::Active {
+        if matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
             self.suspend_row(i, r.id);
         }
     }
@@ -156,7 +156,7 @@ impl KvBackend for KvPool<'_> {
                     false
                 }
             }
-            SeqState::Active => self.grow(i, capacity, r.id),
+            SeqState::Active | SeqState::Claimed => self.grow(i, capacity, r.id),
             SeqState::Suspended => {
                 let extra = blocks_for(capacity, self.cfg.tokens_per_block)
                     .saturating_sub(self.seqs[i].blocks);

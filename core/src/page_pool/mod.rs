@@ -11,7 +11,8 @@
 //!
 //! With a prefix cache ([`PrefixStorage`], `prefix.rs`), committed full prompt blocks are indexed by
 //! their chained key and shared: a first chunk matches its prefix block by block (a block cached on the
-//! host tier is reloaded, one page copy), pages are reference-counted, a page referenced by any row is
+//! host tier is claimed, and reloaded — one page copy — by the chunk's resize), pages are
+//! reference-counted, a page referenced by any row is
 //! never freed, moved or overwritten, and suspension moves only private pages. Unreferenced cached blocks
 //! stay matchable until space is needed; then the oldest leaf is demoted to the host tier (or dropped).
 //!
@@ -55,6 +56,10 @@ pub enum SeqState {
     None,
     /// Active on the GPU.
     Active,
+    /// Active, right after a first chunk matched cached blocks on the host tier: they are claimed (held
+    /// in its table) but copied up only by its first resize, so an admission that is refused copies
+    /// nothing.
+    Claimed,
     /// Suspended: private pages on the host tier, or HELD on the GPU; shared pages HELD on the GPU.
     Suspended,
 }
@@ -287,6 +292,11 @@ impl<'a> KvPool<'a> {
     pub fn cached_pages(&self, tier: Tier) -> u32 {
         self.prefix.as_ref().map_or(0, |p| p.cached(tier))
     }
+    /// Pages of a tier holding cached blocks no request references (evictable, leaves first); 0 without
+    /// a prefix cache.
+    pub fn idle_pages(&self, tier: Tier) -> u32 {
+        self.prefix.as_ref().map_or(0, |p| p.evictable(tier))
+    }
     /// A page's entry in the prefix cache (`None` without one).
     pub fn page_info(&self, entry: u32) -> Option<PageInfo> {
         self.prefix.as_ref().map(|p| *p.info(entry))
@@ -346,7 +356,9 @@ impl<'a> KvPool<'a> {
             }
             for &e in self.row_entries(slot, s) {
                 let (tier, page) = page_of(e);
-                if page >= self.tier_pages(tier) {
+                if page >= self.tier_pages(tier)
+                    || (tier == Tier::Host && s.state == SeqState::Active)
+                {
                     return false;
                 }
                 entries[usize::from(tier == Tier::Host)] += 1;
@@ -378,8 +390,9 @@ impl<'a> KvPool<'a> {
         }
         for (slot, s) in self.seqs.iter().enumerate() {
             for &e in self.row_entries(slot, s) {
+                // A host entry is the row's own: a private page, or a claimed cached block.
                 let info = prefix.info(e);
-                if info.refs() == 0 || (e & HOST != 0 && (info.refs() != 1 || info.cached())) {
+                if info.refs() == 0 || (e & HOST != 0 && info.refs() != 1) {
                     return false;
                 }
             }

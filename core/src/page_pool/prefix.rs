@@ -24,7 +24,8 @@
 //! 2. a cached page is in the index under its key, and the index holds nothing else;
 //! 3. `children` (`gpu_children`) = the cached pages (on the GPU) whose parent key is this page's key;
 //! 4. a tier's LRU list holds exactly its leaves (oldest first), and `idle` counts its idle pages;
-//! 5. host pages are never referenced by a row through the cache (a match reloads them first);
+//! 5. a host page is referenced by one row at most: its private page, or a cached block it claimed (a
+//!    match stops at a host block another row claimed) and reloads before it runs;
 //! 6. a GPU block's cached parent is on the GPU.
 
 use crate::kv::Tier;

@@ -212,8 +212,16 @@ fn with_a_host_tier_evicted_blocks_are_demoted_and_a_match_reloads_them() {
     assert_eq!(
         p.prepare_context(r(3), first(9)),
         Some(8),
-        "reloaded, not recomputed"
+        "reused, not recomputed"
     );
+    assert_eq!(p.seq(3).state, SeqState::Claimed);
+    assert!(
+        p.take_moves().is_empty(),
+        "claimed: nothing is copied before the resize"
+    );
+    assert!(audited(&p));
+    assert!(p.resize_context(r(3), 9, true));
+    assert_eq!(p.seq(3).state, SeqState::Active);
     let moves = p.take_moves();
     assert_eq!(moves.len(), 2);
     assert!(moves.iter().all(|m| m.from == Tier::Host));
@@ -224,6 +232,46 @@ fn with_a_host_tier_evicted_blocks_are_demoted_and_a_match_reloads_them() {
     );
     assert_eq!(p.host_free(), 8);
     assert!(p.table(3).iter().all(|&e| page_of(e).0 == Tier::Gpu));
+    assert!(audited(&p));
+}
+
+#[test]
+fn a_refused_admission_copies_nothing_and_a_claim_is_one_rows() {
+    let (mut b, mut c) = (Buf::new(), Cache::new());
+    let mut p = b.pool_with(8, 4, Some(&mut c));
+    computed(&mut p, 0, A, &[1, 2], 8);
+    p.free(r(0));
+    admit(&mut p, 1, B, &[], 16);
+    admit(&mut p, 2, B, &[], 16);
+    p.take_moves();
+    assert_eq!(p.cached_pages(Tier::Host), 2);
+    p.set_prefix(r(3), A, &[1, 2, 3, 4]);
+    assert_eq!(
+        p.prepare_context(r(3), first(16)),
+        Some(8),
+        "both blocks claimed on the host"
+    );
+    p.set_prefix(r(0), A, &[1, 2]);
+    assert_eq!(
+        p.prepare_context(r(0), first(9)),
+        Some(0),
+        "a claimed block is one row's"
+    );
+    p.free(r(0));
+    assert!(
+        !p.resize_context(r(3), 16, true),
+        "no GPU page for the reloads"
+    );
+    p.free(r(3));
+    assert!(
+        p.take_moves().is_empty(),
+        "the refused admission copied nothing"
+    );
+    assert_eq!(
+        p.cached_pages(Tier::Host),
+        2,
+        "its claims are released, still cached"
+    );
     assert!(audited(&p));
 }
 

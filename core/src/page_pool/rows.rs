@@ -135,9 +135,15 @@ impl KvPool<'_> {
         Some(self.gpu_free[self.gpu_free_len as usize])
     }
 
-    /// Grows an active GPU-resident row to `capacity` tokens; all-or-nothing.
+    /// Grows an active row to `capacity` tokens (a claimed one reloads its claims first); all-or-nothing.
     pub(super) fn grow(&mut self, slot: usize, capacity: u32, who: RequestId) -> bool {
         let s = self.seqs[slot];
+        if s.state == SeqState::Claimed {
+            let need = blocks_for(capacity, self.cfg.tokens_per_block).max(s.blocks);
+            if need > self.cfg.max_blocks || !self.resume_row(slot, who, need - s.blocks) {
+                return false;
+            }
+        }
         if capacity <= s.capacity {
             return true;
         }
@@ -262,10 +268,12 @@ impl KvPool<'_> {
         }
     }
 
-    /// Resumes a suspended row, with `extra` more GPU pages needed right after; all-or-nothing.
+    /// Brings a suspended or claimed row's host entries up to the GPU, with `extra` more GPU pages
+    /// needed right after; all-or-nothing. A private page moves; a claimed cached block is reloaded (its
+    /// index entry follows).
     pub(super) fn resume_row(&mut self, slot: usize, who: RequestId, extra: u32) -> bool {
         let s = self.seqs[slot];
-        debug_assert_eq!(s.state, SeqState::Suspended);
+        debug_assert!(matches!(s.state, SeqState::Suspended | SeqState::Claimed));
         let base = self.row(slot);
         let n = s.blocks as usize;
         let down = self.tables[base..base + n]
@@ -298,31 +306,41 @@ impl KvPool<'_> {
         } else {
             let mut left = down;
             for b in 0..n {
-                let e = self.tables[base + b];
-                if e & HOST == 0 {
-                    continue;
+                if self.tables[base + b] & HOST != 0 {
+                    left -= 1;
+                    self.bring_up(base + b, who, left);
                 }
-                left -= 1;
-                let Some(p) = self.take_gpu(who, left + 1) else {
-                    panic!("the GPU pages were counted available");
-                };
-                self.log(who, Tier::Host, e & !HOST, p);
-                if let Some(prefix) = self.prefix.as_mut() {
-                    prefix.move_private(e, p);
-                }
-                self.push_free(e);
-                self.tables[base + b] = p;
             }
         }
         self.seqs[slot].state = SeqState::Active;
         true
     }
 
+    /// Copies the host page of table entry `at` up to a GPU page (counted available by the caller, with
+    /// room in the log for this copy and `reserve` more).
+    fn bring_up(&mut self, at: usize, who: RequestId, reserve: u32) {
+        let e = self.tables[at];
+        let Some(p) = self.take_gpu(who, reserve + 1) else {
+            panic!("the GPU pages were counted available");
+        };
+        self.log(who, Tier::Host, e & !HOST, p);
+        if let Some(prefix) = self.prefix.as_mut() {
+            if prefix.info(e).cached() {
+                prefix.relocate(e, p);
+                prefix.stats.host_hits += 1;
+            } else {
+                prefix.move_private(e, p);
+            }
+        }
+        self.push_free(e);
+        self.tables[at] = p;
+    }
+
     /// A first chunk's new row matches its prompt's cached prefix, block by block from the root, up to
     /// the prompt minus its last token and the draft lookahead: a block on the GPU is shared, one on the
-    /// host tier is reloaded (one page copy) when a GPU page and room in the log can be had. Returns the
-    /// reused tokens.
-    pub(super) fn match_prefix(&mut self, slot: usize, prep: ContextPrep, who: RequestId) -> u32 {
+    /// host tier is claimed (the row becomes [`SeqState::Claimed`]; its first resize reloads it, so a
+    /// refused admission copies nothing) unless another row claimed it. Returns the reused tokens.
+    pub(super) fn match_prefix(&mut self, slot: usize, prep: ContextPrep) -> u32 {
         if self.prefix.is_none() {
             return 0;
         }
@@ -331,42 +349,33 @@ impl KvPool<'_> {
             .hashed
             .min(prep.prompt.saturating_sub(1 + prep.lookahead) / tpb)
             .min(self.cfg.max_blocks);
-        let (mut key, mut m) = (s.root, 0u32);
+        let (mut key, mut m, mut claimed) = (s.root, 0u32, false);
         while m < limit {
             let next = chain(key, self.hashes[base + m as usize]);
             let Some(e) = self.prefix.as_ref().and_then(|p| p.lookup(next)) else {
                 break;
             };
-            let page = if e & HOST == 0 {
-                if let Some(prefix) = self.prefix.as_mut() {
-                    prefix.acquire(e);
-                    prefix.stats.gpu_hits += 1;
-                }
-                e
-            } else {
-                if self.gpu_available() == 0 || !self.log_room(1) {
+            let Some(prefix) = self.prefix.as_mut() else {
+                break;
+            };
+            if e & HOST != 0 {
+                // Claimed, not copied: the resize that admits the chunk reloads it. One claim a block.
+                if prefix.info(e).refs() > 0 {
                     break;
                 }
-                // Pinned first, so that the allocation's evictions cannot take it.
-                if let Some(prefix) = self.prefix.as_mut() {
-                    prefix.acquire(e);
-                }
-                let Some(p) = self.take_gpu(who, 1) else {
-                    panic!("a GPU page was counted available");
-                };
-                self.log(who, Tier::Host, e & !HOST, p);
-                if let Some(prefix) = self.prefix.as_mut() {
-                    prefix.relocate(e, p);
-                    prefix.stats.host_hits += 1;
-                }
-                self.push_free(e);
-                p
-            };
-            self.tables[base + m as usize] = page;
+                claimed = true;
+            } else {
+                prefix.stats.gpu_hits += 1;
+            }
+            prefix.acquire(e);
+            self.tables[base + m as usize] = e;
             key = next;
             m += 1;
         }
         let seq = &mut self.seqs[slot];
+        if claimed {
+            seq.state = SeqState::Claimed;
+        }
         seq.blocks = m;
         seq.capacity = m * tpb;
         seq.committed = m;
