@@ -36,10 +36,11 @@ scenario!(s3, s3_floor, Scenario::S3, 256, 8);
 scenario!(s3s, s3s_floor, Scenario::S3s, 256, 8);
 scenario!(s3h, s3h_floor, Scenario::S3h, 256, 8);
 scenario!(s4, s4_floor, Scenario::S4, 1024, 64);
+scenario!(s5, s5_floor, Scenario::S5, 320, 8);
 
 library_benchmark_group!(
     name = iteration,
-    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4]
+    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4, s5]
 );
 library_benchmark_group!(
     name = floor,
@@ -51,7 +52,8 @@ library_benchmark_group!(
         s3_floor,
         s3s_floor,
         s3h_floor,
-        s4_floor
+        s4_floor,
+        s5_floor
     ]
 );
 

@@ -60,6 +60,10 @@ pub enum Scenario {
     S3h,
     /// 1024 LoRA requests over 64 adapters, a 32-adapter device cache, 25% suspended coming back.
     S4,
+    /// Prefix reuse: 256 decoding requests over 8 adapters and 64 waiting 512-token prompts, each its
+    /// adapter's cached 4-block system prompt and a unique tail; 21 are admitted (20 whole, one
+    /// 256-token chunk), each reusing 128 tokens.
+    S5,
 }
 
 /// The counts one iteration of a scenario must produce.
@@ -120,7 +124,7 @@ const fn outcome(generation: usize, context: usize, paused: usize, recompute: us
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::S1_64,
         Scenario::S1_256,
         Scenario::S1_1024,
@@ -129,6 +133,7 @@ impl Scenario {
         Scenario::S3s,
         Scenario::S3h,
         Scenario::S4,
+        Scenario::S5,
     ];
 
     /// The name used in `SCENARIOS.md` and on the command line.
@@ -142,6 +147,7 @@ impl Scenario {
             Scenario::S3s => "S3s",
             Scenario::S3h => "S3h",
             Scenario::S4 => "S4",
+            Scenario::S5 => "S5",
         }
     }
 
@@ -158,7 +164,7 @@ impl Scenario {
         match self {
             Scenario::S1_64 => 64,
             Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h => 256,
-            Scenario::S2 => 320,
+            Scenario::S2 | Scenario::S5 => 320,
             Scenario::S1_1024 | Scenario::S4 => 1024,
         }
     }
@@ -168,7 +174,9 @@ impl Scenario {
         !matches!(self, Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024)
     }
 
-    /// The reference figure (TensorRT-LLM's Python scheduler), median µs per iteration.
+    /// The reference figure, median µs per iteration: TensorRT-LLM's Python V2 scheduler (S1-S3h,
+    /// `SCENARIOS.md`); for S5 vLLM 0.33's scheduler with its KV manager, prefix caching and LoRA in the
+    /// same shape (the prefix-reuse issue's figure).
     pub const fn reference_us(self) -> Option<f64> {
         match self {
             Scenario::S1_64 => Some(105.7),
@@ -179,6 +187,7 @@ impl Scenario {
             Scenario::S3s => Some(680.8),
             Scenario::S3h => Some(417.3),
             Scenario::S4 => None,
+            Scenario::S5 => Some(3630.0),
         }
     }
 
@@ -200,6 +209,7 @@ impl Scenario {
                 resumed: 256,
                 adapter_loads: 8,
             },
+            Scenario::S5 => outcome(256, 21, 0, 0),
         }
     }
 
@@ -227,8 +237,9 @@ impl Scenario {
                     max_blocks,
                 }
             }
-            // Room for all: 256 × 33 pages of generation, 64 × 17 of context.
-            Scenario::S2 => KvPoolConfig {
+            // Room for all: 256 × 33 pages of generation, 64 × 17 of context (S5: and the 8 system
+            // prompts' 4 cached blocks each).
+            Scenario::S2 | Scenario::S5 => KvPoolConfig {
                 tokens_per_block: TOKENS_PER_BLOCK,
                 gpu_pages: 256 * 33 + 64 * 17,
                 host_pages: 0,
@@ -262,9 +273,12 @@ impl Scenario {
         }
     }
 
-    /// Fresh buffers for the scenario's pool.
+    /// Fresh buffers for the scenario's pool (S5: with a prefix cache).
     pub fn memory(self) -> KvMemory {
-        KvMemory::new(self.kv_config())
+        match self {
+            Scenario::S5 => KvMemory::with_prefix_cache(self.kv_config()),
+            _ => KvMemory::new(self.kv_config()),
+        }
     }
 
     /// Scheduler configuration: the common settings with the scenario's batch limit.
@@ -293,6 +307,25 @@ struct Start {
     /// KV capacity in tokens (0: no cache).
     capacity: u32,
     how: Adopt,
+    /// The prompt's block hashes (S5), submitted with a waiting request.
+    hashes: Vec<u64>,
+}
+
+/// S5's system prompt: 4 blocks of 32 tokens per adapter.
+const SYSTEM_BLOCKS: u64 = 4;
+
+/// The block hashes of an S5 prompt of `blocks` full blocks on adapter `task`: its system prompt, then
+/// (for `unique` ≠ 0) a tail of its own.
+fn s5_hashes(task: u64, unique: u64, blocks: u64) -> Vec<u64> {
+    (0..blocks)
+        .map(|k| {
+            if k < SYSTEM_BLOCKS {
+                (task + 1) << 32 | k
+            } else {
+                unique << 32 | k
+            }
+        })
+        .collect()
 }
 
 /// The adapter cache of a scenario's starting state.
@@ -312,6 +345,7 @@ fn generation(id: u64, task: u64, capacity: u32) -> Start {
         spec: RequestSpec::generation(id, PROMPT).with_lora(task),
         capacity,
         how: Adopt::Active,
+        hashes: Vec::new(),
     }
 }
 
@@ -338,6 +372,18 @@ fn starting_state(s: Scenario) -> (Vec<Start>, Adapters) {
                 spec: RequestSpec::new(i, Phase::ContextInit, PROMPT).with_lora(i % 8),
                 capacity: 0,
                 how: Adopt::Waiting,
+                hashes: Vec::new(),
+            }));
+            (reqs, eight)
+        }
+        Scenario::S5 => {
+            let mut reqs: Vec<Start> = (0..256).map(|i| generation(i, i % 8, CAPACITY)).collect();
+            let blocks = u64::from(PROMPT / TOKENS_PER_BLOCK);
+            reqs.extend((256..320).map(|i| Start {
+                spec: RequestSpec::new(i, Phase::ContextInit, PROMPT).with_lora(i % 8),
+                capacity: 0,
+                how: Adopt::Waiting,
+                hashes: s5_hashes(i % 8, 1000 + i, blocks),
             }));
             (reqs, eight)
         }
@@ -466,9 +512,22 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
             .expect("running adapters fit");
 
         let mut sched = Box::new(Sched::<N, T>::new(s.config(), pool, peft).expect("scheduler"));
+        let mut waiting = Vec::new();
         for (i, r) in reqs.into_iter().enumerate() {
+            if !r.hashes.is_empty() {
+                waiting.push(r);
+                continue;
+            }
             let h = sched.adopt(r.spec, r.how).expect("adopt");
             assert_eq!(h.index() as usize, i, "slot i = request i");
+        }
+        if s == Scenario::S5 {
+            warm_system_prompts(&mut sched);
+        }
+        for r in waiting {
+            sched
+                .submit_with_prefix(r.spec, 0, &r.hashes)
+                .expect("submit");
         }
 
         Self {
@@ -539,6 +598,38 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
     }
 }
 
+/// S5's cache before the timed pass: one request per adapter computes the adapter's system prompt (one
+/// pass, next to the decoding requests) and finishes, leaving its blocks cached.
+fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<'_, N, T>) {
+    let mut out = Box::new(SchedulerOutput::<N>::new());
+    let tokens = (SYSTEM_BLOCKS as u32) * TOKENS_PER_BLOCK;
+    let warm: Vec<_> = (0..8u64)
+        .map(|t| {
+            let spec = RequestSpec::new(100_000 + t, Phase::ContextInit, tokens).with_lora(t);
+            let hashes = s5_hashes(t, 0, SYSTEM_BLOCKS);
+            sched.submit_with_prefix(spec, 0, &hashes).expect("warm")
+        })
+        .collect();
+    sched.schedule(&mut out).expect("warm pass");
+    sched.ensure_batch(&mut out).expect("warm pass");
+    let _ = sched.take_moves();
+    assert_eq!(
+        out.context().len(),
+        8,
+        "S5: the system prompts are computed"
+    );
+    sched.complete_step(&out).expect("warm pass");
+    for h in warm {
+        sched.remove(h).expect("warm");
+    }
+    let cached = sched.kv().cached_pages(kvsched_core::kv::Tier::Gpu);
+    assert_eq!(
+        u64::from(cached),
+        8 * SYSTEM_BLOCKS,
+        "S5: the system prompts are cached"
+    );
+}
+
 /// The least work any scheduler must do: read each request record once and sum its token cost (a decode
 /// step: beam + drafts; a prompt: what is left of it).
 pub fn floor_pass<K, P, const N: usize, const T: usize>(s: &Scheduler<K, P, N, T>) -> u64
@@ -580,7 +671,7 @@ pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
         Scenario::S1_64 => v.visit::<64, 8>(s),
         Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h => v.visit::<256, 8>(s),
         Scenario::S1_1024 => v.visit::<1024, 8>(s),
-        Scenario::S2 => v.visit::<320, 8>(s),
+        Scenario::S2 | Scenario::S5 => v.visit::<320, 8>(s),
         Scenario::S4 => v.visit::<1024, 64>(s),
     }
 }
@@ -781,7 +872,7 @@ pub const DEFAULT_ITERS: u64 = 10_000;
 
 const BENCH_USAGE: &str = "usage: kvsched bench [[--scenario] NAME|all] [--iters N] [--json]
   Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).
-  NAME: S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4, or all (default).
+  NAME: S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5, or all (default).
   Prints per scenario the median and p99 ns per iteration, the floor pass's median, the ratio, the
   asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed
   iterations. --json: one JSON object per line.";
@@ -896,5 +987,30 @@ pub fn cli(args: &[String]) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// S5's pass admits what its description says: 20 whole prompts and one 256-token chunk, each
+    /// starting past its adapter's cached 128-token system prompt.
+    #[test]
+    fn s5_admits_21_prompts_each_reusing_its_system_prompt() {
+        let mut mem = Scenario::S5.memory();
+        let mut b = Bench::<320, 8>::build(Scenario::S5, &mut mem);
+        b.iteration();
+        let s = b.scheduler();
+        let mut chunks: Vec<(u32, u32)> = b
+            .output()
+            .context()
+            .iter()
+            .map(|c| (s.get(c.listed.handle()).unwrap().spec().position, c.tokens))
+            .collect();
+        chunks.sort_unstable();
+        let mut want = vec![(128, 384); 20];
+        want.insert(0, (128, 256));
+        assert_eq!(chunks, want);
     }
 }

@@ -367,12 +367,12 @@ impl<'a> Prefix<'a> {
 
     /// A fresh private page enters a row.
     pub(super) fn take_private(&mut self, entry: u32) {
-        let at = self.at(entry);
+        let p = &mut self.pages[self.at(entry)];
         assert!(
-            self.pages[at] == PageInfo::default(),
+            p.refs == 0 && !p.cached,
             "a page off the free stack is unused"
         );
-        self.pages[at].refs = 1;
+        p.refs = 1;
     }
 
     /// A private page of a row moves to another page (suspend, resume): the entry follows.

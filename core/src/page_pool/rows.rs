@@ -13,22 +13,21 @@ use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST};
 
 /// Moves a row of private pages to the other tier in one loop (a pool without a prefix cache, whose
 /// pages are all private): page `b` of `row` goes to the `b`-th page popped from the destination's free
-/// stack (`popped`, its top `row.len()` entries), tagged `to_tag`; the source page is pushed on its
-/// tier's free stack (`pushed`, in row order), and the copy is logged. Equal lengths (the callers slice
-/// them so), so the loop has no bounds checks.
-fn move_pages(
+/// stack (`popped`, its top `row.len()` entries), tagged [`HOST`] when it goes down (`DOWN`); the
+/// source page is pushed on its tier's free stack (`pushed`, in row order), and the copy is logged.
+/// Equal lengths (the callers slice them so), so the loop has no bounds checks.
+fn move_pages<const DOWN: bool>(
     row: &mut [u32],
     popped: &[u32],
     pushed: &mut [u32],
     log: &mut [PageMove],
     request: RequestId,
-    from: Tier,
-    to_tag: u32,
 ) {
+    let from = if DOWN { Tier::Gpu } else { Tier::Host };
     let rows = row.iter_mut().zip(popped.iter().rev());
     for ((page, &dst), (free, entry)) in rows.zip(pushed.iter_mut().zip(log.iter_mut())) {
-        let src = *page & !HOST;
-        *page = dst | to_tag;
+        let src = if DOWN { *page } else { *page & !HOST };
+        *page = if DOWN { dst | HOST } else { dst };
         *free = src;
         *entry = PageMove {
             request,
@@ -154,18 +153,27 @@ impl KvPool<'_> {
             return true;
         }
         let need = blocks_for(capacity, tpb);
-        if need > self.cfg.max_blocks || need - s.blocks > self.gpu_available() {
+        let new = need.saturating_sub(s.blocks);
+        if need > self.cfg.max_blocks || new > self.gpu_available() {
             return false;
         }
-        let base = self.row(slot);
-        for b in s.blocks..need {
-            let Some(p) = self.take_gpu(who, 0) else {
-                panic!("the pages were counted available");
-            };
-            if let Some(prefix) = self.prefix.as_mut() {
+        // Evictions first, so that the free stack holds the pages; then one copy off its top.
+        while self.gpu_free_len < new {
+            assert!(self.evict_gpu(who, 0), "the pages were counted available");
+        }
+        let (top, base) = (self.gpu_free_len as usize, self.row(slot));
+        let row = &mut self.tables[base + s.blocks as usize..base + need as usize];
+        for (entry, &p) in row
+            .iter_mut()
+            .zip(self.gpu_free[top - new as usize..top].iter().rev())
+        {
+            *entry = p;
+        }
+        self.gpu_free_len -= new;
+        if let Some(prefix) = self.prefix.as_mut() {
+            for &p in row.iter() {
                 prefix.take_private(p);
             }
-            self.tables[base + b as usize] = p;
         }
         self.seqs[slot].blocks = need;
         self.seqs[slot].capacity = capacity;
@@ -227,14 +235,12 @@ impl KvPool<'_> {
                 self.gpu_free_len as usize,
                 self.moves_len,
             );
-            move_pages(
+            move_pages::<true>(
                 &mut self.tables[base..base + n],
                 &self.host_free[h..h + n],
                 &mut self.gpu_free[g..g + n],
                 &mut self.moves[m..m + n],
                 who,
-                Tier::Gpu,
-                HOST,
             );
             self.host_free_len -= s.blocks;
             self.gpu_free_len += s.blocks;
@@ -276,10 +282,13 @@ impl KvPool<'_> {
         debug_assert!(matches!(s.state, SeqState::Suspended | SeqState::Claimed));
         let base = self.row(slot);
         let n = s.blocks as usize;
-        let down = self.tables[base..base + n]
-            .iter()
-            .filter(|&&e| e & HOST != 0)
-            .count() as u32;
+        let row = &self.tables[base..base + n];
+        let down = match (&self.prefix, row.first()) {
+            // Without a prefix cache a row is all on one tier.
+            (None, Some(&e)) if e & HOST != 0 => s.blocks,
+            (None, _) => 0,
+            (Some(_), _) => row.iter().filter(|&&e| e & HOST != 0).count() as u32,
+        };
         if down + extra > self.gpu_available() || !self.log_room(down) {
             return false;
         }
@@ -290,14 +299,12 @@ impl KvPool<'_> {
                 self.host_free_len as usize,
                 self.moves_len,
             );
-            move_pages(
+            move_pages::<false>(
                 &mut self.tables[base..base + n],
                 &self.gpu_free[g..g + n],
                 &mut self.host_free[h..h + n],
                 &mut self.moves[m..m + n],
                 who,
-                Tier::Host,
-                0,
             );
             self.gpu_free_len -= s.blocks;
             self.host_free_len += s.blocks;

@@ -45,24 +45,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 pending_continuations += 1;
             }
         }
-        let inflight_continuations = (0..self.table.len())
-            .filter(|&i| self.in_flight_continuation(self.table.slot(i)))
-            .count();
-        if candidates == 0
-            || (inflight_continuations == 0 && candidates < 2 && pending_continuations == 0)
-        {
+        if candidates == 0 {
             return;
         }
-        self.skip_live = true;
+        // The in-flight continuations seed the contributed set; with none, one candidate and no pending
+        // continuation there is nothing to defer (and nothing was probed).
+        let mut seeds = 0u32;
         for i in 0..self.table.len() {
             let slot = self.table.slot(i);
-            if !self.in_flight_continuation(slot) {
-                continue;
-            }
-            if let Some(key) = self.probe(slot, false) {
-                self.contribute(key);
+            if self.table.hot(slot).inflight() && self.in_flight_continuation(slot) {
+                seeds += 1;
+                if let Some(key) = self.probe(slot, false) {
+                    self.contribute(key);
+                }
             }
         }
+        self.skip_live = seeds > 0 || candidates >= 2 || pending_continuations > 0;
     }
 
     /// A context request past its first chunk, in flight: it contributes whatever it computes next.

@@ -250,6 +250,12 @@ impl Hot {
         o == Ownership::Active as u8 || o == Ownership::Resumed as u8
     }
 
+    /// In flight.
+    #[inline]
+    pub(crate) fn inflight(self) -> bool {
+        self.code & INFLIGHT != 0
+    }
+
     /// Evictable (spec §1.15): not in flight, started, KV on the GPU.
     #[inline]
     pub(crate) fn evictable(self) -> bool {
