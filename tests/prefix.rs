@@ -238,6 +238,33 @@ fn a_recompute_paused_request_replays_from_its_own_prefix() {
 }
 
 #[test]
+fn a_new_request_in_a_finished_ones_slot_never_uses_its_hashes() {
+    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
+    let mut s = sched(&mut mem);
+    let mut out = Out::new();
+    let h = hashes(1, 6, 0, 6);
+    let a = submit(&mut s, 0, None, 0, &h, 100);
+    step(&mut s, &mut out);
+    s.remove(a).unwrap();
+    for (id, adopt) in [(1, true), (2, false)] {
+        let spec = RequestSpec::new(id, Phase::ContextInit, 100);
+        let b = if adopt {
+            s.adopt(spec, kvsched_core::scheduler::Adopt::Waiting)
+                .unwrap()
+        } else {
+            s.submit(spec).unwrap()
+        };
+        assert_eq!(b.index(), a.index(), "the same slot");
+        assert_eq!(
+            step(&mut s, &mut out),
+            [(id, 0, 100)],
+            "no hashes, nothing reused"
+        );
+        s.remove(b).unwrap();
+    }
+}
+
+#[test]
 fn a_refused_first_chunk_gives_its_matched_blocks_back() {
     let mut mem = KvMemory::with_prefix_cache(config(12, 0));
     let mut s = sched(&mut mem);

@@ -374,6 +374,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             self.table.cancel_insert(h);
             return Err(e);
         }
+        if how == Adopt::Waiting {
+            // A new request's slot forgets the block hashes a previous occupant left for its replay.
+            let root = self.prefix_root(task, spec.lora, 0);
+            self.kv.set_prefix(r(h), root, &[]);
+        }
         Ok(h)
     }
 
