@@ -296,6 +296,7 @@ impl Scenario {
             prefix_aware: true,
             window: Window::Decoder,
             deadlock_threshold: 1000,
+            blocked_fast_path: true,
         }
     }
 }
@@ -469,6 +470,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
                 prompt: r.spec.prompt,
                 position: 0,
                 lookahead: 0,
+                reuse_limit: ContextPrep::NO_LIMIT,
             };
             assert_eq!(pool.prepare_context(kr, prep), Some(0));
             assert!(

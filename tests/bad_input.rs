@@ -362,6 +362,7 @@ fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
         prompt: 4,
         position: 0,
         lookahead: 0,
+        reuse_limit: kvsched_core::kv::ContextPrep::NO_LIMIT,
     };
     use kvsched_core::kv::KvBackend;
     pool.prepare_context(r, prep).unwrap();

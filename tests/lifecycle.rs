@@ -19,6 +19,7 @@ fn scripted(can_evict: bool, allocate: Outcomes) -> ScriptedKv {
             resize: Outcomes::Always(true),
             allocate,
             disagg: Outcomes::Always(true),
+            admit: Outcomes::Always(true),
         },
     )
 }

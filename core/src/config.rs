@@ -77,6 +77,10 @@ pub struct Config {
     pub window: Window,
     /// Consecutive stalled passes before the pass fails with [`crate::Error::Deadlock`].
     pub deadlock_threshold: u32,
+    /// The blocked pending-context fast path (spec §1.11; upstream's kill switch
+    /// `TLLM_SCHEDULER_DISABLE_BLOCKED_CTX_SKIP=1` is `false` here). Decision-neutral: it only saves the
+    /// probes and calls of an admission that an unpaired draft pool would certainly refuse.
+    pub blocked_fast_path: bool,
 }
 
 impl Default for Config {
@@ -91,6 +95,7 @@ impl Default for Config {
             prefix_aware: true,
             window: Window::Decoder,
             deadlock_threshold: 1000,
+            blocked_fast_path: true,
         }
     }
 }

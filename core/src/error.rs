@@ -103,6 +103,9 @@ pub enum Error {
         /// Consecutive stalled passes.
         stalled: u32,
     },
+    /// An encoder request is up in the encoder window but the KV backend has no cross pool (spec §1.6
+    /// step 7). The pass did nothing.
+    CrossPoolRequired,
 }
 
 impl From<PeftError> for Error {
@@ -138,6 +141,9 @@ impl fmt::Display for Error {
                 f,
                 "V2 scheduler deadlock: nothing could be scheduled for {stalled} consecutive passes although requests are pending; \
                  the KV cache cannot make progress: add a host cache tier, lower max_num_tokens or the batch size, or give the KV pool more pages"
+            ),
+            Self::CrossPoolRequired => f.write_str(
+                "an encoder request requires a cross KV pool (the reference's cross_kv_cache_manager): build the KV backend with one (KvSet::with_pools)",
             ),
         }
     }

@@ -32,6 +32,22 @@ pub struct ContextPrep {
     pub position: u32,
     /// Draft tokens the request looks ahead: a first chunk's reuse stops this many tokens earlier.
     pub lookahead: u32,
+    /// Most tokens a first chunk may claim as reused ([`ContextPrep::NO_LIMIT`]: no limit): the pools
+    /// of a joint draft pair agree on a common depth (spec §1.7 `_prepare_context_pair`).
+    pub reuse_limit: u32,
+}
+
+impl ContextPrep {
+    /// No reuse limit.
+    pub const NO_LIMIT: u32 = u32::MAX;
+
+    /// The same preparation with a reuse limit.
+    pub const fn limited(self, reuse_limit: u32) -> Self {
+        Self {
+            reuse_limit,
+            ..self
+        }
+    }
 }
 
 /// A memory tier.
@@ -136,4 +152,71 @@ pub trait KvBackend {
     fn take_moves(&mut self) -> &[PageMove] {
         &[]
     }
+    /// [`KvBackend::take_moves`] of one pool of a request's caches (a [`crate::kv_set::KvSet`] holds a
+    /// draft and a cross pool beside the target; a single pool is the target).
+    fn take_pool_moves(&mut self, pool: Pool) -> &[PageMove] {
+        match pool {
+            Pool::Target => self.take_moves(),
+            Pool::Draft | Pool::Cross => &[],
+        }
+    }
+    /// Side-effect free: the prefix tokens a first chunk would reuse, backed off by the lookahead and
+    /// capped by the reuse limit (spec §2 `probe_context_reuse`); `None` when the backend cannot tell.
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let _ = (r, prep);
+        None
+    }
+    /// Undoes this pass's `resize_context` growth and suspends the cache; `false` when the cache had to
+    /// be dropped instead (spec §2 `revert_allocate_context`).
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        self.suspend(r);
+        true
+    }
+    /// An unpaired draft pool: creates the request's mirror cache if missing and resumes it (spec §2
+    /// `admit_mirror`); `false` when there is no slot or the resume is refused.
+    fn admit_mirror(&mut self, r: KvRef) -> bool {
+        let _ = r;
+        true
+    }
+    /// Side-effect free: the request's cache exists, is suspended, and resuming it would be refused now
+    /// (the preview of spec §1.11).
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        let _ = r;
+        false
+    }
+    /// Side-effect free (spec §1.11): admitting this pending context request is certainly refused — an
+    /// unpaired draft pool whose mirror cannot be resumed now, beside an active target cache.
+    fn admission_certainly_blocked(&self, r: KvRef) -> bool {
+        let _ = r;
+        false
+    }
+    /// A cross (encoder-output) KV pool exists (encoder-decoder models).
+    fn has_cross_pool(&self) -> bool {
+        false
+    }
+    /// Creates (a first chunk only) or resumes the request's cross cache; `false` when refused.
+    fn prepare_cross(&mut self, r: KvRef, first_chunk: bool) -> bool {
+        let _ = (r, first_chunk);
+        false
+    }
+    /// Grows the request's cross cache to `tokens` (its encoder output plus extra tokens).
+    fn resize_cross(&mut self, r: KvRef, tokens: u32) -> bool {
+        let _ = (r, tokens);
+        false
+    }
+    /// Suspends the request's cross cache.
+    fn suspend_cross(&mut self, r: KvRef) {
+        let _ = r;
+    }
+}
+
+/// One pool of a request's caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pool {
+    /// The target model's KV.
+    Target,
+    /// The draft model's KV (speculative decoding).
+    Draft,
+    /// The encoder output's KV (encoder-decoder models).
+    Cross,
 }

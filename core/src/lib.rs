@@ -42,6 +42,7 @@ pub mod config;
 pub mod error;
 pub mod fingerprint;
 pub mod kv;
+pub mod kv_set;
 pub mod lease;
 pub mod output;
 pub mod page_pool;

@@ -104,6 +104,7 @@ pub(crate) fn place(kv: &mut KvPool<'_>, r: KvRef, tokens: u32) {
         prompt: tokens,
         position: 0,
         lookahead: 0,
+        reuse_limit: ContextPrep::NO_LIMIT,
     };
     assert!(kv.prepare_context(r, prep).is_some());
     assert!(kv.resize_context(r, tokens, true));

@@ -100,6 +100,7 @@ impl Harness {
                     prompt: tokens,
                     position: 0,
                     lookahead: 0,
+                    reuse_limit: ContextPrep::NO_LIMIT,
                 };
                 if pool.prepare_context(kv_ref(slot), prep).is_some()
                     && pool.seq(slot).state == SeqState::Active

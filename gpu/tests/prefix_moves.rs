@@ -174,6 +174,7 @@ impl Harness {
                     prompt: tokens,
                     position: 0,
                     lookahead: 0,
+                    reuse_limit: ContextPrep::NO_LIMIT,
                 };
                 let reused = pool.prepare_context(kv_ref(slot), prep).unwrap_or(0);
                 if !pool.resize_context(kv_ref(slot), tokens, true) {

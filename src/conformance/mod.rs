@@ -1,6 +1,7 @@
 //! The conformance runner: scenario files (docs/conformance-format.md) run against the real scheduling
 //! pass with scripted KV and adapter managers.
 
+pub mod pools;
 pub mod scenario;
 pub mod scripted;
 
@@ -15,15 +16,16 @@ use kvsched_core::scheduler::{Adopt, Scheduler};
 use kvsched_core::Phase;
 use serde_json::Value;
 
+use scenario::Outcomes;
 use scenario::{id_list, script, Expect, IdList, PassIn, RequestIn, Scenario};
-use scripted::{KvCall, PeftCall, ScriptedKv, ScriptedPeft, Scripts};
+use scripted::{PeftCall, ScriptedKv, ScriptedPeft, Scripts};
 
 /// Requests one scenario may hold.
 pub const MAX_REQUESTS: usize = 1024;
 /// Adapter tasks one scenario may name.
 pub const MAX_TASKS: usize = 256;
 
-type Sched = Scheduler<ScriptedKv, ScriptedPeft, MAX_REQUESTS, MAX_TASKS>;
+type Sched = Scheduler<pools::Backend, ScriptedPeft, MAX_REQUESTS, MAX_TASKS>;
 type Out = SchedulerOutput<MAX_REQUESTS>;
 
 /// The outcome of a run over files.
@@ -129,6 +131,12 @@ fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     s.draft = r.draft_tokens.unwrap_or(0);
     s.lora = r.lora_task.map(TaskId);
     s.multimodal = r.multimodal.unwrap_or(false);
+    s.encoder_len = r.encoder_len.unwrap_or(0);
+    s.skip_cross = r.skip_cross.unwrap_or(false);
+    s.encoder_pending = !r.encoder_ready.unwrap_or(true);
+    if let Some(mm) = &r.mm {
+        mm_runs(field, mm, &mut s)?;
+    }
     if let Some(snaps) = &r.snapshots {
         for &p in snaps {
             s.snapshots.push(p).map_err(|_| {
@@ -151,6 +159,24 @@ fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     Ok(s)
 }
 
+/// The engine's conversion of a request's multimodal data: the bidirectional runs, only when the data
+/// says its blocks are bidirectional and carries the positions (the embed-mask cumulative sum).
+fn mm_runs(field: &str, mm: &scenario::MmIn, s: &mut RequestSpec) -> Result<(), String> {
+    s.mm_runs.clear();
+    let (true, Some(runs)) = (mm.bidirectional, &mm.runs) else {
+        return Ok(());
+    };
+    for &[a, b] in runs {
+        s.mm_runs.push((a, b)).map_err(|_| {
+            format!(
+                "malformed: field {field}.mm.runs: more than {} runs",
+                s.mm_runs.capacity()
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// A block key: an integer, or null for none.
 fn block_key(field: &str, v: &Value) -> Result<Option<u64>, String> {
     match v {
@@ -166,10 +192,40 @@ fn not_started(s: &RequestSpec) -> bool {
         || (s.phase == Phase::ContextInit && s.position == 0)
 }
 
+/// Why a request could not be added: the file is malformed, or the scheduler refused it (a malformed
+/// file too, unless the scenario expects the refusal: its first pass's `expect.error`, for the initial
+/// requests).
+enum Refusal {
+    Malformed(String),
+    Refused {
+        field: String,
+        error: kvsched_core::Error,
+    },
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Self::Malformed(why)
+    }
+}
+
+impl Refusal {
+    fn malformed(self) -> String {
+        match self {
+            Self::Malformed(why) => why,
+            Self::Refused { field, error } => format!("malformed: field {field}: {error}"),
+        }
+    }
+
+    fn expected(&self, want: &str) -> bool {
+        matches!(self, Self::Refused { error, .. } if error.to_string().contains(want))
+    }
+}
+
 struct Run {
     sched: Box<Sched>,
     /// The runner's handles on the scripted managers' state.
-    kv: ScriptedKv,
+    kv: pools::Pools,
     peft: ScriptedPeft,
     inactive: BTreeSet<u64>,
     no_cache: BTreeSet<u64>,
@@ -177,7 +233,7 @@ struct Run {
 }
 
 impl Run {
-    fn add(&mut self, field: &str, r: &RequestIn) -> Result<(), String> {
+    fn add(&mut self, field: &str, r: &RequestIn) -> Result<(), Refusal> {
         let spec = spec_of(field, r)?;
         let id = r.id;
         let cache = if self.no_cache.contains(&id) {
@@ -189,9 +245,10 @@ impl Run {
         } else {
             Some(true)
         };
-        self.kv.set_cache(id, cache, r.reuse.unwrap_or(0));
+        self.kv.set_caches(id, cache, r.reuse.unwrap_or(0));
         if let Some(v) = &r.first_new_block {
             self.kv
+                .target
                 .set_first_new_block(id, block_key(&format!("{field}.first_new_block"), v)?);
         }
         let how = match (cache, spec.started()) {
@@ -199,9 +256,10 @@ impl Run {
             (Some(false), true) => Adopt::Suspended,
             _ => Adopt::Waiting,
         };
-        self.sched
-            .adopt(spec, how)
-            .map_err(|e| format!("malformed: field {field}: {e}"))?;
+        self.sched.adopt(spec, how).map_err(|e| Refusal::Refused {
+            field: field.to_string(),
+            error: e,
+        })?;
         Ok(())
     }
 
@@ -258,6 +316,7 @@ fn config_of(sc: &Scenario) -> Result<Config, String> {
             }
         },
         deadlock_threshold: c.deadlock_threshold.unwrap_or(1000),
+        blocked_fast_path: c.blocked_fast_path.unwrap_or(true),
     };
     cfg.validate()
         .map_err(|e| format!("malformed: field config: {e}"))?;
@@ -286,6 +345,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             kv.prepare_disagg_gen_init.as_ref(),
         )
         .map_err(|e| format!("malformed: {e}"))?,
+        admit: Outcomes::Always(true),
     };
     let skv = ScriptedKv::new(
         kv.tier_below_gpu.unwrap_or(true),
@@ -353,8 +413,10 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             "malformed: field requests: more than {MAX_REQUESTS} requests"
         ));
     }
-    let (kv_ctl, peft_ctl) = (skv.clone(), peft.clone());
-    let sched = Sched::new(cfg, skv, peft).map_err(|e| format!("malformed: field config: {e}"))?;
+    let (kv_ctl, backend) = pools::Pools::new(kv, skv)?;
+    let peft_ctl = peft.clone();
+    let sched =
+        Sched::new(cfg, backend, peft).map_err(|e| format!("malformed: field config: {e}"))?;
     let mut run = Run {
         sched: Box::new(sched),
         kv: kv_ctl,
@@ -364,7 +426,18 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         has_peft: sc.peft.is_some(),
     };
     for (i, r) in sc.requests.iter().enumerate() {
-        run.add(&format!("requests[{i}]"), r)?;
+        if let Err(refusal) = run.add(&format!("requests[{i}]"), r) {
+            // A refusal the scenario expects (the first pass's `expect.error`) is its outcome.
+            let expected = match (&sc.expect, &sc.passes) {
+                (Some(e), _) => e.error.as_deref(),
+                (None, Some(p)) => p.first().and_then(|p| p.expect.error.as_deref()),
+                _ => None,
+            };
+            return match expected {
+                Some(want) if refusal.expected(want) => Ok(()),
+                _ => Err(refusal.malformed()),
+            };
+        }
     }
     if let Some(p) = &sc.peft {
         let pinned = run.sched.adapters().pinned_pages();
@@ -421,14 +494,14 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                     .find(kvsched_core::RequestId(u.id))
                     .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
                 if let Some(v) = &u.first_new_block {
-                    run.kv.set_first_new_block(
+                    run.kv.target.set_first_new_block(
                         u.id,
                         block_key(&format!("{field}.first_new_block"), v)?,
                     );
                 }
                 if u.lora_task.is_some() || u.reuse.is_some() {
                     if let Some(r) = u.reuse {
-                        run.kv.set_reuse(u.id, r);
+                        run.kv.target.set_reuse(u.id, r);
                     }
                     if u.lora_task.is_some() {
                         return Err(format!("malformed: {field}.lora_task: the LoRA task of a request cannot change"));
@@ -458,6 +531,18 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                         if let Some(v) = u.multimodal {
                             s.multimodal = v;
                         }
+                        if let Some(v) = u.encoder_len {
+                            s.encoder_len = v;
+                        }
+                        if let Some(v) = u.skip_cross {
+                            s.skip_cross = v;
+                        }
+                        if let Some(v) = u.encoder_ready {
+                            s.encoder_pending = !v;
+                        }
+                        if let Some(mm) = &u.mm {
+                            let _ = mm_runs("", mm, s);
+                        }
                         if let Some(v) = &u.snapshots {
                             s.snapshots.clear();
                             for &p in v {
@@ -468,7 +553,8 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                     .map_err(|e| format!("malformed: {field}: {e}"))?;
             }
             for (j, a) in pass.add.iter().enumerate() {
-                run.add(&format!("passes[{k}].add[{j}]"), a)?;
+                run.add(&format!("passes[{k}].add[{j}]"), a)
+                    .map_err(Refusal::malformed)?;
             }
         }
         let handles: Vec<_> = run.sched.requests().map(|(h, _)| h).collect();
@@ -677,14 +763,10 @@ fn check(
 
 fn check_calls(run: &Run, method: &str, want: &Value, diffs: &mut String) -> Result<(), String> {
     let field = format!("expect.calls.{method}");
-    let kv = run.kv.calls();
     let peft = run.peft.calls();
     // Recorded calls of this method: ids, or (id, flag) pairs.
-    let got: Vec<Value> = if let Some(m) = KvCall::from_name(method) {
-        kv.iter()
-            .filter(|(c, _)| *c == m)
-            .map(|(_, id)| Value::from(*id))
-            .collect()
+    let got: Vec<Value> = if let Some(calls) = run.kv.recorded(method) {
+        calls
     } else {
         match method {
             "determine_num_pages" => peft

@@ -70,6 +70,8 @@ pub struct ConfigIn {
     pub window: Option<String>,
     /// Deadlock threshold.
     pub deadlock_threshold: Option<u32>,
+    /// The blocked pending-context fast path (spec §1.11).
+    pub blocked_fast_path: Option<bool>,
 }
 
 /// `config.chunking`.
@@ -108,6 +110,64 @@ pub struct KvIn {
     pub block_reuse: Option<bool>,
     /// Which blocks are reusable: `"all_reusable"`, `"per_request"` or `"per_conversation"`.
     pub reuse_policy: Option<String>,
+    /// What the target pool's `probe_context_reuse` answers, by id (absent: no probe).
+    #[serde(default)]
+    pub probe: BTreeMap<String, u32>,
+    /// A draft pool (speculative decoding); null or absent: none.
+    pub draft: Option<PoolIn>,
+    /// The cross pool (encoder-decoder): absent or true = a pool that accepts everything, false = no cross
+    /// pool, an object = a scripted one.
+    pub cross: Option<Value>,
+}
+
+/// `kv.draft`, and `kv.cross` as an object: one more scripted pool.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolIn {
+    /// `"joint"` or `"unpaired"` (the draft pool only).
+    pub mode: Option<String>,
+    /// Script.
+    pub prepare_context: Option<Value>,
+    /// Script (a joint draft pool's `try_allocate_draft_context`).
+    pub resize_context: Option<Value>,
+    /// Script.
+    pub try_allocate_generation: Option<Value>,
+    /// Script (an unpaired draft pool).
+    pub admit_mirror: Option<Value>,
+    /// Reusable tokens a first chunk's claims find, by id: an integer, or a list for successive claims.
+    #[serde(default)]
+    pub reuse: BTreeMap<String, Value>,
+    /// What `probe_context_reuse` answers, by id.
+    #[serde(default)]
+    pub probe: BTreeMap<String, u32>,
+    /// Ids whose cache in this pool starts active (a cross pool has none unless listed).
+    #[serde(default)]
+    pub active: Vec<u64>,
+    /// Ids whose cache in this pool starts suspended.
+    #[serde(default)]
+    pub inactive: Vec<u64>,
+    /// Ids with no cache in this pool.
+    #[serde(default)]
+    pub no_cache: Vec<u64>,
+    /// Ids whose suspended cache the resume preview reports blocked (§1.11).
+    #[serde(default)]
+    pub blocked: Vec<u64>,
+}
+
+/// `requests[].mm`: a request's multimodal data as the engine hands it over.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MmIn {
+    /// `mm_bidirectional_blocks`.
+    #[serde(default = "yes")]
+    pub bidirectional: bool,
+    /// The runs of multimodal positions `[start, end)` (what the embed-mask cumulative sum gives);
+    /// absent: no cumulative sum.
+    pub runs: Option<Vec<[u32; 2]>>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `peft`.
@@ -155,6 +215,14 @@ pub struct RequestIn {
     /// The key of the first block the request would newly contribute (`probe_first_new_block_key`):
     /// an integer, or null for none.
     pub first_new_block: Option<Value>,
+    /// Encoder output length (an encoder request's cost; a decoder context's cross cache size).
+    pub encoder_len: Option<u32>,
+    /// The decoder skips cross-attention projection.
+    pub skip_cross: Option<bool>,
+    /// The encoder-output-ready event has fired (false: a decoder context waits on it, invisible).
+    pub encoder_ready: Option<bool>,
+    /// Multimodal data.
+    pub mm: Option<MmIn>,
 }
 
 /// `passes[]`.

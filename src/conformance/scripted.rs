@@ -37,6 +37,14 @@ pub enum KvCall {
     PrepareDisaggGenInit,
     /// `probe_first_new_block_key`.
     ProbeFirstNewBlock,
+    /// `probe_context_reuse`.
+    ProbeContextReuse,
+    /// `revert_allocate_context`.
+    RevertAllocateContext,
+    /// `admit_mirror` (an unpaired draft pool).
+    AdmitMirror,
+    /// The mirror's side-effect-free resume preview (`mirror_admission_certainly_blocked`).
+    ResumeBlocked,
 }
 
 impl KvCall {
@@ -52,6 +60,10 @@ impl KvCall {
             "preempt" => Self::Preempt,
             "prepare_disagg_gen_init" => Self::PrepareDisaggGenInit,
             "probe_first_new_block_key" => Self::ProbeFirstNewBlock,
+            "probe_context_reuse" => Self::ProbeContextReuse,
+            "revert_allocate_context" => Self::RevertAllocateContext,
+            "admit_mirror" => Self::AdmitMirror,
+            "resume_blocked" => Self::ResumeBlocked,
             _ => return None,
         })
     }
@@ -117,7 +129,14 @@ pub struct KvState {
     /// Cache per id: `true` = active.
     caches: BTreeMap<u64, bool>,
     released: BTreeSet<u64>,
-    reuse: BTreeMap<u64, u32>,
+    /// Reusable tokens a first chunk's successive claims find (past the list: its last value); a claim
+    /// returns the smaller of that and its limit.
+    reuse: BTreeMap<u64, Vec<u32>>,
+    claims: BTreeMap<u64, usize>,
+    /// What `probe_context_reuse` answers (absent: no probe).
+    probe: BTreeMap<u64, u32>,
+    /// Ids whose suspended cache the resume preview reports blocked.
+    blocked: BTreeSet<u64>,
     /// Block reuse on with every block reusable (the prefix-aware skip may probe).
     all_reusable: bool,
     first_new_block: BTreeMap<u64, u64>,
@@ -125,7 +144,9 @@ pub struct KvState {
     resize: Script,
     allocate: Script,
     disagg: Script,
-    calls: Vec<(KvCall, u64)>,
+    admit: Script,
+    /// Calls in order: method, id, and the argument some record (a claim's limit, a resize's capacity).
+    calls: Vec<(KvCall, u64, Option<u32>)>,
 }
 
 /// The four scripts.
@@ -138,6 +159,8 @@ pub struct Scripts {
     pub allocate: Outcomes,
     /// `prepare_disagg_gen_init`.
     pub disagg: Outcomes,
+    /// `admit_mirror` (an unpaired draft pool).
+    pub admit: Outcomes,
 }
 
 impl ScriptedKv {
@@ -149,12 +172,16 @@ impl ScriptedKv {
             caches: BTreeMap::new(),
             released: BTreeSet::new(),
             reuse: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            probe: BTreeMap::new(),
+            blocked: BTreeSet::new(),
             all_reusable: false,
             first_new_block: BTreeMap::new(),
             prepare: Script::new(scripts.prepare),
             resize: Script::new(scripts.resize),
             allocate: Script::new(scripts.allocate),
             disagg: Script::new(scripts.disagg),
+            admit: Script::new(scripts.admit),
             calls: Vec::new(),
         };
         Self {
@@ -173,12 +200,38 @@ impl ScriptedKv {
                 st.caches.remove(&id);
             }
         }
-        st.reuse.insert(id, reuse);
+        st.reuse.insert(id, vec![reuse]);
+    }
+
+    /// Sets a request's initial cache (`Some(active)`), keeping its reusable prefix.
+    pub fn set_cache_only(&self, id: u64, cache: Option<bool>) {
+        let mut st = self.state.borrow_mut();
+        match cache {
+            Some(a) => st.caches.insert(id, a),
+            None => st.caches.remove(&id),
+        };
     }
 
     /// Changes a request's reusable prefix.
     pub fn set_reuse(&self, id: u64, reuse: u32) {
-        self.state.borrow_mut().reuse.insert(id, reuse);
+        self.set_claims(id, vec![reuse]);
+    }
+
+    /// What a request's successive first-chunk claims find.
+    pub fn set_claims(&self, id: u64, claims: Vec<u32>) {
+        let mut st = self.state.borrow_mut();
+        st.reuse.insert(id, claims);
+        st.claims.remove(&id);
+    }
+
+    /// What `probe_context_reuse` answers for a request.
+    pub fn set_probe(&self, id: u64, tokens: u32) {
+        self.state.borrow_mut().probe.insert(id, tokens);
+    }
+
+    /// The resume preview reports a request's suspended cache blocked.
+    pub fn set_blocked(&self, id: u64) {
+        self.state.borrow_mut().blocked.insert(id);
     }
 
     /// Block reuse is on for every block (the reference's ALL_REUSABLE policy).
@@ -195,8 +248,8 @@ impl ScriptedKv {
         };
     }
 
-    /// The calls recorded so far, in order.
-    pub fn calls(&self) -> Ref<'_, [(KvCall, u64)]> {
+    /// The calls recorded so far, in order, with their recorded argument.
+    pub fn calls(&self) -> Ref<'_, [(KvCall, u64, Option<u32>)]> {
         Ref::map(self.state.borrow(), |s| s.calls.as_slice())
     }
 
@@ -228,20 +281,28 @@ impl KvState {
     }
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let id = r.id.0;
-        self.calls.push((KvCall::PrepareContext, id));
+        let limit = (prep.reuse_limit != ContextPrep::NO_LIMIT).then_some(prep.reuse_limit);
+        self.calls.push((KvCall::PrepareContext, id, limit));
         if !self.prepare.next(id, &self.released) {
             return None;
         }
         self.activate(id);
-        Some(if prep.first_chunk {
-            self.reuse.get(&id).copied().unwrap_or(0)
-        } else {
-            0
-        })
+        if !prep.first_chunk {
+            return Some(0);
+        }
+        let k = self.claims.entry(id).or_insert(0);
+        let found = self
+            .reuse
+            .get(&id)
+            .and_then(|v| v.get(*k).or(v.last()))
+            .copied()
+            .unwrap_or(0);
+        *k += 1;
+        Some(found.min(prep.reuse_limit))
     }
-    fn resize_context(&mut self, r: KvRef, _capacity: u32, first_chunk: bool) -> bool {
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         let id = r.id.0;
-        self.calls.push((KvCall::ResizeContext, id));
+        self.calls.push((KvCall::ResizeContext, id, Some(capacity)));
         if self.resize.next(id, &self.released) {
             return true;
         }
@@ -252,7 +313,7 @@ impl KvState {
     }
     fn try_allocate_generation(&mut self, r: KvRef, _grow: u32) -> bool {
         let id = r.id.0;
-        self.calls.push((KvCall::TryAllocateGeneration, id));
+        self.calls.push((KvCall::TryAllocateGeneration, id, None));
         let ok = self.allocate.next(id, &self.released);
         if !self.caches.contains_key(&id) || !ok {
             return false;
@@ -261,11 +322,12 @@ impl KvState {
         true
     }
     fn revert_allocate_generation(&mut self, r: KvRef) {
-        self.calls.push((KvCall::RevertAllocateGeneration, r.id.0));
+        self.calls
+            .push((KvCall::RevertAllocateGeneration, r.id.0, None));
     }
     fn suspend(&mut self, r: KvRef) {
         let id = r.id.0;
-        self.calls.push((KvCall::Suspend, id));
+        self.calls.push((KvCall::Suspend, id, None));
         if let Some(a) = self.caches.get_mut(&id) {
             *a = false;
             if self.can_evict {
@@ -275,21 +337,21 @@ impl KvState {
     }
     fn free(&mut self, r: KvRef) {
         let id = r.id.0;
-        self.calls.push((KvCall::FreeResources, id));
+        self.calls.push((KvCall::FreeResources, id, None));
         if self.caches.remove(&id).is_some() {
             self.released.insert(id);
         }
     }
     fn preempt(&mut self, r: KvRef) {
         let id = r.id.0;
-        self.calls.push((KvCall::Preempt, id));
+        self.calls.push((KvCall::Preempt, id, None));
         if self.caches.remove(&id).is_some() {
             self.released.insert(id);
         }
     }
     fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
         let id = r.id.0;
-        self.calls.push((KvCall::PrepareDisaggGenInit, id));
+        self.calls.push((KvCall::PrepareDisaggGenInit, id, None));
         if !self.disagg.next(id, &self.released) {
             return false;
         }
@@ -343,9 +405,39 @@ impl KvBackend for ScriptedKv {
     fn prefix_skip(&self) -> bool {
         self.state.borrow().all_reusable
     }
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let mut st = self.state.borrow_mut();
+        st.calls.push((KvCall::ProbeContextReuse, r.id.0, None));
+        st.probe.get(&r.id.0).map(|&p| p.min(prep.reuse_limit))
+    }
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        let mut st = self.state.borrow_mut();
+        st.calls.push((KvCall::RevertAllocateContext, r.id.0, None));
+        if let Some(a) = st.caches.get_mut(&r.id.0) {
+            *a = false;
+        }
+        true
+    }
+    fn admit_mirror(&mut self, r: KvRef) -> bool {
+        let mut st = self.state.borrow_mut();
+        let id = r.id.0;
+        st.calls.push((KvCall::AdmitMirror, id, None));
+        let released = st.released.clone();
+        if !st.admit.next(id, &released) {
+            return false;
+        }
+        st.activate(id);
+        true
+    }
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        let mut st = self.state.borrow_mut();
+        let id = r.id.0;
+        st.calls.push((KvCall::ResumeBlocked, id, None));
+        st.blocked.contains(&id) && st.caches.get(&id) == Some(&false)
+    }
     fn probe_first_new_block(&self, r: KvRef, _prep: ContextPrep) -> Option<u64> {
         let mut st = self.state.borrow_mut();
-        st.calls.push((KvCall::ProbeFirstNewBlock, r.id.0));
+        st.calls.push((KvCall::ProbeFirstNewBlock, r.id.0, None));
         st.first_new_block.get(&r.id.0).copied()
     }
 }

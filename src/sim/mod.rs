@@ -365,6 +365,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         prefix_aware: true,
         window: Window::Decoder,
         deadlock_threshold: o.deadlock_threshold,
+        blocked_fast_path: true,
     };
     let mut sched: Box<Sched<'_>> =
         Box::new(Scheduler::new(cfg, kv, pool).map_err(|e| SimError::Options(e.to_string()))?);

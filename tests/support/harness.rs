@@ -128,6 +128,7 @@ impl Setup {
             prefix_aware: true,
             window: Window::Decoder,
             deadlock_threshold: self.deadlock_threshold,
+            blocked_fast_path: true,
         }
     }
 

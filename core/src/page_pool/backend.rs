@@ -73,7 +73,9 @@ impl KvBackend for KvPool<'_> {
         if !matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
             return false;
         }
+        let before = self.seqs[i].capacity;
         if self.grow(i, capacity, r.id) {
+            self.seqs[i].last_grow = self.seqs[i].capacity - before;
             return true;
         }
         if first_chunk {
@@ -196,5 +198,40 @@ impl KvBackend for KvPool<'_> {
 
     fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
         self.probe_row(self.slot(r)?, prep)
+    }
+
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        Some(self.probe_reuse(self.slot(r)?, prep))
+    }
+
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        // The growth of the last resize is undone like a generation step's, then the cache suspended.
+        self.revert_allocate_generation(r);
+        self.suspend(r);
+        true
+    }
+
+    fn admit_mirror(&mut self, r: KvRef) -> bool {
+        let Some(i) = self.slot(r) else { return false };
+        match self.seqs[i].state {
+            SeqState::None => {
+                self.seqs[i].state = SeqState::Active;
+                true
+            }
+            SeqState::Active | SeqState::Claimed => true,
+            SeqState::Suspended => self.resume_row(i, r.id, 0),
+        }
+    }
+
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        self.slot(r).is_some_and(|i| {
+            let s = self.seqs[i];
+            let base = self.row(i);
+            let down = self.tables[base..base + s.blocks as usize]
+                .iter()
+                .filter(|&&e| e & super::HOST != 0)
+                .count() as u32;
+            s.state == SeqState::Suspended && (down > self.gpu_available() || !self.log_room(down))
+        })
     }
 }

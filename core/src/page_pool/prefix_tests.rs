@@ -25,6 +25,7 @@ fn first(prompt: u32) -> ContextPrep {
         prompt,
         position: 0,
         lookahead: 0,
+        reuse_limit: ContextPrep::NO_LIMIT,
     }
 }
 
@@ -381,6 +382,7 @@ fn the_first_new_block_is_probed_without_side_effects() {
         prompt: 16,
         position: 4,
         lookahead: 0,
+        reuse_limit: ContextPrep::NO_LIMIT,
     };
     assert_eq!(
         p.probe_first_new_block(r(1), later),

@@ -352,10 +352,7 @@ impl KvPool<'_> {
             return 0;
         }
         let (s, tpb, base) = (self.seqs[slot], self.cfg.tokens_per_block, self.row(slot));
-        let limit = s
-            .hashed
-            .min(prep.prompt.saturating_sub(1 + prep.lookahead) / tpb)
-            .min(self.cfg.max_blocks);
+        let limit = self.match_limit(slot, prep);
         let (mut key, mut m, mut claimed) = (s.root, 0u32, false);
         while m < limit {
             let next = chain(key, self.hashes[base + m as usize]);
@@ -388,6 +385,38 @@ impl KvPool<'_> {
         seq.committed = m;
         seq.chain = key;
         m * tpb
+    }
+
+    /// The most blocks a first chunk may match: its hashed blocks, short of the prompt's last token and
+    /// the draft lookahead, within the reuse limit and the page table.
+    fn match_limit(&self, slot: usize, prep: ContextPrep) -> u32 {
+        let tpb = self.cfg.tokens_per_block;
+        self.seqs[slot]
+            .hashed
+            .min(prep.prompt.saturating_sub(1 + prep.lookahead) / tpb)
+            .min(prep.reuse_limit / tpb)
+            .min(self.cfg.max_blocks)
+    }
+
+    /// Side-effect free: the tokens [`KvPool::match_prefix`] would reuse now (0 for a slot that has a
+    /// cache: only a first chunk's new row matches).
+    pub(super) fn probe_reuse(&self, slot: usize, prep: ContextPrep) -> u32 {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return 0;
+        };
+        let (s, base) = (self.seqs[slot], self.row(slot));
+        if s.state != SeqState::None {
+            return 0;
+        }
+        let (mut key, mut m) = (s.root, 0u32);
+        while m < self.match_limit(slot, prep) {
+            key = chain(key, self.hashes[base + m as usize]);
+            match prefix.lookup(key) {
+                Some(e) if e & HOST == 0 || prefix.info(e).refs() == 0 => m += 1,
+                _ => break,
+            }
+        }
+        m * self.cfg.tokens_per_block
     }
 
     /// Commits the row's prompt blocks computed so far (`computed` tokens) to the prefix cache, in order:

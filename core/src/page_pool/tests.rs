@@ -22,6 +22,7 @@ const FIRST: ContextPrep = ContextPrep {
     prompt: 8,
     position: 0,
     lookahead: 0,
+    reuse_limit: ContextPrep::NO_LIMIT,
 };
 
 #[test]

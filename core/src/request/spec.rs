@@ -13,6 +13,9 @@ pub struct TaskId(pub u64);
 /// Most FORCE_CHUNK snapshot points one request carries.
 pub const MAX_SNAPSHOTS: usize = 8;
 
+/// Most bidirectional multimodal runs one request carries.
+pub const MAX_MM_RUNS: usize = 8;
+
 /// What a request is: the data the pass reads. Phase and position change every step.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RequestSpec {
@@ -39,6 +42,14 @@ pub struct RequestSpec {
     /// A generation request that carries multimodal data (its replay inputs are gone: not a recompute
     /// candidate).
     pub multimodal: bool,
+    /// The decoder skips cross-attention projection: no cross cache is touched for its chunks.
+    pub skip_cross: bool,
+    /// A decoder context waiting on an encoder-output-ready event that has not fired: invisible to the
+    /// pass (spec §1.2 step 1).
+    pub encoder_pending: bool,
+    /// Bidirectional multimodal runs `[start, end)` of prompt positions (ascending, disjoint): a chunk
+    /// never ends strictly inside one (spec §1.9). Empty: no multimodal data.
+    pub mm_runs: heapless::Vec<(u32, u32), MAX_MM_RUNS>,
 }
 
 impl RequestSpec {
@@ -56,6 +67,9 @@ impl RequestSpec {
             encoder_len: 0,
             snapshots: heapless::Vec::new(),
             multimodal: false,
+            skip_cross: false,
+            encoder_pending: false,
+            mm_runs: heapless::Vec::new(),
         }
     }
 
@@ -70,6 +84,11 @@ impl RequestSpec {
     pub fn with_lora(mut self, task: u64) -> Self {
         self.lora = Some(TaskId(task));
         self
+    }
+
+    /// Invisible to the pass while its encoder output is not ready (spec §1.2 step 1).
+    pub fn waits_on_encoder(&self) -> bool {
+        self.encoder_pending && self.phase == Phase::ContextInit
     }
 
     /// Started (spec §1.15): a context-init phase past its first chunk, or a generation phase.

@@ -34,6 +34,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             prompt: s.prompt,
             position: s.position,
             lookahead: s.draft,
+            reuse_limit: ContextPrep::NO_LIMIT,
         }
     }
 
@@ -202,6 +203,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 chunk = chunk / ch.unit * ch.unit;
             }
         }
-        chunk
+        if chunk == 0 || s.mm_runs.is_empty() {
+            return chunk;
+        }
+        self.align_to_mm_runs(slot, chunk, remaining, ch.unit)
     }
 }

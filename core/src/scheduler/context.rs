@@ -52,6 +52,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         if self.marked(slot, mark::PREEMPTED) || closed {
             return Step::Skip;
         }
+        // §1.11: an unpaired draft pool that would certainly refuse the mirror (decision-neutral).
+        if self.cfg.blocked_fast_path
+            && self.cfg.chunking.is_some()
+            && phase == Phase::ContextInit
+            && self.kv.admission_certainly_blocked(self.kv_ref(slot))
+        {
+            return Step::Skip;
+        }
         // §1.6 step 5: before the adapter and any KV call, so a deferral costs nothing.
         let Ok(key) = self.prefix_probe(slot) else {
             return Step::Skip;
@@ -106,7 +114,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             None => self.context_whole(i, first),
             Some(_) => self.context_chunked(i, first, planned),
         };
-        let a = match admitted {
+        let a = match admitted.and_then(|a| self.attach_cross(slot, first).map(|()| a)) {
             Ok(a) => a,
             Err(step) => {
                 self.roll_back_context(slot, first);

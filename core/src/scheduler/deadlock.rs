@@ -58,7 +58,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let generation = self.table.order().iter().any(|&s| {
             let e = self.table.entry(s);
             let p = e.spec().phase;
-            p.is_generation() && p != Phase::GenerationToComplete && !e.inflight()
+            p.is_generation() && p != Phase::GenerationToComplete && !e.sits_out()
         });
         generation
             || self.pending.iter().any(|p| {
@@ -85,7 +85,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         }
         let wedged = |s: &u16| {
             let e = self.table.entry(*s);
-            !e.inflight()
+            !e.sits_out()
                 && e.spec().phase.is_context_init()
                 && e.spec().started()
                 && e.ownership().on_gpu()

@@ -162,7 +162,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
     #[inline(never)]
     fn general_step(&mut self, i: usize, slot: u16) -> Step {
         let e = self.table.entry(slot);
-        if self.marked(slot, mark::RECOMPUTED) || e.inflight() {
+        if self.marked(slot, mark::RECOMPUTED) || e.sits_out() {
             return Step::Skip;
         }
         let phase = e.spec().phase;

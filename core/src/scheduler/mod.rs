@@ -29,8 +29,10 @@
 
 mod chunking;
 mod context;
+mod cross;
 mod deadlock;
 mod generation;
+mod multimodal;
 mod pass;
 mod plan;
 mod preempt;
@@ -223,6 +225,38 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         agree && self.table.check() && (0..T).all(|s| self.desk.leases(s as u16) == leases[s])
     }
 
+    /// Multimodal runs: ascending, disjoint, non-empty and within the prompt; with chunking, none longer
+    /// than `max_context_length` (no chunk could hold it: upstream raises mid-pass, §1.9).
+    fn check_mm_runs(&self, spec: &RequestSpec) -> Result<(), Error> {
+        let mut end = 0;
+        for &(a, b) in &spec.mm_runs {
+            if a < end || b <= a || b > spec.prompt {
+                return Err(Error::Invalid(
+                    "multimodal runs must be ascending, disjoint, non-empty and within the prompt",
+                ));
+            }
+            end = b;
+        }
+        let longest = spec.mm_runs.iter().map(|&(a, b)| b - a).max().unwrap_or(0);
+        match (self.cfg.chunking, self.cfg.max_context_length) {
+            (Some(_), Some(m)) if longest > m => Err(Error::Invalid(
+                "a bidirectional multimodal run is longer than max_context_length: no chunk could hold it",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// An encoder request the encoder window would admit, and no cross pool for it (spec §1.6 step 7,
+    /// checked before the pass does anything).
+    fn encoder_without_cross_pool(&self) -> bool {
+        self.cfg.window == crate::config::Window::Encoder
+            && !self.kv.has_cross_pool()
+            && self.table.order().iter().any(|&s| {
+                let e = self.table.entry(s);
+                e.spec().phase == Phase::EncoderInit && !e.sits_out()
+            })
+    }
+
     fn check_spec(&self, spec: &RequestSpec) -> Result<Option<TaskRef>, Error> {
         if spec.position > spec.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
@@ -258,6 +292,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if spec.beam == 0 {
             return Err(Error::Invalid("beam width must be at least 1"));
         }
+        self.check_mm_runs(spec)?;
         if spec.beam.checked_add(spec.draft).is_none() {
             return Err(Error::Invalid(
                 "beam width plus draft tokens overflow one step's token count",
@@ -416,6 +451,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
     /// Runs one scheduling pass into `out` (spec §1.2; the algorithm is `pass.rs`).
     pub fn schedule(&mut self, out: &mut SchedulerOutput<N>) -> Result<(), Error> {
+        if self.encoder_without_cross_pool() {
+            return Err(Error::CrossPoolRequired);
+        }
         self.passes += 1;
         let Scratch {
             marks,
@@ -481,6 +519,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             });
         }
         assert_eq!(self.table.resumed(), 0, "every resumed request settled");
+    }
+
+    /// The page moves of one pool of the requests' caches (a [`crate::kv_set::KvSet`]'s draft and cross
+    /// pools beside the target) since the last call, in order; the engine copies them with
+    /// [`Scheduler::take_moves`]'s before the step. The target's are [`Scheduler::take_moves`] itself.
+    pub fn take_pool_moves(&mut self, pool: crate::kv::Pool) -> &[PageMove] {
+        match pool {
+            crate::kv::Pool::Target => self.take_moves(),
+            other => self.kv.take_pool_moves(other),
+        }
     }
 
     /// Adapters evicted from the device since the last call (their device pages are free for reuse), in

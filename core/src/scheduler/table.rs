@@ -164,6 +164,11 @@ impl<'t> Entry<'t> {
     pub fn inflight(&self) -> bool {
         self.record.inflight
     }
+    /// Sits this pass out: in flight, or a decoder context whose encoder output is not ready (spec §1.2
+    /// step 1). Skipped, uses no budget, never a victim, not counted by the deadlock detector.
+    pub fn sits_out(&self) -> bool {
+        self.record.inflight || self.spec().waits_on_encoder()
+    }
     pub(crate) fn held(&self) -> &'t Held {
         match self.held {
             Some(h) => h,
@@ -217,7 +222,7 @@ impl Hot {
         } else {
             0
         };
-        let inflight = if e.inflight() { INFLIGHT } else { 0 };
+        let inflight = if e.sits_out() { INFLIGHT } else { 0 };
         let started = spec.started();
         let recomputable = started
             && spec.phase != Phase::GenerationToComplete
