@@ -175,6 +175,7 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
             return true;
         }
         if self.target.revert_allocate_context(r) {
+            self.target.suspend(r);
             draft.suspend(r);
         } else {
             draft.free(r);

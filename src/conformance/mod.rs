@@ -246,6 +246,8 @@ impl Run {
             Some(true)
         };
         self.kv.set_caches(id, cache, r.reuse.unwrap_or(0));
+        self.kv
+            .set_mirror_blocked(id, r.mirror_blocked.unwrap_or(false));
         if let Some(v) = &r.first_new_block {
             self.kv
                 .target
@@ -493,6 +495,9 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                     .sched
                     .find(kvsched_core::RequestId(u.id))
                     .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
+                if let Some(b) = u.mirror_blocked {
+                    run.kv.set_mirror_blocked(u.id, b);
+                }
                 if let Some(v) = &u.first_new_block {
                     run.kv.target.set_first_new_block(
                         u.id,

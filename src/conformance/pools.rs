@@ -103,9 +103,6 @@ fn pool(
     {
         kv.set_probe(id, t);
     }
-    for &id in &p.blocked {
-        kv.set_blocked(id);
-    }
     Ok(kv)
 }
 
@@ -169,6 +166,13 @@ impl Pools {
         }
         if let Some((x, o)) = &self.cross {
             x.set_cache_only(id, o.cache(id, None));
+        }
+    }
+
+    /// Whether the draft pool's mirror of `id` is blocked (no draft pool: ignored).
+    pub fn set_mirror_blocked(&self, id: u64, blocked: bool) {
+        if let Some((d, _)) = &self.draft {
+            d.set_blocked(id, blocked);
         }
     }
 

@@ -149,9 +149,6 @@ pub struct PoolIn {
     /// Ids with no cache in this pool.
     #[serde(default)]
     pub no_cache: Vec<u64>,
-    /// Ids whose suspended cache the resume preview reports blocked (§1.11).
-    #[serde(default)]
-    pub blocked: Vec<u64>,
 }
 
 /// `requests[].mm`: a request's multimodal data as the engine hands it over.
@@ -223,6 +220,9 @@ pub struct RequestIn {
     pub encoder_ready: Option<bool>,
     /// Multimodal data.
     pub mm: Option<MmIn>,
+    /// An unpaired draft pool cannot resume this request's suspended mirror now: its preview says
+    /// blocked and `admit_mirror` refuses (spec §1.11).
+    pub mirror_blocked: Option<bool>,
 }
 
 /// `passes[]`.

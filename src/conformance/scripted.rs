@@ -229,9 +229,15 @@ impl ScriptedKv {
         self.state.borrow_mut().probe.insert(id, tokens);
     }
 
-    /// The resume preview reports a request's suspended cache blocked.
-    pub fn set_blocked(&self, id: u64) {
-        self.state.borrow_mut().blocked.insert(id);
+    /// Whether the resume preview reports a request's suspended cache blocked (and `admit_mirror`
+    /// refuses it).
+    pub fn set_blocked(&self, id: u64, blocked: bool) {
+        let mut st = self.state.borrow_mut();
+        if blocked {
+            st.blocked.insert(id);
+        } else {
+            st.blocked.remove(&id);
+        }
     }
 
     /// Block reuse is on for every block (the reference's ALL_REUSABLE policy).
@@ -423,7 +429,8 @@ impl KvBackend for ScriptedKv {
         let id = r.id.0;
         st.calls.push((KvCall::AdmitMirror, id, None));
         let released = st.released.clone();
-        if !st.admit.next(id, &released) {
+        let blocked = st.blocked.contains(&id) && st.caches.get(&id) == Some(&false);
+        if !st.admit.next(id, &released) || blocked {
             return false;
         }
         st.activate(id);

@@ -83,3 +83,31 @@ fn exhaustion_is_all_or_nothing() {
     assert!(!p.try_allocate_generation(r(3), 1), "no cache");
     assert!(p.check());
 }
+
+/// Spec §5 AC01-AC03, the manager's resume preview: no cache is not blocked; an active cache is not
+/// blocked; a suspended one is blocked only while its resume would be refused.
+#[test]
+fn the_resume_preview_blocks_only_a_suspended_cache_that_cannot_come_back() {
+    let mut b = Buf::new();
+    let mut p = pool(&mut b, true);
+    assert!(!p.resume_blocked(r(0)), "no cache");
+    p.prepare_context(r(0), FIRST).unwrap();
+    assert!(p.resize_context(r(0), 16, true));
+    assert!(!p.resume_blocked(r(0)), "active");
+    p.suspend(r(0));
+    assert!(
+        !p.resume_blocked(r(0)),
+        "suspended, and the GPU has room to take it back"
+    );
+    p.prepare_context(r(1), FIRST).unwrap();
+    assert!(p.resize_context(r(1), 16, true));
+    p.prepare_context(r(2), FIRST).unwrap();
+    assert!(p.resize_context(r(2), 12, true));
+    assert!(
+        p.resume_blocked(r(0)),
+        "suspended, 4 pages to bring back, 1 free"
+    );
+    p.free(r(2));
+    assert!(!p.resume_blocked(r(0)), "the gate opens");
+    assert!(p.check());
+}
