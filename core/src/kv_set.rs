@@ -11,9 +11,9 @@
 //! - **Joint draft pool** (allocated with the target): a generation step grows both (a refused draft
 //!   growth reverts the target's); a context chunk resizes the target, then the draft
 //!   (`try_allocate_draft_context`: refused → the target's growth is reverted, or the draft freed when the
-//!   target had to drop its cache, and both are suspended); a first chunk's reuse depth is one both pools
-//!   claim (the smaller of their probes; claims that disagree are retried at the target's depth, then at
-//!   0).
+//!   target had to drop its cache, and both are suspended — a continuation keeps both active, difference 12
+//!   of docs/conformance-format.md); a first chunk's reuse depth is one both pools claim (the smaller of
+//!   their probes; claims that disagree are retried at the target's depth, then at 0).
 //! - **Unpaired draft pool** (a mirror the executor fills): the mirror is admitted after the target
 //!   (`admit_mirror`: created if missing and resumed); refused → a generation step's target growth is
 //!   reverted, a context preparation fails. Its preview makes the §1.11 blocked fast path possible.
@@ -163,8 +163,11 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         if !self.target.resize_context(r, capacity, first_chunk) {
-            if let Some(d) = self.joint() {
-                d.suspend(r);
+            // The draft follows the target: a refused first chunk's caches are suspended together.
+            if !self.target.is_active(r) {
+                if let Some(d) = self.joint() {
+                    d.suspend(r);
+                }
             }
             return false;
         }
@@ -173,6 +176,12 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         };
         if draft.resize_context(r, capacity, first_chunk) {
             return true;
+        }
+        if !first_chunk {
+            // A continuation keeps its caches active with the target's growth undone (upstream
+            // suspends both; difference 12: the request owns active KV with its lease).
+            self.target.revert_allocate_generation(r);
+            return false;
         }
         if self.target.revert_allocate_context(r) {
             self.target.suspend(r);
