@@ -17,6 +17,7 @@ mod harness;
 
 use harness::{run, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, N, T};
 use kvsched_core::error::Error;
+use kvsched_core::kv_set::DraftMode;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError};
 
@@ -78,7 +79,7 @@ fn setup() -> impl Strategy<Value = Setup> {
             1u32..=8,
         ),
         peft(),
-        (2u32..=12, any::<bool>()),
+        (2u32..=12, any::<bool>(), 0u8..3, any::<bool>()),
     )
         .prop_map(
             |(
@@ -86,7 +87,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 (chunk, unit, no_evict, recompute_pause),
                 (max_num_tokens, max_num_requests),
                 peft,
-                (deadlock_threshold, prefix),
+                (deadlock_threshold, prefix, draft, cross),
             )| Setup {
                 gpu_pages,
                 host_pages,
@@ -101,6 +102,12 @@ fn setup() -> impl Strategy<Value = Setup> {
                 peft,
                 deadlock_threshold,
                 prefix,
+                draft: match draft {
+                    1 => Some(DraftMode::Joint),
+                    2 => Some(DraftMode::Unpaired),
+                    _ => None,
+                },
+                cross,
             },
         )
 }
@@ -119,9 +126,9 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::weighted(0.6, 0u8..(T as u8 + 1)),
             prop_oneof![6 => Just(0u8), 1 => 1u8..=2],
             prop_oneof![3 => Just(0u8), 1 => 2u8..=12],
-            (prop::bool::weighted(0.05), prop::option::weighted(0.7, 1u8..=3)),
+            (prop::bool::weighted(0.05), prop::option::weighted(0.7, 1u8..=3), prop_oneof![Just(0u8), 1u8..=16]),
         )
-            .prop_map(|(prompt, out_len, lora, draft, snap_every, (duplicate, family))| Op::Submit {
+            .prop_map(|(prompt, out_len, lora, draft, snap_every, (duplicate, family, encoder))| Op::Submit {
                 prompt,
                 out_len,
                 lora,
@@ -129,12 +136,13 @@ fn op() -> impl Strategy<Value = Op> {
                 snap_every,
                 duplicate,
                 family,
+                encoder,
             }),
         8 => Just(Op::Pass),
         5 => Just(Op::Complete),
         1 => any::<u8>().prop_map(|pick| Op::Finish { pick }),
         1 => any::<u8>().prop_map(|pick| Op::Cancel { pick }),
-        2 => (fault, 1u8..=4).prop_map(|(fault, count)| Op::Inject { fault, count }),
+        2 => (fault, 1u8..=4, 0u8..3).prop_map(|(fault, count, pool)| Op::Inject { fault, count, pool }),
         1 => any::<u8>().prop_map(|pick| Op::Inflight { pick }),
         1 => (any::<u8>(), 0u8..=2, 0u8..=2).prop_map(|(pick, beam, draft)| Op::Update { pick, beam, draft }),
     ]
@@ -163,6 +171,7 @@ struct Req {
     lora: Option<u8>,
     snap_every: u8,
     family: Option<u8>,
+    encoder: u8,
 }
 
 /// Configurations where every request below fits alone: the token budget admits any whole prompt.
@@ -185,21 +194,26 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
         1u32..=max,
         prop::option::weighted(0.6, 0u8..tasks.max(1)),
         0u8..=1,
-        (0u8..=8, prop::option::of(1u8..=3)),
+        (
+            0u8..=8,
+            prop::option::of(1u8..=3),
+            prop_oneof![Just(0u8), 1u8..=8],
+        ),
     )
         .prop_filter_map(
             "fits alone",
-            move |(prompt, out_len, lora, draft, (snap_every, family))| {
+            move |(prompt, out_len, lora, draft, (snap_every, family, encoder))| {
                 let out_len = out_len.min(12);
                 let prompt = prompt.min(40);
                 let total = prompt + out_len * (1 + u32::from(draft)) + u32::from(draft);
-                (total <= max).then_some(Req {
+                (total <= max && u32::from(encoder) <= max).then_some(Req {
                     prompt,
                     out_len,
                     draft,
                     lora: if tasks == 0 { None } else { lora },
                     snap_every,
                     family,
+                    encoder,
                 })
             },
         );
@@ -257,6 +271,7 @@ proptest! {
                 snap_every: r.snap_every,
                 duplicate: false,
                 family: r.family,
+                encoder: r.encoder,
             })
             .map_err(TestCaseError::fail)?;
         }
@@ -287,6 +302,8 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         peft: None,
         deadlock_threshold: 5,
         prefix: false,
+        draft: None,
+        cross: false,
     }
 }
 
@@ -299,6 +316,7 @@ fn submit(h: &mut Harness<'_>, prompt: u32, out_len: u32) {
         snap_every: 0,
         duplicate: false,
         family: None,
+        encoder: 0,
     })
     .unwrap();
 }
@@ -426,6 +444,7 @@ fn deadlock_never_fires_on_a_slow_pass() {
         h.apply(&Op::Inject {
             fault: Fault::KvAllocate,
             count: 2,
+            pool: 0,
         })
         .unwrap();
         for _ in 0..3 {
@@ -478,6 +497,7 @@ fn sub(prompt: u32, out_len: u32, lora: Option<u8>, snap_every: u8) -> Op {
         snap_every,
         duplicate: false,
         family: None,
+        encoder: 0,
     }
 }
 
@@ -594,6 +614,7 @@ fn prompt_families_reuse_blocks_under_the_model() {
             snap_every: 0,
             duplicate: false,
             family: Some(1 + k % 2),
+            encoder: 0,
         });
         ops.push(Op::Pass);
         ops.push(Op::Complete);

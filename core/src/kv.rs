@@ -208,6 +208,17 @@ pub trait KvBackend {
     fn suspend_cross(&mut self, r: KvRef) {
         let _ = r;
     }
+    /// Speculative decoding: the last step's `tokens` rejected draft tokens leave the cache (its
+    /// capacity shrinks by them, whole pages beyond it are released). An inactive or absent cache is
+    /// left alone.
+    fn rewind(&mut self, r: KvRef, tokens: u32) {
+        let _ = (r, tokens);
+    }
+    /// Most encoder-output tokens one request's cross cache can ever hold (no cross pool: no limit
+    /// here, the pass stops such a request instead).
+    fn max_cross_tokens_per_request(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 /// One pool of a request's caches.

@@ -120,12 +120,14 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvSet<T, D, X> {
 }
 
 impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
+    /// Suspension moves a request's caches down only where every pool it suspends has a lower tier: a
+    /// draft pool without one keeps its pages held, so preemption must stay possible.
     fn tier_below_gpu(&self) -> bool {
-        self.target.tier_below_gpu()
+        self.target.tier_below_gpu() && self.draft.as_ref().is_none_or(|(_, d)| d.tier_below_gpu())
     }
 
     fn can_evict(&self) -> bool {
-        self.target.can_evict()
+        self.target.can_evict() && self.draft.as_ref().is_none_or(|(_, d)| d.can_evict())
     }
 
     fn has_cache(&self, r: KvRef) -> bool {
@@ -142,13 +144,17 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         match self.draft {
             Some((DraftMode::Joint, _)) if prep.first_chunk => self.claim_jointly(r, prep),
             Some((DraftMode::Joint, ref mut d)) => {
+                let was_active = self.target.is_active(r);
                 let pair = (
                     self.target.prepare_context(r, prep),
                     d.prepare_context(r, prep),
                 );
                 if pair.0.is_none() || pair.1.is_none() {
-                    self.target.suspend(r);
-                    d.suspend(r);
+                    // Upstream suspends both; an active continuation keeps its caches (difference 12).
+                    if !was_active {
+                        self.target.suspend(r);
+                        d.suspend(r);
+                    }
                     return None;
                 }
                 Some(0)
@@ -193,16 +199,24 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
     }
 
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+        let Some((mode, d)) = &mut self.draft else {
+            return self.target.try_allocate_generation(r, grow);
+        };
+        // All or nothing across the pools: a target the step resumed is suspended again when the draft
+        // side refuses.
+        let was_active = self.target.is_active(r);
         if !self.target.try_allocate_generation(r, grow) {
             return false;
         }
-        let paired = match &mut self.draft {
-            None => true,
-            Some((DraftMode::Joint, d)) => d.try_allocate_generation(r, grow),
-            Some((DraftMode::Unpaired, d)) => d.admit_mirror(r),
+        let paired = match mode {
+            DraftMode::Joint => d.try_allocate_generation(r, grow),
+            DraftMode::Unpaired => d.admit_mirror(r),
         };
         if !paired {
             self.target.revert_allocate_generation(r);
+            if !was_active {
+                self.target.suspend(r);
+            }
         }
         paired
     }
@@ -352,6 +366,19 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         self.cross
             .as_mut()
             .is_some_and(|x| x.resize_context(r, tokens, false))
+    }
+
+    fn rewind(&mut self, r: KvRef, tokens: u32) {
+        self.target.rewind(r, tokens);
+        if let Some(d) = self.joint() {
+            d.rewind(r, tokens);
+        }
+    }
+
+    fn max_cross_tokens_per_request(&self) -> u64 {
+        self.cross
+            .as_ref()
+            .map_or(u64::MAX, |x| x.max_tokens_per_request())
     }
 
     fn suspend_cross(&mut self, r: KvRef) {

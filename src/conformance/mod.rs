@@ -477,6 +477,8 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         if k > 0 {
             // The engine hands the page moves to the copy engine, runs the step and completes it.
             let _ = run.sched.take_moves();
+            let _ = run.sched.take_pool_moves(kvsched_core::kv::Pool::Draft);
+            let _ = run.sched.take_pool_moves(kvsched_core::kv::Pool::Cross);
             run.sched
                 .complete_step(&out)
                 .map_err(|e| format!("passes[{k}]: complete_step: {e}"))?;

@@ -38,6 +38,11 @@ KV cache:
 adapters (multi-LoRA):
   --adapters N (32, 0 = no LoRA)  --popularity power:A|zipf:S|uniform (power:0.8)  --ranks 8,16,32,64
   --pages-per-rank8 N (2)  --adapter-device-pages N (64)  --adapter-host-pages N (1024)
+speculative decoding:
+  --spec-decode K:ACCEPT       K draft tokens a decode step, each accepted with probability ACCEPT after
+                               the ones before it: a step keeps 1 + the accepted run; a joint draft pool
+                               holds the draft model's KV; rejected drafts' slots are given back
+  --draft-kv-pages N (as many as --kv-gpu-pages)
 scheduler:
   --max-tokens N (8192)  --max-batch N (256)  --policy max_utilization|guaranteed_no_evict
   --chunking fcfs|force_chunk|equal_progress|none (fcfs)  --chunk-unit N (64)  --no-recompute-pause
@@ -161,6 +166,21 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             "--no-recompute-pause" => o.recompute_pause = false,
             "--deadlock-threshold" => o.deadlock_threshold = num(args, &mut i, a)?,
             "--no-prefix-reuse" => o.prefix_reuse = false,
+            "--spec-decode" => {
+                let v = value(args, &mut i, a)?;
+                let (k, p) = v.split_once(':').ok_or_else(|| {
+                    format!("--spec-decode: expected K:ACCEPT (draft tokens per step, acceptance probability), got {v:?}")
+                })?;
+                o.spec_decode = Some(super::SpecDecode {
+                    drafts: k.parse().map_err(|_| {
+                        format!("--spec-decode: {k:?} is not a number of draft tokens")
+                    })?,
+                    accept: p
+                        .parse()
+                        .map_err(|_| format!("--spec-decode: {p:?} is not a probability"))?,
+                });
+            }
+            "--draft-kv-pages" => o.draft_kv_pages = num(args, &mut i, a)?,
             "--step-us" => o.cost.step_us = num(args, &mut i, a)?,
             "--prefill-us-per-token" => o.cost.prefill_us_per_token = num(args, &mut i, a)?,
             "--decode-us-per-request" => o.cost.decode_us_per_request = num(args, &mut i, a)?,

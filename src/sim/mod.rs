@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use kvsched_core::adapter::{AdapterPool, PeftBackend};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
-use kvsched_core::kv::KvBackend;
 use kvsched_core::kv::Tier;
+use kvsched_core::kv::{KvBackend, Pool};
+use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::Ownership;
@@ -32,7 +33,7 @@ pub const MAX_LIVE: usize = 1024;
 /// Most adapters a simulation can use.
 pub const MAX_ADAPTERS: usize = 1024;
 
-type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS>;
+type Sched<'a> = Scheduler<KvSet<KvPool<'a>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS>;
 type Out = SchedulerOutput<MAX_LIVE>;
 
 /// Forward-pass cost model (simulated microseconds). Defaults model an 8B-parameter model on one
@@ -114,6 +115,21 @@ pub struct SimOptions {
     /// Prefix reuse: a prefix cache in the KV pool, prompts hashed from the trace's prefix blocks (or
     /// the conversation generator's, `workload::sessions`).
     pub prefix_reuse: bool,
+    /// Speculative decoding: draft tokens per step and the probability that each is accepted (a step
+    /// keeps the accepted run of drafts plus one token); a joint draft pool holds the draft model's KV.
+    pub spec_decode: Option<SpecDecode>,
+    /// GPU pages of the joint draft pool (0: as many as the target's GPU tier; its host tier is the
+    /// target's size).
+    pub draft_kv_pages: u32,
+}
+
+/// Speculative decoding settings (`--spec-decode K:ACCEPT`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpecDecode {
+    /// Draft tokens per decode step.
+    pub drafts: u32,
+    /// Probability that one draft token is accepted (given the ones before it were).
+    pub accept: f64,
 }
 
 impl Default for SimOptions {
@@ -144,6 +160,8 @@ impl Default for SimOptions {
             progress: true,
             deadlock_threshold: 1000,
             prefix_reuse: true,
+            spec_decode: None,
+            draft_kv_pages: 0,
         }
     }
 }
@@ -239,13 +257,32 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
             ));
         }
     }
+    let drafts = match o.spec_decode {
+        None => 0,
+        Some(s) if s.drafts == 0 || s.drafts > 64 || !(0.0..=1.0).contains(&s.accept) => {
+            return opt(format!(
+                "--spec-decode {}:{}: draft tokens between 1 and 64, acceptance between 0 and 1",
+                s.drafts, s.accept
+            ))
+        }
+        Some(s) => u64::from(s.drafts),
+    };
     let pool_tokens = o.kv_gpu_pages as u64 * o.tokens_per_block as u64;
     let longest = w
         .arrivals
         .iter()
-        .map(|a| a.prompt_tokens as u64 + a.output_tokens as u64)
+        .map(|a| a.prompt_tokens as u64 + a.output_tokens as u64 + drafts)
         .max()
         .unwrap_or(0);
+    if drafts > 0 && o.draft_kv_pages > 0 {
+        let draft_tokens = o.draft_kv_pages as u64 * o.tokens_per_block as u64;
+        if longest > draft_tokens {
+            return opt(format!(
+                "a request of {longest} tokens (prompt + output + drafts) is longer than the whole draft pool ({} pages): raise --draft-kv-pages",
+                o.draft_kv_pages
+            ));
+        }
+    }
     if longest > pool_tokens {
         return opt(format!(
             "a request of {longest} tokens (prompt + output) is longer than the whole KV pool ({} pages x {} tokens = {pool_tokens}): raise --kv-gpu-pages or --tokens-per-block",
@@ -301,8 +338,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.
 fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     let mut bad = 0;
-    let pages = s.kv().config().page_info_len();
-    bad += u64::from(!s.kv().audit(&mut vec![0; pages]));
+    let pools = std::iter::once(s.kv().target()).chain(s.kv().draft().map(|(_, d)| d));
+    for p in pools {
+        bad += u64::from(!p.audit(&mut vec![0; p.config().page_info_len()]));
+    }
     let pool = s.adapters().backend();
     bad += u64::from(!pool.check());
     for (slot, t) in pool.tasks().iter().enumerate() {
@@ -322,9 +361,12 @@ fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     {
         bad += u64::from(!seen.insert(l.slot()));
     }
-    let tokens: u64 =
-        out.context().iter().map(|c| c.tokens as u64).sum::<u64>() + out.generation().len() as u64;
-    bad += u64::from(tokens > o.max_tokens as u64);
+    // A decode step costs one token plus its drafts; a last chunk's drafts may overdraw (upstream).
+    let drafts = u64::from(o.spec_decode.map_or(0, |s| s.drafts));
+    let tokens: u64 = out.context().iter().map(|c| c.tokens as u64).sum::<u64>()
+        + out.generation().len() as u64 * (1 + drafts);
+    let overdraw = out.context().iter().filter(|c| c.last).count() as u64 * drafts;
+    bad += u64::from(tokens > o.max_tokens as u64 + overdraw);
     bad += u64::from(out.generation().len() + out.context().len() > o.max_batch as usize);
     bad
 }
@@ -342,12 +384,34 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     }
     let block_tokens = w.prefix_block_tokens.unwrap_or(0);
     let mut hashes: Vec<u64> = Vec::new();
-    let mut mem = if o.prefix_reuse {
-        KvMemory::with_prefix_cache(kv_cfg)
-    } else {
-        KvMemory::new(kv_cfg)
+    let memory = |cfg: KvPoolConfig| {
+        if o.prefix_reuse {
+            KvMemory::with_prefix_cache(cfg)
+        } else {
+            KvMemory::new(cfg)
+        }
     };
-    let kv = mem.pool().map_err(|e| SimError::Options(e.to_string()))?;
+    let mut mem = memory(kv_cfg);
+    let draft_cfg = KvPoolConfig {
+        gpu_pages: if o.draft_kv_pages > 0 {
+            o.draft_kv_pages
+        } else {
+            kv_cfg.gpu_pages
+        },
+        ..kv_cfg
+    };
+    let mut draft_mem = o.spec_decode.map(|_| memory(draft_cfg));
+    let target = mem.pool().map_err(|e| SimError::Options(e.to_string()))?;
+    let draft = match draft_mem.as_mut() {
+        Some(m) => Some((
+            DraftMode::Joint,
+            m.pool().map_err(|e| SimError::Options(e.to_string()))?,
+        )),
+        None => None,
+    };
+    let kv = KvSet::with_pools(target, draft, None);
+    let drafts = o.spec_decode.map_or(0, |s| s.drafts);
+    let mut accept_rng = crate::workload::rng::Rng::new(o.seed ^ 0xacce_97ed);
     let mut pool: AdapterPool<MAX_ADAPTERS> =
         AdapterPool::new(o.adapters.device_pages.max(1), o.adapters.host_pages.max(1))
             .map_err(|e| SimError::Options(e.to_string()))?;
@@ -402,6 +466,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, a.prompt_tokens);
             spec.max_new_tokens = a.output_tokens;
             spec.lora = a.adapter.map(|x| TaskId(x as u64));
+            spec.draft = drafts;
             hashes.clear();
             if o.prefix_reuse {
                 let tpb = o.tokens_per_block;
@@ -464,6 +529,8 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 Tier::Host => r.pages_reloaded += 1,
             }
         }
+        // The draft pool has no host tier: its log holds the reloads of claimed prefix blocks only.
+        page_moves += sched.take_pool_moves(Pool::Draft).len() as u64;
         let mut load_pages = 0u64;
         for t in out.adapter_loads() {
             load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
@@ -493,9 +560,12 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         let prefill: u64 = out.context().iter().map(|c| c.tokens as u64).sum();
         let decode = out.generation().len() as u64;
         let busy = prefill > 0 || decode > 0;
+        // Speculative decoding verifies each request's drafts in the same forward pass, at the cost of as
+        // many prefill tokens.
+        let verified = decode * u64::from(drafts);
         let step_us = if busy {
             o.cost.step_us
-                + prefill as f64 * o.cost.prefill_us_per_token
+                + (prefill + verified) as f64 * o.cost.prefill_us_per_token
                 + decode as f64 * o.cost.decode_us_per_request
                 + load_pages as f64 * o.cost.adapter_load_us_per_page
                 + page_moves as f64 * o.cost.page_copy_us
@@ -535,6 +605,11 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 lv.last_token_ms = now_ms;
                 if lv.generated >= lv.output {
                     finished.push(slot);
+                } else if drafts > 0 {
+                    // The last chunk reserved its drafts' slots; it yields one token.
+                    sched
+                        .rewind(lv.handle, drafts)
+                        .map_err(|e| SimError::Scheduler(e.to_string()))?;
                 }
             }
         }
@@ -542,11 +617,25 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
             let Some(lv) = live[l.slot() as usize].as_mut() else {
                 continue;
             };
-            lv.generated += 1;
-            r.tokens_generated += 1;
+            // A step keeps one token plus the accepted run of its drafts; the rejected drafts' KV slots
+            // are given back.
+            let accepted = o.spec_decode.map_or(0, |s| {
+                (0..s.drafts)
+                    .take_while(|_| accept_rng.uniform() < s.accept)
+                    .count() as u32
+            });
+            let kept = (1 + accepted).min(lv.output - lv.generated);
+            lv.generated += kept;
+            r.tokens_generated += u64::from(kept);
+            r.decode_steps += 1;
+            r.accepted_drafts += u64::from(kept - 1);
             lv.last_token_ms = now_ms;
             if lv.generated >= lv.output {
                 finished.push(l.slot());
+            } else if drafts > 0 {
+                sched
+                    .rewind(lv.handle, drafts - accepted)
+                    .map_err(|e| SimError::Scheduler(e.to_string()))?;
             }
         }
         for l in out.recompute_paused() {
@@ -582,7 +671,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         }
 
         // Utilization counts the pages requests hold; cached blocks nobody holds are the cache's.
-        let kv = sched.kv();
+        let kv = sched.kv().target();
         let pct = |n: u32, of: u32| {
             if of > 0 {
                 100.0 * n as f64 / of as f64
@@ -649,7 +738,8 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     let stats = sched.adapters().backend().stats();
     r.adapter_evictions = stats.device_evictions;
     r.prefix_reuse = o.prefix_reuse;
-    if let Some(p) = sched.kv().prefix_stats() {
+    r.spec_drafts = drafts;
+    if let Some(p) = sched.kv().target().prefix_stats() {
         r.cached_blocks_evicted = p.evicted;
         r.cached_blocks_demoted = p.demoted;
         r.host_cache_hits = p.host_hits;

@@ -65,6 +65,12 @@ pub struct Report {
     pub sched_ns_per_iter: (f64, f64),
     /// Scheduling iterations.
     pub iterations: u64,
+    /// Decode steps run (one per request per step).
+    pub decode_steps: u64,
+    /// Draft tokens accepted over those steps (speculative decoding).
+    pub accepted_drafts: u64,
+    /// Draft tokens per step (0: no speculative decoding).
+    pub spec_drafts: u32,
     /// Prefix reuse was on.
     pub prefix_reuse: bool,
     /// Prompt tokens of the requests' first admissions (the trace's prompts).
@@ -93,6 +99,15 @@ impl Report {
         Self {
             requests_total: total,
             ..Self::default()
+        }
+    }
+
+    /// Draft tokens accepted per decode step, on average (speculative decoding; 0 without it).
+    pub fn accepted_tokens_per_step(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.accepted_drafts as f64 / self.decode_steps as f64
         }
     }
 
@@ -149,6 +164,18 @@ impl Report {
             format!("{} ({})", self.recompute_paused, self.preempted),
         );
         row(&mut s, "resumes", self.resumed.to_string());
+        if self.spec_drafts > 0 {
+            row(
+                &mut s,
+                "accepted drafts per step",
+                format!(
+                    "{:.2} of {} ({} steps)",
+                    self.accepted_tokens_per_step(),
+                    self.spec_drafts,
+                    self.decode_steps
+                ),
+            );
+        }
         if self.prefix_reuse {
             row(
                 &mut s,
@@ -259,6 +286,9 @@ impl Report {
             "adapter_util_mean_pct": self.adapter_util_mean_pct,
             "sched_ns_per_iter": {"p50": self.sched_ns_per_iter.0, "p99": self.sched_ns_per_iter.1},
             "iterations": self.iterations,
+            "decode_steps": self.decode_steps,
+            "spec_drafts": self.spec_drafts,
+            "accepted_tokens_per_step": self.accepted_tokens_per_step(),
             "prefix_reuse": self.prefix_reuse,
             "prefix_hit_rate": self.prefix_hit_rate,
             "prefill_tokens_saved": self.prefill_tokens_saved,

@@ -30,7 +30,8 @@ use kvsched::memory::KvMemory;
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Tier};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
+use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
@@ -88,6 +89,17 @@ pub struct Setup {
     pub deadlock_threshold: u32,
     /// The KV pool has a prefix cache (requests with a prompt family share blocks).
     pub prefix: bool,
+    /// A draft pool (same geometry as the target) and how it pairs.
+    pub draft: Option<DraftMode>,
+    /// A cross pool (same geometry): submissions may carry an encoder output.
+    pub cross: bool,
+}
+
+/// The KV memory of a [`Setup`]: the target pool's, and the draft and cross pools' when present.
+pub struct Memory {
+    target: KvMemory,
+    draft: Option<KvMemory>,
+    cross: Option<KvMemory>,
 }
 
 /// The adapter cache of a [`Setup`].
@@ -143,12 +155,19 @@ impl Setup {
         }
     }
 
-    /// The KV pool's buffers.
-    pub fn memory(&self) -> KvMemory {
-        if self.prefix {
-            KvMemory::with_prefix_cache(self.pool())
-        } else {
-            KvMemory::new(self.pool())
+    /// The KV pools' buffers.
+    pub fn memory(&self) -> Memory {
+        let one = || {
+            if self.prefix {
+                KvMemory::with_prefix_cache(self.pool())
+            } else {
+                KvMemory::new(self.pool())
+            }
+        };
+        Memory {
+            target: one(),
+            draft: self.draft.map(|_| one()),
+            cross: self.cross.then(|| KvMemory::new(self.pool())),
         }
     }
 
@@ -196,6 +215,8 @@ pub enum Op {
         /// The prompt family whose leading blocks it shares (1-3: 2, 4 or 6 blocks), or none (no block
         /// hashes).
         family: Option<u8>,
+        /// A decoder request's encoder output, in tokens (0: none; ignored without a cross pool).
+        encoder: u8,
     },
     /// Run a scheduling pass (completing the previous one first, as an engine executes every batch).
     Pass,
@@ -218,6 +239,8 @@ pub enum Op {
         fault: Fault,
         /// How many.
         count: u8,
+        /// Of which KV pool: 0 the target, 1 the draft, 2 the cross pool (absent pools: none).
+        pool: u8,
     },
     /// Toggle a request's in-flight mark.
     Inflight {
@@ -347,6 +370,21 @@ impl KvBackend for FaultKv<'_> {
     fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
         self.inner.probe_first_new_block(r, prep)
     }
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        self.inner.probe_context_reuse(r, prep)
+    }
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        self.inner.revert_allocate_context(r)
+    }
+    fn admit_mirror(&mut self, r: KvRef) -> bool {
+        if self.faults.fire(Fault::KvAllocate) {
+            return false;
+        }
+        self.inner.admit_mirror(r)
+    }
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        self.inner.resume_blocked(r)
+    }
 }
 
 /// The adapter cache (or none) behind a fault schedule. `ensure_batch` is never refused: that it always
@@ -415,8 +453,12 @@ impl PeftBackend for FaultPeft {
 /// A listed request with its chunk tokens and last-chunk flag (0 and false outside the context list).
 type Row = (Listed, u32, bool);
 
+/// A request's caches: the target pool, and the draft and cross pools when the setup has them, each
+/// behind its own fault schedule.
+pub type Kv<'a> = KvSet<FaultKv<'a>, FaultKv<'a>, FaultKv<'a>>;
+
 /// The scheduler under test.
-pub type Sched<'a> = Scheduler<FaultKv<'a>, FaultPeft, N, T>;
+pub type Sched<'a> = Scheduler<Kv<'a>, FaultPeft, N, T>;
 
 /// The model of one live request.
 #[derive(Debug, Clone)]
@@ -489,21 +531,44 @@ fn pick<T>(v: &[T], p: u8) -> Option<usize> {
     (!v.is_empty()).then(|| p as usize % v.len())
 }
 
-/// A combined fingerprint of the scheduler, its KV pool and its adapter cache.
-pub fn fingerprint(s: &Sched<'_>) -> (u64, u64, Option<AdapterPool<T>>, Faults, Faults) {
+/// Every KV pool of the scheduler's backend, with its role.
+pub fn pools<'s, 'a>(s: &'s Sched<'a>) -> impl Iterator<Item = (&'static str, &'s FaultKv<'a>)> {
+    let kv = s.kv();
+    std::iter::once(("target", kv.target()))
+        .chain(kv.draft().map(|(_, d)| ("draft", d)))
+        .chain(kv.cross().map(|x| ("cross", x)))
+}
+
+/// A combined fingerprint of the scheduler, its KV pools and its adapter cache.
+pub fn fingerprint(s: &Sched<'_>) -> (u64, Vec<(u64, Faults)>, Option<AdapterPool<T>>, Faults) {
     (
         s.fingerprint(),
-        s.kv().inner.fingerprint(),
+        pools(s)
+            .map(|(_, p)| (p.inner.fingerprint(), p.faults.clone()))
+            .collect(),
         s.adapters().backend().inner.clone(),
-        s.kv().faults.clone(),
         s.adapters().backend().faults.clone(),
     )
 }
 
 impl<'a> Harness<'a> {
-    /// A harness over `mem` (sized with `setup.pool()`).
-    pub fn new(setup: Setup, mem: &'a mut KvMemory) -> Result<Self, String> {
-        let pool = mem.pool().map_err(|e| format!("pool: {e}"))?;
+    /// A harness over `mem` (from `setup.memory()`).
+    pub fn new(setup: Setup, mem: &'a mut Memory) -> Result<Self, String> {
+        let faulty = |m: &'a mut KvMemory| -> Result<FaultKv<'a>, String> {
+            Ok(FaultKv {
+                inner: m.pool().map_err(|e| format!("pool: {e}"))?,
+                faults: Faults::default(),
+            })
+        };
+        let target = faulty(&mut mem.target)?;
+        let draft = match (setup.draft, mem.draft.as_mut()) {
+            (Some(mode), Some(m)) => Some((mode, faulty(m)?)),
+            _ => None,
+        };
+        let cross = match mem.cross.as_mut() {
+            Some(m) => Some(faulty(m)?),
+            None => None,
+        };
         let peft = match &setup.peft {
             None => None,
             Some(p) => {
@@ -519,10 +584,7 @@ impl<'a> Harness<'a> {
         };
         let sched = Scheduler::new(
             setup.config(),
-            FaultKv {
-                inner: pool,
-                faults: Faults::default(),
-            },
+            KvSet::with_pools(target, draft, cross),
             FaultPeft {
                 inner: peft,
                 faults: Faults::default(),
@@ -558,7 +620,16 @@ impl<'a> Harness<'a> {
                 snap_every,
                 duplicate,
                 family,
-            } => self.submit(prompt, out_len, lora, draft, snap_every, duplicate, family)?,
+                encoder,
+            } => {
+                let encoder = if self.setup.cross {
+                    u32::from(encoder)
+                } else {
+                    0
+                };
+                let shape = (prompt, out_len, lora, draft, snap_every);
+                self.submit(shape, duplicate, family, encoder)?
+            }
             Op::Pass => self.pass()?,
             Op::Complete => self.complete()?,
             Op::Finish { pick: p } => {
@@ -574,12 +645,17 @@ impl<'a> Harness<'a> {
                     self.remove(i, false)?;
                 }
             }
-            Op::Inject { fault, count } => {
-                let faults = match fault {
-                    Fault::PeftAdd => &self.sched.adapters().backend().faults,
-                    _ => &self.sched.kv().faults,
+            Op::Inject { fault, count, pool } => {
+                let kv = self.sched.kv();
+                let faults = match (fault, pool % 3) {
+                    (Fault::PeftAdd, _) => Some(&self.sched.adapters().backend().faults),
+                    (_, 1) => kv.draft().map(|(_, d)| &d.faults),
+                    (_, 2) => kv.cross().map(|x| &x.faults),
+                    _ => Some(&kv.target().faults),
                 };
-                faults.inject(fault, u32::from(count));
+                if let Some(f) = faults {
+                    f.inject(fault, u32::from(count));
+                }
             }
             Op::Inflight { pick: p } => {
                 if let Some(i) = pick(&self.live, p) {
@@ -635,6 +711,13 @@ impl<'a> Harness<'a> {
             return Some(Error::RequestTooLarge {
                 id: s.id,
                 tokens,
+                limit: self.setup.max_tokens(),
+            });
+        }
+        if self.setup.cross && u64::from(s.encoder_len) > self.setup.max_tokens() {
+            return Some(Error::RequestTooLarge {
+                id: s.id,
+                tokens: u64::from(s.encoder_len),
                 limit: self.setup.max_tokens(),
             });
         }
@@ -699,18 +782,15 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn submit(
         &mut self,
-        prompt: u32,
-        out_len: u32,
-        lora: Option<u8>,
-        draft: u8,
-        snap: u8,
+        (prompt, out_len, lora, draft, snap): (u32, u32, Option<u8>, u8, u8),
         duplicate: bool,
         family: Option<u8>,
+        encoder: u32,
     ) -> Result<(), String> {
         let mut s = self.spec(prompt.max(1), out_len.max(1), lora, draft, snap);
+        s.encoder_len = encoder;
         if duplicate {
             match self.live.first() {
                 Some(l) => s.id = RequestId(l.id),
@@ -798,7 +878,7 @@ impl<'a> Harness<'a> {
         if self.sched.remove(l.handle).err() != Some(Error::StaleHandle) {
             return Err(format!("second remove of {} was not StaleHandle", l.id));
         }
-        if self.sched.kv().inner.seq(slot).state != SeqState::None {
+        if self.sched.kv().target().inner.seq(slot).state != SeqState::None {
             return Err(format!("removed request {} left KV in slot {slot}", l.id));
         }
         if finished {
@@ -866,6 +946,8 @@ impl<'a> Harness<'a> {
         // The engine hands the page moves to the copy engine (settling the resumed requests), runs the
         // step and completes it.
         let _ = self.sched.take_moves();
+        let _ = self.sched.take_pool_moves(Pool::Draft);
+        let _ = self.sched.take_pool_moves(Pool::Cross);
         let s = &self.sched;
         let id = |l: &Listed| s.get(l.handle()).ok().map(|e| e.spec().id.0);
         let context: Vec<(Option<u64>, u32)> = self
@@ -1010,6 +1092,26 @@ impl<'a> Harness<'a> {
                 if name == "context" {
                     let at = (id, e.spec().position, e.spec().draft);
                     Self::reused(&mut self.live, &self.setup, &mut self.stats, at)?;
+                    // A decoder chunk runs with its cross cache in place.
+                    let r = KvRef {
+                        slot: l.slot(),
+                        id: e.spec().id,
+                    };
+                    let cross = s.kv().cross().is_none_or(|x| x.is_active(r));
+                    if e.spec().encoder_len > 0 && !cross {
+                        return Err(format!(
+                            "context: decoder {id} runs without its cross cache"
+                        ));
+                    }
+                }
+                if matches!(name, "context" | "generation") {
+                    let r = KvRef {
+                        slot: l.slot(),
+                        id: e.spec().id,
+                    };
+                    if s.kv().draft().is_some_and(|(_, d)| !d.is_active(r)) {
+                        return Err(format!("{name}: {id} runs without its draft cache"));
+                    }
                 }
                 let scheduled = matches!(name, "context" | "generation" | "encoder");
                 if scheduled && e.inflight() {
@@ -1023,7 +1125,7 @@ impl<'a> Harness<'a> {
                     }
                 }
                 // The KV holds what the step writes.
-                let kv_tokens = s.kv().inner.seq(l.slot()).capacity;
+                let kv_tokens = s.kv().target().inner.seq(l.slot()).capacity;
                 let needed = match name {
                     "generation" => {
                         let m = self.live.iter_mut().find(|m| m.id == id);
@@ -1112,15 +1214,49 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
+    /// A request's caches stay together: with a joint draft pool the draft cache is in the target's
+    /// state (none, active or suspended); with an unpaired one, a request that holds no target cache
+    /// holds no mirror either.
+    fn check_pairing(&self) -> Result<(), String> {
+        let kv = self.sched.kv();
+        let Some((mode, draft)) = kv.draft() else {
+            return Ok(());
+        };
+        for (h, e) in self.sched.requests() {
+            let r = KvRef {
+                slot: h.index(),
+                id: e.spec().id,
+            };
+            let t = (kv.target().has_cache(r), kv.target().is_active(r));
+            let d = (draft.has_cache(r), draft.is_active(r));
+            let together = match mode {
+                DraftMode::Joint => t == d,
+                DraftMode::Unpaired => t.0 || !d.0,
+            };
+            if !together {
+                return Err(format!(
+                    "request {}: target (cache, active) {t:?} but {mode:?} draft {d:?}",
+                    r.id.0
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the invariants that hold between operations, and the model.
     pub fn check(&self) -> Result<(), String> {
         let s = &self.sched;
-        let pool = &s.kv().inner;
-        if !pool.audit(&mut vec![0; pool.config().page_info_len()]) {
-            return Err(
-                "KV pool audit failed (page conservation, reference counts, prefix cache)".into(),
-            );
+        for (role, p) in pools(s) {
+            if !p
+                .inner
+                .audit(&mut vec![0; p.inner.config().page_info_len()])
+            {
+                return Err(format!(
+                    "{role} KV pool audit failed (page conservation, reference counts, prefix cache)"
+                ));
+            }
         }
+        self.check_pairing()?;
         // Requests: exactly the model's, in arrival order.
         let got: Vec<u64> = s.requests().map(|(_, e)| e.spec().id.0).collect();
         let want: Vec<u64> = self.live.iter().map(|l| l.id).collect();
@@ -1162,6 +1298,8 @@ impl<'a> Harness<'a> {
                 slot: h.index(),
                 id: sp.id,
             };
+            // Ownership follows the target cache (a cross cache may outlive a preemption).
+            let pool = &s.kv().target().inner;
             let (has, act) = (pool.has_cache(r), pool.is_active(r));
             let ok = match e.ownership() {
                 Ownership::Waiting => !has && sp.position == 0 && sp.phase == Phase::ContextInit,
@@ -1243,7 +1381,9 @@ impl<'a> Harness<'a> {
     /// 0 schedules nothing and, with only context requests waiting, is idle by the reference's rules:
     /// skipped.)
     pub fn settle(&mut self) -> Result<Done, String> {
-        self.sched.kv().faults.clear();
+        for (_, p) in pools(&self.sched) {
+            p.faults.clear();
+        }
         self.sched.adapters().backend().faults.clear();
         for l in self.live.iter_mut().filter(|l| l.inflight) {
             l.inflight = false;
@@ -1270,14 +1410,16 @@ impl<'a> Harness<'a> {
         }
         // With no request, every page is free or holds a cached block nobody references (the audit
         // of `check` has counted the references: none).
-        let pool = &self.sched.kv().inner;
-        let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu);
-        let host = pool.host_free() + pool.cached_pages(Tier::Host);
-        if gpu != self.setup.gpu_pages || host != self.setup.host_pages {
-            return Err(format!(
-                "pages leaked: {gpu} of {} GPU and {host} of {} host pages free or cached with no request",
-                self.setup.gpu_pages, self.setup.host_pages
-            ));
+        for (role, p) in pools(&self.sched) {
+            let pool = &p.inner;
+            let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu);
+            let host = pool.host_free() + pool.cached_pages(Tier::Host);
+            if gpu != self.setup.gpu_pages || host != self.setup.host_pages {
+                return Err(format!(
+                    "{role} pool pages leaked: {gpu} of {} GPU and {host} of {} host pages free or cached with no request",
+                    self.setup.gpu_pages, self.setup.host_pages
+                ));
+            }
         }
         if let Some(c) = &self.sched.adapters().backend().inner {
             if c.tasks().iter().any(|t| t.active != 0 || t.paused != 0) {
@@ -1345,6 +1487,12 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         peft,
         deadlock_threshold,
         prefix,
+        draft: match (mode >> 5) & 3 {
+            1 => Some(DraftMode::Joint),
+            2 => Some(DraftMode::Unpaired),
+            _ => None,
+        },
+        cross: mode & 0x80 != 0,
     };
     let mut ops = Vec::new();
     while !r.0.is_empty() && ops.len() < 4096 {
@@ -1368,6 +1516,10 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
                     let f = r.byte();
                     (f & 0x80 != 0).then_some(f % 3 + 1)
                 },
+                encoder: match r.byte() {
+                    e if e & 0x80 != 0 => 1 + e % 16,
+                    _ => 0,
+                },
             },
             4..=8 => Op::Pass,
             9 | 10 => Op::Complete,
@@ -1383,6 +1535,7 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
                         _ => Fault::PeftAdd,
                     },
                     count: 1 + (f >> 2) % 8,
+                    pool: (f >> 5) % 3,
                 }
             }
             14 => Op::Inflight { pick: r.byte() },

@@ -211,6 +211,21 @@ impl KvBackend for KvPool<'_> {
         true
     }
 
+    fn rewind(&mut self, r: KvRef, tokens: u32) {
+        let Some(i) = self.slot(r) else { return };
+        let s = self.seqs[i];
+        if s.state != SeqState::Active {
+            return;
+        }
+        let cap = s.capacity.saturating_sub(tokens);
+        self.seqs[i].capacity = cap;
+        self.seqs[i].last_grow = 0;
+        self.release_from(
+            i,
+            blocks_for(cap, self.cfg.tokens_per_block).max(s.committed),
+        );
+    }
+
     fn admit_mirror(&mut self, r: KvRef) -> bool {
         let Some(i) = self.slot(r) else { return false };
         match self.seqs[i].state {

@@ -307,6 +307,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 limit,
             });
         }
+        // A decoder's encoder output must fit the cross pool (an encoder request's too: it becomes one).
+        let cross = self.kv.max_cross_tokens_per_request();
+        if !spec.skip_cross && u64::from(spec.encoder_len) > cross {
+            return Err(Error::RequestTooLarge {
+                id: spec.id,
+                tokens: u64::from(spec.encoder_len),
+                limit: cross,
+            });
+        }
         Ok(())
     }
 
@@ -529,6 +538,23 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             crate::kv::Pool::Target => self.take_moves(),
             other => self.kv.take_pool_moves(other),
         }
+    }
+
+    /// Speculative decoding: the engine verified the request's last step and rejected `tokens` of its
+    /// draft tokens; its caches (target and a joint draft pool) give their slots back. Under
+    /// GUARANTEED_NO_EVICT the slots stay (the admission reserved the request's whole life). Refused
+    /// ([`Error::StaleHandle`], nothing changes) for a handle that names no live request.
+    pub fn rewind(&mut self, h: Handle, tokens: u32) -> Result<(), Error> {
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        if self.cfg.policy == crate::config::CapacityPolicy::GuaranteedNoEvict {
+            return Ok(());
+        }
+        let r = KvRef {
+            slot: h.index(),
+            id: e.spec().id,
+        };
+        self.kv.rewind(r, tokens);
+        Ok(())
     }
 
     /// Adapters evicted from the device since the last call (their device pages are free for reuse), in
