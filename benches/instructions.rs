@@ -37,10 +37,11 @@ scenario!(s3s, s3s_floor, Scenario::S3s, 256, 8);
 scenario!(s3h, s3h_floor, Scenario::S3h, 256, 8);
 scenario!(s4, s4_floor, Scenario::S4, 1024, 64);
 scenario!(s5, s5_floor, Scenario::S5, 320, 8);
+scenario!(s6, s6_floor, Scenario::S6, 256, 8);
 
 library_benchmark_group!(
     name = iteration,
-    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4, s5]
+    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4, s5, s6]
 );
 library_benchmark_group!(
     name = floor,
@@ -53,7 +54,8 @@ library_benchmark_group!(
         s3s_floor,
         s3h_floor,
         s4_floor,
-        s5_floor
+        s5_floor,
+        s6_floor
     ]
 );
 

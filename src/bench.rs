@@ -22,6 +22,7 @@ use std::time::Instant;
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
+use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::phase::Phase;
@@ -64,6 +65,18 @@ pub enum Scenario {
     /// adapter's cached 4-block system prompt and a unique tail; 21 are admitted (20 whole, one
     /// 256-token chunk), each reusing 128 tokens.
     S5,
+    /// Speculative decoding: S1-256 with 4 draft tokens a step and a joint draft pool (every step grows
+    /// both pools by 5 tokens), not reset.
+    S6,
+}
+
+/// Draft tokens a decode step in S6.
+pub const S6_DRAFTS: u32 = 4;
+
+/// The KV memory of a scenario: the target pool's, and the joint draft pool's (S6).
+pub struct BenchMemory {
+    target: KvMemory,
+    draft: Option<KvMemory>,
 }
 
 /// The counts one iteration of a scenario must produce.
@@ -124,7 +137,7 @@ const fn outcome(generation: usize, context: usize, paused: usize, recompute: us
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::S1_64,
         Scenario::S1_256,
         Scenario::S1_1024,
@@ -134,6 +147,7 @@ impl Scenario {
         Scenario::S3h,
         Scenario::S4,
         Scenario::S5,
+        Scenario::S6,
     ];
 
     /// The name used in `SCENARIOS.md` and on the command line.
@@ -148,6 +162,7 @@ impl Scenario {
             Scenario::S3h => "S3h",
             Scenario::S4 => "S4",
             Scenario::S5 => "S5",
+            Scenario::S6 => "S6",
         }
     }
 
@@ -163,7 +178,7 @@ impl Scenario {
     pub const fn requests(self) -> usize {
         match self {
             Scenario::S1_64 => 64,
-            Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h => 256,
+            Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h | Scenario::S6 => 256,
             Scenario::S2 | Scenario::S5 => 320,
             Scenario::S1_1024 | Scenario::S4 => 1024,
         }
@@ -171,7 +186,10 @@ impl Scenario {
 
     /// Every iteration starts from the same state (rebuilt outside the timed region).
     pub const fn resets(self) -> bool {
-        !matches!(self, Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024)
+        !matches!(
+            self,
+            Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024 | Scenario::S6
+        )
     }
 
     /// The reference figure, median µs per iteration: TensorRT-LLM's Python V2 scheduler (S1-S3h,
@@ -188,6 +206,7 @@ impl Scenario {
             Scenario::S3h => Some(417.3),
             Scenario::S4 => None,
             Scenario::S5 => Some(3630.0),
+            Scenario::S6 => None,
         }
     }
 
@@ -210,6 +229,7 @@ impl Scenario {
                 adapter_loads: 8,
             },
             Scenario::S5 => outcome(256, 21, 0, 0),
+            Scenario::S6 => outcome(256, 0, 0, 0),
         }
     }
 
@@ -226,9 +246,15 @@ impl Scenario {
     pub const fn kv_config(self) -> KvPoolConfig {
         let n = self.requests() as u32;
         match self {
-            Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024 => {
-                // Capacity 1000 + (i mod 32), one token per iteration: room for S1_PASSES iterations.
-                let max_blocks = (CAPACITY + 31 + S1_PASSES).div_ceil(TOKENS_PER_BLOCK) + 1;
+            Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024 | Scenario::S6 => {
+                // Capacity 1000 + (i mod 32), one token (S6: five) per iteration: room for S1_PASSES
+                // iterations.
+                let step = if matches!(self, Scenario::S6) {
+                    1 + S6_DRAFTS
+                } else {
+                    1
+                };
+                let max_blocks = (CAPACITY + 31 + step * S1_PASSES).div_ceil(TOKENS_PER_BLOCK) + 1;
                 KvPoolConfig {
                     tokens_per_block: TOKENS_PER_BLOCK,
                     gpu_pages: n * max_blocks,
@@ -273,12 +299,14 @@ impl Scenario {
         }
     }
 
-    /// Fresh buffers for the scenario's pool (S5: with a prefix cache).
-    pub fn memory(self) -> KvMemory {
-        match self {
+    /// Fresh buffers for the scenario's pools (S5: with a prefix cache; S6: and a draft pool).
+    pub fn memory(self) -> BenchMemory {
+        let target = match self {
             Scenario::S5 => KvMemory::with_prefix_cache(self.kv_config()),
             _ => KvMemory::new(self.kv_config()),
-        }
+        };
+        let draft = (self == Scenario::S6).then(|| KvMemory::new(self.kv_config()));
+        BenchMemory { target, draft }
     }
 
     /// Scheduler configuration: the common settings with the scenario's batch limit.
@@ -360,10 +388,15 @@ fn starting_state(s: Scenario) -> (Vec<Start>, Adapters) {
         idle_on_host: Vec::new(),
     };
     match s {
-        Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024 => {
+        Scenario::S1_64 | Scenario::S1_256 | Scenario::S1_1024 | Scenario::S6 => {
             let n = s.requests() as u64;
+            let drafts = if s == Scenario::S6 { S6_DRAFTS } else { 0 };
             let reqs = (0..n)
-                .map(|i| generation(i, i % 8, CAPACITY + (i % 32) as u32))
+                .map(|i| {
+                    let mut r = generation(i, i % 8, CAPACITY + (i % 32) as u32);
+                    r.spec.draft = drafts;
+                    r
+                })
                 .collect();
             (reqs, eight)
         }
@@ -432,8 +465,10 @@ fn starting_state(s: Scenario) -> (Vec<Start>, Adapters) {
     }
 }
 
-/// The scheduler type of the benches: the real page pool and adapter cache.
-pub type Sched<'m, const N: usize, const T: usize> = Scheduler<KvPool<'m>, AdapterPool<T>, N, T>;
+/// The scheduler type of the benches: the real page pool (with a joint draft pool in S6) and adapter
+/// cache.
+pub type Sched<'m, const N: usize, const T: usize> =
+    Scheduler<KvSet<KvPool<'m>>, AdapterPool<T>, N, T>;
 
 /// A built scenario: a boxed scheduler over borrowed KV memory, its output, and the outcome to assert.
 pub struct Bench<'m, const N: usize, const T: usize> {
@@ -450,13 +485,18 @@ fn task_ref<const T: usize>(p: &AdapterPool<T>, id: u64) -> TaskRef {
 
 impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
     /// Builds `s` over `mem` (from [`Scenario::memory`]). Panics when `N`/`T` are too small for it.
-    pub fn build(s: Scenario, mem: &'m mut KvMemory) -> Self {
+    pub fn build(s: Scenario, mem: &'m mut BenchMemory) -> Self {
         let (reqs, ad) = starting_state(s);
         assert!(reqs.len() <= N, "{}: N = {N} is too small", s.name());
         assert!(ad.tasks as usize <= T, "{}: T = {T} is too small", s.name());
 
         // KV: each cache in place (slot i = request i), suspended ones moved down (or HELD).
-        let mut pool = mem.pool().expect("KV pool");
+        let target = mem.target.pool().expect("KV pool");
+        let draft = mem
+            .draft
+            .as_mut()
+            .map(|m| (DraftMode::Joint, m.pool().expect("draft KV pool")));
+        let mut pool = KvSet::with_pools(target, draft, None);
         for (i, r) in reqs.iter().enumerate() {
             if r.capacity == 0 {
                 continue;
@@ -624,7 +664,10 @@ fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<'_, N, 
     for h in warm {
         sched.remove(h).expect("warm");
     }
-    let cached = sched.kv().cached_pages(kvsched_core::kv::Tier::Gpu);
+    let cached = sched
+        .kv()
+        .target()
+        .cached_pages(kvsched_core::kv::Tier::Gpu);
     assert_eq!(
         u64::from(cached),
         8 * SYSTEM_BLOCKS,
@@ -652,10 +695,10 @@ where
     sum
 }
 
-/// Builds `s` over a leaked [`KvMemory`] (for one-shot harnesses such as gungraun, where each benchmark
-/// runs in its own process).
+/// Builds `s` over leaked memory (for one-shot harnesses such as gungraun, where each benchmark runs in
+/// its own process).
 pub fn build_leaked<const N: usize, const T: usize>(s: Scenario) -> Bench<'static, N, T> {
-    let mem: &'static mut KvMemory = Box::leak(Box::new(s.memory()));
+    let mem: &'static mut BenchMemory = Box::leak(Box::new(s.memory()));
     Bench::build(s, mem)
 }
 
@@ -671,7 +714,9 @@ pub trait Visit {
 pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
     match s {
         Scenario::S1_64 => v.visit::<64, 8>(s),
-        Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h => v.visit::<256, 8>(s),
+        Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h | Scenario::S6 => {
+            v.visit::<256, 8>(s)
+        }
         Scenario::S1_1024 => v.visit::<1024, 8>(s),
         Scenario::S2 | Scenario::S5 => v.visit::<320, 8>(s),
         Scenario::S4 => v.visit::<1024, 64>(s),
@@ -683,7 +728,7 @@ pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
 /// [`S1_PASSES`] for S1).
 pub fn drive<const N: usize, const T: usize>(
     s: Scenario,
-    mem: &mut KvMemory,
+    mem: &mut BenchMemory,
     iters: u64,
     mut run: impl FnMut(&mut Bench<'_, N, T>, u64),
 ) {
@@ -874,7 +919,7 @@ pub const DEFAULT_ITERS: u64 = 10_000;
 
 const BENCH_USAGE: &str = "usage: kvsched bench [[--scenario] NAME|all] [--iters N] [--json]
   Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).
-  NAME: S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5, or all (default).
+  NAME: S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6, or all (default).
   Prints per scenario the median and p99 ns per iteration, the floor pass's median, the ratio, the
   asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed
   iterations. --json: one JSON object per line.";

@@ -1,14 +1,17 @@
 //! Context-side preemption (spec §1.8): when a context request's pages cannot be had and no tier lies
-//! below the GPU, the newest request that is not protected and holds active KV gives its pages up.
+//! below the GPU, a request that is not protected gives its pages up.
 //!
 //! Protected: every request scheduled in this pass and the requester itself. Candidates: recompute
-//! candidates (§1.15) whose KV is active on the GPU; a suspended request is never a victim here (a
-//! suspended request that can run this pass is resumed, not destroyed; HELD pages are the deadlock
-//! remedy's, `deadlock`). A success ends phase 2 (the freed pages are reserved for the requester next
-//! pass); a failure lets the pass continue.
+//! candidates (§1.15) whose KV is active on the GPU, newest first — and before them (deliberate
+//! difference 7) the newest suspended candidate whose pages are HELD: without a lower tier it runs
+//! nowhere and keeps them until it resumes, so taking an active request's pages instead can loop for
+//! ever (preempt it, it replays into the one page freed, preempt it again) while the held pages stay.
+//! A success ends phase 2 (the freed pages are reserved for the requester next pass); a failure lets
+//! the pass continue.
 //!
-//! Invariant: a scan that found no candidate leaves only its requester as a possible later candidate
-//! (candidates only disappear during a pass otherwise), so later scans look at that one index.
+//! Invariant: a scan that found no active candidate leaves only its requester as a possible later one
+//! (active candidates only disappear during a pass otherwise), so later scans look at that one index;
+//! held candidates appear when the pass suspends someone, so they are looked for every time.
 
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
@@ -32,9 +35,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             Some(only) if only < len => (only + 1, only),
             Some(_) => (0, 0),
         };
-        let victim = (lo..hi)
+        let held = (0..len)
             .rev()
-            .find(|&j| j != i && self.preemptable(self.table.slot(j)));
+            .find(|&j| j != i && self.held_preemptable(self.table.slot(j)));
+        let victim = held.or_else(|| {
+            (lo..hi)
+                .rev()
+                .find(|&j| j != i && self.preemptable(self.table.slot(j)))
+        });
         match victim {
             Some(j) => {
                 self.preempt(self.table.slot(j));
@@ -46,6 +54,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 false
             }
         }
+    }
+
+    /// A suspended recompute candidate whose pages are HELD (not scheduled in this pass).
+    fn held_preemptable(&self, slot: u16) -> bool {
+        let e = self.table.entry(slot);
+        !self.marked(slot, mark::SCHEDULED)
+            && matches!(e.held(), super::table::Held::Paused(_))
+            && self.kv.has_cache(self.kv_ref(slot))
+            && self.recompute_candidate(slot)
     }
 
     /// A context-side preemption candidate (§1.8): not scheduled in this pass, a recompute candidate,
