@@ -41,5 +41,16 @@ while read -r name count; do
     echo "ok    $name $count vs $base ($pct %)"
   fi
 done <<<"$current"
+# Speculative decoding's budget (issue 12): S6 (S1-256 with 4 drafts a step on a joint draft pool) stays
+# within 1.5 times S1-256's cost; both run 256 requests.
+s1=$(awk '$1 == "instructions::iteration::s1_256" { print $2 }' <<<"$current")
+s6=$(awk '$1 == "instructions::iteration::s6" { print $2 }' <<<"$current")
+ratio=$(awk -v a="$s6" -v b="$s1" 'BEGIN { printf "%.3f", a / b }')
+if awk -v r="$ratio" 'BEGIN { exit !(r > 1.5) }'; then
+  echo "WORSE S6 costs $ratio times S1-256 (budget 1.5)"
+  status=1
+else
+  echo "ok    S6 costs $ratio times S1-256 (budget 1.5)"
+fi
 [ "$status" -eq 0 ] && echo "instruction gate: no scenario regressed by more than $tolerance %"
 exit "$status"

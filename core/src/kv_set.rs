@@ -136,10 +136,6 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
             || self.cross.as_ref().is_some_and(|x| x.has_cache(r))
     }
 
-    fn is_active(&self, r: KvRef) -> bool {
-        self.target.is_active(r)
-    }
-
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         match self.draft {
             Some((DraftMode::Joint, _)) if prep.first_chunk => self.claim_jointly(r, prep),
@@ -198,29 +194,18 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         false
     }
 
+    #[inline(always)]
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
-        let Some((mode, d)) = &mut self.draft else {
-            return self.target.try_allocate_generation(r, grow);
-        };
-        // All or nothing across the pools: a target the step resumed is suspended again when the draft
-        // side refuses.
-        let was_active = self.target.is_active(r);
-        if !self.target.try_allocate_generation(r, grow) {
-            return false;
+        match &mut self.draft {
+            None => self.target.try_allocate_generation(r, grow),
+            Some((mode, d)) => generation_paired(&mut self.target, *mode, d, r, grow),
         }
-        let paired = match mode {
-            DraftMode::Joint => d.try_allocate_generation(r, grow),
-            DraftMode::Unpaired => d.admit_mirror(r),
-        };
-        if !paired {
-            self.target.revert_allocate_generation(r);
-            if !was_active {
-                self.target.suspend(r);
-            }
-        }
-        paired
     }
 
+    #[inline]
+    fn is_active(&self, r: KvRef) -> bool {
+        self.target.is_active(r)
+    }
     fn revert_allocate_generation(&mut self, r: KvRef) {
         self.target.revert_allocate_generation(r);
         if let Some(d) = self.joint() {
@@ -386,4 +371,31 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
             x.suspend(r);
         }
     }
+}
+
+/// A generation step on the target and its draft, all or nothing: a target the step resumed is
+/// suspended again when the draft side refuses.
+#[inline(always)]
+fn generation_paired<T: KvBackend, D: KvBackend>(
+    target: &mut T,
+    mode: DraftMode,
+    draft: &mut D,
+    r: KvRef,
+    grow: u32,
+) -> bool {
+    let was_active = target.is_active(r);
+    if !target.try_allocate_generation(r, grow) {
+        return false;
+    }
+    let paired = match mode {
+        DraftMode::Joint => draft.try_allocate_generation(r, grow),
+        DraftMode::Unpaired => draft.admit_mirror(r),
+    };
+    if !paired {
+        target.revert_allocate_generation(r);
+        if !was_active {
+            target.suspend(r);
+        }
+    }
+    paired
 }

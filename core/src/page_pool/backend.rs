@@ -5,6 +5,17 @@ use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
 use super::{blocks_for, KvPool, Seq, SeqState};
 
 impl KvPool<'_> {
+    /// A decode step across a page boundary of an active cache, with a free page at hand: the page off
+    /// the free stack, no eviction, no division.
+    #[inline(never)]
+    fn grow_one_page(&mut self, slot: usize, target: u32, grow: u32) -> bool {
+        self.take_free(slot, 1);
+        let seq = &mut self.seqs[slot];
+        seq.capacity = target;
+        seq.last_grow = grow;
+        true
+    }
+
     /// `try_allocate_generation` beyond the fast path: new pages, or a suspended cache coming back.
     #[inline(never)]
     fn allocate_generation_general(&mut self, r: KvRef, grow: u32) -> bool {
@@ -93,12 +104,14 @@ impl KvBackend for KvPool<'_> {
             self.gpu_free_len,
             self.cfg.max_blocks,
         );
-        if let Some(s) = self.seqs.get_mut(r.slot as usize) {
+        let slot = r.slot as usize;
+        if let Some(s) = self.seqs.get_mut(slot) {
             if s.state == SeqState::Active {
                 let Some(target) = s.capacity.checked_add(grow) else {
                     return false;
                 };
-                if u64::from(target) <= u64::from(s.blocks) * u64::from(tpb) {
+                let held = u64::from(s.blocks) * u64::from(tpb);
+                if u64::from(target) <= held {
                     // target >= capacity: the checked sum did not overflow.
                     s.capacity = target;
                     s.last_grow = grow;
@@ -106,6 +119,9 @@ impl KvBackend for KvPool<'_> {
                 }
                 if s.blocks >= max_blocks || (free == 0 && self.gpu_available() == 0) {
                     return false;
+                }
+                if free > 0 && u64::from(target) <= held + u64::from(tpb) {
+                    return self.grow_one_page(slot, target, grow);
                 }
             }
         }

@@ -161,23 +161,30 @@ impl KvPool<'_> {
         while self.gpu_free_len < new {
             assert!(self.evict_gpu(who, 0), "the pages were counted available");
         }
-        let (top, base) = (self.gpu_free_len as usize, self.row(slot));
-        let row = &mut self.tables[base + s.blocks as usize..base + need as usize];
-        for (entry, &p) in row
-            .iter_mut()
-            .zip(self.gpu_free[top - new as usize..top].iter().rev())
-        {
-            *entry = p;
-        }
-        self.gpu_free_len -= new;
-        if let Some(prefix) = self.prefix.as_mut() {
-            for &p in row.iter() {
-                prefix.take_private(p);
-            }
-        }
-        self.seqs[slot].blocks = need;
+        self.take_free(slot, new);
         self.seqs[slot].capacity = capacity;
         true
+    }
+
+    /// Appends `new` pages off the top of the GPU free stack, which holds them, to the row: one copy,
+    /// and the prefix cache learns that they are private.
+    #[inline(always)]
+    pub(super) fn take_free(&mut self, slot: usize, new: u32) {
+        debug_assert!(
+            self.gpu_free_len >= new,
+            "the caller counted the free pages"
+        );
+        let blocks = self.seqs[slot].blocks;
+        let (top, at) = (self.gpu_free_len as usize, self.row(slot) + blocks as usize);
+        for k in 0..new as usize {
+            let page = self.gpu_free[top - 1 - k];
+            self.tables[at + k] = page;
+            if let Some(prefix) = self.prefix.as_mut() {
+                prefix.take_private(page);
+            }
+        }
+        self.gpu_free_len -= new;
+        self.seqs[slot].blocks = blocks + new;
     }
 
     /// Releases the row's pages from `from_block` on, deepest first (so the deepest cached block becomes
