@@ -225,3 +225,80 @@ fn options_that_cannot_work_are_refused_before_the_run() {
     let out = kvsched(&["simulate", "--bogus"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown option"));
 }
+
+#[test]
+fn speculative_decoding_keeps_the_accepted_drafts_and_cuts_tpot() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/burstgpt1_head54.csv");
+    // `--check` audits every page of both pools after every iteration: on for the run with drafts.
+    let run = |name: &str, extra: &[&str]| {
+        let j = tmp(&format!("spec-{name}.json"));
+        let mut args = vec![
+            "simulate",
+            &trace,
+            "--no-progress",
+            "--kv-gpu-pages",
+            "2048",
+            "--json",
+            j.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = kvsched(&args);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = json(&j);
+        assert_eq!(r["invariant_violations"], 0, "{name}");
+        assert_eq!(r["requests_completed"], r["requests_total"], "{name}");
+        assert_eq!(
+            r["tokens_generated"], r["completed_output_tokens"],
+            "{name}: a step keeps 1 + its accepted drafts, never more than the request asks for"
+        );
+        r
+    };
+    let plain = run("plain", &[]);
+    let spec = run("spec", &["--spec-decode", "4:0.7", "--check"]);
+    let none = run("none", &["--spec-decode", "4:0"]);
+    let all = run("all", &["--spec-decode", "4:1", "--draft-kv-pages", "2048"]);
+    assert_eq!(plain["spec_drafts"], 0);
+    assert_eq!(spec["spec_drafts"], 4);
+    // Each draft is accepted with probability 0.7 after the ones before it: 0.7 + 0.7² + 0.7³ + 0.7⁴ =
+    // 1.773 accepted a step in expectation (thousands of steps: the mean lands within 0.1).
+    let accepted = spec["accepted_tokens_per_step"].as_f64().unwrap();
+    assert!((accepted - 1.773).abs() < 0.1, "accepted {accepted}");
+    assert_eq!(none["accepted_tokens_per_step"].as_f64(), Some(0.0));
+    let every = all["accepted_tokens_per_step"].as_f64().unwrap();
+    assert!(
+        (3.5..=4.0).contains(&every),
+        "all accepted: {every} (the last step of a request keeps only what it still needs)"
+    );
+    // Fewer steps for the same tokens: the time per output token falls.
+    let tpot = |r: &serde_json::Value| r["tpot_ms"]["p50"].as_f64().unwrap();
+    assert!(
+        tpot(&spec) < 0.7 * tpot(&plain),
+        "TPOT p50 {} with drafts, {} without",
+        tpot(&spec),
+        tpot(&plain)
+    );
+    let steps = |r: &serde_json::Value| r["decode_steps"].as_u64().unwrap();
+    assert!(steps(&spec) < steps(&plain) && steps(&all) < steps(&spec));
+    // Refused before the run: no drafts, an acceptance outside [0, 1], a draft pool too small.
+    for bad in [
+        &["--spec-decode", "0:0.5"][..],
+        &["--spec-decode", "4:1.5"],
+        &["--spec-decode", "4"],
+        &["--spec-decode", "4:0.7", "--draft-kv-pages", "1"],
+    ] {
+        let mut args = vec!["simulate", &trace];
+        args.extend_from_slice(bad);
+        let out = kvsched(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && (err.contains("--spec-decode") || err.contains("--draft-kv-pages")),
+            "{bad:?}: {err}"
+        );
+    }
+}
