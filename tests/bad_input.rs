@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 use kvsched::memory::KvMemory;
 use kvsched::workload::{self, TraceErrorKind, TraceFormat};
 use kvsched_core::adapter::{AdapterPool, PeftBackend, TaskRef};
-use kvsched_core::config::{ChunkPolicy, Chunking, Config};
+use kvsched_core::config::{ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::PageMove;
+use kvsched_core::kv_set::KvSet;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
 use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
@@ -267,6 +268,115 @@ fn stale_and_foreign_handles_are_refused() {
         |e: &Error| *e == Error::StaleHandle,
         |s| s.get(removed).map(|_| ()),
     );
+}
+
+#[test]
+fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
+    let mut mem = KvMemory::new(POOL);
+    let (mut s, hs) = busy(&mut mem);
+    let invalid = |e: &Error| matches!(e, Error::Invalid(_));
+    let with_runs = |runs: &[(u32, u32)]| {
+        let mut r = spec(10, 12);
+        r.mm_runs.extend_from_slice(runs).unwrap();
+        r
+    };
+    for (case, runs) in [
+        ("overlapping runs", &[(0, 4), (2, 6)][..]),
+        ("descending runs", &[(4, 6), (0, 2)]),
+        ("an empty run", &[(2, 2)]),
+        ("a run past the prompt", &[(8, 13)]),
+    ] {
+        refused(&mut s, &format!("submit, {case}"), invalid, |s| {
+            s.submit(with_runs(runs))
+        });
+        refused(&mut s, &format!("update, {case}"), invalid, |s| {
+            s.update(hs[3], |r| {
+                r.prompt = 12;
+                r.mm_runs = with_runs(runs).mm_runs;
+            })
+        });
+    }
+    // Speculative decoding: rejected drafts of a request that is gone.
+    let removed = hs[3];
+    s.remove(removed).unwrap();
+    refused(
+        &mut s,
+        "rewind, removed handle",
+        |e: &Error| *e == Error::StaleHandle,
+        |s| s.rewind(removed, 1),
+    );
+    // An encoder request in the encoder window and no cross pool to hold its output: the pass refuses
+    // before doing anything (spec §1.6 step 7).
+    let mut mem = KvMemory::new(POOL);
+    let cfg = Config {
+        window: Window::Encoder,
+        ..Config::default()
+    };
+    let mut s: Sched<'_> =
+        Scheduler::new(cfg, mem.pool().unwrap(), AdapterPool::new(1, 1).unwrap()).unwrap();
+    let mut enc = RequestSpec::new(20, Phase::EncoderInit, 4);
+    enc.encoder_len = 4;
+    let h = s.submit(enc).unwrap();
+    s.submit(spec(21, 4)).unwrap();
+    let mut out = Out::new();
+    refused(
+        &mut s,
+        "encoder without a cross pool",
+        |e: &Error| *e == Error::CrossPoolRequired,
+        |s| s.schedule(&mut out),
+    );
+    s.remove(h).unwrap();
+    s.schedule(&mut out).unwrap();
+    assert_eq!(
+        out.context().len(),
+        1,
+        "the decoder context runs once the encoder is gone"
+    );
+
+    // With chunking, a run no chunk can hold (longer than max_context_length) is refused at submission
+    // (difference 11: upstream raises mid-pass).
+    let mut mem = KvMemory::new(POOL);
+    let cfg = Config {
+        chunking: Some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: 2,
+        }),
+        max_context_length: Some(4),
+        ..Config::default()
+    };
+    let mut s: Sched<'_> =
+        Scheduler::new(cfg, mem.pool().unwrap(), AdapterPool::new(1, 1).unwrap()).unwrap();
+    refused(
+        &mut s,
+        "a run longer than max_context_length",
+        invalid,
+        |s| s.submit(with_runs(&[(2, 7)])),
+    );
+    s.submit(with_runs(&[(2, 6)])).unwrap();
+
+    // A decoder's encoder output larger than the cross pool (8 pages of 4 tokens).
+    let (mut target, mut cross) = (KvMemory::new(POOL), KvMemory::new(POOL));
+    let kv: KvSet<KvPool<'_>> =
+        KvSet::with_pools(target.pool().unwrap(), None, Some(cross.pool().unwrap()));
+    let mut s: Scheduler<_, AdapterPool<T>, N, T> =
+        Scheduler::new(Config::default(), kv, AdapterPool::new(1, 1).unwrap()).unwrap();
+    let before = (s.fingerprint(), s.kv().cross().unwrap().fingerprint());
+    let mut dec = spec(30, 4);
+    dec.encoder_len = 33;
+    assert!(matches!(
+        s.submit(dec.clone()),
+        Err(Error::RequestTooLarge {
+            tokens: 33,
+            limit: 32,
+            ..
+        })
+    ));
+    assert_eq!(
+        (s.fingerprint(), s.kv().cross().unwrap().fingerprint()),
+        before
+    );
+    dec.skip_cross = true;
+    s.submit(dec).unwrap();
 }
 
 #[test]
