@@ -21,6 +21,8 @@ use cudarc::driver::{
 };
 use kvsched_core::kv::{PageMove, Tier};
 
+use crate::copy::{copy_pieces, CopyMethod, CopyPlan};
+use crate::cuda_copy::{driver_has_batched_copy, mapped_address, BatchedCopy, CopyKernel, Place};
 use crate::error::MemError;
 use crate::page::{
     check_len, encode_row, page_runs, AdapterMemory, BlockTableShape, CopyEvent, Direction,
@@ -75,7 +77,7 @@ fn pinned<T: AnyBits>(
     Ok(slice)
 }
 
-/// Both tiers of one pool on a CUDA device.
+/// Both tiers of one pool on a CUDA device, and the means to move pages between them.
 #[derive(Debug)]
 struct CudaTiers {
     shape: PoolShape,
@@ -83,7 +85,14 @@ struct CudaTiers {
     gpu: CudaSlice<u8>,
     gpu_base: sys::CUdeviceptr,
     host: PinnedHostSlice<u8>,
+    /// The host tier's device mapping (the kernel reads and writes it there).
+    host_device: sys::CUdeviceptr,
     checker: MoveChecker,
+    method: CopyMethod,
+    /// `None` when the driver predates the batched copy (12.8).
+    batched: Option<BatchedCopy>,
+    /// `None` when the kernel could not be loaded.
+    kernel: Option<CopyKernel>,
 }
 
 impl CudaTiers {
@@ -95,8 +104,15 @@ impl CudaTiers {
             let (ptr, _record) = gpu.device_ptr(&stream);
             ptr
         };
-        // Flags 0: not write-combined, because the CPU reads what device-to-host copies write.
-        let host = pinned::<u8>(ctx, shape.tier_bytes(Tier::Host), 0, 0)?;
+        // Not write-combined, because the CPU reads what device-to-host copies write; mapped, so that
+        // the copy kernel reaches it.
+        let mut host = pinned::<u8>(
+            ctx,
+            shape.tier_bytes(Tier::Host),
+            sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            0,
+        )?;
+        let host_device = mapped_address(host.as_mut_ptr()?.cast())?;
         stream.synchronize()?;
         Ok(Self {
             shape,
@@ -104,8 +120,19 @@ impl CudaTiers {
             gpu,
             gpu_base,
             host,
+            host_device,
             checker: MoveChecker::new(&shape),
+            method: CopyMethod::default(),
+            batched: driver_has_batched_copy().then(BatchedCopy::default),
+            kernel: CopyKernel::load(ctx).ok(),
         })
+    }
+
+    /// What a call runs now: the method resolved for this store (see [`CopyMethod::plan`]).
+    fn plan(&self) -> CopyPlan {
+        let kernel = self.kernel.is_some() && self.shape.page_bytes % 16 == 0;
+        self.method
+            .plan(self.shape.page_bytes, self.batched.is_some(), kernel)
     }
 
     fn page_address(&self, page: u32) -> Result<sys::CUdeviceptr, MemError> {
@@ -155,8 +182,29 @@ impl CudaTiers {
         if moves.is_empty() {
             return Ok(CopyEvent::complete());
         }
-        // No CPU access happens through this slice: it only names byte ranges for the driver,
-        // which orders them on `self.stream` (see the module docs).
+        let plan = self.plan();
+        let (gpu, host) = (
+            (self.gpu_base, Place::Device),
+            (self.host_device, Place::Host),
+        );
+        let (from, to) = match direction {
+            Direction::Offload => (gpu, host),
+            Direction::Reload => (host, gpu),
+        };
+        let pieces = copy_pieces(moves, self.shape.page_bytes, plan.max_piece());
+        match (plan, &mut self.batched, &mut self.kernel) {
+            (CopyPlan::Batched, Some(batched), _) => {
+                batched.submit(&self.stream, pieces, from, to)?;
+                return Ok(CopyEvent::recorded(self.stream.record_event(None)?));
+            }
+            (CopyPlan::Kernel { blocks }, _, Some(kernel)) => {
+                kernel.submit(&self.stream, pieces, from.0, to.0, blocks)?;
+                return Ok(CopyEvent::recorded(self.stream.record_event(None)?));
+            }
+            _ => {}
+        }
+        // One copy per run. No CPU access happens through this slice: it only names byte ranges
+        // for the driver, which orders them on `self.stream` (see the module docs).
         let host = self.host.as_mut_slice()?;
         for run in page_runs(moves) {
             let (source, target) = run.byte_ranges(self.shape.page_bytes);
@@ -308,6 +356,17 @@ impl CudaKvStore {
     pub fn copy_stream(&self) -> &Arc<CudaStream> {
         &self.tiers.stream
     }
+
+    /// How page moves are submitted (default [`CopyMethod::AUTO`]); takes effect from the next call.
+    pub fn set_copy_method(&mut self, method: CopyMethod) {
+        self.tiers.method = method;
+    }
+
+    /// What a call runs now: the method resolved for this store's page size, the driver and the
+    /// kernel (a method the store cannot run falls back, see [`CopyMethod::plan`]).
+    pub fn copy_plan(&self) -> CopyPlan {
+        self.tiers.plan()
+    }
 }
 
 impl PageStore for CudaKvStore {
@@ -388,6 +447,17 @@ impl CudaAdapterStore {
     /// The stream uploads run on.
     pub fn copy_stream(&self) -> &Arc<CudaStream> {
         &self.tiers.stream
+    }
+
+    /// How page moves are submitted (default [`CopyMethod::AUTO`]); takes effect from the next call.
+    pub fn set_copy_method(&mut self, method: CopyMethod) {
+        self.tiers.method = method;
+    }
+
+    /// What a call runs now: the method resolved for this store's page size, the driver and the
+    /// kernel (a method the store cannot run falls back, see [`CopyMethod::plan`]).
+    pub fn copy_plan(&self) -> CopyPlan {
+        self.tiers.plan()
     }
 }
 

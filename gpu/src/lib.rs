@@ -50,12 +50,15 @@
 #![deny(missing_docs)]
 
 pub mod bind;
+mod copy;
 mod cuda;
+mod cuda_copy;
 mod error;
 mod host;
 mod page;
 
 pub use bind::{AdapterSlots, KvPages};
+pub use copy::{copy_pieces, CopyMethod, CopyPiece, CopyPlan};
 pub use cuda::{driver_present, open_device, CudaAdapterStore, CudaKvStore};
 pub use error::MemError;
 pub use host::{HostAdapterStore, HostKvStore};

@@ -8,8 +8,8 @@ mod common;
 
 use common::{cuda_or_skip, moves, pattern, Model};
 use kvsched_gpu::{
-    AdapterMemory, BlockTableShape, CudaAdapterStore, CudaKvStore, HostAdapterStore, HostKvStore,
-    KvMemory, MemError, PageStore, PoolShape, Tier, BLOCK_TABLE_PAD,
+    AdapterMemory, BlockTableShape, CopyMethod, CopyPlan, CudaAdapterStore, CudaKvStore,
+    HostAdapterStore, HostKvStore, KvMemory, MemError, PageStore, PoolShape, Tier, BLOCK_TABLE_PAD,
 };
 
 /// Page size deliberately not a power of two, so wrong page math shows.
@@ -21,7 +21,7 @@ const ADAPTER_SHAPE: PoolShape = PoolShape::new(3000, 6, 10);
 fn kv_round_trip<M: KvMemory>(mem: &mut M) {
     let mut model = Model::zeroed(mem);
     model.check(mem).unwrap();
-    for page in 0..KV_SHAPE.gpu_pages {
+    for page in 0..mem.shape().gpu_pages {
         model.write(mem, Tier::Gpu, page, 1000 + u64::from(page));
     }
     // 12, 13, 14 -> 5, 6, 7 is one run; the rest are single pages.
@@ -33,7 +33,7 @@ fn kv_round_trip<M: KvMemory>(mem: &mut M) {
     model.apply(&offload);
     model.check(mem).unwrap();
 
-    for page in 0..KV_SHAPE.gpu_pages {
+    for page in 0..mem.shape().gpu_pages {
         model.write(mem, Tier::Gpu, page, 2000 + u64::from(page));
     }
     model.check(mem).unwrap();
@@ -49,11 +49,11 @@ fn kv_round_trip<M: KvMemory>(mem: &mut M) {
     model.check(mem).unwrap();
 
     // Independent of the model: GPU page 15 went 3 -> host 11 -> 15.
-    let mut out = vec![0; KV_SHAPE.page_bytes];
+    let mut out = vec![0; mem.shape().page_bytes];
     mem.read_page(Tier::Gpu, 15, &mut out).unwrap();
-    assert_eq!(out, pattern(1003, KV_SHAPE.page_bytes));
+    assert_eq!(out, pattern(1003, mem.shape().page_bytes));
     mem.read_page(Tier::Gpu, 14, &mut out).unwrap();
-    assert_eq!(out, pattern(2014, KV_SHAPE.page_bytes));
+    assert_eq!(out, pattern(2014, mem.shape().page_bytes));
 }
 
 /// Invalid move lists and buffers are refused and no page changes (the bad entry is last, so a
@@ -405,6 +405,42 @@ fn cuda_kv_without_host_tier() {
         return;
     };
     kv_without_host_tier(&mut CudaKvStore::new(&ctx, NO_HOST, BlockTableShape::new(0, 0)).unwrap());
+}
+
+/// Every copy method moves exactly the bytes the moves name, for a page size the kernel takes
+/// (4 KiB), one it cannot (4100 bytes: not a multiple of 16, so it falls back) and one it cuts into
+/// 64 KiB pieces (192 KiB); the store says what it ran.
+#[test]
+fn cuda_every_copy_method_is_byte_exact() {
+    let Some(ctx) = cuda_or_skip("cuda_every_copy_method_is_byte_exact") else {
+        return;
+    };
+    let methods = [
+        CopyMethod::PerRun,
+        CopyMethod::Batched,
+        CopyMethod::Kernel { blocks: 1 },
+        CopyMethod::Kernel { blocks: 4 },
+        CopyMethod::AUTO,
+    ];
+    for page_bytes in [4096, 4100, 192 << 10] {
+        for method in methods {
+            let shape = PoolShape::new(page_bytes, 16, 12);
+            let mut mem = CudaKvStore::new(&ctx, shape, TABLES).unwrap();
+            mem.set_copy_method(method);
+            let plan = mem.copy_plan();
+            println!("{page_bytes} bytes, {method:?}: runs {plan:?}");
+            if page_bytes % 16 != 0 {
+                assert!(!matches!(plan, CopyPlan::Kernel { .. }), "{plan:?}");
+            }
+            if matches!(method, CopyMethod::Kernel { .. }) && page_bytes % 16 == 0 {
+                assert!(
+                    matches!(plan, CopyPlan::Kernel { .. }),
+                    "the kernel loads on a device: {plan:?}"
+                );
+            }
+            kv_round_trip(&mut mem);
+        }
+    }
 }
 
 /// Device addresses follow `base + page * page_bytes`, and the copy event can order another

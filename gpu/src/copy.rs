@@ -1,0 +1,270 @@
+//! How a batch of page moves becomes copies: the methods a store can submit them with, the choice
+//! between them at run time, and the pieces each method copies.
+//!
+//! Measured on an H200 (`../shared/measurements/h200/page-copy-methods.md`, PCIe Gen5 x16, 256 MiB of
+//! shuffled pages per move): one driver copy per page reaches 3 % of one contiguous copy at 4 KiB
+//! pages and 33 % at 64 KiB; one batched driver copy (`cuMemcpyBatchAsync`) 11-17 % at 4 KiB, 72 % at
+//! 64 KiB, 90-92 % at 256 KiB and 98-99 % at 2 MiB; a gather/scatter kernel over mapped pinned host
+//! memory 92-95 % at every size, on 2 of the 132 multiprocessors (blocks of 1024 threads). Kernel
+//! copies compete with the forward pass for multiprocessors and memory bandwidth; copy-engine copies
+//! do not. Hence the default, [`CopyMethod::AUTO`]: the kernel below 256 KiB pages (where the copy
+//! engines stay under 90 %), the copy engines from 256 KiB up, the kernel on 2 blocks.
+//!
+//! Every method copies the same bytes: the runs of [`page_runs`] (consecutive moves merged), cut into
+//! [`CopyPiece`]s of at most [`CopyPlan::max_piece`] bytes for the kernel so that its warps share a
+//! long run. Moves within one call never overlap (the stores refuse duplicate targets); calls are
+//! ordered on the store's one copy stream, so a page a move frees is reused only after the copy that
+//! reads it, whatever method either call used.
+
+use kvsched_core::kv::PageMove;
+
+use crate::page::page_runs;
+
+/// How a store submits a batch of page moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// One driver copy per run of consecutive pages (`cuMemcpyAsync`).
+    PerRun,
+    /// One driver call for the batch (`cuMemcpyBatchAsync`, CUDA 12.8 and later): the copy engines.
+    Batched,
+    /// One launch of the gather/scatter kernel on `blocks` blocks of 1024 threads, reading or writing
+    /// the pinned host tier through its device mapping.
+    Kernel {
+        /// Thread blocks (1 to [`CopyMethod::MAX_BLOCKS`]).
+        blocks: u32,
+    },
+    /// The kernel for pages smaller than `kernel_below` bytes, the batched copy otherwise.
+    Auto {
+        /// Page size from which the copy engines take over.
+        kernel_below: usize,
+        /// Thread blocks of the kernel.
+        blocks: u32,
+    },
+}
+
+impl CopyMethod {
+    /// The default: the kernel on 2 blocks below 256 KiB pages, the batched copy from there up.
+    pub const AUTO: Self = Self::Auto {
+        kernel_below: 256 << 10,
+        blocks: 2,
+    };
+
+    /// The most thread blocks a kernel copy may take.
+    pub const MAX_BLOCKS: u32 = 132;
+
+    /// What a store with pages of `page_bytes` bytes runs: `batched` says whether the driver has the
+    /// batched copy, `kernel` whether the kernel can run (loaded, pages a multiple of 16 bytes). A
+    /// method the store cannot run falls back: kernel → batched → one copy per run.
+    pub fn plan(self, page_bytes: usize, batched: bool, kernel: bool) -> CopyPlan {
+        let wanted = match self {
+            Self::Auto {
+                kernel_below,
+                blocks,
+            } if page_bytes < kernel_below => CopyPlan::Kernel { blocks },
+            Self::Auto { .. } | Self::Batched => CopyPlan::Batched,
+            Self::Kernel { blocks } => CopyPlan::Kernel { blocks },
+            Self::PerRun => CopyPlan::PerRun,
+        };
+        match wanted {
+            CopyPlan::Kernel { blocks } if kernel => CopyPlan::Kernel {
+                blocks: blocks.clamp(1, Self::MAX_BLOCKS),
+            },
+            CopyPlan::Kernel { .. } | CopyPlan::Batched if batched => CopyPlan::Batched,
+            _ => CopyPlan::PerRun,
+        }
+    }
+}
+
+impl Default for CopyMethod {
+    fn default() -> Self {
+        Self::AUTO
+    }
+}
+
+/// What one call runs (a [`CopyMethod`] resolved for a store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyPlan {
+    /// One driver copy per run.
+    PerRun,
+    /// One batched driver call.
+    Batched,
+    /// One kernel launch on `blocks` blocks.
+    Kernel {
+        /// Thread blocks.
+        blocks: u32,
+    },
+}
+
+impl CopyPlan {
+    /// The longest piece the plan copies: a kernel warp copies one piece at a time, so long runs are
+    /// cut into 64 KiB pieces to spread them over the warps; the driver takes whole runs.
+    pub const fn max_piece(self) -> usize {
+        match self {
+            Self::Kernel { .. } => 64 << 10,
+            Self::PerRun | Self::Batched => usize::MAX,
+        }
+    }
+}
+
+/// One contiguous copy: byte offsets into the source and target tiers, and a length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyPiece {
+    /// Offset in the source tier.
+    pub source: usize,
+    /// Offset in the target tier.
+    pub target: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// The pieces of a move list for pages of `page_bytes` bytes, in list order: each run of consecutive
+/// moves ([`page_runs`]) as one piece, cut into pieces of at most `max_piece` bytes (at least one
+/// page's worth is never split further than `max_piece` allows; a piece is never empty).
+pub fn copy_pieces(
+    moves: &[PageMove],
+    page_bytes: usize,
+    max_piece: usize,
+) -> impl Iterator<Item = CopyPiece> + '_ {
+    let max_piece = max_piece.max(1);
+    page_runs(moves).flat_map(move |run| {
+        let (source, target) = run.byte_ranges(page_bytes);
+        let len = source.len();
+        (0..len.div_ceil(max_piece)).map(move |k| {
+            let at = k * max_piece;
+            CopyPiece {
+                source: source.start + at,
+                target: target.start + at,
+                len: max_piece.min(len - at),
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvsched_core::kv::Tier;
+
+    fn mv(src: u32, dst: u32) -> PageMove {
+        PageMove {
+            request: Default::default(),
+            from: Tier::Gpu,
+            src,
+            dst,
+        }
+    }
+
+    #[test]
+    fn auto_takes_the_kernel_for_small_pages_and_the_copy_engines_for_large_ones() {
+        let auto = CopyMethod::AUTO;
+        assert_eq!(
+            auto.plan(4 << 10, true, true),
+            CopyPlan::Kernel { blocks: 2 }
+        );
+        assert_eq!(
+            auto.plan((256 << 10) - 16, true, true),
+            CopyPlan::Kernel { blocks: 2 }
+        );
+        assert_eq!(auto.plan(256 << 10, true, true), CopyPlan::Batched);
+        assert_eq!(auto.plan(2 << 20, true, true), CopyPlan::Batched);
+        let custom = CopyMethod::Auto {
+            kernel_below: 1 << 20,
+            blocks: 4,
+        };
+        assert_eq!(
+            custom.plan(512 << 10, true, true),
+            CopyPlan::Kernel { blocks: 4 }
+        );
+    }
+
+    #[test]
+    fn a_method_the_store_cannot_run_falls_back() {
+        let auto = CopyMethod::AUTO;
+        assert_eq!(auto.plan(4 << 10, true, false), CopyPlan::Batched);
+        assert_eq!(auto.plan(4 << 10, false, false), CopyPlan::PerRun);
+        assert_eq!(auto.plan(2 << 20, false, true), CopyPlan::PerRun);
+        assert_eq!(
+            CopyMethod::Kernel { blocks: 0 }.plan(4096, false, true),
+            CopyPlan::Kernel { blocks: 1 }
+        );
+        assert_eq!(
+            CopyMethod::Kernel { blocks: 999 }.plan(4096, false, true),
+            CopyPlan::Kernel {
+                blocks: CopyMethod::MAX_BLOCKS
+            }
+        );
+        assert_eq!(
+            CopyMethod::Batched.plan(4096, false, true),
+            CopyPlan::PerRun
+        );
+        assert_eq!(CopyMethod::PerRun.plan(4096, true, true), CopyPlan::PerRun);
+    }
+
+    #[test]
+    fn pieces_follow_the_runs_and_cut_long_ones() {
+        // Pages 0,1,2 → 10,11,12 form one run; 7 → 3 is a run of its own.
+        let moves = [mv(0, 10), mv(1, 11), mv(2, 12), mv(7, 3)];
+        let whole: Vec<CopyPiece> = copy_pieces(&moves, 100, usize::MAX).collect();
+        assert_eq!(
+            whole,
+            [
+                CopyPiece {
+                    source: 0,
+                    target: 1000,
+                    len: 300
+                },
+                CopyPiece {
+                    source: 700,
+                    target: 300,
+                    len: 100
+                }
+            ]
+        );
+        let cut: Vec<CopyPiece> = copy_pieces(&moves, 100, 128).collect();
+        assert_eq!(
+            cut.iter()
+                .map(|p| (p.source, p.target, p.len))
+                .collect::<Vec<_>>(),
+            [
+                (0, 1000, 128),
+                (128, 1128, 128),
+                (256, 1256, 44),
+                (700, 300, 100)
+            ]
+        );
+        // Every byte of every move is covered exactly once.
+        let total: usize = cut.iter().map(|p| p.len).sum();
+        assert_eq!(total, moves.len() * 100);
+        assert_eq!(copy_pieces(&[], 100, 64).count(), 0);
+    }
+
+    proptest::proptest! {
+        /// Copying the pieces of a move list, cut at any size, writes exactly what copying each
+        /// move's page would.
+        #[test]
+        fn pieces_copy_exactly_the_moved_pages(
+            pairs in proptest::collection::vec((0u32..64, 0u32..64), 0..48),
+            page_bytes in 1usize..40,
+            max_piece in 1usize..200,
+        ) {
+            // Distinct targets, as the stores require.
+            let mut seen = std::collections::HashSet::new();
+            let moves: Vec<PageMove> = pairs
+                .into_iter()
+                .filter(|&(_, d)| seen.insert(d))
+                .map(|(s, d)| mv(s, d))
+                .collect();
+            let source: Vec<u8> = (0..64 * page_bytes).map(|i| (i % 251) as u8).collect();
+            let (mut by_piece, mut by_page) = (vec![0u8; 64 * page_bytes], vec![0u8; 64 * page_bytes]);
+            for p in copy_pieces(&moves, page_bytes, max_piece) {
+                proptest::prop_assert!(p.len >= 1 && p.len <= max_piece);
+                by_piece[p.target..p.target + p.len].copy_from_slice(&source[p.source..p.source + p.len]);
+            }
+            for m in &moves {
+                let (s, d) = (m.src as usize * page_bytes, m.dst as usize * page_bytes);
+                by_page[d..d + page_bytes].copy_from_slice(&source[s..s + page_bytes]);
+            }
+            proptest::prop_assert_eq!(by_piece, by_page);
+        }
+    }
+}
