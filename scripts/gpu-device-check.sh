@@ -23,6 +23,10 @@
 #      tests: integrity's cuda_* cases, model's and core_moves' property tests on CudaKvStore, and
 #      serving_loop's cuda_serving_loop_keeps_every_page (a kvsched-core Scheduler driving
 #      CudaKvStore and CudaAdapterStore through kvsched_gpu::bind for 4 x 600 iterations).
+#      Then `copy_bandwidth --sweep`: every copy method (one copy per run, the batched driver copy,
+#      the kernel on 1, 2 and 4 blocks, the default plan) for 4 KiB to 2 MiB pages both ways, next to
+#      one contiguous copy, as a Markdown table (also written to copy-sweep.md beside the log; about
+#      a minute on an H200).
 #      The full log also goes to $OUT/gpu-device-check.log when $OUT is set (the device tool's
 #      output folder), else to .device/gpu-device-check.log. Exit status 0 only if every binary passed.
 #
@@ -31,6 +35,7 @@
 #
 # Environment for `run`:
 #   BENCH_ARGS   arguments for copy_bandwidth (default: "--pages 4096 --page-kib 64 --iters 5")
+#   SWEEP_ARGS   arguments for the sweep (default: "--mib 256 --iters 5")
 #   REQUIRE_GPU  1 (default) = a test that printed "skipped:" or a bench without a driver fails
 #                the run, since the point of running there is to exercise the GPU; 0 = allow.
 set -euo pipefail
@@ -94,6 +99,7 @@ run() {
     [ -d "$DEVICE_DIR/tests" ] || { echo "no $DEVICE_DIR/tests: run '$0 build' on the build machine first" >&2; exit 2; }
     local log="${OUT:-$DEVICE_DIR}/gpu-device-check.log"
     local bench_args="${BENCH_ARGS:---pages 4096 --page-kib 64 --iters 5}"
+    local sweep_args="${SWEEP_ARGS:---mib 256 --iters 5}"
     local require_gpu="${REQUIRE_GPU:-1}"
     mkdir -p "$(dirname "$log")"
     : >"$log"
@@ -111,11 +117,15 @@ run() {
     } 2>&1 | tee -a "$log"
 
     local bin name status
-    for bin in "$DEVICE_DIR"/tests/* "$DEVICE_DIR/copy_bandwidth"; do
+    for bin in "$DEVICE_DIR"/tests/* "$DEVICE_DIR/copy_bandwidth" sweep; do
         name="$(basename "$bin")"
         echo "== $name" | tee -a "$log"
         local args=(--nocapture --test-threads=1)
         [ "$name" = copy_bandwidth ] && read -r -a args <<<"$bench_args"
+        if [ "$name" = sweep ]; then
+            bin="$DEVICE_DIR/copy_bandwidth"
+            read -r -a args <<<"--sweep $sweep_args"
+        fi
         set +e
         "$bin" "${args[@]}" 2>&1 | tee -a "$log" | tee "$DEVICE_DIR/.last"
         status=${PIPESTATUS[0]}
@@ -131,6 +141,7 @@ run() {
             passed+=("$name")
         fi
     done
+    grep '^|' "$log" | tail -n 14 >"$(dirname "$log")/copy-sweep.md" || true
     rm -f "$DEVICE_DIR/.last"
 
     {

@@ -4,18 +4,29 @@
 //!
 //! ```text
 //! cargo run --release -p kvsched-gpu --example copy_bandwidth -- [--pages N] [--page-kib K] [--iters I] [--host]
+//! cargo run --release -p kvsched-gpu --example copy_bandwidth -- --sweep [--mib M] [--iters I]
 //! ```
 //!
-//! Defaults: 4096 pages of 64 KiB (256 MiB per move), 5 timed iterations after one warm-up.
-//! `--host` runs the host-memory backend instead (no GPU needed). Without a CUDA driver it prints
-//! the reason and exits 0; a wrong byte exits 1.
+//! Defaults: 4096 pages of 64 KiB (256 MiB per move), 5 timed iterations after one warm-up, the
+//! store's default copy method (`CopyMethod::AUTO`, the plan it resolved to is printed).
+//! `--host` runs the host-memory backend instead (no GPU needed).
+//!
+//! `--sweep` (CUDA) moves M MiB (default 256) of shuffled pages of 4 KiB to 2 MiB both ways with every
+//! copy method (one copy per run, the batched driver copy, the kernel on 1, 2 and 4 blocks, and the
+//! default plan) next to one contiguous copy of the same bytes, and prints a Markdown table of GB/s
+//! with each method's share of the contiguous copy. Every timed move is checked: the targets of every
+//! 64th move are zeroed before a method runs and compared byte for byte after it.
+//!
+//! Without a CUDA driver it prints the reason and exits 0; a wrong byte exits 1.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use kvsched_gpu::{
-    open_device, page_runs, BlockTableShape, CudaKvStore, HostKvStore, KvMemory, MemError,
-    PageMove, PoolShape, Tier,
+    open_device, page_runs, BlockTableShape, CopyMethod, CudaContext, CudaKvStore, HostKvStore,
+    KvMemory, MemError, PageMove, PageStore, PoolShape, Tier,
 };
 
 /// A move of page `src` of tier `from` to page `dst` of the other tier (no request: a benchmark).
@@ -33,6 +44,8 @@ struct Args {
     page_kib: usize,
     iters: u32,
     host: bool,
+    sweep: bool,
+    mib: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +54,8 @@ fn parse_args() -> Result<Args, String> {
         page_kib: 64,
         iters: 5,
         host: false,
+        sweep: false,
+        mib: 256,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -52,11 +67,13 @@ fn parse_args() -> Result<Args, String> {
             }
             "--iters" => args.iters = value()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--host" => args.host = true,
+            "--sweep" => args.sweep = true,
+            "--mib" => args.mib = value()?.parse().map_err(|e| format!("--mib: {e}"))?,
             _ => return Err(format!("unknown argument {flag}")),
         }
     }
-    if args.pages == 0 || args.page_kib == 0 || args.iters == 0 {
-        return Err("--pages, --page-kib and --iters must be positive".into());
+    if args.pages == 0 || args.page_kib == 0 || args.iters == 0 || args.mib < 2 {
+        return Err("--pages, --page-kib and --iters must be positive, --mib at least 2".into());
     }
     Ok(args)
 }
@@ -215,6 +232,127 @@ fn bench<M: KvMemory>(mem: &mut M, args: &Args) -> Result<bool, MemError> {
     Ok(all_correct)
 }
 
+/// Zeroes the targets of every `stride`-th move in `tier`, so a method that copies nothing fails.
+fn zero_sample<M: KvMemory>(
+    mem: &mut M,
+    tier: Tier,
+    moves: &[PageMove],
+    stride: usize,
+) -> Result<(), MemError> {
+    let zeros = vec![0; mem.shape().page_bytes];
+    for page_move in moves.iter().step_by(stride) {
+        mem.write_page(tier, page_move.dst, &zeros)?;
+    }
+    Ok(())
+}
+
+/// Pages of the every-`stride`-th moves whose target does not hold its source's pattern.
+fn verify_sample<M: KvMemory>(
+    mem: &M,
+    tier: Tier,
+    moves: &[PageMove],
+    stride: usize,
+) -> Result<usize, MemError> {
+    let sample: Vec<PageMove> = moves.iter().step_by(stride).copied().collect();
+    verify(mem, tier, &sample)
+}
+
+/// GB/s of the mean of `iters` timed moves, after checking the moves land (see `zero_sample`).
+fn measure(
+    mem: &mut CudaKvStore,
+    method: CopyMethod,
+    from: Tier,
+    moves: &[PageMove],
+    iters: u32,
+    correct: &mut bool,
+) -> Result<f64, MemError> {
+    mem.set_copy_method(method);
+    zero_sample(mem, from.other(), moves, 64)?;
+    let (_, mean) = time_moves(mem, from, moves, iters)?;
+    let wrong = verify_sample(mem, from.other(), moves, 64)?;
+    if wrong > 0 {
+        println!("WRONG: {method:?} {from:?}: {wrong} sampled pages differ");
+        *correct = false;
+    }
+    let bytes = (moves.len() * mem.shape().page_bytes) as f64;
+    Ok(bytes / mean / 1e9)
+}
+
+/// The table of every method at every page size (see the module docs).
+fn sweep(ctx: &Arc<CudaContext>, args: &Args) -> Result<bool, MemError> {
+    let methods = [
+        ("one copy per run", CopyMethod::PerRun),
+        ("batched copy", CopyMethod::Batched),
+        ("kernel, 1 block", CopyMethod::Kernel { blocks: 1 }),
+        ("kernel, 2 blocks", CopyMethod::Kernel { blocks: 2 }),
+        ("kernel, 4 blocks", CopyMethod::Kernel { blocks: 4 }),
+        ("default plan", CopyMethod::AUTO),
+    ];
+    println!(
+        "{} MiB of shuffled pages per move, mean of {} timed moves after 1 warm-up; GB/s (share of one contiguous copy)\n",
+        args.mib, args.iters
+    );
+    let header: Vec<&str> = methods.iter().map(|(name, _)| *name).collect();
+    println!("| page | direction | {} | contiguous |", header.join(" | "));
+    println!("|---|---|{}---|", "---|".repeat(methods.len()));
+    let mut correct = true;
+    for kib in [4usize, 16, 64, 128, 256, 2048] {
+        let pages = (args.mib * 1024 / kib) as u32;
+        let shape = PoolShape::new(kib * 1024, pages, pages);
+        let mut mem = CudaKvStore::new(ctx, shape, BlockTableShape::new(0, 0))?;
+        let gpu_order = permutation(pages, 1);
+        let host_order = permutation(pages, 2);
+        let offload: Vec<PageMove> = gpu_order
+            .iter()
+            .zip(&host_order)
+            .map(|(&g, &h)| page_move(Tier::Gpu, g, h))
+            .collect();
+        let reload: Vec<PageMove> = offload
+            .iter()
+            .map(|m| page_move(Tier::Host, m.dst, m.src))
+            .collect();
+        for (direction, from, moves) in [
+            ("gpu to host", Tier::Gpu, &offload),
+            ("host to gpu", Tier::Host, &reload),
+        ] {
+            prepare(&mut mem, from)?;
+            let contiguous: Vec<PageMove> = (0..pages).map(|p| page_move(from, p, p)).collect();
+            let whole = measure(
+                &mut mem,
+                CopyMethod::PerRun,
+                from,
+                &contiguous,
+                args.iters,
+                &mut correct,
+            )?;
+            let mut cells = Vec::new();
+            for (_, method) in methods {
+                let plan = {
+                    mem.set_copy_method(method);
+                    mem.copy_plan()
+                };
+                let gbps = measure(&mut mem, method, from, moves, args.iters, &mut correct)?;
+                let cell = format!("{gbps:.1} ({:.0}%)", 100.0 * gbps / whole);
+                cells.push(if method == CopyMethod::AUTO {
+                    format!("{cell}: {plan:?}")
+                } else {
+                    cell
+                });
+            }
+            let page = if kib >= 1024 {
+                format!("{} MiB", kib / 1024)
+            } else {
+                format!("{kib} KiB")
+            };
+            println!(
+                "| {page} | {direction} | {} | {whole:.1} |",
+                cells.join(" | ")
+            );
+        }
+    }
+    Ok(correct)
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(args) => args,
@@ -239,8 +377,15 @@ fn main() -> ExitCode {
         let name = ctx
             .name()
             .unwrap_or_else(|error| format!("<name unavailable: {error}>"));
-        println!("backend: CUDA device 0 ({name}), pinned host tier (not write-combined)");
-        CudaKvStore::new(&ctx, shape, tables).and_then(|mut mem| bench(&mut mem, &args))
+        println!("backend: CUDA device 0 ({name}), pinned host tier (not write-combined, mapped)");
+        if args.sweep {
+            sweep(&ctx, &args)
+        } else {
+            CudaKvStore::new(&ctx, shape, tables).and_then(|mut mem| {
+                println!("copy plan: {:?}", mem.copy_plan());
+                bench(&mut mem, &args)
+            })
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
