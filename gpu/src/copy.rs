@@ -16,9 +16,9 @@
 //! ordered on the store's one copy stream, so a page a move frees is reused only after the copy that
 //! reads it, whatever method either call used.
 
-use kvsched_core::kv::PageMove;
+use kvsched_core::kv::{PageMove, Tier};
 
-use crate::page::page_runs;
+use crate::page::{page_runs, PoolShape};
 
 /// How a store submits a batch of page moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,25 +117,33 @@ pub struct CopyPiece {
     pub len: usize,
 }
 
-/// The pieces of a move list for pages of `page_bytes` bytes, in list order: each run of consecutive
-/// moves ([`page_runs`]) as one piece, cut into pieces of at most `max_piece` bytes (at least one
-/// page's worth is never split further than `max_piece` allows; a piece is never empty).
+/// The pieces of a move list from tier `from` of `shape`, in list order: each run of consecutive
+/// moves ([`page_runs`]) as one piece per layer (one for contiguous pages; a layer-major run is one
+/// piece in each layer's region, see [`PoolShape`]), cut into pieces of at most `max_piece` bytes.
+/// A piece is never empty.
 pub fn copy_pieces(
     moves: &[PageMove],
-    page_bytes: usize,
+    shape: PoolShape,
+    from: Tier,
     max_piece: usize,
 ) -> impl Iterator<Item = CopyPiece> + '_ {
     let max_piece = max_piece.max(1);
+    let piece = shape.piece_bytes();
+    let stride = |tier| shape.pages(tier) as usize * piece;
+    let (source_stride, target_stride) = (stride(from), stride(from.other()));
     page_runs(moves).flat_map(move |run| {
-        let (source, target) = run.byte_ranges(page_bytes);
-        let len = source.len();
-        (0..len.div_ceil(max_piece)).map(move |k| {
-            let at = k * max_piece;
-            CopyPiece {
-                source: source.start + at,
-                target: target.start + at,
-                len: max_piece.min(len - at),
-            }
+        let len = run.pages as usize * piece;
+        (0..shape.layers.max(1) as usize).flat_map(move |layer| {
+            let source = layer * source_stride + run.source as usize * piece;
+            let target = layer * target_stride + run.target as usize * piece;
+            (0..len.div_ceil(max_piece)).map(move |k| {
+                let at = k * max_piece;
+                CopyPiece {
+                    source: source + at,
+                    target: target + at,
+                    len: max_piece.min(len - at),
+                }
+            })
         })
     })
 }
@@ -143,7 +151,6 @@ pub fn copy_pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvsched_core::kv::Tier;
 
     fn mv(src: u32, dst: u32) -> PageMove {
         PageMove {
@@ -204,7 +211,8 @@ mod tests {
     fn pieces_follow_the_runs_and_cut_long_ones() {
         // Pages 0,1,2 → 10,11,12 form one run; 7 → 3 is a run of its own.
         let moves = [mv(0, 10), mv(1, 11), mv(2, 12), mv(7, 3)];
-        let whole: Vec<CopyPiece> = copy_pieces(&moves, 100, usize::MAX).collect();
+        let whole: Vec<CopyPiece> =
+            copy_pieces(&moves, PoolShape::new(100, 16, 16), Tier::Gpu, usize::MAX).collect();
         assert_eq!(
             whole,
             [
@@ -220,7 +228,8 @@ mod tests {
                 }
             ]
         );
-        let cut: Vec<CopyPiece> = copy_pieces(&moves, 100, 128).collect();
+        let cut: Vec<CopyPiece> =
+            copy_pieces(&moves, PoolShape::new(100, 16, 16), Tier::Gpu, 128).collect();
         assert_eq!(
             cut.iter()
                 .map(|p| (p.source, p.target, p.len))
@@ -235,18 +244,34 @@ mod tests {
         // Every byte of every move is covered exactly once.
         let total: usize = cut.iter().map(|p| p.len).sum();
         assert_eq!(total, moves.len() * 100);
-        assert_eq!(copy_pieces(&[], 100, 64).count(), 0);
+        assert_eq!(
+            copy_pieces(&[], PoolShape::new(100, 16, 16), Tier::Gpu, 64).count(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_layer_major_run_is_one_piece_per_layer() {
+        // 2 layers of 50 bytes; GPU regions are 10 pages long (500 bytes), host regions 4 (200).
+        let shape = PoolShape::new(100, 10, 4).with_layers(2);
+        let moves = [mv(3, 1), mv(4, 2)];
+        let got: Vec<(usize, usize, usize)> = copy_pieces(&moves, shape, Tier::Gpu, usize::MAX)
+            .map(|p| (p.source, p.target, p.len))
+            .collect();
+        assert_eq!(got, [(150, 50, 100), (650, 250, 100)]);
     }
 
     proptest::proptest! {
-        /// Copying the pieces of a move list, cut at any size, writes exactly what copying each
-        /// move's page would.
+        /// Copying the pieces of a move list, cut at any size, in any layout, writes exactly what
+        /// copying each move's page, layer by layer, would.
         #[test]
         fn pieces_copy_exactly_the_moved_pages(
-            pairs in proptest::collection::vec((0u32..64, 0u32..64), 0..48),
-            page_bytes in 1usize..40,
+            pairs in proptest::collection::vec((0u32..64, 0u32..48), 0..40),
+            piece_bytes in 1usize..20,
+            layers in 1u32..4,
             max_piece in 1usize..200,
         ) {
+            let shape = PoolShape::new(piece_bytes * layers as usize, 64, 48).with_layers(layers);
             // Distinct targets, as the stores require.
             let mut seen = std::collections::HashSet::new();
             let moves: Vec<PageMove> = pairs
@@ -254,15 +279,19 @@ mod tests {
                 .filter(|&(_, d)| seen.insert(d))
                 .map(|(s, d)| mv(s, d))
                 .collect();
-            let source: Vec<u8> = (0..64 * page_bytes).map(|i| (i % 251) as u8).collect();
-            let (mut by_piece, mut by_page) = (vec![0u8; 64 * page_bytes], vec![0u8; 64 * page_bytes]);
-            for p in copy_pieces(&moves, page_bytes, max_piece) {
+            let source: Vec<u8> = (0..shape.tier_bytes(Tier::Gpu)).map(|i| (i % 251) as u8).collect();
+            let target_len = shape.tier_bytes(Tier::Host);
+            let (mut by_piece, mut by_page) = (vec![0u8; target_len], vec![0u8; target_len]);
+            for p in copy_pieces(&moves, shape, Tier::Gpu, max_piece) {
                 proptest::prop_assert!(p.len >= 1 && p.len <= max_piece);
                 by_piece[p.target..p.target + p.len].copy_from_slice(&source[p.source..p.source + p.len]);
             }
             for m in &moves {
-                let (s, d) = (m.src as usize * page_bytes, m.dst as usize * page_bytes);
-                by_page[d..d + page_bytes].copy_from_slice(&source[s..s + page_bytes]);
+                let from = shape.page_pieces(Tier::Gpu, m.src).unwrap();
+                let to = shape.page_pieces(Tier::Host, m.dst).unwrap();
+                for (s, d) in from.zip(to) {
+                    by_page[d].copy_from_slice(&source[s]);
+                }
             }
             proptest::prop_assert_eq!(by_piece, by_page);
         }

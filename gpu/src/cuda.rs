@@ -25,8 +25,8 @@ use crate::copy::{copy_pieces, CopyMethod, CopyPlan};
 use crate::cuda_copy::{driver_has_batched_copy, mapped_address, BatchedCopy, CopyKernel, Place};
 use crate::error::MemError;
 use crate::page::{
-    check_len, encode_row, page_runs, AdapterMemory, BlockTableShape, CopyEvent, Direction,
-    KvMemory, MoveChecker, PageStore, PoolShape,
+    check_len, encode_row, AdapterMemory, BlockTableShape, CopyEvent, Direction, KvMemory,
+    MoveChecker, PageStore, PoolShape,
 };
 
 /// Whether the CUDA driver library (`libcuda.so` / `nvcuda.dll`) can be loaded. Checked once.
@@ -130,53 +130,57 @@ impl CudaTiers {
 
     /// What a call runs now: the method resolved for this store (see [`CopyMethod::plan`]).
     fn plan(&self) -> CopyPlan {
-        let kernel = self.kernel.is_some() && self.shape.page_bytes % 16 == 0;
+        // The kernel moves 16-byte words: every piece (a page, or one layer of it) must be a multiple.
+        let kernel = self.kernel.is_some() && self.shape.piece_bytes() % 16 == 0;
         self.method
             .plan(self.shape.page_bytes, self.batched.is_some(), kernel)
     }
 
     fn page_address(&self, page: u32) -> Result<sys::CUdeviceptr, MemError> {
-        let range = self.shape.page_range(Tier::Gpu, page)?;
+        let first = self.shape.page_pieces(Tier::Gpu, page)?.next();
         // Lossless: the offset is below the allocation size, which fits isize.
-        Ok(self.gpu_base + range.start as u64)
+        Ok(self.gpu_base + first.map_or(0, |range| range.start) as u64)
     }
 
     fn read(&self, tier: Tier, page: u32, out: &mut [u8]) -> Result<(), MemError> {
-        let range = self.shape.page_range(tier, page)?;
-        check_len(range.len(), out.len())?;
-        match tier {
-            Tier::Gpu => {
-                self.stream.memcpy_dtoh(&self.gpu.slice(range), out)?;
-                // `out` may itself be pinned memory, for which the copy above is asynchronous.
-                self.stream.synchronize()?;
-            }
-            Tier::Host => {
-                self.stream.synchronize()?;
-                out.copy_from_slice(&self.host.as_slice()?[range]);
+        check_len(self.shape.page_bytes, out.len())?;
+        let pieces = self.shape.page_pieces(tier, page)?;
+        let outs = out.chunks_exact_mut(self.shape.piece_bytes());
+        if tier == Tier::Host {
+            self.stream.synchronize()?;
+        }
+        for (range, out) in pieces.zip(outs) {
+            match tier {
+                Tier::Gpu => self.stream.memcpy_dtoh(&self.gpu.slice(range), out)?,
+                Tier::Host => out.copy_from_slice(&self.host.as_slice()?[range]),
             }
         }
+        // `out` may itself be pinned memory, for which a device-to-host copy is asynchronous.
+        self.stream.synchronize()?;
         Ok(())
     }
 
     fn write(&mut self, tier: Tier, page: u32, data: &[u8]) -> Result<(), MemError> {
-        let range = self.shape.page_range(tier, page)?;
-        check_len(range.len(), data.len())?;
-        match tier {
-            Tier::Gpu => {
-                self.stream
-                    .memcpy_htod(data, &mut self.gpu.slice_mut(range))?;
-                // `data` may be pinned memory the caller reuses as soon as we return.
-                self.stream.synchronize()?;
-            }
-            Tier::Host => {
-                self.stream.synchronize()?;
-                self.host.as_mut_slice()?[range].copy_from_slice(data);
+        check_len(self.shape.page_bytes, data.len())?;
+        let pieces = self.shape.page_pieces(tier, page)?;
+        let datas = data.chunks_exact(self.shape.piece_bytes());
+        if tier == Tier::Host {
+            self.stream.synchronize()?;
+        }
+        for (range, data) in pieces.zip(datas) {
+            match tier {
+                Tier::Gpu => self
+                    .stream
+                    .memcpy_htod(data, &mut self.gpu.slice_mut(range))?,
+                Tier::Host => self.host.as_mut_slice()?[range].copy_from_slice(data),
             }
         }
+        // `data` may be pinned memory the caller reuses as soon as we return.
+        self.stream.synchronize()?;
         Ok(())
     }
 
-    /// Enqueues one copy per run on the copy stream and records an event after the last one.
+    /// Enqueues the moves on the copy stream by the store's plan and records an event after them.
     fn copy(&mut self, direction: Direction, moves: &[PageMove]) -> Result<CopyEvent, MemError> {
         self.checker.check(&self.shape, direction, moves)?;
         if moves.is_empty() {
@@ -191,30 +195,30 @@ impl CudaTiers {
             Direction::Offload => (gpu, host),
             Direction::Reload => (host, gpu),
         };
-        let pieces = copy_pieces(moves, self.shape.page_bytes, plan.max_piece());
+        let pieces = copy_pieces(moves, self.shape, direction.tiers().0, plan.max_piece());
         match (plan, &mut self.batched, &mut self.kernel) {
             (CopyPlan::Batched, Some(batched), _) => {
                 batched.submit(&self.stream, pieces, from, to)?;
-                return Ok(CopyEvent::recorded(self.stream.record_event(None)?));
             }
             (CopyPlan::Kernel { blocks }, _, Some(kernel)) => {
                 kernel.submit(&self.stream, pieces, from.0, to.0, blocks)?;
-                return Ok(CopyEvent::recorded(self.stream.record_event(None)?));
             }
-            _ => {}
-        }
-        // One copy per run. No CPU access happens through this slice: it only names byte ranges
-        // for the driver, which orders them on `self.stream` (see the module docs).
-        let host = self.host.as_mut_slice()?;
-        for run in page_runs(moves) {
-            let (source, target) = run.byte_ranges(self.shape.page_bytes);
-            match direction {
-                Direction::Offload => self
-                    .stream
-                    .memcpy_dtoh(&self.gpu.slice(source), &mut host[target])?,
-                Direction::Reload => self
-                    .stream
-                    .memcpy_htod(&host[source], &mut self.gpu.slice_mut(target))?,
+            _ => {
+                // One copy per piece. No CPU access happens through this slice: it only names byte
+                // ranges for the driver, which orders them on `self.stream` (see the module docs).
+                let host = self.host.as_mut_slice()?;
+                for piece in pieces {
+                    let source = piece.source..piece.source + piece.len;
+                    let target = piece.target..piece.target + piece.len;
+                    match direction {
+                        Direction::Offload => self
+                            .stream
+                            .memcpy_dtoh(&self.gpu.slice(source), &mut host[target])?,
+                        Direction::Reload => self
+                            .stream
+                            .memcpy_htod(&host[source], &mut self.gpu.slice_mut(target))?,
+                    }
+                }
             }
         }
         Ok(CopyEvent::recorded(self.stream.record_event(None)?))

@@ -5,10 +5,11 @@
 
 use kvsched_core::kv::{PageMove, Tier};
 
+use crate::copy::copy_pieces;
 use crate::error::MemError;
 use crate::page::{
-    check_len, encode_row, page_runs, AdapterMemory, BlockTableShape, CopyEvent, Direction,
-    KvMemory, MoveChecker, PageStore, PoolShape, BLOCK_TABLE_PAD,
+    check_len, encode_row, AdapterMemory, BlockTableShape, CopyEvent, Direction, KvMemory,
+    MoveChecker, PageStore, PoolShape, BLOCK_TABLE_PAD,
 };
 
 /// A zero-filled vector of `len` elements, or `HostAllocation` instead of aborting.
@@ -42,24 +43,28 @@ impl HostTiers {
     }
 
     fn read(&self, tier: Tier, page: u32, out: &mut [u8]) -> Result<(), MemError> {
-        let range = self.shape.page_range(tier, page)?;
-        check_len(range.len(), out.len())?;
+        check_len(self.shape.page_bytes, out.len())?;
         let memory = match tier {
             Tier::Gpu => &self.gpu,
             Tier::Host => &self.host,
         };
-        out.copy_from_slice(&memory[range]);
+        let pieces = self.shape.page_pieces(tier, page)?;
+        for (range, out) in pieces.zip(out.chunks_exact_mut(self.shape.piece_bytes())) {
+            out.copy_from_slice(&memory[range]);
+        }
         Ok(())
     }
 
     fn write(&mut self, tier: Tier, page: u32, data: &[u8]) -> Result<(), MemError> {
-        let range = self.shape.page_range(tier, page)?;
-        check_len(range.len(), data.len())?;
+        check_len(self.shape.page_bytes, data.len())?;
         let memory = match tier {
             Tier::Gpu => &mut self.gpu,
             Tier::Host => &mut self.host,
         };
-        memory[range].copy_from_slice(data);
+        let pieces = self.shape.page_pieces(tier, page)?;
+        for (range, data) in pieces.zip(data.chunks_exact(self.shape.piece_bytes())) {
+            memory[range].copy_from_slice(data);
+        }
         Ok(())
     }
 
@@ -69,9 +74,9 @@ impl HostTiers {
             Direction::Offload => (&self.gpu, &mut self.host),
             Direction::Reload => (&self.host, &mut self.gpu),
         };
-        for run in page_runs(moves) {
-            let (source_bytes, target_bytes) = run.byte_ranges(self.shape.page_bytes);
-            target[target_bytes].copy_from_slice(&source[source_bytes]);
+        for piece in copy_pieces(moves, self.shape, direction.tiers().0, usize::MAX) {
+            target[piece.target..piece.target + piece.len]
+                .copy_from_slice(&source[piece.source..piece.source + piece.len]);
         }
         Ok(CopyEvent::complete())
     }

@@ -10,17 +10,26 @@ use crate::error::MemError;
 /// Block-table entry for "no page": rows are padded with it after a request's last page.
 pub const BLOCK_TABLE_PAD: i32 = -1;
 
-/// The size of a two-tier page pool: bytes per page and pages per tier.
+/// The size of a two-tier page pool: bytes per page, pages per tier, and how a page is laid out.
 ///
 /// A tier may have zero pages (a KV pool without a host tier); its moves are then refused.
+///
+/// With `layers = 1` (the default) page `p` of a tier is the contiguous bytes `p * page_bytes ..`.
+/// A *layer-major* tier (`layers = L > 1`, as engines that keep one KV tensor per layer lay it out)
+/// holds L regions of `pages * piece_bytes` bytes, one per layer, `piece_bytes = page_bytes / L`; the
+/// logical page `p` is the L pieces at `l * pages * piece_bytes + p * piece_bytes`. Page reads and
+/// writes gather and scatter the pieces in layer order; a move copies every layer of each run of
+/// pages ([`copy_pieces`](crate::copy_pieces)), in one call of the batched copy or the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolShape {
-    /// Bytes in one page (all tiers).
+    /// Bytes in one page (all tiers; all layers of a layer-major page).
     pub page_bytes: usize,
     /// Pages in the GPU tier.
     pub gpu_pages: u32,
     /// Pages in the host tier.
     pub host_pages: u32,
+    /// Pieces a page is split into, one per layer (1: contiguous pages).
+    pub layers: u32,
 }
 
 /// The shape of the KV store's page pool (alias kept for readability at call sites).
@@ -29,13 +38,29 @@ pub type KvShape = PoolShape;
 pub type AdapterShape = PoolShape;
 
 impl PoolShape {
-    /// A shape of `gpu_pages` GPU pages and `host_pages` host pages of `page_bytes` bytes each.
+    /// A shape of `gpu_pages` GPU pages and `host_pages` host pages of `page_bytes` contiguous bytes.
     pub const fn new(page_bytes: usize, gpu_pages: u32, host_pages: u32) -> Self {
         Self {
             page_bytes,
             gpu_pages,
             host_pages,
+            layers: 1,
         }
+    }
+
+    /// The same shape, layer-major with `layers` pieces a page (`page_bytes` must divide by it).
+    pub const fn with_layers(self, layers: u32) -> Self {
+        Self { layers, ..self }
+    }
+
+    /// Bytes of one layer's piece of a page.
+    pub const fn piece_bytes(&self) -> usize {
+        self.page_bytes
+            / if self.layers == 0 {
+                1
+            } else {
+                self.layers as usize
+            }
     }
 
     /// Pages in `tier`.
@@ -58,6 +83,11 @@ impl PoolShape {
                 reason: "page_bytes is zero",
             });
         }
+        if self.layers == 0 || self.page_bytes % self.layers as usize != 0 {
+            return Err(MemError::InvalidShape {
+                reason: "layers must be at least 1 and divide page_bytes",
+            });
+        }
         if i32::try_from(self.gpu_pages).is_err() {
             return Err(MemError::InvalidShape {
                 reason: "GPU page ids must fit an i32 block-table entry",
@@ -69,20 +99,30 @@ impl PoolShape {
         Ok(())
     }
 
-    /// The byte range of `page` in `tier`, or `PageOutOfRange`.
-    pub fn page_range(&self, tier: Tier, page: u32) -> Result<Range<usize>, MemError> {
+    /// The byte ranges of `page` in `tier`, one per layer in layer order (one range for contiguous
+    /// pages), or `PageOutOfRange`.
+    pub fn page_pieces(
+        &self,
+        tier: Tier,
+        page: u32,
+    ) -> Result<impl Iterator<Item = Range<usize>>, MemError> {
         let pages = self.pages(tier);
         if page >= pages {
             return Err(MemError::PageOutOfRange { tier, page, pages });
         }
         // Below `tier_bytes`, so no overflow on a validated shape; refused on an unvalidated one.
-        let invalid = MemError::InvalidShape {
-            reason: "allocation size overflows isize",
-        };
-        let start = (page as usize)
-            .checked_mul(self.page_bytes)
-            .ok_or(invalid)?;
-        Ok(start..start.checked_add(self.page_bytes).ok_or(invalid)?)
+        if self.validate().is_err() {
+            return Err(MemError::InvalidShape {
+                reason: "allocation size overflows isize",
+            });
+        }
+        let piece = self.piece_bytes();
+        let stride = pages as usize * piece;
+        let start = page as usize * piece;
+        Ok((0..self.layers as usize).map(move |l| {
+            let at = l * stride + start;
+            at..at + piece
+        }))
     }
 }
 
@@ -385,9 +425,11 @@ pub trait PageStore {
     /// Blocks until every copy issued by this store is done.
     fn synchronize(&self) -> Result<(), MemError>;
 
-    /// The byte offset of `page` from the start of `tier`'s allocation.
+    /// The byte offset of `page` (of its first layer's piece, for a layer-major shape) from the start
+    /// of `tier`'s allocation.
     fn page_offset(&self, tier: Tier, page: u32) -> Result<usize, MemError> {
-        self.shape().page_range(tier, page).map(|range| range.start)
+        let mut pieces = self.shape().page_pieces(tier, page)?;
+        Ok(pieces.next().map_or(0, |range| range.start))
     }
 }
 
@@ -537,21 +579,39 @@ mod tests {
     }
 
     #[test]
-    fn page_range_math() {
+    fn page_piece_math() {
+        let pieces = |shape: PoolShape, tier, page| {
+            shape.page_pieces(tier, page).map(|p| p.collect::<Vec<_>>())
+        };
         let shape = PoolShape::new(100, 3, 2);
-        assert_eq!(shape.page_range(Tier::Gpu, 2), Ok(200..300));
-        assert_eq!(shape.page_range(Tier::Host, 1), Ok(100..200));
+        let single = |r: Range<usize>| Ok(std::iter::once(r).collect::<Vec<_>>());
+        assert_eq!(pieces(shape, Tier::Gpu, 2), single(200..300));
+        assert_eq!(pieces(shape, Tier::Host, 1), single(100..200));
         assert_eq!(
-            shape.page_range(Tier::Host, 2),
+            pieces(shape, Tier::Host, 2),
             Err(MemError::PageOutOfRange {
                 tier: Tier::Host,
                 page: 2,
                 pages: 2
             })
         );
+        // Layer-major: 4 layers of 25 bytes; the GPU tier's layer regions are 3 pages long, the host
+        // tier's 2.
+        let layered = shape.with_layers(4);
+        assert_eq!(layered.piece_bytes(), 25);
+        assert_eq!(
+            pieces(layered, Tier::Gpu, 2),
+            Ok(vec![50..75, 125..150, 200..225, 275..300])
+        );
+        assert_eq!(
+            pieces(layered, Tier::Host, 1),
+            Ok(vec![25..50, 75..100, 125..150, 175..200])
+        );
+        assert!(shape.with_layers(3).validate().is_err());
+        assert!(shape.with_layers(0).validate().is_err());
         let unvalidated = PoolShape::new(usize::MAX / 2, 3, 0);
         assert!(matches!(
-            unvalidated.page_range(Tier::Gpu, 2),
+            pieces(unvalidated, Tier::Gpu, 2),
             Err(MemError::InvalidShape { .. })
         ));
         assert_eq!(unvalidated.tier_bytes(Tier::Gpu), usize::MAX);

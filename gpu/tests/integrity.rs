@@ -313,6 +313,14 @@ fn host_kv_round_trip() {
 }
 
 #[test]
+fn host_kv_round_trip_layer_major() {
+    for layers in [2, 5, 32] {
+        let shape = PoolShape::new(160 * layers as usize, 16, 12).with_layers(layers);
+        kv_round_trip(&mut HostKvStore::new(shape, TABLES).unwrap());
+    }
+}
+
+#[test]
 fn host_kv_bad_input_changes_nothing() {
     kv_bad_input_changes_nothing(&mut HostKvStore::new(KV_SHAPE, TABLES).unwrap());
 }
@@ -408,8 +416,8 @@ fn cuda_kv_without_host_tier() {
 }
 
 /// Every copy method moves exactly the bytes the moves name, for a page size the kernel takes
-/// (4 KiB), one it cannot (4100 bytes: not a multiple of 16, so it falls back) and one it cuts into
-/// 64 KiB pieces (192 KiB); the store says what it ran.
+/// (4 KiB), one it cannot (4100 bytes: not a multiple of 16, so it falls back), one it cuts into
+/// 64 KiB pieces (192 KiB), and layer-major pages (32 pieces each); the store says what it ran.
 #[test]
 fn cuda_every_copy_method_is_byte_exact() {
     let Some(ctx) = cuda_or_skip("cuda_every_copy_method_is_byte_exact") else {
@@ -422,17 +430,23 @@ fn cuda_every_copy_method_is_byte_exact() {
         CopyMethod::Kernel { blocks: 4 },
         CopyMethod::AUTO,
     ];
-    for page_bytes in [4096, 4100, 192 << 10] {
+    let shapes = [
+        PoolShape::new(4096, 16, 12),
+        PoolShape::new(4100, 16, 12),
+        PoolShape::new(192 << 10, 16, 12),
+        // Layer-major: 32 layers of 2 KiB (an 8B model's per-layer K and V of a 8-token block).
+        PoolShape::new(64 << 10, 16, 12).with_layers(32),
+    ];
+    for shape in shapes {
         for method in methods {
-            let shape = PoolShape::new(page_bytes, 16, 12);
             let mut mem = CudaKvStore::new(&ctx, shape, TABLES).unwrap();
             mem.set_copy_method(method);
             let plan = mem.copy_plan();
-            println!("{page_bytes} bytes, {method:?}: runs {plan:?}");
-            if page_bytes % 16 != 0 {
+            println!("{shape:?}, {method:?}: runs {plan:?}");
+            if shape.piece_bytes() % 16 != 0 {
                 assert!(!matches!(plan, CopyPlan::Kernel { .. }), "{plan:?}");
             }
-            if matches!(method, CopyMethod::Kernel { .. }) && page_bytes % 16 == 0 {
+            if matches!(method, CopyMethod::Kernel { .. }) && shape.piece_bytes() % 16 == 0 {
                 assert!(
                     matches!(plan, CopyPlan::Kernel { .. }),
                     "the kernel loads on a device: {plan:?}"

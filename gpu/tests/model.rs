@@ -15,12 +15,16 @@ mod common;
 
 use common::{cuda_property, fail, pattern};
 use kvsched_core::RequestId;
-use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, PageMove, PoolShape, Tier};
+use kvsched_gpu::{
+    BlockTableShape, CopyMethod, CudaKvStore, HostKvStore, KvMemory, PageMove, PoolShape, Tier,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 /// Small pages, few of them: pressure on both tiers, and runs as well as scattered moves.
-const SHAPE: PoolShape = PoolShape::new(24, 12, 8);
+/// 48-byte pages: a multiple of 16, so the CUDA store's default plan runs the copy kernel; three
+/// 16-byte layers in the layer-major cases.
+const SHAPE: PoolShape = PoolShape::new(48, 12, 8);
 const TABLES: BlockTableShape = BlockTableShape::new(1, 1);
 
 #[derive(Clone, Debug)]
@@ -283,6 +287,12 @@ proptest! {
         let mut mem = HostKvStore::new(SHAPE, TABLES).unwrap();
         run(&mut mem, &ops)?;
     }
+
+    #[test]
+    fn host_layer_major_moves_match_model(ops in ops()) {
+        let mut mem = HostKvStore::new(SHAPE.with_layers(3), TABLES).unwrap();
+        run(&mut mem, &ops)?;
+    }
 }
 
 /// The same property on the CUDA backend (fewer cases: every case allocates a store).
@@ -292,4 +302,16 @@ fn cuda_moves_match_model() {
         let mut mem = CudaKvStore::new(ctx, SHAPE, TABLES).map_err(fail)?;
         run(&mut mem, &ops)
     });
+}
+
+/// With pages the kernel takes (multiples of 16 bytes), layer-major, through each copy method.
+#[test]
+fn cuda_copy_methods_match_model() {
+    for method in [CopyMethod::Batched, CopyMethod::Kernel { blocks: 2 }] {
+        cuda_property("cuda_copy_methods_match_model", 16, ops(), |ctx, ops| {
+            let mut mem = CudaKvStore::new(ctx, SHAPE.with_layers(3), TABLES).map_err(fail)?;
+            mem.set_copy_method(method);
+            run(&mut mem, &ops)
+        });
+    }
 }
