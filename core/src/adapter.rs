@@ -74,7 +74,31 @@ pub trait PeftBackend {
     fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
         let _ = evicted;
     }
+    /// Hands `changed` every task whose host copy changed since the last call, with what the binding
+    /// must do ([`HostChange`]), in the order the tasks first changed; the log is then empty. A backend
+    /// without host memory logs nothing.
+    fn take_host_changes(&mut self, changed: &mut dyn FnMut(TaskRef, HostChange)) {
+        let _ = changed;
+    }
 }
+
+/// What became of a task's host copy since the binding last looked (the adapter cache loads an
+/// adapter into host pages when a request acquires its lease, and evicts host copies nobody holds
+/// or is paused on when it needs room; [`AdapterPool::reload`] drops a copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostChange {
+    /// The copy the binding holds is gone: free its host pages.
+    Dropped,
+    /// A new copy is needed: write the task's weights into host pages (it had none).
+    Filled,
+    /// The binding's copy is gone and a new one is needed (evicted and loaded again, or reloaded
+    /// weights): free its pages, then write the weights anew.
+    Replaced,
+}
+
+/// Pending host-copy change bits of one task slot.
+const HOST_DROPPED: u8 = 1;
+const HOST_FILLED: u8 = 2;
 
 /// The configuration without an adapter cache: every LoRA request is scheduled with no PEFT work.
 #[derive(Debug, Clone, Copy, Default)]
@@ -154,6 +178,10 @@ pub struct AdapterPool<const T: usize> {
     clock: u64,
     stats: AdapterStats,
     device_evicted: heapless::Vec<TaskRef, T>,
+    /// Slots whose host copy changed since the last `take_host_changes`, in order, each once.
+    host_changed: heapless::Vec<u16, T>,
+    /// Their pending `HOST_*` bits, by slot.
+    host_bits: [u8; T],
 }
 
 impl<const T: usize> AdapterPool<T> {
@@ -173,6 +201,8 @@ impl<const T: usize> AdapterPool<T> {
             clock: 0,
             stats: AdapterStats::default(),
             device_evicted: heapless::Vec::new(),
+            host_changed: heapless::Vec::new(),
+            host_bits: [0; T],
         })
     }
 
@@ -238,6 +268,7 @@ impl<const T: usize> AdapterPool<T> {
         }
         if t.on_host {
             self.host_used -= t.pages;
+            self.host_dropped(slot);
         }
         let e = &mut self.tasks[slot];
         e.on_device = false;
@@ -291,6 +322,33 @@ impl<const T: usize> AdapterPool<T> {
             && dev <= self.device_pages
             && host <= self.host_pages
             && self.tasks.iter().all(|t| t.active == 0 || t.on_host)
+    }
+
+    /// Logs that `slot`'s host copy is gone. A copy loaded since the binding last looked was never
+    /// written, so it is forgotten; an older one must be freed.
+    fn host_dropped(&mut self, slot: usize) {
+        let bits = &mut self.host_bits[slot];
+        if *bits & HOST_FILLED != 0 {
+            *bits &= !HOST_FILLED;
+        } else {
+            *bits |= HOST_DROPPED;
+        }
+        self.note_host_change(slot);
+    }
+
+    /// Logs that `slot` was loaded into host pages: the binding must write its weights.
+    fn host_filled(&mut self, slot: usize) {
+        self.host_bits[slot] |= HOST_FILLED;
+        self.note_host_change(slot);
+    }
+
+    fn note_host_change(&mut self, slot: usize) {
+        let slot = slot as u16;
+        if !self.host_changed.contains(&slot) {
+            // At most one entry per task slot: the log has room for all.
+            let logged = self.host_changed.push(slot);
+            debug_assert!(logged.is_ok(), "one entry per task slot");
+        }
     }
 
     fn tick(&mut self) -> u64 {
@@ -352,10 +410,12 @@ impl<const T: usize> AdapterPool<T> {
                 });
             } else {
                 t.on_host = false;
-                self.host_used -= t.pages;
+                let pages = t.pages;
+                self.host_used -= pages;
                 self.stats.host_evictions += 1;
+                self.host_dropped(victim);
             }
-            freed += t.pages;
+            freed += self.tasks[victim].pages;
         }
         true
     }
@@ -422,6 +482,7 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
             t.on_host = true;
             self.host_used += pages;
             self.stats.host_loads += 1;
+            self.host_filled(i);
         }
         let now = self.tick();
         let t = &mut self.tasks[i];
@@ -524,6 +585,29 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
         }
         self.device_evicted.clear();
     }
+
+    fn take_host_changes(&mut self, changed: &mut dyn FnMut(TaskRef, HostChange)) {
+        for &slot in self.host_changed.iter() {
+            let i = usize::from(slot);
+            let change = match self.host_bits[i] {
+                HOST_DROPPED => Some(HostChange::Dropped),
+                HOST_FILLED => Some(HostChange::Filled),
+                b if b == HOST_DROPPED | HOST_FILLED => Some(HostChange::Replaced),
+                _ => None, // loaded and evicted again before anyone looked: nothing to do
+            };
+            self.host_bits[i] = 0;
+            if let Some(change) = change {
+                changed(
+                    TaskRef {
+                        id: self.tasks[i].id,
+                        slot,
+                    },
+                    change,
+                );
+            }
+        }
+        self.host_changed.clear();
+    }
 }
 
 #[cfg(test)]
@@ -532,6 +616,56 @@ mod tests {
 
     fn r(i: u64) -> RequestId {
         RequestId(i)
+    }
+
+    fn host_changes<const T: usize>(p: &mut AdapterPool<T>) -> heapless::Vec<(u64, HostChange), T> {
+        let mut out = heapless::Vec::new();
+        p.take_host_changes(&mut |t, c| out.push((t.id.0, c)).unwrap());
+        out
+    }
+
+    #[test]
+    fn host_changes_tell_the_binding_what_to_write_and_free() {
+        // Host room for two 2-page adapters.
+        let mut p: AdapterPool<4> = AdapterPool::new(4, 4).unwrap();
+        let a = p.register(TaskId(1), 2).unwrap();
+        let b = p.register(TaskId(2), 2).unwrap();
+        let c = p.register(TaskId(3), 2).unwrap();
+        assert!(
+            host_changes(&mut p).is_empty(),
+            "registration loads nothing"
+        );
+        p.add_request(r(0), a, false).unwrap();
+        p.add_request(r(1), b, false).unwrap();
+        assert_eq!(
+            host_changes(&mut p),
+            [(1, HostChange::Filled), (2, HostChange::Filled)]
+        );
+        assert!(host_changes(&mut p).is_empty(), "the log is drained");
+        // a finishes; c's lease evicts a's host copy (least recently used, nobody holds it).
+        p.mark_request_done(r(0), a, false, Holding::Lease);
+        p.add_request(r(2), c, false).unwrap();
+        assert_eq!(
+            host_changes(&mut p),
+            [(1, HostChange::Dropped), (3, HostChange::Filled)]
+        );
+        // Evicted and loaded again before the binding looks: free the old copy, write a new one.
+        p.mark_request_done(r(1), b, false, Holding::Lease);
+        p.add_request(r(3), a, false).unwrap(); // evicts b
+        p.mark_request_done(r(3), a, false, Holding::Lease);
+        p.mark_request_done(r(2), c, false, Holding::Lease);
+        p.add_request(r(4), b, false).unwrap(); // evicts a (last used before c), b comes back
+        assert!(!p.tasks()[0].on_host && p.tasks()[1].on_host && p.tasks()[2].on_host);
+        assert_eq!(
+            host_changes(&mut p),
+            [(2, HostChange::Replaced)],
+            "a was loaded and evicted again unseen: nothing to write, nothing to free"
+        );
+        // A reload drops the host copy of a task nobody uses.
+        p.mark_request_done(r(4), b, false, Holding::Lease);
+        p.reload(TaskId(2), 1).unwrap();
+        assert_eq!(host_changes(&mut p), [(2, HostChange::Dropped)]);
+        assert!(p.check());
     }
 
     #[test]

@@ -26,7 +26,7 @@
 mod common;
 
 use common::{cuda_or_skip, pattern};
-use kvsched_core::adapter::{AdapterPool, TaskRef};
+use kvsched_core::adapter::{AdapterPool, HostChange, TaskRef};
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
 use kvsched_core::kv::PageMove;
 use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
@@ -59,8 +59,9 @@ const ADAPTER_PAGES: [u32; T] = [1, 2, 3, 1, 2, 3];
 /// The core's adapter cache: device pages and host-budget pages.
 const ADAPTER_DEVICE_PAGES: u32 = 6;
 const ADAPTER_HOST_BUDGET: u32 = 8;
-/// The adapter store: the core's device pages; host pages for every registered adapter.
-const ADAPTER_SHAPE: PoolShape = PoolShape::new(24, ADAPTER_DEVICE_PAGES, 12);
+/// The adapter store: the core's device pages and its host budget (the six adapters need 12 pages:
+/// host copies come and go with the core's host evictions).
+const ADAPTER_SHAPE: PoolShape = PoolShape::new(24, ADAPTER_DEVICE_PAGES, ADAPTER_HOST_BUDGET);
 
 /// The workload of one seed.
 #[derive(Clone, Copy, Debug)]
@@ -157,6 +158,8 @@ fn weights(slot: usize) -> Vec<u8> {
 #[derive(Debug, Default)]
 struct Totals {
     iterations: u64,
+    /// Adapter host copies written or dropped.
+    host_changes: u64,
     finished: u64,
     cancelled: u64,
     scheduled: u64,
@@ -174,6 +177,7 @@ struct Totals {
 impl Totals {
     fn add(&mut self, other: &Totals) {
         self.iterations += other.iterations;
+        self.host_changes += other.host_changes;
         self.finished += other.finished;
         self.cancelled += other.cancelled;
         self.scheduled += other.scheduled;
@@ -194,6 +198,8 @@ impl Totals {
         a.table_uploads += b.table_uploads;
         let (a, b) = (&mut self.adapters, &other.adapters);
         a.loads += b.loads;
+        a.host_fills += b.host_fills;
+        a.host_drops += b.host_drops;
         a.evictions += b.evictions;
         a.pages_uploaded += b.pages_uploaded;
         a.uploads += b.uploads;
@@ -320,9 +326,26 @@ fn check_adapters<A: AdapterMemory>(
         ADAPTER_DEVICE_PAGES - pool.device_used(),
         "free device pages"
     );
+    assert_eq!(
+        slots.host_free(),
+        ADAPTER_HOST_BUDGET - pool.host_used(),
+        "free host pages"
+    );
     let page_bytes = ADAPTER_SHAPE.page_bytes;
     let mut bytes = vec![0; page_bytes];
     for (slot, task) in pool.tasks().iter().enumerate() {
+        let host = slots.host_pages(slot as u16);
+        assert_eq!(host.is_some(), task.on_host, "task slot {slot}'s host copy");
+        let w = weights(slot);
+        for (index, &page) in host.unwrap_or(&[]).iter().enumerate() {
+            ad_mem
+                .read_page(Tier::Host, page, &mut bytes)
+                .expect("read an adapter host page");
+            assert!(
+                bytes[..] == w[index * page_bytes..(index + 1) * page_bytes],
+                "task slot {slot} weight page {index} at host page {page}: wrong bytes"
+            );
+        }
         let pages = slots.device_pages(slot as u16);
         if !task.on_device {
             assert!(pages.is_none(), "task slot {slot} is not on the device");
@@ -419,11 +442,7 @@ fn serve<K: KvMemory, A: AdapterMemory>(
             .register(TaskId(100 + slot as u64), pages)
             .expect("register task");
         assert_eq!(usize::from(task.slot), slot);
-        let w = weights(slot);
-        // The unpadded weights: the binding pads the last page.
-        slots
-            .register_task(ad_mem, task, pages, &w[..w.len() - 5])
-            .expect("register weights");
+        slots.register_task(task, pages).expect("register task");
     }
     let scenario = Scenario::of(seed);
     let cfg = Config {
@@ -442,6 +461,7 @@ fn serve<K: KvMemory, A: AdapterMemory>(
     // The adapter device evictions of one iteration (kept across iterations: no steady-state
     // allocation).
     let mut evicted: Vec<TaskRef> = Vec::with_capacity(T);
+    let mut host_changes: Vec<(TaskRef, HostChange)> = Vec::with_capacity(T);
     let mut live: Vec<Option<Live>> = (0..N).map(|_| None).collect();
     let mut rng = Rng(seed);
     let mut totals = Totals::default();
@@ -516,6 +536,18 @@ fn serve<K: KvMemory, A: AdapterMemory>(
         if log.iter().any(|m| m.from == Tier::Gpu) && log.iter().any(|m| m.from == Tier::Host) {
             totals.mixed_logs += 1;
         }
+        // ... then the adapters' host copies (the engine's source hands the unpadded weights; the
+        // binding zero-pads the last page) ...
+        host_changes.clear();
+        sched.take_adapter_host_changes(|task, change| host_changes.push((task, change)));
+        slots
+            .apply_host_changes(ad_mem, &host_changes, &mut |task, buf| {
+                let w = weights(usize::from(task.slot));
+                buf[..w.len() - 5].copy_from_slice(&w[..w.len() - 5]);
+                Ok(())
+            })
+            .expect("apply adapter host changes");
+        totals.host_changes += host_changes.len() as u64;
         // ... then the adapter plan: device evictions and loads.
         evicted.clear();
         sched.take_adapter_evictions(|task| evicted.push(task));
@@ -635,6 +667,9 @@ fn serve<K: KvMemory, A: AdapterMemory>(
     let core = sched.adapters().backend().stats();
     assert_eq!(totals.adapters.loads, core.device_loads);
     assert_eq!(totals.adapters.evictions, core.device_evictions);
+    // Host copies follow the core: every host load written, every host eviction freed.
+    assert_eq!(totals.adapters.host_fills, core.host_loads);
+    assert!(totals.adapters.host_drops <= core.host_evictions);
     totals
 }
 
@@ -657,6 +692,11 @@ fn assert_coverage(totals: &Totals) {
     assert!(totals.mixed_logs > 0, "logs with both directions");
     assert!(totals.recompute_paused > 0, "recompute pauses free caches");
     assert!(totals.adapters.loads > 0 && totals.adapters.evictions > 0);
+    assert!(
+        totals.adapters.host_drops > 0,
+        "host copies are evicted and freed ({} changes)",
+        totals.host_changes
+    );
     assert!(totals.pages_checked > 1000);
 }
 

@@ -563,6 +563,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         self.desk.backend_mut().take_device_evictions(&mut evicted);
     }
 
+    /// Adapters whose host copy changed since the last call (loaded into host pages when a request
+    /// acquired its lease, evicted from them for room, or dropped by a reload), each once with what
+    /// the binding must do: free its host pages, write its weights, or both. Take them after the pass
+    /// and before the adapter plan's device loads, which read the host copies.
+    pub fn take_adapter_host_changes(
+        &mut self,
+        mut changed: impl FnMut(TaskRef, crate::adapter::HostChange),
+    ) {
+        self.desk.backend_mut().take_host_changes(&mut changed);
+    }
+
     /// Completes the step the last pass scheduled, as an engine does once it ran: a context chunk
     /// advances the position (a fully processed prompt moves to `GENERATION_IN_PROGRESS`); a
     /// recompute-paused request is reset to a first-chunk `CONTEXT_INIT` that replays its prefill.

@@ -1,15 +1,17 @@
 //! The adapter binding: LoRA weights in host pages, uploaded into device pages when the core's
 //! adapter plan says so.
 
-use core::ops::Range;
-
-use kvsched_core::adapter::TaskRef;
+use kvsched_core::adapter::{HostChange, TaskRef};
 use kvsched_core::kv::{PageMove, Tier};
 use kvsched_core::request::RequestId;
 use kvsched_core::{AdapterPool, SchedulerOutput};
 
 use crate::error::MemError;
 use crate::page::{AdapterMemory, AdapterShape, CopyEvent};
+
+/// The engine's source of adapter weights: fills the buffer (`pages * page_bytes` bytes, zeroed) with
+/// the task's weights, for [`AdapterSlots::apply_host_changes`].
+pub type WeightSource<'a> = dyn FnMut(TaskRef, &mut [u8]) -> Result<(), MemError> + 'a;
 
 /// What [`AdapterSlots::apply`] did for one adapter plan.
 #[derive(Debug)]
@@ -36,26 +38,34 @@ pub struct AdapterSlotStats {
     pub pages_uploaded: u64,
     /// `upload_adapter` calls (one per plan with loads).
     pub uploads: u64,
+    /// Host copies written (weights fetched into host pages).
+    pub host_fills: u64,
+    /// Host copies dropped (their host pages freed).
+    pub host_drops: u64,
 }
 
 /// Where one registered adapter lives.
 #[derive(Debug)]
 struct Placement {
     task: TaskRef,
-    /// Its weights: `pages` host pages from `host_first`.
-    host_first: u32,
     pages: u32,
+    /// Host pages holding its weights, in weight-page order; empty when it has no host copy.
+    host: Vec<u32>,
     /// Device pages, in weight-page order; empty when it is not on the device.
     device: Vec<u32>,
 }
 
 /// Places LoRA adapters in the pages of an [`AdapterMemory`] store, following the core's adapter
-/// plan.
+/// cache on both tiers.
 ///
-/// Host: every task registered with [`AdapterSlots::register_task`] gets its own contiguous run of
-/// host pages holding its weights, for good (the core has no unregistration). The core's host-tier
-/// budget ([`AdapterPool`]'s host pages) is accounting: size the store's host tier for every
-/// registered adapter.
+/// Host: a task registered with [`AdapterSlots::register_task`] has host pages only while the core
+/// keeps a host copy of it. The core loads an adapter into host pages when a request acquires its
+/// lease and evicts host copies that nobody holds or is paused on when it needs room;
+/// [`Scheduler::take_adapter_host_changes`] reports both, and [`AdapterSlots::apply_host_changes`]
+/// frees the pages of dropped copies and writes the weights of new ones (fetched from the engine's
+/// own source, a file or CPU memory, through a callback) into pages of a free list. The core's host
+/// budget ([`AdapterPool`]'s host pages) bounds the copies, so a store with at least that many host
+/// pages always holds them.
 ///
 /// Device: per task slot, the device pages it occupies while resident, taken from a free list of
 /// the store's device pages. [`AdapterSlots::apply`] takes a plan — the adapters the core evicted
@@ -76,13 +86,14 @@ struct Placement {
 /// previous step, or synchronise).
 ///
 /// [`Scheduler::take_adapter_evictions`]: kvsched_core::Scheduler::take_adapter_evictions
+/// [`Scheduler::take_adapter_host_changes`]: kvsched_core::Scheduler::take_adapter_host_changes
 #[derive(Debug)]
 pub struct AdapterSlots {
     shape: AdapterShape,
     /// Free device pages, popped from the end (low ids first at the start).
     device_free: Vec<u32>,
-    /// Host pages handed out so far (pages `0..host_used`).
-    host_used: u32,
+    /// Free host pages, popped from the end (low ids first at the start).
+    host_free: Vec<u32>,
     /// Placements by the core's task slot.
     tasks: Vec<Option<Placement>>,
     moves: Vec<PageMove>,
@@ -91,13 +102,13 @@ pub struct AdapterSlots {
 }
 
 impl AdapterSlots {
-    /// Slots over a store of shape `shape` (every device page free, no task registered).
+    /// Slots over a store of shape `shape` (every page free, no task registered).
     pub fn new(shape: AdapterShape) -> Result<Self, MemError> {
         shape.validate()?;
         Ok(Self {
             shape,
             device_free: (0..shape.gpu_pages).rev().collect(),
-            host_used: 0,
+            host_free: (0..shape.host_pages).rev().collect(),
             tasks: Vec::new(),
             moves: Vec::new(),
             scratch: Vec::new(),
@@ -127,20 +138,11 @@ impl AdapterSlots {
     }
 
     /// Registers task `task` (as [`AdapterPool::register`] returned it) with `pages` pages of
-    /// weights — the count given to the core — and writes `weights` into fresh host pages of
-    /// `store`, zero-padded to `pages` pages.
+    /// weights, the count given to the core. Nothing is written: the weights go into host pages when
+    /// the core loads the adapter there ([`AdapterSlots::apply_host_changes`]).
     ///
-    /// Refuses (changing nothing): a slot already registered, zero pages, weights longer than
-    /// `pages` pages (`LengthMismatch`), not enough host pages left (`OutOfPages`), a store of
-    /// another shape.
-    pub fn register_task<S: AdapterMemory + ?Sized>(
-        &mut self,
-        store: &mut S,
-        task: TaskRef,
-        pages: u32,
-        weights: &[u8],
-    ) -> Result<Range<u32>, MemError> {
-        self.check_store(store)?;
+    /// Refuses (changing nothing): a slot already registered, zero pages.
+    pub fn register_task(&mut self, task: TaskRef, pages: u32) -> Result<(), MemError> {
         let slot = usize::from(task.slot);
         if self.tasks.get(slot).is_some_and(Option::is_some) {
             return Err(MemError::AdapterPlan {
@@ -154,48 +156,133 @@ impl AdapterSlots {
                 reason: "an adapter occupies at least one page",
             });
         }
-        let page_bytes = self.shape.page_bytes;
-        let capacity = (pages as usize).saturating_mul(page_bytes);
-        if weights.len() > capacity {
-            return Err(MemError::LengthMismatch {
-                expected: capacity,
-                actual: weights.len(),
-            });
-        }
-        let free = self.shape.host_pages - self.host_used;
-        if pages > free {
-            return Err(MemError::OutOfPages {
-                tier: Tier::Host,
-                needed: pages,
-                free,
-            });
-        }
-        let first = self.host_used;
-        self.scratch.resize(page_bytes, 0);
-        for index in 0..pages {
-            let start = (index as usize * page_bytes).min(weights.len());
-            let end = (start + page_bytes).min(weights.len());
-            let chunk = &weights[start..end];
-            let data = if chunk.len() == page_bytes {
-                chunk
-            } else {
-                self.scratch[..chunk.len()].copy_from_slice(chunk);
-                self.scratch[chunk.len()..].fill(0);
-                &self.scratch[..]
-            };
-            store.write_page(Tier::Host, first + index, data)?;
-        }
-        self.host_used += pages;
         if self.tasks.len() <= slot {
             self.tasks.resize_with(slot + 1, || None);
         }
         self.tasks[slot] = Some(Placement {
             task,
-            host_first: first,
             pages,
+            host: Vec::with_capacity(pages as usize),
             device: Vec::with_capacity(pages as usize),
         });
-        Ok(first..first + pages)
+        Ok(())
+    }
+
+    /// Follows the core's host tier: `changes` as [`Scheduler::take_adapter_host_changes`] handed
+    /// them over. First frees the host pages of every dropped or replaced copy, then, for every filled
+    /// or replaced one, takes free host pages and writes the task's weights there: `weights(task,
+    /// buf)` fills `buf` (`pages * page_bytes` bytes, zeroed) from the engine's own source. Returns
+    /// the pages written. Call it before [`AdapterSlots::apply_plan`], whose uploads read the host
+    /// copies.
+    ///
+    /// Refuses, changing nothing: an unregistered task, a drop of a copy the slots do not hold, a fill
+    /// of one they do (`AdapterPlan`), copies that do not fit the free host pages (`OutOfPages`), a
+    /// store of another shape. An error from `weights` or from the store is returned as is; the copy
+    /// being written is then not kept (its pages go back to the free list).
+    ///
+    /// [`Scheduler::take_adapter_host_changes`]: kvsched_core::Scheduler::take_adapter_host_changes
+    pub fn apply_host_changes<S: AdapterMemory + ?Sized>(
+        &mut self,
+        store: &mut S,
+        changes: &[(TaskRef, HostChange)],
+        weights: &mut WeightSource<'_>,
+    ) -> Result<u32, MemError> {
+        self.check_store(store)?;
+        let refuse = |task: &TaskRef, reason| MemError::AdapterPlan {
+            slot: task.slot,
+            reason,
+        };
+        let (mut freed, mut needed) = (0u32, 0u32);
+        for (i, (task, change)) in changes.iter().enumerate() {
+            let placement = self.placement(*task)?;
+            if changes[..i].iter().any(|(t, _)| t.slot == task.slot) {
+                return Err(refuse(task, "host change named twice"));
+            }
+            let held = !placement.host.is_empty();
+            match change {
+                HostChange::Dropped | HostChange::Replaced if !held => {
+                    return Err(refuse(task, "host copy dropped but not held"));
+                }
+                HostChange::Filled if held => {
+                    return Err(refuse(task, "host copy filled but already held"));
+                }
+                HostChange::Dropped => freed += placement.pages,
+                HostChange::Filled => needed = needed.saturating_add(placement.pages),
+                HostChange::Replaced => {
+                    freed += placement.pages;
+                    needed = needed.saturating_add(placement.pages);
+                }
+            }
+        }
+        // Lossless: the free list holds at most `host_pages` (a u32) entries.
+        let free = self.host_free.len() as u32 + freed;
+        if needed > free {
+            return Err(MemError::OutOfPages {
+                tier: Tier::Host,
+                needed,
+                free,
+            });
+        }
+        for (task, change) in changes {
+            if matches!(change, HostChange::Dropped | HostChange::Replaced) {
+                if let Some(Some(placement)) = self.tasks.get_mut(usize::from(task.slot)) {
+                    self.host_free.extend(placement.host.drain(..).rev());
+                    self.stats.host_drops += 1;
+                }
+            }
+        }
+        let mut written = 0;
+        for (task, change) in changes {
+            if matches!(change, HostChange::Filled | HostChange::Replaced) {
+                written += self.fill_host(store, *task, weights)?;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Writes `task`'s weights into free host pages (counted free by the caller).
+    fn fill_host<S: AdapterMemory + ?Sized>(
+        &mut self,
+        store: &mut S,
+        task: TaskRef,
+        weights: &mut WeightSource<'_>,
+    ) -> Result<u32, MemError> {
+        let page_bytes = self.shape.page_bytes;
+        let Some(Some(placement)) = self.tasks.get_mut(usize::from(task.slot)) else {
+            return Ok(0);
+        };
+        let pages = placement.pages;
+        if self.host_free.len() < pages as usize {
+            return Err(MemError::OutOfPages {
+                tier: Tier::Host,
+                needed: pages,
+                free: self.host_free.len() as u32,
+            });
+        }
+        self.scratch.clear();
+        self.scratch.resize(pages as usize * page_bytes, 0);
+        let pages_taken = self.host_free.len() - pages as usize;
+        let mut result = weights(task, &mut self.scratch);
+        let taken: Vec<u32> = self.host_free.drain(pages_taken..).rev().collect();
+        if result.is_ok() {
+            for (page, data) in taken.iter().zip(self.scratch.chunks_exact(page_bytes)) {
+                if let Err(e) = store.write_page(Tier::Host, *page, data) {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        match result {
+            Ok(()) => {
+                placement.host = taken;
+                self.stats.host_fills += 1;
+                Ok(pages)
+            }
+            Err(e) => {
+                self.host_free.extend(taken.into_iter().rev());
+                Err(e)
+            }
+        }
     }
 
     fn placement(&self, task: TaskRef) -> Result<&Placement, MemError> {
@@ -297,6 +384,9 @@ impl AdapterSlots {
             if loads[..i].iter().any(|t| t.slot == task.slot) {
                 return Err(refuse(task, "loaded twice in one plan"));
             }
+            if placement.host.is_empty() {
+                return Err(refuse(task, "loaded on the device without a host copy"));
+            }
             needed = needed.saturating_add(placement.pages);
         }
         // Lossless: the free list holds at most `gpu_pages` (a u32) entries.
@@ -328,7 +418,7 @@ impl AdapterSlots {
                         // Unused by the stores: the task id, for tracing (see the type's docs).
                         request: RequestId(task.id.0),
                         from: Tier::Host,
-                        src: placement.host_first + index,
+                        src: placement.host[index as usize],
                         dst: page,
                     });
                 }
@@ -362,13 +452,11 @@ impl AdapterSlots {
         }
     }
 
-    /// The host pages holding the weights of the adapter in task slot `slot`; `None` when not
-    /// registered.
-    pub fn host_pages(&self, slot: u16) -> Option<Range<u32>> {
+    /// The host pages holding the weights of the adapter in task slot `slot`, in weight-page order;
+    /// `None` when it has no host copy or is not registered.
+    pub fn host_pages(&self, slot: u16) -> Option<&[u32]> {
         match self.tasks.get(usize::from(slot)) {
-            Some(Some(placement)) => {
-                Some(placement.host_first..placement.host_first + placement.pages)
-            }
+            Some(Some(placement)) if !placement.host.is_empty() => Some(&placement.host),
             _ => None,
         }
     }
@@ -379,9 +467,10 @@ impl AdapterSlots {
         self.device_free.len() as u32
     }
 
-    /// Host pages not yet given to a registered adapter.
+    /// Host pages free for copies.
     pub fn host_free(&self) -> u32 {
-        self.shape.host_pages - self.host_used
+        // Lossless: at most `host_pages` entries.
+        self.host_free.len() as u32
     }
 
     /// Lifetime counters.
@@ -411,23 +500,33 @@ mod tests {
         out
     }
 
+    /// The engine's source of weights: task 0's are 1,1,1,1,2 (padded), task 1's twelve 3s, task 2's
+    /// four 9s.
+    fn weights(task: TaskRef, buf: &mut [u8]) -> Result<(), MemError> {
+        let w: &[u8] = match task.slot {
+            0 => &[1, 1, 1, 1, 2],
+            1 => &[3; 12],
+            _ => &[9; 4],
+        };
+        buf[..w.len()].copy_from_slice(w);
+        Ok(())
+    }
+
     fn setup() -> (HostAdapterStore, AdapterSlots) {
         let shape = PoolShape::new(PAGE, 4, 6);
         let mut store = HostAdapterStore::new(shape).unwrap();
         let mut slots = AdapterSlots::new(shape).unwrap();
         assert_eq!(slots.pages_for(5), 2);
-        assert_eq!(
-            slots
-                .register_task(&mut store, task(0), 2, &[1, 1, 1, 1, 2])
-                .unwrap(),
-            0..2
-        );
-        assert_eq!(
-            slots
-                .register_task(&mut store, task(1), 3, &[3; 12])
-                .unwrap(),
-            2..5
-        );
+        slots.register_task(task(0), 2).unwrap();
+        slots.register_task(task(1), 3).unwrap();
+        assert_eq!(slots.host_pages(0), None, "registration writes nothing");
+        let changes = [(task(0), HostChange::Filled), (task(1), HostChange::Filled)];
+        let written = slots
+            .apply_host_changes(&mut store, &changes, &mut weights)
+            .unwrap();
+        assert_eq!(written, 5);
+        assert_eq!(slots.host_pages(0), Some(&[0, 1][..]));
+        assert_eq!(slots.host_pages(1), Some(&[2, 3, 4][..]));
         (store, slots)
     }
 
@@ -498,33 +597,100 @@ mod tests {
     }
 
     #[test]
-    fn registration_refusals() {
+    fn registration_and_host_change_refusals() {
         let (mut store, mut slots) = setup();
         assert!(matches!(
-            slots.register_task(&mut store, task(1), 1, &[]),
+            slots.register_task(task(1), 1),
             Err(MemError::AdapterPlan { slot: 1, .. })
         ));
+        assert!(matches!(
+            slots.register_task(task(2), 0),
+            Err(MemError::AdapterPlan { slot: 2, .. })
+        ));
+        slots.register_task(task(2), 2).unwrap();
+        let unknown = TaskRef {
+            id: TaskId(7),
+            slot: 3,
+        };
+        let cases: [(&[(TaskRef, HostChange)], &str); 4] = [
+            (
+                &[(task(2), HostChange::Dropped)],
+                "host copy dropped but not held",
+            ),
+            (
+                &[(task(0), HostChange::Filled)],
+                "host copy filled but already held",
+            ),
+            (
+                &[
+                    (task(0), HostChange::Dropped),
+                    (task(0), HostChange::Filled),
+                ],
+                "host change named twice",
+            ),
+            (
+                &[(unknown, HostChange::Filled)],
+                "task not registered with the adapter slots",
+            ),
+        ];
+        for (changes, reason) in cases {
+            let error = slots
+                .apply_host_changes(&mut store, changes, &mut weights)
+                .unwrap_err();
+            assert!(
+                matches!(error, MemError::AdapterPlan { reason: r, .. } if r == reason),
+                "{error}"
+            );
+            assert_eq!(slots.host_free(), 1);
+        }
         assert_eq!(
-            slots.register_task(&mut store, task(2), 1, &[0; 5]),
-            Err(MemError::LengthMismatch {
-                expected: 4,
-                actual: 5
-            })
-        );
-        assert_eq!(
-            slots.register_task(&mut store, task(2), 2, &[]),
+            slots.apply_host_changes(&mut store, &[(task(2), HostChange::Filled)], &mut weights),
             Err(MemError::OutOfPages {
                 tier: Tier::Host,
                 needed: 2,
                 free: 1
             })
         );
+        // A failing source keeps nothing.
+        let mut broken =
+            |_: TaskRef, _: &mut [u8]| -> Result<(), MemError> { Err(MemError::NoDriver) };
+        let changes = [
+            (task(0), HostChange::Dropped),
+            (task(2), HostChange::Filled),
+        ];
         assert_eq!(
-            slots.register_task(&mut store, task(2), 1, &[]).unwrap(),
-            5..6
+            slots.apply_host_changes(&mut store, &changes, &mut broken),
+            Err(MemError::NoDriver)
         );
-        assert_eq!(slots.host_free(), 0);
-        assert_eq!(slots.host_pages(1), Some(2..5));
+        assert_eq!(slots.host_pages(2), None);
+        assert_eq!(
+            slots.host_free(),
+            3,
+            "task 0's copy was dropped, task 2's not kept"
+        );
+        // Dropped, its pages reused by the next copy; a device load needs a host copy.
+        assert_eq!(
+            slots
+                .apply_host_changes(&mut store, &[(task(2), HostChange::Filled)], &mut weights)
+                .unwrap(),
+            2
+        );
+        assert_eq!(
+            slots.host_pages(2),
+            Some(&[0, 1][..]),
+            "task 0's freed pages, in order"
+        );
+        assert!(matches!(
+            slots.apply(&mut store, &[], &[task(0)]),
+            Err(MemError::AdapterPlan {
+                reason: "loaded on the device without a host copy",
+                ..
+            })
+        ));
+        let up = slots.apply(&mut store, &[], &[task(2)]).unwrap();
+        assert_eq!(up.pages, 2);
+        assert_eq!(device(&store, 0), [9; 4]);
+        assert_eq!(device(&store, 1), [0; 4], "zero-padded");
         let mut other = HostAdapterStore::new(PoolShape::new(PAGE, 4, 7)).unwrap();
         assert!(matches!(
             slots.apply(&mut other, &[], &[]),
@@ -568,7 +734,10 @@ mod tests {
         assert_eq!(srcs, [2, 3, 4]);
         // A page count that differs from the core's is refused, changing nothing.
         let c = pool.register(TaskId(102), 2).unwrap();
-        slots.register_task(&mut store, c, 1, &[]).unwrap();
+        slots.register_task(c, 1).unwrap();
+        slots
+            .apply_host_changes(&mut store, &[(c, HostChange::Filled)], &mut weights)
+            .unwrap();
         let free = slots.device_free();
         assert!(matches!(
             slots.apply_checked(&mut store, &pool, &[], &[c]),

@@ -7,7 +7,9 @@
 //! [`KvPool::table`](kvsched_core::page_pool::KvPool::table)) and which adapters are copied to or
 //! dropped from the device
 //! ([`SchedulerOutput::adapter_loads`](kvsched_core::SchedulerOutput::adapter_loads) and
-//! [`Scheduler::take_adapter_evictions`](kvsched_core::Scheduler::take_adapter_evictions)). This
+//! [`Scheduler::take_adapter_evictions`](kvsched_core::Scheduler::take_adapter_evictions)), and
+//! which adapters' host copies are written or freed
+//! ([`Scheduler::take_adapter_host_changes`](kvsched_core::Scheduler::take_adapter_host_changes)). This
 //! module turns those decisions into calls on a [`KvMemory`](crate::KvMemory) and an
 //! [`AdapterMemory`](crate::AdapterMemory) store, on either backend. The scheduler owns its
 //! backends: the bindings read them through `sched.kv()` and `sched.adapters().backend()`, and the
@@ -20,6 +22,10 @@
 //! sched.ensure_batch(&mut out)?;                    // the adapter plan (loads, evictions)
 //! // Suspend / resume copies (taking the moves also settles the requests the pass resumed).
 //! let moved = kv.apply_moves(sched.take_moves(), &mut kv_store)?;
+//! // Adapter host copies: free the evicted ones, write the loaded ones from the engine's source.
+//! host_changes.clear();
+//! sched.take_adapter_host_changes(|task, change| host_changes.push((task, change)));
+//! adapters.apply_host_changes(&mut adapter_store, &host_changes, &mut read_weights)?;
 //! // Adapter uploads: the device evictions (a Vec<TaskRef> kept across iterations), then the plan.
 //! evicted.clear();
 //! sched.take_adapter_evictions(|task| evicted.push(task));
@@ -37,5 +43,5 @@
 mod adapter;
 mod kv;
 
-pub use adapter::{AdapterSlotStats, AdapterSlots, AdapterUploads};
+pub use adapter::{AdapterSlotStats, AdapterSlots, AdapterUploads, WeightSource};
 pub use kv::{block_table_rows, AppliedMoves, KvPageStats, KvPages, StagedTables};
