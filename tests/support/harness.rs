@@ -27,7 +27,7 @@ use std::cell::Cell;
 use std::collections::BTreeSet;
 
 use kvsched::memory::KvMemory;
-use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{AdapterPool, Holding, HostChange, PeftBackend, TaskRef};
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
@@ -448,6 +448,11 @@ impl PeftBackend for FaultPeft {
             p.take_device_evictions(evicted);
         }
     }
+    fn take_host_changes(&mut self, changed: &mut dyn FnMut(TaskRef, HostChange)) {
+        if let Some(p) = self.inner.as_mut() {
+            p.take_host_changes(changed);
+        }
+    }
 }
 
 /// A listed request with its chunk tokens and last-chunk flag (0 and false outside the context list).
@@ -525,6 +530,8 @@ pub struct Harness<'a> {
     next_id: u64,
     /// Counters.
     pub stats: Stats,
+    /// The adapter host copies a binding following `take_adapter_host_changes` holds, by task slot.
+    host_copies: BTreeSet<u16>,
 }
 
 fn pick<T>(v: &[T], p: u8) -> Option<usize> {
@@ -601,6 +608,7 @@ impl<'a> Harness<'a> {
             removed: BTreeSet::new(),
             next_id: 1,
             stats: Stats::default(),
+            host_copies: BTreeSet::new(),
         })
     }
 
@@ -948,6 +956,7 @@ impl<'a> Harness<'a> {
         let _ = self.sched.take_moves();
         let _ = self.sched.take_pool_moves(Pool::Draft);
         let _ = self.sched.take_pool_moves(Pool::Cross);
+        self.follow_host_copies()?;
         let s = &self.sched;
         let id = |l: &Listed| s.get(l.handle()).ok().map(|e| e.spec().id.0);
         let context: Vec<(Option<u64>, u32)> = self
@@ -1244,6 +1253,48 @@ impl<'a> Harness<'a> {
     }
 
     /// Checks the invariants that hold between operations, and the model.
+    /// Applies the adapter cache's host-copy changes as a binding would, refusing an impossible one (a
+    /// drop of a copy not held, a fill of one held), then checks that the copies held are exactly the
+    /// tasks the cache keeps on the host.
+    fn follow_host_copies(&mut self) -> Result<(), String> {
+        let mut changes = Vec::new();
+        self.sched
+            .take_adapter_host_changes(|t, c| changes.push((t.slot, c)));
+        for (slot, change) in changes {
+            let held = self.host_copies.contains(&slot);
+            match change {
+                HostChange::Dropped if held => {
+                    self.host_copies.remove(&slot);
+                }
+                HostChange::Filled if !held => {
+                    self.host_copies.insert(slot);
+                }
+                HostChange::Replaced if held => {}
+                other => {
+                    return Err(format!(
+                        "adapter slot {slot}: host change {other:?} with a copy held: {held}"
+                    ))
+                }
+            }
+        }
+        if let Some(p) = &self.sched.adapters().backend().inner {
+            let on_host: BTreeSet<u16> = p
+                .tasks()
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.on_host)
+                .map(|(i, _)| i as u16)
+                .collect();
+            if on_host != self.host_copies {
+                return Err(format!(
+                    "adapter host copies {:?}, the cache keeps {on_host:?}",
+                    self.host_copies
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn check(&self) -> Result<(), String> {
         let s = &self.sched;
         for (role, p) in pools(s) {
