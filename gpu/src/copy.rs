@@ -33,9 +33,10 @@ pub enum CopyMethod {
         /// Thread blocks (1 to [`CopyMethod::MAX_BLOCKS`]).
         blocks: u32,
     },
-    /// The kernel for pages smaller than `kernel_below` bytes, the batched copy otherwise.
+    /// The kernel for pages (in a layer-major pool: per-layer pieces) smaller than `kernel_below`
+    /// bytes, the batched copy otherwise.
     Auto {
-        /// Page size from which the copy engines take over.
+        /// Page (piece) size from which the copy engines take over.
         kernel_below: usize,
         /// Thread blocks of the kernel.
         blocks: u32,
@@ -52,9 +53,10 @@ impl CopyMethod {
     /// The most thread blocks a kernel copy may take.
     pub const MAX_BLOCKS: u32 = 132;
 
-    /// What a store with pages of `page_bytes` bytes runs: `batched` says whether the driver has the
-    /// batched copy, `kernel` whether the kernel can run (loaded, pages a multiple of 16 bytes). A
-    /// method the store cannot run falls back: kernel → batched → one copy per run.
+    /// What a store whose copies are pieces of `page_bytes` bytes (its pages, or one layer of a page in
+    /// a layer-major pool) runs: `batched` says whether the driver has the batched copy, `kernel`
+    /// whether the kernel can run (loaded, pieces a multiple of 16 bytes). A method the store cannot
+    /// run falls back: kernel → batched → one copy per run.
     pub fn plan(self, page_bytes: usize, batched: bool, kernel: bool) -> CopyPlan {
         let wanted = match self {
             Self::Auto {

@@ -132,8 +132,9 @@ impl CudaTiers {
     fn plan(&self) -> CopyPlan {
         // The kernel moves 16-byte words: every piece (a page, or one layer of it) must be a multiple.
         let kernel = self.kernel.is_some() && self.shape.piece_bytes() % 16 == 0;
+        // The copy engines see pieces: whole pages, or one layer of a page in a layer-major pool.
         self.method
-            .plan(self.shape.page_bytes, self.batched.is_some(), kernel)
+            .plan(self.shape.piece_bytes(), self.batched.is_some(), kernel)
     }
 
     fn page_address(&self, page: u32) -> Result<sys::CUdeviceptr, MemError> {
