@@ -11,7 +11,8 @@ const USAGE: &str = "usage: kvsched <command> [options]
 commands:
   simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
   conformance PATH...      run scenario files (files or folders of *.json); prints `N passed, M failed`
-  bench [options]          measure the scheduling pass (see `kvsched bench --help`)";
+  bench [options]          measure the scheduling pass (see `kvsched bench --help`)
+  cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
         Some("conformance") => conformance(&args[1..]),
         Some("bench") => kvsched::bench::cli(&args[1..]),
         Some("simulate") => kvsched::sim::cli::main(&args[1..]),
+        Some("cost") => kvsched::sim::cost::cli(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking};
 
+use super::cost::Engine;
 use super::{run, SimOptions};
 use crate::workload::popularity::{AdapterRanks, PopularityLaw};
 use crate::workload::synthetic::{generate, SyntheticSpec};
@@ -47,8 +48,12 @@ scheduler:
   --max-tokens N (8192)  --max-batch N (256)  --policy max_utilization|guaranteed_no_evict
   --chunking fcfs|force_chunk|equal_progress|none (fcfs)  --chunk-unit N (64)  --no-recompute-pause
   --deadlock-threshold N (1000)
-cost model (simulated microseconds):
+cost model (simulated microseconds; docs/COST.md, `kvsched cost`):
+  --engine legacy|h200-llama3-8b (legacy)  a preset: the first model's four constants, or a fit to a
+                               Llama-3-8B-shaped model on one H200 (decode attention grows with context)
+  each term below overrides the preset's, whatever the order:
   --step-us F (6000)  --prefill-us-per-token F (30)  --decode-us-per-request F (40)
+  --decode-us-per-cached-token F (0)  --attention-us-per-pair F (0)
   --adapter-load-us-per-page F (50)  --page-copy-us F (80)
 output:
   --json FILE  --plot FILE.svg  --check (verify invariants every iteration)  --no-progress  --seed N (1)";
@@ -91,6 +96,8 @@ pub struct Cli {
 pub fn parse(args: &[String]) -> Result<Cli, String> {
     let mut c = Cli::default();
     let o = &mut c.opts;
+    let mut engine = Engine::Legacy;
+    let mut cost_terms: Vec<(&str, f64)> = Vec::new();
     let mut i = 0;
     while i < args.len() {
         let a = args[i].as_str();
@@ -181,11 +188,14 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
                 });
             }
             "--draft-kv-pages" => o.draft_kv_pages = num(args, &mut i, a)?,
-            "--step-us" => o.cost.step_us = num(args, &mut i, a)?,
-            "--prefill-us-per-token" => o.cost.prefill_us_per_token = num(args, &mut i, a)?,
-            "--decode-us-per-request" => o.cost.decode_us_per_request = num(args, &mut i, a)?,
-            "--adapter-load-us-per-page" => o.cost.adapter_load_us_per_page = num(args, &mut i, a)?,
-            "--page-copy-us" => o.cost.page_copy_us = num(args, &mut i, a)?,
+            "--engine" => engine = Engine::parse(value(args, &mut i, a)?)?,
+            "--step-us"
+            | "--prefill-us-per-token"
+            | "--decode-us-per-request"
+            | "--decode-us-per-cached-token"
+            | "--attention-us-per-pair"
+            | "--adapter-load-us-per-page"
+            | "--page-copy-us" => cost_terms.push((a, num(args, &mut i, a)?)),
             "--json" => c.json = Some(PathBuf::from(value(args, &mut i, a)?)),
             "--plot" => c.plot = Some(PathBuf::from(value(args, &mut i, a)?)),
             "--check" => o.check = true,
@@ -205,18 +215,21 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         }
         i += 1;
     }
-    let bad_cost = [
-        o.cost.step_us,
-        o.cost.prefill_us_per_token,
-        o.cost.decode_us_per_request,
-        o.cost.adapter_load_us_per_page,
-        o.cost.page_copy_us,
-    ]
-    .iter()
-    .any(|x| !x.is_finite() || *x < 0.0);
-    if bad_cost {
-        return Err("cost-model values must be finite and non-negative".into());
+    o.cost = engine.model(o.tokens_per_block);
+    for (flag, v) in cost_terms {
+        let term = match flag {
+            "--step-us" => &mut o.cost.step_us,
+            "--prefill-us-per-token" => &mut o.cost.prefill_us_per_token,
+            "--decode-us-per-request" => &mut o.cost.decode_us_per_request,
+            "--decode-us-per-cached-token" => &mut o.cost.decode_us_per_cached_token,
+            "--attention-us-per-pair" => &mut o.cost.attention_us_per_pair,
+            "--adapter-load-us-per-page" => &mut o.cost.adapter_load_us_per_page,
+            _ => &mut o.cost.page_copy_us,
+        };
+        *term = v;
     }
+    o.cost.check()?;
+    o.engine = engine;
     if c.time_scale.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
         return Err("--time-scale must be a positive number".into());
     }

@@ -4,6 +4,7 @@
 //! the arrivals whose time has come. The scheduler's own wall time per iteration is measured for real.
 
 pub mod cli;
+pub mod cost;
 pub mod prefix;
 pub mod report;
 
@@ -26,6 +27,7 @@ use crate::memory::KvMemory;
 use crate::workload::popularity::{pages_for_rank, AdapterRanks, AdapterSampler, PopularityLaw};
 use crate::workload::Workload;
 
+pub use cost::{CostModel, Engine, StepWork};
 pub use report::Report;
 
 /// Live requests the simulated engine hands the scheduler at once (more wait in the engine's queue).
@@ -35,34 +37,6 @@ pub const MAX_ADAPTERS: usize = 1024;
 
 type Sched<'a> = Scheduler<KvSet<KvPool<'a>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS>;
 type Out = SchedulerOutput<MAX_LIVE>;
-
-/// Forward-pass cost model (simulated microseconds). Defaults model an 8B-parameter model on one
-/// Hopper-class GPU: 32-token pages of about 4 MiB of KV each.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CostModel {
-    /// Fixed cost of one forward step.
-    pub step_us: f64,
-    /// Per prefill (context) token.
-    pub prefill_us_per_token: f64,
-    /// Per decode request in the batch.
-    pub decode_us_per_request: f64,
-    /// Per adapter page copied host → device.
-    pub adapter_load_us_per_page: f64,
-    /// Per KV page moved between GPU and host (suspend / resume).
-    pub page_copy_us: f64,
-}
-
-impl Default for CostModel {
-    fn default() -> Self {
-        Self {
-            step_us: 6000.0,
-            prefill_us_per_token: 30.0,
-            decode_us_per_request: 40.0,
-            adapter_load_us_per_page: 50.0,
-            page_copy_us: 80.0,
-        }
-    }
-}
 
 /// Adapter (multi-LoRA) settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,6 +78,8 @@ pub struct SimOptions {
     pub adapters: AdapterOptions,
     /// Cost model.
     pub cost: CostModel,
+    /// The preset it started from (reports name it).
+    pub engine: Engine,
     /// Seed (adapter assignment).
     pub seed: u64,
     /// Verify invariants after every iteration.
@@ -155,6 +131,7 @@ impl Default for SimOptions {
                 host_pages: 1024,
             },
             cost: CostModel::default(),
+            engine: Engine::Legacy,
             seed: 1,
             check: false,
             progress: true,
@@ -327,7 +304,7 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
     Ok((kv, pages))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -539,16 +516,23 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         if o.check {
             r.invariant_violations += check_invariants(&sched, &out, o);
         }
-        // A first chunk starts at its reused prefix.
+        // A first chunk starts at its reused prefix. The step's work: each chunk after the context
+        // before it, each decode request at its context length.
+        let mut work = StepWork {
+            adapter_pages: load_pages,
+            page_moves,
+            ..StepWork::default()
+        };
         for c in out.context() {
             let Some(lv) = live[c.listed.slot() as usize].as_mut() else {
                 continue;
             };
+            let spec = sched
+                .get(lv.handle)
+                .map_err(|e| SimError::Scheduler(e.to_string()))?
+                .spec();
+            work.chunk(u64::from(c.tokens), u64::from(spec.position));
             if std::mem::take(&mut lv.first_chunk) {
-                let spec = sched
-                    .get(lv.handle)
-                    .map_err(|e| SimError::Scheduler(e.to_string()))?
-                    .spec();
                 r.prefill_tokens_saved += u64::from(spec.position);
                 if !lv.replay {
                     r.admitted_prompt_tokens += u64::from(spec.prompt);
@@ -556,22 +540,27 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 }
             }
         }
+        for g in out.generation() {
+            let Some(lv) = live[g.slot() as usize].as_ref() else {
+                continue;
+            };
+            // Speculative decoding verifies each request's drafts in the same forward pass.
+            work.decode(
+                u64::from(lv.prompt0) + u64::from(lv.generated),
+                u64::from(drafts),
+            );
+        }
 
-        let prefill: u64 = out.context().iter().map(|c| c.tokens as u64).sum();
-        let decode = out.generation().len() as u64;
-        let busy = prefill > 0 || decode > 0;
-        // Speculative decoding verifies each request's drafts in the same forward pass, at the cost of as
-        // many prefill tokens.
-        let verified = decode * u64::from(drafts);
+        let prefill = work.prefill_tokens;
+        let busy = prefill > 0 || work.decode_requests > 0;
         let step_us = if busy {
-            o.cost.step_us
-                + (prefill + verified) as f64 * o.cost.prefill_us_per_token
-                + decode as f64 * o.cost.decode_us_per_request
-                + load_pages as f64 * o.cost.adapter_load_us_per_page
-                + page_moves as f64 * o.cost.page_copy_us
+            o.cost.step_us(&work)
         } else {
             // Nothing ran: wait for the next arrival or one idle step.
-            let idle = o.cost.step_us + page_moves as f64 * o.cost.page_copy_us;
+            let idle = o.cost.step_us(&StepWork {
+                page_moves,
+                ..StepWork::default()
+            });
             if next < n {
                 (w.arrivals[next].at_ms - now_ms).max(0.0) * 1000.0 + idle
             } else {
@@ -739,6 +728,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     r.adapter_evictions = stats.device_evictions;
     r.prefix_reuse = o.prefix_reuse;
     r.spec_drafts = drafts;
+    r.engine = o.engine.to_string();
     if let Some(p) = sched.kv().target().prefix_stats() {
         r.cached_blocks_evicted = p.evicted;
         r.cached_blocks_demoted = p.demoted;

@@ -71,6 +71,8 @@ pub struct Report {
     pub accepted_drafts: u64,
     /// Draft tokens per step (0: no speculative decoding).
     pub spec_drafts: u32,
+    /// The cost model's preset (`--engine`).
+    pub engine: String,
     /// Prefix reuse was on.
     pub prefix_reuse: bool,
     /// Prompt tokens of the requests' first admissions (the trace's prompts).
@@ -118,6 +120,9 @@ impl Report {
             let _ = writeln!(s, "  {k:<34} {v}");
         };
         let _ = writeln!(s, "kvsched simulate: {}", self.source);
+        if !self.engine.is_empty() && self.engine != "legacy" {
+            row(&mut s, "cost model (--engine)", self.engine.clone());
+        }
         row(
             &mut s,
             "requests completed",
@@ -288,6 +293,7 @@ impl Report {
             "iterations": self.iterations,
             "decode_steps": self.decode_steps,
             "spec_drafts": self.spec_drafts,
+            "engine": self.engine,
             "accepted_tokens_per_step": self.accepted_tokens_per_step(),
             "prefix_reuse": self.prefix_reuse,
             "prefix_hit_rate": self.prefix_hit_rate,

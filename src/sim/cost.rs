@@ -1,0 +1,531 @@
+//! What one forward step costs the simulated engine: a cost model with one term per kind of work, its
+//! presets, and the measured points the H200 preset was fitted to (`docs/COST.md`).
+//!
+//! A step's work ([`StepWork`]) is what the scheduler's output asks of the engine: prefill chunk tokens
+//! and the attention pairs they form with the context before them (chunk × prior + chunk² / 2, causal),
+//! decode requests and the cached tokens their attention reads, verified draft tokens, adapter pages
+//! loaded and KV pages moved. The cost is linear in each.
+
+use std::fmt;
+
+/// The simulated engine's cost per unit of work, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Fixed cost of one forward step (the weights read once, launch overhead).
+    pub step_us: f64,
+    /// Per prefill (context) token, and per verified draft token: the matrix products.
+    pub prefill_us_per_token: f64,
+    /// Per decode request in the batch.
+    pub decode_us_per_request: f64,
+    /// Per cached token a decode request's attention reads (its context length).
+    pub decode_us_per_cached_token: f64,
+    /// Per (query, key) pair of a prefill chunk's attention: chunk × prior context + chunk² / 2.
+    pub attention_us_per_pair: f64,
+    /// Per adapter page copied host → device.
+    pub adapter_load_us_per_page: f64,
+    /// Per KV page moved between GPU and host (suspend / resume).
+    pub page_copy_us: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self::LEGACY
+    }
+}
+
+impl CostModel {
+    /// The simulator's first model: four constants, no attention terms (a decode step costs the same
+    /// at any context length).
+    pub const LEGACY: Self = Self {
+        step_us: 6000.0,
+        prefill_us_per_token: 30.0,
+        decode_us_per_request: 40.0,
+        decode_us_per_cached_token: 0.0,
+        attention_us_per_pair: 0.0,
+        adapter_load_us_per_page: 50.0,
+        page_copy_us: 80.0,
+    };
+
+    /// Fitted to a Llama-3-8B-shaped model on one H200 (`data/measurements/h200/`, decode steps
+    /// replayed from CUDA graphs as serving engines run them; `docs/COST.md` has every point). The page
+    /// copy cost follows from the KV page's bytes ([`LLAMA3_8B_KV_BYTES_PER_TOKEN`] times
+    /// `tokens_per_block`) over the bandwidth measured for scattered pages of that size.
+    pub fn h200_llama3_8b(tokens_per_block: u32) -> Self {
+        let page_bytes = LLAMA3_8B_KV_BYTES_PER_TOKEN * f64::from(tokens_per_block);
+        Self {
+            step_us: 4319.09,
+            prefill_us_per_token: 19.0706,
+            decode_us_per_request: 14.3841,
+            decode_us_per_cached_token: 0.0292573,
+            attention_us_per_pair: 0.00104226,
+            adapter_load_us_per_page: Self::LEGACY.adapter_load_us_per_page,
+            page_copy_us: page_bytes / h200_scattered_copy_bytes_per_us(page_bytes),
+        }
+    }
+
+    /// Simulated microseconds of one step.
+    pub fn step_us(&self, w: &StepWork) -> f64 {
+        self.step_us
+            + (w.prefill_tokens + w.verified_tokens) as f64 * self.prefill_us_per_token
+            + w.decode_requests as f64 * self.decode_us_per_request
+            + w.decode_cached_tokens as f64 * self.decode_us_per_cached_token
+            + w.attention_pairs * self.attention_us_per_pair
+            + w.adapter_pages as f64 * self.adapter_load_us_per_page
+            + w.page_moves as f64 * self.page_copy_us
+    }
+
+    /// The coefficients, for a refusal: every one finite and not negative.
+    pub fn check(&self) -> Result<(), String> {
+        let terms = [
+            ("--step-us", self.step_us),
+            ("--prefill-us-per-token", self.prefill_us_per_token),
+            ("--decode-us-per-request", self.decode_us_per_request),
+            (
+                "--decode-us-per-cached-token",
+                self.decode_us_per_cached_token,
+            ),
+            ("--attention-us-per-pair", self.attention_us_per_pair),
+            ("--adapter-load-us-per-page", self.adapter_load_us_per_page),
+            ("--page-copy-us", self.page_copy_us),
+        ];
+        match terms.iter().find(|(_, v)| !v.is_finite() || *v < 0.0) {
+            Some((flag, v)) => Err(format!(
+                "{flag} {v}: a cost must be finite and not negative"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// KV bytes per token of a Llama-3-8B-shaped model: K and V, 32 layers, 8 KV heads of 128, bf16.
+pub const LLAMA3_8B_KV_BYTES_PER_TOKEN: f64 = 2.0 * 32.0 * 8.0 * 128.0 * 2.0;
+
+/// Bytes per microsecond of scattered page moves on the H200 (per-page copies, kvsched-gpu at 40c6ca8,
+/// `../shared/measurements/h200/page-copy-bandwidth.txt`; the mean of both directions), interpolated on
+/// the page size's logarithm and held at the ends.
+fn h200_scattered_copy_bytes_per_us(page_bytes: f64) -> f64 {
+    // (page bytes, GB/s = bytes per ns = 1000 bytes per us)
+    const POINTS: [(f64, f64); 4] = [
+        (4096.0, 1.60),
+        (65536.0, 17.65),
+        (262144.0, 36.56),
+        (2097152.0, 51.76),
+    ];
+    let x = page_bytes.max(1.0).ln();
+    let gbps = match POINTS.iter().position(|&(b, _)| b.ln() >= x) {
+        None => POINTS[POINTS.len() - 1].1,
+        Some(0) => POINTS[0].1,
+        Some(i) => {
+            let ((b0, g0), (b1, g1)) = (POINTS[i - 1], POINTS[i]);
+            g0 + (g1 - g0) * (x - b0.ln()) / (b1.ln() - b0.ln())
+        }
+    };
+    gbps * 1000.0
+}
+
+/// A named set of coefficients (`--engine NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// [`CostModel::LEGACY`].
+    Legacy,
+    /// [`CostModel::h200_llama3_8b`].
+    H200Llama3_8b,
+}
+
+impl Engine {
+    /// Every engine's name, for help texts and errors.
+    pub const NAMES: &'static str = "legacy|h200-llama3-8b";
+
+    /// The engine called `name`.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "legacy" => Ok(Self::Legacy),
+            "h200-llama3-8b" => Ok(Self::H200Llama3_8b),
+            other => Err(format!("unknown engine {other:?} (one of {})", Self::NAMES)),
+        }
+    }
+
+    /// Its cost model for pages of `tokens_per_block` tokens.
+    pub fn model(self, tokens_per_block: u32) -> CostModel {
+        match self {
+            Self::Legacy => CostModel::LEGACY,
+            Self::H200Llama3_8b => CostModel::h200_llama3_8b(tokens_per_block),
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Legacy => "legacy",
+            Self::H200Llama3_8b => "h200-llama3-8b",
+        })
+    }
+}
+
+/// What one step asks of the engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepWork {
+    /// Prefill chunk tokens.
+    pub prefill_tokens: u64,
+    /// The chunks' attention pairs: Σ chunk × prior context + chunk² / 2 (and the verified drafts'
+    /// tokens × context).
+    pub attention_pairs: f64,
+    /// Decode requests.
+    pub decode_requests: u64,
+    /// Σ context length of the decode requests.
+    pub decode_cached_tokens: u64,
+    /// Draft tokens verified in the step.
+    pub verified_tokens: u64,
+    /// Adapter pages loaded onto the device.
+    pub adapter_pages: u64,
+    /// KV pages moved between tiers.
+    pub page_moves: u64,
+}
+
+impl StepWork {
+    /// Adds a prefill chunk of `tokens` tokens after `prior` tokens of context.
+    pub fn chunk(&mut self, tokens: u64, prior: u64) {
+        let c = tokens as f64;
+        self.prefill_tokens += tokens;
+        self.attention_pairs += c * prior as f64 + c * c / 2.0;
+    }
+
+    /// Adds a decode request at `context` tokens with `drafts` draft tokens to verify.
+    pub fn decode(&mut self, context: u64, drafts: u64) {
+        self.decode_requests += 1;
+        self.decode_cached_tokens += context;
+        self.verified_tokens += drafts;
+        self.attention_pairs += (drafts * context) as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legacy_model_is_the_four_constants() {
+        let mut w = StepWork::default();
+        w.chunk(100, 1000);
+        w.decode(5000, 0);
+        w.page_moves = 2;
+        // 6000 + 100 × 30 + 1 × 40 + 2 × 80: no attention term.
+        assert_eq!(CostModel::LEGACY.step_us(&w), 9200.0);
+    }
+
+    #[test]
+    fn decode_cost_grows_with_context_in_the_measured_model() {
+        let m = CostModel::h200_llama3_8b(32);
+        let step = |batch: u64, context: u64| {
+            let mut w = StepWork::default();
+            for _ in 0..batch {
+                w.decode(context, 0);
+            }
+            m.step_us(&w) / 1000.0
+        };
+        // Measured (CUDA graphs): 11.76 ms and 68.88 ms.
+        assert!((step(256, 512) - 11.76).abs() / 11.76 < 0.05);
+        assert!((step(256, 8192) - 68.88).abs() / 68.88 < 0.05);
+        // A 32-token page of an 8B model is 4 MiB: held at the 2 MiB figure, 51.76 GB/s.
+        assert!((m.page_copy_us - 4194304.0 / 51760.0).abs() < 1e-9);
+        let small = CostModel::h200_llama3_8b(1).page_copy_us;
+        assert!(
+            (small - 131072.0 / h200_scattered_copy_bytes_per_us(131072.0)).abs() < 1e-9,
+            "{small}"
+        );
+    }
+
+    #[test]
+    fn engines_by_name_and_bad_coefficients() {
+        assert_eq!(Engine::parse("legacy"), Ok(Engine::Legacy));
+        assert_eq!(Engine::parse("h200-llama3-8b"), Ok(Engine::H200Llama3_8b));
+        assert!(Engine::parse("h100")
+            .unwrap_err()
+            .contains("legacy|h200-llama3-8b"));
+        let bad = CostModel {
+            attention_us_per_pair: f64::NAN,
+            ..CostModel::LEGACY
+        };
+        assert!(bad.check().unwrap_err().contains("--attention-us-per-pair"));
+        assert!(CostModel::h200_llama3_8b(16).check().is_ok());
+    }
+}
+
+/// The mixed-step measurements' chunk attention ran a masked kernel, slower than the causal flash
+/// kernel of the prefill measurements (`data/measurements/README.md`): fitted extra cost per pair and
+/// per step, used only to reproduce those points (`kvsched cost --masked`, `--points`).
+pub const MASKED_US_PER_PAIR: f64 = 0.00153599;
+/// See [`MASKED_US_PER_PAIR`].
+pub const MASKED_STEP_US: f64 = 182.513;
+
+/// One measured step (a line of `data/measurements/h200/*.jsonl`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+pub struct MeasuredStep {
+    /// `decode`, `decode_graph`, `prefill` or `mixed`.
+    #[serde(skip)]
+    pub kind: MeasuredKind,
+    /// Decode batch.
+    #[serde(default, alias = "decode_batch")]
+    pub batch: u64,
+    /// Decode context.
+    #[serde(default, alias = "decode_context")]
+    pub context: u64,
+    /// Prefill tokens (one sequence, or the mixed step's chunk).
+    #[serde(default, alias = "chunk")]
+    pub tokens: u64,
+    /// The chunk's prior context.
+    #[serde(default)]
+    pub chunk_prior_context: u64,
+    /// Median step time.
+    pub ms_median: f64,
+}
+
+/// What a measured step ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MeasuredKind {
+    /// Eager decode.
+    #[default]
+    Decode,
+    /// Decode replayed from a CUDA graph.
+    DecodeGraph,
+    /// One prefill sequence (causal flash attention).
+    Prefill,
+    /// A chunk with prior context plus decodes (masked attention kernel for the chunk).
+    Mixed,
+}
+
+impl MeasuredStep {
+    /// The step's work.
+    pub fn work(&self) -> StepWork {
+        let mut w = StepWork::default();
+        if self.tokens > 0 {
+            w.chunk(self.tokens, self.chunk_prior_context);
+        }
+        for _ in 0..self.batch {
+            w.decode(self.context, 0);
+        }
+        w
+    }
+
+    /// Predicted milliseconds under `m` (the masked-kernel terms for a mixed step with a chunk).
+    pub fn predicted_ms(&self, m: &CostModel) -> f64 {
+        let w = self.work();
+        let masked = self.kind == MeasuredKind::Mixed && self.tokens > 0;
+        let extra = if masked {
+            MASKED_STEP_US + w.attention_pairs * MASKED_US_PER_PAIR
+        } else {
+            0.0
+        };
+        (m.step_us(&w) + extra) / 1000.0
+    }
+}
+
+/// Reads measured steps from JSON lines (lines without a `kind`, such as the header, are skipped).
+pub fn read_points(text: &str, file: &str) -> Result<Vec<MeasuredStep>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{file}:{}: {e}", n + 1))?;
+        let kind = match v.get("kind").and_then(|k| k.as_str()) {
+            None => continue,
+            Some("decode") => MeasuredKind::Decode,
+            Some("decode_graph") => MeasuredKind::DecodeGraph,
+            Some("prefill") => MeasuredKind::Prefill,
+            Some("mixed") => MeasuredKind::Mixed,
+            Some(other) => return Err(format!("{file}:{}: kind: unknown {other:?}", n + 1)),
+        };
+        let mut step: MeasuredStep =
+            serde_json::from_value(v).map_err(|e| format!("{file}:{}: {e}", n + 1))?;
+        step.kind = kind;
+        out.push(step);
+    }
+    Ok(out)
+}
+
+/// How well a model reproduces measured points: the relative errors, sorted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FitError {
+    /// |predicted − measured| / measured, ascending.
+    pub errors: Vec<f64>,
+}
+
+impl FitError {
+    /// The errors of `m` on `points`.
+    pub fn of(m: &CostModel, points: &[MeasuredStep]) -> Self {
+        let mut errors: Vec<f64> = points
+            .iter()
+            .map(|p| (p.predicted_ms(m) - p.ms_median).abs() / p.ms_median)
+            .collect();
+        errors.sort_by(f64::total_cmp);
+        Self { errors }
+    }
+
+    /// The median error (0 without points).
+    pub fn median(&self) -> f64 {
+        super::percentile(&self.errors, 0.5)
+    }
+
+    /// The largest error (0 without points).
+    pub fn max(&self) -> f64 {
+        self.errors.last().copied().unwrap_or(0.0)
+    }
+}
+
+const COST_HELP: &str = "usage: kvsched cost [options]
+
+Predicts one forward step's time under a cost model (docs/COST.md).
+
+  --engine legacy|h200-llama3-8b (h200-llama3-8b)  --tokens-per-block N (32)
+  --decode BATCH:CONTEXT       BATCH decode requests at CONTEXT tokens each (repeatable)
+  --prefill TOKENS[:PRIOR]     a prefill chunk of TOKENS after PRIOR tokens of context (repeatable)
+  --masked                     the chunks' attention on the masked kernel of the mixed measurements
+  --points FILE...             instead: every measured step of the JSON-lines FILEs, its prediction and
+                               error; fails when the median error is over 10 % or one is over 25 %
+  --json                       one JSON object: {\"step_ms\": …} (with --points: the points and errors)";
+
+/// `kvsched cost`.
+pub fn cli(args: &[String]) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match cost_command(args) {
+        Ok((text, ok)) => {
+            println!("{text}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) if e == COST_HELP => {
+            println!("{e}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kvsched cost: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn cost_command(args: &[String]) -> Result<(String, bool), String> {
+    let (mut engine, mut tpb, mut json, mut masked) = (Engine::H200Llama3_8b, 32u32, false, false);
+    let mut work = StepWork::default();
+    let mut points: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let mut value = || {
+            i += 1;
+            args.get(i).cloned().ok_or(format!("{a} needs a value"))
+        };
+        let num = |v: &str, what: &str| -> Result<u64, String> {
+            v.parse()
+                .map_err(|_| format!("{a}: {v:?} is not a number of {what}"))
+        };
+        match a {
+            "-h" | "--help" => return Err(COST_HELP.into()),
+            "--engine" => engine = Engine::parse(&value()?)?,
+            "--tokens-per-block" => tpb = num(&value()?, "tokens")? as u32,
+            "--json" => json = true,
+            "--masked" => masked = true,
+            "--decode" => {
+                let v = value()?;
+                let (b, c) = v
+                    .split_once(':')
+                    .ok_or(format!("--decode: expected BATCH:CONTEXT, got {v:?}"))?;
+                let context = num(c, "tokens")?;
+                for _ in 0..num(b, "requests")? {
+                    work.decode(context, 0);
+                }
+            }
+            "--prefill" => {
+                let v = value()?;
+                let (t, p) = v.split_once(':').unwrap_or((&v, "0"));
+                work.chunk(num(t, "tokens")?, num(p, "tokens")?);
+            }
+            "--points" => {
+                points.extend(args[i + 1..].iter().cloned());
+                i = args.len();
+                continue;
+            }
+            other => {
+                return Err(format!(
+                    "unknown option {other:?} (see kvsched cost --help)"
+                ))
+            }
+        }
+        i += 1;
+    }
+    if tpb == 0 {
+        return Err("--tokens-per-block must be positive".into());
+    }
+    let model = engine.model(tpb);
+    if points.is_empty() {
+        let extra = if masked && work.prefill_tokens > 0 {
+            MASKED_STEP_US + work.attention_pairs * MASKED_US_PER_PAIR
+        } else {
+            0.0
+        };
+        let ms = (model.step_us(&work) + extra) / 1000.0;
+        return Ok(if json {
+            (serde_json::json!({ "step_ms": ms }).to_string(), true)
+        } else {
+            (format!("{ms:.3} ms ({engine})"), true)
+        });
+    }
+    let mut all = Vec::new();
+    for f in &points {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+        all.extend(read_points(&text, f)?);
+    }
+    let fit = FitError::of(&model, &all);
+    let ok = fit.median() <= 0.10 && fit.max() <= 0.25;
+    if json {
+        let rows: Vec<serde_json::Value> = all
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "kind": format!("{:?}", p.kind), "batch": p.batch, "context": p.context,
+                    "tokens": p.tokens, "prior": p.chunk_prior_context,
+                    "measured_ms": p.ms_median, "predicted_ms": p.predicted_ms(&model),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "engine": engine.to_string(), "points": rows,
+            "median_error": fit.median(), "max_error": fit.max(),
+        });
+        return Ok((v.to_string(), ok));
+    }
+    let mut s = String::from(
+        "| step | decode batch × context | chunk (prior) | measured ms | predicted ms | error |\n|---|---|---|---|---|---|\n",
+    );
+    for p in &all {
+        let predicted = p.predicted_ms(&model);
+        let kind = match p.kind {
+            MeasuredKind::Decode => "decode (eager)",
+            MeasuredKind::DecodeGraph => "decode (CUDA graph)",
+            MeasuredKind::Prefill => "prefill",
+            MeasuredKind::Mixed if p.tokens > 0 => "mixed (masked chunk)",
+            MeasuredKind::Mixed => "mixed (decode only)",
+        };
+        s += &format!(
+            "| {kind} | {} × {} | {} ({}) | {:.2} | {:.2} | {:+.1} % |\n",
+            p.batch,
+            p.context,
+            p.tokens,
+            p.chunk_prior_context,
+            p.ms_median,
+            predicted,
+            100.0 * (predicted - p.ms_median) / p.ms_median
+        );
+    }
+    s += &format!(
+        "\n{} points, engine {engine}: median error {:.1} %, largest {:.1} % (targets 10 % and 25 %: {})",
+        all.len(),
+        100.0 * fit.median(),
+        100.0 * fit.max(),
+        if ok { "met" } else { "MISSED" }
+    );
+    Ok((s, ok))
+}
