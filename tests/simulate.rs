@@ -302,3 +302,48 @@ fn speculative_decoding_keeps_the_accepted_drafts_and_cuts_tpot() {
         );
     }
 }
+
+#[test]
+fn goodput_counts_the_requests_that_meet_both_objectives() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/burstgpt1_head54.csv");
+    let run = |name: &str, slo: &[&str]| {
+        let j = tmp(&format!("slo-{name}.json"));
+        let mut args = vec![
+            "simulate",
+            &trace,
+            "--no-progress",
+            "--kv-gpu-pages",
+            "2048",
+        ];
+        args.extend_from_slice(slo);
+        args.extend_from_slice(&["--json", j.to_str().unwrap()]);
+        let out = kvsched(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        json(&j)
+    };
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
+    let loose = run("loose", &["--slo-ttft-ms", "1e9", "--slo-tpot-ms", "1e9"]);
+    assert_eq!(f(&loose, "slo_attainment"), 1.0);
+    let all = f(&loose, "requests_completed") / f(&loose, "sim_seconds");
+    assert!((f(&loose, "goodput_rps") - all).abs() < 1e-9);
+    let none = run("tight", &["--slo-ttft-ms", "0.001"]);
+    assert_eq!(f(&none, "slo_attainment"), 0.0);
+    assert_eq!(f(&none, "goodput_rps"), 0.0);
+    assert_eq!(
+        none["slo_tpot_ms"],
+        serde_json::Value::Null,
+        "unconstrained"
+    );
+    // At the median TTFT about half meet it (ties at the median count as met).
+    let p50 = loose["ttft_ms"]["p50"].as_f64().unwrap();
+    let half = run("median", &["--slo-ttft-ms", &p50.to_string()]);
+    let share = f(&half, "slo_attainment");
+    assert!((0.45..=0.75).contains(&share), "{share}");
+    let out = kvsched(&["simulate", &trace, "--slo-tpot-ms", "0"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--slo-tpot-ms"));
+}

@@ -55,6 +55,8 @@ cost model (simulated microseconds; docs/COST.md, `kvsched cost`):
   --step-us F (6000)  --prefill-us-per-token F (30)  --decode-us-per-request F (40)
   --decode-us-per-cached-token F (0)  --attention-us-per-pair F (0)
   --adapter-load-us-per-page F (50)  --page-copy-us F (80)
+service-level objectives (goodput: requests per second that meet both, DistServe's definition):
+  --slo-ttft-ms F  --slo-tpot-ms F
 output:
   --json FILE  --plot FILE.svg  --check (verify invariants every iteration)  --no-progress  --seed N (1)";
 
@@ -189,6 +191,8 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             }
             "--draft-kv-pages" => o.draft_kv_pages = num(args, &mut i, a)?,
             "--engine" => engine = Engine::parse(value(args, &mut i, a)?)?,
+            "--slo-ttft-ms" => o.slo_ttft_ms = Some(num(args, &mut i, a)?),
+            "--slo-tpot-ms" => o.slo_tpot_ms = Some(num(args, &mut i, a)?),
             "--step-us"
             | "--prefill-us-per-token"
             | "--decode-us-per-request"
@@ -229,6 +233,14 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         *term = v;
     }
     o.cost.check()?;
+    for (flag, slo) in [
+        ("--slo-ttft-ms", o.slo_ttft_ms),
+        ("--slo-tpot-ms", o.slo_tpot_ms),
+    ] {
+        if slo.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+            return Err(format!("{flag} must be a positive number of milliseconds"));
+        }
+    }
     o.engine = engine;
     if c.time_scale.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
         return Err("--time-scale must be a positive number".into());

@@ -80,6 +80,11 @@ pub struct SimOptions {
     pub cost: CostModel,
     /// The preset it started from (reports name it).
     pub engine: Engine,
+    /// Service-level objectives for goodput: time to first token and time per output token, in
+    /// milliseconds (`None`: unconstrained).
+    pub slo_ttft_ms: Option<f64>,
+    /// See `slo_ttft_ms`.
+    pub slo_tpot_ms: Option<f64>,
     /// Seed (adapter assignment).
     pub seed: u64,
     /// Verify invariants after every iteration.
@@ -132,6 +137,8 @@ impl Default for SimOptions {
             },
             cost: CostModel::default(),
             engine: Engine::Legacy,
+            slo_ttft_ms: None,
+            slo_tpot_ms: None,
             seed: 1,
             check: false,
             progress: true,
@@ -652,10 +659,20 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
                 .map_err(|e| SimError::Scheduler(e.to_string()))?;
             r.requests_completed += 1;
             r.completed_output_tokens += lv.output as u64;
-            if lv.output > 1 {
-                if let Some(f) = lv.first_token_ms {
-                    tpot.push((lv.last_token_ms - f) / (lv.output - 1) as f64);
-                }
+            let first = lv.first_token_ms.unwrap_or(lv.last_token_ms);
+            let its_tpot = if lv.output > 1 {
+                let t = (lv.last_token_ms - first) / (lv.output - 1) as f64;
+                tpot.push(t);
+                t
+            } else {
+                0.0
+            };
+            // Goodput (DistServe): a request counts when it met both objectives.
+            let its_ttft = first - w.arrivals[lv.arrival].at_ms;
+            if o.slo_ttft_ms.is_none_or(|s| its_ttft <= s)
+                && o.slo_tpot_ms.is_none_or(|s| its_tpot <= s)
+            {
+                r.slo_met += 1;
             }
         }
 
@@ -743,6 +760,8 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     r.wall_seconds = wall.elapsed().as_secs_f64();
     r.kv_gpu_util_mean_pct = kv_gpu_sum / r.iterations.max(1) as f64;
     r.adapter_util_mean_pct = adapter_sum / r.iterations.max(1) as f64;
+    r.slo = (o.slo_ttft_ms.is_some() || o.slo_tpot_ms.is_some())
+        .then_some((o.slo_ttft_ms, o.slo_tpot_ms));
     r.throughput_tok_s = if r.sim_seconds > 0.0 {
         r.tokens_generated as f64 / r.sim_seconds
     } else {

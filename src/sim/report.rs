@@ -3,8 +3,6 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::json;
-
 use super::Samples;
 use crate::plot::{Panel, Timeline};
 
@@ -73,6 +71,10 @@ pub struct Report {
     pub spec_drafts: u32,
     /// The cost model's preset (`--engine`).
     pub engine: String,
+    /// The service-level objectives (TTFT, TPOT in ms) when any was given.
+    pub slo: Option<(Option<f64>, Option<f64>)>,
+    /// Completed requests that met every objective given (all of them without objectives).
+    pub slo_met: u64,
     /// Prefix reuse was on.
     pub prefix_reuse: bool,
     /// Prompt tokens of the requests' first admissions (the trace's prompts).
@@ -101,6 +103,24 @@ impl Report {
         Self {
             requests_total: total,
             ..Self::default()
+        }
+    }
+
+    /// Requests per simulated second that met both objectives (DistServe's goodput).
+    pub fn goodput_rps(&self) -> f64 {
+        if self.sim_seconds > 0.0 {
+            self.slo_met as f64 / self.sim_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// The share of completed requests that met both objectives.
+    pub fn slo_attainment(&self) -> f64 {
+        if self.requests_completed > 0 {
+            self.slo_met as f64 / self.requests_completed as f64
+        } else {
+            0.0
         }
     }
 
@@ -158,6 +178,20 @@ impl Report {
             "TPOT p50 / p99",
             format!("{:.2} / {:.2} ms", self.tpot_ms.0, self.tpot_ms.1),
         );
+        if let Some((ttft, tpot)) = self.slo {
+            let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v}"));
+            row(
+                &mut s,
+                "goodput (SLO met: TTFT, TPOT ms)",
+                format!(
+                    "{:.2} req/s ({:.1} % of requests; {}, {})",
+                    self.goodput_rps(),
+                    100.0 * self.slo_attainment(),
+                    show(ttft),
+                    show(tpot)
+                ),
+            );
+        }
         row(
             &mut s,
             "suspensions (self-evictions)",
@@ -265,46 +299,60 @@ impl Report {
 
     /// The JSON document.
     pub fn json(&self) -> serde_json::Value {
-        json!({
-            "source": self.source,
-            "requests_total": self.requests_total,
-            "requests_completed": self.requests_completed,
-            "tokens_generated": self.tokens_generated,
-            "completed_output_tokens": self.completed_output_tokens,
-            "prefill_tokens": self.prefill_tokens,
-            "sim_seconds": self.sim_seconds,
-            "throughput_tok_s": self.throughput_tok_s,
-            "ttft_ms": {"p50": self.ttft_ms.0, "p99": self.ttft_ms.1},
-            "tpot_ms": {"p50": self.tpot_ms.0, "p99": self.tpot_ms.1},
-            "suspended": self.suspended,
-            "self_evicted": self.self_evicted,
-            "recompute_paused": self.recompute_paused,
-            "preempted": self.preempted,
-            "resumed": self.resumed,
-            "pages_offloaded": self.pages_offloaded,
-            "pages_reloaded": self.pages_reloaded,
-            "adapter_loads": self.adapter_loads,
-            "adapter_evictions": self.adapter_evictions,
-            "kv_gpu_util_mean_pct": self.kv_gpu_util_mean_pct,
-            "kv_gpu_util_peak_pct": self.peak_kv_gpu_pct,
-            "kv_host_util_peak_pct": self.peak_kv_host_pct,
-            "adapter_util_mean_pct": self.adapter_util_mean_pct,
-            "sched_ns_per_iter": {"p50": self.sched_ns_per_iter.0, "p99": self.sched_ns_per_iter.1},
-            "iterations": self.iterations,
-            "decode_steps": self.decode_steps,
-            "spec_drafts": self.spec_drafts,
-            "engine": self.engine,
-            "accepted_tokens_per_step": self.accepted_tokens_per_step(),
-            "prefix_reuse": self.prefix_reuse,
-            "prefix_hit_rate": self.prefix_hit_rate,
-            "prefill_tokens_saved": self.prefill_tokens_saved,
-            "admitted_prompt_tokens": self.admitted_prompt_tokens,
-            "admitted_reused_tokens": self.admitted_reused_tokens,
-            "cached_blocks_evicted": self.cached_blocks_evicted,
-            "cached_blocks_demoted": self.cached_blocks_demoted,
-            "host_cache_hits": self.host_cache_hits,
-            "invariant_violations": self.invariant_violations,
-        })
+        let doc = JsonReport {
+            source: &self.source,
+            requests_total: self.requests_total,
+            requests_completed: self.requests_completed,
+            tokens_generated: self.tokens_generated,
+            completed_output_tokens: self.completed_output_tokens,
+            prefill_tokens: self.prefill_tokens,
+            sim_seconds: self.sim_seconds,
+            throughput_tok_s: self.throughput_tok_s,
+            ttft_ms: Quantiles {
+                p50: self.ttft_ms.0,
+                p99: self.ttft_ms.1,
+            },
+            tpot_ms: Quantiles {
+                p50: self.tpot_ms.0,
+                p99: self.tpot_ms.1,
+            },
+            suspended: self.suspended,
+            self_evicted: self.self_evicted,
+            recompute_paused: self.recompute_paused,
+            preempted: self.preempted,
+            resumed: self.resumed,
+            pages_offloaded: self.pages_offloaded,
+            pages_reloaded: self.pages_reloaded,
+            adapter_loads: self.adapter_loads,
+            adapter_evictions: self.adapter_evictions,
+            kv_gpu_util_mean_pct: self.kv_gpu_util_mean_pct,
+            kv_gpu_util_peak_pct: self.peak_kv_gpu_pct,
+            kv_host_util_peak_pct: self.peak_kv_host_pct,
+            adapter_util_mean_pct: self.adapter_util_mean_pct,
+            sched_ns_per_iter: Quantiles {
+                p50: self.sched_ns_per_iter.0,
+                p99: self.sched_ns_per_iter.1,
+            },
+            iterations: self.iterations,
+            decode_steps: self.decode_steps,
+            spec_drafts: self.spec_drafts,
+            slo_ttft_ms: self.slo.and_then(|s| s.0),
+            slo_tpot_ms: self.slo.and_then(|s| s.1),
+            goodput_rps: self.goodput_rps(),
+            slo_attainment: self.slo_attainment(),
+            engine: &self.engine,
+            accepted_tokens_per_step: self.accepted_tokens_per_step(),
+            prefix_reuse: self.prefix_reuse,
+            prefix_hit_rate: self.prefix_hit_rate,
+            prefill_tokens_saved: self.prefill_tokens_saved,
+            admitted_prompt_tokens: self.admitted_prompt_tokens,
+            admitted_reused_tokens: self.admitted_reused_tokens,
+            cached_blocks_evicted: self.cached_blocks_evicted,
+            cached_blocks_demoted: self.cached_blocks_demoted,
+            host_cache_hits: self.host_cache_hits,
+            invariant_violations: self.invariant_violations,
+        };
+        serde_json::to_value(doc).expect("the report serializes")
     }
 
     /// The timeline plot.
@@ -359,4 +407,58 @@ pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// p50 and p99 of a distribution.
+#[derive(serde::Serialize)]
+struct Quantiles {
+    p50: f64,
+    p99: f64,
+}
+
+/// The JSON document's fields (`--json`): one per report figure, nested quantiles.
+#[derive(serde::Serialize)]
+struct JsonReport<'a> {
+    source: &'a str,
+    requests_total: usize,
+    requests_completed: u64,
+    tokens_generated: u64,
+    completed_output_tokens: u64,
+    prefill_tokens: u64,
+    sim_seconds: f64,
+    throughput_tok_s: f64,
+    ttft_ms: Quantiles,
+    tpot_ms: Quantiles,
+    suspended: u64,
+    self_evicted: u64,
+    recompute_paused: u64,
+    preempted: u64,
+    resumed: u64,
+    pages_offloaded: u64,
+    pages_reloaded: u64,
+    adapter_loads: u64,
+    adapter_evictions: u64,
+    kv_gpu_util_mean_pct: f64,
+    kv_gpu_util_peak_pct: f64,
+    kv_host_util_peak_pct: f64,
+    adapter_util_mean_pct: f64,
+    sched_ns_per_iter: Quantiles,
+    iterations: u64,
+    decode_steps: u64,
+    spec_drafts: u32,
+    slo_ttft_ms: Option<f64>,
+    slo_tpot_ms: Option<f64>,
+    goodput_rps: f64,
+    slo_attainment: f64,
+    engine: &'a str,
+    accepted_tokens_per_step: f64,
+    prefix_reuse: bool,
+    prefix_hit_rate: f64,
+    prefill_tokens_saved: u64,
+    admitted_prompt_tokens: u64,
+    admitted_reused_tokens: u64,
+    cached_blocks_evicted: u64,
+    cached_blocks_demoted: u64,
+    host_cache_hits: u64,
+    invariant_violations: u64,
 }
