@@ -347,3 +347,37 @@ fn goodput_counts_the_requests_that_meet_both_objectives() {
     let out = kvsched(&["simulate", &trace, "--slo-tpot-ms", "0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--slo-tpot-ms"));
 }
+
+#[test]
+fn a_run_that_outruns_the_engine_says_so() {
+    let run = |scale: &str| {
+        let j = tmp(&format!("overload-{scale}.json"));
+        let out = kvsched(&[
+            "simulate",
+            "--no-progress",
+            "--engine",
+            "h200-llama3-8b",
+            "--time-scale",
+            scale,
+            "--json",
+            j.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (String::from_utf8_lossy(&out.stdout).into_owned(), json(&j))
+    };
+    // The default slice's 310 s of arrivals squeezed into 6 s: the engine needs minutes for them.
+    let (text, r) = run("0.02");
+    assert_eq!(r["overloaded"], true, "{text}");
+    assert!(
+        text.contains("overloaded: arrivals outran the engine")
+            && text.contains("--time-scale above"),
+        "{text}"
+    );
+    let (text, r) = run("1");
+    assert_eq!(r["overloaded"], false, "{text}");
+    assert!(!text.contains("overloaded"));
+}

@@ -31,7 +31,9 @@ workload:
   --limit N                    replay only the first N requests
   --time-scale F               multiply arrival times by F (F < 1 = heavier load)
 KV cache:
-  --kv-gpu-pages N (640)  --kv-host-pages N (4096, 0 = no host tier)  --tokens-per-block N (32)
+  --kv-gpu-pages N (640; with --engine h200-llama3-8b what the H200 holds beside the weights: 28,519
+                               pages of 32 tokens)  --kv-host-pages N (4096, 0 = no host tier)
+  --tokens-per-block N (32)
   --no-prefix-reuse            no prefix cache (compare). Reuse follows the trace's prefix blocks
                                (Mooncake hash_ids, 512 tokens: --tokens-per-block must divide or be a
                                multiple of 512); traces without them get multi-turn sessions over
@@ -99,6 +101,7 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
     let mut c = Cli::default();
     let o = &mut c.opts;
     let mut engine = Engine::Legacy;
+    let mut kv_gpu_pages: Option<u32> = None;
     let mut cost_terms: Vec<(&str, f64)> = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -123,7 +126,7 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             }
             "--limit" => c.limit = Some(num(args, &mut i, a)?),
             "--time-scale" => c.time_scale = Some(num(args, &mut i, a)?),
-            "--kv-gpu-pages" => o.kv_gpu_pages = num(args, &mut i, a)?,
+            "--kv-gpu-pages" => kv_gpu_pages = Some(num(args, &mut i, a)?),
             "--kv-host-pages" => o.kv_host_pages = num(args, &mut i, a)?,
             "--tokens-per-block" => o.tokens_per_block = num(args, &mut i, a)?,
             "--adapters" => o.adapters.count = num(args, &mut i, a)?,
@@ -220,6 +223,10 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
         i += 1;
     }
     o.cost = engine.model(o.tokens_per_block);
+    // The engine's device fixes the KV pool unless the command line says otherwise.
+    if let Some(pages) = kv_gpu_pages.or(engine.kv_gpu_pages(o.tokens_per_block)) {
+        o.kv_gpu_pages = pages;
+    }
     for (flag, v) in cost_terms {
         let term = match flag {
             "--step-us" => &mut o.cost.step_us,

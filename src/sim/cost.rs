@@ -100,6 +100,22 @@ impl CostModel {
 /// KV bytes per token of a Llama-3-8B-shaped model: K and V, 32 layers, 8 KV heads of 128, bf16.
 pub const LLAMA3_8B_KV_BYTES_PER_TOKEN: f64 = 2.0 * 32.0 * 8.0 * 128.0 * 2.0;
 
+/// An H200's memory as `nvidia-smi` reports it on the measured machine (143,771 MiB).
+pub const H200_MEMORY_BYTES: f64 = 143_771.0 * 1024.0 * 1024.0;
+/// Llama-3-8B's weights in bf16 (8.03 billion parameters).
+pub const LLAMA3_8B_WEIGHT_BYTES: f64 = 8.03e9 * 2.0;
+/// The share of device memory an engine lets the weights and the KV cache take (the rest is
+/// activations, workspace and the CUDA context; vLLM's default `gpu_memory_utilization`).
+pub const GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
+/// KV pages of `tokens_per_block` tokens that fit an H200 serving Llama-3-8B: the memory an engine
+/// uses, less the weights, over the KV bytes of a page (28,519 pages of 32 tokens: 912,608 tokens).
+pub fn h200_llama3_8b_kv_pages(tokens_per_block: u32) -> u32 {
+    let kv = H200_MEMORY_BYTES * GPU_MEMORY_UTILIZATION - LLAMA3_8B_WEIGHT_BYTES;
+    let page = LLAMA3_8B_KV_BYTES_PER_TOKEN * f64::from(tokens_per_block.max(1));
+    (kv / page).floor().clamp(1.0, f64::from(u32::MAX)) as u32
+}
+
 /// Bytes per microsecond of scattered page moves on the H200 (per-page copies, kvsched-gpu at 40c6ca8,
 /// `../shared/measurements/h200/page-copy-bandwidth.txt`; the mean of both directions), interpolated on
 /// the page size's logarithm and held at the ends.
@@ -142,6 +158,15 @@ impl Engine {
             "legacy" => Ok(Self::Legacy),
             "h200-llama3-8b" => Ok(Self::H200Llama3_8b),
             other => Err(format!("unknown engine {other:?} (one of {})", Self::NAMES)),
+        }
+    }
+
+    /// The GPU KV pages the engine's device holds for its model, when it says (`--kv-gpu-pages`
+    /// overrides it).
+    pub fn kv_gpu_pages(self, tokens_per_block: u32) -> Option<u32> {
+        match self {
+            Self::Legacy => None,
+            Self::H200Llama3_8b => Some(h200_llama3_8b_kv_pages(tokens_per_block)),
         }
     }
 
@@ -249,6 +274,15 @@ mod tests {
         };
         assert!(bad.check().unwrap_err().contains("--attention-us-per-pair"));
         assert!(CostModel::h200_llama3_8b(16).check().is_ok());
+    }
+
+    #[test]
+    fn the_h200_preset_sizes_the_kv_pool_from_the_device_memory() {
+        // (0.9 × 143,771 MiB − 16.06 GB) / 128 KiB per token = 912,623 tokens.
+        assert_eq!(h200_llama3_8b_kv_pages(32), 28_519);
+        assert_eq!(h200_llama3_8b_kv_pages(1), 912_623);
+        assert_eq!(Engine::Legacy.kv_gpu_pages(32), None);
+        assert_eq!(Engine::H200Llama3_8b.kv_gpu_pages(512), Some(1_782));
     }
 }
 

@@ -757,6 +757,10 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         0.0
     };
     r.sim_seconds = (now_ms - start_ms) / 1000.0;
+    r.arrival_span_seconds = w
+        .arrivals
+        .last()
+        .map_or(0.0, |last| (last.at_ms - start_ms).max(0.0) / 1000.0);
     r.wall_seconds = wall.elapsed().as_secs_f64();
     r.kv_gpu_util_mean_pct = kv_gpu_sum / r.iterations.max(1) as f64;
     r.adapter_util_mean_pct = adapter_sum / r.iterations.max(1) as f64;

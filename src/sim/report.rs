@@ -71,6 +71,8 @@ pub struct Report {
     pub spec_drafts: u32,
     /// The cost model's preset (`--engine`).
     pub engine: String,
+    /// Simulated seconds from the first arrival to the last.
+    pub arrival_span_seconds: f64,
     /// The service-level objectives (TTFT, TPOT in ms) when any was given.
     pub slo: Option<(Option<f64>, Option<f64>)>,
     /// Completed requests that met every objective given (all of them without objectives).
@@ -104,6 +106,13 @@ impl Report {
             requests_total: total,
             ..Self::default()
         }
+    }
+
+    /// Whether arrivals outran the engine: the median request waited over 10 s for its first token, or
+    /// the run ended well after the last arrival (a minute, or a fifth of the trace's span, later).
+    pub fn overloaded(&self) -> bool {
+        let tail = self.sim_seconds - self.arrival_span_seconds;
+        self.ttft_ms.0 > 10_000.0 || tail > (0.2 * self.arrival_span_seconds).max(60.0)
     }
 
     /// Requests per simulated second that met both objectives (DistServe's goodput).
@@ -294,6 +303,18 @@ impl Report {
             );
         }
         row(&mut s, "wall time", format!("{:.2} s", self.wall_seconds));
+        if self.overloaded() {
+            let _ = writeln!(
+                s,
+                "overloaded: arrivals outran the engine (the last request arrived at {:.0} s, the run \
+                 ended at {:.0} s, the median request waited {:.1} s for its first token): spread the \
+                 arrivals with --time-scale above {:.1}, or serve the trace on more engines",
+                self.arrival_span_seconds,
+                self.sim_seconds,
+                self.ttft_ms.0 / 1000.0,
+                (self.sim_seconds / self.arrival_span_seconds.max(1.0)).max(1.1)
+            );
+        }
         s
     }
 
@@ -341,6 +362,8 @@ impl Report {
             goodput_rps: self.goodput_rps(),
             slo_attainment: self.slo_attainment(),
             engine: &self.engine,
+            overloaded: self.overloaded(),
+            arrival_span_seconds: self.arrival_span_seconds,
             accepted_tokens_per_step: self.accepted_tokens_per_step(),
             prefix_reuse: self.prefix_reuse,
             prefix_hit_rate: self.prefix_hit_rate,
@@ -451,6 +474,8 @@ struct JsonReport<'a> {
     goodput_rps: f64,
     slo_attainment: f64,
     engine: &'a str,
+    overloaded: bool,
+    arrival_span_seconds: f64,
     accepted_tokens_per_step: f64,
     prefix_reuse: bool,
     prefix_hit_rate: f64,
