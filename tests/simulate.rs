@@ -177,6 +177,45 @@ fn every_shipped_trace_format_replays_with_zero_violations() {
 }
 
 #[test]
+fn every_slice_in_data_runs_with_default_options() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut slices: Vec<String> = std::fs::read_dir(format!("{root}/data"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("csv" | "jsonl")
+            )
+        })
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    slices.sort();
+    assert_eq!(slices.len(), 5, "{slices:?}");
+    for p in &slices {
+        let j = tmp("slice.json");
+        let out = kvsched(&[
+            "simulate",
+            p,
+            "--no-progress",
+            "--json",
+            j.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{p}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = json(&j);
+        assert_eq!(r["engine"], "h200-llama3-8b");
+        assert_eq!(r["requests_completed"], r["requests_total"], "{p}");
+        assert_eq!(r["tokens_generated"], r["completed_output_tokens"], "{p}");
+        // The Mooncake slices arrive faster than one engine serves them, and the report says so.
+        assert_eq!(r["overloaded"], p.contains("mooncake"), "{p}");
+    }
+}
+
+#[test]
 fn a_malformed_trace_line_names_file_and_line_and_writes_nothing() {
     let bad = tmp("bad.csv");
     std::fs::write(&bad, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,abc,12\n").unwrap();

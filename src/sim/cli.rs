@@ -31,8 +31,8 @@ workload:
   --limit N                    replay only the first N requests
   --time-scale F               multiply arrival times by F (F < 1 = heavier load)
 KV cache:
-  --kv-gpu-pages N (640; with --engine h200-llama3-8b what the H200 holds beside the weights: 28,519
-                               pages of 32 tokens)  --kv-host-pages N (4096, 0 = no host tier)
+  --kv-gpu-pages N (what the engine's GPU holds beside the weights: 28,519 pages of 32 tokens on
+                               h200-llama3-8b; 640 on legacy)  --kv-host-pages N (4096, 0 = no host tier)
   --tokens-per-block N (32)
   --no-prefix-reuse            no prefix cache (compare). Reuse follows the trace's prefix blocks
                                (Mooncake hash_ids, 512 tokens: --tokens-per-block must divide or be a
@@ -51,12 +51,12 @@ scheduler:
   --chunking fcfs|force_chunk|equal_progress|none (fcfs)  --chunk-unit N (64)  --no-recompute-pause
   --deadlock-threshold N (1000)
 cost model (simulated microseconds; docs/COST.md, `kvsched cost`):
-  --engine legacy|h200-llama3-8b (legacy)  a preset: the first model's four constants, or a fit to a
-                               Llama-3-8B-shaped model on one H200 (decode attention grows with context)
+  --engine h200-llama3-8b|legacy (h200-llama3-8b)  a preset: a fit to a Llama-3-8B-shaped model on
+                               one H200 (decode attention grows with context), or the first model's four
+                               constants
   each term below overrides the preset's, whatever the order:
-  --step-us F (6000)  --prefill-us-per-token F (30)  --decode-us-per-request F (40)
-  --decode-us-per-cached-token F (0)  --attention-us-per-pair F (0)
-  --adapter-load-us-per-page F (50)  --page-copy-us F (80)
+  --step-us F  --prefill-us-per-token F  --decode-us-per-request F  --decode-us-per-cached-token F
+  --attention-us-per-pair F  --adapter-load-us-per-page F  --page-copy-us F   (values: docs/COST.md)
 service-level objectives (goodput: requests per second that meet both, DistServe's definition):
   --slo-ttft-ms F  --slo-tpot-ms F
 output:
@@ -100,7 +100,7 @@ pub struct Cli {
 pub fn parse(args: &[String]) -> Result<Cli, String> {
     let mut c = Cli::default();
     let o = &mut c.opts;
-    let mut engine = Engine::Legacy;
+    let mut engine = Engine::DEFAULT;
     let mut kv_gpu_pages: Option<u32> = None;
     let mut cost_terms: Vec<(&str, f64)> = Vec::new();
     let mut i = 0;

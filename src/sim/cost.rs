@@ -27,12 +27,6 @@ pub struct CostModel {
     pub page_copy_us: f64,
 }
 
-impl Default for CostModel {
-    fn default() -> Self {
-        Self::LEGACY
-    }
-}
-
 impl CostModel {
     /// The simulator's first model: four constants, no attention terms (a decode step costs the same
     /// at any context length).
@@ -149,6 +143,9 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// The simulator's default: the measured preset.
+    pub const DEFAULT: Self = Self::H200Llama3_8b;
+
     /// Every engine's name, for help texts and errors.
     pub const NAMES: &'static str = "legacy|h200-llama3-8b";
 

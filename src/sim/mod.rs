@@ -116,7 +116,7 @@ pub struct SpecDecode {
 impl Default for SimOptions {
     fn default() -> Self {
         Self {
-            kv_gpu_pages: 640,
+            kv_gpu_pages: Engine::DEFAULT.kv_gpu_pages(32).unwrap_or(640),
             kv_host_pages: 4096,
             tokens_per_block: 32,
             max_tokens: 8192,
@@ -135,8 +135,8 @@ impl Default for SimOptions {
                 device_pages: 64,
                 host_pages: 1024,
             },
-            cost: CostModel::default(),
-            engine: Engine::Legacy,
+            cost: Engine::DEFAULT.model(32),
+            engine: Engine::DEFAULT,
             slo_ttft_ms: None,
             slo_tpot_ms: None,
             seed: 1,
