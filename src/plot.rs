@@ -52,8 +52,11 @@ pub struct Timeline {
     pub title: String,
     /// Second line under the title (e.g. the workload and policy); empty for none.
     pub subtitle: String,
-    /// Sample times in simulated seconds: finite and non-decreasing.
+    /// Sample times in simulated seconds (or the values of [`Timeline::x_label`]): finite and
+    /// non-decreasing.
     pub t: Vec<f64>,
+    /// The x axis's label.
+    pub x_label: String,
     /// Panels, drawn top to bottom.
     pub panels: Vec<Panel>,
 }
@@ -88,8 +91,16 @@ impl Timeline {
             title: title.into(),
             subtitle: String::new(),
             t,
+            x_label: "simulated time (s)".into(),
             panels: Vec::new(),
         }
+    }
+
+    /// Labels the x axis with something other than simulated time (a sweep's parameter).
+    #[must_use]
+    pub fn x_label(mut self, label: impl Into<String>) -> Self {
+        self.x_label = label.into();
+        self
     }
 
     /// Sets the subtitle.
@@ -654,9 +665,10 @@ fn draw(out: &mut String, tl: &Timeline) -> fmt::Result {
     }
     writeln!(
         out,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">simulated time (s)</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
         LEFT + plot_w / 2.0,
-        height - 10.0
+        height - 10.0,
+        esc(&tl.x_label)
     )?;
     writeln!(out, "</svg>")
 }

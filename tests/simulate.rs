@@ -420,3 +420,54 @@ fn a_run_that_outruns_the_engine_says_so() {
     assert_eq!(r["overloaded"], false, "{text}");
     assert!(!text.contains("overloaded"));
 }
+
+#[test]
+fn a_sweep_runs_every_value_and_draws_the_curve() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/burstgpt1_head54.csv");
+    let (j, svg) = (tmp("sweep.json"), tmp("sweep.svg"));
+    let out = kvsched(&[
+        "simulate",
+        &trace,
+        "--sweep",
+        "rate=1,10,100",
+        "--slo-ttft-ms",
+        "100",
+        "--kv-gpu-pages",
+        "2048",
+        "--json",
+        j.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("| arrival-rate scale | throughput tok/s"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("| 1")).count(),
+        3,
+        "{text}"
+    );
+    let runs = json(&j);
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    let f = |i: usize, k: &str| runs[i][k].as_f64().unwrap();
+    for run in runs {
+        assert_eq!(run["requests_completed"], run["requests_total"]);
+    }
+    // Denser arrivals: the same tokens in less simulated time.
+    assert!(f(0, "throughput_tok_s") < f(1, "throughput_tok_s"));
+    assert!(f(1, "throughput_tok_s") < f(2, "throughput_tok_s"));
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("arrival-rate scale"));
+    assert!(plot.contains("goodput"));
+    let out = kvsched(&["simulate", &trace, "--sweep", "rate=2,1"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ascend"));
+}

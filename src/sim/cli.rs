@@ -59,6 +59,10 @@ cost model (simulated microseconds; docs/COST.md, `kvsched cost`):
   --attention-us-per-pair F  --adapter-load-us-per-page F  --page-copy-us F   (values: docs/COST.md)
 service-level objectives (goodput: requests per second that meet both, DistServe's definition):
   --slo-ttft-ms F  --slo-tpot-ms F
+sweep (capacity planning):
+  --sweep PARAM=V1,V2,...      one run per value of rate (arrival-rate scale), kv-gpu-pages, adapters,
+                               max-batch or policy: a throughput-latency table; --plot draws the curve,
+                               --json writes the reports as an array
 output:
   --json FILE  --plot FILE.svg  --check (verify invariants every iteration)  --no-progress  --seed N (1)";
 
@@ -76,7 +80,7 @@ fn num<T: std::str::FromStr>(args: &[String], i: &mut usize, flag: &str) -> Resu
 }
 
 /// Parsed command line.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Cli {
     /// Options.
     pub opts: SimOptions,
@@ -94,6 +98,8 @@ pub struct Cli {
     pub json: Option<PathBuf>,
     /// SVG output.
     pub plot: Option<PathBuf>,
+    /// `--sweep PARAM=V1,V2,…`.
+    pub sweep: Option<super::sweep::Sweep>,
 }
 
 /// Parses the arguments after `simulate`.
@@ -204,6 +210,7 @@ pub fn parse(args: &[String]) -> Result<Cli, String> {
             | "--adapter-load-us-per-page"
             | "--page-copy-us" => cost_terms.push((a, num(args, &mut i, a)?)),
             "--json" => c.json = Some(PathBuf::from(value(args, &mut i, a)?)),
+            "--sweep" => c.sweep = Some(super::sweep::Sweep::parse(value(args, &mut i, a)?)?),
             "--plot" => c.plot = Some(PathBuf::from(value(args, &mut i, a)?)),
             "--check" => o.check = true,
             "--no-progress" => o.progress = false,
@@ -298,6 +305,9 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(sweep) = &cli.sweep {
+        return main_sweep(&cli, sweep);
+    }
     let w = match workload(&cli) {
         Ok(w) => w,
         Err(e) => {
@@ -331,6 +341,40 @@ pub fn main(args: &[String]) -> ExitCode {
             "kvsched simulate: {} invariant violations",
             report.invariant_violations
         );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// `kvsched simulate --sweep`: one run per value, a table, and the curve and reports when asked.
+fn main_sweep(cli: &Cli, sweep: &super::sweep::Sweep) -> ExitCode {
+    let reports = match sweep.run(cli) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvsched simulate: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let source = reports.first().map_or("", |r| r.source.as_str());
+    println!("kvsched simulate --sweep: {source}\n");
+    print!("{}", sweep.table(&reports));
+    if let Some(p) = &cli.json {
+        let all: Vec<serde_json::Value> = reports.iter().map(|r| r.json()).collect();
+        let text = serde_json::to_string_pretty(&all).unwrap_or_default();
+        if let Err(e) = super::report::write_atomic(p, &(text + "\n")) {
+            eprintln!("kvsched simulate: --json {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(p) = &cli.plot {
+        if let Err(e) = crate::plot::write_svg_atomic(p, &sweep.plot(&reports, source)) {
+            eprintln!("kvsched simulate: --plot {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let violations: u64 = reports.iter().map(|r| r.invariant_violations).sum();
+    if cli.opts.check && violations > 0 {
+        eprintln!("kvsched simulate: {violations} invariant violations");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

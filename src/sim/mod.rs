@@ -7,6 +7,7 @@ pub mod cli;
 pub mod cost;
 pub mod prefix;
 pub mod report;
+pub mod sweep;
 
 use std::collections::VecDeque;
 use std::time::Instant;
