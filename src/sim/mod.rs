@@ -7,22 +7,16 @@ pub mod cli;
 pub mod cost;
 pub mod prefix;
 pub mod report;
+mod run_loop;
 pub mod sweep;
 
-use std::collections::VecDeque;
-use std::time::Instant;
-
-use kvsched_core::adapter::{AdapterPool, PeftBackend};
+use kvsched_core::adapter::AdapterPool;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
-use kvsched_core::kv::Tier;
-use kvsched_core::kv::{KvBackend, Pool};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
-use kvsched_core::request::Ownership;
-use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::request::TaskId;
 use kvsched_core::scheduler::{Handle, Scheduler};
-use kvsched_core::Phase;
 
 use crate::memory::KvMemory;
 use crate::workload::popularity::{pages_for_rank, AdapterRanks, AdapterSampler, PopularityLaw};
@@ -367,8 +361,6 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     if o.prefix_reuse && w.prefix_block_tokens.is_none() {
         crate::workload::sessions::assign_sessions(&mut w, o.seed);
     }
-    let block_tokens = w.prefix_block_tokens.unwrap_or(0);
-    let mut hashes: Vec<u64> = Vec::new();
     let memory = |cfg: KvPoolConfig| {
         if o.prefix_reuse {
             KvMemory::with_prefix_cache(cfg)
@@ -395,8 +387,6 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         None => None,
     };
     let kv = KvSet::with_pools(target, draft, None);
-    let drafts = o.spec_decode.map_or(0, |s| s.drafts);
-    let mut accept_rng = crate::workload::rng::Rng::new(o.seed ^ 0xacce_97ed);
     let mut pool: AdapterPool<MAX_ADAPTERS> =
         AdapterPool::new(o.adapters.device_pages.max(1), o.adapters.host_pages.max(1))
             .map_err(|e| SimError::Options(e.to_string()))?;
@@ -416,372 +406,17 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         deadlock_threshold: o.deadlock_threshold,
         blocked_fast_path: true,
     };
-    let mut sched: Box<Sched<'_>> =
+    let sched: Box<Sched<'_>> =
         Box::new(Scheduler::new(cfg, kv, pool).map_err(|e| SimError::Options(e.to_string()))?);
-    let mut out: Box<Out> = Box::default();
+    let out: Box<Out> = Box::default();
 
-    let n = w.arrivals.len();
-    let mut queue: VecDeque<usize> = VecDeque::new();
-    let mut live: Vec<Option<Live>> = vec![None; MAX_LIVE];
-    let mut next = 0usize;
-    let mut now_ms = w.arrivals.first().map_or(0.0, |a| a.at_ms);
-    let start_ms = now_ms;
-    let mut r = Report::new(n);
-    let mut samples = Samples::default();
-    let mut sched_ns: Vec<f64> = Vec::new();
-    let mut ttft = Vec::new();
-    let mut tpot = Vec::new();
-    let wall = Instant::now();
-    let mut last_progress = Instant::now();
-    let show_progress = o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut kv_gpu_sum = 0.0;
-    let mut adapter_sum = 0.0;
-    let sample_every = (n / 4000).max(1) as u64;
-
-    // Slots of the requests the step finished (reused every iteration).
-    let mut finished: Vec<u16> = Vec::new();
-    loop {
-        while next < n && w.arrivals[next].at_ms <= now_ms {
-            queue.push_back(next);
-            next += 1;
-        }
-        while sched.len() < MAX_LIVE {
-            let Some(&i) = queue.front() else { break };
-            let a = &w.arrivals[i];
-            let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, a.prompt_tokens);
-            spec.max_new_tokens = a.output_tokens;
-            spec.lora = a.adapter.map(|x| TaskId(x as u64));
-            spec.draft = drafts;
-            hashes.clear();
-            if o.prefix_reuse {
-                let tpb = o.tokens_per_block;
-                prefix::page_hashes(
-                    &a.prefix_blocks,
-                    block_tokens,
-                    tpb,
-                    a.prompt_tokens,
-                    &mut hashes,
-                );
-            }
-            let h = sched
-                .submit_with_prefix(spec, 0, &hashes)
-                .map_err(|e| SimError::Scheduler(e.to_string()))?;
-            live[h.index() as usize] = Some(Live {
-                arrival: i,
-                handle: h,
-                prompt0: a.prompt_tokens,
-                output: a.output_tokens,
-                generated: 0,
-                first_token_ms: None,
-                last_token_ms: 0.0,
-                first_chunk: true,
-                replay: false,
-            });
-            queue.pop_front();
-        }
-        if sched.is_empty() {
-            if next >= n {
-                break;
-            }
-            now_ms = w.arrivals[next].at_ms;
-            continue;
-        }
-
-        let t0 = Instant::now();
-        let pass = sched.schedule(&mut out);
-        let ensured = pass.is_ok().then(|| sched.ensure_batch(&mut out));
-        let ns = t0.elapsed().as_nanos() as f64;
-        pass.map_err(|e| SimError::Scheduler(e.to_string()))?;
-        if let Some(Err(e)) = ensured {
-            r.invariant_violations += 1;
-            return Err(SimError::Scheduler(format!(
-                "ensure-batch failed for a scheduled batch: {e}"
-            )));
-        }
-        sched_ns.push(ns);
-        r.iterations += 1;
-        let stats = sched.last_pass();
-        r.suspended += stats.victims as u64 + stats.self_evictions as u64;
-        r.self_evicted += stats.self_evictions as u64;
-        r.recompute_paused += out.recompute_paused().len() as u64;
-        r.preempted += stats.preemptions as u64;
-        r.resumed += out.resumed().len() as u64;
-        let mut page_moves = 0u64;
-        for m in sched.take_moves() {
-            page_moves += 1;
-            match m.from {
-                Tier::Gpu => r.pages_offloaded += 1,
-                Tier::Host => r.pages_reloaded += 1,
-            }
-        }
-        // The draft pool has no host tier: its log holds the reloads of claimed prefix blocks only.
-        page_moves += sched.take_pool_moves(Pool::Draft).len() as u64;
-        let mut load_pages = 0u64;
-        for t in out.adapter_loads() {
-            load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
-        }
-        r.adapter_loads += out.adapter_loads().len() as u64;
-        if o.check {
-            r.invariant_violations += check_invariants(&sched, &out, o);
-        }
-        // A first chunk starts at its reused prefix. The step's work: each chunk after the context
-        // before it, each decode request at its context length.
-        let mut work = StepWork {
-            adapter_pages: load_pages,
-            page_moves,
-            ..StepWork::default()
-        };
-        for c in out.context() {
-            let Some(lv) = live[c.listed.slot() as usize].as_mut() else {
-                continue;
-            };
-            let spec = sched
-                .get(lv.handle)
-                .map_err(|e| SimError::Scheduler(e.to_string()))?
-                .spec();
-            work.chunk(u64::from(c.tokens), u64::from(spec.position));
-            if std::mem::take(&mut lv.first_chunk) {
-                r.prefill_tokens_saved += u64::from(spec.position);
-                if !lv.replay {
-                    r.admitted_prompt_tokens += u64::from(spec.prompt);
-                    r.admitted_reused_tokens += u64::from(spec.position);
-                }
-            }
-        }
-        for g in out.generation() {
-            let Some(lv) = live[g.slot() as usize].as_ref() else {
-                continue;
-            };
-            // Speculative decoding verifies each request's drafts in the same forward pass.
-            work.decode(
-                u64::from(lv.prompt0) + u64::from(lv.generated),
-                u64::from(drafts),
-            );
-        }
-
-        let prefill = work.prefill_tokens;
-        let busy = prefill > 0 || work.decode_requests > 0;
-        let step_us = if busy {
-            o.cost.step_us(&work)
-        } else {
-            // Nothing ran: wait for the next arrival or one idle step.
-            let idle = o.cost.step_us(&StepWork {
-                page_moves,
-                ..StepWork::default()
-            });
-            if next < n {
-                (w.arrivals[next].at_ms - now_ms).max(0.0) * 1000.0 + idle
-            } else {
-                idle
-            }
-        };
-        now_ms += step_us / 1000.0;
-        r.prefill_tokens += prefill;
-
-        // Complete the step.
-        sched
-            .complete_step(&out)
-            .map_err(|e| SimError::Scheduler(e.to_string()))?;
-        finished.clear();
-        for c in out.context() {
-            let slot = c.listed.slot();
-            let Some(lv) = live[slot as usize].as_mut() else {
-                continue;
-            };
-            let e = sched
-                .get(lv.handle)
-                .map_err(|e| SimError::Scheduler(e.to_string()))?;
-            if e.spec().phase == Phase::GenerationInProgress {
-                // The last prefill chunk yields the first token.
-                lv.generated += 1;
-                r.tokens_generated += 1;
-                if lv.first_token_ms.is_none() {
-                    lv.first_token_ms = Some(now_ms);
-                    ttft.push(now_ms - w.arrivals[lv.arrival].at_ms);
-                }
-                lv.last_token_ms = now_ms;
-                if lv.generated >= lv.output {
-                    finished.push(slot);
-                } else if drafts > 0 {
-                    // The last chunk reserved its drafts' slots; it yields one token.
-                    sched
-                        .rewind(lv.handle, drafts)
-                        .map_err(|e| SimError::Scheduler(e.to_string()))?;
-                }
-            }
-        }
-        for l in out.generation() {
-            let Some(lv) = live[l.slot() as usize].as_mut() else {
-                continue;
-            };
-            // A step keeps one token plus the accepted run of its drafts; the rejected drafts' KV slots
-            // are given back.
-            let accepted = o.spec_decode.map_or(0, |s| {
-                (0..s.drafts)
-                    .take_while(|_| accept_rng.uniform() < s.accept)
-                    .count() as u32
-            });
-            let kept = (1 + accepted).min(lv.output - lv.generated);
-            lv.generated += kept;
-            r.tokens_generated += u64::from(kept);
-            r.decode_steps += 1;
-            r.accepted_drafts += u64::from(kept - 1);
-            lv.last_token_ms = now_ms;
-            if lv.generated >= lv.output {
-                finished.push(l.slot());
-            } else if drafts > 0 {
-                sched
-                    .rewind(lv.handle, drafts - accepted)
-                    .map_err(|e| SimError::Scheduler(e.to_string()))?;
-            }
-        }
-        for l in out.recompute_paused() {
-            // The replay re-prefills the prompt plus what was generated (beam 1), as upstream's pause.
-            let Some(lv) = live[l.slot() as usize].as_mut() else {
-                continue;
-            };
-            lv.first_chunk = true;
-            lv.replay = true;
-            let (h, prompt) = (lv.handle, lv.prompt0 + lv.generated);
-            let remaining = lv.output - lv.generated;
-            sched
-                .update(h, |s| {
-                    s.prompt = prompt;
-                    s.max_new_tokens = remaining;
-                })
-                .map_err(|e| SimError::Scheduler(e.to_string()))?;
-        }
-        for &slot in &finished {
-            let Some(lv) = live[slot as usize].take() else {
-                continue;
-            };
-            sched
-                .remove(lv.handle)
-                .map_err(|e| SimError::Scheduler(e.to_string()))?;
-            r.requests_completed += 1;
-            r.completed_output_tokens += lv.output as u64;
-            let first = lv.first_token_ms.unwrap_or(lv.last_token_ms);
-            let its_tpot = if lv.output > 1 {
-                let t = (lv.last_token_ms - first) / (lv.output - 1) as f64;
-                tpot.push(t);
-                t
-            } else {
-                0.0
-            };
-            // Goodput (DistServe): a request counts when it met both objectives.
-            let its_ttft = first - w.arrivals[lv.arrival].at_ms;
-            if o.slo_ttft_ms.is_none_or(|s| its_ttft <= s)
-                && o.slo_tpot_ms.is_none_or(|s| its_tpot <= s)
-            {
-                r.slo_met += 1;
-            }
-        }
-
-        // Utilization counts the pages requests hold; cached blocks nobody holds are the cache's.
-        let kv = sched.kv().target();
-        let pct = |n: u32, of: u32| {
-            if of > 0 {
-                100.0 * n as f64 / of as f64
-            } else {
-                0.0
-            }
-        };
-        let (gpu, host) = (kv_cfg.gpu_pages, kv_cfg.host_pages);
-        let kv_gpu = pct(gpu - kv.gpu_free() - kv.idle_pages(Tier::Gpu), gpu);
-        let kv_host = pct(host - kv.host_free() - kv.idle_pages(Tier::Host), host);
-        let resident = sched
-            .adapters()
-            .backend()
-            .tasks()
-            .iter()
-            .filter(|t| t.on_device)
-            .count() as f64;
-        kv_gpu_sum += kv_gpu;
-        adapter_sum += 100.0 * sched.adapters().backend().device_used() as f64
-            / o.adapters.device_pages.max(1) as f64;
-        r.peak_kv_gpu_pct = r.peak_kv_gpu_pct.max(kv_gpu);
-        r.peak_kv_host_pct = r.peak_kv_host_pct.max(kv_host);
-        if r.iterations % sample_every == 0 {
-            let waiting = queue.len()
-                + sched
-                    .requests()
-                    .filter(|(_, e)| e.ownership() == Ownership::Waiting)
-                    .count();
-            samples.t.push((now_ms - start_ms) / 1000.0);
-            samples.queue.push(waiting as f64);
-            samples
-                .batch
-                .push((out.generation().len() + out.context().len()) as f64);
-            samples.kv_gpu.push(kv_gpu);
-            samples.kv_host.push(kv_host);
-            samples
-                .cached_gpu
-                .push(pct(kv.cached_pages(Tier::Gpu), gpu));
-            samples
-                .cached_host
-                .push(pct(kv.cached_pages(Tier::Host), host));
-            samples.adapters.push(resident);
-        }
-        if show_progress
-            && last_progress.elapsed().as_millis() >= 200
-            && wall.elapsed().as_secs_f64() > 2.0
-        {
-            last_progress = Instant::now();
-            let done = r.requests_completed as f64 / n.max(1) as f64;
-            let bar = (done * 30.0) as usize;
-            eprint!(
-                "\r[{}{}] {:>5.1}%  {} of {n} requests, {:.0} s simulated",
-                "=".repeat(bar),
-                " ".repeat(30 - bar.min(30)),
-                done * 100.0,
-                r.requests_completed,
-                (now_ms - start_ms) / 1000.0
-            );
-        }
+    let mut sim = run_loop::Sim::new(o, &w, sched, out, kv_cfg);
+    while sim.admit_arrivals()? {
+        let (page_moves, adapter_pages) = sim.pass()?;
+        let work = sim.step_work(page_moves, adapter_pages)?;
+        sim.advance_clock(&work);
+        sim.complete()?;
+        sim.sample();
     }
-    if show_progress && wall.elapsed().as_secs_f64() > 2.0 {
-        eprintln!();
-    }
-    let stats = sched.adapters().backend().stats();
-    r.adapter_evictions = stats.device_evictions;
-    r.prefix_reuse = o.prefix_reuse;
-    r.spec_drafts = drafts;
-    r.engine = o.engine.to_string();
-    if let Some(p) = sched.kv().target().prefix_stats() {
-        r.cached_blocks_evicted = p.evicted;
-        r.cached_blocks_demoted = p.demoted;
-        r.host_cache_hits = p.host_hits;
-    }
-    r.prefix_hit_rate = if r.admitted_prompt_tokens > 0 {
-        r.admitted_reused_tokens as f64 / r.admitted_prompt_tokens as f64
-    } else {
-        0.0
-    };
-    r.sim_seconds = (now_ms - start_ms) / 1000.0;
-    r.arrival_span_seconds = w
-        .arrivals
-        .last()
-        .map_or(0.0, |last| (last.at_ms - start_ms).max(0.0) / 1000.0);
-    r.wall_seconds = wall.elapsed().as_secs_f64();
-    r.kv_gpu_util_mean_pct = kv_gpu_sum / r.iterations.max(1) as f64;
-    r.adapter_util_mean_pct = adapter_sum / r.iterations.max(1) as f64;
-    r.slo = (o.slo_ttft_ms.is_some() || o.slo_tpot_ms.is_some())
-        .then_some((o.slo_ttft_ms, o.slo_tpot_ms));
-    r.throughput_tok_s = if r.sim_seconds > 0.0 {
-        r.tokens_generated as f64 / r.sim_seconds
-    } else {
-        0.0
-    };
-    ttft.sort_by(f64::total_cmp);
-    tpot.sort_by(f64::total_cmp);
-    sched_ns.sort_by(f64::total_cmp);
-    r.ttft_ms = (percentile(&ttft, 0.5), percentile(&ttft, 0.99));
-    r.tpot_ms = (percentile(&tpot, 0.5), percentile(&tpot, 0.99));
-    r.sched_ns_per_iter = (percentile(&sched_ns, 0.5), percentile(&sched_ns, 0.99));
-    r.samples = samples;
-    r.source = w.source.to_string();
-    r.adapters = o.adapters.count;
-    let _ = sched.kv().max_tokens_per_request();
-    let _ = sched.adapters().backend().max_device_pages();
-    Ok(r)
+    Ok(sim.report())
 }

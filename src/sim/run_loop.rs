@@ -1,0 +1,494 @@
+//! The simulation loop, one part per concern: arrivals enter the engine's queue and the scheduler,
+//! the scheduler runs a pass, the pass's work is priced by the cost model and the clock advances, the
+//! step completes (tokens, replays, finished requests), and the iteration is sampled.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use kvsched_core::kv::{Pool, Tier};
+use kvsched_core::page_pool::KvPoolConfig;
+use kvsched_core::request::{Ownership, RequestSpec, TaskId};
+use kvsched_core::Phase;
+
+use super::{
+    check_invariants, percentile, prefix, Live, Out, Report, Samples, Sched, SimError, SimOptions,
+    StepWork, MAX_LIVE,
+};
+use crate::workload::rng::Rng;
+use crate::workload::Workload;
+
+fn scheduler_error(e: impl ToString) -> SimError {
+    SimError::Scheduler(e.to_string())
+}
+
+/// One simulation's state between iterations.
+pub(super) struct Sim<'s, 'w> {
+    o: &'s SimOptions,
+    w: &'w Workload,
+    sched: Box<Sched<'s>>,
+    out: Box<Out>,
+    kv_cfg: KvPoolConfig,
+    drafts: u32,
+    accept_rng: Rng,
+    hashes: Vec<u64>,
+    /// Arrived, not yet submitted (the scheduler's table is full).
+    queue: VecDeque<usize>,
+    /// The requests in the scheduler, by table slot.
+    live: Vec<Option<Live>>,
+    /// The next arrival.
+    next: usize,
+    now_ms: f64,
+    start_ms: f64,
+    r: Report,
+    samples: Samples,
+    sched_ns: Vec<f64>,
+    ttft: Vec<f64>,
+    tpot: Vec<f64>,
+    wall: Instant,
+    last_progress: Instant,
+    show_progress: bool,
+    kv_gpu_sum: f64,
+    adapter_sum: f64,
+    sample_every: u64,
+    /// Slots of the requests the step finished (reused every iteration).
+    finished: Vec<u16>,
+}
+
+impl<'s, 'w> Sim<'s, 'w> {
+    pub(super) fn new(
+        o: &'s SimOptions,
+        w: &'w Workload,
+        sched: Box<Sched<'s>>,
+        out: Box<Out>,
+        kv_cfg: KvPoolConfig,
+    ) -> Self {
+        let n = w.arrivals.len();
+        let now_ms = w.arrivals.first().map_or(0.0, |a| a.at_ms);
+        Self {
+            o,
+            w,
+            sched,
+            out,
+            kv_cfg,
+            drafts: o.spec_decode.map_or(0, |s| s.drafts),
+            accept_rng: Rng::new(o.seed ^ 0xacce_97ed),
+            hashes: Vec::new(),
+            queue: VecDeque::new(),
+            live: vec![None; MAX_LIVE],
+            next: 0,
+            now_ms,
+            start_ms: now_ms,
+            r: Report::new(n),
+            samples: Samples::default(),
+            sched_ns: Vec::new(),
+            ttft: Vec::new(),
+            tpot: Vec::new(),
+            wall: Instant::now(),
+            last_progress: Instant::now(),
+            show_progress: o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            kv_gpu_sum: 0.0,
+            adapter_sum: 0.0,
+            sample_every: (n / 4000).max(1) as u64,
+            finished: Vec::new(),
+        }
+    }
+
+    /// Moves the requests that have arrived into the queue and as many as fit into the scheduler;
+    /// with nothing to schedule, jumps to the next arrival. False when every request is done.
+    pub(super) fn admit_arrivals(&mut self) -> Result<bool, SimError> {
+        let n = self.w.arrivals.len();
+        loop {
+            while self.next < n && self.w.arrivals[self.next].at_ms <= self.now_ms {
+                self.queue.push_back(self.next);
+                self.next += 1;
+            }
+            while self.sched.len() < MAX_LIVE {
+                let Some(&i) = self.queue.front() else { break };
+                self.submit(i)?;
+                self.queue.pop_front();
+            }
+            if !self.sched.is_empty() {
+                return Ok(true);
+            }
+            if self.next >= n {
+                return Ok(false);
+            }
+            self.now_ms = self.w.arrivals[self.next].at_ms;
+        }
+    }
+
+    fn submit(&mut self, i: usize) -> Result<(), SimError> {
+        let (o, a) = (self.o, &self.w.arrivals[i]);
+        let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, a.prompt_tokens);
+        spec.max_new_tokens = a.output_tokens;
+        spec.lora = a.adapter.map(|x| TaskId(x as u64));
+        spec.draft = self.drafts;
+        self.hashes.clear();
+        if o.prefix_reuse {
+            prefix::page_hashes(
+                &a.prefix_blocks,
+                self.w.prefix_block_tokens.unwrap_or(0),
+                o.tokens_per_block,
+                a.prompt_tokens,
+                &mut self.hashes,
+            );
+        }
+        let h = self
+            .sched
+            .submit_with_prefix(spec, 0, &self.hashes)
+            .map_err(scheduler_error)?;
+        self.live[h.index() as usize] = Some(Live {
+            arrival: i,
+            handle: h,
+            prompt0: a.prompt_tokens,
+            output: a.output_tokens,
+            generated: 0,
+            first_token_ms: None,
+            last_token_ms: 0.0,
+            first_chunk: true,
+            replay: false,
+        });
+        Ok(())
+    }
+
+    /// Runs one scheduling pass and its adapter plan (timed), counts what it did, and drains the page
+    /// moves. Returns (KV pages moved, adapter pages loaded).
+    pub(super) fn pass(&mut self) -> Result<(u64, u64), SimError> {
+        let (sched, out, r) = (&mut self.sched, &mut self.out, &mut self.r);
+        let t0 = Instant::now();
+        let pass = sched.schedule(out);
+        let ensured = pass.is_ok().then(|| sched.ensure_batch(out));
+        let ns = t0.elapsed().as_nanos() as f64;
+        pass.map_err(scheduler_error)?;
+        if let Some(Err(e)) = ensured {
+            r.invariant_violations += 1;
+            return Err(SimError::Scheduler(format!(
+                "ensure-batch failed for a scheduled batch: {e}"
+            )));
+        }
+        self.sched_ns.push(ns);
+        r.iterations += 1;
+        let stats = sched.last_pass();
+        r.suspended += stats.victims as u64 + stats.self_evictions as u64;
+        r.self_evicted += stats.self_evictions as u64;
+        r.recompute_paused += out.recompute_paused().len() as u64;
+        r.preempted += stats.preemptions as u64;
+        r.resumed += out.resumed().len() as u64;
+        let mut page_moves = 0u64;
+        for m in sched.take_moves() {
+            page_moves += 1;
+            match m.from {
+                Tier::Gpu => r.pages_offloaded += 1,
+                Tier::Host => r.pages_reloaded += 1,
+            }
+        }
+        // The draft pool has no host tier: its log holds the reloads of claimed prefix blocks only.
+        page_moves += sched.take_pool_moves(Pool::Draft).len() as u64;
+        let mut load_pages = 0u64;
+        for t in out.adapter_loads() {
+            load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
+        }
+        r.adapter_loads += out.adapter_loads().len() as u64;
+        if self.o.check {
+            r.invariant_violations += check_invariants(sched, out, self.o);
+        }
+        Ok((page_moves, load_pages))
+    }
+
+    /// The step's work: each chunk after the context before it (a first chunk starts at its reused
+    /// prefix), each decode request at its context length with its drafts to verify.
+    pub(super) fn step_work(
+        &mut self,
+        page_moves: u64,
+        adapter_pages: u64,
+    ) -> Result<StepWork, SimError> {
+        let mut work = StepWork {
+            adapter_pages,
+            page_moves,
+            ..StepWork::default()
+        };
+        let r = &mut self.r;
+        for c in self.out.context() {
+            let Some(lv) = self.live[c.listed.slot() as usize].as_mut() else {
+                continue;
+            };
+            let spec = self.sched.get(lv.handle).map_err(scheduler_error)?.spec();
+            work.chunk(u64::from(c.tokens), u64::from(spec.position));
+            if std::mem::take(&mut lv.first_chunk) {
+                r.prefill_tokens_saved += u64::from(spec.position);
+                if !lv.replay {
+                    r.admitted_prompt_tokens += u64::from(spec.prompt);
+                    r.admitted_reused_tokens += u64::from(spec.position);
+                }
+            }
+        }
+        for g in self.out.generation() {
+            let Some(lv) = self.live[g.slot() as usize].as_ref() else {
+                continue;
+            };
+            work.decode(
+                u64::from(lv.prompt0) + u64::from(lv.generated),
+                u64::from(self.drafts),
+            );
+        }
+        Ok(work)
+    }
+
+    /// Advances the clock by the step's cost; an idle step waits for the next arrival.
+    pub(super) fn advance_clock(&mut self, work: &StepWork) {
+        let busy = work.prefill_tokens > 0 || work.decode_requests > 0;
+        let step_us = if busy {
+            self.o.cost.step_us(work)
+        } else {
+            let idle = self.o.cost.step_us(&StepWork {
+                page_moves: work.page_moves,
+                ..StepWork::default()
+            });
+            match self.w.arrivals.get(self.next) {
+                Some(a) => (a.at_ms - self.now_ms).max(0.0) * 1000.0 + idle,
+                None => idle,
+            }
+        };
+        self.now_ms += step_us / 1000.0;
+        self.r.prefill_tokens += work.prefill_tokens;
+    }
+
+    /// Completes the step as the engine would: prefill chunks advance (the last yields the first
+    /// token), decode steps keep one token plus their accepted drafts, recompute-paused requests are
+    /// reset to replay, and finished requests leave.
+    pub(super) fn complete(&mut self) -> Result<(), SimError> {
+        self.sched
+            .complete_step(&self.out)
+            .map_err(scheduler_error)?;
+        self.finished.clear();
+        self.complete_chunks()?;
+        self.complete_decodes()?;
+        self.reset_replays()?;
+        self.remove_finished()
+    }
+
+    fn complete_chunks(&mut self) -> Result<(), SimError> {
+        for c in self.out.context() {
+            let slot = c.listed.slot();
+            let Some(lv) = self.live[slot as usize].as_mut() else {
+                continue;
+            };
+            let e = self.sched.get(lv.handle).map_err(scheduler_error)?;
+            if e.spec().phase != Phase::GenerationInProgress {
+                continue;
+            }
+            // The last prefill chunk yields the first token.
+            lv.generated += 1;
+            self.r.tokens_generated += 1;
+            if lv.first_token_ms.is_none() {
+                lv.first_token_ms = Some(self.now_ms);
+                self.ttft
+                    .push(self.now_ms - self.w.arrivals[lv.arrival].at_ms);
+            }
+            lv.last_token_ms = self.now_ms;
+            if lv.generated >= lv.output {
+                self.finished.push(slot);
+            } else if self.drafts > 0 {
+                // The last chunk reserved its drafts' slots; it yields one token.
+                self.sched
+                    .rewind(lv.handle, self.drafts)
+                    .map_err(scheduler_error)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_decodes(&mut self) -> Result<(), SimError> {
+        for l in self.out.generation() {
+            let Some(lv) = self.live[l.slot() as usize].as_mut() else {
+                continue;
+            };
+            // A step keeps one token plus the accepted run of its drafts; the rejected drafts' KV
+            // slots are given back.
+            let rng = &mut self.accept_rng;
+            let accepted = self.o.spec_decode.map_or(0, |s| {
+                (0..s.drafts)
+                    .take_while(|_| rng.uniform() < s.accept)
+                    .count() as u32
+            });
+            let kept = (1 + accepted).min(lv.output - lv.generated);
+            lv.generated += kept;
+            self.r.tokens_generated += u64::from(kept);
+            self.r.decode_steps += 1;
+            self.r.accepted_drafts += u64::from(kept - 1);
+            lv.last_token_ms = self.now_ms;
+            if lv.generated >= lv.output {
+                self.finished.push(l.slot());
+            } else if self.drafts > 0 {
+                self.sched
+                    .rewind(lv.handle, self.drafts - accepted)
+                    .map_err(scheduler_error)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reset_replays(&mut self) -> Result<(), SimError> {
+        for l in self.out.recompute_paused() {
+            // The replay re-prefills the prompt plus what was generated (beam 1), as upstream's pause.
+            let Some(lv) = self.live[l.slot() as usize].as_mut() else {
+                continue;
+            };
+            lv.first_chunk = true;
+            lv.replay = true;
+            let (h, prompt) = (lv.handle, lv.prompt0 + lv.generated);
+            let remaining = lv.output - lv.generated;
+            self.sched
+                .update(h, |s| {
+                    s.prompt = prompt;
+                    s.max_new_tokens = remaining;
+                })
+                .map_err(scheduler_error)?;
+        }
+        Ok(())
+    }
+
+    fn remove_finished(&mut self) -> Result<(), SimError> {
+        let o = self.o;
+        for &slot in &self.finished {
+            let Some(lv) = self.live[slot as usize].take() else {
+                continue;
+            };
+            self.sched.remove(lv.handle).map_err(scheduler_error)?;
+            let r = &mut self.r;
+            r.requests_completed += 1;
+            r.completed_output_tokens += lv.output as u64;
+            let first = lv.first_token_ms.unwrap_or(lv.last_token_ms);
+            let its_tpot = if lv.output > 1 {
+                let t = (lv.last_token_ms - first) / (lv.output - 1) as f64;
+                self.tpot.push(t);
+                t
+            } else {
+                0.0
+            };
+            // Goodput (DistServe): a request counts when it met both objectives.
+            let its_ttft = first - self.w.arrivals[lv.arrival].at_ms;
+            if o.slo_ttft_ms.is_none_or(|s| its_ttft <= s)
+                && o.slo_tpot_ms.is_none_or(|s| its_tpot <= s)
+            {
+                r.slo_met += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Utilization (the pages requests hold; cached blocks nobody holds are the cache's), the plot's
+    /// samples, and the progress line.
+    pub(super) fn sample(&mut self) {
+        let pct = |n: u32, of: u32| {
+            if of > 0 {
+                100.0 * n as f64 / of as f64
+            } else {
+                0.0
+            }
+        };
+        let (sched, r) = (&self.sched, &mut self.r);
+        let kv = sched.kv().target();
+        let (gpu, host) = (self.kv_cfg.gpu_pages, self.kv_cfg.host_pages);
+        let kv_gpu = pct(gpu - kv.gpu_free() - kv.idle_pages(Tier::Gpu), gpu);
+        let kv_host = pct(host - kv.host_free() - kv.idle_pages(Tier::Host), host);
+        let adapters = sched.adapters().backend();
+        self.kv_gpu_sum += kv_gpu;
+        self.adapter_sum +=
+            100.0 * adapters.device_used() as f64 / self.o.adapters.device_pages.max(1) as f64;
+        r.peak_kv_gpu_pct = r.peak_kv_gpu_pct.max(kv_gpu);
+        r.peak_kv_host_pct = r.peak_kv_host_pct.max(kv_host);
+        if r.iterations % self.sample_every == 0 {
+            let waiting = self.queue.len()
+                + sched
+                    .requests()
+                    .filter(|(_, e)| e.ownership() == Ownership::Waiting)
+                    .count();
+            let s = &mut self.samples;
+            s.t.push((self.now_ms - self.start_ms) / 1000.0);
+            s.queue.push(waiting as f64);
+            s.batch
+                .push((self.out.generation().len() + self.out.context().len()) as f64);
+            s.kv_gpu.push(kv_gpu);
+            s.kv_host.push(kv_host);
+            s.cached_gpu.push(pct(kv.cached_pages(Tier::Gpu), gpu));
+            s.cached_host.push(pct(kv.cached_pages(Tier::Host), host));
+            s.adapters
+                .push(adapters.tasks().iter().filter(|t| t.on_device).count() as f64);
+        }
+        self.progress();
+    }
+
+    fn progress(&mut self) {
+        if !self.show_progress
+            || self.last_progress.elapsed().as_millis() < 200
+            || self.wall.elapsed().as_secs_f64() <= 2.0
+        {
+            return;
+        }
+        self.last_progress = Instant::now();
+        let n = self.w.arrivals.len();
+        let done = self.r.requests_completed as f64 / n.max(1) as f64;
+        let bar = (done * 30.0) as usize;
+        eprint!(
+            "\r[{}{}] {:>5.1}%  {} of {n} requests, {:.0} s simulated",
+            "=".repeat(bar),
+            " ".repeat(30 - bar.min(30)),
+            done * 100.0,
+            self.r.requests_completed,
+            (self.now_ms - self.start_ms) / 1000.0
+        );
+    }
+
+    /// The run's report.
+    pub(super) fn report(mut self) -> Report {
+        if self.show_progress && self.wall.elapsed().as_secs_f64() > 2.0 {
+            eprintln!();
+        }
+        let (o, w) = (self.o, self.w);
+        let r = &mut self.r;
+        let stats = self.sched.adapters().backend().stats();
+        r.adapter_evictions = stats.device_evictions;
+        r.prefix_reuse = o.prefix_reuse;
+        r.spec_drafts = self.drafts;
+        r.engine = o.engine.to_string();
+        if let Some(p) = self.sched.kv().target().prefix_stats() {
+            r.cached_blocks_evicted = p.evicted;
+            r.cached_blocks_demoted = p.demoted;
+            r.host_cache_hits = p.host_hits;
+        }
+        r.prefix_hit_rate = if r.admitted_prompt_tokens > 0 {
+            r.admitted_reused_tokens as f64 / r.admitted_prompt_tokens as f64
+        } else {
+            0.0
+        };
+        r.sim_seconds = (self.now_ms - self.start_ms) / 1000.0;
+        r.arrival_span_seconds = w
+            .arrivals
+            .last()
+            .map_or(0.0, |last| (last.at_ms - self.start_ms).max(0.0) / 1000.0);
+        r.wall_seconds = self.wall.elapsed().as_secs_f64();
+        r.kv_gpu_util_mean_pct = self.kv_gpu_sum / r.iterations.max(1) as f64;
+        r.adapter_util_mean_pct = self.adapter_sum / r.iterations.max(1) as f64;
+        r.slo = (o.slo_ttft_ms.is_some() || o.slo_tpot_ms.is_some())
+            .then_some((o.slo_ttft_ms, o.slo_tpot_ms));
+        r.throughput_tok_s = if r.sim_seconds > 0.0 {
+            r.tokens_generated as f64 / r.sim_seconds
+        } else {
+            0.0
+        };
+        for v in [&mut self.ttft, &mut self.tpot, &mut self.sched_ns] {
+            v.sort_by(f64::total_cmp);
+        }
+        r.ttft_ms = (percentile(&self.ttft, 0.5), percentile(&self.ttft, 0.99));
+        r.tpot_ms = (percentile(&self.tpot, 0.5), percentile(&self.tpot, 0.99));
+        r.sched_ns_per_iter = (
+            percentile(&self.sched_ns, 0.5),
+            percentile(&self.sched_ns, 0.99),
+        );
+        r.samples = std::mem::take(&mut self.samples);
+        r.source = w.source.to_string();
+        r.adapters = o.adapters.count;
+        self.r
+    }
+}
