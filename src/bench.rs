@@ -16,7 +16,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
@@ -749,29 +748,38 @@ pub fn drive<const N: usize, const T: usize>(
 // ---------------------------------------------------------------------------------------------------
 // Allocation counting.
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
-/// A global allocator that counts allocations (alloc, alloc_zeroed, realloc) of the whole process and
-/// forwards to the system allocator. Install it with
-/// `#[global_allocator] static A: kvsched::bench::CountingAlloc = kvsched::bench::CountingAlloc;`.
+fn count() {
+    // `try_with`: a thread being torn down may still free and allocate.
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+/// A global allocator that counts the allocations (alloc, alloc_zeroed, realloc) each thread makes and
+/// forwards to the system allocator. Counting per thread (a `const`-initialised thread-local, which never
+/// allocates) keeps one thread's allocations out of another's count: a pass runs on the thread that calls
+/// it, so its allocations are counted there, and test threads running beside it do not interfere. Install
+/// it with `#[global_allocator] static A: kvsched::bench::CountingAlloc = kvsched::bench::CountingAlloc;`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountingAlloc;
 
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the counter is an atomic
-// that never allocates.
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; counting touches only a
+// const-initialised thread-local `Cell`, which neither allocates nor re-enters the allocator.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded under the caller's contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded under the caller's contract.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         // SAFETY: forwarded under the caller's contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -781,9 +789,10 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 }
 
-/// Allocations counted so far by [`CountingAlloc`] (0 forever when it is not the global allocator).
+/// Allocations the calling thread made so far, as [`CountingAlloc`] counted them (0 forever when it is
+/// not the global allocator).
 pub fn allocations() -> u64 {
-    ALLOCATIONS.load(Ordering::Relaxed)
+    ALLOCATIONS.with(std::cell::Cell::get)
 }
 
 /// [`CountingAlloc`] is the process's global allocator.
@@ -822,12 +831,9 @@ impl Measured {
     }
 }
 
+/// A measured quantile: NaN when nothing was measured.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let k = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[k.min(sorted.len() - 1)]
+    crate::stats::percentile(sorted, p).unwrap_or(f64::NAN)
 }
 
 /// Cost of an empty timed region (two clock reads), subtracted from every sample.
@@ -863,11 +869,11 @@ impl Visit for Measure {
         let mut allocations = 0u64;
         drive::<N, T>(s, &mut mem, self.iters, |b, k| {
             for _ in 0..k {
-                let a = allocations_now();
+                let a = self::allocations();
                 let t = Instant::now();
                 b.iteration();
                 let ns = t.elapsed().as_nanos() as f64;
-                allocations += allocations_now() - a;
+                allocations += self::allocations() - a;
                 samples.push((ns - self.overhead_ns).max(0.0));
             }
         });
@@ -897,11 +903,6 @@ impl Visit for Measure {
             outcome,
         }
     }
-}
-
-#[inline(always)]
-fn allocations_now() -> u64 {
-    ALLOCATIONS.load(Ordering::Relaxed)
 }
 
 /// Measures `s` over `iters` timed iterations (after an untimed warm-up).

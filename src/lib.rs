@@ -13,4 +13,5 @@ pub mod conformance;
 pub mod memory;
 pub mod plot;
 pub mod sim;
+pub mod stats;
 pub mod workload;

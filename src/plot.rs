@@ -20,10 +20,8 @@
 //! ```
 
 use std::fmt::{self, Write as _};
-use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The most points drawn per series; longer series are downsampled.
 pub const MAX_POINTS: usize = 2000;
@@ -363,47 +361,14 @@ pub fn write_svg_atomic(path: impl AsRef<Path>, timeline: &Timeline) -> Result<(
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| PlotError::BadPath(path.to_path_buf()))?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.{}-{n}.svg.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> io::Result<()> {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)
-    })();
-    match result {
-        Ok(()) => {
-            // Persist the rename itself where the platform allows opening a directory; best effort.
-            if let Ok(d) = fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        }
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(PlotError::Io {
-                path: path.to_path_buf(),
-                kind: e.kind(),
-                message: e.to_string(),
-            })
-        }
+    if path.file_name().is_none() {
+        return Err(PlotError::BadPath(path.to_path_buf()));
     }
+    crate::stats::write_atomic(path, bytes).map_err(|e| PlotError::Io {
+        path: path.to_path_buf(),
+        kind: e.kind(),
+        message: e.to_string(),
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -676,6 +641,7 @@ fn draw(out: &mut String, tl: &Timeline) -> fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     /// Minimal XML well-formedness check: balanced, properly nested tags, no stray `<` or `&`.
     fn assert_well_formed(svg: &str) {

@@ -3,58 +3,18 @@
 //! [`S4_ITERS_DEBUG`]). Building a scenario's state is excluded: the counter is read right before and
 //! right after each iteration.
 //!
-//! The allocator counts per thread (a `const`-initialised thread-local, which never allocates), so two
+//! `kvsched::bench::CountingAlloc` counts per thread (a `const`-initialised thread-local, which never allocates), so two
 //! workers can share the scenarios (the reset scenarios rebuild their state before every iteration, which
 //! is slow in a debug build) without one worker's rebuilds landing in the other's window. An allocation
 //! made by the pass runs on the thread that runs the pass, so it is counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use kvsched::bench::{dispatch, drive, Scenario, Visit};
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-struct Counting;
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged; counting touches only
-// a const-initialised thread-local `Cell`, which neither allocates nor re-enters the allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded under the caller's contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded under the caller's contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: forwarded under the caller's contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded under the caller's contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use kvsched::bench::{allocations, dispatch, drive, CountingAlloc, Scenario, Visit};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
 /// Iterations per scenario.
 const ITERS: u64 = 10_000;

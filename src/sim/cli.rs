@@ -325,7 +325,7 @@ pub fn main(args: &[String]) -> ExitCode {
     print!("{}", report.table(cli.opts.check));
     if let Some(p) = &cli.json {
         let text = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
-        if let Err(e) = super::report::write_atomic(p, &(text + "\n")) {
+        if let Err(e) = crate::stats::write_atomic(p, (text + "\n").as_bytes()) {
             eprintln!("kvsched simulate: --json {}: {e}", p.display());
             return ExitCode::FAILURE;
         }
@@ -361,7 +361,7 @@ fn main_sweep(cli: &Cli, sweep: &super::sweep::Sweep) -> ExitCode {
     if let Some(p) = &cli.json {
         let all: Vec<serde_json::Value> = reports.iter().map(|r| r.json()).collect();
         let text = serde_json::to_string_pretty(&all).unwrap_or_default();
-        if let Err(e) = super::report::write_atomic(p, &(text + "\n")) {
+        if let Err(e) = crate::stats::write_atomic(p, (text + "\n").as_bytes()) {
             eprintln!("kvsched simulate: --json {}: {e}", p.display());
             return ExitCode::FAILURE;
         }

@@ -306,12 +306,9 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
     Ok((kv, pages))
 }
 
+/// The quantile of a report figure: 0 when nothing was measured.
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    crate::stats::percentile(sorted, p).unwrap_or(0.0)
 }
 
 /// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.

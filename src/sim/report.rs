@@ -1,7 +1,6 @@
 //! The simulation report: a summary table, a JSON document and a timeline plot.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use super::Samples;
 use crate::plot::{Panel, Timeline};
@@ -413,23 +412,6 @@ impl Report {
         }
         t
     }
-}
-
-/// Writes `text` to `path` whole or not at all (a temporary file in the same folder, then a rename).
-pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 /// p50 and p99 of a distribution.

@@ -1,0 +1,84 @@
+//! Small numeric and file helpers shared by the simulator, the benches and the plots: one of each.
+
+use std::fs;
+use std::io::{self, Write as _};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The `p`-quantile (0 ≤ p ≤ 1) of `sorted` by nearest rank; `None` for no data.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let k = (last as f64 * p.clamp(0.0, 1.0)).round() as usize;
+    Some(sorted[k.min(last)])
+}
+
+/// Writes `bytes` to `path` whole or not at all: a fresh temporary file in the same folder, synced, then
+/// renamed over `path` (and the folder synced where the platform allows). On error nothing is left.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{}.{}-{n}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> io::Result<()> {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, path)
+    })();
+    match result {
+        Ok(()) => {
+            // Persist the rename itself where a directory can be opened; best effort.
+            if let Ok(d) = fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_and_no_data() {
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&[7.0], 0.99), Some(7.0));
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), Some(51.0));
+        assert_eq!(percentile(&v, 0.99), Some(99.0));
+        assert_eq!(percentile(&v, 2.0), Some(100.0));
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_whole_or_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("kvsched-stats-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("out.txt");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert!(write_atomic(&dir.join("missing/out.txt"), b"x").is_err());
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
