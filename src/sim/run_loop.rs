@@ -45,8 +45,8 @@ pub(super) struct Sim<'s, 'w> {
     ttft: Vec<f64>,
     tpot: Vec<f64>,
     wall: Instant,
-    last_progress: Instant,
-    show_progress: bool,
+    /// Drawn on a terminal once the run has taken two seconds of wall time.
+    progress: Option<indicatif::ProgressBar>,
     kv_gpu_sum: f64,
     adapter_sum: f64,
     sample_every: u64,
@@ -84,8 +84,8 @@ impl<'s, 'w> Sim<'s, 'w> {
             ttft: Vec::new(),
             tpot: Vec::new(),
             wall: Instant::now(),
-            last_progress: Instant::now(),
-            show_progress: o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            progress: (o.progress && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .then(|| progress_bar(n as u64)),
             kv_gpu_sum: 0.0,
             adapter_sum: 0.0,
             sample_every: (n / 4000).max(1) as u64,
@@ -420,30 +420,27 @@ impl<'s, 'w> Sim<'s, 'w> {
     }
 
     fn progress(&mut self) {
-        if !self.show_progress
-            || self.last_progress.elapsed().as_millis() < 200
-            || self.wall.elapsed().as_secs_f64() <= 2.0
-        {
-            return;
+        let Some(bar) = &self.progress else { return };
+        if bar.is_hidden() {
+            if self.wall.elapsed().as_secs_f64() <= 2.0 {
+                return;
+            }
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(5));
         }
-        self.last_progress = Instant::now();
-        let n = self.w.arrivals.len();
-        let done = self.r.requests_completed as f64 / n.max(1) as f64;
-        let bar = (done * 30.0) as usize;
-        eprint!(
-            "\r[{}{}] {:>5.1}%  {} of {n} requests, {:.0} s simulated",
-            "=".repeat(bar),
-            " ".repeat(30 - bar.min(30)),
-            done * 100.0,
-            self.r.requests_completed,
+        bar.set_position(self.r.requests_completed);
+        bar.set_message(format!(
+            "{:.0} s simulated",
             (self.now_ms - self.start_ms) / 1000.0
-        );
+        ));
     }
 
     /// The run's report.
     pub(super) fn report(mut self) -> Report {
-        if self.show_progress && self.wall.elapsed().as_secs_f64() > 2.0 {
-            eprintln!();
+        if let Some(bar) = self.progress.take() {
+            if !bar.is_hidden() {
+                bar.finish();
+                eprintln!();
+            }
         }
         let (o, w) = (self.o, self.w);
         let r = &mut self.r;
@@ -491,4 +488,15 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.adapters = o.adapters.count;
         self.r
     }
+}
+
+/// A progress bar over `n` requests, hidden until [`Sim::progress`] shows it.
+fn progress_bar(n: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(Some(n), indicatif::ProgressDrawTarget::hidden());
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "[{bar:30}] {percent:>3}%  {pos} of {len} requests, {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
 }
