@@ -918,62 +918,61 @@ pub fn measure(s: Scenario, iters: u64) -> Measured {
 /// Default timed iterations per scenario of `kvsched bench`.
 pub const DEFAULT_ITERS: u64 = 10_000;
 
-const BENCH_USAGE: &str = "usage: kvsched bench [[--scenario] NAME|all] [--iters N] [--json]
-  Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).
-  NAME: S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6, or all (default).
-  Prints per scenario the median and p99 ns per iteration, the floor pass's median, the ratio, the
-  asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed
-  iterations. --json: one JSON object per line.";
+/// `kvsched bench`'s options.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kvsched bench",
+    about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).",
+    long_about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with \
+        --release). Prints per scenario the median and p99 ns per iteration, the floor pass's median, the \
+        ratio, the asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during \
+        the timed iterations."
+)]
+struct BenchArgs {
+    /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6, or all.
+    #[arg(value_name = "NAME", default_value = "all", value_parser = scenarios)]
+    name: Option<Scenarios>,
+    /// The same as NAME.
+    #[arg(long, value_name = "NAME", value_parser = scenarios, conflicts_with = "name")]
+    scenario: Option<Scenarios>,
+    /// Timed iterations per scenario.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ITERS, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
 
-/// `kvsched bench`: see [`BENCH_USAGE`](self).
-pub fn cli(args: &[String]) -> ExitCode {
-    let mut which: Vec<Scenario> = Scenario::ALL.to_vec();
-    let mut iters = DEFAULT_ITERS;
-    let mut json = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-h" | "--help" => {
-                println!("{BENCH_USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            "--json" => json = true,
-            "--scenario" => {
-                let Some(v) = it.next() else {
-                    eprintln!("kvsched bench: --scenario needs a value\n{BENCH_USAGE}");
-                    return ExitCode::from(2);
-                };
-                if v.eq_ignore_ascii_case("all") {
-                    which = Scenario::ALL.to_vec();
-                } else if let Some(s) = Scenario::parse(v) {
-                    which = vec![s];
-                } else {
-                    eprintln!("kvsched bench: unknown scenario {v:?}\n{BENCH_USAGE}");
-                    return ExitCode::from(2);
-                }
-            }
-            "--iters" => match it.next().map(|v| v.parse::<u64>()) {
-                Some(Ok(n)) if n > 0 => iters = n,
-                _ => {
-                    eprintln!("kvsched bench: --iters needs a positive integer\n{BENCH_USAGE}");
-                    return ExitCode::from(2);
-                }
-            },
-            // `kvsched bench all` / `kvsched bench S3`: the scenario may also come without --scenario.
-            name if !name.starts_with('-')
-                && (name.eq_ignore_ascii_case("all") || Scenario::parse(name).is_some()) =>
-            {
-                which = match Scenario::parse(name) {
-                    Some(s) => vec![s],
-                    None => Scenario::ALL.to_vec(),
-                };
-            }
-            other => {
-                eprintln!("kvsched bench: unknown option {other:?}\n{BENCH_USAGE}");
-                return ExitCode::from(2);
-            }
-        }
+/// The scenarios a NAME selects.
+#[derive(Debug, Clone)]
+struct Scenarios(Vec<Scenario>);
+
+fn scenarios(v: &str) -> Result<Scenarios, String> {
+    if v.eq_ignore_ascii_case("all") {
+        return Ok(Scenarios(Scenario::ALL.to_vec()));
     }
+    Scenario::parse(v)
+        .map(|s| Scenarios(vec![s]))
+        .ok_or_else(|| format!("unknown scenario {v:?}"))
+}
+
+/// `kvsched bench`: see `kvsched bench --help`.
+pub fn cli(args: &[String]) -> ExitCode {
+    use clap::Parser as _;
+    let a = match BenchArgs::try_parse_from(
+        std::iter::once("kvsched bench".to_string()).chain(args.iter().cloned()),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let which = a
+        .scenario
+        .or(a.name)
+        .map_or_else(|| Scenario::ALL.to_vec(), |s| s.0);
+    let (iters, json) = (a.iters, a.json);
     let counting = counting_installed();
     if !counting {
         eprintln!(

@@ -83,7 +83,7 @@ fn a_step_prediction_adds_its_terms() {
         (&["cost", "--engine", "h100"][..], "legacy|h200-llama3-8b"),
         (&["cost", "--decode", "4"], "BATCH:CONTEXT"),
         (&["cost", "--prefill", "x"], "--prefill"),
-        (&["cost", "--bogus"], "unknown option"),
+        (&["cost", "--bogus"], "unexpected argument"),
     ] {
         let out = kvsched(bad);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -262,7 +262,16 @@ fn options_that_cannot_work_are_refused_before_the_run() {
     let out = kvsched(&["simulate", "--max-batch", "x"]);
     assert_eq!(out.status.code(), Some(2));
     let out = kvsched(&["simulate", "--bogus"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown option"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--bogus'"));
+    // Help is not an error: stdout, status 0, every option with its default.
+    let out = kvsched(&["simulate", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    assert!(
+        help.contains("--kv-host-pages") && help.contains("[default: 4096]"),
+        "{help}"
+    );
 }
 
 #[test]

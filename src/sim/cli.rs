@@ -17,68 +17,6 @@ pub const DEFAULT_TRACE: &str = include_str!("../../data/azure_conv_head.csv");
 /// Its name in reports.
 pub const DEFAULT_TRACE_NAME: &str = "data/azure_conv_head.csv";
 
-/// Help text.
-pub const HELP: &str = "usage: kvsched simulate [TRACE] [options]
-
-Replays a request trace through the real scheduler on a simulated engine. Without TRACE it replays the
-shipped slice of the Azure 2023 conversation trace (data/azure_conv_head.csv, 1500 requests), with
-32 LoRA adapters assigned by a seeded power:0.8 popularity law (--adapters 0 turns LoRA off).
-
-workload:
-  TRACE                        Azure 2023 CSV, Mooncake JSONL or BurstGPT CSV (format sniffed)
-  --format azure|mooncake|burstgpt   force the trace format
-  --synthetic RATE[:CV[:SECONDS]]    gamma arrivals (cv 1 = Poisson), S-LoRA lengths, instead of a trace
-  --limit N                    replay only the first N requests
-  --time-scale F               multiply arrival times by F (F < 1 = heavier load)
-KV cache:
-  --kv-gpu-pages N (what the engine's GPU holds beside the weights: 28,519 pages of 32 tokens on
-                               h200-llama3-8b; 640 on legacy)  --kv-host-pages N (4096, 0 = no host tier)
-  --tokens-per-block N (32)
-  --no-prefix-reuse            no prefix cache (compare). Reuse follows the trace's prefix blocks
-                               (Mooncake hash_ids, 512 tokens: --tokens-per-block must divide or be a
-                               multiple of 512); traces without them get multi-turn sessions over
-                               per-adapter system prompts (16-token blocks, see workload::sessions)
-adapters (multi-LoRA):
-  --adapters N (32, 0 = no LoRA)  --popularity power:A|zipf:S|uniform (power:0.8)  --ranks 8,16,32,64
-  --pages-per-rank8 N (2)  --adapter-device-pages N (64)  --adapter-host-pages N (1024)
-speculative decoding:
-  --spec-decode K:ACCEPT       K draft tokens a decode step, each accepted with probability ACCEPT after
-                               the ones before it: a step keeps 1 + the accepted run; a joint draft pool
-                               holds the draft model's KV; rejected drafts' slots are given back
-  --draft-kv-pages N (as many as --kv-gpu-pages)
-scheduler:
-  --max-tokens N (8192)  --max-batch N (256)  --policy max_utilization|guaranteed_no_evict
-  --chunking fcfs|force_chunk|equal_progress|none (fcfs)  --chunk-unit N (64)  --no-recompute-pause
-  --deadlock-threshold N (1000)
-cost model (simulated microseconds; docs/COST.md, `kvsched cost`):
-  --engine h200-llama3-8b|legacy (h200-llama3-8b)  a preset: a fit to a Llama-3-8B-shaped model on
-                               one H200 (decode attention grows with context), or the first model's four
-                               constants
-  each term below overrides the preset's, whatever the order:
-  --step-us F  --prefill-us-per-token F  --decode-us-per-request F  --decode-us-per-cached-token F
-  --attention-us-per-pair F  --adapter-load-us-per-page F  --page-copy-us F   (values: docs/COST.md)
-service-level objectives (goodput: requests per second that meet both, DistServe's definition):
-  --slo-ttft-ms F  --slo-tpot-ms F
-sweep (capacity planning):
-  --sweep PARAM=V1,V2,...      one run per value of rate (arrival-rate scale), kv-gpu-pages, adapters,
-                               max-batch or policy: a throughput-latency table; --plot draws the curve,
-                               --json writes the reports as an array
-output:
-  --json FILE  --plot FILE.svg  --check (verify invariants every iteration)  --no-progress  --seed N (1)";
-
-fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, String> {
-    *i += 1;
-    args.get(*i)
-        .map(String::as_str)
-        .ok_or_else(|| format!("{flag} needs a value"))
-}
-
-fn num<T: std::str::FromStr>(args: &[String], i: &mut usize, flag: &str) -> Result<T, String> {
-    let v = value(args, i, flag)?;
-    v.parse()
-        .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
-}
-
 /// Parsed command line.
 #[derive(Debug, Default, Clone)]
 pub struct Cli {
@@ -102,167 +40,329 @@ pub struct Cli {
     pub sweep: Option<super::sweep::Sweep>,
 }
 
-/// Parses the arguments after `simulate`.
-pub fn parse(args: &[String]) -> Result<Cli, String> {
-    let mut c = Cli::default();
-    let o = &mut c.opts;
-    let mut engine = Engine::DEFAULT;
-    let mut kv_gpu_pages: Option<u32> = None;
-    let mut cost_terms: Vec<(&str, f64)> = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        match a {
-            "--format" => {
-                let v = value(args, &mut i, a)?;
-                c.format = Some(v.parse().map_err(|_| {
-                    format!("--format: unknown format {v:?} (azure, mooncake, burstgpt)")
-                })?);
-            }
-            "--synthetic" => {
-                let v = value(args, &mut i, a)?;
-                let parts: Vec<&str> = v.split(':').collect();
-                let f = |k: usize, d: f64| -> Result<f64, String> {
-                    parts.get(k).map_or(Ok(d), |p| {
-                        p.parse()
-                            .map_err(|_| format!("--synthetic: {p:?} is not a number"))
-                    })
-                };
-                c.synthetic = Some((f(0, 0.0)?, f(1, 1.0)?, f(2, 300.0)?));
-            }
-            "--limit" => c.limit = Some(num(args, &mut i, a)?),
-            "--time-scale" => c.time_scale = Some(num(args, &mut i, a)?),
-            "--kv-gpu-pages" => kv_gpu_pages = Some(num(args, &mut i, a)?),
-            "--kv-host-pages" => o.kv_host_pages = num(args, &mut i, a)?,
-            "--tokens-per-block" => o.tokens_per_block = num(args, &mut i, a)?,
-            "--adapters" => o.adapters.count = num(args, &mut i, a)?,
-            "--popularity" => {
-                let v = value(args, &mut i, a)?;
-                o.adapters.law = v
-                    .parse::<PopularityLaw>()
-                    .map_err(|e| format!("--popularity: {e}"))?;
-            }
-            "--ranks" => {
-                let v = value(args, &mut i, a)?;
-                o.adapters.ranks = v
-                    .parse::<AdapterRanks>()
-                    .map_err(|e| format!("--ranks: {e}"))?;
-            }
-            "--pages-per-rank8" => o.adapters.pages_per_rank8 = num(args, &mut i, a)?,
-            "--adapter-device-pages" => o.adapters.device_pages = num(args, &mut i, a)?,
-            "--adapter-host-pages" => o.adapters.host_pages = num(args, &mut i, a)?,
-            "--max-tokens" => o.max_tokens = num(args, &mut i, a)?,
-            "--max-batch" => o.max_batch = num(args, &mut i, a)?,
-            "--policy" => {
-                o.policy = match value(args, &mut i, a)? {
-                    "max_utilization" => CapacityPolicy::MaxUtilization,
-                    "guaranteed_no_evict" => CapacityPolicy::GuaranteedNoEvict,
-                    v => {
-                        return Err(format!(
-                            "--policy: unknown policy {v:?} (max_utilization, guaranteed_no_evict)"
-                        ))
-                    }
-                }
-            }
-            "--chunking" => {
-                let unit = o.chunking.map_or(64, |c| c.unit);
-                let policy = match value(args, &mut i, a)? {
-                    "none" => None,
-                    "fcfs" => Some(ChunkPolicy::FirstComeFirstServed),
-                    "force_chunk" => Some(ChunkPolicy::ForceChunk),
-                    "equal_progress" => Some(ChunkPolicy::EqualProgress),
-                    v => return Err(format!("--chunking: unknown policy {v:?} (fcfs, force_chunk, equal_progress, none)")),
-                };
-                o.chunking = policy.map(|policy| Chunking { policy, unit });
-            }
-            "--chunk-unit" => {
-                let unit = num(args, &mut i, a)?;
-                if let Some(c) = o.chunking.as_mut() {
-                    c.unit = unit;
-                }
-            }
-            "--no-recompute-pause" => o.recompute_pause = false,
-            "--deadlock-threshold" => o.deadlock_threshold = num(args, &mut i, a)?,
-            "--no-prefix-reuse" => o.prefix_reuse = false,
-            "--spec-decode" => {
-                let v = value(args, &mut i, a)?;
-                let (k, p) = v.split_once(':').ok_or_else(|| {
-                    format!("--spec-decode: expected K:ACCEPT (draft tokens per step, acceptance probability), got {v:?}")
-                })?;
-                o.spec_decode = Some(super::SpecDecode {
-                    drafts: k.parse().map_err(|_| {
-                        format!("--spec-decode: {k:?} is not a number of draft tokens")
-                    })?,
-                    accept: p
-                        .parse()
-                        .map_err(|_| format!("--spec-decode: {p:?} is not a probability"))?,
-                });
-            }
-            "--draft-kv-pages" => o.draft_kv_pages = num(args, &mut i, a)?,
-            "--engine" => engine = Engine::parse(value(args, &mut i, a)?)?,
-            "--slo-ttft-ms" => o.slo_ttft_ms = Some(num(args, &mut i, a)?),
-            "--slo-tpot-ms" => o.slo_tpot_ms = Some(num(args, &mut i, a)?),
-            "--step-us"
-            | "--prefill-us-per-token"
-            | "--decode-us-per-request"
-            | "--decode-us-per-cached-token"
-            | "--attention-us-per-pair"
-            | "--adapter-load-us-per-page"
-            | "--page-copy-us" => cost_terms.push((a, num(args, &mut i, a)?)),
-            "--json" => c.json = Some(PathBuf::from(value(args, &mut i, a)?)),
-            "--sweep" => c.sweep = Some(super::sweep::Sweep::parse(value(args, &mut i, a)?)?),
-            "--plot" => c.plot = Some(PathBuf::from(value(args, &mut i, a)?)),
-            "--check" => o.check = true,
-            "--no-progress" => o.progress = false,
-            "--seed" => o.seed = num(args, &mut i, a)?,
-            s if s.starts_with('-') => {
-                return Err(format!(
-                    "unknown option {s:?} (see kvsched simulate --help)"
-                ))
-            }
-            s => {
-                if c.trace.is_some() {
-                    return Err(format!("one trace at a time ({s:?} is a second one)"));
-                }
-                c.trace = Some(PathBuf::from(s));
-            }
+/// `kvsched simulate`'s options (clap derives the parser and the help from this one definition; the
+/// defaults are `SimOptions::default()`'s).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kvsched simulate",
+    allow_negative_numbers = true,
+    about = "Replays a request trace through the real scheduler on a simulated engine.",
+    long_about = "Replays a request trace through the real scheduler on a simulated engine. Without TRACE it \
+        replays the shipped slice of the Azure 2023 conversation trace (data/azure_conv_head.csv, 1500 \
+        requests), with 32 LoRA adapters assigned by a seeded power:0.8 popularity law (--adapters 0 \
+        turns LoRA off), on the h200-llama3-8b engine (docs/COST.md)."
+)]
+struct SimArgs {
+    /// Azure 2023 CSV, Mooncake JSONL or BurstGPT CSV (format sniffed).
+    #[arg(help_heading = "Workload")]
+    trace: Option<PathBuf>,
+    /// Force the trace format.
+    #[arg(long, help_heading = "Workload", value_name = "azure|mooncake|burstgpt",
+          value_parser = |v: &str| v.parse::<TraceFormat>().map_err(|_| format!("unknown format {v:?} (azure, mooncake, burstgpt)")))]
+    format: Option<TraceFormat>,
+    /// Gamma arrivals (cv 1 = Poisson) with S-LoRA lengths, instead of a trace.
+    #[arg(long, help_heading = "Workload", value_name = "RATE[:CV[:SECONDS]]", value_parser = synthetic)]
+    synthetic: Option<(f64, f64, f64)>,
+    /// Replay only the first N requests.
+    #[arg(long, help_heading = "Workload", value_name = "N")]
+    limit: Option<usize>,
+    /// Multiply arrival times by F (F < 1 = heavier load).
+    #[arg(long, help_heading = "Workload", value_name = "F")]
+    time_scale: Option<f64>,
+    /// GPU KV pages [default: what the engine's GPU holds beside the weights: 28,519 pages of 32 tokens
+    /// on h200-llama3-8b, 640 on legacy].
+    #[arg(long, help_heading = "KV cache", value_name = "N")]
+    kv_gpu_pages: Option<u32>,
+    /// Host KV pages (0 = no host tier).
+    #[arg(long, help_heading = "KV cache", value_name = "N", default_value_t = SimOptions::default().kv_host_pages)]
+    kv_host_pages: u32,
+    /// Tokens per KV page.
+    #[arg(long, help_heading = "KV cache", value_name = "N", default_value_t = SimOptions::default().tokens_per_block)]
+    tokens_per_block: u32,
+    /// No prefix cache. Reuse follows the trace's prefix blocks (Mooncake hash_ids, 512 tokens:
+    /// --tokens-per-block must divide or be a multiple of 512); traces without them get multi-turn
+    /// sessions over per-adapter system prompts (16-token blocks, see workload::sessions).
+    #[arg(long, help_heading = "KV cache")]
+    no_prefix_reuse: bool,
+    /// LoRA adapters (0 = no LoRA).
+    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.count)]
+    adapters: u32,
+    /// Adapter popularity law.
+    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "power:A|zipf:S|uniform", default_value = "power:0.8",
+          value_parser = |v: &str| v.parse::<PopularityLaw>().map_err(|e| e.to_string()))]
+    popularity: PopularityLaw,
+    /// Adapter ranks, assigned in turn.
+    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "R,R,...", default_value = "8,16,32,64",
+          value_parser = |v: &str| v.parse::<AdapterRanks>().map_err(|e| e.to_string()))]
+    ranks: AdapterRanks,
+    /// Adapter pages per rank 8.
+    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.pages_per_rank8)]
+    pages_per_rank8: u32,
+    /// Device pages of the adapter cache.
+    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.device_pages)]
+    adapter_device_pages: u32,
+    /// Host pages of the adapter cache.
+    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.host_pages)]
+    adapter_host_pages: u32,
+    /// K draft tokens a decode step, each accepted with probability ACCEPT after the ones before it: a
+    /// step keeps 1 + the accepted run; a joint draft pool holds the draft model's KV; rejected drafts'
+    /// slots are given back.
+    #[arg(long, help_heading = "Speculative decoding", value_name = "K:ACCEPT", value_parser = spec_decode)]
+    spec_decode: Option<super::SpecDecode>,
+    /// GPU pages of the joint draft pool [default: as many as the target's].
+    #[arg(long, help_heading = "Speculative decoding", value_name = "N")]
+    draft_kv_pages: Option<u32>,
+    /// Token budget per pass.
+    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().max_tokens)]
+    max_tokens: u32,
+    /// Most requests in a batch.
+    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().max_batch)]
+    max_batch: u32,
+    /// Capacity policy.
+    #[arg(long, help_heading = "Scheduler", value_name = "max_utilization|guaranteed_no_evict", default_value = "max_utilization", value_parser = policy)]
+    policy: CapacityPolicy,
+    /// Chunked prefill.
+    #[arg(long, help_heading = "Scheduler", value_name = "fcfs|force_chunk|equal_progress|none", default_value = "fcfs", value_parser = chunking)]
+    chunking: ChunkingChoice,
+    /// Chunk unit in tokens.
+    #[arg(
+        long,
+        help_heading = "Scheduler",
+        value_name = "N",
+        default_value_t = 64
+    )]
+    chunk_unit: u32,
+    /// No destructive recompute pause.
+    #[arg(long, help_heading = "Scheduler")]
+    no_recompute_pause: bool,
+    /// Stalled passes before the deadlock error.
+    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().deadlock_threshold)]
+    deadlock_threshold: u32,
+    /// The cost model's preset: a fit to a Llama-3-8B-shaped model on one H200 (decode attention grows
+    /// with context), or the first model's four constants. Each term below overrides the preset's
+    /// (values: docs/COST.md).
+    #[arg(long, help_heading = "Cost model (simulated microseconds)", value_name = "h200-llama3-8b|legacy", default_value = "h200-llama3-8b", value_parser = Engine::parse)]
+    engine: Engine,
+    /// Fixed cost of one step.
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    step_us: Option<f64>,
+    /// Per prefill token (and verified draft token).
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    prefill_us_per_token: Option<f64>,
+    /// Per decode request.
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    decode_us_per_request: Option<f64>,
+    /// Per cached token a decode step reads.
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    decode_us_per_cached_token: Option<f64>,
+    /// Per (query, key) pair of a chunk's attention.
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    attention_us_per_pair: Option<f64>,
+    /// Per adapter page loaded.
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    adapter_load_us_per_page: Option<f64>,
+    /// Per KV page moved between tiers.
+    #[arg(
+        long,
+        help_heading = "Cost model (simulated microseconds)",
+        value_name = "F"
+    )]
+    page_copy_us: Option<f64>,
+    /// Time-to-first-token objective for goodput (requests per second that meet both objectives,
+    /// DistServe's definition).
+    #[arg(long, help_heading = "Service-level objectives", value_name = "MS")]
+    slo_ttft_ms: Option<f64>,
+    /// Time-per-output-token objective for goodput.
+    #[arg(long, help_heading = "Service-level objectives", value_name = "MS")]
+    slo_tpot_ms: Option<f64>,
+    /// One run per value of rate (arrival-rate scale), kv-gpu-pages, adapters, max-batch or policy: a
+    /// throughput-latency table; --plot draws the curve, --json writes the reports as an array.
+    #[arg(long, help_heading = "Sweep (capacity planning)", value_name = "PARAM=V1,V2,...", value_parser = super::sweep::Sweep::parse)]
+    sweep: Option<super::sweep::Sweep>,
+    /// Write the report as JSON.
+    #[arg(long, help_heading = "Output", value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the timeline as SVG.
+    #[arg(long, help_heading = "Output", value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Verify the invariants every iteration.
+    #[arg(long, help_heading = "Output")]
+    check: bool,
+    /// No progress bar.
+    #[arg(long, help_heading = "Output")]
+    no_progress: bool,
+    /// Seed of the adapter assignment, sessions and draft acceptance.
+    #[arg(long, help_heading = "Output", value_name = "N", default_value_t = SimOptions::default().seed)]
+    seed: u64,
+}
+
+/// `--chunking`'s value: a policy, or none.
+#[derive(Debug, Clone, Copy)]
+struct ChunkingChoice(Option<ChunkPolicy>);
+
+fn chunking(v: &str) -> Result<ChunkingChoice, String> {
+    Ok(ChunkingChoice(match v {
+        "none" => None,
+        "fcfs" => Some(ChunkPolicy::FirstComeFirstServed),
+        "force_chunk" => Some(ChunkPolicy::ForceChunk),
+        "equal_progress" => Some(ChunkPolicy::EqualProgress),
+        _ => {
+            return Err(format!(
+                "unknown policy {v:?} (fcfs, force_chunk, equal_progress, none)"
+            ))
         }
-        i += 1;
+    }))
+}
+
+fn policy(v: &str) -> Result<CapacityPolicy, String> {
+    match v {
+        "max_utilization" => Ok(CapacityPolicy::MaxUtilization),
+        "guaranteed_no_evict" => Ok(CapacityPolicy::GuaranteedNoEvict),
+        _ => Err(format!(
+            "unknown policy {v:?} (max_utilization, guaranteed_no_evict)"
+        )),
     }
-    o.cost = engine.model(o.tokens_per_block);
+}
+
+fn synthetic(v: &str) -> Result<(f64, f64, f64), String> {
+    let parts: Vec<&str> = v.split(':').collect();
+    let f = |k: usize, d: f64| -> Result<f64, String> {
+        parts.get(k).map_or(Ok(d), |p| {
+            p.parse().map_err(|_| format!("{p:?} is not a number"))
+        })
+    };
+    Ok((f(0, 0.0)?, f(1, 1.0)?, f(2, 300.0)?))
+}
+
+fn spec_decode(v: &str) -> Result<super::SpecDecode, String> {
+    let (k, p) = v.split_once(':').ok_or_else(|| {
+        format!("expected K:ACCEPT (draft tokens per step, acceptance probability), got {v:?}")
+    })?;
+    Ok(super::SpecDecode {
+        drafts: k
+            .parse()
+            .map_err(|_| format!("{k:?} is not a number of draft tokens"))?,
+        accept: p
+            .parse()
+            .map_err(|_| format!("{p:?} is not a probability"))?,
+    })
+}
+
+/// Parses the arguments after `simulate`. `Err` carries clap's error: usage mistakes (exit 2), and the
+/// help text (exit 0).
+pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
+    use clap::Parser as _;
+    let a = SimArgs::try_parse_from(
+        std::iter::once("kvsched simulate".to_string()).chain(args.iter().cloned()),
+    )?;
+    let invalid = |m: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, m + "\n");
+    let mut o = SimOptions {
+        kv_host_pages: a.kv_host_pages,
+        tokens_per_block: a.tokens_per_block,
+        max_tokens: a.max_tokens,
+        max_batch: a.max_batch,
+        policy: a.policy,
+        chunking: a.chunking.0.map(|policy| Chunking {
+            policy,
+            unit: a.chunk_unit,
+        }),
+        recompute_pause: !a.no_recompute_pause,
+        prefix_reuse: !a.no_prefix_reuse,
+        spec_decode: a.spec_decode,
+        draft_kv_pages: a.draft_kv_pages.unwrap_or(0),
+        deadlock_threshold: a.deadlock_threshold,
+        slo_ttft_ms: a.slo_ttft_ms,
+        slo_tpot_ms: a.slo_tpot_ms,
+        seed: a.seed,
+        check: a.check,
+        progress: !a.no_progress,
+        engine: a.engine,
+        cost: a.engine.model(a.tokens_per_block),
+        ..SimOptions::default()
+    };
+    o.adapters.count = a.adapters;
+    o.adapters.law = a.popularity;
+    o.adapters.ranks = a.ranks;
+    o.adapters.pages_per_rank8 = a.pages_per_rank8;
+    o.adapters.device_pages = a.adapter_device_pages;
+    o.adapters.host_pages = a.adapter_host_pages;
     // The engine's device fixes the KV pool unless the command line says otherwise.
-    if let Some(pages) = kv_gpu_pages.or(engine.kv_gpu_pages(o.tokens_per_block)) {
+    if let Some(pages) = a.kv_gpu_pages.or(a.engine.kv_gpu_pages(a.tokens_per_block)) {
         o.kv_gpu_pages = pages;
     }
-    for (flag, v) in cost_terms {
-        let term = match flag {
-            "--step-us" => &mut o.cost.step_us,
-            "--prefill-us-per-token" => &mut o.cost.prefill_us_per_token,
-            "--decode-us-per-request" => &mut o.cost.decode_us_per_request,
-            "--decode-us-per-cached-token" => &mut o.cost.decode_us_per_cached_token,
-            "--attention-us-per-pair" => &mut o.cost.attention_us_per_pair,
-            "--adapter-load-us-per-page" => &mut o.cost.adapter_load_us_per_page,
-            _ => &mut o.cost.page_copy_us,
-        };
-        *term = v;
+    // A term given on the command line overrides the preset's, whatever the order.
+    let terms = [
+        (a.step_us, &mut o.cost.step_us),
+        (a.prefill_us_per_token, &mut o.cost.prefill_us_per_token),
+        (a.decode_us_per_request, &mut o.cost.decode_us_per_request),
+        (
+            a.decode_us_per_cached_token,
+            &mut o.cost.decode_us_per_cached_token,
+        ),
+        (a.attention_us_per_pair, &mut o.cost.attention_us_per_pair),
+        (
+            a.adapter_load_us_per_page,
+            &mut o.cost.adapter_load_us_per_page,
+        ),
+        (a.page_copy_us, &mut o.cost.page_copy_us),
+    ];
+    for (given, term) in terms {
+        if let Some(v) = given {
+            *term = v;
+        }
     }
-    o.cost.check()?;
+    o.cost.check().map_err(invalid)?;
     for (flag, slo) in [
         ("--slo-ttft-ms", o.slo_ttft_ms),
         ("--slo-tpot-ms", o.slo_tpot_ms),
     ] {
         if slo.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-            return Err(format!("{flag} must be a positive number of milliseconds"));
+            return Err(invalid(format!(
+                "{flag} must be a positive number of milliseconds"
+            )));
         }
     }
-    o.engine = engine;
-    if c.time_scale.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
-        return Err("--time-scale must be a positive number".into());
+    if a.time_scale.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+        return Err(invalid("--time-scale must be a positive number".into()));
     }
-    if c.trace.is_some() && c.synthetic.is_some() {
-        return Err("give a trace or --synthetic, not both".into());
+    if a.trace.is_some() && a.synthetic.is_some() {
+        return Err(invalid("give a trace or --synthetic, not both".into()));
     }
-    Ok(c)
+    Ok(Cli {
+        opts: o,
+        trace: a.trace,
+        format: a.format,
+        synthetic: a.synthetic,
+        limit: a.limit,
+        time_scale: a.time_scale,
+        json: a.json,
+        plot: a.plot,
+        sweep: a.sweep,
+    })
 }
 
 /// Loads the workload the command line names.
@@ -294,15 +394,12 @@ pub fn workload(c: &Cli) -> Result<Workload, String> {
 
 /// Runs `kvsched simulate`.
 pub fn main(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("{HELP}");
-        return ExitCode::SUCCESS;
-    }
     let cli = match parse(args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("kvsched simulate: {e}");
-            return ExitCode::from(2);
+            // Help goes to stdout with status 0, usage mistakes to stderr with status 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
     if let Some(sweep) = &cli.sweep {

@@ -403,22 +403,68 @@ impl FitError {
     }
 }
 
-const COST_HELP: &str = "usage: kvsched cost [options]
+/// `kvsched cost`'s options.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kvsched cost",
+    about = "Predicts one forward step's time under a cost model (docs/COST.md)."
+)]
+struct CostArgs {
+    /// The cost model's preset.
+    #[arg(long, value_name = "h200-llama3-8b|legacy", default_value = "h200-llama3-8b", value_parser = Engine::parse)]
+    engine: Engine,
+    /// Tokens per KV page (sets the page-copy cost).
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    tokens_per_block: u32,
+    /// BATCH decode requests at CONTEXT tokens each (repeatable).
+    #[arg(long, value_name = "BATCH:CONTEXT", value_parser = decode_arg)]
+    decode: Vec<(u64, u64)>,
+    /// A prefill chunk of TOKENS after PRIOR tokens of context (repeatable).
+    #[arg(long, value_name = "TOKENS[:PRIOR]", value_parser = prefill_arg)]
+    prefill: Vec<(u64, u64)>,
+    /// The chunks' attention on the masked kernel of the mixed measurements.
+    #[arg(long)]
+    masked: bool,
+    /// Instead: every measured step of the JSON-lines FILEs, its prediction and error; fails when the
+    /// median error is over 10 % or one is over 25 %.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    points: Vec<String>,
+    /// One JSON object: {"step_ms": …} (with --points: the points and errors).
+    #[arg(long)]
+    json: bool,
+}
 
-Predicts one forward step's time under a cost model (docs/COST.md).
+fn decode_arg(v: &str) -> Result<(u64, u64), String> {
+    let (b, c) = v
+        .split_once(':')
+        .ok_or(format!("expected BATCH:CONTEXT, got {v:?}"))?;
+    let n = |x: &str| x.parse().map_err(|_| format!("{x:?} is not a number"));
+    Ok((n(b)?, n(c)?))
+}
 
-  --engine legacy|h200-llama3-8b (h200-llama3-8b)  --tokens-per-block N (32)
-  --decode BATCH:CONTEXT       BATCH decode requests at CONTEXT tokens each (repeatable)
-  --prefill TOKENS[:PRIOR]     a prefill chunk of TOKENS after PRIOR tokens of context (repeatable)
-  --masked                     the chunks' attention on the masked kernel of the mixed measurements
-  --points FILE...             instead: every measured step of the JSON-lines FILEs, its prediction and
-                               error; fails when the median error is over 10 % or one is over 25 %
-  --json                       one JSON object: {\"step_ms\": …} (with --points: the points and errors)";
+fn prefill_arg(v: &str) -> Result<(u64, u64), String> {
+    let (t, p) = v.split_once(':').unwrap_or((v, "0"));
+    let n = |x: &str| {
+        x.parse()
+            .map_err(|_| format!("{x:?} is not a number of tokens"))
+    };
+    Ok((n(t)?, n(p)?))
+}
 
 /// `kvsched cost`.
 pub fn cli(args: &[String]) -> std::process::ExitCode {
+    use clap::Parser as _;
     use std::process::ExitCode;
-    match cost_command(args) {
+    let a = match CostArgs::try_parse_from(
+        std::iter::once("kvsched cost".to_string()).chain(args.iter().cloned()),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match cost_command(&a) {
         Ok((text, ok)) => {
             println!("{text}");
             if ok {
@@ -427,10 +473,6 @@ pub fn cli(args: &[String]) -> std::process::ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Err(e) if e == COST_HELP => {
-            println!("{e}");
-            ExitCode::SUCCESS
-        }
         Err(e) => {
             eprintln!("kvsched cost: {e}");
             ExitCode::from(2)
@@ -438,57 +480,17 @@ pub fn cli(args: &[String]) -> std::process::ExitCode {
     }
 }
 
-fn cost_command(args: &[String]) -> Result<(String, bool), String> {
-    let (mut engine, mut tpb, mut json, mut masked) = (Engine::H200Llama3_8b, 32u32, false, false);
+fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
+    let (engine, tpb, json, masked) = (a.engine, a.tokens_per_block, a.json, a.masked);
+    let points = &a.points;
     let mut work = StepWork::default();
-    let mut points: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i].as_str();
-        let mut value = || {
-            i += 1;
-            args.get(i).cloned().ok_or(format!("{a} needs a value"))
-        };
-        let num = |v: &str, what: &str| -> Result<u64, String> {
-            v.parse()
-                .map_err(|_| format!("{a}: {v:?} is not a number of {what}"))
-        };
-        match a {
-            "-h" | "--help" => return Err(COST_HELP.into()),
-            "--engine" => engine = Engine::parse(&value()?)?,
-            "--tokens-per-block" => tpb = num(&value()?, "tokens")? as u32,
-            "--json" => json = true,
-            "--masked" => masked = true,
-            "--decode" => {
-                let v = value()?;
-                let (b, c) = v
-                    .split_once(':')
-                    .ok_or(format!("--decode: expected BATCH:CONTEXT, got {v:?}"))?;
-                let context = num(c, "tokens")?;
-                for _ in 0..num(b, "requests")? {
-                    work.decode(context, 0);
-                }
-            }
-            "--prefill" => {
-                let v = value()?;
-                let (t, p) = v.split_once(':').unwrap_or((&v, "0"));
-                work.chunk(num(t, "tokens")?, num(p, "tokens")?);
-            }
-            "--points" => {
-                points.extend(args[i + 1..].iter().cloned());
-                i = args.len();
-                continue;
-            }
-            other => {
-                return Err(format!(
-                    "unknown option {other:?} (see kvsched cost --help)"
-                ))
-            }
+    for &(batch, context) in &a.decode {
+        for _ in 0..batch {
+            work.decode(context, 0);
         }
-        i += 1;
     }
-    if tpb == 0 {
-        return Err("--tokens-per-block must be positive".into());
+    for &(tokens, prior) in &a.prefill {
+        work.chunk(tokens, prior);
     }
     let model = engine.model(tpb);
     if points.is_empty() {
@@ -505,7 +507,7 @@ fn cost_command(args: &[String]) -> Result<(String, bool), String> {
         });
     }
     let mut all = Vec::new();
-    for f in &points {
+    for f in points {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
         all.extend(read_points(&text, f)?);
     }

@@ -492,7 +492,8 @@ impl<'s, 'w> Sim<'s, 'w> {
 
 /// A progress bar over `n` requests, hidden until [`Sim::progress`] shows it.
 fn progress_bar(n: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::with_draw_target(Some(n), indicatif::ProgressDrawTarget::hidden());
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(n), indicatif::ProgressDrawTarget::hidden());
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "[{bar:30}] {percent:>3}%  {pos} of {len} requests, {msg}",
     ) {
