@@ -193,24 +193,29 @@ impl Panel {
 }
 
 /// Why a timeline could not be drawn or written.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PlotError {
     /// [`Timeline::t`] is empty.
+    #[error("timeline has no time samples")]
     NoSamples,
     /// The timeline has no panels.
+    #[error("timeline has no panels")]
     NoPanels,
     /// A panel has no series.
+    #[error("panel {panel:?} has no series")]
     EmptyPanel {
         /// The panel's title.
         panel: String,
     },
     /// `t[index]` is not finite or is smaller than the sample before it.
+    #[error("time sample {index} is not finite or goes backwards")]
     BadTime {
         /// Index into [`Timeline::t`].
         index: usize,
     },
     /// A series does not have one value per time sample.
+    #[error("series {series:?} has {found} values for {expected} time samples")]
     LengthMismatch {
         /// The series' name.
         series: String,
@@ -220,13 +225,16 @@ pub enum PlotError {
         found: usize,
     },
     /// A fixed range is not finite with min < max.
+    #[error("panel {panel:?} has a range that is not finite with min < max")]
     BadRange {
         /// The panel's title.
         panel: String,
     },
     /// The output path has no file name.
+    #[error("{}: not a file path", .0.display())]
     BadPath(PathBuf),
     /// Writing the file failed; the target was left as it was.
+    #[error("{}: cannot write: {message}", path.display())]
     Io {
         /// The file being written.
         path: PathBuf,
@@ -236,39 +244,6 @@ pub enum PlotError {
         message: String,
     },
 }
-
-impl fmt::Display for PlotError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoSamples => f.write_str("timeline has no time samples"),
-            Self::NoPanels => f.write_str("timeline has no panels"),
-            Self::EmptyPanel { panel } => write!(f, "panel {panel:?} has no series"),
-            Self::BadTime { index } => {
-                write!(f, "time sample {index} is not finite or goes backwards")
-            }
-            Self::LengthMismatch {
-                series,
-                expected,
-                found,
-            } => {
-                write!(
-                    f,
-                    "series {series:?} has {found} values for {expected} time samples"
-                )
-            }
-            Self::BadRange { panel } => write!(
-                f,
-                "panel {panel:?} has a range that is not finite with min < max"
-            ),
-            Self::BadPath(p) => write!(f, "{}: not a file path", p.display()),
-            Self::Io { path, message, .. } => {
-                write!(f, "{}: cannot write: {message}", path.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for PlotError {}
 
 /// Reduces `(t[i], values[i])` to at most `max_points` points (at least 2) that keep the shape:
 /// the time span is cut into `max_points / 2` equal buckets and each bucket contributes its minimum

@@ -1,9 +1,7 @@
 //! Small numeric and file helpers shared by the simulator, the benches and the plots: one of each.
 
-use std::fs;
 use std::io::{self, Write as _};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The `p`-quantile (0 ≤ p ≤ 1) of `sorted` by nearest rank; `None` for no data.
 pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
@@ -12,51 +10,30 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[k.min(last)])
 }
 
-/// Writes `bytes` to `path` whole or not at all: a fresh temporary file in the same folder, synced, then
-/// renamed over `path` (and the folder synced where the platform allows). On error nothing is left.
+/// Writes `bytes` to `path` whole or not at all: a fresh temporary file in the same folder (`tempfile`),
+/// synced, then renamed over `path`. On error nothing is left behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the path names no file"))?;
+    if path.file_name().is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the path names no file",
+        ));
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".{}.{}-{n}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> io::Result<()> {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)
-    })();
-    match result {
-        Ok(()) => {
-            // Persist the rename itself where a directory can be opened; best effort.
-            if let Ok(d) = fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        }
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn nearest_rank_and_no_data() {

@@ -146,24 +146,15 @@ impl Default for SimOptions {
 }
 
 /// Why a simulation cannot run or stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SimError {
     /// Options that cannot work together; the text says what to change.
+    #[error("options do not fit: {0}")]
     Options(String),
     /// The scheduler refused something (deadlock, capacity).
+    #[error("scheduler: {0}")]
     Scheduler(String),
 }
-
-impl std::fmt::Display for SimError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SimError::Options(s) => write!(f, "options do not fit: {s}"),
-            SimError::Scheduler(s) => write!(f, "scheduler: {s}"),
-        }
-    }
-}
-
-impl std::error::Error for SimError {}
 
 /// One request as the engine tracks it.
 #[derive(Debug, Clone)]

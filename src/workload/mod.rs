@@ -198,20 +198,9 @@ impl fmt::Display for TraceFormat {
 }
 
 /// A trace format name that [`TraceFormat::from_str`] does not know.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown trace format {0:?} (expected one of: azure2023, mooncake, burstgpt)")]
 pub struct UnknownFormatName(pub String);
-
-impl fmt::Display for UnknownFormatName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown trace format {:?} (expected one of: azure2023, mooncake, burstgpt)",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for UnknownFormatName {}
 
 impl FromStr for TraceFormat {
     type Err = UnknownFormatName;
@@ -231,7 +220,13 @@ impl FromStr for TraceFormat {
 ///
 /// `Display` gives `path:LINE: field NAME: REASON`, leaving out the parts that do not apply
 /// (`path: REASON` for file-level problems such as I/O errors).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{}{}{}: {reason}",
+    path.display(),
+    line.map_or(String::new(), |l| format!(":{l}")),
+    field.map_or(String::new(), |f| format!(": field {f}"))
+)]
 pub struct TraceError {
     /// The file, as given to [`load`] (or to [`parse`]).
     pub path: PathBuf,
@@ -244,10 +239,11 @@ pub struct TraceError {
 }
 
 /// Why a trace could not be read. Values quoted from the file are cut to 60 characters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TraceErrorKind {
     /// The file could not be read.
+    #[error("cannot read: {message}")]
     Io {
         /// The I/O error's kind, for matching.
         kind: io::ErrorKind,
@@ -255,12 +251,22 @@ pub enum TraceErrorKind {
         message: String,
     },
     /// The bytes at [`TraceError::line`] are not valid UTF-8.
+    #[error("not valid UTF-8")]
     NotUtf8,
     /// The file has no non-blank line.
+    #[error("empty file (no header or rows)")]
     Empty,
     /// [`load`] could not tell the format from the first line (quoted).
+    #[error(
+        "unrecognised trace format (first line {first:?}); expected the Azure 2023 header \"{azure}\", \
+         the BurstGPT header \"{burst}\" or Mooncake JSON lines",
+        first = .0,
+        azure = azure::HEADER.join(","),
+        burst = burstgpt::HEADER.join(",")
+    )]
     UnknownFormat(String),
     /// The CSV header is not the one this format needs.
+    #[error("bad header {found:?} (expected {expected:?})")]
     BadHeader {
         /// The header the format needs.
         expected: String,
@@ -268,8 +274,10 @@ pub enum TraceErrorKind {
         found: String,
     },
     /// The row ends before this column.
+    #[error("missing column")]
     MissingColumn,
     /// The row has more columns than the header.
+    #[error("{found} columns, header has {expected}")]
     ExtraColumns {
         /// Columns in the header.
         expected: usize,
@@ -277,12 +285,16 @@ pub enum TraceErrorKind {
         found: usize,
     },
     /// Not a (decimal, optionally signed) integer.
+    #[error("not an integer ({0:?})")]
     NotAnInteger(String),
     /// Not a decimal number.
+    #[error("not a number ({0:?})")]
     NotANumber(String),
     /// A count or time that must be ≥ 0 is negative.
+    #[error("negative ({0:?})")]
     Negative(String),
     /// An integer larger than the field allows.
+    #[error("out of range ({value:?}; at most {max})")]
     OutOfRange {
         /// The value as written.
         value: String,
@@ -290,6 +302,7 @@ pub enum TraceErrorKind {
         max: u64,
     },
     /// A timestamp that does not parse as `YYYY-MM-DD HH:MM:SS[.fraction]`.
+    #[error("bad timestamp ({value:?}): {why}")]
     BadTimestamp {
         /// The value as written.
         value: String,
@@ -297,12 +310,16 @@ pub enum TraceErrorKind {
         why: &'static str,
     },
     /// The line is not valid JSON (serde_json's message).
+    #[error("bad JSON: {0}")]
     Json(String),
     /// The line is JSON but not an object.
+    #[error("not a JSON object")]
     NotAnObject,
     /// A required JSON field is absent.
+    #[error("missing field")]
     MissingField,
     /// A JSON field has the wrong type or value.
+    #[error("expected {expected}, found {found}")]
     WrongType {
         /// What the field must hold.
         expected: &'static str,
@@ -310,54 +327,6 @@ pub enum TraceErrorKind {
         found: String,
     },
 }
-
-impl fmt::Display for TraceErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Io { message, .. } => write!(f, "cannot read: {message}"),
-            Self::NotUtf8 => f.write_str("not valid UTF-8"),
-            Self::Empty => f.write_str("empty file (no header or rows)"),
-            Self::UnknownFormat(first) => write!(
-                f,
-                "unrecognised trace format (first line {first:?}); expected the Azure 2023 header \
-                 \"{}\", the BurstGPT header \"{}\" or Mooncake JSON lines",
-                azure::HEADER.join(","),
-                burstgpt::HEADER.join(",")
-            ),
-            Self::BadHeader { expected, found } => {
-                write!(f, "bad header {found:?} (expected {expected:?})")
-            }
-            Self::MissingColumn => f.write_str("missing column"),
-            Self::ExtraColumns { expected, found } => {
-                write!(f, "{found} columns, header has {expected}")
-            }
-            Self::NotAnInteger(v) => write!(f, "not an integer ({v:?})"),
-            Self::NotANumber(v) => write!(f, "not a number ({v:?})"),
-            Self::Negative(v) => write!(f, "negative ({v:?})"),
-            Self::OutOfRange { value, max } => write!(f, "out of range ({value:?}; at most {max})"),
-            Self::BadTimestamp { value, why } => write!(f, "bad timestamp ({value:?}): {why}"),
-            Self::Json(msg) => write!(f, "bad JSON: {msg}"),
-            Self::NotAnObject => f.write_str("not a JSON object"),
-            Self::MissingField => f.write_str("missing field"),
-            Self::WrongType { expected, found } => write!(f, "expected {expected}, found {found}"),
-        }
-    }
-}
-
-impl fmt::Display for TraceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if let Some(field) = self.field {
-            write!(f, ": field {field}")?;
-        }
-        write!(f, ": {}", self.reason)
-    }
-}
-
-impl std::error::Error for TraceError {}
 
 /// Reads a trace file, choosing the reader with [`TraceFormat::sniff`].
 ///

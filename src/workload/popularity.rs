@@ -86,22 +86,26 @@ impl FromStr for PopularityLaw {
 }
 
 /// Why a popularity law, adapter count or rank list was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PopularityError {
     /// The law name is not `uniform`, `power` or `zipf` (the whole input is kept).
+    #[error("unknown popularity law {0:?} (expected uniform, power:ALPHA or zipf:S)")]
     UnknownLaw(String),
     /// `power` and `zipf` need a parameter (`power:0.8`).
+    #[error("popularity law {law} needs a parameter, e.g. {law}:1.0")]
     MissingParameter {
         /// The law.
         law: &'static str,
     },
     /// `uniform` takes no parameter.
+    #[error("popularity law {law} takes no parameter")]
     UnexpectedParameter {
         /// The law.
         law: &'static str,
     },
     /// The parameter is not a number in the law's range.
+    #[error("{law} law exponent must be a finite number {} 0, got {value:?}", if *law == "power" { ">" } else { ">=" })]
     BadParameter {
         /// The law.
         law: &'static str,
@@ -109,53 +113,15 @@ pub enum PopularityError {
         value: String,
     },
     /// The adapter count is 0 or above [`MAX_ADAPTERS`].
+    #[error("adapter count must be in 1..={MAX_ADAPTERS}, got {0}")]
     AdapterCount(u32),
     /// The rank list is empty.
+    #[error("rank list is empty (expected e.g. 8,16,32,64)")]
     NoRanks,
     /// A rank is not an integer ≥ 1 (the item as written).
+    #[error("rank must be an integer >= 1, got {0:?}")]
     BadRank(String),
 }
-
-impl fmt::Display for PopularityError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::UnknownLaw(s) => {
-                write!(
-                    f,
-                    "unknown popularity law {s:?} (expected uniform, power:ALPHA or zipf:S)"
-                )
-            }
-            Self::MissingParameter { law } => {
-                write!(f, "popularity law {law} needs a parameter, e.g. {law}:1.0")
-            }
-            Self::UnexpectedParameter { law } => {
-                write!(f, "popularity law {law} takes no parameter")
-            }
-            Self::BadParameter {
-                law: "power",
-                value,
-            } => {
-                write!(
-                    f,
-                    "power law exponent must be a finite number > 0, got {value:?}"
-                )
-            }
-            Self::BadParameter { law, value } => {
-                write!(
-                    f,
-                    "{law} law exponent must be a finite number >= 0, got {value:?}"
-                )
-            }
-            Self::AdapterCount(n) => {
-                write!(f, "adapter count must be in 1..={MAX_ADAPTERS}, got {n}")
-            }
-            Self::NoRanks => f.write_str("rank list is empty (expected e.g. 8,16,32,64)"),
-            Self::BadRank(r) => write!(f, "rank must be an integer >= 1, got {r:?}"),
-        }
-    }
-}
-
-impl std::error::Error for PopularityError {}
 
 /// Draws adapter ids in `0..n` from a [`PopularityLaw`].
 #[derive(Debug, Clone, PartialEq)]

@@ -217,18 +217,23 @@ impl fmt::Display for SyntheticSpec {
 }
 
 /// A [`SyntheticSpec`] that cannot be generated.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SyntheticError {
     /// The rate is not finite and positive.
+    #[error("arrival rate must be finite and positive, got {0}")]
     BadRate(f64),
     /// The coefficient of variation is not finite and positive.
+    #[error("coefficient of variation must be finite and positive, got {0}")]
     BadCv(f64),
     /// The duration is not finite and positive.
+    #[error("duration must be finite and positive, got {0} s")]
     BadDuration(f64),
     /// More than [`MAX_REQUESTS`] requests would be generated.
+    #[error("the horizon asks for more than {MAX_REQUESTS} requests")]
     TooManyRequests,
     /// A length law is invalid.
+    #[error("{which} lengths: {why}")]
     BadLengths {
         /// `"prompt"` or `"output"`.
         which: &'static str,
@@ -236,25 +241,6 @@ pub enum SyntheticError {
         why: &'static str,
     },
 }
-
-impl fmt::Display for SyntheticError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::BadRate(r) => write!(f, "arrival rate must be finite and positive, got {r}"),
-            Self::BadCv(cv) => write!(
-                f,
-                "coefficient of variation must be finite and positive, got {cv}"
-            ),
-            Self::BadDuration(d) => write!(f, "duration must be finite and positive, got {d} s"),
-            Self::TooManyRequests => {
-                write!(f, "the horizon asks for more than {MAX_REQUESTS} requests")
-            }
-            Self::BadLengths { which, why } => write!(f, "{which} lengths: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for SyntheticError {}
 
 /// Generates the workload described by `spec`. The same spec always gives the same workload.
 ///
