@@ -504,13 +504,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
                 slot: i as u16,
                 id: r.spec.id,
             };
-            let prep = ContextPrep {
-                first_chunk: true,
-                prompt: r.spec.prompt,
-                position: 0,
-                lookahead: 0,
-                reuse_limit: ContextPrep::NO_LIMIT,
-            };
+            let prep = ContextPrep::first(r.spec.prompt);
             assert_eq!(pool.prepare_context(kr, prep), Some(0));
             assert!(
                 pool.resize_context(kr, r.capacity, true),
@@ -958,15 +952,9 @@ fn scenarios(v: &str) -> Result<Scenarios, String> {
 
 /// `kvsched bench`: see `kvsched bench --help`.
 pub fn cli(args: &[String]) -> ExitCode {
-    use clap::Parser as _;
-    let a = match BenchArgs::try_parse_from(
-        std::iter::once("kvsched bench".to_string()).chain(args.iter().cloned()),
-    ) {
+    let a: BenchArgs = match crate::args::parse("kvsched bench", args) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
+        Err(e) => return crate::args::exit(&e),
     };
     let which = a
         .scenario

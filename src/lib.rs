@@ -8,6 +8,7 @@
 
 pub use kvsched_core as core_api;
 
+pub mod args;
 pub mod bench;
 pub mod conformance;
 pub mod memory;

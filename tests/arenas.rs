@@ -56,7 +56,7 @@ proptest! {
             let host_used: u32 = m.iter().filter(|x| x.state != SeqState::None && x.on_host).map(|x| blocks(x.capacity)).sum();
             match op {
                 KvOp::Prepare(s) => {
-                    let ok = kv.prepare_context(r(s), ContextPrep { first_chunk: true, prompt: 32, position: 0, lookahead: 0, reuse_limit: ContextPrep::NO_LIMIT }).is_some();
+                    let ok = kv.prepare_context(r(s), ContextPrep::first(32)).is_some();
                     let x = &mut m[s as usize];
                     match x.state {
                         SeqState::None => { prop_assert!(ok); *x = M { state: SeqState::Active, capacity: 0, on_host: false }; }
@@ -297,7 +297,7 @@ proptest! {
                         .collect();
                     kv.set_prefix(r(slot), root, &hashes);
                     let want = keys(root, &hashes);
-                    let prep = ContextPrep { first_chunk: true, prompt, position: 0, lookahead: 0, reuse_limit: ContextPrep::NO_LIMIT };
+                    let prep = ContextPrep::first(prompt);
                     let reused = kv.prepare_context(r(slot), prep).expect("a free slot");
                     prop_assert!(reused % 4 == 0 && reused < prompt.max(1), "reused {} of {}", reused, prompt);
                     contents.apply(kv.take_moves());

@@ -467,13 +467,7 @@ fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
         slot: 1,
         id: RequestId(2),
     };
-    let prep = kvsched_core::kv::ContextPrep {
-        first_chunk: true,
-        prompt: 4,
-        position: 0,
-        lookahead: 0,
-        reuse_limit: kvsched_core::kv::ContextPrep::NO_LIMIT,
-    };
+    let prep = kvsched_core::kv::ContextPrep::first(4);
     use kvsched_core::kv::KvBackend;
     pool.prepare_context(r, prep).unwrap();
     assert!(pool.resize_context(r, 4, true));

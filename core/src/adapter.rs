@@ -99,6 +99,8 @@ pub enum HostChange {
 /// Pending host-copy change bits of one task slot.
 const HOST_DROPPED: u8 = 1;
 const HOST_FILLED: u8 = 2;
+/// The slot is in the change log already.
+const HOST_LISTED: u8 = 4;
 
 /// The configuration without an adapter cache: every LoRA request is scheduled with no PEFT work.
 #[derive(Debug, Clone, Copy, Default)]
@@ -343,10 +345,10 @@ impl<const T: usize> AdapterPool<T> {
     }
 
     fn note_host_change(&mut self, slot: usize) {
-        let slot = slot as u16;
-        if !self.host_changed.contains(&slot) {
+        if self.host_bits[slot] & HOST_LISTED == 0 {
+            self.host_bits[slot] |= HOST_LISTED;
             // At most one entry per task slot: the log has room for all.
-            let logged = self.host_changed.push(slot);
+            let logged = self.host_changed.push(slot as u16);
             debug_assert!(logged.is_ok(), "one entry per task slot");
         }
     }
@@ -589,7 +591,7 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
     fn take_host_changes(&mut self, changed: &mut dyn FnMut(TaskRef, HostChange)) {
         for &slot in self.host_changed.iter() {
             let i = usize::from(slot);
-            let change = match self.host_bits[i] {
+            let change = match self.host_bits[i] & !HOST_LISTED {
                 HOST_DROPPED => Some(HostChange::Dropped),
                 HOST_FILLED => Some(HostChange::Filled),
                 b if b == HOST_DROPPED | HOST_FILLED => Some(HostChange::Replaced),

@@ -41,6 +41,17 @@ impl ContextPrep {
     /// No reuse limit.
     pub const NO_LIMIT: u32 = u32::MAX;
 
+    /// A first chunk of a `prompt`-token prompt: nothing cached yet, no drafts, no reuse limit.
+    pub const fn first(prompt: u32) -> Self {
+        Self {
+            first_chunk: true,
+            prompt,
+            position: 0,
+            lookahead: 0,
+            reuse_limit: Self::NO_LIMIT,
+        }
+    }
+
     /// The same preparation with a reuse limit.
     pub const fn limited(self, reuse_limit: u32) -> Self {
         Self {

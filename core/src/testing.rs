@@ -99,13 +99,7 @@ pub(crate) type Small = Mem<16, 16, 4, 32, 32>;
 
 /// Gives a first chunk of `tokens` tokens its KV pages, as the pass does before admission.
 pub(crate) fn place(kv: &mut KvPool<'_>, r: KvRef, tokens: u32) {
-    let prep = ContextPrep {
-        first_chunk: true,
-        prompt: tokens,
-        position: 0,
-        lookahead: 0,
-        reuse_limit: ContextPrep::NO_LIMIT,
-    };
+    let prep = ContextPrep::first(tokens);
     assert!(kv.prepare_context(r, prep).is_some());
     assert!(kv.resize_context(r, tokens, true));
 }

@@ -95,13 +95,7 @@ impl Harness {
     ) -> Result<(), TestCaseError> {
         match *op {
             Op::Start { slot, tokens } => {
-                let prep = ContextPrep {
-                    first_chunk: true,
-                    prompt: tokens,
-                    position: 0,
-                    lookahead: 0,
-                    reuse_limit: ContextPrep::NO_LIMIT,
-                };
+                let prep = ContextPrep::first(tokens);
                 if pool.prepare_context(kv_ref(slot), prep).is_some()
                     && pool.seq(slot).state == SeqState::Active
                 {

@@ -169,13 +169,7 @@ impl Harness {
                     })
                     .collect();
                 pool.set_prefix(kv_ref(slot), root, &hashes);
-                let prep = ContextPrep {
-                    first_chunk: true,
-                    prompt: tokens,
-                    position: 0,
-                    lookahead: 0,
-                    reuse_limit: ContextPrep::NO_LIMIT,
-                };
+                let prep = ContextPrep::first(tokens);
                 let reused = pool.prepare_context(kv_ref(slot), prep).unwrap_or(0);
                 if !pool.resize_context(kv_ref(slot), tokens, true) {
                     pool.free(kv_ref(slot));

@@ -275,10 +275,7 @@ fn spec_decode(v: &str) -> Result<super::SpecDecode, String> {
 /// Parses the arguments after `simulate`. `Err` carries clap's error: usage mistakes (exit 2), and the
 /// help text (exit 0).
 pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
-    use clap::Parser as _;
-    let a = SimArgs::try_parse_from(
-        std::iter::once("kvsched simulate".to_string()).chain(args.iter().cloned()),
-    )?;
+    let a: SimArgs = crate::args::parse("kvsched simulate", args)?;
     let invalid = |m: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, m + "\n");
     let mut o = SimOptions {
         kv_host_pages: a.kv_host_pages,
@@ -396,11 +393,7 @@ pub fn workload(c: &Cli) -> Result<Workload, String> {
 pub fn main(args: &[String]) -> ExitCode {
     let cli = match parse(args) {
         Ok(c) => c,
-        Err(e) => {
-            // Help goes to stdout with status 0, usage mistakes to stderr with status 2.
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
+        Err(e) => return crate::args::exit(&e),
     };
     if let Some(sweep) = &cli.sweep {
         return main_sweep(&cli, sweep);

@@ -453,16 +453,10 @@ fn prefill_arg(v: &str) -> Result<(u64, u64), String> {
 
 /// `kvsched cost`.
 pub fn cli(args: &[String]) -> std::process::ExitCode {
-    use clap::Parser as _;
     use std::process::ExitCode;
-    let a = match CostArgs::try_parse_from(
-        std::iter::once("kvsched cost".to_string()).chain(args.iter().cloned()),
-    ) {
+    let a: CostArgs = match crate::args::parse("kvsched cost", args) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
+        Err(e) => return crate::args::exit(&e),
     };
     match cost_command(&a) {
         Ok((text, ok)) => {

@@ -328,14 +328,8 @@ impl Report {
             prefill_tokens: self.prefill_tokens,
             sim_seconds: self.sim_seconds,
             throughput_tok_s: self.throughput_tok_s,
-            ttft_ms: Quantiles {
-                p50: self.ttft_ms.0,
-                p99: self.ttft_ms.1,
-            },
-            tpot_ms: Quantiles {
-                p50: self.tpot_ms.0,
-                p99: self.tpot_ms.1,
-            },
+            ttft_ms: self.ttft_ms.into(),
+            tpot_ms: self.tpot_ms.into(),
             suspended: self.suspended,
             self_evicted: self.self_evicted,
             recompute_paused: self.recompute_paused,
@@ -349,10 +343,7 @@ impl Report {
             kv_gpu_util_peak_pct: self.peak_kv_gpu_pct,
             kv_host_util_peak_pct: self.peak_kv_host_pct,
             adapter_util_mean_pct: self.adapter_util_mean_pct,
-            sched_ns_per_iter: Quantiles {
-                p50: self.sched_ns_per_iter.0,
-                p99: self.sched_ns_per_iter.1,
-            },
+            sched_ns_per_iter: self.sched_ns_per_iter.into(),
             iterations: self.iterations,
             decode_steps: self.decode_steps,
             spec_drafts: self.spec_drafts,
@@ -419,6 +410,12 @@ impl Report {
 struct Quantiles {
     p50: f64,
     p99: f64,
+}
+
+impl From<(f64, f64)> for Quantiles {
+    fn from((p50, p99): (f64, f64)) -> Self {
+        Self { p50, p99 }
+    }
 }
 
 /// The JSON document's fields (`--json`): one per report figure, nested quantiles.

@@ -375,14 +375,7 @@ impl<'a> KvPool<'a> {
 
     /// [`KvPool::check`] with a prefix cache, given the number of table entries.
     fn check_shared(&self, prefix: &Prefix<'_>, entries: u64) -> bool {
-        let free = self.gpu_free[..self.gpu_free_len as usize]
-            .iter()
-            .copied()
-            .chain(
-                self.host_free[..self.host_free_len as usize]
-                    .iter()
-                    .map(|&h| h | HOST),
-            );
+        let free = self.free_entries();
         for e in free {
             if *prefix.info(e) != PageInfo::default() {
                 return false;
@@ -424,14 +417,7 @@ impl<'a> KvPool<'a> {
                 scratch[at(e)] += 1;
             }
         }
-        let free = self.gpu_free[..self.gpu_free_len as usize]
-            .iter()
-            .copied()
-            .chain(
-                self.host_free[..self.host_free_len as usize]
-                    .iter()
-                    .map(|&h| h | HOST),
-            );
+        let free = self.free_entries();
         for e in free {
             if scratch[at(e)] != 0 {
                 return false;
@@ -459,6 +445,18 @@ impl<'a> KvPool<'a> {
         self.prefix
             .as_ref()
             .is_none_or(|p| p.audit_children(scratch))
+    }
+
+    /// Every free page as a table entry (host pages tagged), GPU stack first.
+    fn free_entries(&self) -> impl Iterator<Item = u32> + '_ {
+        self.gpu_free[..self.gpu_free_len as usize]
+            .iter()
+            .copied()
+            .chain(
+                self.host_free[..self.host_free_len as usize]
+                    .iter()
+                    .map(|&h| h | HOST),
+            )
     }
 
     fn row_entries(&self, slot: usize, s: &Seq) -> &[u32] {

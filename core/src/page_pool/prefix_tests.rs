@@ -19,16 +19,6 @@ fn r(slot: u16) -> KvRef {
     }
 }
 
-fn first(prompt: u32) -> ContextPrep {
-    ContextPrep {
-        first_chunk: true,
-        prompt,
-        position: 0,
-        lookahead: 0,
-        reuse_limit: ContextPrep::NO_LIMIT,
-    }
-}
-
 /// The exact audit with scratch space for every page.
 fn audited(p: &KvPool<'_>) -> bool {
     let mut scratch = [0u32; 16];
@@ -39,7 +29,9 @@ fn audited(p: &KvPool<'_>) -> bool {
 /// prompt. Returns the reused tokens.
 fn admit(p: &mut KvPool<'_>, slot: u16, root: u64, hashes: &[u64], prompt: u32) -> u32 {
     p.set_prefix(r(slot), root, hashes);
-    let reused = p.prepare_context(r(slot), first(prompt)).expect("a slot");
+    let reused = p
+        .prepare_context(r(slot), ContextPrep::first(prompt))
+        .expect("a slot");
     assert!(
         p.resize_context(r(slot), prompt, true),
         "room for the prompt"
@@ -89,18 +81,18 @@ fn reuse_stops_before_the_last_token_and_the_lookahead() {
     assert_eq!(p.cached_pages(Tier::Gpu), 3);
     p.set_prefix(r(1), A, &[1, 2, 3]);
     assert_eq!(
-        p.prepare_context(r(1), first(12)),
+        p.prepare_context(r(1), ContextPrep::first(12)),
         Some(8),
         "the last token is computed"
     );
     p.free(r(1));
     p.set_prefix(r(1), A, &[1, 2, 3]);
-    assert_eq!(p.prepare_context(r(1), first(13)), Some(12));
+    assert_eq!(p.prepare_context(r(1), ContextPrep::first(13)), Some(12));
     p.free(r(1));
     p.set_prefix(r(1), A, &[1, 2, 3]);
     let drafts = ContextPrep {
         lookahead: 4,
-        ..first(13)
+        ..ContextPrep::first(13)
     };
     assert_eq!(
         p.prepare_context(r(1), drafts),
@@ -163,10 +155,18 @@ fn unreferenced_blocks_are_evicted_leaf_first_least_recent_first() {
     assert_eq!(p.prefix_stats().map(|s| s.evicted), Some(2));
     assert_eq!(p.cached_pages(Tier::Gpu), 2);
     p.set_prefix(r(0), A, &[1, 2]);
-    assert_eq!(p.prepare_context(r(0), first(9)), Some(4), "block 1 stayed");
+    assert_eq!(
+        p.prepare_context(r(0), ContextPrep::first(9)),
+        Some(4),
+        "block 1 stayed"
+    );
     p.free(r(0));
     p.set_prefix(r(1), A, &[5, 6]);
-    assert_eq!(p.prepare_context(r(1), first(9)), Some(4), "block 5 stayed");
+    assert_eq!(
+        p.prepare_context(r(1), ContextPrep::first(9)),
+        Some(4),
+        "block 5 stayed"
+    );
     p.free(r(1));
     assert!(audited(&p));
 }
@@ -179,7 +179,7 @@ fn a_referenced_block_is_never_evicted() {
     assert_eq!(admit(&mut p, 1, A, &[1, 2, 3, 4], 16), 12);
     assert_eq!(p.gpu_free(), 3);
     p.set_prefix(r(2), B, &[]);
-    assert_eq!(p.prepare_context(r(2), first(16)), Some(0));
+    assert_eq!(p.prepare_context(r(2), ContextPrep::first(16)), Some(0));
     assert!(
         !p.resize_context(r(2), 16, true),
         "4 pages, 3 free, none evictable"
@@ -211,7 +211,7 @@ fn with_a_host_tier_evicted_blocks_are_demoted_and_a_match_reloads_them() {
     p.free(r(1));
     p.set_prefix(r(3), A, &[1, 2]);
     assert_eq!(
-        p.prepare_context(r(3), first(9)),
+        p.prepare_context(r(3), ContextPrep::first(9)),
         Some(8),
         "reused, not recomputed"
     );
@@ -248,13 +248,13 @@ fn a_refused_admission_copies_nothing_and_a_claim_is_one_rows() {
     assert_eq!(p.cached_pages(Tier::Host), 2);
     p.set_prefix(r(3), A, &[1, 2, 3, 4]);
     assert_eq!(
-        p.prepare_context(r(3), first(16)),
+        p.prepare_context(r(3), ContextPrep::first(16)),
         Some(8),
         "both blocks claimed on the host"
     );
     p.set_prefix(r(0), A, &[1, 2]);
     assert_eq!(
-        p.prepare_context(r(0), first(9)),
+        p.prepare_context(r(0), ContextPrep::first(9)),
         Some(0),
         "a claimed block is one row's"
     );
@@ -345,7 +345,7 @@ fn a_refused_first_chunk_keeps_no_claim() {
     admit(&mut p, 2, B, &[], 16);
     admit(&mut p, 3, B, &[], 4);
     p.set_prefix(r(1), A, &[1, 2, 3, 4]);
-    assert_eq!(p.prepare_context(r(1), first(16)), Some(8));
+    assert_eq!(p.prepare_context(r(1), ContextPrep::first(16)), Some(8));
     let page = p.table(1)[0];
     assert_eq!(p.page_info(page).map(|i| i.refs()), Some(1));
     assert!(
@@ -370,10 +370,13 @@ fn the_first_new_block_is_probed_without_side_effects() {
     p.set_prefix(r(1), A, &[1, 2, 3]);
     let before = p.fingerprint();
     let third = chain(chain(chain(A, 1), 2), 3);
-    assert_eq!(p.probe_first_new_block(r(1), first(16)), Some(third));
+    assert_eq!(
+        p.probe_first_new_block(r(1), ContextPrep::first(16)),
+        Some(third)
+    );
     p.set_prefix(r(2), B, &[1, 2, 3]);
     assert_eq!(
-        p.probe_first_new_block(r(2), first(16)),
+        p.probe_first_new_block(r(2), ContextPrep::first(16)),
         Some(chain(B, 1)),
         "another root starts from its first block"
     );
@@ -389,9 +392,13 @@ fn the_first_new_block_is_probed_without_side_effects() {
         Some(chain(chain(A, 1), 2))
     );
     p.set_prefix(r(3), A, &[]);
-    assert_eq!(p.probe_first_new_block(r(3), first(16)), None, "no hashes");
+    assert_eq!(
+        p.probe_first_new_block(r(3), ContextPrep::first(16)),
+        None,
+        "no hashes"
+    );
     let before_probe = p.fingerprint();
-    let _ = p.probe_first_new_block(r(1), first(16));
+    let _ = p.probe_first_new_block(r(1), ContextPrep::first(16));
     assert_eq!(p.fingerprint(), before_probe);
     assert_ne!(before, 0);
     assert!(p.prefix_skip());
@@ -406,7 +413,7 @@ fn without_a_prefix_cache_nothing_is_shared() {
     assert_eq!(computed(&mut p, 1, A, &[1, 2], 10), 0);
     assert_eq!(p.cached_pages(Tier::Gpu), 0);
     assert!(!p.prefix_skip());
-    assert_eq!(p.probe_first_new_block(r(1), first(10)), None);
+    assert_eq!(p.probe_first_new_block(r(1), ContextPrep::first(10)), None);
     let mut scratch = [0u32; 8];
     assert!(p.audit(&mut scratch));
 }

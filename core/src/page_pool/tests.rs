@@ -17,13 +17,7 @@ fn r(slot: u16) -> KvRef {
         id: RequestId(slot as u64 + 100),
     }
 }
-const FIRST: ContextPrep = ContextPrep {
-    first_chunk: true,
-    prompt: 8,
-    position: 0,
-    lookahead: 0,
-    reuse_limit: ContextPrep::NO_LIMIT,
-};
+const FIRST: ContextPrep = ContextPrep::first(8);
 
 #[test]
 fn grow_suspend_to_host_and_resume_moves_every_page() {

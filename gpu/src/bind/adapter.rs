@@ -261,12 +261,21 @@ impl AdapterSlots {
         }
         self.scratch.clear();
         self.scratch.resize(pages as usize * page_bytes, 0);
-        let pages_taken = self.host_free.len() - pages as usize;
         let mut result = weights(task, &mut self.scratch);
-        let taken: Vec<u32> = self.host_free.drain(pages_taken..).rev().collect();
+        // The pages off the free list's end, into the placement's kept buffer: no allocation.
+        let first = self.host_free.len() - pages as usize;
+        debug_assert!(
+            placement.host.is_empty(),
+            "the caller dropped any older copy"
+        );
+        placement.host.extend(self.host_free.drain(first..).rev());
         if result.is_ok() {
-            for (page, data) in taken.iter().zip(self.scratch.chunks_exact(page_bytes)) {
-                if let Err(e) = store.write_page(Tier::Host, *page, data) {
+            for (&page, data) in placement
+                .host
+                .iter()
+                .zip(self.scratch.chunks_exact(page_bytes))
+            {
+                if let Err(e) = store.write_page(Tier::Host, page, data) {
                     result = Err(e);
                     break;
                 }
@@ -274,12 +283,11 @@ impl AdapterSlots {
         }
         match result {
             Ok(()) => {
-                placement.host = taken;
                 self.stats.host_fills += 1;
                 Ok(pages)
             }
             Err(e) => {
-                self.host_free.extend(taken.into_iter().rev());
+                self.host_free.extend(placement.host.drain(..).rev());
                 Err(e)
             }
         }

@@ -1,0 +1,15 @@
+//! The subcommands' argument parsing, one way for all: clap, with the subcommand's name in messages.
+
+use std::process::ExitCode;
+
+/// Parses the arguments after `kvsched <command>` into `T`.
+pub fn parse<T: clap::Parser>(command: &str, args: &[String]) -> Result<T, clap::Error> {
+    T::try_parse_from(std::iter::once(command.to_string()).chain(args.iter().cloned()))
+}
+
+/// Prints a parse result that is not a run: help to stdout with status 0, a usage mistake to stderr
+/// with status 2.
+pub fn exit(e: &clap::Error) -> ExitCode {
+    let _ = e.print();
+    ExitCode::from(if e.use_stderr() { 2 } else { 0 })
+}
