@@ -14,8 +14,9 @@ use super::{
     check_invariants, percentile, prefix, Live, Out, Report, Samples, Sched, SimError, SimOptions,
     StepWork, MAX_LIVE,
 };
-use crate::workload::rng::Rng;
+use crate::workload::Rng;
 use crate::workload::Workload;
+use rand::{Rng as _, SeedableRng};
 
 fn scheduler_error(e: impl ToString) -> SimError {
     SimError::Scheduler(e.to_string())
@@ -71,7 +72,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             out,
             kv_cfg,
             drafts: o.spec_decode.map_or(0, |s| s.drafts),
-            accept_rng: Rng::new(o.seed ^ 0xacce_97ed),
+            accept_rng: Rng::seed_from_u64(o.seed ^ 0xacce_97ed),
             hashes: Vec::new(),
             queue: VecDeque::new(),
             live: vec![None; MAX_LIVE],
@@ -308,7 +309,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             let rng = &mut self.accept_rng;
             let accepted = self.o.spec_decode.map_or(0, |s| {
                 (0..s.drafts)
-                    .take_while(|_| rng.uniform() < s.accept)
+                    .take_while(|_| rng.gen::<f64>() < s.accept)
                     .count() as u32
             });
             let kept = (1 + accepted).min(lv.output - lv.generated);

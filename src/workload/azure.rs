@@ -7,33 +7,26 @@
 //! ```
 //!
 //! `TIMESTAMP` is a naive wall-clock time (no time zone) with up to 9 fractional digits (the files
-//! have 7). It is parsed by hand — no date library — into nanoseconds since 1970-01-01 00:00:00 of the
-//! same naive clock, using [`days_from_civil`]; arrival times are then milliseconds after the
-//! earliest row. `ContextTokens` is the prompt length and `GeneratedTokens` the output length.
+//! have 7). `jiff` parses it as a civil date-time, counted in nanoseconds from 1970-01-01 00:00:00 of
+//! the same naive clock; arrival times are then milliseconds after the earliest row. `ContextTokens` is the prompt length and `GeneratedTokens` the output length.
 //! The published files use `\r\n` line endings and have no trailing newline; both are handled.
 
-use super::{
-    check_header, lines, parse_tokens, split_row, Arrival, Builder, Ctx, TraceError, TraceErrorKind,
-};
-use super::{clip, TraceFormat, Workload};
+use jiff::civil::DateTime;
 
-/// The header line's column names.
+use super::{clip, parse_tokens, Arrival, Builder, Csv, Ctx, TraceError, TraceErrorKind};
+use super::{TraceFormat, Workload};
+
+/// The columns this reader needs (a header names them in any order).
 pub const HEADER: [&str; 3] = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
-
-const NS_PER_DAY: i128 = 86_400 * 1_000_000_000;
 
 /// Parses Azure trace text (header first). See the [module docs](self).
 pub(crate) fn parse(text: &str, ctx: Ctx<'_>) -> Result<Workload, TraceError> {
-    let mut rows = lines(text).filter(|(_, l)| !l.trim().is_empty());
-    let (n, header) = rows
-        .next()
-        .ok_or_else(|| ctx.file_err(TraceErrorKind::Empty))?;
-    check_header(ctx, n, header, &HEADER)?;
+    let mut csv = Csv::new(text, ctx, &HEADER)?;
 
     // (time in ns, arrival with a placeholder time); times are rebased once the minimum is known.
     let mut timed = Vec::new();
-    for (n, line) in rows {
-        let [ts, prompt, output] = split_row(ctx, n, line, &HEADER)?;
+    while let Some((n, row)) = csv.next_row()? {
+        let [ts, prompt, output] = csv.fields(n, &row)?;
         let at_ns = parse_timestamp(ts).map_err(|why| {
             ctx.err(
                 n,
@@ -65,124 +58,17 @@ pub(crate) fn parse(text: &str, ctx: Ctx<'_>) -> Result<Workload, TraceError> {
     Ok(b.finish(ctx.source(TraceFormat::Azure2023), None))
 }
 
-/// Days from 1970-01-01 to the proleptic Gregorian date `y-m-d` (negative before 1970).
-///
-/// Howard Hinnant's `days_from_civil`: shift the year to start on March 1 so the leap day is the last
-/// day of the year, then count 400-year eras (146 097 days each), years of the era, and days of the
-/// year (`(153·m' + 2) / 5` gives the day on which shifted month m' starts). `m` must be in 1..=12
-/// and `d` in 1..=31; the result for an invalid day of month (e.g. Feb 30) is the day it would be
-/// counting on (Mar 2), so callers validate first.
-#[must_use]
-pub const fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400; // [0, 399]
-    let mp = (m as i64 + 9) % 12; // March = 0
-    let doy = (153 * mp + 2) / 5 + d as i64 - 1; // [0, 365]
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy; // [0, 146096]
-    era * 146_097 + doe - 719_468
-}
-
-/// The proleptic Gregorian date `(year, month, day)` that is `z` days after 1970-01-01; the inverse
-/// of [`days_from_civil`] (Hinnant's `civil_from_days`).
-#[must_use]
-pub const fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097; // [0, 146096]
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
-    let mp = (5 * doy + 2) / 153; // [0, 11]
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32; // [1, 31]
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32; // [1, 12]
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    (y, m, d)
-}
-
-/// Whether `y` is a Gregorian leap year.
-#[must_use]
-pub const fn is_leap_year(y: i64) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
-}
-
-/// Number of days in month `m` (1..=12) of year `y`; 0 for an invalid month.
-#[must_use]
-pub const fn days_in_month(y: i64, m: u32) -> u32 {
-    match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap_year(y) => 29,
-        2 => 28,
-        _ => 0,
-    }
-}
-
-/// Parses `YYYY-MM-DD HH:MM:SS[.fraction]` (a `T` may replace the space; 1 to 9 fractional digits)
-/// into nanoseconds since 1970-01-01 00:00:00 on the same naive clock.
+/// Parses `YYYY-MM-DD HH:MM:SS[.fraction]` (ISO 8601 as `jiff` reads a civil date-time: a `T` may
+/// replace the space, up to 9 fractional digits) into nanoseconds since 1970-01-01 00:00:00 on the
+/// same naive clock.
 ///
 /// # Errors
 ///
-/// A short description of the first part that is malformed or out of range.
-pub fn parse_timestamp(s: &str) -> Result<i128, &'static str> {
-    let s = s.trim();
-    let (date, time) = s
-        .split_once(' ')
-        .or_else(|| s.split_once('T'))
-        .ok_or("expected \"YYYY-MM-DD HH:MM:SS[.fraction]\"")?;
-    let (year, month, day) = three(date.split('-')).ok_or("date must be YYYY-MM-DD")?;
-    let year = digits(year, 4, 4).ok_or("year must have 4 digits")?;
-    let month = digits(month, 1, 2).ok_or("month must have 1 or 2 digits")?;
-    let day = digits(day, 1, 2).ok_or("day must have 1 or 2 digits")?;
-    if !(1..=12).contains(&month) {
-        return Err("month out of range");
-    }
-    if day == 0 || day > u64::from(days_in_month(year as i64, month as u32)) {
-        return Err("day out of range for the month");
-    }
-
-    let (hms, fraction) = match time.split_once('.') {
-        Some((hms, f)) => (hms, Some(f)),
-        None => (time, None),
-    };
-    let (hour, minute, second) = three(hms.split(':')).ok_or("time must be HH:MM:SS")?;
-    let hour = digits(hour, 1, 2).ok_or("hour must have 1 or 2 digits")?;
-    let minute = digits(minute, 2, 2).ok_or("minute must have 2 digits")?;
-    let second = digits(second, 2, 2).ok_or("second must have 2 digits")?;
-    if hour > 23 {
-        return Err("hour out of range");
-    }
-    if minute > 59 {
-        return Err("minute out of range");
-    }
-    if second > 59 {
-        return Err("second out of range");
-    }
-    let nanos = match fraction {
-        None => 0,
-        Some(f) => {
-            let v = digits(f, 1, 9).ok_or("fraction must have 1 to 9 digits")?;
-            v * 10u64.pow(9 - f.len() as u32)
-        }
-    };
-
-    let days = days_from_civil(year as i64, month as u32, day as u32);
-    let secs_of_day = hour * 3600 + minute * 60 + second;
-    Ok(i128::from(days) * NS_PER_DAY + i128::from(secs_of_day) * 1_000_000_000 + i128::from(nanos))
-}
-
-/// The three items of `it`, if it has exactly three.
-fn three<'a>(mut it: impl Iterator<Item = &'a str>) -> Option<(&'a str, &'a str, &'a str)> {
-    let parts = (it.next()?, it.next()?, it.next()?);
-    it.next().is_none().then_some(parts)
-}
-
-/// `s` as a decimal number if it is `min..=max` ASCII digits.
-fn digits(s: &str, min: usize, max: usize) -> Option<u64> {
-    if (min..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()) {
-        s.parse().ok()
-    } else {
-        None
-    }
+/// jiff's description of the first part that is malformed or out of range.
+pub fn parse_timestamp(s: &str) -> Result<i128, String> {
+    let t: DateTime = s.trim().parse().map_err(|e: jiff::Error| e.to_string())?;
+    Ok(t.duration_since(DateTime::constant(1970, 1, 1, 0, 0, 0, 0))
+        .as_nanos())
 }
 
 #[cfg(test)]
@@ -199,40 +85,10 @@ mod tests {
     }
 
     #[test]
-    fn civil_day_counts_known_dates() {
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
-        assert_eq!(days_from_civil(2023, 11, 16), 19_677);
-        assert_eq!(days_from_civil(1969, 12, 31), -1);
-        assert_eq!(days_from_civil(0, 3, 1), -719_468);
-        assert_eq!(civil_from_days(19_677), (2023, 11, 16));
-        assert_eq!(civil_from_days(-1), (1969, 12, 31));
-    }
-
-    #[test]
-    fn civil_round_trip_over_four_centuries() {
-        let start = days_from_civil(1800, 1, 1);
-        let mut expect = (1800i64, 1u32, 1u32);
-        for z in start..start + 146_097 + 400 {
-            assert_eq!(civil_from_days(z), expect, "day {z}");
-            assert_eq!(days_from_civil(expect.0, expect.1, expect.2), z);
-            // Advance `expect` by one calendar day the slow way.
-            expect.2 += 1;
-            if expect.2 > days_in_month(expect.0, expect.1) {
-                expect.2 = 1;
-                expect.1 += 1;
-                if expect.1 > 12 {
-                    expect.1 = 1;
-                    expect.0 += 1;
-                }
-            }
-        }
-    }
-
-    #[test]
     fn timestamp_parses_to_nanoseconds() {
         let t = parse_timestamp("2023-11-16 18:17:03.9799600").unwrap();
-        let want = i128::from(days_from_civil(2023, 11, 16)) * NS_PER_DAY
+        // 2023-11-16 is day 19,677 after 1970-01-01.
+        let want = 19_677 * 86_400 * 1_000_000_000
             + i128::from(18 * 3600 + 17 * 60 + 3) * 1_000_000_000
             + 979_960_000;
         assert_eq!(t, want);
@@ -247,19 +103,26 @@ mod tests {
     #[test]
     fn timestamp_rejects_malformed_parts() {
         for (bad, why) in [
-            ("2023-11-16", "expected"),
-            ("2023-13-01 00:00:00", "month out of range"),
-            ("2023-02-29 00:00:00", "day out of range"),
-            ("2023-04-31 00:00:00", "day out of range"),
+            (
+                "2023-13-01 00:00:00",
+                "'month' is not in the required range",
+            ),
+            ("2023-02-29 00:00:00", "'day' for `2023-02` is invalid"),
+            ("2023-04-31 00:00:00", "'day' for `2023-04` is invalid"),
             ("23-11-16 00:00:00", "year"),
-            ("2023-11-16 24:00:00", "hour out of range"),
-            ("2023-11-16 18:60:00", "minute out of range"),
-            ("2023-11-16 18:00:61", "second out of range"),
-            ("2023-11-16 18:00", "HH:MM:SS"),
-            ("2023-11-16 18:00:00.", "fraction"),
-            ("2023-11-16 18:00:00.1234567890", "fraction"),
+            ("2023-11-16 24:00:00", "'hour' is not in the required range"),
+            (
+                "2023-11-16 18:60:00",
+                "'minute' is not in the required range",
+            ),
+            (
+                "2023-11-16 18:00:61",
+                "'second' is not in the required range",
+            ),
+            ("2023-11-16 18:00:00.", "fractional seconds"),
+            ("2023-11-16 18:00:00.1234567890", "unparsed input"),
             ("2023-11-16 18:00:0x", "second"),
-            ("2023/11/16 18:00:00", "YYYY-MM-DD"),
+            ("2023/11/16 18:00:00", "month"),
         ] {
             let err = parse_timestamp(bad).unwrap_err();
             assert!(err.contains(why), "{bad}: {err}");
@@ -299,7 +162,7 @@ mod tests {
             ("2023-11-16 18:15:46.6805900,-374,44\n", "azure.csv:2: field ContextTokens: negative (\"-374\")"),
             (
                 "2023-11-31 18:15:46.6805900,374,44\n",
-                "azure.csv:2: field TIMESTAMP: bad timestamp (\"2023-11-31 18:15:46.6805900\"): day out of range for the month",
+                "azure.csv:2: field TIMESTAMP: bad timestamp (\"2023-11-31 18:15:46.6805900\"): parsed date is not valid: parameter 'day' for `2023-11` is invalid",
             ),
             ("\n\n2023-11-16 18:15:46,1,1\nyesterday,1,1", "azure.csv:5: field TIMESTAMP: bad timestamp"),
         ];

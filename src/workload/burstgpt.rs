@@ -13,12 +13,10 @@
 //! - `Total tokens` must be an integer (it is request + response in the data; not checked further).
 //! - `Model` (`ChatGPT`, `GPT-4`) and `Log Type` (`Conversation log`, `API log`) are not used.
 
-use super::{
-    check_header, lines, parse_nonneg_f64, parse_uint, split_row, Arrival, Builder, Ctx, TraceError,
-};
-use super::{parse_tokens, TraceErrorKind, TraceFormat, Workload};
+use super::{parse_nonneg_f64, parse_tokens, parse_uint, Arrival, Builder, Csv, Ctx, TraceError};
+use super::{TraceFormat, Workload};
 
-/// The header line's column names.
+/// The columns this reader needs (a header names them in any order).
 pub const HEADER: [&str; 6] = [
     "Timestamp",
     "Model",
@@ -30,14 +28,10 @@ pub const HEADER: [&str; 6] = [
 
 /// Parses BurstGPT CSV text (header first). See the [module docs](self).
 pub(crate) fn parse(text: &str, ctx: Ctx<'_>) -> Result<Workload, TraceError> {
-    let mut rows = lines(text).filter(|(_, l)| !l.trim().is_empty());
-    let (n, header) = rows
-        .next()
-        .ok_or_else(|| ctx.file_err(TraceErrorKind::Empty))?;
-    check_header(ctx, n, header, &HEADER)?;
+    let mut csv = Csv::new(text, ctx, &HEADER)?;
     let mut b = Builder::new();
-    for (n, line) in rows {
-        let [ts, _model, request, response, total, _log_type] = split_row(ctx, n, line, &HEADER)?;
+    while let Some((n, row)) = csv.next_row()? {
+        let [ts, _model, request, response, total, _log_type] = csv.fields(n, &row)?;
         let seconds = parse_nonneg_f64(ts).map_err(|r| ctx.err(n, Some(HEADER[0]), r))?;
         let prompt_tokens = parse_tokens(request).map_err(|r| ctx.err(n, Some(HEADER[2]), r))?;
         let output_tokens = parse_tokens(response).map_err(|r| ctx.err(n, Some(HEADER[3]), r))?;

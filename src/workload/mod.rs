@@ -35,9 +35,13 @@ pub mod azure;
 pub mod burstgpt;
 pub mod mooncake;
 pub mod popularity;
-pub mod rng;
 pub mod sessions;
 pub mod synthetic;
+
+/// The workload generators' random source: xoshiro256\*\* (rand's `rand_xoshiro`), seeded from a `u64`
+/// by splitmix64 expansion (`SeedableRng::seed_from_u64`). The same seed gives the same stream on every
+/// platform; distributions come from `rand` and `rand_distr`.
+pub type Rng = rand_xoshiro::Xoshiro256StarStar;
 
 /// One request as the simulator replays it.
 #[derive(Debug, Clone, PartialEq)]
@@ -174,16 +178,16 @@ impl TraceFormat {
     }
 
     /// Guesses the format from the text's first non-blank line: a line starting with `{` is Mooncake
-    /// JSON; otherwise the CSV header must equal the Azure or BurstGPT header (fields compared after
-    /// trimming spaces). `None` when nothing matches.
+    /// JSON; otherwise the CSV header must name every column of the Azure or BurstGPT header (in any
+    /// order, among others; fields compared after trimming spaces). `None` when nothing matches.
     #[must_use]
     pub fn sniff(text: &str) -> Option<Self> {
         let (_, first) = lines(text).find(|(_, l)| !l.trim().is_empty())?;
         if first.trim_start().starts_with('{') {
             Some(Self::Mooncake)
-        } else if header_matches(first, &azure::HEADER) {
+        } else if header_has(first, &azure::HEADER) {
             Some(Self::Azure2023)
-        } else if header_matches(first, &burstgpt::HEADER) {
+        } else if header_has(first, &burstgpt::HEADER) {
             Some(Self::BurstGpt)
         } else {
             None
@@ -265,7 +269,10 @@ pub enum TraceErrorKind {
         burst = burstgpt::HEADER.join(",")
     )]
     UnknownFormat(String),
-    /// The CSV header is not the one this format needs.
+    /// The CSV text is malformed (the `csv` crate's message).
+    #[error("bad CSV: {0}")]
+    Csv(String),
+    /// The CSV header lacks a column this format needs.
     #[error("bad header {found:?} (expected {expected:?})")]
     BadHeader {
         /// The header the format needs.
@@ -306,8 +313,8 @@ pub enum TraceErrorKind {
     BadTimestamp {
         /// The value as written.
         value: String,
-        /// Which part is wrong.
-        why: &'static str,
+        /// Which part is wrong (jiff's message).
+        why: String,
     },
     /// The line is not valid JSON (serde_json's message).
     #[error("bad JSON: {0}")]
@@ -450,60 +457,139 @@ pub(crate) fn clip(s: &str) -> String {
     }
 }
 
-fn header_matches(line: &str, header: &[&str]) -> bool {
-    let mut got = line.split(',').map(str::trim);
-    header.iter().all(|h| got.next() == Some(*h)) && got.next().is_none()
+/// A CSV trace being read with the `csv` crate: quoted fields, `\r\n` and blank lines are handled
+/// there; the columns a reader needs are found in the header by name, in any order, and other
+/// columns are ignored.
+pub(crate) struct Csv<'t, 'c, const N: usize> {
+    rows: csv::StringRecordsIntoIter<&'t [u8]>,
+    text: &'t str,
+    /// Line numbers counted up to this byte: `(byte, line of that byte)`.
+    counted: (usize, usize),
+    /// The header's length: a row must not be longer.
+    width: usize,
+    /// Each needed column's name and index.
+    columns: [(&'static str, usize); N],
+    ctx: Ctx<'c>,
 }
 
-/// Checks a CSV header line against the expected column names.
-pub(crate) fn check_header(
-    ctx: Ctx<'_>,
-    line_no: usize,
-    line: &str,
-    header: &[&str],
-) -> Result<(), TraceError> {
-    if header_matches(line, header) {
-        Ok(())
-    } else {
-        Err(ctx.err(
-            line_no,
-            None,
-            TraceErrorKind::BadHeader {
-                expected: header.join(","),
-                found: clip(line),
-            },
-        ))
+impl<'t, 'c, const N: usize> Csv<'t, 'c, N> {
+    /// Reads the header and finds the `needed` columns in it.
+    pub(crate) fn new(
+        text: &'t str,
+        ctx: Ctx<'c>,
+        needed: &[&'static str; N],
+    ) -> Result<Self, TraceError> {
+        let mut reader = csv_reader(text);
+        let header = reader.headers().map_err(|e| csv_error(ctx, &e))?.clone();
+        let line = line_at(text, (0, 1), header.position()).1;
+        if header.iter().all(str::is_empty) {
+            return Err(ctx.file_err(TraceErrorKind::Empty));
+        }
+        let mut columns = [("", 0); N];
+        for (slot, name) in columns.iter_mut().zip(needed) {
+            let Some(index) = header.iter().position(|h| h == *name) else {
+                return Err(ctx.err(
+                    line,
+                    None,
+                    TraceErrorKind::BadHeader {
+                        expected: needed.join(","),
+                        found: clip(&header.iter().collect::<Vec<_>>().join(",")),
+                    },
+                ));
+            };
+            *slot = (name, index);
+        }
+        Ok(Self {
+            rows: reader.into_records(),
+            text,
+            counted: (0, 1),
+            width: header.len(),
+            columns,
+            ctx,
+        })
+    }
+
+    /// The next non-blank row and its line number; a row longer than the header is refused.
+    pub(crate) fn next_row(&mut self) -> Result<Option<(usize, csv::StringRecord)>, TraceError> {
+        for row in self.rows.by_ref() {
+            let row = row.map_err(|e| csv_error(self.ctx, &e))?;
+            if row.iter().all(str::is_empty) {
+                continue;
+            }
+            self.counted = line_at(self.text, self.counted, row.position());
+            let line = self.counted.1;
+            if row.len() > self.width {
+                let (expected, found) = (self.width, row.len());
+                return Err(self.ctx.err(
+                    line,
+                    None,
+                    TraceErrorKind::ExtraColumns { expected, found },
+                ));
+            }
+            return Ok(Some((line, row)));
+        }
+        Ok(None)
+    }
+
+    /// The needed fields of `row` (from [`Csv::next_row`]), in `needed` order.
+    pub(crate) fn fields<'r>(
+        &self,
+        line: usize,
+        row: &'r csv::StringRecord,
+    ) -> Result<[&'r str; N], TraceError> {
+        let mut out = [""; N];
+        for (slot, &(name, index)) in out.iter_mut().zip(&self.columns) {
+            *slot = row.get(index).ok_or_else(|| {
+                self.ctx
+                    .err(line, Some(name), TraceErrorKind::MissingColumn)
+            })?;
+        }
+        Ok(out)
     }
 }
 
-/// Splits a CSV row (no quoting: none of the supported formats quotes) into exactly `N` trimmed
-/// fields, naming the first missing column on a short row.
-pub(crate) fn split_row<'l, const N: usize>(
-    ctx: Ctx<'_>,
-    line_no: usize,
-    line: &'l str,
-    header: &[&'static str; N],
-) -> Result<[&'l str; N], TraceError> {
-    let mut out = [""; N];
-    let mut parts = line.split(',');
-    for (slot, name) in out.iter_mut().zip(header) {
-        *slot = parts
-            .next()
-            .ok_or_else(|| ctx.err(line_no, Some(name), TraceErrorKind::MissingColumn))?
-            .trim();
+/// The line a record starts on, counted on from `counted` (a `(byte, line)` pair before it).
+///
+/// The `csv` crate's own line numbers go wrong after blank lines and with `\r\n` endings, and its byte
+/// offset may point at the terminator before the record; so the offset is moved past terminators and
+/// the newlines before it are counted here, incrementally.
+fn line_at(text: &str, counted: (usize, usize), at: Option<&csv::Position>) -> (usize, usize) {
+    let (from, line) = counted;
+    let start = at
+        .map_or(from, |p| p.byte() as usize)
+        .clamp(from, text.len());
+    let start = text[start..]
+        .find(|c| c != '\r' && c != '\n')
+        .map_or(text.len(), |skip| start + skip);
+    let newlines = text.as_bytes()[from..start]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count();
+    (start, line + newlines)
+}
+
+/// The reader every CSV trace goes through: a header, rows of any length (checked by [`Csv`]),
+/// fields trimmed.
+fn csv_reader(text: &str) -> csv::Reader<&[u8]> {
+    csv::ReaderBuilder::new()
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes())
+}
+
+fn csv_error(ctx: Ctx<'_>, e: &csv::Error) -> TraceError {
+    let reason = TraceErrorKind::Csv(e.to_string());
+    match e.position() {
+        Some(p) => ctx.err(p.line() as usize, None, reason),
+        None => ctx.file_err(reason),
     }
-    let extra = parts.count();
-    if extra > 0 {
-        return Err(ctx.err(
-            line_no,
-            None,
-            TraceErrorKind::ExtraColumns {
-                expected: N,
-                found: N + extra,
-            },
-        ));
-    }
-    Ok(out)
+}
+
+/// Whether a CSV header line names every column in `needed` (in any order).
+fn header_has(line: &str, needed: &[&str]) -> bool {
+    csv_reader(line)
+        .headers()
+        .is_ok_and(|h| needed.iter().all(|n| h.iter().any(|c| c == *n)))
 }
 
 /// Parses a non-negative decimal integer no larger than `max`.
@@ -596,6 +682,28 @@ mod tests {
         );
         assert_eq!(err.line, Some(3));
         assert_eq!(err.field, Some("ContextTokens"));
+    }
+
+    #[test]
+    fn csv_columns_are_found_by_name_and_quoted_fields_read() {
+        // Columns reordered, an extra column, quoted fields (one holding a comma), CRLF, a blank line.
+        let text = "Note,GeneratedTokens,\"TIMESTAMP\",ContextTokens\r\n\
+                    \"a, b\",44,2023-11-16 18:15:46.5,374\r\n\r\n\
+                    x,\"109\",2023-11-16 18:15:47.5,396\r\n";
+        assert_eq!(TraceFormat::sniff(text), Some(TraceFormat::Azure2023));
+        let w = parse(text, p(), None).unwrap();
+        let got: Vec<_> = w
+            .arrivals
+            .iter()
+            .map(|a| (a.at_ms, a.prompt_tokens, a.output_tokens))
+            .collect();
+        assert_eq!(got, [(0.0, 374, 44), (1000.0, 396, 109)]);
+        // A row cut short names the first needed column it lacks, on the right line.
+        let err = parse(&format!("{text}y,7\r\n"), p(), None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "mem.csv:5: field TIMESTAMP: missing column"
+        );
     }
 
     #[test]

@@ -15,8 +15,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::rng::Rng;
-use super::Arrival;
+use rand::{Rng as _, SeedableRng};
+
+use super::{Arrival, Rng};
 
 /// The most adapters an [`AdapterSampler`] accepts (published setups use at most 2000).
 pub const MAX_ADAPTERS: u32 = 1 << 20;
@@ -223,15 +224,15 @@ impl AdapterSampler {
     pub fn sample(&self, rng: &mut Rng) -> u32 {
         let last = self.n - 1;
         match self.law {
-            PopularityLaw::Uniform => rng.below(u64::from(self.n)) as u32,
+            PopularityLaw::Uniform => rng.gen_range(0..self.n),
             PopularityLaw::Power { alpha } => {
                 // floor(n · U^(1/α)); U < 1 so X < 1 mathematically, but X may round up to 1.0.
-                let x = rng.uniform().powf(1.0 / alpha);
+                let x = rng.gen::<f64>().powf(1.0 / alpha);
                 ((f64::from(self.n) * x) as u32).min(last)
             }
             PopularityLaw::Zipf { .. } => {
-                let u = rng.uniform();
-                // First k with cdf[k] > u; cdf[last] = 1 > u, so the result is in 0..n.
+                // Inverse CDF: the first k with cdf[k] > u; cdf[last] = 1 > u, so k is in 0..n.
+                let u = rng.gen::<f64>();
                 (self.cdf.partition_point(|&c| c <= u) as u32).min(last)
             }
         }
@@ -241,7 +242,7 @@ impl AdapterSampler {
 /// Gives every arrival an adapter drawn from `sampler`, in arrival order, from a generator seeded
 /// with `seed` (the same inputs give the same assignment).
 pub fn assign_adapters(arrivals: &mut [Arrival], sampler: &AdapterSampler, seed: u64) {
-    let mut rng = Rng::new(seed);
+    let mut rng = Rng::seed_from_u64(seed);
     for a in arrivals {
         a.adapter = Some(sampler.sample(&mut rng));
     }
@@ -339,7 +340,7 @@ mod tests {
 
     /// Draws `samples` ids and counts them per adapter.
     fn histogram(sampler: &AdapterSampler, samples: usize, seed: u64) -> Vec<u64> {
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::seed_from_u64(seed);
         let mut counts = vec![0u64; sampler.adapters() as usize];
         for _ in 0..samples {
             counts[sampler.sample(&mut rng) as usize] += 1;

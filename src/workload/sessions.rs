@@ -19,8 +19,9 @@
 //! committed it, so reuse stops at the previous prompt's end: what an engine that caches prompts only
 //! would find.
 
-use super::rng::{splitmix64, Rng};
-use super::{Arrival, Workload};
+use rand::{Rng as _, RngCore, SeedableRng};
+
+use super::{Arrival, Rng, Workload};
 
 /// Tokens per generated prefix block (divides every power-of-two page size from 16 tokens up).
 pub const BLOCK_TOKENS: u32 = 16;
@@ -37,10 +38,9 @@ struct Session {
 }
 
 fn id(kind: u64, owner: u64, index: u64, seed: u64) -> u64 {
-    let mut s = seed ^ kind.rotate_left(61) ^ owner.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let a = splitmix64(&mut s);
-    let mut t = a ^ index;
-    splitmix64(&mut t)
+    // The first output of a generator seeded with the key: a well-mixed 64-bit hash of it.
+    let hash = |key: u64| Rng::seed_from_u64(key).next_u64();
+    hash(hash(seed ^ kind.rotate_left(61) ^ owner.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ index)
 }
 
 /// The system prompt length of an adapter (`None`: the base model), a seeded draw of 256 to 1024 tokens.
@@ -52,13 +52,13 @@ pub fn system_prompt_tokens(adapter: Option<u32>, seed: u64) -> u32 {
 /// Gives every arrival its prefix blocks (see the [module docs](self)) and sets the workload's block
 /// size to [`BLOCK_TOKENS`]. Deterministic for a seed; run after adapters are assigned.
 pub fn assign_sessions(w: &mut Workload, seed: u64) {
-    let mut rng = Rng::new(seed ^ 0x5e55_1045);
+    let mut rng = Rng::seed_from_u64(seed ^ 0x5e55_1045);
     let mut open: std::collections::HashMap<Option<u32>, Vec<Session>> = Default::default();
     let mut next_session = 0u64;
     for a in &mut w.arrivals {
         let sessions = open.entry(a.adapter).or_default();
         let prompt = u64::from(a.prompt_tokens);
-        let follow = rng.uniform() < FOLLOW_UP;
+        let follow = rng.gen::<f64>() < FOLLOW_UP;
         let at = follow
             .then(|| sessions.iter().rposition(|s| s.context < prompt))
             .flatten();

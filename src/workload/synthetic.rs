@@ -12,8 +12,10 @@
 
 use std::fmt;
 
-use super::rng::{splitmix64, Rng};
-use super::{Arrival, Source, Workload};
+use rand::SeedableRng;
+use rand_distr::{Distribution, Exp, Gamma, LogNormal, Uniform};
+
+use super::{Arrival, Rng, Source, Workload};
 
 /// The most requests [`generate`] makes; larger horizons are refused rather than exhausting memory.
 pub const MAX_REQUESTS: usize = 10_000_000;
@@ -89,49 +91,56 @@ impl LengthDist {
         }
     }
 
-    fn validate(self, which: &'static str) -> Result<(), SyntheticError> {
+    /// Checks the law and builds its sampler.
+    fn sampler(self, which: &'static str) -> Result<LengthSampler, SyntheticError> {
         let bad = |why| Err(SyntheticError::BadLengths { which, why });
         match self {
-            Self::Uniform { lo, hi } => {
-                if lo == 0 {
-                    bad("uniform lower bound must be at least 1")
-                } else if hi <= lo {
-                    bad("uniform upper bound must exceed the lower bound")
-                } else {
-                    Ok(())
-                }
+            Self::Uniform { lo: 0, .. } => bad("uniform lower bound must be at least 1"),
+            Self::Uniform { lo, hi } if hi <= lo => {
+                bad("uniform upper bound must exceed the lower bound")
+            }
+            Self::Uniform { lo, hi } => Ok(LengthSampler::Uniform(Uniform::new(lo, hi))),
+            Self::LogNormal { mu, .. } if !mu.is_finite() => bad("log-normal mu must be finite"),
+            Self::LogNormal { min, max, .. } if min == 0 || max < min => {
+                bad("log-normal clamp must satisfy 1 <= min <= max")
             }
             Self::LogNormal {
                 mu,
                 sigma,
                 min,
                 max,
-            } => {
-                if !mu.is_finite() {
-                    bad("log-normal mu must be finite")
-                } else if !(sigma.is_finite() && sigma >= 0.0) {
-                    bad("log-normal sigma must be finite and non-negative")
-                } else if min == 0 || max < min {
-                    bad("log-normal clamp must satisfy 1 <= min <= max")
-                } else {
-                    Ok(())
-                }
-            }
+            } => match LogNormal::new(mu, sigma) {
+                Ok(law) if sigma.is_finite() => Ok(LengthSampler::LogNormal { law, min, max }),
+                _ => bad("log-normal sigma must be finite and non-negative"),
+            },
         }
     }
+}
 
-    fn sample(self, rng: &mut Rng) -> u32 {
+/// The law of the gaps between arrivals.
+enum Gaps {
+    Exp(Exp<f64>),
+    Gamma(Gamma<f64>),
+}
+
+/// A checked [`LengthDist`], ready to draw.
+enum LengthSampler {
+    Uniform(Uniform<u32>),
+    LogNormal {
+        law: LogNormal<f64>,
+        min: u32,
+        max: u32,
+    },
+}
+
+impl LengthSampler {
+    fn sample(&self, rng: &mut Rng) -> u32 {
         match self {
-            Self::Uniform { lo, hi } => lo + rng.below(u64::from(hi - lo)) as u32,
-            Self::LogNormal {
-                mu,
-                sigma,
-                min,
-                max,
-            } => {
-                let x = rng.lognormal(mu, sigma).round();
-                // Clamp in f64 first: `as u32` saturates, but NaN cannot occur for finite mu/sigma.
-                x.clamp(f64::from(min), f64::from(max)) as u32
+            Self::Uniform(law) => law.sample(rng),
+            Self::LogNormal { law, min, max } => {
+                // Clamp in f64 first: `as u32` saturates, and NaN cannot occur for finite mu/sigma.
+                let x = law.sample(rng).round();
+                x.clamp(f64::from(*min), f64::from(*max)) as u32
             }
         }
     }
@@ -258,23 +267,23 @@ fn generate_capped(spec: &SyntheticSpec, cap: usize) -> Result<Workload, Synthet
     if !(rate.is_finite() && rate > 0.0) {
         return Err(SyntheticError::BadRate(rate));
     }
-    // Gap distribution: (shape, scale) of a gamma, or None for exponential.
-    let gamma = match spec.arrivals {
-        ArrivalProcess::Poisson { .. } => None,
+    let gaps_law = match spec.arrivals {
+        ArrivalProcess::Poisson { .. } => {
+            Gaps::Exp(Exp::new(rate).map_err(|_| SyntheticError::BadRate(rate))?)
+        }
         ArrivalProcess::Gamma { cv, .. } => {
-            if !(cv.is_finite() && cv > 0.0) {
-                return Err(SyntheticError::BadCv(cv));
+            // Shape 1/cv² and scale cv²/rate: mean 1/rate, coefficient of variation cv.
+            let (shape, scale) = (1.0 / (cv * cv), cv * cv / rate);
+            match Gamma::new(shape, scale) {
+                Ok(g) if cv.is_finite() && cv > 0.0 && shape.is_finite() && scale > 0.0 => {
+                    Gaps::Gamma(g)
+                }
+                _ => return Err(SyntheticError::BadCv(cv)),
             }
-            let shape = 1.0 / (cv * cv);
-            let scale = cv * cv / rate;
-            if !(shape.is_finite() && shape > 0.0 && scale.is_finite() && scale > 0.0) {
-                return Err(SyntheticError::BadCv(cv));
-            }
-            Some((shape, scale))
         }
     };
-    spec.prompt.validate("prompt")?;
-    spec.output.validate("output")?;
+    let prompt_law = spec.prompt.sampler("prompt")?;
+    let output_law = spec.output.sampler("output")?;
     let (count, until_s) = match spec.horizon {
         Horizon::Requests(n) if n > cap => return Err(SyntheticError::TooManyRequests),
         Horizon::Requests(n) => (n, f64::INFINITY),
@@ -284,16 +293,18 @@ fn generate_capped(spec: &SyntheticSpec, cap: usize) -> Result<Workload, Synthet
         Horizon::Seconds(d) => (cap.saturating_add(1), d),
     };
 
-    let mut sm = spec.seed;
-    let mut gaps = Rng::new(splitmix64(&mut sm));
-    let mut prompts = Rng::new(splitmix64(&mut sm));
-    let mut outputs = Rng::new(splitmix64(&mut sm));
+    // Three non-overlapping streams of one generator (each jump skips 2^128 draws).
+    let mut gaps = Rng::seed_from_u64(spec.seed);
+    let mut prompts = gaps.clone();
+    prompts.jump();
+    let mut outputs = prompts.clone();
+    outputs.jump();
     let mut arrivals = Vec::with_capacity(count.min(1 << 20));
     let mut t = 0.0f64;
     while arrivals.len() < count {
-        t += match gamma {
-            None => gaps.exponential(rate),
-            Some((shape, scale)) => gaps.gamma(shape, scale),
+        t += match &gaps_law {
+            Gaps::Exp(law) => law.sample(&mut gaps),
+            Gaps::Gamma(law) => law.sample(&mut gaps),
         };
         if t > until_s {
             break;
@@ -303,8 +314,8 @@ fn generate_capped(spec: &SyntheticSpec, cap: usize) -> Result<Workload, Synthet
         }
         arrivals.push(Arrival {
             at_ms: t * 1000.0,
-            prompt_tokens: spec.prompt.sample(&mut prompts),
-            output_tokens: spec.output.sample(&mut outputs),
+            prompt_tokens: prompt_law.sample(&mut prompts),
+            output_tokens: output_law.sample(&mut outputs),
             adapter: None,
             prefix_blocks: Vec::new(),
         });
