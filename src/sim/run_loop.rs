@@ -10,9 +10,10 @@ use kvsched_core::page_pool::KvPoolConfig;
 use kvsched_core::request::{Ownership, RequestSpec, TaskId};
 use kvsched_core::Phase;
 
+use super::report::Quantiles;
 use super::{
-    check_invariants, percentile, prefix, Live, Out, Report, Samples, Sched, SimError, SimOptions,
-    StepWork, MAX_LIVE,
+    check_invariants, prefix, Live, Out, Report, Samples, Sched, SimError, SimOptions, StepWork,
+    MAX_LIVE,
 };
 use crate::workload::Rng;
 use crate::workload::Workload;
@@ -397,8 +398,8 @@ impl<'s, 'w> Sim<'s, 'w> {
         self.kv_gpu_sum += kv_gpu;
         self.adapter_sum +=
             100.0 * adapters.device_used() as f64 / self.o.adapters.device_pages.max(1) as f64;
-        r.peak_kv_gpu_pct = r.peak_kv_gpu_pct.max(kv_gpu);
-        r.peak_kv_host_pct = r.peak_kv_host_pct.max(kv_host);
+        r.kv_gpu_util_peak_pct = r.kv_gpu_util_peak_pct.max(kv_gpu);
+        r.kv_host_util_peak_pct = r.kv_host_util_peak_pct.max(kv_host);
         if r.iterations % self.sample_every == 0 {
             let waiting = self.queue.len()
                 + sched
@@ -468,25 +469,17 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.wall_seconds = self.wall.elapsed().as_secs_f64();
         r.kv_gpu_util_mean_pct = self.kv_gpu_sum / r.iterations.max(1) as f64;
         r.adapter_util_mean_pct = self.adapter_sum / r.iterations.max(1) as f64;
-        r.slo = (o.slo_ttft_ms.is_some() || o.slo_tpot_ms.is_some())
-            .then_some((o.slo_ttft_ms, o.slo_tpot_ms));
-        r.throughput_tok_s = if r.sim_seconds > 0.0 {
-            r.tokens_generated as f64 / r.sim_seconds
-        } else {
-            0.0
-        };
+        (r.slo_ttft_ms, r.slo_tpot_ms) = (o.slo_ttft_ms, o.slo_tpot_ms);
         for v in [&mut self.ttft, &mut self.tpot, &mut self.sched_ns] {
             v.sort_by(f64::total_cmp);
         }
-        r.ttft_ms = (percentile(&self.ttft, 0.5), percentile(&self.ttft, 0.99));
-        r.tpot_ms = (percentile(&self.tpot, 0.5), percentile(&self.tpot, 0.99));
-        r.sched_ns_per_iter = (
-            percentile(&self.sched_ns, 0.5),
-            percentile(&self.sched_ns, 0.99),
-        );
+        r.ttft_ms = Quantiles::of(&self.ttft);
+        r.tpot_ms = Quantiles::of(&self.tpot);
+        r.sched_ns_per_iter = Quantiles::of(&self.sched_ns);
         r.samples = std::mem::take(&mut self.samples);
         r.source = w.source.to_string();
         r.adapters = o.adapters.count;
+        r.derive();
         self.r
     }
 }

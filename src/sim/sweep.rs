@@ -143,7 +143,7 @@ impl Sweep {
 
     /// The Markdown table of the sweep.
     pub fn table(&self, reports: &[Report]) -> String {
-        let goodput = reports.first().is_some_and(|r| r.slo.is_some());
+        let goodput = reports.first().is_some_and(|r| r.has_slo());
         let mut s = format!(
             "| {} | throughput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{} suspensions | overloaded |\n|---|---|---|---|{}---|---|\n",
             self.label(),
@@ -154,21 +154,21 @@ impl Sweep {
             let _ = write!(
                 s,
                 "| {v} | {:.0} | {:.1} / {:.1} | {:.2} / {:.2} |",
-                r.throughput_tok_s, r.ttft_ms.0, r.ttft_ms.1, r.tpot_ms.0, r.tpot_ms.1
+                r.throughput_tok_s, r.ttft_ms.p50, r.ttft_ms.p99, r.tpot_ms.p50, r.tpot_ms.p99
             );
             if goodput {
                 let _ = write!(
                     s,
                     " {:.2} ({:.1} %) |",
-                    r.goodput_rps(),
-                    100.0 * r.slo_attainment()
+                    r.goodput_rps,
+                    100.0 * r.slo_attainment
                 );
             }
             let _ = writeln!(
                 s,
                 " {} | {} |",
                 r.suspended,
-                if r.overloaded() { "yes" } else { "no" }
+                if r.overloaded { "yes" } else { "no" }
             );
         }
         s
@@ -187,17 +187,17 @@ impl Sweep {
             )
             .panel(
                 Panel::new("time to first token", "ms")
-                    .series("p50", col(&|r| r.ttft_ms.0))
-                    .series("p99", col(&|r| r.ttft_ms.1)),
+                    .series("p50", col(&|r| r.ttft_ms.p50))
+                    .series("p99", col(&|r| r.ttft_ms.p99)),
             )
             .panel(
                 Panel::new("time per output token", "ms")
-                    .series("p50", col(&|r| r.tpot_ms.0))
-                    .series("p99", col(&|r| r.tpot_ms.1)),
+                    .series("p50", col(&|r| r.tpot_ms.p50))
+                    .series("p99", col(&|r| r.tpot_ms.p99)),
             );
-        if reports.first().is_some_and(|r| r.slo.is_some()) {
-            tl = tl
-                .panel(Panel::new("goodput", "req/s").series("SLO met", col(&|r| r.goodput_rps())));
+        if reports.first().is_some_and(|r| r.has_slo()) {
+            tl =
+                tl.panel(Panel::new("goodput", "req/s").series("SLO met", col(&|r| r.goodput_rps)));
         }
         tl
     }
