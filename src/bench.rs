@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
-use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
@@ -324,6 +324,7 @@ impl Scenario {
             window: Window::Decoder,
             deadlock_threshold: 1000,
             blocked_fast_path: true,
+            admission: Admission::Fcfs,
         }
     }
 }

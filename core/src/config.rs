@@ -34,6 +34,54 @@ pub struct Chunking {
     pub unit: u32,
 }
 
+/// Priority classes of [`Admission::Deadline`].
+pub const PRIORITY_CLASSES: usize = 4;
+
+/// The order in which phase 2 admits the deferred context and encoder requests. Only that order
+/// changes: generation runs first under every policy (spec §1.2), and each request is admitted by the
+/// same rules. Beyond the reference, except [`Admission::Fcfs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Arrival order (the reference).
+    #[default]
+    Fcfs,
+    /// Virtual token counters (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024):
+    /// each client — a tenant, else a LoRA task, else the base model — has a counter of the weighted
+    /// service it received (`input_weight` per prompt token a completed step processed,
+    /// `output_weight` per token it generated); the client with the smallest counter is admitted
+    /// first. A client that becomes active again is lifted to the smallest counter of the active ones,
+    /// so idleness earns no credit.
+    Vtc {
+        /// Weight of a processed prompt token.
+        input_weight: u32,
+        /// Weight of a generated token.
+        output_weight: u32,
+    },
+    /// Earliest deadline first: a request's deadline is `arrival + ttft[priority]` (the engine's
+    /// clock and unit). A deadline is absolute, so a waiting request ages: it is overtaken only by
+    /// requests whose deadlines are earlier, which a later arrival's is only within its class offset.
+    Deadline {
+        /// The time-to-first-token objective of each priority class.
+        ttft: [u64; PRIORITY_CLASSES],
+    },
+}
+
+impl Admission {
+    /// VTC's weights in the paper's setting: an output token costs twice an input token.
+    pub const VTC: Self = Self::Vtc {
+        input_weight: 1,
+        output_weight: 2,
+    };
+
+    /// Whether a request blocked on its adapter drains admissions: under a fair policy, once the
+    /// request first in order cannot get its adapter onto the device, no later request in the pass
+    /// takes a new lease, so the adapters on the device are released as their requests finish and the
+    /// blocked one is loaded (SGLang #15129). FCFS keeps the reference's behaviour.
+    pub const fn drains(self) -> bool {
+        !matches!(self, Self::Fcfs)
+    }
+}
+
 /// The schedulable phase window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Window {
@@ -81,6 +129,8 @@ pub struct Config {
     /// `TLLM_SCHEDULER_DISABLE_BLOCKED_CTX_SKIP=1` is `false` here). Decision-neutral: it only saves the
     /// probes and calls of an admission that an unpaired draft pool would certainly refuse.
     pub blocked_fast_path: bool,
+    /// The order of phase 2's admissions (beyond the reference; [`Admission::Fcfs`] is the reference).
+    pub admission: Admission,
 }
 
 impl Default for Config {
@@ -96,6 +146,7 @@ impl Default for Config {
             window: Window::Decoder,
             deadlock_threshold: 1000,
             blocked_fast_path: true,
+            admission: Admission::Fcfs,
         }
     }
 }
@@ -106,6 +157,17 @@ impl Config {
         if let Some(c) = self.chunking {
             if c.unit == 0 {
                 return Err(crate::Error::Invalid("chunk unit must be at least 1 token"));
+            }
+        }
+        if let Admission::Vtc {
+            input_weight,
+            output_weight,
+        } = self.admission
+        {
+            if input_weight == 0 && output_weight == 0 {
+                return Err(crate::Error::Invalid(
+                    "VTC needs a positive input or output weight",
+                ));
             }
         }
         if self.deadlock_threshold == 0 {

@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::config::{
+    Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window, PRIORITY_CLASSES,
+};
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::request::{RequestSpec, TaskId};
 use kvsched_core::scheduler::{Adopt, Scheduler};
@@ -17,7 +19,7 @@ use kvsched_core::Phase;
 use serde_json::Value;
 
 use scenario::Outcomes;
-use scenario::{id_list, script, Expect, IdList, PassIn, RequestIn, Scenario};
+use scenario::{id_list, script, AdmissionIn, Expect, IdList, PassIn, RequestIn, Scenario};
 use scripted::{PeftCall, ScriptedKv, ScriptedPeft, Scripts};
 
 /// Requests one scenario may hold.
@@ -123,6 +125,28 @@ fn phase_of(field: &str, name: Option<&str>) -> Result<Phase, String> {
         .ok_or_else(|| format!("malformed: field {field}.state: unknown state {n:?}"))
 }
 
+fn admission_of(a: &AdmissionIn) -> Result<Admission, String> {
+    match a.policy.as_str() {
+        "fcfs" => Ok(Admission::Fcfs),
+        "vtc" => Ok(Admission::Vtc {
+            input_weight: a.input_weight.unwrap_or(1),
+            output_weight: a.output_weight.unwrap_or(2),
+        }),
+        "deadline" => {
+            let given = a.ttft.as_deref().unwrap_or(&[]);
+            let last = given.last().copied().unwrap_or(0);
+            if given.len() > PRIORITY_CLASSES {
+                return Err("malformed: field config.admission.ttft: at most four classes".into());
+            }
+            let ttft = core::array::from_fn(|i| given.get(i).copied().unwrap_or(last));
+            Ok(Admission::Deadline { ttft })
+        }
+        p => Err(format!(
+            "malformed: field config.admission.policy: unknown policy {p:?}"
+        )),
+    }
+}
+
 fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     let phase = phase_of(field, r.state.as_deref())?;
     let mut s = RequestSpec::new(r.id, phase, r.prompt.unwrap_or(100));
@@ -134,6 +158,9 @@ fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     s.encoder_len = r.encoder_len.unwrap_or(0);
     s.skip_cross = r.skip_cross.unwrap_or(false);
     s.encoder_pending = !r.encoder_ready.unwrap_or(true);
+    s.tenant = r.tenant;
+    s.priority = r.priority.unwrap_or(0);
+    s.arrival = r.arrival.unwrap_or(0);
     if let Some(mm) = &r.mm {
         mm_runs(field, mm, &mut s)?;
     }
@@ -319,6 +346,10 @@ fn config_of(sc: &Scenario) -> Result<Config, String> {
         },
         deadlock_threshold: c.deadlock_threshold.unwrap_or(1000),
         blocked_fast_path: c.blocked_fast_path.unwrap_or(true),
+        admission: match &c.admission {
+            None => Admission::Fcfs,
+            Some(a) => admission_of(a)?,
+        },
     };
     cfg.validate()
         .map_err(|e| format!("malformed: field config: {e}"))?;
@@ -546,6 +577,12 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                         }
                         if let Some(v) = u.encoder_ready {
                             s.encoder_pending = !v;
+                        }
+                        if let Some(v) = u.priority {
+                            s.priority = v;
+                        }
+                        if let Some(v) = u.arrival {
+                            s.arrival = v;
                         }
                         if let Some(mm) = &u.mm {
                             let _ = mm_runs("", mm, s);

@@ -72,6 +72,22 @@ pub struct ConfigIn {
     pub deadlock_threshold: Option<u32>,
     /// The blocked pending-context fast path (spec §1.11).
     pub blocked_fast_path: Option<bool>,
+    /// Admission order (beyond the reference): absent = FCFS.
+    pub admission: Option<AdmissionIn>,
+}
+
+/// `config.admission` (beyond the reference).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionIn {
+    /// `fcfs`, `vtc` or `deadline`.
+    pub policy: String,
+    /// VTC: weight of a prompt token (1).
+    pub input_weight: Option<u32>,
+    /// VTC: weight of a generated token (2).
+    pub output_weight: Option<u32>,
+    /// Deadline: the TTFT objective of each priority class (up to four; missing classes get the last).
+    pub ttft: Option<Vec<u64>>,
 }
 
 /// `config.chunking`.
@@ -223,6 +239,12 @@ pub struct RequestIn {
     /// An unpaired draft pool cannot resume this request's suspended mirror now: its preview says
     /// blocked and `admit_mirror` refuses (spec §1.11).
     pub mirror_blocked: Option<bool>,
+    /// Tenant (VTC's client; absent: the LoRA task or the base model).
+    pub tenant: Option<u32>,
+    /// Priority class (deadline admission).
+    pub priority: Option<u8>,
+    /// Arrival time (deadline admission).
+    pub arrival: Option<u64>,
 }
 
 /// `passes[]`.

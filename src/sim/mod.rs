@@ -11,7 +11,7 @@ mod run_loop;
 pub mod sweep;
 
 use kvsched_core::adapter::AdapterPool;
-use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
@@ -97,6 +97,9 @@ pub struct SimOptions {
     /// GPU pages of the joint draft pool (0: as many as the target's GPU tier; its host tier is the
     /// target's size).
     pub draft_kv_pages: u32,
+    /// The order of admissions (`--admission`). Under `Deadline`, a request's class is its adapter id
+    /// modulo 4 (the base model's: 0) and its arrival is in microseconds.
+    pub admission: Admission,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -141,6 +144,7 @@ impl Default for SimOptions {
             prefix_reuse: true,
             spec_decode: None,
             draft_kv_pages: 0,
+            admission: Admission::Fcfs,
         }
     }
 }
@@ -393,6 +397,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         window: Window::Decoder,
         deadlock_threshold: o.deadlock_threshold,
         blocked_fast_path: true,
+        admission: o.admission,
     };
     let sched: Box<Sched<'_>> =
         Box::new(Scheduler::new(cfg, kv, pool).map_err(|e| SimError::Options(e.to_string()))?);

@@ -50,6 +50,14 @@ pub struct RequestSpec {
     /// Bidirectional multimodal runs `[start, end)` of prompt positions (ascending, disjoint): a chunk
     /// never ends strictly inside one (spec §1.9). Empty: no multimodal data.
     pub mm_runs: heapless::Vec<(u32, u32), MAX_MM_RUNS>,
+    /// The tenant served fairly under [`crate::config::Admission::Vtc`]; `None`: the request's LoRA task
+    /// (or the base model) is its client. Fixed at submission.
+    pub tenant: Option<u32>,
+    /// Priority class under [`crate::config::Admission::Deadline`] (below
+    /// [`crate::config::PRIORITY_CLASSES`]): its TTFT deadline is `arrival + ttft[priority]`.
+    pub priority: u8,
+    /// Arrival time on the engine's clock, in the unit of the deadline configuration (e.g. µs).
+    pub arrival: u64,
 }
 
 impl RequestSpec {
@@ -70,6 +78,9 @@ impl RequestSpec {
             skip_cross: false,
             encoder_pending: false,
             mm_runs: heapless::Vec::new(),
+            tenant: None,
+            priority: 0,
+            arrival: 0,
         }
     }
 

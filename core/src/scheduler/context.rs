@@ -65,6 +65,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             return Step::Skip;
         };
         let Some(pages) = self.peft_need(slot) else {
+            // Its adapter does not fit the device beside the pass's: a fair policy drains.
+            self.draining |= self.cfg.admission.drains();
             return Step::Skip;
         };
         if phase == Phase::EncoderInit {
@@ -106,7 +108,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let slot = self.table.slot(i);
         if !self.lease_obtainable(slot) {
             // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
-            // lease would be refused after the pages were found.
+            // lease would be refused after the pages were found. A fair policy drains: no later
+            // request takes a new lease, so the device's adapters come free for this one.
+            self.draining |= self.cfg.admission.drains();
+            return Step::Skip;
+        }
+        if self.draining && self.takes_new_lease(slot) {
             return Step::Skip;
         }
         let first = self.first_chunk(slot);
@@ -135,6 +142,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         self.commit_peft(slot, pages);
         self.mark(slot, mark::SCHEDULED);
         Step::Scheduled
+    }
+
+    /// Admitting the request would take a lease it does not hold (a LoRA request not on the GPU).
+    fn takes_new_lease(&self, slot: u16) -> bool {
+        let e = self.table.entry(slot);
+        e.task().is_some() && !e.ownership().on_gpu()
     }
 
     /// The pass has put a request's KV in place: its type-state takes ownership — (1) admission of a

@@ -179,6 +179,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             let deferred = self.pending.push(super::pass::Pending {
                 index: i as u16,
                 planned: 0,
+                key: 0,
             });
             assert!(deferred.is_ok(), "one pending entry per live request");
             return Step::Skip;

@@ -27,6 +27,7 @@
 //! (`table.rs`); per task, live leases = the adapter cache's device refcount; no suspended or
 //! recompute-paused request holds a lease or active KV.
 
+mod admission;
 mod chunking;
 mod context;
 mod cross;
@@ -114,6 +115,8 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     /// The last pass whose step was completed.
     completed: u64,
     last: PassStats,
+    /// The VTC counters (kept under [`crate::config::Admission::Vtc`] only).
+    clients: admission::Clients<N>,
 }
 
 impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
@@ -137,6 +140,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             passes: 0,
             completed: 0,
             last: PassStats::default(),
+            clients: admission::Clients::new(),
         })
     }
 
@@ -197,6 +201,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         self.passes.hash(&mut h);
         self.completed.hash(&mut h);
         self.desk.hash_state(&mut h);
+        self.clients.hash_state(&mut h);
         h.finish()
     }
 
@@ -291,6 +296,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     fn check_sizes(&self, spec: &RequestSpec) -> Result<(), Error> {
         if spec.beam == 0 {
             return Err(Error::Invalid("beam width must be at least 1"));
+        }
+        if usize::from(spec.priority) >= crate::config::PRIORITY_CLASSES {
+            return Err(Error::Invalid("priority class out of range"));
         }
         self.check_mm_runs(spec)?;
         if spec.beam.checked_add(spec.draft).is_none() {
@@ -418,6 +426,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             self.table.cancel_insert(h);
             return Err(e);
         }
+        if self.vtc() {
+            self.clients.join(h.index(), &spec);
+        }
         if how == Adopt::Waiting {
             // A new request's slot forgets the block hashes a previous occupant left for its replay.
             let root = self.prefix_root(task, spec.lora, 0);
@@ -433,8 +444,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         Ok(())
     }
 
-    /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id and LoRA task cannot
-    /// change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
+    /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id, LoRA task and
+    /// tenant cannot change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
     /// as at submission) is refused and nothing changes.
     pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
@@ -442,6 +453,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         f(&mut s);
         s.id = e.spec().id;
         s.lora = e.spec().lora;
+        s.tenant = e.spec().tenant;
         if s.position > s.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
         }
@@ -455,7 +467,34 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn remove(&mut self, h: Handle) -> Result<RequestSpec, Error> {
         let (held, spec) = self.table.remove(h).ok_or(Error::StaleHandle)?;
         held.finish(&mut self.kv, &mut self.desk);
+        if self.vtc() {
+            self.clients.leave(h.index());
+        }
         Ok(spec)
+    }
+
+    /// VTC keeps counters.
+    fn vtc(&self) -> bool {
+        matches!(self.cfg.admission, crate::config::Admission::Vtc { .. })
+    }
+
+    /// VTC: the completed step's service, charged to its clients (context tokens at the input weight,
+    /// generated tokens — beam and drafts — at the output weight).
+    fn charge_service(&mut self, out: &SchedulerOutput<N>, input: u32, output: u32) {
+        for c in out.context() {
+            let l = c.listed;
+            if self.table.is_live(l.slot(), l.handle().generation()) {
+                let service = u64::from(c.tokens) * u64::from(input);
+                self.clients.charge(l.slot(), service);
+            }
+        }
+        for l in out.generation() {
+            if self.table.is_live(l.slot(), l.handle().generation()) {
+                let s = self.table.entry(l.slot()).spec();
+                let service = u64::from(s.beam + s.draft) * u64::from(output);
+                self.clients.charge(l.slot(), service);
+            }
+        }
     }
 
     /// Runs one scheduling pass into `out` (spec §1.2; the algorithm is `pass.rs`).
@@ -471,6 +510,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             listed,
             chunks,
             contributed,
+            client_sums,
             ..
         } = &mut self.scratch;
         let parts = pass::Parts {
@@ -478,6 +518,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             contributed,
             pending,
             plan,
+            clients: &self.clients,
+            client_sums,
         };
         let pass = Pass::begin(
             &self.cfg,
@@ -585,6 +627,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             return Err(Error::StaleOutput);
         }
         self.completed = self.passes;
+        if let crate::config::Admission::Vtc {
+            input_weight,
+            output_weight,
+        } = self.cfg.admission
+        {
+            self.charge_service(out, input_weight, output_weight);
+        }
         for c in out.context() {
             let l = c.listed;
             if !self.table.is_live(l.slot(), l.handle().generation()) {

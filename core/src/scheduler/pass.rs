@@ -21,6 +21,7 @@ use crate::kv::KvBackend;
 use crate::lease::AdapterDesk;
 use crate::output::{Chunk, Full, Listed, SchedulerOutput};
 
+use super::admission::Clients;
 use super::plan::Plan;
 use super::table::Table;
 
@@ -57,6 +58,8 @@ pub(crate) mod mark {
 pub(crate) struct Pending {
     pub(crate) index: u16,
     pub(crate) planned: u32,
+    /// The admission policy's sort key (`admission.rs`; unused under FCFS).
+    pub(crate) key: u64,
 }
 
 /// Storage a pass uses and clears: kept by the scheduler so that a pass allocates nothing.
@@ -70,6 +73,8 @@ pub(crate) struct Scratch<const N: usize, const T: usize> {
     pub(crate) contributed: heapless::Vec<u64, N>,
     /// Slots to settle when the engine takes the page moves (outside a pass).
     pub(crate) pending_slots: heapless::Vec<u16, N>,
+    /// VTC ordering: per client entry, the remaining prompts of its requests already ordered.
+    pub(crate) client_sums: [u64; N],
 }
 
 impl<const N: usize, const T: usize> Scratch<N, T> {
@@ -82,6 +87,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
             chunks: [Chunk::default(); N],
             contributed: heapless::Vec::new(),
             pending_slots: heapless::Vec::new(),
+            client_sums: [0; N],
         }
     }
 }
@@ -92,6 +98,8 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize> {
     pub(crate) contributed: &'a mut heapless::Vec<u64, N>,
     pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
     pub(crate) plan: &'a mut Plan<T>,
+    pub(crate) clients: &'a Clients<N>,
+    pub(crate) client_sums: &'a mut [u64; N],
 }
 
 /// What a rule decided for one request (spec §1.4–§1.7).
@@ -118,6 +126,9 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     pub(crate) skip_live: bool,
     pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
     pub(crate) plan: &'a mut Plan<T>,
+    /// The VTC counters (read-only in a pass: service is charged when a step completes).
+    pub(crate) clients: &'a Clients<N>,
+    pub(crate) client_sums: &'a mut [u64; N],
     pub(crate) budget: Budget,
     pub(crate) stats: PassStats,
     /// Ordinary eviction's end index (spec §1.5 step 5): nothing at or beyond it is visited again.
@@ -135,6 +146,9 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     pub(crate) preempt_only: Option<usize>,
     /// GUARANTEED_NO_EVICT: a first chunk's reservation did not fit; no new request is admitted after it.
     pub(crate) admissions_closed: bool,
+    /// A fair policy's request could not get its adapter: no later request takes a new lease
+    /// ([`crate::config::Admission::drains`]).
+    pub(crate) draining: bool,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, K, P, N, T> {
@@ -164,6 +178,8 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             skip_live: false,
             pending: parts.pending,
             plan: parts.plan,
+            clients: parts.clients,
+            client_sums: parts.client_sums,
             budget: Budget::new(cfg),
             stats: PassStats::default(),
             end: len,
@@ -173,6 +189,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             recomputes: 0,
             preempt_only: None,
             admissions_closed: false,
+            draining: false,
         }
     }
 
@@ -184,6 +201,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
         stall: &mut u32,
     ) -> (PassStats, Result<(), Error>) {
         self.generation_phase();
+        self.order_admissions();
         if let Some(c) = self.cfg.chunking {
             if c.policy == ChunkPolicy::EqualProgress {
                 self.plan_equal_progress(c.unit);
