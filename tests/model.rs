@@ -15,7 +15,7 @@
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{run, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, N, T};
+use harness::{run, Admission, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, N, T};
 use kvsched_core::error::Error;
 use kvsched_core::kv_set::DraftMode;
 use proptest::prelude::*;
@@ -79,7 +79,7 @@ fn setup() -> impl Strategy<Value = Setup> {
             1u32..=8,
         ),
         peft(),
-        (2u32..=12, any::<bool>(), 0u8..3, any::<bool>()),
+        (2u32..=12, any::<bool>(), 0u8..3, any::<bool>(), 0u8..3),
     )
         .prop_map(
             |(
@@ -87,7 +87,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 (chunk, unit, no_evict, recompute_pause),
                 (max_num_tokens, max_num_requests),
                 peft,
-                (deadlock_threshold, prefix, draft, cross),
+                (deadlock_threshold, prefix, draft, cross, admission),
             )| Setup {
                 gpu_pages,
                 host_pages,
@@ -108,6 +108,13 @@ fn setup() -> impl Strategy<Value = Setup> {
                     _ => None,
                 },
                 cross,
+                admission: match admission {
+                    1 => Admission::VTC,
+                    2 => Admission::Deadline {
+                        ttft: [0, 40, 200, 1000],
+                    },
+                    _ => Admission::Fcfs,
+                },
             },
         )
 }
@@ -304,6 +311,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         prefix: false,
         draft: None,
         cross: false,
+        admission: Admission::Fcfs,
     }
 }
 

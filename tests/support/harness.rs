@@ -28,6 +28,7 @@ use std::collections::BTreeSet;
 
 use kvsched::memory::KvMemory;
 use kvsched_core::adapter::{AdapterPool, Holding, HostChange, PeftBackend, TaskRef};
+pub use kvsched_core::config::Admission;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
@@ -93,6 +94,8 @@ pub struct Setup {
     pub draft: Option<DraftMode>,
     /// A cross pool (same geometry): submissions may carry an encoder output.
     pub cross: bool,
+    /// The admission order (requests carry tenants, classes and arrivals for it).
+    pub admission: Admission,
 }
 
 /// The KV memory of a [`Setup`]: the target pool's, and the draft and cross pools' when present.
@@ -141,6 +144,7 @@ impl Setup {
             window: Window::Decoder,
             deadlock_threshold: self.deadlock_threshold,
             blocked_fast_path: true,
+            admission: self.admission,
         }
     }
 
@@ -697,6 +701,10 @@ impl<'a> Harness<'a> {
     ) -> RequestSpec {
         let mut s = RequestSpec::new(self.next_id, Phase::ContextInit, prompt);
         s.lora = lora.map(|i| TaskId(task_id(i)));
+        // Clients and classes for the admission policies: every third request has a tenant of its own.
+        s.tenant = (self.next_id % 3 == 0).then_some((self.next_id % 5) as u32);
+        s.priority = (self.next_id % 4) as u8;
+        s.arrival = self.next_id * 10;
         s.draft = u32::from(draft);
         // Enough KV for the whole output: every decode step grows the cache by 1 + drafts.
         s.max_new_tokens = out_len * (1 + u32::from(draft));
@@ -1544,6 +1552,13 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             _ => None,
         },
         cross: mode & 0x80 != 0,
+        admission: match r.byte() % 3 {
+            0 => Admission::Fcfs,
+            1 => Admission::VTC,
+            _ => Admission::Deadline {
+                ttft: [0, 40, 200, 1000],
+            },
+        },
     };
     let mut ops = Vec::new();
     while !r.0.is_empty() && ops.len() < 4096 {

@@ -332,7 +332,7 @@ mod tests {
         let mut out = SchedulerOutput::<8>::new();
         let mut next = 10;
         let mut live: heapless::Vec<(Handle, u32), 8> = heapless::Vec::new();
-        let mut r = prompt(1, 8).with_lora(1);
+        let r = prompt(1, 8).with_lora(1);
         live.push((s.submit(r).unwrap(), 0)).unwrap();
         let blocked = s.submit(prompt(2, 8).with_lora(2)).unwrap();
         for pass in 0..40 {
