@@ -325,6 +325,7 @@ impl Scenario {
             deadlock_threshold: 1000,
             blocked_fast_path: true,
             admission: Admission::Fcfs,
+            drain_after: 256,
         }
     }
 }

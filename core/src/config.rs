@@ -73,8 +73,8 @@ impl Admission {
         output_weight: 2,
     };
 
-    /// Whether a request blocked on its adapter drains admissions: under a fair policy, once the
-    /// request first in order cannot get its adapter onto the device, no later request in the pass
+    /// Whether a request blocked on its adapter may drain admissions: under a fair policy, once a
+    /// request has waited [`Config::drain_after`] passes for its adapter, no later request in the pass
     /// takes a new lease, so the adapters on the device are released as their requests finish and the
     /// blocked one is loaded (SGLang #15129). FCFS keeps the reference's behaviour.
     pub const fn drains(self) -> bool {
@@ -131,6 +131,9 @@ pub struct Config {
     pub blocked_fast_path: bool,
     /// The order of phase 2's admissions (beyond the reference; [`Admission::Fcfs`] is the reference).
     pub admission: Admission,
+    /// Under a fair admission policy: consecutive passes a request may be refused its adapter before
+    /// admissions drain for it ([`Admission::drains`]); 0 never drains.
+    pub drain_after: u32,
 }
 
 impl Default for Config {
@@ -147,6 +150,7 @@ impl Default for Config {
             deadlock_threshold: 1000,
             blocked_fast_path: true,
             admission: Admission::Fcfs,
+            drain_after: 256,
         }
     }
 }

@@ -350,6 +350,11 @@ fn config_of(sc: &Scenario) -> Result<Config, String> {
             None => Admission::Fcfs,
             Some(a) => admission_of(a)?,
         },
+        drain_after: c
+            .admission
+            .as_ref()
+            .and_then(|a| a.drain_after)
+            .unwrap_or(256),
     };
     cfg.validate()
         .map_err(|e| format!("malformed: field config: {e}"))?;

@@ -88,6 +88,8 @@ pub struct AdmissionIn {
     pub output_weight: Option<u32>,
     /// Deadline: the TTFT objective of each priority class (up to four; missing classes get the last).
     pub ttft: Option<Vec<u64>>,
+    /// Passes a request may be refused its adapter before admissions drain (256; 0: never).
+    pub drain_after: Option<u32>,
 }
 
 /// `config.chunking`.

@@ -121,6 +121,20 @@ struct SimArgs {
     /// Capacity policy.
     #[arg(long, help_heading = "Scheduler", value_name = "max_utilization|guaranteed_no_evict", default_value = "max_utilization", value_parser = policy)]
     policy: CapacityPolicy,
+    /// Admission order of waiting requests (beyond the reference): fcfs, vtc (virtual token
+    /// counters per adapter) or deadline (an adapter's class is its id mod 4; class c's TTFT
+    /// deadline is 2^c times --slo-ttft-ms, else 500 ms).
+    #[arg(
+        long,
+        help_heading = "Scheduler",
+        value_name = "fcfs|vtc|deadline",
+        default_value = "fcfs"
+    )]
+    admission: String,
+    /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
+    /// for it (no new leases until it loads; 0 = never).
+    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().drain_after)]
+    drain_after: u32,
     /// Chunked prefill.
     #[arg(long, help_heading = "Scheduler", value_name = "fcfs|force_chunk|equal_progress|none", default_value = "fcfs", value_parser = chunking)]
     chunking: ChunkingChoice,
@@ -299,6 +313,8 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
         progress: !a.no_progress,
         engine: a.engine,
         cost: a.engine.model(a.tokens_per_block),
+        admission: super::admission(&a.admission, a.slo_ttft_ms).map_err(invalid)?,
+        drain_after: a.drain_after,
         ..SimOptions::default()
     };
     o.adapters.count = a.adapters;

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod cost;
+pub mod fairness;
 pub mod prefix;
 pub mod report;
 mod run_loop;
@@ -100,6 +101,9 @@ pub struct SimOptions {
     /// The order of admissions (`--admission`). Under `Deadline`, a request's class is its adapter id
     /// modulo 4 (the base model's: 0) and its arrival is in microseconds.
     pub admission: Admission,
+    /// Passes a request may be refused its adapter under a fair policy before admissions drain
+    /// (`--drain-after`; 0 never drains).
+    pub drain_after: u32,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -145,7 +149,27 @@ impl Default for SimOptions {
             spec_decode: None,
             draft_kv_pages: 0,
             admission: Admission::Fcfs,
+            drain_after: 256,
         }
+    }
+}
+
+/// The admission policy `--admission NAME` names: `fcfs`, `vtc` (VTC's weights 1 and 2) or
+/// `deadline`, whose four classes (an adapter's id modulo 4) get 1, 2, 4 and 8 times the TTFT
+/// objective (`--slo-ttft-ms`, else 500 ms) as their deadlines, in µs.
+pub fn admission(name: &str, slo_ttft_ms: Option<f64>) -> Result<Admission, String> {
+    match name {
+        "fcfs" => Ok(Admission::Fcfs),
+        "vtc" => Ok(Admission::VTC),
+        "deadline" => {
+            let us = slo_ttft_ms.unwrap_or(500.0) * 1000.0;
+            Ok(Admission::Deadline {
+                ttft: core::array::from_fn(|class| (us * (1u64 << class) as f64) as u64),
+            })
+        }
+        other => Err(format!(
+            "unknown admission policy {other:?} (fcfs, vtc, deadline)"
+        )),
     }
 }
 
@@ -398,6 +422,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         deadlock_threshold: o.deadlock_threshold,
         blocked_fast_path: true,
         admission: o.admission,
+        drain_after: o.drain_after,
     };
     let sched: Box<Sched<'_>> =
         Box::new(Scheduler::new(cfg, kv, pool).map_err(|e| SimError::Options(e.to_string()))?);

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::fairness::AdapterService;
 use super::Samples;
 use crate::plot::{Panel, Timeline};
 
@@ -108,6 +109,12 @@ pub struct Report {
     pub host_cache_hits: u64,
     /// Invariant violations seen by `--check` (0 expected).
     pub invariant_violations: u64,
+    /// The admission policy (`--admission`).
+    pub admission: String,
+    /// Each adapter's TTFT and service rate while backlogged (`sim::fairness`).
+    pub per_adapter: Vec<AdapterService>,
+    /// Jain's fairness index over the backlogged adapters' service rates.
+    pub jain_fairness: f64,
     /// Timeline samples.
     #[serde(skip)]
     pub samples: Samples,
@@ -235,6 +242,31 @@ impl Report {
                 "{:.1} %",
                 self.adapter_util_mean_pct
             );
+            if self.admission != "fcfs" {
+                row!("admission", "{}", self.admission);
+            }
+            let p99 = |a: &&AdapterService| a.ttft_ms.p99;
+            let best = self
+                .per_adapter
+                .iter()
+                .min_by(|a, b| p99(a).total_cmp(&p99(b)));
+            let worst = self
+                .per_adapter
+                .iter()
+                .max_by(|a, b| p99(a).total_cmp(&p99(b)));
+            if let (Some(b), Some(w)) = (best, worst) {
+                let (bp, wp) = (b.ttft_ms.p99, w.ttft_ms.p99);
+                let (ba, wa) = (b.adapter, w.adapter);
+                row!(
+                    "TTFT p99 best / worst adapter",
+                    "{bp:.1} ms ({ba}) / {wp:.1} ms ({wa})"
+                );
+                row!(
+                    "Jain's index (backlogged service)",
+                    "{:.3}",
+                    self.jain_fairness
+                );
+            }
         }
         let (mean, peak) = (self.kv_gpu_util_mean_pct, self.kv_gpu_util_peak_pct);
         row!(

@@ -5,11 +5,13 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use kvsched_core::config::{Admission, PRIORITY_CLASSES};
 use kvsched_core::kv::{Pool, Tier};
 use kvsched_core::page_pool::KvPoolConfig;
 use kvsched_core::request::{Ownership, RequestSpec, TaskId};
 use kvsched_core::Phase;
 
+use super::fairness::{Fairness, OUTPUT_WEIGHT};
 use super::report::Quantiles;
 use super::{
     check_invariants, prefix, Live, Out, Report, Samples, Sched, SimError, SimOptions, StepWork,
@@ -54,6 +56,8 @@ pub(super) struct Sim<'s, 'w> {
     sample_every: u64,
     /// Slots of the requests the step finished (reused every iteration).
     finished: Vec<u16>,
+    /// Per-adapter TTFT and service while backlogged.
+    fair: Fairness,
 }
 
 impl<'s, 'w> Sim<'s, 'w> {
@@ -92,6 +96,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             adapter_sum: 0.0,
             sample_every: (n / 4000).max(1) as u64,
             finished: Vec::new(),
+            fair: Fairness::new(o.adapters.count),
         }
     }
 
@@ -101,6 +106,7 @@ impl<'s, 'w> Sim<'s, 'w> {
         let n = self.w.arrivals.len();
         loop {
             while self.next < n && self.w.arrivals[self.next].at_ms <= self.now_ms {
+                self.fair.arrived(self.w.arrivals[self.next].adapter);
                 self.queue.push_back(self.next);
                 self.next += 1;
             }
@@ -125,6 +131,11 @@ impl<'s, 'w> Sim<'s, 'w> {
         spec.max_new_tokens = a.output_tokens;
         spec.lora = a.adapter.map(|x| TaskId(x as u64));
         spec.draft = self.drafts;
+        // Deadline admission: an adapter's class is its id modulo the classes; arrivals in µs.
+        spec.priority = a
+            .adapter
+            .map_or(0, |x| (x as usize % PRIORITY_CLASSES) as u8);
+        spec.arrival = (a.at_ms * 1000.0) as u64;
         self.hashes.clear();
         if o.prefix_reuse {
             prefix::page_hashes(
@@ -216,6 +227,8 @@ impl<'s, 'w> Sim<'s, 'w> {
             };
             let spec = self.sched.get(lv.handle).map_err(scheduler_error)?.spec();
             work.chunk(u64::from(c.tokens), u64::from(spec.position));
+            let adapter = self.w.arrivals[lv.arrival].adapter;
+            self.fair.served(adapter, f64::from(c.tokens));
             if std::mem::take(&mut lv.first_chunk) {
                 r.prefill_tokens_saved += u64::from(spec.position);
                 if !lv.replay {
@@ -252,6 +265,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             }
         };
         self.now_ms += step_us / 1000.0;
+        self.fair.elapsed(step_us / 1000.0);
         self.r.prefill_tokens += work.prefill_tokens;
     }
 
@@ -282,10 +296,12 @@ impl<'s, 'w> Sim<'s, 'w> {
             // The last prefill chunk yields the first token.
             lv.generated += 1;
             self.r.tokens_generated += 1;
+            let a = &self.w.arrivals[lv.arrival];
+            self.fair.served(a.adapter, OUTPUT_WEIGHT);
             if lv.first_token_ms.is_none() {
                 lv.first_token_ms = Some(self.now_ms);
-                self.ttft
-                    .push(self.now_ms - self.w.arrivals[lv.arrival].at_ms);
+                self.ttft.push(self.now_ms - a.at_ms);
+                self.fair.first_token(a.adapter, self.now_ms - a.at_ms);
             }
             lv.last_token_ms = self.now_ms;
             if lv.generated >= lv.output {
@@ -315,6 +331,8 @@ impl<'s, 'w> Sim<'s, 'w> {
             });
             let kept = (1 + accepted).min(lv.output - lv.generated);
             lv.generated += kept;
+            let adapter = self.w.arrivals[lv.arrival].adapter;
+            self.fair.served(adapter, OUTPUT_WEIGHT * f64::from(kept));
             self.r.tokens_generated += u64::from(kept);
             self.r.decode_steps += 1;
             self.r.accepted_drafts += u64::from(kept - 1);
@@ -476,6 +494,8 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.ttft_ms = Quantiles::of(&self.ttft);
         r.tpot_ms = Quantiles::of(&self.tpot);
         r.sched_ns_per_iter = Quantiles::of(&self.sched_ns);
+        (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
+        r.admission = admission_name(o.admission).into();
         r.samples = std::mem::take(&mut self.samples);
         r.source = w.source.to_string();
         r.adapters = o.adapters.count;
@@ -494,4 +514,13 @@ fn progress_bar(n: u64) -> indicatif::ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
+}
+
+/// The name `--admission` takes for a policy.
+pub(super) fn admission_name(a: Admission) -> &'static str {
+    match a {
+        Admission::Fcfs => "fcfs",
+        Admission::Vtc { .. } => "vtc",
+        Admission::Deadline { .. } => "deadline",
+    }
 }

@@ -22,6 +22,8 @@ pub enum SweepParam {
     MaxBatch,
     /// `--policy` (values `max_utilization`, `guaranteed_no_evict`).
     Policy,
+    /// `--admission` (values `fcfs`, `vtc`, `deadline`).
+    Admission,
 }
 
 /// A parsed `--sweep`.
@@ -46,9 +48,10 @@ impl Sweep {
             "adapters" => SweepParam::Adapters,
             "max-batch" => SweepParam::MaxBatch,
             "policy" => SweepParam::Policy,
+            "admission" => SweepParam::Admission,
             other => {
                 return Err(format!(
-                    "--sweep: unknown parameter {other:?} (rate, kv-gpu-pages, adapters, max-batch, policy)"
+                    "--sweep: unknown parameter {other:?} (rate, kv-gpu-pages, adapters, max-batch, policy, admission)"
                 ))
             }
         };
@@ -61,7 +64,7 @@ impl Sweep {
         for (i, v) in sweep.values.iter().enumerate() {
             let mut probe = Cli::default();
             sweep.apply(&mut probe, i)?;
-            if param != SweepParam::Policy {
+            if !matches!(param, SweepParam::Policy | SweepParam::Admission) {
                 let x: f64 = v.parse().unwrap_or(f64::NAN);
                 if x <= last {
                     return Err("--sweep: numeric values must ascend".into());
@@ -101,6 +104,10 @@ impl Sweep {
                     _ => return Err(bad("max_utilization or guaranteed_no_evict")),
                 };
             }
+            SweepParam::Admission => {
+                c.opts.admission = super::admission(v, c.opts.slo_ttft_ms)
+                    .map_err(|_| bad("fcfs, vtc or deadline"))?;
+            }
         }
         Ok(())
     }
@@ -112,13 +119,14 @@ impl Sweep {
             SweepParam::Adapters => "adapters",
             SweepParam::MaxBatch => "max batch",
             SweepParam::Policy => "policy (0: max_utilization, 1: guaranteed_no_evict)",
+            SweepParam::Admission => "admission (the values' order)",
         }
     }
 
     /// The x value of point `i` (the index for the policy).
     fn x(&self, i: usize) -> f64 {
         match self.param {
-            SweepParam::Policy => i as f64,
+            SweepParam::Policy | SweepParam::Admission => i as f64,
             _ => self.values[i].parse().unwrap_or(i as f64),
         }
     }
@@ -144,11 +152,14 @@ impl Sweep {
     /// The Markdown table of the sweep.
     pub fn table(&self, reports: &[Report]) -> String {
         let goodput = reports.first().is_some_and(|r| r.has_slo());
+        let fair = self.param == SweepParam::Admission;
         let mut s = format!(
-            "| {} | throughput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{} suspensions | overloaded |\n|---|---|---|---|{}---|---|\n",
+            "| {} | throughput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{}{} suspensions | overloaded |\n|---|---|---|---|{}{}---|---|\n",
             self.label(),
             if goodput { " goodput req/s (SLO met) |" } else { "" },
+            if fair { " adapter TTFT p99 best / worst ms | Jain's index |" } else { "" },
             if goodput { "---|" } else { "" },
+            if fair { "---|---|" } else { "" },
         );
         for (v, r) in self.values.iter().zip(reports) {
             let _ = write!(
@@ -163,6 +174,12 @@ impl Sweep {
                     r.goodput_rps,
                     100.0 * r.slo_attainment
                 );
+            }
+            if fair {
+                let p99 = r.per_adapter.iter().map(|a| a.ttft_ms.p99);
+                let best = p99.clone().fold(f64::INFINITY, f64::min);
+                let worst = p99.fold(0.0, f64::max);
+                let _ = write!(s, " {best:.1} / {worst:.1} | {:.3} |", r.jain_fairness);
             }
             let _ = writeln!(
                 s,

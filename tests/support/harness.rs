@@ -145,6 +145,7 @@ impl Setup {
             deadlock_threshold: self.deadlock_threshold,
             blocked_fast_path: true,
             admission: self.admission,
+            drain_after: 2,
         }
     }
 

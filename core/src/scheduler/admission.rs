@@ -21,7 +21,7 @@
 use crate::adapter::PeftBackend;
 use crate::config::Admission;
 use crate::kv::KvBackend;
-use crate::request::RequestSpec;
+use crate::request::{Ownership, RequestSpec};
 
 use super::pass::Pass;
 
@@ -138,15 +138,19 @@ impl<const N: usize> Clients<N> {
 }
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
-    /// Orders the pending list by the admission policy (FCFS: left in arrival order).
+    /// Orders the pending list by the admission policy (FCFS: left in arrival order). A policy orders
+    /// only new admissions: requests already admitted once (a later chunk, a suspended or a
+    /// recompute-paused request) keep arrival order ahead of the waiting ones, as under FCFS, so a
+    /// policy never makes two partially prefilled requests take turns preempting each other.
     pub(crate) fn order_admissions(&mut self) {
         match self.cfg.admission {
             Admission::Fcfs => return,
             Admission::Deadline { ttft } => {
                 for p in self.pending.iter_mut() {
-                    let s = self.table.entry(self.table.slot(p.index as usize)).spec();
+                    let e = self.table.entry(self.table.slot(p.index as usize));
+                    let s = e.spec();
                     let class = ttft[usize::from(s.priority)];
-                    p.key = s.arrival.saturating_add(class);
+                    p.key = new_admission(e.ownership(), s.arrival.saturating_add(class));
                 }
             }
             Admission::Vtc { input_weight, .. } => {
@@ -154,15 +158,26 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 ahead.fill(0);
                 for p in self.pending.iter_mut() {
                     let slot = self.table.slot(p.index as usize);
-                    let s = self.table.entry(slot).spec();
+                    let e = self.table.entry(slot);
+                    let s = e.spec();
                     let at = self.clients.entry_of(slot);
                     let queued = u64::from(input_weight).saturating_mul(ahead[at]);
-                    p.key = self.clients.counter_of(slot).saturating_add(queued);
+                    let key = self.clients.counter_of(slot).saturating_add(queued);
+                    p.key = new_admission(e.ownership(), key);
                     ahead[at] = ahead[at].saturating_add(u64::from(s.prompt - s.position));
                 }
             }
         }
         self.pending.sort_unstable_by_key(|p| (p.key, p.index));
+    }
+}
+
+/// A pending request's sort key: 0 (arrival order, first) for one admitted before, `1 + key` for a
+/// waiting one.
+fn new_admission(ownership: Ownership, key: u64) -> u64 {
+    match ownership {
+        Ownership::Waiting => key.saturating_add(1),
+        _ => 0,
     }
 }
 
@@ -326,6 +341,7 @@ mod tests {
         let cfg = Config {
             max_num_tokens: Some(16),
             max_context_length: Some(16),
+            drain_after: 4,
             ..config(admission)
         };
         let mut s: Sched<'_> = Scheduler::new(cfg, mem.pool(0, 4), peft).unwrap();

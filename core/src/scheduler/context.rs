@@ -65,8 +65,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             return Step::Skip;
         };
         let Some(pages) = self.peft_need(slot) else {
-            // Its adapter does not fit the device beside the pass's: a fair policy drains.
-            self.draining |= self.cfg.admission.drains();
+            // Its adapter does not fit the device beside the pass's.
+            self.adapter_refused(slot);
             return Step::Skip;
         };
         if phase == Phase::EncoderInit {
@@ -108,9 +108,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let slot = self.table.slot(i);
         if !self.lease_obtainable(slot) {
             // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
-            // lease would be refused after the pages were found. A fair policy drains: no later
-            // request takes a new lease, so the device's adapters come free for this one.
-            self.draining |= self.cfg.admission.drains();
+            // lease would be refused after the pages were found.
+            self.adapter_refused(slot);
             return Step::Skip;
         }
         if self.draining && self.takes_new_lease(slot) {
@@ -141,13 +140,36 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         self.budget.commit(a.charged);
         self.commit_peft(slot, pages);
         self.mark(slot, mark::SCHEDULED);
+        self.adapter_waits[slot as usize] = 0;
         Step::Scheduled
     }
 
-    /// Admitting the request would take a lease it does not hold (a LoRA request not on the GPU).
+    /// A request was refused its adapter this pass. Under a fair policy, once the first request the
+    /// pass refused (the most deserving, in the policy's order) has waited `drain_after` passes, and
+    /// while lease holders pin adapters, admissions drain: no later waiting request takes a new lease,
+    /// so the device's adapters come free for it as their requests finish.
+    fn adapter_refused(&mut self, slot: u16) {
+        let waited = &mut self.adapter_waits[slot as usize];
+        *waited = waited.saturating_add(1);
+        let first = !core::mem::replace(&mut self.refused_one, true);
+        let after = self.cfg.drain_after;
+        // Draining helps only while lease holders pin adapters that will come free.
+        let pinned = self.desk.pinned_pages() > 0;
+        if first
+            && pinned
+            && self.cfg.admission.drains()
+            && after > 0
+            && u32::from(*waited) >= after
+        {
+            self.draining = true;
+        }
+    }
+
+    /// Admitting the request would start new work on an adapter: a waiting LoRA request's first
+    /// chunk. (A suspended one owns KV: holding it back could wedge the pool; a replay's is rare.)
     fn takes_new_lease(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
-        e.task().is_some() && !e.ownership().on_gpu()
+        e.task().is_some() && e.ownership() == crate::request::Ownership::Waiting
     }
 
     /// The pass has put a request's KV in place: its type-state takes ownership — (1) admission of a

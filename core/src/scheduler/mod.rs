@@ -117,6 +117,8 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     last: PassStats,
     /// The VTC counters (kept under [`crate::config::Admission::Vtc`] only).
     clients: admission::Clients<N>,
+    /// Consecutive passes each slot's request was refused its adapter (fair admission's drain).
+    adapter_waits: [u16; N],
 }
 
 impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
@@ -141,6 +143,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             completed: 0,
             last: PassStats::default(),
             clients: admission::Clients::new(),
+            adapter_waits: [0; N],
         })
     }
 
@@ -202,6 +205,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         self.completed.hash(&mut h);
         self.desk.hash_state(&mut h);
         self.clients.hash_state(&mut h);
+        self.adapter_waits.hash(&mut h);
         h.finish()
     }
 
@@ -429,6 +433,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if self.vtc() {
             self.clients.join(h.index(), &spec);
         }
+        self.adapter_waits[h.index() as usize] = 0;
         if how == Adopt::Waiting {
             // A new request's slot forgets the block hashes a previous occupant left for its replay.
             let root = self.prefix_root(task, spec.lora, 0);
@@ -520,6 +525,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             plan,
             clients: &self.clients,
             client_sums,
+            adapter_waits: &mut self.adapter_waits,
         };
         let pass = Pass::begin(
             &self.cfg,

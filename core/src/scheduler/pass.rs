@@ -100,6 +100,7 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize> {
     pub(crate) plan: &'a mut Plan<T>,
     pub(crate) clients: &'a Clients<N>,
     pub(crate) client_sums: &'a mut [u64; N],
+    pub(crate) adapter_waits: &'a mut [u16; N],
 }
 
 /// What a rule decided for one request (spec §1.4–§1.7).
@@ -129,6 +130,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     /// The VTC counters (read-only in a pass: service is charged when a step completes).
     pub(crate) clients: &'a Clients<N>,
     pub(crate) client_sums: &'a mut [u64; N],
+    /// Consecutive passes each request was refused its adapter (kept by the scheduler).
+    pub(crate) adapter_waits: &'a mut [u16; N],
     pub(crate) budget: Budget,
     pub(crate) stats: PassStats,
     /// Ordinary eviction's end index (spec §1.5 step 5): nothing at or beyond it is visited again.
@@ -149,6 +152,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     /// A fair policy's request could not get its adapter: no later request takes a new lease
     /// ([`crate::config::Admission::drains`]).
     pub(crate) draining: bool,
+    /// A request was refused its adapter in this pass already.
+    pub(crate) refused_one: bool,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, K, P, N, T> {
@@ -180,6 +185,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             plan: parts.plan,
             clients: parts.clients,
             client_sums: parts.client_sums,
+            adapter_waits: parts.adapter_waits,
             budget: Budget::new(cfg),
             stats: PassStats::default(),
             end: len,
@@ -190,6 +196,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             preempt_only: None,
             admissions_closed: false,
             draining: false,
+            refused_one: false,
         }
     }
 
