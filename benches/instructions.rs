@@ -38,10 +38,11 @@ scenario!(s3h, s3h_floor, Scenario::S3h, 256, 8);
 scenario!(s4, s4_floor, Scenario::S4, 1024, 64);
 scenario!(s5, s5_floor, Scenario::S5, 320, 8);
 scenario!(s6, s6_floor, Scenario::S6, 256, 8);
+scenario!(s7, s7_floor, Scenario::S7, 320, 8);
 
 library_benchmark_group!(
     name = iteration,
-    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4, s5, s6]
+    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4, s5, s6, s7]
 );
 library_benchmark_group!(
     name = floor,
@@ -55,7 +56,8 @@ library_benchmark_group!(
         s3h_floor,
         s4_floor,
         s5_floor,
-        s6_floor
+        s6_floor,
+        s7_floor
     ]
 );
 

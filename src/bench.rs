@@ -67,6 +67,9 @@ pub enum Scenario {
     /// Speculative decoding: S1-256 with 4 draft tokens a step and a joint draft pool (every step grows
     /// both pools by 5 tokens), not reset.
     S6,
+    /// Fair admission: S2 under VTC (the 64 prompts' clients are their 8 LoRA tasks), so the pass
+    /// orders the pending list by virtual token counter before admitting (beyond the reference).
+    S7,
 }
 
 /// Draft tokens a decode step in S6.
@@ -136,7 +139,7 @@ const fn outcome(generation: usize, context: usize, paused: usize, recompute: us
 
 impl Scenario {
     /// Every scenario, in table order.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::S1_64,
         Scenario::S1_256,
         Scenario::S1_1024,
@@ -147,6 +150,7 @@ impl Scenario {
         Scenario::S4,
         Scenario::S5,
         Scenario::S6,
+        Scenario::S7,
     ];
 
     /// The name used in `SCENARIOS.md` and on the command line.
@@ -162,6 +166,7 @@ impl Scenario {
             Scenario::S4 => "S4",
             Scenario::S5 => "S5",
             Scenario::S6 => "S6",
+            Scenario::S7 => "S7",
         }
     }
 
@@ -178,7 +183,7 @@ impl Scenario {
         match self {
             Scenario::S1_64 => 64,
             Scenario::S1_256 | Scenario::S3 | Scenario::S3s | Scenario::S3h | Scenario::S6 => 256,
-            Scenario::S2 | Scenario::S5 => 320,
+            Scenario::S2 | Scenario::S5 | Scenario::S7 => 320,
             Scenario::S1_1024 | Scenario::S4 => 1024,
         }
     }
@@ -205,7 +210,7 @@ impl Scenario {
             Scenario::S3h => Some(417.3),
             Scenario::S4 => None,
             Scenario::S5 => Some(3630.0),
-            Scenario::S6 => None,
+            Scenario::S6 | Scenario::S7 => None,
         }
     }
 
@@ -229,6 +234,7 @@ impl Scenario {
             },
             Scenario::S5 => outcome(256, 21, 0, 0),
             Scenario::S6 => outcome(256, 0, 0, 0),
+            Scenario::S7 => outcome(256, 16, 0, 0),
         }
     }
 
@@ -264,7 +270,7 @@ impl Scenario {
             }
             // Room for all: 256 × 33 pages of generation, 64 × 17 of context (S5: and the 8 system
             // prompts' 4 cached blocks each).
-            Scenario::S2 | Scenario::S5 => KvPoolConfig {
+            Scenario::S2 | Scenario::S5 | Scenario::S7 => KvPoolConfig {
                 tokens_per_block: TOKENS_PER_BLOCK,
                 gpu_pages: 256 * 33 + 64 * 17,
                 host_pages: 0,
@@ -324,7 +330,11 @@ impl Scenario {
             window: Window::Decoder,
             deadlock_threshold: 1000,
             blocked_fast_path: true,
-            admission: Admission::Fcfs,
+            admission: if self == Scenario::S7 {
+                Admission::VTC
+            } else {
+                Admission::Fcfs
+            },
             drain_after: 256,
         }
     }
@@ -401,7 +411,7 @@ fn starting_state(s: Scenario) -> (Vec<Start>, Adapters) {
                 .collect();
             (reqs, eight)
         }
-        Scenario::S2 => {
+        Scenario::S2 | Scenario::S7 => {
             let mut reqs: Vec<Start> = (0..256).map(|i| generation(i, i % 8, CAPACITY)).collect();
             reqs.extend((256..320).map(|i| Start {
                 spec: RequestSpec::new(i, Phase::ContextInit, PROMPT).with_lora(i % 8),
@@ -713,7 +723,7 @@ pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
             v.visit::<256, 8>(s)
         }
         Scenario::S1_1024 => v.visit::<1024, 8>(s),
-        Scenario::S2 | Scenario::S5 => v.visit::<320, 8>(s),
+        Scenario::S2 | Scenario::S5 | Scenario::S7 => v.visit::<320, 8>(s),
         Scenario::S4 => v.visit::<1024, 64>(s),
     }
 }
@@ -925,7 +935,7 @@ pub const DEFAULT_ITERS: u64 = 10_000;
         the timed iterations."
 )]
 struct BenchArgs {
-    /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6, or all.
+    /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6 S7, or all.
     #[arg(value_name = "NAME", default_value = "all", value_parser = scenarios)]
     name: Option<Scenarios>,
     /// The same as NAME.

@@ -480,3 +480,68 @@ fn a_sweep_runs_every_value_and_draws_the_curve() {
     let out = kvsched(&["simulate", &trace, "--sweep", "rate=2,1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("ascend"));
 }
+
+#[test]
+fn admission_policies_run_checked_and_report_per_adapter_service() {
+    for policy in ["fcfs", "vtc", "deadline"] {
+        let j = tmp(&format!("admission-{policy}.json"));
+        let out = kvsched(&[
+            "simulate",
+            "--check",
+            "--no-progress",
+            "--limit",
+            "120",
+            "--time-scale",
+            "0.5",
+            "--adapters",
+            "16",
+            "--popularity",
+            "zipf:1.2",
+            "--admission",
+            policy,
+            "--drain-after",
+            "16",
+            // A small pool: --check audits every page every iteration.
+            "--kv-gpu-pages",
+            "1024",
+            "--json",
+            j.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("TTFT p99 best / worst adapter"), "{text}");
+        let d = json(&j);
+        assert_eq!(d["admission"], policy);
+        assert_eq!(d["invariant_violations"], 0);
+        assert_eq!(d["requests_completed"], 120);
+        let per = d["per_adapter"].as_array().unwrap();
+        let served: u64 = per.iter().map(|a| a["requests"].as_u64().unwrap()).sum();
+        assert_eq!(served, 120, "every request's first token is counted once");
+        let index = d["jain_fairness"].as_f64().unwrap();
+        assert!(index > 0.0 && index <= 1.0, "{index}");
+    }
+    // A sweep over the policies puts them side by side, with the fairness columns.
+    let out = kvsched(&[
+        "simulate",
+        "--no-progress",
+        "--limit",
+        "60",
+        "--kv-gpu-pages",
+        "1024",
+        "--sweep",
+        "admission=fcfs,vtc",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Jain's index"));
+    let bad = kvsched(&["simulate", "--admission", "lottery"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown admission policy \"lottery\""));
+}
