@@ -573,6 +573,37 @@ fn regression_held_suspended_request_can_be_preempted() {
     h.drain().unwrap();
 }
 
+/// A preempted request kept its cross cache: the cross pages it held belonged to nobody (it owns no KV
+/// once recompute-paused), the older request that needed them never got them, and the victim replayed
+/// into its own kept cache — progress every pass, nothing finished (found at 20,000 cases: a joint draft
+/// pool, a cross pool, FORCE_CHUNK).
+#[test]
+fn regression_preemption_frees_the_cross_cache() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 5;
+    setup.chunk = Chunk::Force;
+    setup.unit = 1;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(56);
+    setup.max_num_requests = 2;
+    setup.draft = Some(DraftMode::Joint);
+    setup.cross = true;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for (prompt, out_len, snap, encoder) in [(1, 1, 0, 0), (2, 2, 2, 0), (4, 1, 4, 2), (4, 1, 1, 5)]
+    {
+        let mut op = sub(prompt, out_len, None, snap);
+        if let Op::Submit { encoder: e, .. } = &mut op {
+            *e = encoder;
+        }
+        h.apply(&op).unwrap();
+    }
+    assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
+    assert_eq!(h.stats.deadlocks, 0);
+    h.drain().unwrap();
+}
+
 /// A first chunk preempted another request for pages and was then refused its lease (the adapter host
 /// cache was pinned by a recompute-paused request), every pass: a livelock that deadlock detection could
 /// not see, since every pass preempted something. The pass now asks the adapter cache first.

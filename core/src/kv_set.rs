@@ -243,6 +243,14 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
                 d.free(r);
             }
         }
+        // A recompute-paused request owns no KV: its cross cache goes too (its replay's first chunk
+        // creates it again). Kept, it pinned cross pages nobody owned, and a request needing them
+        // waited for ever while the victim replayed (a livelock the model tests found).
+        if let Some(x) = &mut self.cross {
+            if x.has_cache(r) {
+                x.free(r);
+            }
+        }
     }
 
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
