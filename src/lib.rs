@@ -3,7 +3,7 @@
 //! A scheduler core for LLM serving. This crate is the facade: it re-exports the `no_std` core
 //! ([`kvsched_core`], as [`core_api`]), owns heap-backed storage for it ([`memory`]), and carries the command
 //! line's parts: the trace simulator ([`sim`], [`workload`], [`plot`]), the conformance runner
-//! ([`conformance`]) and the in-process benchmark ([`bench`]).
+//! ([`conformance`]) and the in-process benchmark ([`bench`](mod@bench)).
 #![deny(missing_docs)]
 
 pub use kvsched_core as core_api;

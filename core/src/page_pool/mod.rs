@@ -1,4 +1,4 @@
-//! The fixed-capacity two-tier KV page pool: the built-in [`KvBackend`], with an optional prefix cache.
+//! The fixed-capacity two-tier KV page pool: the built-in [`KvBackend`](crate::kv::KvBackend), with an optional prefix cache.
 //!
 //! Pages are `tokens_per_block` tokens each. The GPU tier and the optional host tier are each a fixed
 //! page arena with a free stack. Every request slot has a page table of at most `max_blocks` entries (a
@@ -6,7 +6,7 @@
 //! id, or a host page id tagged [`HOST`].
 //!
 //! Suspension moves a request's private pages GPU → host when the host tier has room (each move is
-//! logged for the copy engine, see [`KvBackend::take_moves`]); otherwise the pages stay HELD on the GPU
+//! logged for the copy engine, see [`KvBackend::take_moves`](crate::kv::KvBackend::take_moves)); otherwise the pages stay HELD on the GPU
 //! and suspension frees nothing — which is why recompute pause and context-side preemption exist.
 //!
 //! With a prefix cache ([`PrefixStorage`], `prefix.rs`), committed full prompt blocks are indexed by
