@@ -435,4 +435,32 @@ mod tests {
             assert_eq!(admitted, [1, 5], "{admission:?}");
         }
     }
+
+    /// More clients over time than the table has slots: remembered clients give their entries up,
+    /// least served first, and a refused submission changes nothing.
+    #[test]
+    fn vtc_remembers_at_most_n_clients_and_a_refusal_changes_nothing() {
+        let mut mem = Mem8::new();
+        let mut s = sched(&mut mem, Admission::VTC, 8);
+        let mut out = SchedulerOutput::<8>::new();
+        let mut live: heapless::Vec<Handle, 8> = heapless::Vec::new();
+        for tenant in 0..40u32 {
+            let mut r = prompt(u64::from(tenant), 8);
+            r.tenant = Some(tenant % 13);
+            live.push(s.submit(r).unwrap()).unwrap();
+            s.schedule(&mut out).unwrap();
+            s.complete_step(&out).unwrap();
+            assert!(s.check());
+            if live.len() == 7 {
+                let h = live.remove(0);
+                s.remove(h).unwrap();
+            }
+        }
+        // A duplicate id is refused, and the counters are untouched.
+        let before = s.fingerprint();
+        let mut dup = prompt(39, 8);
+        dup.tenant = Some(99);
+        assert!(s.submit(dup).is_err());
+        assert_eq!(before, s.fingerprint());
+    }
 }
