@@ -187,6 +187,16 @@ fn submit_refuses_bad_requests_and_changes_nothing() {
     );
     refused(
         &mut s,
+        "priority class beyond the four",
+        |e| matches!(e, Error::Invalid(_)),
+        |s| {
+            let mut r = spec(10, 4);
+            r.priority = 4;
+            s.submit(r)
+        },
+    );
+    refused(
+        &mut s,
         "beam width that overflows the step's tokens",
         |e| matches!(e, Error::Invalid(_)),
         |s| {
@@ -772,7 +782,18 @@ fn config_validate_refuses_zero_settings() {
         deadlock_threshold: 0,
         ..Config::default()
     };
-    for (case, cfg) in [("chunk unit 0", chunk0), ("deadlock threshold 0", stall0)] {
+    let vtc0 = Config {
+        admission: kvsched_core::config::Admission::Vtc {
+            input_weight: 0,
+            output_weight: 0,
+        },
+        ..Config::default()
+    };
+    for (case, cfg) in [
+        ("chunk unit 0", chunk0),
+        ("deadlock threshold 0", stall0),
+        ("VTC weights both 0", vtc0),
+    ] {
         assert!(matches!(cfg.validate(), Err(Error::Invalid(_))), "{case}");
         let mut mem = KvMemory::new(POOL);
         let s: Result<Sched<'_>, _> =
