@@ -2,9 +2,11 @@
 //! counters behind [`Admission::Vtc`].
 //!
 //! FCFS keeps the pending list in arrival order and does nothing here. The other policies give each
-//! pending request a key and sort the list by (key, arrival index) before phase 2 plans and admits:
+//! waiting request a key and sort the list by (key, arrival index) before phase 2 plans and admits:
 //! O(P log P) for P pending requests, no allocation (the sort is in place; the per-client sums live in
-//! the scheduler's scratch).
+//! the scheduler's scratch). Requests admitted once (a later chunk, a suspended or a recompute-paused
+//! request) keep arrival order ahead of the waiting ones. The drain that keeps a blocked adapter from
+//! starving is in `context.rs` (`adapter_refused`).
 //!
 //! - `Deadline`: the key is the request's absolute TTFT deadline, `arrival + ttft[priority]`.
 //! - `Vtc`: the key is the client's counter plus the input-weighted remaining prompts of the client's
@@ -13,7 +15,7 @@
 //!
 //! Counters are charged when the engine completes a step ([`Clients::charge`], from
 //! `Scheduler::complete_step`): a context chunk's tokens at the input weight, a generation step's
-//! tokens (beam and accepted drafts) at the output weight. A client joins when its first live request
+//! tokens (its beam and its draft tokens) at the output weight. A client joins when its first live request
 //! is submitted and is then lifted to the smallest counter among the clients with live requests; it is
 //! remembered after its last request leaves until its entry is needed for a new client (the one with the
 //! smallest counter goes first), so a returning client keeps the service it had.
