@@ -1,14 +1,9 @@
 //! `kvsched cost` and the simulator's cost presets: the H200 preset reproduces every measured step
 //! within the stated errors, predictions compose, and bad input is refused with the option named.
 
-use std::process::Command;
-
-fn kvsched(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kvsched"))
-        .args(args)
-        .output()
-        .expect("kvsched runs")
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{kvsched, tmp};
 
 fn points() -> Vec<String> {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -96,10 +91,8 @@ fn a_step_prediction_adds_its_terms() {
 fn the_simulator_runs_on_the_measured_preset() {
     let root = env!("CARGO_MANIFEST_DIR");
     let trace = format!("{root}/tests/data/burstgpt1_head54.csv");
-    let dir = std::env::temp_dir().join(format!("kvsched-cost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let run = |engine: &str, extra: &[&str]| {
-        let j = dir.join(format!("{engine}.json"));
+        let j = tmp(&format!("cost-{engine}.json"));
         let mut args = vec![
             "simulate",
             &trace,

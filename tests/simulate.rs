@@ -2,20 +2,10 @@
 //! before the run with a message that says what to change, and output files are written whole.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-fn kvsched(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kvsched"))
-        .args(args)
-        .output()
-        .expect("kvsched runs")
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kvsched-sim-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
-}
+#[path = "support/cli.rs"]
+mod cli;
+use cli::{kvsched, tmp};
 
 fn json(path: &PathBuf) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

@@ -252,7 +252,8 @@ fn chunking(v: &str) -> Result<ChunkingChoice, String> {
     }))
 }
 
-fn policy(v: &str) -> Result<CapacityPolicy, String> {
+/// The capacity policy `--policy NAME` (and a policy sweep) names.
+pub(super) fn policy(v: &str) -> Result<CapacityPolicy, String> {
     match v {
         "max_utilization" => Ok(CapacityPolicy::MaxUtilization),
         "guaranteed_no_evict" => Ok(CapacityPolicy::GuaranteedNoEvict),

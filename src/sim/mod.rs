@@ -173,6 +173,15 @@ pub fn admission(name: &str, slo_ttft_ms: Option<f64>) -> Result<Admission, Stri
     }
 }
 
+/// The name [`admission`] reads for a policy.
+pub fn admission_name(a: Admission) -> &'static str {
+    match a {
+        Admission::Fcfs => "fcfs",
+        Admission::Vtc { .. } => "vtc",
+        Admission::Deadline { .. } => "deadline",
+    }
+}
+
 /// Why a simulation cannot run or stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SimError {

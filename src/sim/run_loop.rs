@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvsched_core::config::{Admission, PRIORITY_CLASSES};
+use kvsched_core::config::PRIORITY_CLASSES;
 use kvsched_core::kv::{Pool, Tier};
 use kvsched_core::page_pool::KvPoolConfig;
 use kvsched_core::request::{Ownership, RequestSpec, TaskId};
@@ -495,7 +495,7 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.tpot_ms = Quantiles::of(&self.tpot);
         r.sched_ns_per_iter = Quantiles::of(&self.sched_ns);
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
-        r.admission = admission_name(o.admission).into();
+        r.admission = super::admission_name(o.admission).into();
         r.samples = std::mem::take(&mut self.samples);
         r.source = w.source.to_string();
         r.adapters = o.adapters.count;
@@ -514,13 +514,4 @@ fn progress_bar(n: u64) -> indicatif::ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
-}
-
-/// The name `--admission` takes for a policy.
-pub(super) fn admission_name(a: Admission) -> &'static str {
-    match a {
-        Admission::Fcfs => "fcfs",
-        Admission::Vtc { .. } => "vtc",
-        Admission::Deadline { .. } => "deadline",
-    }
 }

@@ -3,8 +3,6 @@
 
 use std::fmt::Write as _;
 
-use kvsched_core::config::CapacityPolicy;
-
 use super::cli::{workload, Cli};
 use super::{run, Report};
 use crate::plot::{Panel, Timeline};
@@ -98,11 +96,8 @@ impl Sweep {
                 c.opts.max_batch = count().ok_or_else(|| bad("a batch size"))?;
             }
             SweepParam::Policy => {
-                c.opts.policy = match v.as_str() {
-                    "max_utilization" => CapacityPolicy::MaxUtilization,
-                    "guaranteed_no_evict" => CapacityPolicy::GuaranteedNoEvict,
-                    _ => return Err(bad("max_utilization or guaranteed_no_evict")),
-                };
+                c.opts.policy = super::cli::policy(v)
+                    .map_err(|_| bad("max_utilization or guaranteed_no_evict"))?;
             }
             SweepParam::Admission => {
                 c.opts.admission = super::admission(v, c.opts.slo_ttft_ms)
