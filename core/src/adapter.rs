@@ -184,6 +184,9 @@ pub struct AdapterPool<const T: usize> {
     host_changed: heapless::Vec<u16, T>,
     /// Their pending `HOST_*` bits, by slot.
     host_bits: [u8; T],
+    /// Unified paging: the device copies live in the KV pool, which places and evicts them
+    /// ([`crate::kv::KvBackend::pin_adapter`]); this cache keeps the host tier only.
+    unified: bool,
 }
 
 impl<const T: usize> AdapterPool<T> {
@@ -205,7 +208,23 @@ impl<const T: usize> AdapterPool<T> {
             device_evicted: heapless::Vec::new(),
             host_changed: heapless::Vec::new(),
             host_bits: [0; T],
+            unified: false,
         })
+    }
+
+    /// A cache for unified paging (beyond the reference): `host_pages` host pages, and the device
+    /// copies placed in the KV pool's GPU pages (a pool with [`crate::KvPool::page_adapters`]), whose
+    /// `device_space` pages bound an adapter's size. Its device tier stays empty: `ensure_batch` finds
+    /// every leased adapter resident already (a lease pins it in the pool).
+    pub fn unified(device_space: u32, host_pages: u32) -> Result<Self, crate::Error> {
+        let mut p = Self::new(device_space, host_pages)?;
+        p.unified = true;
+        Ok(p)
+    }
+
+    /// The device copies live in the KV pool ([`AdapterPool::unified`]).
+    pub fn is_unified(&self) -> bool {
+        self.unified
     }
 
     /// Registers a task whose adapter occupies `pages` pages.
@@ -528,6 +547,20 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
     ) -> Result<(), PeftError> {
         // All-or-nothing: the pages of every non-resident batch task must be obtainable without evicting
         // a batch task.
+        if self.unified {
+            // Every batch adapter is pinned in the KV pool by its leases: nothing to claim here.
+            if let Some(tr) = tasks
+                .iter()
+                .find(|t| usize::from(t.slot) >= self.tasks.len())
+            {
+                return Err(PeftError::UnknownTask(tr.id));
+            }
+            let now = self.tick();
+            for tr in tasks {
+                self.tasks[usize::from(tr.slot)].last_use = now;
+            }
+            return Ok(());
+        }
         let in_batch = |j: usize, tasks: &[TaskRef]| tasks.iter().any(|t| t.slot as usize == j);
         let mut need = 0u32;
         for tr in tasks {

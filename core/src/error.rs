@@ -30,6 +30,14 @@ pub enum PeftError {
         /// Pages free plus pages of evictable tasks.
         obtainable: u32,
     },
+    /// Unified paging: the KV pool cannot place the adapter, even after evicting every idle cached
+    /// block and idle adapter.
+    KvPagesFull {
+        /// The task.
+        task: TaskId,
+        /// Pages it needs.
+        needed: u32,
+    },
     /// The task table is full.
     TaskTableFull,
     /// The task is already registered.
@@ -48,6 +56,11 @@ impl fmt::Display for PeftError {
                 task.0
             ),
             Self::HostCacheFull(t) => write!(f, "PEFT host cache is full: could not store task {}", t.0),
+            Self::KvPagesFull { task, needed } => write!(
+                f,
+                "unified paging: the KV pool cannot place the {needed} pages of task {}'s adapter beside the pages in use",
+                task.0
+            ),
             Self::DeviceCacheFull { task, needed, obtainable } => write!(
                 f,
                 "PEFT device cache is full: task {} needs {needed} pages, only {obtainable} can be freed by evicting done tasks",

@@ -230,6 +230,44 @@ pub trait KvBackend {
     fn max_cross_tokens_per_request(&self) -> u64 {
         u64::MAX
     }
+
+    // --- Unified paging (beyond the reference): adapters' device copies in the KV pages. ---
+
+    /// The pool also holds the adapters' device copies (unified paging): a lease pins its adapter
+    /// here, and the adapter cache keeps only the host tier. False (the default): adapters have a
+    /// device cache of their own, and the pin calls below do nothing.
+    fn pages_adapters(&self) -> bool {
+        false
+    }
+    /// Side-effect free: [`KvBackend::pin_adapter`] would succeed now.
+    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+        let _ = (task, pages);
+        true
+    }
+    /// Pins adapter slot `task`, placing its `pages` pages first when it is not resident (taken like
+    /// KV pages, evicting idle cached blocks and idle adapters; `who` names demotion copies).
+    /// All-or-nothing; `false` when the pages cannot be had.
+    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+        let _ = (who, task, pages);
+        true
+    }
+    /// Returns one pin of adapter slot `task`; with the last one it becomes evictable.
+    fn unpin_adapter(&mut self, task: u16) {
+        let _ = task;
+    }
+    /// Drops an unpinned adapter's device copy (its weights were replaced).
+    fn drop_adapter(&mut self, task: u16) {
+        let _ = task;
+    }
+    /// The pins on adapter slot `task` (`None` without unified paging).
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        let _ = task;
+        None
+    }
+    /// Hands `f` the adapter slots whose device copy was placed or evicted since the last call.
+    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, crate::page_pool::Placement)) {
+        let _ = f;
+    }
 }
 
 /// One pool of a request's caches.

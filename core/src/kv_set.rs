@@ -25,6 +25,7 @@
 //! also sees a draft or cross cache left alone, so a rolled-back first chunk frees every pool.
 
 use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove, Pool};
+use crate::request::RequestId;
 
 /// How a draft pool pairs with the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -372,6 +373,35 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         self.cross
             .as_ref()
             .map_or(u64::MAX, |x| x.max_tokens_per_request())
+    }
+
+    // Unified paging is the target pool's: adapters share the target model's pages.
+    fn pages_adapters(&self) -> bool {
+        self.target.pages_adapters()
+    }
+
+    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+        self.target.can_pin_adapter(task, pages)
+    }
+
+    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+        self.target.pin_adapter(who, task, pages)
+    }
+
+    fn unpin_adapter(&mut self, task: u16) {
+        self.target.unpin_adapter(task);
+    }
+
+    fn drop_adapter(&mut self, task: u16) {
+        self.target.drop_adapter(task);
+    }
+
+    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, crate::page_pool::Placement)) {
+        self.target.take_adapter_log(f);
+    }
+
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        self.target.adapter_pins(task)
     }
 
     fn suspend_cross(&mut self, r: KvRef) {

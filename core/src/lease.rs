@@ -16,6 +16,7 @@
 
 use crate::adapter::{Holding, PeftBackend, TaskRef};
 use crate::error::PeftError;
+use crate::kv::KvBackend;
 use crate::request::{Bomb, RequestId, TaskId};
 
 /// A task slot kept as slot + 1, so that an optional token costs nothing (16 bytes with its holder).
@@ -166,8 +167,12 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
     /// Registers `req` as active on `task` and mints its lease. `paused`: the request's paused
     /// registration, consumed on success (this is a resume or replay). On refusal everything is handed
     /// back unchanged.
-    pub(crate) fn acquire(
+    ///
+    /// With unified paging ([`KvBackend::pages_adapters`]) the lease also pins the adapter in the KV
+    /// pool (placing it there first); a refused pin is a refused lease.
+    pub(crate) fn acquire<K: KvBackend>(
         &mut self,
+        kv: &mut K,
         req: RequestId,
         task: TaskRef,
         paused: Option<PausedOn>,
@@ -187,16 +192,27 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
                 "a paused registration resumes on its own task"
             );
         }
+        // The first lease reads the page count afresh (a reloaded adapter may have a new size).
+        let pages = if self.leases[s] == 0 {
+            self.backend.determine_num_pages(req, task)
+        } else {
+            self.pages[s]
+        };
+        if !kv.pin_adapter(req, task.slot, pages) {
+            let e = PeftError::KvPagesFull {
+                task: task.id,
+                needed: pages,
+            };
+            return Err((paused, e));
+        }
         if let Err(e) = self.backend.add_request(req, task, paused.is_some()) {
+            kv.unpin_adapter(task.slot);
             return Err((paused, e));
         }
         if let Some(p) = paused {
             p._bomb.defuse();
         }
-        if self.leases[s] == 0 {
-            // The first lease reads the page count afresh (a reloaded adapter may have a new size).
-            self.pages[s] = self.backend.determine_num_pages(req, task);
-        }
+        self.pages[s] = pages;
         self.ids[s] = task.id;
         self.leases[s] += 1;
         if self.leases[s] == 1 {
@@ -213,8 +229,9 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
 
     /// Returns `req`'s lease. With `pause` the request stays registered as paused on the task and gets a
     /// [`PausedOn`] back; without, it is done with the task.
-    pub(crate) fn release(
+    pub(crate) fn release<K: KvBackend>(
         &mut self,
+        kv: &mut K,
         req: RequestId,
         lease: AdapterLease,
         pause: bool,
@@ -225,6 +242,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         let s = task.slot as usize;
         self.backend
             .mark_request_done(req, task, pause, Holding::Lease);
+        kv.unpin_adapter(task.slot);
         assert!(self.leases[s] > 0, "a returned lease was counted");
         self.leases[s] -= 1;
         if self.leases[s] == 0 {
@@ -274,20 +292,22 @@ mod tests {
         let mut pool: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
         let a = pool.register(TaskId(1), 3).unwrap();
         let mut desk: AdapterDesk<_, 4> = AdapterDesk::new(pool);
-        let l0 = desk.acquire(RequestId(0), a, None).unwrap();
-        let l1 = desk.acquire(RequestId(1), a, None).unwrap();
+        let mut mem = crate::testing::Small::new();
+        let kv = &mut mem.pool(0, 4);
+        let l0 = desk.acquire(kv, RequestId(0), a, None).unwrap();
+        let l1 = desk.acquire(kv, RequestId(1), a, None).unwrap();
         assert_eq!(desk.pinned_pages(), 3, "an adapter is pinned once");
         assert_eq!(desk.pinned_tasks(), &[a.slot]);
         assert_eq!(l0.holder(), RequestId(0));
-        let p = desk.release(RequestId(0), l0, true).unwrap();
+        let p = desk.release(kv, RequestId(0), l0, true).unwrap();
         assert_eq!((desk.pinned_pages(), desk.leases(a.slot)), (3, 1));
-        assert!(desk.release(RequestId(1), l1, false).is_none());
+        assert!(desk.release(kv, RequestId(1), l1, false).is_none());
         assert_eq!((desk.pinned_pages(), desk.leases(a.slot)), (0, 0));
         assert!(desk.pinned_tasks().is_empty());
         // The paused registration resumes into a lease of the same request.
-        let l0 = desk.acquire(RequestId(0), a, Some(p)).unwrap();
+        let l0 = desk.acquire(kv, RequestId(0), a, Some(p)).unwrap();
         assert_eq!(desk.backend().tasks()[0].paused, 0);
-        assert!(desk.release(RequestId(0), l0, false).is_none());
+        assert!(desk.release(kv, RequestId(0), l0, false).is_none());
         assert_eq!(desk.backend().tasks()[0].active, 0);
     }
 
@@ -297,7 +317,9 @@ mod tests {
         let mut pool: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
         let a = pool.register(TaskId(1), 1).unwrap();
         let mut desk: AdapterDesk<_, 4> = AdapterDesk::new(pool);
-        let l = desk.acquire(RequestId(7), a, None).unwrap();
-        let _ = desk.release(RequestId(8), l, false);
+        let mut mem = crate::testing::Small::new();
+        let kv = &mut mem.pool(0, 4);
+        let l = desk.acquire(kv, RequestId(7), a, None).unwrap();
+        let _ = desk.release(kv, RequestId(8), l, false);
     }
 }

@@ -353,7 +353,7 @@ impl Request<Waiting> {
     /// (nothing changes) when the KV is not active or the adapter cache refuses the lease.
     pub fn admit<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
-        kv: &K,
+        kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Waiting>> {
         if !kv.is_active(self.kv_ref()) {
@@ -361,7 +361,7 @@ impl Request<Waiting> {
         }
         let lease = match self.task() {
             None => None,
-            Some(t) => match desk.acquire(self.core.id, t, None) {
+            Some(t) => match desk.acquire(kv, self.core.id, t, None) {
                 Ok(l) => Some(l),
                 Err((_, e)) => {
                     return Err(Refused {
@@ -414,7 +414,7 @@ impl<S: OnGpu> Request<S> {
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Paused>> {
         kv.suspend(self.kv_ref());
-        self.pause_lease(desk)
+        self.pause_lease(kv, desk)
     }
 
     /// (4) Destructive recompute pause: KV freed, lease returned with pause = true.
@@ -424,7 +424,7 @@ impl<S: OnGpu> Request<S> {
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Recompute>> {
         kv.free(self.kv_ref());
-        self.pause_lease(desk)
+        self.pause_lease(kv, desk)
     }
 
     /// (7) Context-side preemption: pages given up, lease returned with pause = true.
@@ -434,12 +434,13 @@ impl<S: OnGpu> Request<S> {
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<Recompute>> {
         kv.preempt(self.kv_ref());
-        self.pause_lease(desk)
+        self.pause_lease(kv, desk)
     }
 
     /// Returns the lease with pause = true: the request becomes suspended (`M`), paused on its adapter.
-    fn pause_lease<M, P: PeftBackend, const T: usize>(
+    fn pause_lease<M, K: KvBackend, P: PeftBackend, const T: usize>(
         self,
+        kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Request<Suspended<M>>
     where
@@ -448,7 +449,7 @@ impl<S: OnGpu> Request<S> {
         let (core, state) = self.into_parts();
         let paused_on = state
             .into_lease()
-            .and_then(|l| desk.release(core.id, l, true));
+            .and_then(|l| desk.release(kv, core.id, l, true));
         Self::build(core, Suspended::new(paused_on))
     }
 
@@ -462,7 +463,7 @@ impl<S: OnGpu> Request<S> {
         let (core, state) = self.into_parts();
         let id = core.id;
         if let Some(l) = state.into_lease() {
-            let paused = desk.release(id, l, false);
+            let paused = desk.release(kv, id, l, false);
             assert!(paused.is_none(), "a finished lease leaves no pause behind");
         }
     }
@@ -511,7 +512,7 @@ impl Request<Suspended<Paused>> {
         let r = self.kv_ref();
         let (core, state) = self.into_parts();
         let lease = match core.task() {
-            Some(t) => match desk.acquire(core.id, t, state.paused_on) {
+            Some(t) => match desk.acquire(kv, core.id, t, state.paused_on) {
                 Ok(l) => Some(l),
                 Err((paused_on, e)) => {
                     if how == KvReturn::Generation {
@@ -562,7 +563,7 @@ impl Request<Suspended<Recompute>> {
     /// paused registration. Refused (nothing changes) when the KV is not active or the lease is refused.
     pub fn replay<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
-        kv: &K,
+        kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Suspended<Recompute>>> {
         if !kv.is_active(self.kv_ref()) {
@@ -570,7 +571,7 @@ impl Request<Suspended<Recompute>> {
         }
         let (core, state) = self.into_parts();
         let lease = match (core.task(), state.paused_on) {
-            (Some(t), paused) => match desk.acquire(core.id, t, paused) {
+            (Some(t), paused) => match desk.acquire(kv, core.id, t, paused) {
                 Ok(l) => Some(l),
                 Err((paused_on, e)) => {
                     let request = Self::build(core, Suspended::new(paused_on));

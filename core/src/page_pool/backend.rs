@@ -2,7 +2,8 @@
 
 use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
 
-use super::{blocks_for, KvPool, Seq, SeqState};
+use super::{blocks_for, KvPool, Placement, Seq, SeqState};
+use crate::request::RequestId;
 
 impl KvPool<'_> {
     /// A decode step across a page boundary of an active cache, with a free page at hand: the page off
@@ -264,5 +265,33 @@ impl KvBackend for KvPool<'_> {
                 .count() as u32;
             s.state == SeqState::Suspended && (down > self.gpu_available() || !self.log_room(down))
         })
+    }
+
+    fn pages_adapters(&self) -> bool {
+        self.adapters.is_some()
+    }
+
+    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+        self.adapters.is_none() || self.can_pin(task, pages)
+    }
+
+    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+        self.adapters.is_none() || self.pin(who, task, pages)
+    }
+
+    fn unpin_adapter(&mut self, task: u16) {
+        self.unpin(task);
+    }
+
+    fn drop_adapter(&mut self, task: u16) {
+        self.drop_adapter_copy(task);
+    }
+
+    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, Placement)) {
+        KvPool::take_adapter_log(self, f);
+    }
+
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        self.adapter(task).map(|a| a.pins())
     }
 }

@@ -23,6 +23,7 @@
 //! Storage is borrowed ([`KvStorage`]), so the pool itself never allocates: place the buffers in
 //! statics, on the stack, or in a `Vec` owned by the caller.
 
+mod adapters;
 mod backend;
 mod prefix;
 #[cfg(test)]
@@ -31,9 +32,11 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
+pub use adapters::{AdapterPages, AdapterStorage, Placement};
 pub use prefix::{chain, PageInfo, PrefixStats};
 
 use crate::kv::{PageMove, Tier};
+use adapters::Adapters;
 use prefix::Prefix;
 
 /// The tag of a host page in a table entry.
@@ -210,6 +213,10 @@ pub struct KvPool<'a> {
     stats: KvStats,
     prefix: Option<Prefix<'a>>,
     hashes: &'a mut [u64],
+    /// Unified paging: the adapters' device copies (`adapters.rs`).
+    adapters: Option<Adapters<'a>>,
+    /// The clock of a pool without a prefix cache (which keeps its own).
+    clock: u64,
 }
 
 const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
@@ -265,6 +272,8 @@ impl<'a> KvPool<'a> {
             stats: KvStats::default(),
             prefix,
             hashes,
+            adapters: None,
+            clock: 0,
         })
     }
 
@@ -332,6 +341,10 @@ impl<'a> KvPool<'a> {
         if let Some(p) = &self.prefix {
             p.hash_state(&mut h);
         }
+        if let Some(a) = &self.adapters {
+            a.hash_state(&mut h);
+        }
+        self.clock.hash(&mut h);
         h.finish()
     }
 
@@ -364,13 +377,24 @@ impl<'a> KvPool<'a> {
                 entries[usize::from(tier == Tier::Host)] += 1;
             }
         }
-        match &self.prefix {
-            None => {
-                entries[0] + u64::from(self.gpu_free_len) == u64::from(self.cfg.gpu_pages)
-                    && entries[1] + u64::from(self.host_free_len) == u64::from(self.cfg.host_pages)
+        let (adapter_pages, _) = self.adapter_usage();
+        let adapters_ok = self.adapters.as_ref().is_none_or(|a| {
+            a.check(self.cfg.gpu_pages, |p| {
+                self.prefix
+                    .as_ref()
+                    .is_none_or(|x| *x.info(p) == PageInfo::default())
+            })
+        });
+        adapters_ok
+            && match &self.prefix {
+                None => {
+                    entries[0] + u64::from(self.gpu_free_len + adapter_pages)
+                        == u64::from(self.cfg.gpu_pages)
+                        && entries[1] + u64::from(self.host_free_len)
+                            == u64::from(self.cfg.host_pages)
+                }
+                Some(prefix) => self.check_shared(prefix, entries[0] + entries[1]),
             }
-            Some(prefix) => self.check_shared(prefix, entries[0] + entries[1]),
-        }
     }
 
     /// [`KvPool::check`] with a prefix cache, given the number of table entries.
@@ -391,13 +415,14 @@ impl<'a> KvPool<'a> {
             }
         }
         let (used, refs) = prefix.usage();
-        used[0] + self.gpu_free_len == self.cfg.gpu_pages
+        used[0] + self.gpu_free_len + self.adapter_usage().0 == self.cfg.gpu_pages
             && used[1] + self.host_free_len == self.cfg.host_pages
             && refs == entries
             && prefix.check()
     }
 
-    /// [`KvPool::check`], and exactly: every page is free once (no duplicate on a free stack) or held;
+    /// [`KvPool::check`], and exactly: every page is free once (no duplicate on a free stack), in one
+    /// adapter's chain once, or held;
     /// a held page's reference count equals the number of table entries naming it (exactly one without
     /// a prefix cache), and one with none is a cached block; every cached block counts its cached
     /// children. `scratch` needs [`KvPoolConfig::page_info_len`] entries (else `false`); O(pages + table
@@ -423,6 +448,17 @@ impl<'a> KvPool<'a> {
                 return false;
             }
             scratch[at(e)] = FREE;
+        }
+        if self.adapters.is_some() {
+            for t in 0..=u16::MAX {
+                let Some(a) = self.adapter(t) else { break };
+                for p in self.adapter_pages(t).take(a.pages() as usize) {
+                    if scratch[p as usize] != 0 {
+                        return false;
+                    }
+                    scratch[p as usize] = FREE;
+                }
+            }
         }
         for (i, &n) in scratch.iter().enumerate() {
             let entry = if (i as u32) < self.cfg.gpu_pages {

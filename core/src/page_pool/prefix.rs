@@ -45,6 +45,8 @@ pub struct PageInfo {
     parent: u64,
     prev: u32,
     next: u32,
+    /// When it became a leaf (the pool's clock): the LRU order, comparable with idle adapters'.
+    since: u64,
     cached: bool,
     listed: bool,
 }
@@ -59,6 +61,7 @@ impl Default for PageInfo {
             parent: 0,
             prev: NIL,
             next: NIL,
+            since: 0,
             cached: false,
             listed: false,
         }
@@ -134,6 +137,7 @@ pub(super) struct Prefix<'a> {
     lru: [Lru; 2],
     cached: [u32; 2],
     idle: [u32; 2],
+    clock: u64,
     pub(super) stats: PrefixStats,
 }
 
@@ -155,6 +159,7 @@ impl<'a> Prefix<'a> {
             lru: [Lru::EMPTY; 2],
             cached: [0; 2],
             idle: [0; 2],
+            clock: 0,
             stats: PrefixStats::default(),
         }
     }
@@ -197,6 +202,18 @@ impl<'a> Prefix<'a> {
     pub(super) fn oldest(&self, tier: Tier) -> Option<u32> {
         let head = self.lru[tier_index(tier)].head;
         (head != NIL).then(|| self.entry(head as usize))
+    }
+
+    /// When the oldest evictable GPU page became a leaf.
+    pub(super) fn oldest_gpu_since(&self) -> Option<u64> {
+        let head = self.lru[0].head;
+        (head != NIL).then(|| self.pages[head as usize].since)
+    }
+
+    /// The next reading of the pool's clock.
+    pub(super) fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 
     // --- The index: open addressing by key, backward-shift deletion. ---
@@ -289,6 +306,7 @@ impl<'a> Prefix<'a> {
     fn link(&mut self, at: usize) {
         let t = usize::from(at as u32 >= self.gpu_pages);
         let tail = self.lru[t].tail;
+        self.pages[at].since = self.tick();
         self.pages[at].prev = tail;
         self.pages[at].next = NIL;
         self.pages[at].listed = true;

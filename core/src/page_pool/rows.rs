@@ -3,7 +3,8 @@
 //! matched and a computed prefix committed.
 //!
 //! Every operation is all-or-nothing: what it needs (pages, room in the move log) is checked before
-//! anything changes, and an eviction it makes on the way frees exactly the page it takes.
+//! anything changes, and an eviction it makes on the way frees the page it takes (an idle adapter's
+//! eviction frees all its pages).
 
 use crate::kv::{ContextPrep, PageMove, Tier};
 use crate::request::RequestId;
@@ -41,7 +42,9 @@ fn move_pages<const DOWN: bool>(
 impl KvPool<'_> {
     /// GPU pages that can be had: free, or held by cached blocks nobody uses.
     pub(super) fn gpu_available(&self) -> u32 {
-        self.gpu_free_len + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Gpu))
+        self.gpu_free_len
+            + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Gpu))
+            + self.adapters.as_ref().map_or(0, |a| a.idle)
     }
 
     pub(super) fn host_available(&self) -> u32 {
@@ -88,11 +91,20 @@ impl KvPool<'_> {
         Some(self.host_free[self.host_free_len as usize])
     }
 
-    /// Frees one GPU page by evicting the oldest GPU leaf (an idle cached block with no child on the
-    /// GPU): demoted to the host tier (one page copy) when it has a page for it and the move log has
+    /// Frees at least one GPU page by evicting the oldest GPU leaf (an idle cached block with no child on
+    /// the GPU), or an idle adapter that became idle before it (unified paging, `adapters.rs`): demoted to the host tier (one page copy) when it has a page for it and the move log has
     /// room for this copy and `reserve` more; else dropped, after the host leaves below it when the log
     /// was the obstacle (no orphan is left). Returns whether there was one.
-    fn evict_gpu(&mut self, who: RequestId, reserve: u32) -> bool {
+    pub(super) fn evict_gpu(&mut self, who: RequestId, reserve: u32) -> bool {
+        // Unified paging: an idle adapter that became idle before the oldest leaf goes instead (all
+        // its pages at once).
+        if let Some((t, since)) = self.adapters.as_ref().and_then(|a| a.oldest_idle()) {
+            let leaf = self.prefix.as_ref().and_then(|x| x.oldest_gpu_since());
+            if leaf.is_none_or(|l| since < l) {
+                self.evict_adapter(t);
+                return true;
+            }
+        }
         let Some(p) = self.prefix.as_ref().and_then(|x| x.oldest(Tier::Gpu)) else {
             return false;
         };
@@ -300,6 +312,10 @@ impl KvPool<'_> {
             return false;
         }
         if self.prefix.is_none() && down > 0 {
+            // Idle adapters make room first (unified paging): the copy below takes the free stack's top.
+            while self.gpu_free_len < down {
+                assert!(self.evict_gpu(who, 0), "the pages were counted available");
+            }
             // All or none of a row is on the host without a prefix cache.
             let (g, h, m) = (
                 self.gpu_free_len as usize - n,

@@ -36,7 +36,7 @@ fn every_transition_moves_exactly_what_it_owns() {
 
     // (1) admit: the pass gave the first chunk its pages; the desk mints the lease for this request.
     place(&mut kv, r, 8);
-    let active = w.admit(&kv, &mut desk).unwrap();
+    let active = w.admit(&mut kv, &mut desk).unwrap();
     assert_eq!(task_state(&desk, t), (1, 1, 0));
     assert_eq!(active.lease().unwrap().task_slot(), t.slot);
     assert_eq!(active.lease().unwrap().holder(), RequestId(1));
@@ -67,7 +67,7 @@ fn every_transition_moves_exactly_what_it_owns() {
 
     // (6) replay: the replay's first chunk gets pages, then a new lease.
     place(&mut kv, r, 4);
-    let active = rc.replay(&kv, &mut desk).unwrap();
+    let active = rc.replay(&mut kv, &mut desk).unwrap();
     assert_eq!(task_state(&desk, t), (1, 1, 0));
 
     // (7) preempt: pages given up, lease returned with pause; (8) finish drops the paused registration.
@@ -79,14 +79,14 @@ fn every_transition_moves_exactly_what_it_owns() {
 
     // (4) from Suspended<Paused>, and (8) finish of Active and of a Resumed.
     place(&mut kv, r, 8);
-    let a = request(0, 1, Some(t)).admit(&kv, &mut desk).unwrap();
+    let a = request(0, 1, Some(t)).admit(&mut kv, &mut desk).unwrap();
     let p = a.suspend(&mut kv, &mut desk);
     let rc = p.recompute(&mut kv);
     assert_eq!(task_state(&desk, t), (0, 0, 1), "paused for the replay");
     assert_eq!(kv.host_free(), 16, "host pages freed");
     rc.finish(&mut kv, &mut desk);
     place(&mut kv, r, 8);
-    let a = request(0, 1, Some(t)).admit(&kv, &mut desk).unwrap();
+    let a = request(0, 1, Some(t)).admit(&mut kv, &mut desk).unwrap();
     a.finish(&mut kv, &mut desk);
     assert_eq!(task_state(&desk, t), (0, 0, 0));
     assert_eq!(kv.gpu_free(), 16);
@@ -102,14 +102,17 @@ fn activation_checks_refuse_without_active_kv_and_change_nothing() {
     let mut desk: AdapterDesk<AdapterPool<4>, 4> = AdapterDesk::new(pool);
     // (1) admit with no KV at all.
     let w = request(1, 5, Some(t));
-    let refused = w.admit(&kv, &mut desk).unwrap_err();
+    let refused = w.admit(&mut kv, &mut desk).unwrap_err();
     assert_eq!(refused.error, Error::NotOnGpu(RequestId(5)));
     assert_eq!(task_state(&desk, t), (0, 0, 0), "no adapter call");
     let w = refused.request;
     // (3) resume while the KV is still suspended.
     let r = w.kv_ref();
     place(&mut kv, r, 4);
-    let p = w.admit(&kv, &mut desk).unwrap().suspend(&mut kv, &mut desk);
+    let p = w
+        .admit(&mut kv, &mut desk)
+        .unwrap()
+        .suspend(&mut kv, &mut desk);
     let before = (kv.fingerprint(), task_state(&desk, t));
     let refused = p
         .resume(&mut kv, &mut desk, KvReturn::Generation)
@@ -118,7 +121,7 @@ fn activation_checks_refuse_without_active_kv_and_change_nothing() {
     assert_eq!((kv.fingerprint(), task_state(&desk, t)), before);
     // (6) replay before the replay's first chunk got pages.
     let rc = refused.request.recompute(&mut kv);
-    let refused = rc.replay(&kv, &mut desk).unwrap_err();
+    let refused = rc.replay(&mut kv, &mut desk).unwrap_err();
     assert_eq!(refused.error, Error::NotOnGpu(RequestId(5)));
     refused.request.finish(&mut kv, &mut desk);
     assert_eq!(task_state(&desk, t), (0, 0, 0));
@@ -139,13 +142,13 @@ fn a_refused_lease_changes_nothing_and_a_paused_host_copy_survives_pressure() {
     for (slot, t) in [(0u16, a), (1, b)] {
         let w = request(slot, u64::from(slot), Some(t));
         place(&mut kv, w.kv_ref(), 4);
-        let act = w.admit(&kv, &mut desk).unwrap();
+        let act = w.admit(&mut kv, &mut desk).unwrap();
         assert!(paused.push(act.suspend(&mut kv, &mut desk)).is_ok());
     }
     let w = request(2, 2, Some(c));
     place(&mut kv, w.kv_ref(), 4);
     let before = desk.backend().clone();
-    let refused = w.admit(&kv, &mut desk).unwrap_err();
+    let refused = w.admit(&mut kv, &mut desk).unwrap_err();
     assert_eq!(
         refused.error,
         Error::Peft(crate::PeftError::HostCacheFull(TaskId(3)))

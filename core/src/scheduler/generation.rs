@@ -286,10 +286,18 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
 
     /// A request that must acquire a lease to run (it holds none) can get one, as far as the adapter
     /// backend can tell without side effects ([`PeftBackend::can_admit`]).
+    ///
+    /// With unified paging the KV pool must also be able to place the adapter, unless it is pinned.
     pub(crate) fn lease_obtainable(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
         match e.task() {
-            Some(t) if !e.ownership().on_gpu() => self.desk.backend().can_admit(t),
+            Some(t) if !e.ownership().on_gpu() => {
+                self.desk.backend().can_admit(t)
+                    && (self.desk.leases(t.slot) > 0
+                        || self
+                            .kv
+                            .can_pin_adapter(t.slot, self.desk.known_pages(t.slot)))
+            }
             _ => true,
         }
     }

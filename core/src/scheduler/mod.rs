@@ -84,7 +84,10 @@ impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPo
         if in_use {
             return Err(PeftError::TaskBusy(id));
         }
-        self.desk.backend_mut().reload(id, pages)
+        let task = self.desk.backend_mut().reload(id, pages)?;
+        // Unified paging: the old weights' device copy leaves the KV pool.
+        self.kv.drop_adapter(task.slot);
+        Ok(task)
     }
 }
 
@@ -119,7 +122,15 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     clients: admission::Clients<N>,
     /// Consecutive passes each slot's request was refused its adapter (fair admission's drain).
     adapter_waits: [u16; N],
+    /// Unified paging: per task slot, the placements and evictions the KV pool logged that the
+    /// engine has not been told of yet (`PLACED`, `EVICTED` bits).
+    adapter_log: [u8; T],
 }
+
+/// [`Scheduler::adapter_log`]: a placement to report as a load.
+const PLACED: u8 = 1;
+/// [`Scheduler::adapter_log`]: an eviction to report.
+const EVICTED: u8 = 2;
 
 impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
     /// Tearing the scheduler down takes its backends with it: every request's resources go too.
@@ -144,6 +155,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             last: PassStats::default(),
             clients: admission::Clients::new(),
             adapter_waits: [0; N],
+            adapter_log: [0; T],
         })
     }
 
@@ -231,7 +243,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 Ownership::Waiting | Ownership::Recompute => !self.kv.is_active(r),
             }
         });
-        agree && self.table.check() && (0..T).all(|s| self.desk.leases(s as u16) == leases[s])
+        // Unified paging: between passes an adapter's pins are its leases.
+        let pinned = |s: usize| {
+            self.kv
+                .adapter_pins(s as u16)
+                .is_none_or(|n| n == leases[s])
+        };
+        agree
+            && self.table.check()
+            && (0..T).all(|s| self.desk.leases(s as u16) == leases[s] && pinned(s))
     }
 
     /// Multimodal runs: ascending, disjoint, non-empty and within the prompt; with chunking, none longer
@@ -402,7 +422,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 _ => "adopted as suspended but the KV backend has no suspended cache",
             }));
         }
-        let (kv, desk) = (&self.kv, &mut self.desk);
+        let (kv, desk) = (&mut self.kv, &mut self.desk);
         let adopted = self.table.transition(h.index(), |held| {
             let Held::Waiting(w) = held else {
                 panic!("a new entry is waiting");
@@ -415,9 +435,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 },
                 Adopt::Suspended => match w.task() {
                     None => (w.adopt_suspended(None).into(), Ok(())),
-                    Some(t) => match desk.acquire(spec.id, t, None) {
+                    Some(t) => match desk.acquire(kv, spec.id, t, None) {
                         Ok(lease) => {
-                            let paused = desk.release(spec.id, lease, true);
+                            let paused = desk.release(kv, spec.id, lease, true);
                             (w.adopt_suspended(paused).into(), Ok(()))
                         }
                         Err((_, e)) => (w.into(), Err(Error::Peft(e))),
@@ -543,13 +563,48 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
     /// Makes the scheduled batch's adapters resident on the device; `out.adapter_loads()` lists the
     /// copies. With the pass's adapter page budget this never fails for a batch the pass produced.
+    ///
+    /// With unified paging every batch adapter is resident already (its leases pin it in the KV
+    /// pool); the loads are the adapters the pool placed since the engine last looked.
     pub fn ensure_batch(&mut self, out: &mut SchedulerOutput<N>) -> Result<(), PeftError> {
         let (plan, loads) = out.plan_and_loads();
         loads.clear();
         self.desk.ensure_batch(plan, &mut |t| {
             let pushed = loads.push(t);
             assert!(pushed.is_ok(), "a load per planned adapter");
-        })
+        })?;
+        if self.kv.pages_adapters() {
+            self.drain_adapter_log();
+            for s in 0..T {
+                if self.adapter_log[s] & PLACED != 0 {
+                    self.adapter_log[s] &= !PLACED;
+                    // A placed adapter is pinned by a lease: at most one per live request.
+                    let pushed = loads.push(self.desk.task_ref(s as u16));
+                    assert!(pushed.is_ok(), "a load per pinned adapter");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Unified paging: takes the KV pool's adapter log into [`Scheduler::adapter_log`].
+    fn drain_adapter_log(&mut self) {
+        let log = &mut self.adapter_log;
+        self.kv.take_adapter_log(&mut |slot, what| {
+            if let Some(bits) = log.get_mut(usize::from(slot)) {
+                match what {
+                    crate::page_pool::Placement::Placed => *bits |= PLACED,
+                    crate::page_pool::Placement::Evicted => {
+                        // A placement not reported yet was never copied: nothing to drop.
+                        if *bits & PLACED != 0 {
+                            *bits &= !PLACED;
+                        } else {
+                            *bits |= EVICTED;
+                        }
+                    }
+                }
+            }
+        });
     }
 
     /// Hands the page moves logged since the last call to the copy engine (in order; the log is then
@@ -607,8 +662,19 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
     /// Adapters evicted from the device since the last call (their device pages are free for reuse), in
     /// order: with the loads `ensure_batch` reports, the adapter plan a device binding applies.
+    ///
+    /// With unified paging they come from the KV pool: an evicted adapter's pages hold KV now.
     pub fn take_adapter_evictions(&mut self, mut evicted: impl FnMut(TaskRef)) {
         self.desk.backend_mut().take_device_evictions(&mut evicted);
+        if self.kv.pages_adapters() {
+            self.drain_adapter_log();
+            for s in 0..T {
+                if self.adapter_log[s] & EVICTED != 0 {
+                    self.adapter_log[s] &= !EVICTED;
+                    evicted(self.desk.task_ref(s as u16));
+                }
+            }
+        }
     }
 
     /// Adapters whose host copy changed since the last call (loaded into host pages when a request
