@@ -1,7 +1,9 @@
 //! Heap-backed storage for the core's borrowed-storage page pool (the core itself never allocates).
 
 use kvsched_core::kv::PageMove;
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStorage, Seq};
+use kvsched_core::page_pool::{
+    AdapterPages, AdapterStorage, KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStorage, Seq,
+};
 
 /// Owns the buffers of one [`KvPool`]; lend them with [`KvMemory::pool`].
 #[derive(Debug, Clone)]
@@ -14,6 +16,8 @@ pub struct KvMemory {
     moves: Vec<PageMove>,
     /// The prefix cache's buffers, when the pool has one.
     prefix: Option<PrefixMemory>,
+    /// Unified paging's buffers (adapter slots, page links), when the pool holds adapters.
+    adapters: Option<(Vec<AdapterPages>, Vec<u32>)>,
 }
 
 /// The buffers of a prefix cache.
@@ -35,7 +39,18 @@ impl KvMemory {
             seqs: vec![Seq::default(); cfg.slots as usize],
             moves: vec![PageMove::default(); cfg.move_log_len()],
             prefix: None,
+            adapters: None,
         }
+    }
+
+    /// The same buffers, with unified paging for `task_slots` adapter slots: the pool will hold the
+    /// adapters' device copies beside the KV ([`KvPool::page_adapters`]).
+    pub fn with_unified_adapters(mut self, task_slots: usize) -> Self {
+        self.adapters = Some((
+            vec![AdapterPages::default(); task_slots],
+            vec![0; self.cfg.gpu_pages as usize],
+        ));
+        self
     }
 
     /// Buffers sized for `cfg`, with a prefix cache.
@@ -72,12 +87,13 @@ impl KvMemory {
             seqs: buffer(cfg.slots as usize, Seq::default())?,
             moves: buffer(cfg.move_log_len(), PageMove::default())?,
             prefix: None,
+            adapters: None,
         })
     }
 
     /// A fresh, empty pool over these buffers.
     pub fn pool(&mut self) -> Result<KvPool<'_>, kvsched_core::Error> {
-        KvPool::new(
+        let mut pool = KvPool::new(
             self.cfg,
             KvStorage {
                 gpu_free: &mut self.gpu_free,
@@ -91,7 +107,11 @@ impl KvMemory {
                     hashes: &mut p.hashes,
                 }),
             },
-        )
+        )?;
+        if let Some((slots, links)) = self.adapters.as_mut() {
+            pool.page_adapters(AdapterStorage { slots, links })?;
+        }
+        Ok(pool)
     }
 
     /// Bytes the buffers take.
@@ -103,6 +123,9 @@ impl KvMemory {
                 p.pages.len() * std::mem::size_of::<PageInfo>()
                     + p.index.len() * 4
                     + p.hashes.len() * 8
+            })
+            + self.adapters.as_ref().map_or(0, |(s, l)| {
+                s.len() * std::mem::size_of::<AdapterPages>() + l.len() * 4
             })
     }
 }

@@ -51,16 +51,20 @@ fn chunk() -> impl Strategy<Value = Chunk> {
 fn peft() -> impl Strategy<Value = Option<PeftSetup>> {
     prop_oneof![
         1 => Just(None),
-        2 => (1u32..=10, 1u32..=12, 1usize..=T).prop_flat_map(|(device, host, n)| {
-            let cap = device.min(host);
-            prop::collection::vec(1..=cap, n).prop_map(move |task_pages| {
-                Some(PeftSetup {
-                    device_pages: device,
-                    host_pages: host,
-                    task_pages,
+        2 => (1u32..=10, 1u32..=12, 1usize..=T, prop::bool::weighted(0.35)).prop_flat_map(
+            |(device, host, n, unified)| {
+                // Unified paging: adapters take KV pages (at least 6 on the GPU).
+                let cap = if unified { host.min(6) } else { device.min(host) };
+                prop::collection::vec(1..=cap, n).prop_map(move |task_pages| {
+                    Some(PeftSetup {
+                        device_pages: device,
+                        host_pages: host,
+                        task_pages,
+                        unified,
+                    })
                 })
-            })
-        }),
+            }
+        ),
     ]
 }
 
@@ -124,7 +128,8 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Fault::KvPrepare),
         Just(Fault::KvResize),
         Just(Fault::KvAllocate),
-        Just(Fault::PeftAdd)
+        Just(Fault::PeftAdd),
+        Just(Fault::KvPin)
     ];
     prop_oneof![
         6 => (
@@ -196,6 +201,19 @@ fn live_setup() -> impl Strategy<Value = Setup> {
 fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
     let max = s.max_tokens() as u32;
     let tasks = s.tasks() as u8;
+    // Unified paging: a LoRA request fits beside its adapter.
+    let beside: Vec<u32> = s.peft.as_ref().map_or(Vec::new(), |p| {
+        p.task_pages
+            .iter()
+            .map(|&pages| {
+                if p.unified {
+                    s.max_tokens_beside(pages) as u32
+                } else {
+                    max
+                }
+            })
+            .collect()
+    });
     let req = (
         1u32..=max,
         1u32..=max,
@@ -213,11 +231,13 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
                 let out_len = out_len.min(12);
                 let prompt = prompt.min(40);
                 let total = prompt + out_len * (1 + u32::from(draft)) + u32::from(draft);
-                (total <= max && u32::from(encoder) <= max).then_some(Req {
+                let lora = if tasks == 0 { None } else { lora };
+                let limit = lora.map_or(max, |l| beside[usize::from(l)]);
+                (total <= limit && u32::from(encoder) <= max).then_some(Req {
                     prompt,
                     out_len,
                     draft,
-                    lora: if tasks == 0 { None } else { lora },
+                    lora,
                     snap_every,
                     family,
                     encoder,
@@ -254,8 +274,22 @@ fn pass_bound(reqs: &[Req], s: &Setup) -> u64 {
 /// can legitimately wedge the pool — partially prefilled chunks, or suspended caches held on the GPU
 /// when the host tier is full, with nothing allowed to free them (as in the reference) — and the
 /// scheduler must then say so with `Error::Deadlock` rather than spin.
-fn guaranteed(s: &Setup) -> bool {
-    s.no_evict || (s.recompute_pause && s.host_pages == 0)
+///
+/// With unified paging a request fits alone only with its adapter beside its KV in the GPU pages.
+fn guaranteed(s: &Setup, reqs: &[Req]) -> bool {
+    let fits_with_adapter = |r: &Req| {
+        let Some(p) = s.peft.as_ref().filter(|p| p.unified) else {
+            return true;
+        };
+        let adapter = r
+            .lora
+            .and_then(|l| p.task_pages.get(usize::from(l)))
+            .copied()
+            .unwrap_or(0);
+        let tokens = r.prompt + r.out_len * (1 + u32::from(r.draft)) + u32::from(r.draft);
+        tokens.div_ceil(s.tokens_per_block) + adapter <= s.gpu_pages
+    };
+    (s.no_evict || (s.recompute_pause && s.host_pages == 0)) && reqs.iter().all(fits_with_adapter)
 }
 
 proptest! {
@@ -286,7 +320,7 @@ proptest! {
         match h.run_to_completion(bound).map_err(TestCaseError::fail)? {
             Done::Finished(passes) => prop_assert!(passes <= bound),
             Done::Deadlock(passes) => prop_assert!(
-                !guaranteed(&setup),
+                !guaranteed(&setup, &reqs),
                 "deadlock after {} passes where progress is guaranteed", passes
             ),
         }
@@ -621,6 +655,7 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
         device_pages: 8,
         host_pages: 2,
         task_pages: vec![1, 2],
+        unified: false,
     });
     let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
@@ -660,4 +695,54 @@ fn prompt_families_reuse_blocks_under_the_model() {
     }
     let stats = replay(setup, &ops);
     assert!(stats.reused >= 8 * 4, "reused {} tokens", stats.reused);
+}
+
+/// Unified paging under the model: adapters take KV pages while their requests run, idle ones give
+/// them back to prefills, refused pins (a fault) leave requests waiting, never stuck, and every check
+/// of every pass holds (the pins are the leases, the pool's audit counts the adapter pages).
+#[test]
+fn unified_paging_shares_the_pages_under_the_model() {
+    let mut setup = base(20, 0);
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 4;
+    setup.prefix = true;
+    setup.peft = Some(PeftSetup {
+        device_pages: 1,
+        host_pages: 16,
+        task_pages: vec![3, 4, 2, 5],
+        unified: true,
+    });
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..24u8 {
+        let op = Op::Submit {
+            prompt: 8 + u32::from(k % 5) * 4,
+            out_len: 2 + u32::from(k % 3),
+            lora: (k % 4 != 3).then_some(k % 4),
+            draft: 0,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 3),
+            encoder: 0,
+        };
+        h.apply(&op).unwrap();
+        if k % 6 == 5 {
+            h.apply(&Op::Inject {
+                fault: Fault::KvPin,
+                count: 2,
+                pool: 0,
+            })
+            .unwrap();
+        }
+        for op in [Op::Pass, Op::Complete, Op::Finish { pick: k }] {
+            h.apply(&op).unwrap();
+        }
+    }
+    assert!(matches!(h.run_to_completion(4000), Ok(Done::Finished(_))));
+    let (placed, evicted) = h.sched.kv().target().inner.adapter_stats();
+    assert!(placed >= 4, "{placed} adapter placements");
+    assert!(evicted >= 1, "{evicted} adapters gave their pages back");
+    assert!(h.sched.kv().target().faults.injected.get() >= 1);
+    h.drain().unwrap();
 }

@@ -63,6 +63,11 @@ pub trait PeftBackend {
         tasks: &[TaskRef],
         load: &mut dyn FnMut(TaskRef),
     ) -> Result<(), PeftError>;
+    /// Side-effect free: the pages the task's adapter occupies, as registered (0 when unknown).
+    fn pages_of(&self, task: TaskRef) -> u32 {
+        let _ = task;
+        0
+    }
     /// The version of the task's weights: KV computed under one version is never reused under another
     /// (a reload under the same task id gives it a new version).
     fn cache_identity(&self, task: TaskRef) -> u64 {
@@ -463,6 +468,10 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
 
     fn cache_identity(&self, task: TaskRef) -> u64 {
         self.tasks.get(task.slot as usize).map_or(0, |t| t.version)
+    }
+
+    fn pages_of(&self, task: TaskRef) -> u32 {
+        self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
     }
 
     fn can_admit(&self, task: TaskRef) -> bool {

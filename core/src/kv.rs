@@ -239,6 +239,12 @@ pub trait KvBackend {
     fn pages_adapters(&self) -> bool {
         false
     }
+    /// Most tokens one request can hold beside its adapter's `pages` pages (unified paging; else
+    /// [`KvBackend::max_tokens_per_request`]).
+    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
+        let _ = pages;
+        self.max_tokens_per_request()
+    }
     /// Side-effect free: [`KvBackend::pin_adapter`] would succeed now.
     fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
         let _ = (task, pages);

@@ -380,6 +380,14 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         self.target.pages_adapters()
     }
 
+    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
+        let draft = self
+            .draft
+            .as_ref()
+            .map_or(u64::MAX, |(_, d)| d.max_tokens_per_request());
+        self.target.max_tokens_beside_adapter(pages).min(draft)
+    }
+
     fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
         self.target.can_pin_adapter(task, pages)
     }

@@ -8,7 +8,8 @@
 //! both, and [`Harness::check`] then compares them and checks the invariants of DESIGN.md §7:
 //!
 //! - page conservation per KV tier ([`KvPool::check`]) and in the adapter cache ([`AdapterPool::check`]);
-//! - per task: leases held by the desk = the adapter cache's device refcount = active LoRA requests;
+//! - per task: leases held by the desk = the adapter cache's device refcount = active LoRA requests
+//!   (= the KV pool's pins on the adapter, with unified paging);
 //!   paused registrations = suspended and recompute-paused LoRA requests (so none of them holds a lease);
 //! - residency agrees with the KV pool (waiting and recompute-paused: no cache; active: active cache;
 //!   suspended: a suspended cache);
@@ -34,7 +35,7 @@ use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, Placement, SeqState};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
 use kvsched_core::scheduler::{Handle, Scheduler};
@@ -114,6 +115,9 @@ pub struct PeftSetup {
     pub host_pages: u32,
     /// Pages of each registered task (task `i` has id `task_id(i)`); at most `T`.
     pub task_pages: Vec<u32>,
+    /// Unified paging: the adapters' device copies live in the target KV pool (`device_pages` is
+    /// unused).
+    pub unified: bool,
 }
 
 impl Setup {
@@ -169,8 +173,13 @@ impl Setup {
                 KvMemory::new(self.pool())
             }
         };
+        let unified = self.peft.as_ref().is_some_and(|p| p.unified);
         Memory {
-            target: one(),
+            target: if unified {
+                one().with_unified_adapters(T)
+            } else {
+                one()
+            },
             draft: self.draft.map(|_| one()),
             cross: self.cross.then(|| KvMemory::new(self.pool())),
         }
@@ -179,6 +188,12 @@ impl Setup {
     /// Most KV tokens one request may hold.
     pub fn max_tokens(&self) -> u64 {
         u64::from(self.max_blocks.min(self.gpu_pages)) * u64::from(self.tokens_per_block)
+    }
+
+    /// Most KV tokens one LoRA request may hold beside its adapter of `pages` pages (unified paging).
+    pub fn max_tokens_beside(&self, pages: u32) -> u64 {
+        let room = self.gpu_pages.saturating_sub(pages);
+        u64::from(self.max_blocks.min(room)) * u64::from(self.tokens_per_block)
     }
 
     /// Registered tasks.
@@ -198,6 +213,8 @@ pub enum Fault {
     KvAllocate,
     /// `add_request` of the adapter cache (host cache full: admission, resume or replay refused).
     PeftAdd,
+    /// `pin_adapter` of a unified pool (no room for the adapter: the lease is refused).
+    KvPin,
 }
 
 /// One operation.
@@ -268,7 +285,7 @@ pub enum Op {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Refusals left per [`Fault`] kind, in declaration order.
-    pub left: [Cell<u32>; 4],
+    pub left: [Cell<u32>; 5],
     /// Refusals injected so far.
     pub injected: Cell<u64>,
 }
@@ -390,6 +407,33 @@ impl KvBackend for FaultKv<'_> {
     fn resume_blocked(&self, r: KvRef) -> bool {
         self.inner.resume_blocked(r)
     }
+    fn pages_adapters(&self) -> bool {
+        self.inner.pages_adapters()
+    }
+    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
+        self.inner.max_tokens_beside_adapter(pages)
+    }
+    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+        self.inner.can_pin_adapter(task, pages)
+    }
+    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+        if self.inner.pages_adapters() && self.faults.fire(Fault::KvPin) {
+            return false;
+        }
+        self.inner.pin_adapter(who, task, pages)
+    }
+    fn unpin_adapter(&mut self, task: u16) {
+        self.inner.unpin_adapter(task);
+    }
+    fn drop_adapter(&mut self, task: u16) {
+        self.inner.drop_adapter(task);
+    }
+    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, Placement)) {
+        KvBackend::take_adapter_log(&mut self.inner, f);
+    }
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        self.inner.adapter_pins(task)
+    }
 }
 
 /// The adapter cache (or none) behind a fault schedule. `ensure_batch` is never refused: that it always
@@ -415,6 +459,9 @@ impl PeftBackend for FaultPeft {
         self.inner
             .as_mut()
             .map_or(0, |p| p.determine_num_pages(req, task))
+    }
+    fn pages_of(&self, task: TaskRef) -> u32 {
+        self.inner.as_ref().map_or(0, |p| p.pages_of(task))
     }
     fn can_admit(&self, task: TaskRef) -> bool {
         self.inner.as_ref().is_none_or(|p| p.can_admit(task))
@@ -584,8 +631,12 @@ impl<'a> Harness<'a> {
         let peft = match &setup.peft {
             None => None,
             Some(p) => {
-                let mut cache = AdapterPool::<T>::new(p.device_pages, p.host_pages)
-                    .map_err(|e| format!("adapter pool: {e}"))?;
+                let cache = if p.unified {
+                    AdapterPool::<T>::unified(setup.gpu_pages, p.host_pages)
+                } else {
+                    AdapterPool::<T>::new(p.device_pages, p.host_pages)
+                };
+                let mut cache = cache.map_err(|e| format!("adapter pool: {e}"))?;
                 for (i, &pages) in p.task_pages.iter().enumerate() {
                     cache
                         .register(TaskId(task_id(i as u8)), pages)
@@ -662,6 +713,7 @@ impl<'a> Harness<'a> {
                 let kv = self.sched.kv();
                 let faults = match (fault, pool % 3) {
                     (Fault::PeftAdd, _) => Some(&self.sched.adapters().backend().faults),
+                    (Fault::KvPin, _) => Some(&kv.target().faults),
                     (_, 1) => kv.draft().map(|(_, d)| &d.faults),
                     (_, 2) => kv.cross().map(|x| &x.faults),
                     _ => Some(&kv.target().faults),
@@ -738,9 +790,18 @@ impl<'a> Harness<'a> {
                 limit: self.setup.max_tokens(),
             });
         }
-        if let (Some(t), Some(_)) = (s.lora, &self.setup.peft) {
-            if (t.0 - task_id(0)) as usize >= self.setup.tasks() {
+        if let (Some(t), Some(p)) = (s.lora, &self.setup.peft) {
+            let i = (t.0 - task_id(0)) as usize;
+            if i >= self.setup.tasks() {
                 return Some(Error::Peft(PeftError::UnknownTask(t)));
+            }
+            let limit = self.setup.max_tokens_beside(p.task_pages[i]);
+            if p.unified && tokens > limit {
+                return Some(Error::RequestTooLarge {
+                    id: s.id,
+                    tokens,
+                    limit,
+                });
             }
         }
         if self.live.len() == N {
@@ -1207,7 +1268,16 @@ impl<'a> Harness<'a> {
                 "adapter plan {plan:?} but the batch uses {tasks:?}"
             ));
         }
-        if let Some(cache) = &s.adapters().backend().inner {
+        let unified = s.kv().target().inner.pages_adapters();
+        if let (true, Some(_)) = (unified, &s.adapters().backend().inner) {
+            // Unified paging: every planned adapter is resident in the KV pool, pinned by its leases.
+            for t in &plan {
+                let a = s.kv().target().inner.adapter(t.slot);
+                if !a.is_some_and(|a| a.resident() && a.pins() > 0) {
+                    return Err(format!("task {} not pinned in the KV pool: {a:?}", t.id.0));
+                }
+            }
+        } else if let Some(cache) = &s.adapters().backend().inner {
             let mut slots: BTreeSet<u16> = plan.iter().map(|t| t.slot).collect();
             slots.extend(s.adapters().pinned_tasks().iter().copied());
             let pages: u64 = slots
@@ -1421,6 +1491,17 @@ impl<'a> Harness<'a> {
                             t.id.0, t.paused, paused[i]
                         ));
                     }
+                    // Unified paging: the KV pool's pins on the adapter are its leases.
+                    if let Some(a) = s.kv().target().inner.adapter(i as u16) {
+                        if a.pins() != leases || (leases > 0 && !a.resident()) {
+                            return Err(format!(
+                                "task {}: {leases} leases, {} pins in the KV pool (resident {})",
+                                t.id.0,
+                                a.pins(),
+                                a.resident()
+                            ));
+                        }
+                    }
                     if leases > 0 {
                         pinned += t.pages;
                     }
@@ -1468,11 +1549,18 @@ impl<'a> Harness<'a> {
             self.remove(0, false)?;
             self.check()?;
         }
-        // With no request, every page is free or holds a cached block nobody references (the audit
-        // of `check` has counted the references: none).
+        // With no request, every page is free, holds a cached block nobody references (the audit
+        // of `check` has counted the references: none) or an idle adapter (unified paging).
         for (role, p) in pools(&self.sched) {
             let pool = &p.inner;
-            let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu);
+            let (adapters, idle) = pool.adapter_usage();
+            if adapters != idle {
+                return Err(format!(
+                    "{role} pool: {} adapter pages pinned with no request",
+                    adapters - idle
+                ));
+            }
+            let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu) + adapters;
             let host = pool.host_free() + pool.cached_pages(Tier::Host);
             if gpu != self.setup.gpu_pages || host != self.setup.host_pages {
                 return Err(format!(
@@ -1522,13 +1610,16 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         _ => {
             let device_pages = 1 + u32::from(r.byte() % 12);
             let host_pages = 1 + u32::from(r.byte() % 16);
-            let cap = device_pages.min(host_pages);
+            let unified = device_pages % 3 == 0;
+            let device = if unified { gpu_pages } else { device_pages };
+            let cap = device.min(host_pages);
             let tasks = 1 + r.byte() as usize % T;
             let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
             Some(PeftSetup {
                 device_pages,
                 host_pages,
                 task_pages,
+                unified,
             })
         }
     };
@@ -1595,11 +1686,12 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             13 => {
                 let f = r.byte();
                 Op::Inject {
-                    fault: match f % 4 {
+                    fault: match f % 5 {
                         0 => Fault::KvPrepare,
                         1 => Fault::KvResize,
                         2 => Fault::KvAllocate,
-                        _ => Fault::PeftAdd,
+                        3 => Fault::PeftAdd,
+                        _ => Fault::KvPin,
                     },
                     count: 1 + (f >> 2) % 8,
                     pool: (f >> 5) % 3,

@@ -271,6 +271,14 @@ impl KvBackend for KvPool<'_> {
         self.adapters.is_some()
     }
 
+    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
+        if self.adapters.is_none() {
+            return self.max_tokens_per_request();
+        }
+        let room = self.cfg.gpu_pages.saturating_sub(pages);
+        u64::from(self.cfg.max_blocks.min(room)) * u64::from(self.cfg.tokens_per_block)
+    }
+
     fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
         self.adapters.is_none() || self.can_pin(task, pages)
     }

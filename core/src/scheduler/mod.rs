@@ -305,6 +305,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 }
             }
         };
+        if let Some(t) = task {
+            self.check_beside_adapter(spec, t)?;
+        }
         if self.table.is_full() {
             return Err(Error::CapacityExhausted {
                 what: "request table",
@@ -312,6 +315,28 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             });
         }
         Ok(task)
+    }
+
+    /// Unified paging: a LoRA request's KV must fit in the pool beside its adapter, which it pins
+    /// while it runs (else it could never finish: a prefill that never fits, replayed forever).
+    fn check_beside_adapter(&self, spec: &RequestSpec, task: TaskRef) -> Result<(), Error> {
+        if !self.kv.pages_adapters() {
+            return Ok(());
+        }
+        let pages = self.desk.backend().pages_of(task);
+        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
+        let limit = self
+            .kv
+            .max_tokens_beside_adapter(pages)
+            .min(u32::MAX as u64);
+        if tokens > limit {
+            return Err(Error::RequestTooLarge {
+                id: spec.id,
+                tokens,
+                limit,
+            });
+        }
+        Ok(())
     }
 
     /// The per-step and whole-life sizes of a request: beam width at least 1, one step's tokens (beam +
