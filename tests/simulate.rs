@@ -139,11 +139,14 @@ fn prefix_reuse_follows_the_trace_and_saves_prefill() {
 #[test]
 fn every_shipped_trace_format_replays_with_zero_violations() {
     let root = env!("CARGO_MANIFEST_DIR");
-    for f in [
+    for (f, paging) in [
         "tests/data/mooncake_conversation_head30.jsonl",
         "tests/data/burstgpt1_head54.csv",
-    ] {
-        let j = tmp(&format!("{}.json", f.replace('/', "_")));
+    ]
+    .into_iter()
+    .flat_map(|f| [(f, "split"), (f, "unified")])
+    {
+        let j = tmp(&format!("{}-{paging}.json", f.replace('/', "_")));
         let p = format!("{root}/{f}");
         let out = kvsched(&[
             "simulate",
@@ -151,6 +154,8 @@ fn every_shipped_trace_format_replays_with_zero_violations() {
             "--check",
             "--kv-gpu-pages",
             "8192",
+            "--adapter-paging",
+            paging,
             "--json",
             j.to_str().unwrap(),
         ]);
@@ -534,4 +539,73 @@ fn admission_policies_run_checked_and_report_per_adapter_service() {
     let bad = kvsched(&["simulate", "--admission", "lottery"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown admission policy \"lottery\""));
+}
+
+#[test]
+fn unified_paging_runs_checked_and_lends_the_kv_slack_to_adapters() {
+    let run = |paging: &str| {
+        let j = tmp(&format!("paging-{paging}.json"));
+        let out = kvsched(&[
+            "simulate",
+            "--check",
+            "--no-progress",
+            "--limit",
+            "200",
+            "--time-scale",
+            "0.25",
+            "--adapters",
+            "32",
+            "--pages-per-rank8",
+            "4",
+            // A small pool: --check audits every page every iteration.
+            "--kv-gpu-pages",
+            "2048",
+            "--adapter-paging",
+            paging,
+            "--json",
+            j.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let d = json(&j);
+        assert_eq!(d["adapter_paging"], paging);
+        assert_eq!(d["invariant_violations"], 0);
+        assert_eq!(d["requests_completed"], 200);
+        d
+    };
+    let (split, unified) = (run("split"), run("unified"));
+    // 32 adapters of 4 to 32 pages do not fit a 64-page device cache; beside 2048 KV pages they stay
+    // resident, so fewer loads and a shorter wait for the first token.
+    let loads = |d: &serde_json::Value| d["adapter_loads"].as_u64().unwrap();
+    assert!(
+        loads(&unified) < loads(&split),
+        "{} vs {}",
+        loads(&unified),
+        loads(&split)
+    );
+    let p99 = |d: &serde_json::Value| d["ttft_ms"]["p99"].as_f64().unwrap();
+    assert!(p99(&unified) < p99(&split));
+    // A request that cannot fit beside the largest adapter is refused before the run.
+    let out = kvsched(&[
+        "simulate",
+        "--kv-gpu-pages",
+        "200",
+        "--adapter-device-pages",
+        "8",
+        "--adapter-paging",
+        "unified",
+        "--ranks",
+        "64",
+        "--pages-per-rank8",
+        "8",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("does not fit beside the largest adapter"),
+        "{err}"
+    );
 }

@@ -104,6 +104,15 @@ struct SimArgs {
     /// Host pages of the adapter cache.
     #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.host_pages)]
     adapter_host_pages: u32,
+    /// split: the adapters' device pages are a cache of their own (the reference); unified: they join
+    /// the KV pool, one page space for KV and adapters with one eviction order (S-LoRA).
+    #[arg(
+        long,
+        help_heading = "Adapters (multi-LoRA)",
+        value_enum,
+        default_value = "split"
+    )]
+    adapter_paging: AdapterPaging,
     /// K draft tokens a decode step, each accepted with probability ACCEPT after the ones before it: a
     /// step keeps 1 + the accepted run; a joint draft pool holds the draft model's KV; rejected drafts'
     /// slots are given back.
@@ -234,6 +243,15 @@ struct SimArgs {
     seed: u64,
 }
 
+/// `--adapter-paging`'s value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AdapterPaging {
+    /// Two fixed pools, KV and adapters (the reference).
+    Split,
+    /// One page space for KV and adapters.
+    Unified,
+}
+
 /// `--chunking`'s value: a policy, or none.
 #[derive(Debug, Clone, Copy)]
 struct ChunkingChoice(Option<ChunkPolicy>);
@@ -324,6 +342,7 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     o.adapters.pages_per_rank8 = a.pages_per_rank8;
     o.adapters.device_pages = a.adapter_device_pages;
     o.adapters.host_pages = a.adapter_host_pages;
+    o.adapters.unified = a.adapter_paging == AdapterPaging::Unified;
     // The engine's device fixes the KV pool unless the command line says otherwise.
     if let Some(pages) = a.kv_gpu_pages.or(a.engine.kv_gpu_pages(a.tokens_per_block)) {
         o.kv_gpu_pages = pages;

@@ -49,6 +49,10 @@ pub struct AdapterOptions {
     pub device_pages: u32,
     /// Host adapter pages.
     pub host_pages: u32,
+    /// Unified paging (`--adapter-paging unified`, S-LoRA): the adapter cache's device pages join the
+    /// KV pool, one page space for KV and adapters (an adapter page is a KV page); the split default
+    /// keeps two fixed pools, as the reference.
+    pub unified: bool,
 }
 
 /// Everything a simulation run needs besides the workload.
@@ -136,6 +140,7 @@ impl Default for SimOptions {
                 pages_per_rank8: 2,
                 device_pages: 64,
                 host_pages: 1024,
+                unified: false,
             },
             cost: Engine::DEFAULT.model(32),
             engine: Engine::DEFAULT,
@@ -312,7 +317,12 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
         }
         for id in 0..a.count {
             let p = pages_for_rank(a.ranks.rank_of(id), a.pages_per_rank8);
-            let fits = a.device_pages.min(a.host_pages) as u64;
+            let device = if a.unified {
+                o.kv_gpu_pages.saturating_add(a.device_pages)
+            } else {
+                a.device_pages
+            };
+            let fits = device.min(a.host_pages) as u64;
             if p > fits {
                 return opt(format!(
                     "adapter {id} (rank {}) needs {p} pages but the adapter cache has {} device and {} host pages: raise --adapter-device-pages/--adapter-host-pages or lower --pages-per-rank8",
@@ -324,9 +334,24 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
             pages.push(p as u32);
         }
     }
+    // Unified paging: the adapter cache's device pages join the pool, and a LoRA request must fit
+    // beside its adapter.
+    let gpu_pages = if a.unified && a.count > 0 {
+        let largest = pages.iter().copied().max().unwrap_or(0) as u64;
+        let total = o.kv_gpu_pages as u64 + a.device_pages as u64;
+        if longest.div_ceil(o.tokens_per_block as u64) + largest > total {
+            return opt(format!(
+                "a request of {longest} tokens does not fit beside the largest adapter ({largest} pages) in the unified pool of {total} pages: raise --kv-gpu-pages or --adapter-device-pages"
+            ));
+        }
+        u32::try_from(total)
+            .map_err(|_| SimError::Options("the unified pool has too many pages".into()))?
+    } else {
+        o.kv_gpu_pages
+    };
     let kv = KvPoolConfig {
         tokens_per_block: o.tokens_per_block,
-        gpu_pages: o.kv_gpu_pages,
+        gpu_pages,
         host_pages: o.kv_host_pages,
         slots: MAX_LIVE as u32,
         max_blocks,
@@ -394,6 +419,9 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         }
     };
     let mut mem = memory(kv_cfg);
+    if o.adapters.unified {
+        mem = mem.with_unified_adapters(MAX_ADAPTERS);
+    }
     let draft_cfg = KvPoolConfig {
         gpu_pages: if o.draft_kv_pages > 0 {
             o.draft_kv_pages
@@ -412,9 +440,13 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         None => None,
     };
     let kv = KvSet::with_pools(target, draft, None);
-    let mut pool: AdapterPool<MAX_ADAPTERS> =
-        AdapterPool::new(o.adapters.device_pages.max(1), o.adapters.host_pages.max(1))
-            .map_err(|e| SimError::Options(e.to_string()))?;
+    let (device, host) = (o.adapters.device_pages.max(1), o.adapters.host_pages.max(1));
+    let pool = if o.adapters.unified {
+        AdapterPool::<MAX_ADAPTERS>::unified(kv_cfg.gpu_pages, host)
+    } else {
+        AdapterPool::new(device, host)
+    };
+    let mut pool = pool.map_err(|e| SimError::Options(e.to_string()))?;
     for (id, &p) in adapter_pages.iter().enumerate() {
         pool.register(TaskId(id as u64), p)
             .map_err(|e| SimError::Options(e.to_string()))?;

@@ -111,6 +111,8 @@ pub struct Report {
     pub invariant_violations: u64,
     /// The admission policy (`--admission`).
     pub admission: String,
+    /// Where the adapters' device copies live (`--adapter-paging`): `split` or `unified`.
+    pub adapter_paging: String,
     /// Each adapter's TTFT and service rate while backlogged (`sim::fairness`).
     pub per_adapter: Vec<AdapterService>,
     /// Jain's fairness index over the backlogged adapters' service rates.
@@ -242,6 +244,9 @@ impl Report {
                 "{:.1} %",
                 self.adapter_util_mean_pct
             );
+            if self.adapter_paging == "unified" {
+                row!("adapter paging", "unified (adapters in the KV pool)");
+            }
             if self.admission != "fcfs" {
                 row!("admission", "{}", self.admission);
             }

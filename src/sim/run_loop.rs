@@ -414,8 +414,13 @@ impl<'s, 'w> Sim<'s, 'w> {
         let kv_host = pct(host - kv.host_free() - kv.idle_pages(Tier::Host), host);
         let adapters = sched.adapters().backend();
         self.kv_gpu_sum += kv_gpu;
-        self.adapter_sum +=
-            100.0 * adapters.device_used() as f64 / self.o.adapters.device_pages.max(1) as f64;
+        // Unified paging: the adapters' share of the one pool.
+        let (device_used, device_pages) = if self.o.adapters.unified {
+            (kv.adapter_usage().0, gpu)
+        } else {
+            (adapters.device_used(), self.o.adapters.device_pages)
+        };
+        self.adapter_sum += 100.0 * device_used as f64 / device_pages.max(1) as f64;
         r.kv_gpu_util_peak_pct = r.kv_gpu_util_peak_pct.max(kv_gpu);
         r.kv_host_util_peak_pct = r.kv_host_util_peak_pct.max(kv_host);
         if r.iterations % self.sample_every == 0 {
@@ -465,7 +470,12 @@ impl<'s, 'w> Sim<'s, 'w> {
         let (o, w) = (self.o, self.w);
         let r = &mut self.r;
         let stats = self.sched.adapters().backend().stats();
-        r.adapter_evictions = stats.device_evictions;
+        // Unified paging: the pool evicts the adapters (for KV or for other adapters).
+        r.adapter_evictions = if o.adapters.unified {
+            self.sched.kv().target().adapter_stats().1
+        } else {
+            stats.device_evictions
+        };
         r.prefix_reuse = o.prefix_reuse;
         r.spec_drafts = self.drafts;
         r.engine = o.engine.to_string();
@@ -496,6 +506,12 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.sched_ns_per_iter = Quantiles::of(&self.sched_ns);
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
         r.admission = super::admission_name(o.admission).into();
+        r.adapter_paging = if o.adapters.unified {
+            "unified"
+        } else {
+            "split"
+        }
+        .into();
         r.samples = std::mem::take(&mut self.samples);
         r.source = w.source.to_string();
         r.adapters = o.adapters.count;
