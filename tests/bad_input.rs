@@ -971,3 +971,34 @@ fn malformed_trace_files_are_refused_with_a_typed_reason() {
         "{err}"
     );
 }
+
+#[test]
+fn unified_paging_refuses_a_lora_request_that_cannot_fit_beside_its_adapter() {
+    let mut mem = KvMemory::new(POOL).with_unified_adapters(T);
+    let mut adapters = AdapterPool::<T>::unified(POOL.gpu_pages, 8).unwrap();
+    adapters.register(TaskId(1), 3).unwrap();
+    let mut s: Sched<'_> =
+        Scheduler::new(Config::default(), mem.pool().unwrap(), adapters).unwrap();
+    // 8 pages of 4 tokens: 32 tokens fit alone, 20 beside the 3-page adapter.
+    let mut lora = spec(1, 21);
+    lora.lora = Some(TaskId(1));
+    refused(
+        &mut s,
+        "a LoRA prompt beside its adapter",
+        |e| {
+            matches!(
+                e,
+                Error::RequestTooLarge {
+                    tokens: 21,
+                    limit: 20,
+                    ..
+                }
+            )
+        },
+        |s| s.submit(lora.clone()),
+    );
+    // The same prompt without the adapter fits; so does a LoRA prompt beside it.
+    s.submit(spec(2, 21)).unwrap();
+    lora.prompt = 20;
+    s.submit(lora).unwrap();
+}

@@ -376,6 +376,7 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
     }
 
     // Unified paging is the target pool's: adapters share the target model's pages.
+    #[inline]
     fn pages_adapters(&self) -> bool {
         self.target.pages_adapters()
     }
@@ -388,14 +389,17 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         self.target.max_tokens_beside_adapter(pages).min(draft)
     }
 
+    #[inline]
     fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
         self.target.can_pin_adapter(task, pages)
     }
 
+    #[inline]
     fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
         self.target.pin_adapter(who, task, pages)
     }
 
+    #[inline]
     fn unpin_adapter(&mut self, task: u16) {
         self.target.unpin_adapter(task);
     }

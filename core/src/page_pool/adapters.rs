@@ -95,8 +95,6 @@ pub(super) struct Adapters<'a> {
     links: &'a mut [u32],
     /// Pages of resident adapters.
     pub(super) resident: u32,
-    /// Pages of resident adapters nobody pins.
-    pub(super) idle: u32,
     /// Placements and evictions, for the statistics.
     pub(super) placed: u64,
     pub(super) evicted: u64,
@@ -110,7 +108,6 @@ impl<'a> Adapters<'a> {
             slots: s.slots,
             links: s.links,
             resident: 0,
-            idle: 0,
             placed: 0,
             evicted: 0,
         }
@@ -122,9 +119,6 @@ impl<'a> Adapters<'a> {
 
     /// The idle adapter that became idle first, with its stamp.
     pub(super) fn oldest_idle(&self) -> Option<(usize, u64)> {
-        if self.idle == 0 {
-            return None;
-        }
         self.slots
             .iter()
             .enumerate()
@@ -138,11 +132,16 @@ impl<'a> Adapters<'a> {
         self.slots.hash(h);
         self.links.hash(h);
         self.resident.hash(h);
-        self.idle.hash(h);
     }
 
-    /// The chains agree with the counters; `pages` is called with every chained page.
-    pub(super) fn check(&self, gpu_pages: u32, mut page: impl FnMut(u32) -> bool) -> bool {
+    /// The chains agree with the counters (`idle`: the pool's idle adapter pages); `page` is called
+    /// with every chained page.
+    pub(super) fn check(
+        &self,
+        gpu_pages: u32,
+        idle_pages: u32,
+        mut page: impl FnMut(u32) -> bool,
+    ) -> bool {
         let (mut resident, mut idle) = (0u32, 0u32);
         for a in self.slots.iter() {
             if !a.resident() {
@@ -167,7 +166,7 @@ impl<'a> Adapters<'a> {
                 idle += a.pages;
             }
         }
-        resident == self.resident && idle == self.idle
+        resident == self.resident && idle == idle_pages
     }
 }
 
@@ -221,7 +220,7 @@ impl KvPool<'_> {
     pub fn adapter_usage(&self) -> (u32, u32) {
         self.adapters
             .as_ref()
-            .map_or((0, 0), |a| (a.resident, a.idle))
+            .map_or((0, 0), |a| (a.resident, self.adapter_idle))
     }
 
     /// Adapter placements and evictions so far.
@@ -254,16 +253,17 @@ impl KvPool<'_> {
 
     /// Pins `task`, placing its `pages` pages first when it is not resident (evicting for them as a
     /// KV allocation does, demotion copies logged as `who`'s). All-or-nothing.
+    #[inline(never)]
     pub(super) fn pin(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
         let t = usize::from(task);
         let Some(a) = self.adapters.as_ref().and_then(|a| a.slot(task)).copied() else {
             return false;
         };
         if a.resident() {
-            let ad = self.adapters.as_mut().expect("unified");
             if a.pins == 0 {
-                ad.idle -= a.pages;
+                self.adapter_idle -= a.pages;
             }
+            let ad = self.adapters.as_mut().expect("unified");
             ad.slots[t].pins += 1;
             return true;
         }
@@ -294,6 +294,7 @@ impl KvPool<'_> {
 
     /// Returns one pin of `task`. The last one leaves it idle (evictable), or drops a placement the
     /// binding never heard of.
+    #[inline(never)]
     pub(super) fn unpin(&mut self, task: u16) {
         let t = usize::from(task);
         let Some(a) = self.adapters.as_ref().and_then(|a| a.slot(task)).copied() else {
@@ -306,8 +307,8 @@ impl KvPool<'_> {
         if a.pins > 1 {
             return;
         }
-        ad.idle += a.pages;
         ad.slots[t].since = since;
+        self.adapter_idle += a.pages;
         if a.log & PLACED != 0 {
             self.evict_adapter(t);
         }
@@ -350,7 +351,7 @@ impl KvPool<'_> {
             ad.evicted += 1;
         }
         ad.resident -= a.pages;
-        ad.idle -= a.pages;
+        self.adapter_idle -= a.pages;
     }
 
     /// Hands `f` every adapter slot whose device copy changed since the last call: an eviction first,

@@ -283,12 +283,16 @@ impl KvBackend for KvPool<'_> {
         self.adapters.is_none() || self.can_pin(task, pages)
     }
 
+    #[inline]
     fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
         self.adapters.is_none() || self.pin(who, task, pages)
     }
 
+    #[inline]
     fn unpin_adapter(&mut self, task: u16) {
-        self.unpin(task);
+        if self.adapters.is_some() {
+            self.unpin(task);
+        }
     }
 
     fn drop_adapter(&mut self, task: u16) {

@@ -215,6 +215,8 @@ pub struct KvPool<'a> {
     hashes: &'a mut [u64],
     /// Unified paging: the adapters' device copies (`adapters.rs`).
     adapters: Option<Adapters<'a>>,
+    /// Pages of resident adapters nobody pins (unified paging; evictable).
+    adapter_idle: u32,
     /// The clock of a pool without a prefix cache (which keeps its own).
     clock: u64,
 }
@@ -273,6 +275,7 @@ impl<'a> KvPool<'a> {
             prefix,
             hashes,
             adapters: None,
+            adapter_idle: 0,
             clock: 0,
         })
     }
@@ -344,6 +347,7 @@ impl<'a> KvPool<'a> {
         if let Some(a) = &self.adapters {
             a.hash_state(&mut h);
         }
+        self.adapter_idle.hash(&mut h);
         self.clock.hash(&mut h);
         h.finish()
     }
@@ -379,7 +383,7 @@ impl<'a> KvPool<'a> {
         }
         let (adapter_pages, _) = self.adapter_usage();
         let adapters_ok = self.adapters.as_ref().is_none_or(|a| {
-            a.check(self.cfg.gpu_pages, |p| {
+            a.check(self.cfg.gpu_pages, self.adapter_idle, |p| {
                 self.prefix
                     .as_ref()
                     .is_none_or(|x| *x.info(p) == PageInfo::default())

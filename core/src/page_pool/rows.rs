@@ -44,7 +44,7 @@ impl KvPool<'_> {
     pub(super) fn gpu_available(&self) -> u32 {
         self.gpu_free_len
             + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Gpu))
-            + self.adapters.as_ref().map_or(0, |a| a.idle)
+            + self.adapter_idle
     }
 
     pub(super) fn host_available(&self) -> u32 {
@@ -98,7 +98,8 @@ impl KvPool<'_> {
     pub(super) fn evict_gpu(&mut self, who: RequestId, reserve: u32) -> bool {
         // Unified paging: an idle adapter that became idle before the oldest leaf goes instead (all
         // its pages at once).
-        if let Some((t, since)) = self.adapters.as_ref().and_then(|a| a.oldest_idle()) {
+        let idle = self.adapters.as_ref().filter(|_| self.adapter_idle > 0);
+        if let Some((t, since)) = idle.and_then(|a| a.oldest_idle()) {
             let leaf = self.prefix.as_ref().and_then(|x| x.oldest_gpu_since());
             if leaf.is_none_or(|l| since < l) {
                 self.evict_adapter(t);
