@@ -156,6 +156,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|pick| Op::Cancel { pick }),
         2 => (fault, 1u8..=4, 0u8..3).prop_map(|(fault, count, pool)| Op::Inject { fault, count, pool }),
         1 => any::<u8>().prop_map(|pick| Op::Inflight { pick }),
+        1 => any::<u8>().prop_map(|pick| Op::Load { pick }),
         1 => (any::<u8>(), 0u8..=2, 0u8..=2).prop_map(|(pick, beam, draft)| Op::Update { pick, beam, draft }),
     ]
 }
@@ -388,10 +389,14 @@ fn deadlock_fires_when_the_pool_is_truly_too_small() {
     assert!(h.sched.stall_count() >= threshold);
     let mut out = kvsched_core::SchedulerOutput::<N>::new();
     match h.sched.schedule(&mut out) {
-        Err(Error::Deadlock { stalled }) => assert!(stalled > threshold),
+        Err(Error::Deadlock { stalled, .. }) => assert!(stalled > threshold),
         other => panic!("expected Error::Deadlock, got {other:?}"),
     }
-    let msg = Error::Deadlock { stalled: threshold }.to_string();
+    let msg = Error::Deadlock {
+        stalled: threshold,
+        connector: false,
+    }
+    .to_string();
     assert!(
         msg.contains("deadlock") && msg.contains("host cache tier"),
         "{msg}"
@@ -422,7 +427,10 @@ fn deadlock_fires_after_exactly_threshold_stalled_passes() {
         }
         assert_eq!(
             h.sched.schedule(&mut out),
-            Err(Error::Deadlock { stalled: threshold })
+            Err(Error::Deadlock {
+                stalled: threshold,
+                connector: false,
+            })
         );
         h.drain().unwrap();
     }

@@ -115,6 +115,9 @@ pub enum Error {
     Deadlock {
         /// Consecutive stalled passes.
         stalled: u32,
+        /// A KV connector is attached ([`crate::kv::KvBackend::has_connector`]): the remedy is the
+        /// GPU-only one (no host tier beside a connector).
+        connector: bool,
     },
     /// An encoder request is up in the encoder window but the KV backend has no cross pool (spec §1.6
     /// step 7). The pass did nothing.
@@ -150,10 +153,22 @@ impl fmt::Display for Error {
             Self::StaleOutput => f.write_str(
                 "this output is not the last pass's, or its step was completed already",
             ),
-            Self::Deadlock { stalled } => write!(
+            Self::Deadlock {
+                stalled,
+                connector: false,
+            } => write!(
                 f,
                 "V2 scheduler deadlock: nothing could be scheduled for {stalled} consecutive passes although requests are pending; \
                  the KV cache cannot make progress: add a host cache tier, lower max_num_tokens or the batch size, or give the KV pool more pages"
+            ),
+            Self::Deadlock {
+                stalled,
+                connector: true,
+            } => write!(
+                f,
+                "V2 scheduler deadlock: nothing could be scheduled for {stalled} consecutive passes although requests are pending; \
+                 the KV cache cannot make progress, and with a KV connector the cache is GPU-only: lower max_num_tokens or the batch size, \
+                 or give the KV pool more pages"
             ),
             Self::CrossPoolRequired => f.write_str(
                 "an encoder request requires a cross KV pool (the reference's cross_kv_cache_manager): build the KV backend with one (KvSet::with_pools)",

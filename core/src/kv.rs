@@ -231,6 +231,19 @@ pub trait KvBackend {
         u64::MAX
     }
 
+    // --- The KV connector and the async transfer manager (spec §1.12). ---
+
+    /// A KV connector is attached: the deadlock error names the GPU-only remedies.
+    fn has_connector(&self) -> bool {
+        false
+    }
+    /// The async transfer manager has sends in flight (disaggregated serving: a context worker's KV on
+    /// its way to a generation worker). Their pages come free when they finish, so a pass that schedules
+    /// nothing meanwhile is not a stall.
+    fn sends_in_flight(&self) -> bool {
+        false
+    }
+
     // --- Unified paging (beyond the reference): adapters' device copies in the KV pages. ---
 
     /// The pool also holds the adapters' device copies (unified paging): a lease pins its adapter

@@ -375,6 +375,14 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
             .map_or(u64::MAX, |x| x.max_tokens_per_request())
     }
 
+    fn has_connector(&self) -> bool {
+        self.target.has_connector()
+    }
+
+    fn sends_in_flight(&self) -> bool {
+        self.target.sends_in_flight()
+    }
+
     // Unified paging is the target pool's: adapters share the target model's pages.
     #[inline]
     fn pages_adapters(&self) -> bool {

@@ -285,10 +285,14 @@ impl Run {
             (Some(false), true) => Adopt::Suspended,
             _ => Adopt::Waiting,
         };
-        self.sched.adopt(spec, how).map_err(|e| Refusal::Refused {
+        let h = self.sched.adopt(spec, how).map_err(|e| Refusal::Refused {
             field: field.to_string(),
             error: e,
         })?;
+        if r.pending_load == Some(true) {
+            let marked = self.sched.set_pending_load(h, true);
+            debug_assert!(marked.is_ok(), "a request just adopted is live");
+        }
         Ok(())
     }
 
@@ -389,6 +393,10 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         kv.tier_below_gpu.unwrap_or(true),
         kv.can_evict.unwrap_or(false),
         scripts,
+    );
+    skv.set_transfers(
+        kv.connector.unwrap_or(false),
+        kv.sends_in_flight.unwrap_or(false),
     );
     let all_reusable = match kv.reuse_policy.as_deref() {
         None | Some("all_reusable") => true,
@@ -496,6 +504,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                 update: vec![],
                 add: vec![],
                 inflight: sc.inflight.clone(),
+                sends_in_flight: None,
                 expect: clone_expect(e),
             }];
             &single
@@ -535,6 +544,11 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                     .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
                 if let Some(b) = u.mirror_blocked {
                     run.kv.set_mirror_blocked(u.id, b);
+                }
+                if let Some(b) = u.pending_load {
+                    run.sched
+                        .set_pending_load(h, b)
+                        .map_err(|e| format!("{field}.pending_load: {e}"))?;
                 }
                 if let Some(v) = &u.first_new_block {
                     run.kv.target.set_first_new_block(
@@ -609,6 +623,10 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         let handles: Vec<_> = run.sched.requests().map(|(h, _)| h).collect();
         for h in handles {
             let _ = run.sched.set_inflight(h, false);
+        }
+        if let Some(b) = pass.sends_in_flight {
+            let connector = kvsched_core::kv::KvBackend::has_connector(&run.kv.target);
+            run.kv.target.set_transfers(connector, b);
         }
         let inflight = if k == 0 && pass.inflight.is_empty() {
             &sc.inflight

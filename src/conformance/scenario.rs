@@ -136,6 +136,11 @@ pub struct KvIn {
     /// The cross pool (encoder-decoder): absent or true = a pool that accepts everything, false = no cross
     /// pool, an object = a scripted one.
     pub cross: Option<Value>,
+    /// A KV connector is attached (the deadlock error names the GPU-only remedies).
+    pub connector: Option<bool>,
+    /// The async transfer manager has sends in flight (from the first pass; `passes[].sends_in_flight`
+    /// changes it).
+    pub sends_in_flight: Option<bool>,
 }
 
 /// `kv.draft`, and `kv.cross` as an object: one more scripted pool.
@@ -247,6 +252,8 @@ pub struct RequestIn {
     pub priority: Option<u8>,
     /// Arrival time (deadline admission).
     pub arrival: Option<u64>,
+    /// A KV connector load into the request's pages is pending.
+    pub pending_load: Option<bool>,
 }
 
 /// `passes[]`.
@@ -265,6 +272,8 @@ pub struct PassIn {
     /// In-flight ids for this pass.
     #[serde(default)]
     pub inflight: Vec<u64>,
+    /// The async transfer manager's sends in flight, from this pass on.
+    pub sends_in_flight: Option<bool>,
     /// Expectations.
     #[serde(default)]
     pub expect: Expect,

@@ -126,6 +126,10 @@ pub struct ScriptedKv {
 pub struct KvState {
     tier_below_gpu: bool,
     can_evict: bool,
+    /// A KV connector is attached.
+    connector: bool,
+    /// The async transfer manager has sends in flight.
+    sends: bool,
     /// Cache per id: `true` = active.
     caches: BTreeMap<u64, bool>,
     released: BTreeSet<u64>,
@@ -169,6 +173,8 @@ impl ScriptedKv {
         let state = KvState {
             tier_below_gpu,
             can_evict,
+            connector: false,
+            sends: false,
             caches: BTreeMap::new(),
             released: BTreeSet::new(),
             reuse: BTreeMap::new(),
@@ -187,6 +193,13 @@ impl ScriptedKv {
         Self {
             state: Rc::new(RefCell::new(state)),
         }
+    }
+
+    /// Attaches a KV connector (or not) and sets the transfer manager's sends in flight.
+    pub fn set_transfers(&self, connector: bool, sends_in_flight: bool) {
+        let mut st = self.state.borrow_mut();
+        st.connector = connector;
+        st.sends = sends_in_flight;
     }
 
     /// Sets a request's initial cache (`Some(active)`) and its reusable prefix.
@@ -369,6 +382,12 @@ impl KvState {
 impl KvBackend for ScriptedKv {
     fn tier_below_gpu(&self) -> bool {
         self.state.borrow().tier_below_gpu()
+    }
+    fn has_connector(&self) -> bool {
+        self.state.borrow().connector
+    }
+    fn sends_in_flight(&self) -> bool {
+        self.state.borrow().sends
     }
     fn can_evict(&self) -> bool {
         self.state.borrow().can_evict()

@@ -269,6 +269,11 @@ pub enum Op {
         /// Which live request.
         pick: u8,
     },
+    /// Toggle a request's pending connector load (it must then never be a victim).
+    Load {
+        /// Which live request.
+        pick: u8,
+    },
     /// Change a request's per-step beam width and draft tokens.
     Update {
         /// Which live request.
@@ -530,6 +535,8 @@ struct Live {
     phase: Phase,
     position: u32,
     inflight: bool,
+    /// A connector load into its pages is pending.
+    loading: bool,
 }
 
 /// Counters of what a run exercised.
@@ -731,6 +738,15 @@ impl<'a> Harness<'a> {
                         .map_err(|e| format!("set_inflight: {e}"))?;
                 }
             }
+            Op::Load { pick: p } => {
+                if let Some(i) = pick(&self.live, p) {
+                    let l = &mut self.live[i];
+                    l.loading = !l.loading;
+                    self.sched
+                        .set_pending_load(l.handle, l.loading)
+                        .map_err(|e| format!("set_pending_load: {e}"))?;
+                }
+            }
             Op::Update {
                 pick: p,
                 beam,
@@ -895,6 +911,7 @@ impl<'a> Harness<'a> {
                     phase: Phase::ContextInit,
                     position: 0,
                     inflight: false,
+                    loading: false,
                 });
                 Ok(())
             }
@@ -986,7 +1003,7 @@ impl<'a> Harness<'a> {
                 self.out_pending = true;
                 Ok(())
             }
-            Err(Error::Deadlock { stalled }) => {
+            Err(Error::Deadlock { stalled, .. }) => {
                 self.stats.deadlocks += 1;
                 if self.live.is_empty() {
                     return Err("deadlock reported on an idle pass".into());
@@ -1160,6 +1177,10 @@ impl<'a> Harness<'a> {
                 };
                 if !ok {
                     return Err(format!("{name}: request {id} is {:?}", e.ownership()));
+                }
+                // A pending connector load protects the request from every victim path (spec §1.15).
+                if e.pending_load() && matches!(name, "paused" | "recompute_paused") {
+                    return Err(format!("{name}: request {id} has a connector load pending"));
                 }
                 let resumed = o.resumed().iter().any(|r| r.handle() == l.handle());
                 if resumed != (e.ownership() == Ownership::Resumed) {
@@ -1424,6 +1445,9 @@ impl<'a> Harness<'a> {
             if e.inflight() != l.inflight {
                 return Err(format!("request {}: in-flight mark lost", l.id));
             }
+            if e.pending_load() != l.loading {
+                return Err(format!("request {}: pending-load mark lost", l.id));
+            }
             let r = KvRef {
                 slot: h.index(),
                 id: sp.id,
@@ -1526,11 +1550,14 @@ impl<'a> Harness<'a> {
             p.faults.clear();
         }
         self.sched.adapters().backend().faults.clear();
-        for l in self.live.iter_mut().filter(|l| l.inflight) {
-            l.inflight = false;
+        for l in self.live.iter_mut().filter(|l| l.inflight || l.loading) {
+            (l.inflight, l.loading) = (false, false);
             self.sched
                 .set_inflight(l.handle, false)
                 .map_err(|e| format!("set_inflight: {e}"))?;
+            self.sched
+                .set_pending_load(l.handle, false)
+                .map_err(|e| format!("set_pending_load: {e}"))?;
         }
         if self.setup.max_num_requests == 0 {
             return Ok(Done::Finished(0));
@@ -1697,6 +1724,7 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
                     pool: (f >> 5) % 3,
                 }
             }
+            14 if b & 0x80 != 0 => Op::Load { pick: r.byte() },
             14 => Op::Inflight { pick: r.byte() },
             _ => Op::Update {
                 pick: r.byte(),

@@ -47,18 +47,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         *stall += 1;
         if *stall >= self.cfg.deadlock_threshold {
             crate::fmt::log_warn!("scheduler deadlock after {} stalled passes", *stall);
-            return Err(Error::Deadlock { stalled: *stall });
+            return Err(Error::Deadlock {
+                stalled: *stall,
+                connector: self.kv.has_connector(),
+            });
         }
         Ok(())
     }
 
-    /// Work is pending: a generation request (not completing, not in flight) or a deferred context that
-    /// was not preempted in this pass.
+    /// Work is pending: a generation request (not completing, not in flight, no connector load
+    /// pending) or a deferred context that was not preempted in this pass.
     fn has_candidates(&self) -> bool {
         let generation = self.table.order().iter().any(|&s| {
             let e = self.table.entry(s);
             let p = e.spec().phase;
-            p.is_generation() && p != Phase::GenerationToComplete && !e.sits_out()
+            p.is_generation()
+                && p != Phase::GenerationToComplete
+                && !e.sits_out()
+                && !e.pending_load()
         });
         generation
             || self.pending.iter().any(|p| {
@@ -67,12 +73,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             })
     }
 
-    /// A request whose transfer holds its pages (they count as progress).
+    /// Pages that a transfer holds will come free (not a stall): a request in a transfer-holding
+    /// state, an active request with a connector load pending, or sends of the KV backend's transfer
+    /// manager in flight (spec §1.12).
     fn transfer_holds_pages(&self) -> bool {
-        self.table
-            .order()
-            .iter()
-            .any(|&s| self.table.entry(s).spec().phase.holds_transfer())
+        self.kv.sends_in_flight()
+            || self.table.order().iter().any(|&s| {
+                let e = self.table.entry(s);
+                e.spec().phase.holds_transfer() || (e.pending_load() && e.ownership().on_gpu())
+            })
     }
 
     /// The wedge breaker (see the module docs). Returns whether it suspended one.
@@ -86,6 +95,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let wedged = |s: &u16| {
             let e = self.table.entry(*s);
             !e.sits_out()
+                && !e.pending_load()
                 && e.spec().phase.is_context_init()
                 && e.spec().started()
                 && e.ownership().on_gpu()

@@ -494,6 +494,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         Ok(())
     }
 
+    /// Marks a KV connector load into the request's pages pending (or finished). While it is pending
+    /// the request is never a victim: not evicted, not recompute-paused or preempted, not
+    /// self-evicted; and the pass that schedules nothing is not a stall (spec §1.12, §1.15).
+    pub fn set_pending_load(&mut self, h: Handle, pending: bool) -> Result<(), Error> {
+        self.table.get(h).ok_or(Error::StaleHandle)?;
+        self.table.set_pending_load(h.index(), pending);
+        Ok(())
+    }
+
     /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id, LoRA task and
     /// tenant cannot change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
     /// as at submission) is refused and nothing changes.

@@ -125,6 +125,8 @@ pub struct Record {
     spec: RequestSpec,
     task: Option<TaskRef>,
     inflight: bool,
+    /// A KV connector is loading into the request's pages (spec §1.15): never a victim.
+    pending_load: bool,
 }
 
 impl Record {
@@ -137,6 +139,7 @@ impl Record {
         self.spec.hash(h);
         self.task.hash(h);
         self.inflight.hash(h);
+        self.pending_load.hash(h);
     }
 }
 
@@ -163,6 +166,10 @@ impl<'t> Entry<'t> {
     /// Marked in flight.
     pub fn inflight(&self) -> bool {
         self.record.inflight
+    }
+    /// A KV connector load into its pages is pending ([`crate::Scheduler::set_pending_load`]).
+    pub fn pending_load(&self) -> bool {
+        self.record.pending_load
     }
     /// Sits this pass out: in flight, or a decoder context whose encoder output is not ready (spec §1.2
     /// step 1). Skipped, uses no budget, never a victim, not counted by the deadlock detector.
@@ -191,6 +198,8 @@ const STARTED: u8 = 1 << 5;
 /// The phase and data allow a recompute pause (spec §1.15, less the in-flight mark): started, not
 /// `GENERATION_TO_COMPLETE`, not a generation request carrying multimodal data.
 const RECOMPUTABLE: u8 = 1 << 6;
+/// A KV connector load into its pages is pending: neither evictable nor a recompute candidate.
+const LOADING: u8 = 1 << 7;
 /// An active, not in-flight decode step: the fast path's case (under [`READY_MASK`]).
 pub(crate) const READY: u8 = Ownership::Active as u8 | DECODE;
 /// The bits [`READY`] is compared under.
@@ -223,6 +232,7 @@ impl Hot {
             0
         };
         let inflight = if e.sits_out() { INFLIGHT } else { 0 };
+        let loading = if e.pending_load() { LOADING } else { 0 };
         let started = spec.started();
         let recomputable = started
             && spec.phase != Phase::GenerationToComplete
@@ -234,7 +244,7 @@ impl Hot {
             (None, None) => NO_TASK,
         };
         Self {
-            code: e.ownership() as u8 | decode | inflight | flags,
+            code: e.ownership() as u8 | decode | inflight | loading | flags,
             bucket,
             beam: spec.beam,
             draft: spec.draft,
@@ -261,17 +271,24 @@ impl Hot {
         self.code & INFLIGHT != 0
     }
 
-    /// Evictable (spec §1.15): not in flight, started, KV on the GPU.
+    /// A KV connector load into its pages is pending.
     #[inline]
-    pub(crate) fn evictable(self) -> bool {
-        self.code & (INFLIGHT | STARTED) == STARTED && self.on_gpu()
+    pub(crate) fn loading(self) -> bool {
+        self.code & LOADING != 0
     }
 
-    /// Recompute-pause candidate (spec §1.15): not in flight, not `GENERATION_TO_COMPLETE`, not a
-    /// generation request carrying multimodal data, started. Its KV may be anywhere.
+    /// Evictable (spec §1.15): not in flight, started, no pending connector load, KV on the GPU.
+    #[inline]
+    pub(crate) fn evictable(self) -> bool {
+        self.code & (INFLIGHT | STARTED | LOADING) == STARTED && self.on_gpu()
+    }
+
+    /// Recompute-pause candidate (spec §1.15): not in flight, no pending connector load, not
+    /// `GENERATION_TO_COMPLETE`, not a generation request carrying multimodal data, started. Its KV may
+    /// be anywhere.
     #[inline]
     pub(crate) fn recomputable(self) -> bool {
-        self.code & (INFLIGHT | RECOMPUTABLE) == RECOMPUTABLE
+        self.code & (INFLIGHT | RECOMPUTABLE | LOADING) == RECOMPUTABLE
     }
 }
 
@@ -415,6 +432,7 @@ impl<const N: usize> Table<N> {
             spec,
             task,
             inflight: false,
+            pending_load: false,
         };
         let h = match self.records.insert(record) {
             Ok(h) => h,
@@ -519,6 +537,11 @@ impl<const N: usize> Table<N> {
     /// Marks a request in flight (or not).
     pub(crate) fn set_inflight(&mut self, slot: u16, inflight: bool) {
         self.edit(slot, |r| r.inflight = inflight);
+    }
+
+    /// Marks a request's connector load pending (or done).
+    pub(crate) fn set_pending_load(&mut self, slot: u16, pending: bool) {
+        self.edit(slot, |r| r.pending_load = pending);
     }
 
     fn refresh(&mut self, slot: u16, headroom: u32) {

@@ -31,9 +31,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         if ok {
             return None;
         }
-        // Self-eviction: only a cache on the GPU can be suspended.
+        // Self-eviction: only a cache on the GPU, with no connector load pending, is suspended.
         let slot = self.table.slot(i);
-        if self.table.entry(slot).ownership().on_gpu() {
+        let h = self.table.hot(slot);
+        if h.on_gpu() && !h.loading() {
             self.suspend(slot);
             self.stats.self_evictions += 1;
         }
