@@ -237,6 +237,12 @@ pub trait KvBackend {
     fn has_connector(&self) -> bool {
         false
     }
+    /// Hands `f` each request slot whose connector load ended or failed since the last call (the
+    /// scheduler calls it before every pass and recompute-pauses a request whose load failed or timed
+    /// out). Also where a backend polls its connector and counts the passes a load is unconfirmed.
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
+        let _ = f;
+    }
     /// The async transfer manager has sends in flight (disaggregated serving: a context worker's KV on
     /// its way to a generation worker). Their pages come free when they finish, so a pass that schedules
     /// nothing meanwhile is not a stall.
@@ -287,6 +293,15 @@ pub trait KvBackend {
     fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, crate::page_pool::Placement)) {
         let _ = f;
     }
+}
+
+/// What became of a request's connector load ([`KvBackend::take_load_changes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoadChange {
+    /// The load ended: its blocks are in the pages.
+    Ended,
+    /// The load failed or timed out: the pages hold nothing usable, the request must recompute.
+    Failed,
 }
 
 /// One pool of a request's caches.

@@ -383,6 +383,10 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         self.target.sends_in_flight()
     }
 
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, crate::kv::LoadChange)) {
+        self.target.take_load_changes(f);
+    }
+
     // Unified paging is the target pool's: adapters share the target model's pages.
     #[inline]
     fn pages_adapters(&self) -> bool {

@@ -39,6 +39,7 @@ pub mod adapter;
 pub mod arena;
 pub mod budget;
 pub mod config;
+pub mod connector;
 pub mod error;
 pub mod fingerprint;
 pub mod kv;

@@ -415,6 +415,12 @@ impl KvBackend for FaultKv<'_> {
     fn pages_adapters(&self) -> bool {
         self.inner.pages_adapters()
     }
+    fn has_connector(&self) -> bool {
+        self.inner.has_connector()
+    }
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, kvsched_core::kv::LoadChange)) {
+        self.inner.take_load_changes(f);
+    }
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
         self.inner.max_tokens_beside_adapter(pages)
     }

@@ -72,7 +72,15 @@ impl KvBackend for KvPool<'_> {
         match self.seqs[i].state {
             SeqState::None if prep.first_chunk => {
                 self.seqs[i].state = SeqState::Active;
-                Some(self.match_prefix(i, prep))
+                let reused = self.match_prefix(i, prep);
+                if self.connector.is_none() {
+                    return Some(reused);
+                }
+                // The connector's offer past the pool's own match counts as reused (spec AA1).
+                let tpb = self.cfg.tokens_per_block;
+                let limit = self.match_limit(i, prep);
+                let offered = self.connector_offer(r, i, reused / tpb, limit);
+                Some(reused + offered * tpb)
             }
             SeqState::None => None,
             SeqState::Active | SeqState::Claimed => Some(0),
@@ -88,6 +96,9 @@ impl KvBackend for KvPool<'_> {
         let before = self.seqs[i].capacity;
         if self.grow(i, capacity, r.id) {
             self.seqs[i].last_grow = self.seqs[i].capacity - before;
+            if first_chunk && self.connector.is_some() {
+                self.connector_start(r, i);
+            }
             return true;
         }
         if first_chunk {
@@ -150,6 +161,9 @@ impl KvBackend for KvPool<'_> {
 
     fn free(&mut self, r: KvRef) {
         let Some(i) = self.slot(r) else { return };
+        if self.connector.is_some() {
+            self.connector_drop(r, i);
+        }
         if self.seqs[i].state != SeqState::None {
             self.free_row(i);
         }
@@ -197,6 +211,7 @@ impl KvBackend for KvPool<'_> {
         if let Some(i) = self.slot(r) {
             if self.seqs[i].state == SeqState::None {
                 self.set_prefix_row(i, root, hashes);
+                self.connector_new_request(i);
             }
         }
     }
@@ -204,6 +219,7 @@ impl KvBackend for KvPool<'_> {
     fn commit(&mut self, r: KvRef, computed: u32) {
         if let Some(i) = self.slot(r) {
             if self.seqs[i].state == SeqState::Active {
+                let computed = self.connector_commit_limit(i, computed);
                 self.commit_row(i, computed);
             }
         }
@@ -269,6 +285,14 @@ impl KvBackend for KvPool<'_> {
 
     fn pages_adapters(&self) -> bool {
         self.adapters.is_some()
+    }
+
+    fn has_connector(&self) -> bool {
+        self.connector.is_some()
+    }
+
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, crate::kv::LoadChange)) {
+        self.connector_changes(f);
     }
 
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {

@@ -25,6 +25,7 @@
 
 mod adapters;
 mod backend;
+mod connector;
 mod prefix;
 #[cfg(test)]
 mod prefix_tests;
@@ -33,6 +34,7 @@ mod rows;
 mod tests;
 
 pub use adapters::{AdapterPages, AdapterStorage, Placement};
+pub use connector::{ConnectorSlot, ConnectorStats};
 pub use prefix::{chain, PageInfo, PrefixStats};
 
 use crate::kv::{PageMove, Tier};
@@ -217,6 +219,8 @@ pub struct KvPool<'a> {
     adapters: Option<Adapters<'a>>,
     /// Pages of resident adapters nobody pins (unified paging; evictable).
     adapter_idle: u32,
+    /// The attached KV connector and its per-slot loads (`connector.rs`).
+    connector: Option<connector::Attached<'a>>,
     /// The clock of a pool without a prefix cache (which keeps its own).
     clock: u64,
 }
@@ -276,6 +280,7 @@ impl<'a> KvPool<'a> {
             hashes,
             adapters: None,
             adapter_idle: 0,
+            connector: None,
             clock: 0,
         })
     }
@@ -348,6 +353,7 @@ impl<'a> KvPool<'a> {
             a.hash_state(&mut h);
         }
         self.adapter_idle.hash(&mut h);
+        self.connector_hash(&mut h);
         self.clock.hash(&mut h);
         h.finish()
     }

@@ -413,7 +413,7 @@ impl KvPool<'_> {
 
     /// The most blocks a first chunk may match: its hashed blocks, short of the prompt's last token and
     /// the draft lookahead, within the reuse limit and the page table.
-    fn match_limit(&self, slot: usize, prep: ContextPrep) -> u32 {
+    pub(super) fn match_limit(&self, slot: usize, prep: ContextPrep) -> u32 {
         let tpb = self.cfg.tokens_per_block;
         self.seqs[slot]
             .hashed

@@ -29,6 +29,7 @@
 
 mod admission;
 mod chunking;
+mod connector;
 mod context;
 mod cross;
 mod deadlock;
@@ -562,6 +563,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             return Err(Error::CrossPoolRequired);
         }
         self.passes += 1;
+        self.sync_loads();
         let Scratch {
             marks,
             pending,
@@ -570,7 +572,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             chunks,
             contributed,
             client_sums,
-            ..
+            pending_slots,
         } = &mut self.scratch;
         let parts = pass::Parts {
             marks,
@@ -580,6 +582,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             clients: &self.clients,
             client_sums,
             adapter_waits: &mut self.adapter_waits,
+            failed_loads: pending_slots,
         };
         let pass = Pass::begin(
             &self.cfg,

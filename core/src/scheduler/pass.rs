@@ -38,6 +38,8 @@ pub struct PassStats {
     pub preemptions: u32,
     /// First chunks deferred behind a contributor of their first new block (prefix-aware skip).
     pub deferred: u32,
+    /// Requests recompute-paused because their connector load failed or timed out.
+    pub failed_loads: u32,
 }
 
 /// Per-slot marks of one pass.
@@ -71,7 +73,8 @@ pub(crate) struct Scratch<const N: usize, const T: usize> {
     pub(crate) chunks: [Chunk; N],
     /// Prefix-aware skip: the first new block keys contributed this pass.
     pub(crate) contributed: heapless::Vec<u64, N>,
-    /// Slots to settle when the engine takes the page moves (outside a pass).
+    /// Slots to settle when the engine takes the page moves (outside a pass); before a pass, the
+    /// slots whose connector load failed or timed out.
     pub(crate) pending_slots: heapless::Vec<u16, N>,
     /// VTC ordering: per client entry, the remaining prompts of its requests already ordered.
     pub(crate) client_sums: [u64; N],
@@ -101,6 +104,7 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize> {
     pub(crate) clients: &'a Clients<N>,
     pub(crate) client_sums: &'a mut [u64; N],
     pub(crate) adapter_waits: &'a mut [u16; N],
+    pub(crate) failed_loads: &'a [u16],
 }
 
 /// What a rule decided for one request (spec §1.4–§1.7).
@@ -154,6 +158,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     pub(crate) draining: bool,
     /// A request was refused its adapter in this pass already.
     pub(crate) refused_one: bool,
+    /// Slots whose connector load failed or timed out since the last pass (`connector.rs`).
+    pub(crate) failed_loads: &'a [u16],
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, K, P, N, T> {
@@ -197,6 +203,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
             admissions_closed: false,
             draining: false,
             refused_one: false,
+            failed_loads: parts.failed_loads,
         }
     }
 
@@ -207,6 +214,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, 
         scratch_sort: (&mut [Listed; N], &mut [Chunk; N]),
         stall: &mut u32,
     ) -> (PassStats, Result<(), Error>) {
+        self.abandon_failed_loads();
         self.generation_phase();
         self.order_admissions();
         if let Some(c) = self.cfg.chunking {

@@ -1,0 +1,289 @@
+//! The pool's side of a KV connector ([`crate::connector`]): the offer a first chunk gets past its own
+//! prefix match, the load into its new pages, and each slot's load until it is confirmed, fails, times
+//! out or is cancelled. A connector needs the prefix cache: it is asked by the prompt's chained block
+//! keys.
+//!
+//! Per slot ([`ConnectorSlot`]): nothing, an offer (made by `prepare_context`, dropped if the chunk's
+//! pages are refused), or an unconfirmed load. While a load is unconfirmed its blocks are not committed
+//! (the commit waits at its first block and is made when the load is confirmed). A failure not yet
+//! handed to the scheduler is kept and handed over by `take_load_changes`, which also polls the
+//! connector and counts the passes each load is unconfirmed. A slot whose load failed offers nothing to
+//! its replay.
+
+use crate::connector::{KvConnector, LoadEnd};
+use crate::kv::{KvRef, LoadChange};
+use crate::request::RequestId;
+
+use super::{KvPool, SeqState};
+
+const NONE: u8 = 0;
+const OFFERED: u8 = 1;
+const LOADING: u8 = 2;
+
+const ENDED: u8 = 1;
+const FAILED: u8 = 2;
+
+/// One request slot's connector state (borrowed storage, one per pool slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ConnectorSlot {
+    state: u8,
+    /// The request the offer or load is for.
+    id: RequestId,
+    /// The first offered block and how many.
+    first: u32,
+    blocks: u32,
+    /// Passes the load has been unconfirmed.
+    passes: u32,
+    /// The prompt tokens computed so far (the last commit asked for while the load was unconfirmed).
+    computed: u32,
+    /// Changes not yet handed to the scheduler.
+    events: u8,
+    /// A load of this request failed: its replay computes everything.
+    refused: bool,
+}
+
+/// The attached connector.
+pub(super) struct Attached<'a> {
+    connector: &'a mut dyn KvConnector,
+    slots: &'a mut [ConnectorSlot],
+    /// Passes a load may stay pending before it is abandoned.
+    timeout: u32,
+    pub(super) stats: ConnectorStats,
+}
+
+impl core::fmt::Debug for Attached<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Attached")
+            .field("slots", &self.slots)
+            .field("timeout", &self.timeout)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Counters of connector activity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ConnectorStats {
+    /// Blocks offered to first chunks (counted as reused).
+    pub offered_blocks: u64,
+    /// Loads started.
+    pub loads: u64,
+    /// Blocks loaded by loads that were started.
+    pub loaded_blocks: u64,
+    /// Loads that failed.
+    pub failed: u64,
+    /// Loads abandoned after the timeout.
+    pub timed_out: u64,
+    /// Loads cancelled because the request's cache was freed.
+    pub cancelled: u64,
+}
+
+impl<'a> KvPool<'a> {
+    /// Attaches a KV connector (a prefix cache is required: the connector is asked by block keys).
+    /// `slots` holds one [`ConnectorSlot`] per pool slot; a load still unconfirmed after `timeout`
+    /// passes is abandoned and its request recomputes. Refused (nothing changes) without a prefix cache, with
+    /// the wrong number of slots, a zero timeout, or a connector attached already.
+    pub fn attach_connector(
+        &mut self,
+        connector: &'a mut dyn KvConnector,
+        slots: &'a mut [ConnectorSlot],
+        timeout: u32,
+    ) -> Result<(), crate::Error> {
+        if self.prefix.is_none() {
+            return Err(crate::Error::Invalid(
+                "a KV connector needs the pool's prefix cache (it is asked by block keys)",
+            ));
+        }
+        if slots.len() != self.cfg.slots as usize || timeout == 0 || self.connector.is_some() {
+            return Err(crate::Error::Invalid(
+                "connector slots must match the pool's slots, the timeout be at least 1 pass, and one connector attached",
+            ));
+        }
+        slots.fill(ConnectorSlot::default());
+        self.connector = Some(Attached {
+            connector,
+            slots,
+            timeout,
+            stats: ConnectorStats::default(),
+        });
+        Ok(())
+    }
+
+    /// The connector's counters (`None` without one).
+    pub fn connector_stats(&self) -> Option<ConnectorStats> {
+        self.connector.as_ref().map(|c| c.stats)
+    }
+
+    /// A request slot's unconfirmed load, if any: its first block and block count.
+    pub fn pending_load(&self, slot: u16) -> Option<(u32, u32)> {
+        let s = self.connector.as_ref()?.slots.get(usize::from(slot))?;
+        (s.state == LOADING).then_some((s.first, s.blocks))
+    }
+
+    /// A new request takes the slot: it may use the connector, and what its predecessor left unsaid is
+    /// forgotten.
+    pub(super) fn connector_new_request(&mut self, slot: usize) {
+        if let Some(c) = self.connector.as_mut() {
+            c.slots[slot] = ConnectorSlot::default();
+        }
+    }
+
+    /// A first chunk matched `matched` blocks in the pool: the connector's offer of the next ones,
+    /// within `limit` blocks in all. Returns the offered blocks (recorded for the chunk's resize).
+    pub(super) fn connector_offer(
+        &mut self,
+        r: KvRef,
+        slot: usize,
+        matched: u32,
+        limit: u32,
+    ) -> u32 {
+        let Some(c) = self.connector.as_mut() else {
+            return 0;
+        };
+        let s = &mut c.slots[slot];
+        if s.refused || s.state == LOADING || matched >= limit {
+            return 0;
+        }
+        let seq = self.seqs[slot];
+        let base = slot * self.cfg.max_blocks as usize;
+        let hashes = &self.hashes[base + matched as usize..base + limit as usize];
+        let blocks = c
+            .connector
+            .matched_blocks(r, seq.chain, hashes)
+            .min(limit - matched);
+        *s = ConnectorSlot {
+            state: if blocks > 0 { OFFERED } else { NONE },
+            id: r.id,
+            first: matched,
+            blocks,
+            ..*s
+        };
+        c.stats.offered_blocks += u64::from(blocks);
+        blocks
+    }
+
+    /// The chunk's pages are in place: an offer becomes a load into them.
+    pub(super) fn connector_start(&mut self, r: KvRef, slot: usize) {
+        let Some(c) = self.connector.as_mut() else {
+            return;
+        };
+        let s = c.slots[slot];
+        if s.state != OFFERED || s.id != r.id {
+            return;
+        }
+        let base = slot * self.cfg.max_blocks as usize;
+        let (a, b) = (
+            base + s.first as usize,
+            base + (s.first + s.blocks) as usize,
+        );
+        debug_assert!(
+            self.seqs[slot].blocks >= s.first + s.blocks,
+            "the resize holds the offered blocks"
+        );
+        c.connector.start_load(r, &self.tables[a..b], s.first);
+        c.stats.loads += 1;
+        c.stats.loaded_blocks += u64::from(s.blocks);
+        let slot_state = &mut c.slots[slot];
+        slot_state.state = LOADING;
+        slot_state.passes = 0;
+        slot_state.computed = 0;
+    }
+
+    /// How far the slot's prompt blocks may be committed: an unconfirmed load's blocks wait (the
+    /// computed position is kept, and committed when the load is confirmed).
+    pub(super) fn connector_commit_limit(&mut self, slot: usize, computed: u32) -> u32 {
+        let tpb = self.cfg.tokens_per_block;
+        let Some(s) = self.connector.as_mut().map(|c| &mut c.slots[slot]) else {
+            return computed;
+        };
+        if s.state != LOADING {
+            return computed;
+        }
+        s.computed = s.computed.max(computed);
+        computed.min(s.first * tpb)
+    }
+
+    /// The slot's cache is gone (freed, preempted, or a refused first chunk rolled back): an offer is
+    /// dropped, a pending load cancelled.
+    pub(super) fn connector_drop(&mut self, r: KvRef, slot: usize) {
+        let Some(c) = self.connector.as_mut() else {
+            return;
+        };
+        let s = &mut c.slots[slot];
+        match s.state {
+            OFFERED => s.state = NONE,
+            LOADING => {
+                s.state = NONE;
+                c.stats.cancelled += 1;
+                c.connector.cancel_load(r);
+            }
+            _ => {}
+        }
+    }
+
+    /// [`crate::kv::KvBackend::take_load_changes`]: polls the connector, abandons loads past the
+    /// timeout, commits the confirmed ones, and hands over every slot's end or failure.
+    pub(super) fn connector_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
+        let Some(c) = self.connector.as_mut() else {
+            return;
+        };
+        let (slots, stats) = (&mut *c.slots, &mut c.stats);
+        c.connector.take_load_ends(&mut |r, end| {
+            // A late end (the slot's load was cancelled, or another request took the slot) is ignored.
+            let Some(s) = slots.get_mut(usize::from(r.slot)) else {
+                return;
+            };
+            if s.state != LOADING || s.id != r.id {
+                return;
+            }
+            s.state = NONE;
+            match end {
+                LoadEnd::Done => s.events |= ENDED,
+                LoadEnd::Failed => {
+                    s.events |= FAILED;
+                    s.refused = true;
+                    stats.failed += 1;
+                }
+            }
+        });
+        for (i, s) in c.slots.iter_mut().enumerate() {
+            if s.state == LOADING {
+                s.passes += 1;
+                if s.passes > c.timeout {
+                    s.state = NONE;
+                    s.events |= FAILED;
+                    s.refused = true;
+                    c.stats.timed_out += 1;
+                    c.connector.cancel_load(KvRef {
+                        slot: i as u16,
+                        id: s.id,
+                    });
+                }
+            }
+        }
+        for i in 0..self.seqs.len() {
+            let Some(c) = self.connector.as_mut() else {
+                return;
+            };
+            let s = &mut c.slots[i];
+            let (events, computed) = (core::mem::take(&mut s.events), s.computed);
+            if events & FAILED != 0 {
+                f(i as u16, LoadChange::Failed);
+            } else if events & ENDED != 0 {
+                // Confirmed: the blocks the load wrote join the prefix cache with what was computed.
+                if matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
+                    self.commit_row(i, computed);
+                }
+                f(i as u16, LoadChange::Ended);
+            }
+        }
+    }
+
+    pub(super) fn connector_hash<H: core::hash::Hasher>(&self, h: &mut H) {
+        use core::hash::Hash;
+        if let Some(c) = &self.connector {
+            c.slots.hash(h);
+            c.stats.hash(h);
+        }
+    }
+}
