@@ -119,6 +119,8 @@ fn setup() -> impl Strategy<Value = Setup> {
                     },
                     _ => Admission::Fcfs,
                 },
+                // Half the prefix configurations have a connector (a remote store of the families).
+                connector: prefix && deadlock_threshold % 2 == 0,
             },
         )
 }
@@ -129,7 +131,9 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Fault::KvResize),
         Just(Fault::KvAllocate),
         Just(Fault::PeftAdd),
-        Just(Fault::KvPin)
+        Just(Fault::KvPin),
+        Just(Fault::LoadFail),
+        Just(Fault::LoadHang)
     ];
     prop_oneof![
         6 => (
@@ -347,6 +351,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         draft: None,
         cross: false,
         admission: Admission::Fcfs,
+        connector: false,
     }
 }
 
@@ -752,5 +757,64 @@ fn unified_paging_shares_the_pages_under_the_model() {
     assert!(placed >= 4, "{placed} adapter placements");
     assert!(evicted >= 1, "{evicted} adapters gave their pages back");
     assert!(h.sched.kv().target().faults.injected.get() >= 1);
+    h.drain().unwrap();
+}
+
+/// The connector under the model: a remote store holds the prompt families' blocks; loads that fail
+/// and loads that never end (faults) make their requests replay without the store, the rest are
+/// confirmed and cached; every check of every pass holds and every request finishes.
+#[test]
+fn connector_loads_fail_hang_and_recover_under_the_model() {
+    let mut setup = base(24, 0);
+    setup.prefix = true;
+    setup.connector = true;
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 8;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..16u8 {
+        // The first family's first load never ends; the second family's fails.
+        if k < 2 {
+            let fault = if k == 0 {
+                Fault::LoadHang
+            } else {
+                Fault::LoadFail
+            };
+            h.apply(&Op::Inject {
+                fault,
+                count: 1,
+                pool: 0,
+            })
+            .unwrap();
+        }
+        h.apply(&Op::Submit {
+            prompt: 18 + u32::from(k % 3),
+            // The hung load's request outlives the timeout (a short one would finish first, cancelling
+            // the load: the blocks it computed are valid, only their caching waited).
+            out_len: if k == 0 { 12 } else { 2 },
+            lora: None,
+            draft: 0,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 3),
+            encoder: 0,
+        })
+        .unwrap();
+        for op in [Op::Pass, Op::Complete] {
+            h.apply(&op).unwrap();
+        }
+        if k % 4 == 3 {
+            // Finishing everything lets the pool evict the cached families: later requests ask the
+            // store for them again.
+            h.settle().unwrap();
+            h.drain().unwrap();
+        }
+    }
+    assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
+    let stats = h.sched.kv().target().inner.connector_stats().unwrap();
+    assert!(stats.loads >= 3, "{stats:?}");
+    assert!(stats.failed >= 1 && stats.timed_out >= 1, "{stats:?}");
+    assert!(h.stats.reused > 0);
     h.drain().unwrap();
 }

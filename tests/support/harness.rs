@@ -31,11 +31,12 @@ use kvsched::memory::KvMemory;
 use kvsched_core::adapter::{AdapterPool, Holding, HostChange, PeftBackend, TaskRef};
 pub use kvsched_core::config::Admission;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::page_pool::{KvPool, KvPoolConfig, Placement, SeqState};
+use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, Placement, SeqState};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
 use kvsched_core::scheduler::{Handle, Scheduler};
@@ -97,13 +98,60 @@ pub struct Setup {
     pub cross: bool,
     /// The admission order (requests carry tenants, classes and arrivals for it).
     pub admission: Admission,
+    /// A KV connector on the target pool (with the prefix cache only): a remote store holding the
+    /// prompt families' blocks.
+    pub connector: bool,
 }
 
-/// The KV memory of a [`Setup`]: the target pool's, and the draft and cross pools' when present.
+/// The KV memory of a [`Setup`]: the target pool's, and the draft and cross pools' when present; and the
+/// KV connector's store with its slots.
 pub struct Memory {
     target: KvMemory,
     draft: Option<KvMemory>,
     cross: Option<KvMemory>,
+    store: Option<(Store, Vec<ConnectorSlot>)>,
+}
+
+/// Passes a connector load may stay unconfirmed in the model runs.
+pub const LOAD_TIMEOUT: u32 = 4;
+
+/// The remote store of the model runs: it holds every prompt family's blocks (the hashes below
+/// 1,000,000), and ends every load at the next poll — unless a fault makes it fail
+/// ([`Fault::LoadFail`]) or never end ([`Fault::LoadHang`]: the pool's timeout abandons it).
+#[derive(Debug, Default)]
+pub struct Store {
+    /// Refusals by schedule, shared with the harness.
+    pub faults: std::rc::Rc<Faults>,
+    ends: Vec<(KvRef, LoadEnd)>,
+    /// Loads started, failed by a fault, left hanging.
+    pub loads: u64,
+    pub failed: u64,
+    pub hung: u64,
+}
+
+impl KvConnector for Store {
+    fn matched_blocks(&mut self, _r: KvRef, _chain: u64, hashes: &[u64]) -> u32 {
+        hashes.iter().take_while(|&&h| h < 1_000_000).count() as u32
+    }
+    fn start_load(&mut self, r: KvRef, _pages: &[u32], _first_block: u32) {
+        self.loads += 1;
+        if self.faults.fire(Fault::LoadHang) {
+            self.hung += 1;
+        } else if self.faults.fire(Fault::LoadFail) {
+            self.failed += 1;
+            self.ends.push((r, LoadEnd::Failed));
+        } else {
+            self.ends.push((r, LoadEnd::Done));
+        }
+    }
+    fn cancel_load(&mut self, r: KvRef) {
+        self.ends.retain(|(x, _)| *x != r);
+    }
+    fn take_load_ends(&mut self, ended: &mut dyn FnMut(KvRef, LoadEnd)) {
+        for (r, e) in self.ends.drain(..) {
+            ended(r, e);
+        }
+    }
 }
 
 /// The adapter cache of a [`Setup`].
@@ -182,6 +230,8 @@ impl Setup {
             },
             draft: self.draft.map(|_| one()),
             cross: self.cross.then(|| KvMemory::new(self.pool())),
+            store: (self.connector && self.prefix)
+                .then(|| (Store::default(), vec![ConnectorSlot::default(); N])),
         }
     }
 
@@ -215,6 +265,10 @@ pub enum Fault {
     PeftAdd,
     /// `pin_adapter` of a unified pool (no room for the adapter: the lease is refused).
     KvPin,
+    /// A connector load fails (the request must recompute).
+    LoadFail,
+    /// A connector load never ends (the pool's timeout abandons it).
+    LoadHang,
 }
 
 /// One operation.
@@ -290,7 +344,7 @@ pub enum Op {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Refusals left per [`Fault`] kind, in declaration order.
-    pub left: [Cell<u32>; 5],
+    pub left: [Cell<u32>; 7],
     /// Refusals injected so far.
     pub injected: Cell<u64>,
 }
@@ -597,6 +651,8 @@ pub struct Harness<'a> {
     pub stats: Stats,
     /// The adapter host copies a binding following `take_adapter_host_changes` holds, by task slot.
     host_copies: BTreeSet<u16>,
+    /// The connector store's fault schedule (with a connector).
+    pub store_faults: Option<std::rc::Rc<Faults>>,
 }
 
 fn pick<T>(v: &[T], p: u8) -> Option<usize> {
@@ -632,7 +688,18 @@ impl<'a> Harness<'a> {
                 faults: Faults::default(),
             })
         };
-        let target = faulty(&mut mem.target)?;
+        let mut target = faulty(&mut mem.target)?;
+        let store_faults = match mem.store.as_mut() {
+            Some((store, slots)) => {
+                let faults = store.faults.clone();
+                target
+                    .inner
+                    .attach_connector(store, slots, LOAD_TIMEOUT)
+                    .map_err(|e| format!("connector: {e}"))?;
+                Some(faults)
+            }
+            None => None,
+        };
         let draft = match (setup.draft, mem.draft.as_mut()) {
             (Some(mode), Some(m)) => Some((mode, faulty(m)?)),
             _ => None,
@@ -678,6 +745,7 @@ impl<'a> Harness<'a> {
             next_id: 1,
             stats: Stats::default(),
             host_copies: BTreeSet::new(),
+            store_faults,
         })
     }
 
@@ -727,6 +795,7 @@ impl<'a> Harness<'a> {
                 let faults = match (fault, pool % 3) {
                     (Fault::PeftAdd, _) => Some(&self.sched.adapters().backend().faults),
                     (Fault::KvPin, _) => Some(&kv.target().faults),
+                    (Fault::LoadFail | Fault::LoadHang, _) => self.store_faults.as_deref(),
                     (_, 1) => kv.draft().map(|(_, d)| &d.faults),
                     (_, 2) => kv.cross().map(|x| &x.faults),
                     _ => Some(&kv.target().faults),
@@ -1005,6 +1074,14 @@ impl<'a> Harness<'a> {
                 self.sched
                     .ensure_batch(&mut self.out)
                     .map_err(|e| format!("ensure_batch failed for a scheduled batch: {e}"))?;
+                // A request recompute-paused for a failed connector load has its pending-load mark
+                // cleared (the load ended); no other victim carries one.
+                for l in self.out.recompute_paused() {
+                    let id = self.sched.get(l.handle()).map(|e| e.spec().id.0);
+                    if let Some(m) = self.live.iter_mut().find(|m| Ok(m.id) == id) {
+                        m.loading = false;
+                    }
+                }
                 self.check_output()?;
                 self.out_pending = true;
                 Ok(())
@@ -1556,6 +1633,9 @@ impl<'a> Harness<'a> {
             p.faults.clear();
         }
         self.sched.adapters().backend().faults.clear();
+        if let Some(f) = &self.store_faults {
+            f.clear();
+        }
         for l in self.live.iter_mut().filter(|l| l.inflight || l.loading) {
             (l.inflight, l.loading) = (false, false);
             self.sched
@@ -1684,6 +1764,7 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
                 ttft: [0, 40, 200, 1000],
             },
         },
+        connector: prefix && deadlock_threshold % 2 == 0,
     };
     let mut ops = Vec::new();
     while !r.0.is_empty() && ops.len() < 4096 {
@@ -1719,12 +1800,14 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             13 => {
                 let f = r.byte();
                 Op::Inject {
-                    fault: match f % 5 {
+                    fault: match f % 7 {
                         0 => Fault::KvPrepare,
                         1 => Fault::KvResize,
                         2 => Fault::KvAllocate,
                         3 => Fault::PeftAdd,
-                        _ => Fault::KvPin,
+                        4 => Fault::KvPin,
+                        5 => Fault::LoadFail,
+                        _ => Fault::LoadHang,
                     },
                     count: 1 + (f >> 2) % 8,
                     pool: (f >> 5) % 3,

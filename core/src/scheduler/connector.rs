@@ -29,7 +29,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
     /// Recompute-pauses every request whose connector load failed or timed out (on the GPU, or
-    /// suspended since).
+    /// suspended since). The load has ended: an engine's pending-load mark on it is cleared.
     pub(crate) fn abandon_failed_loads(&mut self) {
         for k in 0..self.failed_loads.len() {
             let slot = self.failed_loads[k];
@@ -41,6 +41,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                         | crate::request::Ownership::Paused
                 );
             if holds {
+                self.table.set_pending_load(slot, false);
                 self.recompute(slot);
                 self.stats.failed_loads += 1;
             }
