@@ -11,6 +11,22 @@ fn json(path: &PathBuf) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// Runs `kvsched simulate ARGS… --json FILE` (FILE named after `name`), which must succeed, and
+/// returns its JSON report.
+fn simulated(name: &str, args: &[&str]) -> serde_json::Value {
+    let j = tmp(&format!("{name}.json"));
+    let mut all = vec!["simulate"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", j.to_str().unwrap()]);
+    let out = kvsched(&all);
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&j)
+}
+
 #[test]
 fn default_replay_is_consistent_and_checked() {
     let j = tmp("default.json");
@@ -146,25 +162,16 @@ fn every_shipped_trace_format_replays_with_zero_violations() {
     .into_iter()
     .flat_map(|f| [(f, "split"), (f, "unified")])
     {
-        let j = tmp(&format!("{}-{paging}.json", f.replace('/', "_")));
         let p = format!("{root}/{f}");
-        let out = kvsched(&[
-            "simulate",
-            &p,
+        let name = format!("{}-{paging}", f.replace('/', "_"));
+        let args = [
             "--check",
             "--kv-gpu-pages",
             "8192",
             "--adapter-paging",
             paging,
-            "--json",
-            j.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{f}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r = json(&j);
+        ];
+        let r = simulated(&name, &[&[p.as_str()][..], &args[..]].concat());
         assert_eq!(r["invariant_violations"], 0, "{f}");
         assert_eq!(r["requests_completed"], r["requests_total"], "{f}");
         assert_eq!(r["tokens_generated"], r["completed_output_tokens"], "{f}");
@@ -544,33 +551,26 @@ fn admission_policies_run_checked_and_report_per_adapter_service() {
 #[test]
 fn unified_paging_runs_checked_and_lends_the_kv_slack_to_adapters() {
     let run = |paging: &str| {
-        let j = tmp(&format!("paging-{paging}.json"));
-        let out = kvsched(&[
-            "simulate",
-            "--check",
-            "--no-progress",
-            "--limit",
-            "200",
-            "--time-scale",
-            "0.25",
-            "--adapters",
-            "32",
-            "--pages-per-rank8",
-            "4",
-            // A small pool: --check audits every page every iteration.
-            "--kv-gpu-pages",
-            "2048",
-            "--adapter-paging",
-            paging,
-            "--json",
-            j.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let d = simulated(
+            &format!("paging-{paging}"),
+            &[
+                "--check",
+                "--no-progress",
+                "--limit",
+                "200",
+                "--time-scale",
+                "0.25",
+                "--adapters",
+                "32",
+                "--pages-per-rank8",
+                "4",
+                // A small pool: --check audits every page every iteration.
+                "--kv-gpu-pages",
+                "2048",
+                "--adapter-paging",
+                paging,
+            ],
         );
-        let d = json(&j);
         assert_eq!(d["adapter_paging"], paging);
         assert_eq!(d["invariant_violations"], 0);
         assert_eq!(d["requests_completed"], 200);

@@ -13,6 +13,8 @@
 //! | `deadlock.rs` | deadlock detection and the remedies before a stall counts, §1.12 |
 //! | `plan.rs` | the adapter plan: PEFT page budget and distinct adapters |
 //! | `sort.rs` | the LoRA sort, §1.13 |
+//! | `admission.rs` | the admission order beyond the reference, and the drain |
+//! | `connector.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
 //!
 //! Every resource change goes through a type-state transition of [`crate::request`], so the PEFT
 //! lifecycle of DESIGN.md §3 holds by construction.
