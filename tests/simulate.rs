@@ -609,3 +609,61 @@ fn unified_paging_runs_checked_and_lends_the_kv_slack_to_adapters() {
         "{err}"
     );
 }
+
+#[test]
+fn replicas_behind_a_router_split_the_trace_and_report_the_cluster() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/mooncake_conversation_head30.jsonl");
+    let run = |route: &str| {
+        simulated(
+            &format!("cluster-{route}"),
+            &[
+                trace.as_str(),
+                "--check",
+                "--kv-gpu-pages",
+                "8192",
+                "--replicas",
+                "4",
+                "--route",
+                route,
+            ],
+        )
+    };
+    for route in ["round_robin", "prefix_affinity"] {
+        let d = run(route);
+        assert_eq!(d["route"], route);
+        assert_eq!(d["invariant_violations"], 0);
+        assert_eq!(d["requests_completed"], d["requests_total"]);
+        let rows = d["replicas"].as_array().unwrap();
+        assert_eq!(rows.len(), 4);
+        let routed: u64 = rows.iter().map(|r| r["requests"].as_u64().unwrap()).sum();
+        assert_eq!(
+            routed,
+            d["requests_total"].as_u64().unwrap(),
+            "every request routed once"
+        );
+        // Deterministic for a seed (but for the scheduler's own measured time).
+        let without_timing = |mut d: serde_json::Value| {
+            d.as_object_mut().unwrap().remove("sched_ns_per_iter");
+            d
+        };
+        assert_eq!(without_timing(d), without_timing(run(route)));
+    }
+    // Round robin deals the requests out evenly.
+    let d = run("round_robin");
+    let counts: Vec<u64> = d["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["requests"].as_u64().unwrap())
+        .collect();
+    assert!(
+        counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
+        "{counts:?}"
+    );
+    // One engine's report has no cluster fields.
+    let one = simulated("cluster-one", &[trace.as_str(), "--kv-gpu-pages", "8192"]);
+    assert!(one.get("replicas").is_none() && one.get("route").is_none());
+    let bad = kvsched(&["simulate", "--replicas", "0"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -140,6 +140,18 @@ struct SimArgs {
         default_value = "fcfs"
     )]
     admission: String,
+    /// Engines behind the router, each with its own scheduler and pools.
+    #[arg(long, help_heading = "Cluster", value_name = "N", default_value_t = SimOptions::default().replicas,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    replicas: u32,
+    /// How the router spreads requests: in turn, or by their first prefix block.
+    #[arg(
+        long,
+        help_heading = "Cluster",
+        value_enum,
+        default_value = "round_robin"
+    )]
+    route: super::cluster::Route,
     /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
     /// for it (no new leases until it loads; 0 = never).
     #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().drain_after)]
@@ -343,6 +355,8 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     o.adapters.device_pages = a.adapter_device_pages;
     o.adapters.host_pages = a.adapter_host_pages;
     o.adapters.unified = a.adapter_paging == AdapterPaging::Unified;
+    o.replicas = a.replicas;
+    o.route = a.route;
     // The engine's device fixes the KV pool unless the command line says otherwise.
     if let Some(pages) = a.kv_gpu_pages.or(a.engine.kv_gpu_pages(a.tokens_per_block)) {
         o.kv_gpu_pages = pages;

@@ -4,6 +4,7 @@
 //! the arrivals whose time has come. The scheduler's own wall time per iteration is measured for real.
 
 pub mod cli;
+pub mod cluster;
 pub mod cost;
 pub mod fairness;
 pub mod prefix;
@@ -108,6 +109,10 @@ pub struct SimOptions {
     /// Passes a request may be refused its adapter under a fair policy before admissions drain
     /// (`--drain-after`; 0 never drains).
     pub drain_after: u32,
+    /// Engines behind the router (`--replicas`), each with its own scheduler and pools.
+    pub replicas: u32,
+    /// How the router spreads the requests over the replicas (`--route`).
+    pub route: cluster::Route,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -155,6 +160,8 @@ impl Default for SimOptions {
             draft_kv_pages: 0,
             admission: Admission::Fcfs,
             drain_after: 256,
+            replicas: 1,
+            route: cluster::Route::RoundRobin,
         }
     }
 }
@@ -400,9 +407,9 @@ fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     bad
 }
 
-/// Runs a simulation of `w`.
+/// Runs a simulation of `w`: on one engine, or on `o.replicas` behind the router (`cluster.rs`).
 pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
-    let (kv_cfg, adapter_pages) = check_options(o, &w)?;
+    check_options(o, &w)?;
     if o.adapters.count > 0 {
         let sampler = AdapterSampler::new(o.adapters.law, o.adapters.count)
             .map_err(|e| SimError::Options(e.to_string()))?;
@@ -411,6 +418,15 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     if o.prefix_reuse && w.prefix_block_tokens.is_none() {
         crate::workload::sessions::assign_sessions(&mut w, o.seed);
     }
+    if o.replicas > 1 {
+        return cluster::run(o, w);
+    }
+    engine(o, w)
+}
+
+/// One engine replaying `w` (its adapters and sessions assigned).
+fn engine(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
+    let (kv_cfg, adapter_pages) = check_options(o, &w)?;
     let memory = |cfg: KvPoolConfig| {
         if o.prefix_reuse {
             KvMemory::with_prefix_cache(cfg)

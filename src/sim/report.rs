@@ -117,6 +117,15 @@ pub struct Report {
     pub per_adapter: Vec<AdapterService>,
     /// Jain's fairness index over the backlogged adapters' service rates.
     pub jain_fairness: f64,
+    /// The router's route with several replicas (`--route`); empty for one engine.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub route: String,
+    /// One row per replica (`--replicas`); empty for one engine.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaRow>,
+    /// The distributions behind the quantiles (a cluster's are its replicas' together).
+    #[serde(skip)]
+    pub raw: RawSamples,
     /// Timeline samples.
     #[serde(skip)]
     pub samples: Samples,
@@ -157,6 +166,14 @@ impl Report {
         }
         if !self.engine.is_empty() && self.engine != "legacy" {
             row!("cost model (--engine)", "{}", self.engine);
+        }
+        if !self.replicas.is_empty() {
+            row!(
+                "replicas (--route)",
+                "{} ({})",
+                self.replicas.len(),
+                self.route
+            );
         }
         let (done, total) = (self.requests_completed, self.requests_total);
         row!("requests completed", "{done} of {total}");
@@ -300,6 +317,25 @@ impl Report {
             );
         }
         row!("wall time", "{:.2} s", self.wall_seconds);
+        if !self.replicas.is_empty() {
+            let _ = writeln!(
+                s,
+                "  replica  requests  throughput tok/s  TTFT p50 / p99 ms   prefix hit rate  KV GPU peak"
+            );
+            for r in &self.replicas {
+                let _ = writeln!(
+                    s,
+                    "  {:>7}  {:>8}  {:>16.0}  {:>8.1} / {:<8.1}  {:>15.3}  {:>9.1} %",
+                    r.replica,
+                    r.requests,
+                    r.throughput_tok_s,
+                    r.ttft_ms.p50,
+                    r.ttft_ms.p99,
+                    r.prefix_hit_rate,
+                    r.kv_gpu_util_peak_pct
+                );
+            }
+        }
         if self.overloaded {
             let _ = writeln!(
                 s,
@@ -355,6 +391,34 @@ impl Report {
         }
         t
     }
+}
+
+/// One replica's figures in a cluster report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ReplicaRow {
+    /// Its index.
+    pub replica: u32,
+    /// Requests the router sent it.
+    pub requests: usize,
+    /// Its throughput.
+    pub throughput_tok_s: f64,
+    /// Its requests' time to first token.
+    pub ttft_ms: Quantiles,
+    /// Its prefix hit rate.
+    pub prefix_hit_rate: f64,
+    /// Its KV GPU pool's peak utilization.
+    pub kv_gpu_util_peak_pct: f64,
+}
+
+/// The sorted samples behind a report's quantiles.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RawSamples {
+    /// Times to first token, ms.
+    pub ttft: Vec<f64>,
+    /// Times per output token, ms.
+    pub tpot: Vec<f64>,
+    /// Scheduler ns per iteration.
+    pub sched_ns: Vec<f64>,
 }
 
 /// p50 and p99 of a distribution.

@@ -504,6 +504,11 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.ttft_ms = Quantiles::of(&self.ttft);
         r.tpot_ms = Quantiles::of(&self.tpot);
         r.sched_ns_per_iter = Quantiles::of(&self.sched_ns);
+        r.raw = super::report::RawSamples {
+            ttft: std::mem::take(&mut self.ttft),
+            tpot: std::mem::take(&mut self.tpot),
+            sched_ns: std::mem::take(&mut self.sched_ns),
+        };
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
         r.admission = super::admission_name(o.admission).into();
         r.adapter_paging = if o.adapters.unified {
