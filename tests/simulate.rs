@@ -667,3 +667,43 @@ fn replicas_behind_a_router_split_the_trace_and_report_the_cluster() {
     let bad = kvsched(&["simulate", "--replicas", "0"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn a_store_shared_by_the_replicas_serves_what_another_computed() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/mooncake_conversation_head30.jsonl");
+    let base = [
+        trace.as_str(),
+        "--check",
+        "--kv-gpu-pages",
+        "8192",
+        "--replicas",
+        "4",
+    ];
+    let alone = simulated("store-none", &base);
+    let shared = simulated(
+        "store-shared",
+        &[&base[..], &["--remote-store", "20000"]].concat(),
+    );
+    assert_eq!(shared["invariant_violations"], 0);
+    assert_eq!(shared["requests_completed"], shared["requests_total"]);
+    let remote = &shared["remote"];
+    let loaded = remote["blocks_loaded"].as_u64().unwrap();
+    assert!(loaded > 0, "{remote}");
+    assert!(remote["blocks_saved"].as_u64().unwrap() >= loaded);
+    // What one replica loads from the store, it does not compute: the prefix hit rate rises.
+    let hit = |d: &serde_json::Value| d["prefix_hit_rate"].as_f64().unwrap();
+    assert!(
+        hit(&shared) > hit(&alone),
+        "{} vs {}",
+        hit(&shared),
+        hit(&alone)
+    );
+    assert!(alone.get("remote").is_none());
+    // A store needs the prefix cache (it is asked by block keys), and a well-formed size.
+    let bad = kvsched(&["simulate", "--remote-store", "100", "--no-prefix-reuse"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("prefix cache"));
+    let bad = kvsched(&["simulate", "--remote-store", "0"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -44,13 +44,14 @@ pub enum LoadEnd {
 
 /// The scheduler side of an external KV store (see the module docs).
 pub trait KvConnector {
-    /// The blocks after the pool's own match that the store can provide: `chain` is the chained key of
-    /// the last block the pool matched (the request's prefix root when none), `hashes` the prompt's
+    /// The blocks after the pool's own match that the store can provide: `first_block` is the index of
+    /// the first of them in the prompt (the blocks the pool matched), `chain` the chained key of the
+    /// last block the pool matched (the request's prefix root when none), `hashes` the prompt's
     /// remaining block hashes, in order, at most as many as a first chunk may reuse. A block's key is
     /// [`crate::page_pool::chain`] of its parent's key and its hash, so keys name the adapter and salt
     /// as the pool's own do. Returns the whole blocks the store can provide from the first of them (at
     /// most `hashes.len()` count).
-    fn matched_blocks(&mut self, r: KvRef, chain: u64, hashes: &[u64]) -> u32;
+    fn matched_blocks(&mut self, r: KvRef, first_block: u32, chain: u64, hashes: &[u64]) -> u32;
     /// The request's pages for the offered blocks are allocated: write the blocks from `first_block`
     /// (the first offered block's index in the prompt) into `pages`, one block a page, in order.
     fn start_load(&mut self, r: KvRef, pages: &[u32], first_block: u32);

@@ -152,6 +152,11 @@ struct SimArgs {
         default_value = "round_robin"
     )]
     route: super::cluster::Route,
+    /// A KV store the replicas share, PAGES blocks (a remote read: LATENCY_US µs plus the pages over
+    /// GBPS GB/s; defaults 50 and 25), as every engine's KV connector; needs prefix reuse.
+    #[arg(long, help_heading = "Cluster", value_name = "PAGES[:LATENCY_US[:GBPS]]",
+          value_parser = |v: &str| v.parse::<super::cluster::RemoteStoreOptions>())]
+    remote_store: Option<super::cluster::RemoteStoreOptions>,
     /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
     /// for it (no new leases until it loads; 0 = never).
     #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().drain_after)]
@@ -357,6 +362,7 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     o.adapters.unified = a.adapter_paging == AdapterPaging::Unified;
     o.replicas = a.replicas;
     o.route = a.route;
+    o.remote_store = a.remote_store;
     // The engine's device fixes the KV pool unless the command line says otherwise.
     if let Some(pages) = a.kv_gpu_pages.or(a.engine.kv_gpu_pages(a.tokens_per_block)) {
         o.kv_gpu_pages = pages;

@@ -5,16 +5,207 @@
 //! first of its prefix blocks that few other requests share — past a system prompt every request
 //! starts with, the block that names its conversation (a Mooncake `hash_ids` list, or a generated
 //! session) — so that the turns of one conversation meet the replica that cached the earlier ones.
-//! Both decide from the requests alone, so the replicas then run independently, one after the other,
-//! and the wall time grows linearly with them. (A load-aware route and a store shared by the replicas
-//! couple them in time; they are not built yet.)
+//!
+//! With `--remote-store PAGES` the replicas share an in-process KV store (`RemoteStore`), each
+//! engine's pool attached to it through the core's KV connector: a first chunk is offered the blocks
+//! the store holds past the engine's own prefix cache, loads them over the network (latency plus pages
+//! over bandwidth, added to the step), and every computed prompt block is saved to the store when its
+//! chunk completes. The store is the model the scheduling rules are tested against, not a distributed
+//! system: capacity in pages, least recently used eviction, a block visible to other replicas from the
+//! simulated time it was saved.
+//!
+//! The replicas run interleaved in simulated time (the one whose next iteration starts first goes
+//! next), single-process and deterministic for a seed; the wall time grows linearly with them.
 //!
 //! The report is the cluster's: counters summed, TTFT and TPOT quantiles over every request, the time
-//! from the first arrival to the last replica's end; and one row per replica.
+//! from the first arrival to the last replica's end, the store's hits and transfer volume; and one row
+//! per replica.
 
-use super::report::{Quantiles, ReplicaRow};
-use super::{engine, Report, SimError, SimOptions};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use kvsched_core::connector::{KvConnector, LoadEnd};
+use kvsched_core::kv::KvRef;
+use kvsched_core::page_pool::chain;
+
+use super::report::{Quantiles, RemoteFigures, ReplicaRow};
+use super::{Replica, Report, SimError, SimOptions};
 use crate::workload::Workload;
+
+/// `--remote-store PAGES[:LATENCY_US[:GBPS]]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RemoteStoreOptions {
+    /// Capacity in KV pages (blocks).
+    pub pages: u32,
+    /// Latency of one step's reads, µs.
+    pub latency_us: f64,
+    /// Bandwidth of the reads, GB/s.
+    pub gbps: f64,
+}
+
+impl std::str::FromStr for RemoteStoreOptions {
+    type Err = String;
+    fn from_str(v: &str) -> Result<Self, String> {
+        let mut it = v.split(':');
+        let bad = || format!("--remote-store: expected PAGES[:LATENCY_US[:GBPS]], got {v:?}");
+        let pages = it
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .filter(|&p| p > 0)
+            .ok_or_else(bad)?;
+        let mut num = |default: f64| match it.next() {
+            None => Ok(default),
+            Some(x) => x
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(bad),
+        };
+        // A remote read over RDMA (NIXL, Mooncake's transfer engine): tens of µs, 25 GB/s.
+        let (latency_us, gbps) = (num(50.0)?, num(25.0)?);
+        if it.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self {
+            pages,
+            latency_us,
+            gbps,
+        })
+    }
+}
+
+/// The store the replicas share: blocks by chained key, each with the simulated time it was saved and
+/// its last use, least recently used evicted beyond the capacity.
+#[derive(Debug, Default)]
+pub struct RemoteStore {
+    capacity: usize,
+    /// Saved blocks: the time they were saved and their last use.
+    blocks: HashMap<u64, (f64, u64)>,
+    /// The blocks by last use (the least recently used first).
+    by_use: BTreeMap<u64, u64>,
+    tick: u64,
+    /// The keys of each request's blocks past its engine's own match, by (replica, request id): its
+    /// first block's index and the keys, for the saves.
+    keys: HashMap<(u32, u64), (u32, Vec<u64>)>,
+    /// Blocks loaded (hits), blocks saved, blocks evicted.
+    hits: u64,
+    saved: u64,
+    evicted: u64,
+}
+
+impl RemoteStore {
+    fn new(capacity: u32) -> Self {
+        Self {
+            capacity: capacity as usize,
+            ..Self::default()
+        }
+    }
+
+    /// Marks a block used now (inserting it, saved at `at`, when absent). Returns whether it was new.
+    fn touch(&mut self, k: u64, at: Option<f64>) -> bool {
+        self.tick += 1;
+        let tick = self.tick;
+        match self.blocks.get_mut(&k) {
+            Some((saved, used)) => {
+                self.by_use.remove(used);
+                *used = tick;
+                if let Some(at) = at {
+                    *saved = saved.min(at);
+                }
+                self.by_use.insert(tick, k);
+                false
+            }
+            None => {
+                let Some(at) = at else { return false };
+                self.blocks.insert(k, (at, tick));
+                self.by_use.insert(tick, k);
+                true
+            }
+        }
+    }
+
+    /// The leading blocks of `hashes` (after `chain`) saved by `now`; remembers every key for saves.
+    fn lookup(
+        &mut self,
+        who: (u32, u64),
+        first: u32,
+        mut key: u64,
+        hashes: &[u64],
+        now: f64,
+    ) -> u32 {
+        let keys: Vec<u64> = hashes
+            .iter()
+            .map(|&h| {
+                key = chain(key, h);
+                key
+            })
+            .collect();
+        let mut n = 0;
+        for &k in &keys {
+            if !self.blocks.get(&k).is_some_and(|&(at, _)| at <= now) {
+                break;
+            }
+            self.touch(k, None);
+            n += 1;
+        }
+        self.keys.insert(who, (first, keys));
+        n
+    }
+
+    /// The request's prompt blocks are computed up to `blocks`: those the store lacks are saved.
+    fn save(&mut self, who: (u32, u64), blocks: u32, now: f64) {
+        let Some((first, keys)) = self.keys.get(&who) else {
+            return;
+        };
+        let upto = (blocks.saturating_sub(*first) as usize).min(keys.len());
+        let fresh: Vec<u64> = keys[..upto].to_vec();
+        for k in fresh {
+            // Already stored: it keeps the earlier save time.
+            if self.touch(k, Some(now)) {
+                self.saved += 1;
+            }
+        }
+        while self.blocks.len() > self.capacity {
+            let Some((_, oldest)) = self.by_use.pop_first() else {
+                break;
+            };
+            self.blocks.remove(&oldest);
+            self.evicted += 1;
+        }
+    }
+}
+
+/// One replica's connector to the shared store.
+struct RemoteConnector {
+    store: Rc<RefCell<RemoteStore>>,
+    replica: u32,
+    /// The replica's clock when its pass runs.
+    now: Rc<Cell<f64>>,
+    ends: Vec<KvRef>,
+}
+
+impl KvConnector for RemoteConnector {
+    fn matched_blocks(&mut self, r: KvRef, first_block: u32, chain: u64, hashes: &[u64]) -> u32 {
+        let who = (self.replica, r.id.0);
+        self.store
+            .borrow_mut()
+            .lookup(who, first_block, chain, hashes, self.now.get())
+    }
+    fn start_load(&mut self, r: KvRef, pages: &[u32], _first_block: u32) {
+        self.store.borrow_mut().hits += pages.len() as u64;
+        // The read runs with the step; it is confirmed before the next pass.
+        self.ends.push(r);
+    }
+    fn cancel_load(&mut self, r: KvRef) {
+        self.ends.retain(|x| *x != r);
+    }
+    fn take_load_ends(&mut self, ended: &mut dyn FnMut(KvRef, LoadEnd)) {
+        for r in self.ends.drain(..) {
+            ended(r, LoadEnd::Done);
+        }
+    }
+}
 
 /// How the router spreads requests over the replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -81,9 +272,8 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
     let replicas = o.replicas.max(1);
     let to = assign(&w, replicas, o.route);
     let start_ms = w.arrivals.first().map_or(0.0, |a| a.at_ms);
-    let mut reports = Vec::with_capacity(replicas as usize);
-    for k in 0..replicas {
-        let part = Workload {
+    let parts: Vec<Workload> = (0..replicas)
+        .map(|k| Workload {
             arrivals: w
                 .arrivals
                 .iter()
@@ -94,16 +284,77 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             source: w.source.clone(),
             dropped_rows: 0,
             prefix_block_tokens: w.prefix_block_tokens,
-        };
-        let part_start = part.arrivals.first().map_or(start_ms, |a| a.at_ms);
-        let r = if part.arrivals.is_empty() {
-            Report::default()
-        } else {
-            engine(o, part).map_err(|e| SimError::Scheduler(format!("replica {k}: {e}")))?
-        };
-        reports.push((part_start - start_ms, r));
+        })
+        .collect();
+    let store = o
+        .remote_store
+        .map(|s| Rc::new(RefCell::new(RemoteStore::new(s.pages))));
+    let clocks: Vec<Rc<Cell<f64>>> = (0..replicas).map(|_| Rc::default()).collect();
+    let mut conns: Vec<RemoteConnector> = (0..replicas)
+        .map(|k| RemoteConnector {
+            store: store.clone().unwrap_or_default(),
+            replica: k,
+            now: clocks[k as usize].clone(),
+            ends: Vec::new(),
+        })
+        .collect();
+    let mut engines = parts
+        .iter()
+        .map(|p| Replica::new(o, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut sims = Vec::with_capacity(parts.len());
+    for ((e, c), p) in engines.iter_mut().zip(conns.iter_mut()).zip(&parts) {
+        let connector = store.is_some().then_some(c as &mut dyn KvConnector);
+        sims.push(e.sim(o, p, connector)?);
     }
-    Ok(merge(o, &w, reports))
+    let tpb = o.tokens_per_block;
+    // The replica whose next iteration starts first goes next.
+    while let Some((k, t)) = sims
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| s.next_time().map(|t| (k, t)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        clocks[k].set(t);
+        sims[k]
+            .step()
+            .map_err(|e| SimError::Scheduler(format!("replica {k}: {e}")))?;
+        if let Some(store) = &store {
+            let now = sims[k].now();
+            let mut st = store.borrow_mut();
+            sims[k].computed_prompts(&mut |id, position| {
+                st.save((k as u32, id), position / tpb, now);
+            });
+        }
+    }
+    let reports: Vec<(f64, Report)> = sims
+        .into_iter()
+        .zip(&parts)
+        .map(|(s, p)| {
+            let part_start = p.arrivals.first().map_or(start_ms, |a| a.at_ms);
+            (part_start - start_ms, s.report())
+        })
+        .collect();
+    let mut c = merge(o, &w, reports);
+    if let Some(store) = &store {
+        let st = store.borrow();
+        let tokens = st.hits * u64::from(tpb);
+        c.remote = Some(RemoteFigures {
+            blocks_loaded: st.hits,
+            blocks_saved: st.saved,
+            blocks_evicted: st.evicted,
+            hit_rate: if c.admitted_prompt_tokens > 0 {
+                tokens as f64 / c.admitted_prompt_tokens as f64
+            } else {
+                0.0
+            },
+            transfer_gb: st.hits as f64
+                * super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN
+                * f64::from(tpb)
+                / 1e9,
+        });
+    }
+    Ok(c)
 }
 
 /// The cluster's report from the replicas' (each with its start after the first arrival, in ms).

@@ -113,6 +113,9 @@ pub struct SimOptions {
     pub replicas: u32,
     /// How the router spreads the requests over the replicas (`--route`).
     pub route: cluster::Route,
+    /// A KV store the replicas share (`--remote-store`), attached to every engine's pool as its KV
+    /// connector.
+    pub remote_store: Option<cluster::RemoteStoreOptions>,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -162,6 +165,7 @@ impl Default for SimOptions {
             drain_after: 256,
             replicas: 1,
             route: cluster::Route::RoundRobin,
+            remote_store: None,
         }
     }
 }
@@ -418,7 +422,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     if o.prefix_reuse && w.prefix_block_tokens.is_none() {
         crate::workload::sessions::assign_sessions(&mut w, o.seed);
     }
-    if o.replicas > 1 {
+    if o.replicas > 1 || o.remote_store.is_some() {
         return cluster::run(o, w);
     }
     engine(o, w)
@@ -426,72 +430,104 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
 
 /// One engine replaying `w` (its adapters and sessions assigned).
 fn engine(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
-    let (kv_cfg, adapter_pages) = check_options(o, &w)?;
-    let memory = |cfg: KvPoolConfig| {
-        if o.prefix_reuse {
-            KvMemory::with_prefix_cache(cfg)
-        } else {
-            KvMemory::new(cfg)
-        }
-    };
-    let mut mem = memory(kv_cfg);
-    if o.adapters.unified {
-        mem = mem.with_unified_adapters(MAX_ADAPTERS);
-    }
-    let draft_cfg = KvPoolConfig {
-        gpu_pages: if o.draft_kv_pages > 0 {
-            o.draft_kv_pages
-        } else {
-            kv_cfg.gpu_pages
-        },
-        ..kv_cfg
-    };
-    let mut draft_mem = o.spec_decode.map(|_| memory(draft_cfg));
-    let target = mem.pool().map_err(|e| SimError::Options(e.to_string()))?;
-    let draft = match draft_mem.as_mut() {
-        Some(m) => Some((
-            DraftMode::Joint,
-            m.pool().map_err(|e| SimError::Options(e.to_string()))?,
-        )),
-        None => None,
-    };
-    let kv = KvSet::with_pools(target, draft, None);
-    let (device, host) = (o.adapters.device_pages.max(1), o.adapters.host_pages.max(1));
-    let pool = if o.adapters.unified {
-        AdapterPool::<MAX_ADAPTERS>::unified(kv_cfg.gpu_pages, host)
-    } else {
-        AdapterPool::new(device, host)
-    };
-    let mut pool = pool.map_err(|e| SimError::Options(e.to_string()))?;
-    for (id, &p) in adapter_pages.iter().enumerate() {
-        pool.register(TaskId(id as u64), p)
-            .map_err(|e| SimError::Options(e.to_string()))?;
-    }
-    let cfg = Config {
-        max_num_requests: o.max_batch,
-        max_num_tokens: Some(o.max_tokens),
-        max_context_length: Some(o.max_tokens),
-        chunking: o.chunking,
-        policy: o.policy,
-        recompute_pause: o.recompute_pause,
-        prefix_aware: true,
-        window: Window::Decoder,
-        deadlock_threshold: o.deadlock_threshold,
-        blocked_fast_path: true,
-        admission: o.admission,
-        drain_after: o.drain_after,
-    };
-    let sched: Box<Sched<'_>> =
-        Box::new(Scheduler::new(cfg, kv, pool).map_err(|e| SimError::Options(e.to_string()))?);
-    let out: Box<Out> = Box::default();
-
-    let mut sim = run_loop::Sim::new(o, &w, sched, out, kv_cfg);
-    while sim.admit_arrivals()? {
-        let (page_moves, adapter_pages) = sim.pass()?;
-        let work = sim.step_work(page_moves, adapter_pages)?;
-        sim.advance_clock(&work);
-        sim.complete()?;
-        sim.sample();
-    }
+    let mut e = Replica::new(o, &w)?;
+    let mut sim = e.sim(o, &w, None)?;
+    while sim.step()? {}
     Ok(sim.report())
 }
+
+/// The memory one simulated engine's pools live in (a replica of the cluster), and the geometry it was
+/// sized for.
+struct Replica {
+    kv_cfg: KvPoolConfig,
+    adapter_pages: Vec<u32>,
+    mem: KvMemory,
+    draft_mem: Option<KvMemory>,
+    connector_slots: Vec<kvsched_core::page_pool::ConnectorSlot>,
+}
+
+impl Replica {
+    /// Buffers for an engine replaying `w` under `o`.
+    fn new(o: &SimOptions, w: &Workload) -> Result<Self, SimError> {
+        let (kv_cfg, adapter_pages) = check_options(o, w)?;
+        let memory = |cfg: KvPoolConfig| {
+            if o.prefix_reuse {
+                KvMemory::with_prefix_cache(cfg)
+            } else {
+                KvMemory::new(cfg)
+            }
+        };
+        let mut mem = memory(kv_cfg);
+        if o.adapters.unified {
+            mem = mem.with_unified_adapters(MAX_ADAPTERS);
+        }
+        let draft_cfg = KvPoolConfig {
+            gpu_pages: if o.draft_kv_pages > 0 {
+                o.draft_kv_pages
+            } else {
+                kv_cfg.gpu_pages
+            },
+            ..kv_cfg
+        };
+        Ok(Self {
+            kv_cfg,
+            adapter_pages,
+            mem,
+            draft_mem: o.spec_decode.map(|_| memory(draft_cfg)),
+            connector_slots: vec![Default::default(); kv_cfg.slots as usize],
+        })
+    }
+
+    /// The engine's simulation of `w`: its scheduler over these buffers, with `connector` attached to
+    /// its KV pool when given.
+    fn sim<'s, 'w>(
+        &'s mut self,
+        o: &'s SimOptions,
+        w: &'w Workload,
+        connector: Option<&'s mut dyn kvsched_core::connector::KvConnector>,
+    ) -> Result<run_loop::Sim<'s, 'w>, SimError> {
+        let opt = |e: kvsched_core::Error| SimError::Options(e.to_string());
+        let kv_cfg = self.kv_cfg;
+        let mut target = self.mem.pool().map_err(opt)?;
+        if let Some(c) = connector {
+            target
+                .attach_connector(c, &mut self.connector_slots, REMOTE_LOAD_TIMEOUT)
+                .map_err(opt)?;
+        }
+        let draft = match self.draft_mem.as_mut() {
+            Some(m) => Some((DraftMode::Joint, m.pool().map_err(opt)?)),
+            None => None,
+        };
+        let kv = KvSet::with_pools(target, draft, None);
+        let (device, host) = (o.adapters.device_pages.max(1), o.adapters.host_pages.max(1));
+        let pool = if o.adapters.unified {
+            AdapterPool::<MAX_ADAPTERS>::unified(kv_cfg.gpu_pages, host)
+        } else {
+            AdapterPool::new(device, host)
+        };
+        let mut pool = pool.map_err(opt)?;
+        for (id, &p) in self.adapter_pages.iter().enumerate() {
+            pool.register(TaskId(id as u64), p)
+                .map_err(|e| SimError::Options(e.to_string()))?;
+        }
+        let cfg = Config {
+            max_num_requests: o.max_batch,
+            max_num_tokens: Some(o.max_tokens),
+            max_context_length: Some(o.max_tokens),
+            chunking: o.chunking,
+            policy: o.policy,
+            recompute_pause: o.recompute_pause,
+            prefix_aware: true,
+            window: Window::Decoder,
+            deadlock_threshold: o.deadlock_threshold,
+            blocked_fast_path: true,
+            admission: o.admission,
+            drain_after: o.drain_after,
+        };
+        let sched: Box<Sched<'s>> = Box::new(Scheduler::new(cfg, kv, pool).map_err(opt)?);
+        Ok(run_loop::Sim::new(o, w, sched, Box::default(), kv_cfg))
+    }
+}
+
+/// Passes a remote store's load may stay unconfirmed before the pool abandons it.
+const REMOTE_LOAD_TIMEOUT: u32 = 64;

@@ -123,6 +123,9 @@ pub struct Report {
     /// One row per replica (`--replicas`); empty for one engine.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaRow>,
+    /// The store the replicas share (`--remote-store`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteFigures>,
     /// The distributions behind the quantiles (a cluster's are its replicas' together).
     #[serde(skip)]
     pub raw: RawSamples,
@@ -173,6 +176,17 @@ impl Report {
                 "{} ({})",
                 self.replicas.len(),
                 self.route
+            );
+        }
+        if let Some(r) = self.remote {
+            row!(
+                "remote store hit rate (blocks)",
+                "{:.3} ({} loaded, {:.1} GB; {} saved, {} evicted)",
+                r.hit_rate,
+                r.blocks_loaded,
+                r.transfer_gb,
+                r.blocks_saved,
+                r.blocks_evicted
             );
         }
         let (done, total) = (self.requests_completed, self.requests_total);
@@ -408,6 +422,21 @@ pub struct ReplicaRow {
     pub prefix_hit_rate: f64,
     /// Its KV GPU pool's peak utilization.
     pub kv_gpu_util_peak_pct: f64,
+}
+
+/// What the replicas' shared store did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct RemoteFigures {
+    /// Blocks the engines loaded from it.
+    pub blocks_loaded: u64,
+    /// Blocks saved to it.
+    pub blocks_saved: u64,
+    /// Blocks it evicted for room.
+    pub blocks_evicted: u64,
+    /// Prompt tokens loaded from it, over the admitted prompt tokens.
+    pub hit_rate: f64,
+    /// Bytes read from it, GB.
+    pub transfer_gb: f64,
 }
 
 /// The sorted samples behind a report's quantiles.

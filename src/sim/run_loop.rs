@@ -58,6 +58,10 @@ pub(super) struct Sim<'s, 'w> {
     finished: Vec<u16>,
     /// Per-adapter TTFT and service while backlogged.
     fair: Fairness,
+    /// Blocks the KV connector had loaded by the last pass, and those this step loads (a remote
+    /// store's reads, priced on the clock).
+    loaded_blocks: u64,
+    step_remote_blocks: u64,
 }
 
 impl<'s, 'w> Sim<'s, 'w> {
@@ -97,7 +101,52 @@ impl<'s, 'w> Sim<'s, 'w> {
             sample_every: (n / 4000).max(1) as u64,
             finished: Vec::new(),
             fair: Fairness::new(o.adapters.count),
+            loaded_blocks: 0,
+            step_remote_blocks: 0,
         }
+    }
+
+    /// One iteration: arrivals, the pass, its cost on the clock, the step completed, the sample. False
+    /// when every request is done.
+    pub(super) fn step(&mut self) -> Result<bool, SimError> {
+        if !self.admit_arrivals()? {
+            return Ok(false);
+        }
+        let (page_moves, adapter_pages) = self.pass()?;
+        let work = self.step_work(page_moves, adapter_pages)?;
+        self.advance_clock(&work);
+        self.complete()?;
+        self.sample();
+        Ok(true)
+    }
+
+    /// Hands `f` the id and computed prompt tokens of every request whose context chunk the last step
+    /// completed (what a connector may save).
+    pub(super) fn computed_prompts(&self, f: &mut dyn FnMut(u64, u32)) {
+        for c in self.out.context() {
+            if let Some(lv) = self.live[c.listed.slot() as usize].as_ref() {
+                if let Ok(e) = self.sched.get(lv.handle) {
+                    f(e.spec().id.0, e.spec().position);
+                }
+            }
+        }
+    }
+
+    /// The engine's clock, ms.
+    pub(super) fn now(&self) -> f64 {
+        self.now_ms
+    }
+
+    /// When the next iteration starts (`None`: every request is done): now with work in hand, else
+    /// at the next arrival.
+    pub(super) fn next_time(&self) -> Option<f64> {
+        if !self.sched.is_empty() || !self.queue.is_empty() {
+            return Some(self.now_ms);
+        }
+        self.w
+            .arrivals
+            .get(self.next)
+            .map(|a| a.at_ms.max(self.now_ms))
     }
 
     /// Moves the requests that have arrived into the queue and as many as fit into the scheduler;
@@ -202,6 +251,13 @@ impl<'s, 'w> Sim<'s, 'w> {
             load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
         }
         r.adapter_loads += out.adapter_loads().len() as u64;
+        let loaded = sched
+            .kv()
+            .target()
+            .connector_stats()
+            .map_or(0, |c| c.loaded_blocks);
+        self.step_remote_blocks = loaded - self.loaded_blocks;
+        self.loaded_blocks = loaded;
         if self.o.check {
             r.invariant_violations += check_invariants(sched, out, self.o);
         }
@@ -252,18 +308,29 @@ impl<'s, 'w> Sim<'s, 'w> {
     /// Advances the clock by the step's cost; an idle step waits for the next arrival.
     pub(super) fn advance_clock(&mut self, work: &StepWork) {
         let busy = work.prefill_tokens > 0 || work.decode_requests > 0;
-        let step_us = if busy {
-            self.o.cost.step_us(work)
-        } else {
-            let idle = self.o.cost.step_us(&StepWork {
-                page_moves: work.page_moves,
-                ..StepWork::default()
-            });
-            match self.w.arrivals.get(self.next) {
-                Some(a) => (a.at_ms - self.now_ms).max(0.0) * 1000.0 + idle,
-                None => idle,
+        // A remote store's reads run with the step (layer by layer): the step waits for them.
+        let remote_us = match (self.o.remote_store, self.step_remote_blocks) {
+            (Some(s), blocks) if blocks > 0 => {
+                let bytes = super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN
+                    * f64::from(self.o.tokens_per_block)
+                    * blocks as f64;
+                s.latency_us + bytes / (s.gbps * 1000.0)
             }
+            _ => 0.0,
         };
+        let step_us = remote_us
+            + if busy {
+                self.o.cost.step_us(work)
+            } else {
+                let idle = self.o.cost.step_us(&StepWork {
+                    page_moves: work.page_moves,
+                    ..StepWork::default()
+                });
+                match self.w.arrivals.get(self.next) {
+                    Some(a) => (a.at_ms - self.now_ms).max(0.0) * 1000.0 + idle,
+                    None => idle,
+                }
+            };
         self.now_ms += step_us / 1000.0;
         self.fair.elapsed(step_us / 1000.0);
         self.r.prefill_tokens += work.prefill_tokens;

@@ -130,7 +130,7 @@ pub struct Store {
 }
 
 impl KvConnector for Store {
-    fn matched_blocks(&mut self, _r: KvRef, _chain: u64, hashes: &[u64]) -> u32 {
+    fn matched_blocks(&mut self, _r: KvRef, _first: u32, _chain: u64, hashes: &[u64]) -> u32 {
         hashes.iter().take_while(|&&h| h < 1_000_000).count() as u32
     }
     fn start_load(&mut self, r: KvRef, _pages: &[u32], _first_block: u32) {

@@ -149,7 +149,7 @@ impl<'a> KvPool<'a> {
         let hashes = &self.hashes[base + matched as usize..base + limit as usize];
         let blocks = c
             .connector
-            .matched_blocks(r, seq.chain, hashes)
+            .matched_blocks(r, matched, seq.chain, hashes)
             .min(limit - matched);
         *s = ConnectorSlot {
             state: if blocks > 0 { OFFERED } else { NONE },

@@ -83,7 +83,7 @@ mod tests {
     struct Conn<'s>(&'s RefCell<Store>);
 
     impl KvConnector for Conn<'_> {
-        fn matched_blocks(&mut self, _r: KvRef, _chain: u64, hashes: &[u64]) -> u32 {
+        fn matched_blocks(&mut self, _r: KvRef, _first: u32, _chain: u64, hashes: &[u64]) -> u32 {
             self.0.borrow().blocks.min(hashes.len() as u32)
         }
         fn start_load(&mut self, r: KvRef, pages: &[u32], first_block: u32) {
