@@ -18,7 +18,8 @@
 //! - [`request`]: ids, per-request data and the type-state lifecycle.
 //! - [`lease`]: adapter leases and the desk that mints and consumes them.
 //! - [`kv`]: the KV backend trait and the page-move vocabulary; [`page_pool`]: the fixed-capacity
-//!   two-tier page pool implementing it.
+//!   two-tier page pool implementing it (with an optional prefix cache, unified adapter paging and a
+//!   KV connector); [`connector`]: an external KV store as the scheduler sees it.
 //! - [`adapter`]: the PEFT backend trait and the fixed-capacity adapter cache implementing it.
 //! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler output
 //!   and its plain-old-data wire form.
