@@ -629,7 +629,7 @@ fn replicas_behind_a_router_split_the_trace_and_report_the_cluster() {
             ],
         )
     };
-    for route in ["round_robin", "prefix_affinity"] {
+    for route in ["round_robin", "least_loaded", "prefix_affinity"] {
         let d = run(route);
         assert_eq!(d["route"], route);
         assert_eq!(d["invariant_violations"], 0);

@@ -1,10 +1,12 @@
 //! `--replicas N --route …`: the same workload on `N` engines behind a router, each engine with its own
 //! scheduler and pools, in one process and deterministic for a seed.
 //!
-//! The router assigns every request as it arrives: `round_robin` in turn; `prefix_affinity` by the
-//! first of its prefix blocks that few other requests share — past a system prompt every request
-//! starts with, the block that names its conversation (a Mooncake `hash_ids` list, or a generated
-//! session) — so that the turns of one conversation meet the replica that cached the earlier ones.
+//! The router assigns every request as it arrives: `round_robin` in turn; `least_loaded` to the
+//! replica with the fewest requests outstanding (held, queued or sent and not yet admitted);
+//! `prefix_affinity` by the first of its prefix blocks that few other requests share — past a system
+//! prompt every request starts with, the block that names its conversation (a Mooncake `hash_ids`
+//! list, or a generated session) — so that the turns of one conversation meet the replica that cached
+//! the earlier ones.
 //!
 //! With `--remote-store PAGES` the replicas share an in-process KV store (`RemoteStore`), each
 //! engine's pool attached to it through the core's KV connector: a first chunk is offered the blocks
@@ -31,7 +33,7 @@ use kvsched_core::page_pool::chain;
 
 use super::report::{Quantiles, RemoteFigures, ReplicaRow};
 use super::{Replica, Report, SimError, SimOptions};
-use crate::workload::Workload;
+use crate::workload::{Arrival, Workload};
 
 /// `--remote-store PAGES[:LATENCY_US[:GBPS]]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -214,6 +216,9 @@ pub enum Route {
     #[default]
     #[value(name = "round_robin")]
     RoundRobin,
+    /// To the replica with the fewest requests outstanding when it arrives.
+    #[value(name = "least_loaded")]
+    LeastLoaded,
     /// By the request's first prefix block (requests without one: in turn).
     #[value(name = "prefix_affinity")]
     PrefixAffinity,
@@ -224,68 +229,74 @@ impl Route {
     pub fn name(self) -> &'static str {
         match self {
             Self::RoundRobin => "round_robin",
+            Self::LeastLoaded => "least_loaded",
             Self::PrefixAffinity => "prefix_affinity",
         }
     }
 }
 
-/// The replica each arrival of `w` goes to.
-pub fn assign(w: &Workload, replicas: u32, route: Route) -> Vec<u32> {
-    let n = u64::from(replicas.max(1));
-    // How many requests start with each block (a shared system prompt: nearly all of them).
-    let mut sharing: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-    if route == Route::PrefixAffinity {
-        for a in &w.arrivals {
-            for &b in &a.prefix_blocks {
-                *sharing.entry(b).or_default() += 1;
+/// The router: the replica each arrival goes to.
+struct Router {
+    route: Route,
+    replicas: u32,
+    turn: u32,
+    /// How many requests carry each prefix block (a shared system prompt: nearly all of them).
+    sharing: HashMap<u64, usize>,
+    /// A conversation's key is its first block shared by no more than this many requests.
+    share: usize,
+}
+
+impl Router {
+    fn new(w: &Workload, replicas: u32, route: Route) -> Self {
+        let mut sharing: HashMap<u64, usize> = HashMap::new();
+        if route == Route::PrefixAffinity {
+            for a in &w.arrivals {
+                for &b in &a.prefix_blocks {
+                    *sharing.entry(b).or_default() += 1;
+                }
+            }
+        }
+        Self {
+            route,
+            replicas: replicas.max(1),
+            turn: 0,
+            sharing,
+            share: (w.arrivals.len() / replicas.max(1) as usize).max(1),
+        }
+    }
+
+    fn in_turn(&mut self) -> usize {
+        self.turn = self.turn.wrapping_add(1);
+        (self.turn.wrapping_sub(1) % self.replicas) as usize
+    }
+
+    /// The replica for `a`, given each replica's outstanding requests.
+    fn pick(&mut self, a: &Arrival, outstanding: impl Iterator<Item = usize>) -> usize {
+        match self.route {
+            Route::RoundRobin => self.in_turn(),
+            Route::LeastLoaded => outstanding
+                .enumerate()
+                .min_by_key(|&(k, n)| (n, k))
+                .map_or(0, |(k, _)| k),
+            Route::PrefixAffinity => {
+                let key = a
+                    .prefix_blocks
+                    .iter()
+                    .find(|b| self.sharing.get(b).is_some_and(|&c| c <= self.share))
+                    .or(a.prefix_blocks.last());
+                match key {
+                    // A well-mixed hash of the block id, so neighbouring ids spread.
+                    Some(&b) => (chain(0, b) % u64::from(self.replicas)) as usize,
+                    None => self.in_turn(),
+                }
             }
         }
     }
-    // A conversation's key: its first block shared by no more than a replica's share of requests.
-    let share = (w.arrivals.len() as u64 / n).max(1) as usize;
-    let mut turn = 0u64;
-    let mut next = || {
-        turn += 1;
-        ((turn - 1) % n) as u32
-    };
-    w.arrivals
-        .iter()
-        .map(|a| {
-            let key = a
-                .prefix_blocks
-                .iter()
-                .find(|b| sharing.get(b).is_some_and(|&c| c <= share))
-                .or(a.prefix_blocks.last());
-            match (route, key) {
-                // A well-mixed hash of the block id, so neighbouring ids spread.
-                (Route::PrefixAffinity, Some(&b)) => {
-                    (kvsched_core::page_pool::chain(0, b) % n) as u32
-                }
-                _ => next(),
-            }
-        })
-        .collect()
 }
 
 /// Runs `w` (adapters and sessions assigned) on `o.replicas` engines behind `o.route`.
 pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
     let replicas = o.replicas.max(1);
-    let to = assign(&w, replicas, o.route);
-    let start_ms = w.arrivals.first().map_or(0.0, |a| a.at_ms);
-    let parts: Vec<Workload> = (0..replicas)
-        .map(|k| Workload {
-            arrivals: w
-                .arrivals
-                .iter()
-                .zip(&to)
-                .filter(|(_, &r)| r == k)
-                .map(|(a, _)| a.clone())
-                .collect(),
-            source: w.source.clone(),
-            dropped_rows: 0,
-            prefix_block_tokens: w.prefix_block_tokens,
-        })
-        .collect();
     let store = o
         .remote_store
         .map(|s| Rc::new(RefCell::new(RemoteStore::new(s.pages))));
@@ -298,23 +309,34 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             ends: Vec::new(),
         })
         .collect();
-    let mut engines = parts
-        .iter()
-        .map(|p| Replica::new(o, p))
+    let mut engines = (0..replicas)
+        .map(|_| Replica::new(o, &w))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut sims = Vec::with_capacity(parts.len());
-    for ((e, c), p) in engines.iter_mut().zip(conns.iter_mut()).zip(&parts) {
+    let mut sims = Vec::with_capacity(replicas as usize);
+    for (e, c) in engines.iter_mut().zip(conns.iter_mut()) {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
-        sims.push(e.sim(o, p, connector)?);
+        sims.push(e.sim(o, &w, connector)?.routed());
     }
+    let mut router = Router::new(&w, replicas, o.route);
     let tpb = o.tokens_per_block;
-    // The replica whose next iteration starts first goes next.
-    while let Some((k, t)) = sims
-        .iter()
-        .enumerate()
-        .filter_map(|(k, s)| s.next_time().map(|t| (k, t)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-    {
+    let mut arrived = 0;
+    loop {
+        // The replica whose next iteration starts first.
+        let first = sims
+            .iter()
+            .enumerate()
+            .filter_map(|(k, s)| s.next_time().map(|t| (k, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        // An arrival due before it is routed first (the router sees the replicas as they are then).
+        if let Some(a) = w.arrivals.get(arrived) {
+            if first.is_none_or(|(_, t)| a.at_ms <= t) {
+                let k = router.pick(a, sims.iter().map(|s| s.outstanding()));
+                sims[k].route(arrived);
+                arrived += 1;
+                continue;
+            }
+        }
+        let Some((k, t)) = first else { break };
         clocks[k].set(t);
         sims[k]
             .step()
@@ -327,14 +349,7 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             });
         }
     }
-    let reports: Vec<(f64, Report)> = sims
-        .into_iter()
-        .zip(&parts)
-        .map(|(s, p)| {
-            let part_start = p.arrivals.first().map_or(start_ms, |a| a.at_ms);
-            (part_start - start_ms, s.report())
-        })
-        .collect();
+    let reports: Vec<(f64, Report)> = sims.into_iter().map(|s| (0.0, s.report())).collect();
     let mut c = merge(o, &w, reports);
     if let Some(store) = &store {
         let st = store.borrow();

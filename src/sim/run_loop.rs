@@ -35,11 +35,13 @@ pub(super) struct Sim<'s, 'w> {
     drafts: u32,
     accept_rng: Rng,
     hashes: Vec<u64>,
+    /// The arrivals this engine serves, in order (all of them; in a cluster, those routed to it).
+    inbox: Vec<usize>,
     /// Arrived, not yet submitted (the scheduler's table is full).
     queue: VecDeque<usize>,
     /// The requests in the scheduler, by table slot.
     live: Vec<Option<Live>>,
-    /// The next arrival.
+    /// The next arrival, in the inbox.
     next: usize,
     now_ms: f64,
     start_ms: f64,
@@ -83,6 +85,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             drafts: o.spec_decode.map_or(0, |s| s.drafts),
             accept_rng: Rng::seed_from_u64(o.seed ^ 0xacce_97ed),
             hashes: Vec::new(),
+            inbox: (0..n).collect(),
             queue: VecDeque::new(),
             live: vec![None; MAX_LIVE],
             next: 0,
@@ -104,6 +107,29 @@ impl<'s, 'w> Sim<'s, 'w> {
             loaded_blocks: 0,
             step_remote_blocks: 0,
         }
+    }
+
+    /// The engine as a cluster's replica: it serves only what the router sends it ([`Sim::route`]),
+    /// from the first arrival on; no progress bar of its own.
+    pub(super) fn routed(mut self) -> Self {
+        self.inbox.clear();
+        self.progress = None;
+        self
+    }
+
+    /// The router sends it arrival `i` (arrivals come in time order).
+    pub(super) fn route(&mut self, i: usize) {
+        self.inbox.push(i);
+    }
+
+    /// Requests it holds or has been sent and not finished (the least-loaded route's measure).
+    pub(super) fn outstanding(&self) -> usize {
+        self.sched.len() + self.queue.len() + (self.inbox.len() - self.next)
+    }
+
+    /// The next arrival in the inbox.
+    fn upcoming(&self) -> Option<&crate::workload::Arrival> {
+        self.inbox.get(self.next).map(|&i| &self.w.arrivals[i])
     }
 
     /// One iteration: arrivals, the pass, its cost on the clock, the step completed, the sample. False
@@ -143,20 +169,16 @@ impl<'s, 'w> Sim<'s, 'w> {
         if !self.sched.is_empty() || !self.queue.is_empty() {
             return Some(self.now_ms);
         }
-        self.w
-            .arrivals
-            .get(self.next)
-            .map(|a| a.at_ms.max(self.now_ms))
+        self.upcoming().map(|a| a.at_ms.max(self.now_ms))
     }
 
     /// Moves the requests that have arrived into the queue and as many as fit into the scheduler;
     /// with nothing to schedule, jumps to the next arrival. False when every request is done.
     pub(super) fn admit_arrivals(&mut self) -> Result<bool, SimError> {
-        let n = self.w.arrivals.len();
         loop {
-            while self.next < n && self.w.arrivals[self.next].at_ms <= self.now_ms {
-                self.fair.arrived(self.w.arrivals[self.next].adapter);
-                self.queue.push_back(self.next);
+            while let Some(a) = self.upcoming().filter(|a| a.at_ms <= self.now_ms) {
+                self.fair.arrived(a.adapter);
+                self.queue.push_back(self.inbox[self.next]);
                 self.next += 1;
             }
             while self.sched.len() < MAX_LIVE {
@@ -167,10 +189,10 @@ impl<'s, 'w> Sim<'s, 'w> {
             if !self.sched.is_empty() {
                 return Ok(true);
             }
-            if self.next >= n {
+            let Some(at) = self.upcoming().map(|a| a.at_ms) else {
                 return Ok(false);
-            }
-            self.now_ms = self.w.arrivals[self.next].at_ms;
+            };
+            self.now_ms = at;
         }
     }
 
@@ -326,7 +348,7 @@ impl<'s, 'w> Sim<'s, 'w> {
                     page_moves: work.page_moves,
                     ..StepWork::default()
                 });
-                match self.w.arrivals.get(self.next) {
+                match self.upcoming() {
                     Some(a) => (a.at_ms - self.now_ms).max(0.0) * 1000.0 + idle,
                     None => idle,
                 }
@@ -556,11 +578,11 @@ impl<'s, 'w> Sim<'s, 'w> {
         } else {
             0.0
         };
+        r.requests_total = self.inbox.len();
         r.sim_seconds = (self.now_ms - self.start_ms) / 1000.0;
-        r.arrival_span_seconds = w
-            .arrivals
-            .last()
-            .map_or(0.0, |last| (last.at_ms - self.start_ms).max(0.0) / 1000.0);
+        r.arrival_span_seconds = self.inbox.last().map_or(0.0, |&i| {
+            (w.arrivals[i].at_ms - self.start_ms).max(0.0) / 1000.0
+        });
         r.wall_seconds = self.wall.elapsed().as_secs_f64();
         r.kv_gpu_util_mean_pct = self.kv_gpu_sum / r.iterations.max(1) as f64;
         r.adapter_util_mean_pct = self.adapter_sum / r.iterations.max(1) as f64;
