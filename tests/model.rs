@@ -818,3 +818,71 @@ fn connector_loads_fail_hang_and_recover_under_the_model() {
     assert!(h.stats.reused > 0);
     h.drain().unwrap();
 }
+
+/// vLLM #45387: an engine under KV pressure with an offloading connector ended with nothing running,
+/// requests waiting and no progress, and no error. Here, with a host tier the pool offloads to and a
+/// connector's store on it, a pool too small for the load either makes progress or says so: every
+/// request finishes, or the pass reports `Error::Deadlock` after the threshold — never a silent stall
+/// (the harness checks both after every pass, and that no pass it calls stalled scheduled anything).
+#[test]
+fn regression_an_offloading_connector_under_pressure_never_stalls_silently() {
+    let mut setup = base(8, 8);
+    setup.prefix = true;
+    setup.connector = true;
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 4;
+    setup.deadlock_threshold = 20;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..10u8 {
+        h.apply(&Op::Submit {
+            prompt: 8 + u32::from(k % 4) * 4,
+            out_len: 10,
+            lora: None,
+            draft: 0,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 3),
+            encoder: 0,
+        })
+        .unwrap();
+        h.apply(&Op::Pass).unwrap();
+    }
+    match h.run_to_completion(4000) {
+        Ok(Done::Finished(_)) => {}
+        Ok(Done::Deadlock(passes)) => assert!(passes > 0, "reported, not silent"),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(
+        h.stats.paused > 0,
+        "the pool was under pressure: requests were offloaded"
+    );
+    let loads = h.sched.kv().target().inner.connector_stats().unwrap().loads;
+    assert!(
+        loads > 0,
+        "the connector served blocks the pool had evicted"
+    );
+    h.drain().unwrap();
+}
+
+/// TensorRT-LLM #13592: batch-local state of a suspended request (its batch index) survived into its
+/// resumed life. Here a request owns nothing of a batch: the output's entries are minted per pass, a
+/// resumed request is listed `resumed` exactly in the pass its KV came back and settles into an
+/// ordinary active request when the engine takes the page moves, and the harness checks after every
+/// pass that each listed request is in the state its list says. This run makes requests go through
+/// suspension to the host tier and back many times.
+#[test]
+fn regression_a_resumed_request_carries_nothing_from_its_suspended_life() {
+    let mut setup = base(12, 24);
+    setup.recompute_pause = false;
+    setup.max_num_requests = 4;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..8u32 {
+        submit(&mut h, 8 + k % 3, 10);
+    }
+    assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
+    assert!(h.stats.paused >= 4 && h.stats.resumed >= 4, "{:?}", h.stats);
+    h.drain().unwrap();
+}
