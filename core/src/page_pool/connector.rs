@@ -115,7 +115,7 @@ impl<'a> KvPool<'a> {
     }
 
     /// A request slot's unconfirmed load, if any: its first block and block count.
-    pub fn pending_load(&self, slot: u16) -> Option<(u32, u32)> {
+    pub fn unconfirmed_load(&self, slot: u16) -> Option<(u32, u32)> {
         let s = self.connector.as_ref()?.slots.get(usize::from(slot))?;
         (s.state == LOADING).then_some((s.first, s.blocks))
     }

@@ -167,13 +167,13 @@ mod tests {
         assert_eq!(out.context()[0].tokens, 8);
         assert_eq!(s.get(h).unwrap().spec().position, 12);
         assert_eq!(store.borrow().starts.as_slice(), &[(1, 3, 0)]);
-        assert_eq!(s.kv().pending_load(h.index()), Some((0, 3)));
+        assert_eq!(s.kv().unconfirmed_load(h.index()), Some((0, 3)));
         // Unconfirmed: the step's commit waits at the first loaded block.
         next(&mut s, &mut out);
         assert_eq!(s.kv().cached_pages(Tier::Gpu), 0);
         ended(&store, 1, h.index(), LoadEnd::Done);
         next(&mut s, &mut out);
-        assert_eq!(s.kv().pending_load(h.index()), None);
+        assert_eq!(s.kv().unconfirmed_load(h.index()), None);
         assert_eq!(
             s.kv().cached_pages(Tier::Gpu),
             5,
@@ -219,7 +219,7 @@ mod tests {
         let h = admit(&mut s, &mut out, 1);
         next(&mut s, &mut out); // unconfirmed: 1 pass
         next(&mut s, &mut out); // 2 passes
-        assert!(s.kv().pending_load(h.index()).is_some());
+        assert!(s.kv().unconfirmed_load(h.index()).is_some());
         assert!(out.recompute_paused().is_empty());
         next(&mut s, &mut out); // 3 > the timeout: abandoned
         assert_eq!(store.borrow().cancels.as_slice(), &[1]);
@@ -257,7 +257,7 @@ mod tests {
             out.recompute_paused().is_empty(),
             "the late end was not request 2's"
         );
-        assert_eq!(s.kv().pending_load(slot), Some((0, 3)));
+        assert_eq!(s.kv().unconfirmed_load(slot), Some((0, 3)));
     }
 
     #[test]
