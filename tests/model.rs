@@ -133,7 +133,8 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Fault::PeftAdd),
         Just(Fault::KvPin),
         Just(Fault::LoadFail),
-        Just(Fault::LoadHang)
+        Just(Fault::LoadHang),
+        Just(Fault::SaveHang)
     ];
     prop_oneof![
         6 => (
@@ -815,6 +816,7 @@ fn connector_loads_fail_hang_and_recover_under_the_model() {
     let stats = h.sched.kv().target().inner.connector_stats().unwrap();
     assert!(stats.loads >= 3, "{stats:?}");
     assert!(stats.failed >= 1 && stats.timed_out >= 1, "{stats:?}");
+    assert!(stats.saves >= 3 && stats.saved_blocks > 0, "{stats:?}");
     assert!(h.stats.reused > 0);
     h.drain().unwrap();
 }

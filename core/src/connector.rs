@@ -22,6 +22,12 @@
 //!    recompute-paused by the next pass and replays its prefill without the connector.
 //! 4. A request freed while its load is unconfirmed cancels it ([`KvConnector::cancel_load`]); a late
 //!    end reported for a request that no longer loads into that slot is ignored (vLLM #39186).
+//! 5. As a request's prompt blocks are committed to the prefix cache, the store may save them
+//!    ([`KvConnector::start_save`], one save in flight a request slot). The pages a save reads are
+//!    pinned until the store reports its end, even when the request finishes or is preempted first
+//!    (vLLM #39186: a request freed before its save was acknowledged); a preempted request re-admitted
+//!    meanwhile finds its pinned blocks in the cache (vLLM #46014: no load and save of one block at
+//!    once). A save past the timeout is abandoned ([`KvConnector::cancel_save`]).
 //!
 //! Asynchronous loads that outlive a step (vLLM's `load_kv_async`, TensorRT-LLM's parked loads) are the
 //! engine's to order: it parks the request (a transfer-holding state, or in flight) and marks the load
@@ -60,4 +66,22 @@ pub trait KvConnector {
     fn cancel_load(&mut self, r: KvRef);
     /// Hands `ended` every load that ended since the last call.
     fn take_load_ends(&mut self, ended: &mut dyn FnMut(KvRef, LoadEnd));
+    /// The request's computed prompt blocks from `first_block` are in `pages` (one block a page, in
+    /// order, each a committed block of the pool's prefix cache): the store may save them. An accepted
+    /// save pins the pages — they are not evicted or reused, even after the request finishes or is
+    /// preempted — until the store reports its end ([`KvConnector::take_save_ends`]). The default
+    /// declines (a store that only loads).
+    fn start_save(&mut self, r: KvRef, pages: &[u32], first_block: u32) -> bool {
+        let _ = (r, pages, first_block);
+        false
+    }
+    /// Hands `ended` every save that ended since the last call.
+    fn take_save_ends(&mut self, ended: &mut dyn FnMut(KvRef)) {
+        let _ = ended;
+    }
+    /// Abandons the request's save (it outlived the pool's timeout): its pages are no longer the
+    /// store's to read.
+    fn cancel_save(&mut self, r: KvRef) {
+        let _ = r;
+    }
 }

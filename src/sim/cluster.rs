@@ -11,10 +11,10 @@
 //! With `--remote-store PAGES` the replicas share an in-process KV store (`RemoteStore`), each
 //! engine's pool attached to it through the core's KV connector: a first chunk is offered the blocks
 //! the store holds past the engine's own prefix cache, loads them over the network (latency plus pages
-//! over bandwidth, added to the step), and every computed prompt block is saved to the store when its
-//! chunk completes. The store is the model the scheduling rules are tested against, not a distributed
+//! over bandwidth, added to the step), and every prompt block committed to the engine's cache is saved
+//! to the store (the connector's save, its pages pinned until the write is acknowledged). The store is the model the scheduling rules are tested against, not a distributed
 //! system: capacity in pages, least recently used eviction, a block visible to other replicas from the
-//! simulated time it was saved.
+//! simulated time of the pass whose step computed it.
 //!
 //! The replicas run interleaved in simulated time (the one whose next iteration starts first goes
 //! next), single-process and deterministic for a seed; the wall time grows linearly with them.
@@ -155,13 +155,14 @@ impl RemoteStore {
         n
     }
 
-    /// The request's prompt blocks are computed up to `blocks`: those the store lacks are saved.
-    fn save(&mut self, who: (u32, u64), blocks: u32, now: f64) {
+    /// The request's prompt blocks `from..from + count` are saved (those the store lacks are added).
+    fn save(&mut self, who: (u32, u64), from: u32, count: usize, now: f64) {
         let Some((first, keys)) = self.keys.get(&who) else {
             return;
         };
-        let upto = (blocks.saturating_sub(*first) as usize).min(keys.len());
-        let fresh: Vec<u64> = keys[..upto].to_vec();
+        let start = (from.saturating_sub(*first) as usize).min(keys.len());
+        let end = (start + count).min(keys.len());
+        let fresh: Vec<u64> = keys[start..end].to_vec();
         for k in fresh {
             // Already stored: it keeps the earlier save time.
             if self.touch(k, Some(now)) {
@@ -185,6 +186,7 @@ struct RemoteConnector {
     /// The replica's clock when its pass runs.
     now: Rc<Cell<f64>>,
     ends: Vec<KvRef>,
+    save_ends: Vec<KvRef>,
 }
 
 impl KvConnector for RemoteConnector {
@@ -206,6 +208,24 @@ impl KvConnector for RemoteConnector {
         for r in self.ends.drain(..) {
             ended(r, LoadEnd::Done);
         }
+    }
+    fn start_save(&mut self, r: KvRef, pages: &[u32], first_block: u32) -> bool {
+        let who = (self.replica, r.id.0);
+        let now = self.now.get();
+        self.store
+            .borrow_mut()
+            .save(who, first_block, pages.len(), now);
+        // The write runs with the next step; it is acknowledged before the next pass.
+        self.save_ends.push(r);
+        true
+    }
+    fn take_save_ends(&mut self, ended: &mut dyn FnMut(KvRef)) {
+        for r in self.save_ends.drain(..) {
+            ended(r);
+        }
+    }
+    fn cancel_save(&mut self, r: KvRef) {
+        self.save_ends.retain(|x| *x != r);
     }
 }
 
@@ -307,6 +327,7 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             replica: k,
             now: clocks[k as usize].clone(),
             ends: Vec::new(),
+            save_ends: Vec::new(),
         })
         .collect();
     let mut engines = (0..replicas)
@@ -341,13 +362,6 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
         sims[k]
             .step()
             .map_err(|e| SimError::Scheduler(format!("replica {k}: {e}")))?;
-        if let Some(store) = &store {
-            let now = sims[k].now();
-            let mut st = store.borrow_mut();
-            sims[k].computed_prompts(&mut |id, position| {
-                st.save((k as u32, id), position / tpb, now);
-            });
-        }
     }
     let reports: Vec<(f64, Report)> = sims.into_iter().map(|s| (0.0, s.report())).collect();
     let mut c = merge(o, &w, reports);

@@ -444,6 +444,7 @@ struct Replica {
     mem: KvMemory,
     draft_mem: Option<KvMemory>,
     connector_slots: Vec<kvsched_core::page_pool::ConnectorSlot>,
+    connector_saves: Vec<u32>,
 }
 
 impl Replica {
@@ -475,6 +476,7 @@ impl Replica {
             mem,
             draft_mem: o.spec_decode.map(|_| memory(draft_cfg)),
             connector_slots: vec![Default::default(); kv_cfg.slots as usize],
+            connector_saves: vec![0; kv_cfg.table_len()],
         })
     }
 
@@ -491,7 +493,12 @@ impl Replica {
         let mut target = self.mem.pool().map_err(opt)?;
         if let Some(c) = connector {
             target
-                .attach_connector(c, &mut self.connector_slots, REMOTE_LOAD_TIMEOUT)
+                .attach_connector(
+                    c,
+                    &mut self.connector_slots,
+                    &mut self.connector_saves,
+                    REMOTE_LOAD_TIMEOUT,
+                )
                 .map_err(opt)?;
         }
         let draft = match self.draft_mem.as_mut() {

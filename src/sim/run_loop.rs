@@ -146,23 +146,6 @@ impl<'s, 'w> Sim<'s, 'w> {
         Ok(true)
     }
 
-    /// Hands `f` the id and computed prompt tokens of every request whose context chunk the last step
-    /// completed (what a connector may save).
-    pub(super) fn computed_prompts(&self, f: &mut dyn FnMut(u64, u32)) {
-        for c in self.out.context() {
-            if let Some(lv) = self.live[c.listed.slot() as usize].as_ref() {
-                if let Ok(e) = self.sched.get(lv.handle) {
-                    f(e.spec().id.0, e.spec().position);
-                }
-            }
-        }
-    }
-
-    /// The engine's clock, ms.
-    pub(super) fn now(&self) -> f64 {
-        self.now_ms
-    }
-
     /// When the next iteration starts (`None`: every request is done): now with work in hand, else
     /// at the next arrival.
     pub(super) fn next_time(&self) -> Option<f64> {

@@ -109,7 +109,7 @@ pub struct Memory {
     target: KvMemory,
     draft: Option<KvMemory>,
     cross: Option<KvMemory>,
-    store: Option<(Store, Vec<ConnectorSlot>)>,
+    store: Option<(Store, Vec<ConnectorSlot>, Vec<u32>)>,
 }
 
 /// Passes a connector load may stay unconfirmed in the model runs.
@@ -117,16 +117,22 @@ pub const LOAD_TIMEOUT: u32 = 4;
 
 /// The remote store of the model runs: it holds every prompt family's blocks (the hashes below
 /// 1,000,000), and ends every load at the next poll — unless a fault makes it fail
-/// ([`Fault::LoadFail`]) or never end ([`Fault::LoadHang`]: the pool's timeout abandons it).
+/// ([`Fault::LoadFail`]) or never end ([`Fault::LoadHang`]: the pool's timeout abandons it). It
+/// accepts every save and ends it at the next poll, unless [`Fault::SaveHang`] keeps it reading (its
+/// pages pinned) until the pool's timeout.
 #[derive(Debug, Default)]
 pub struct Store {
     /// Refusals by schedule, shared with the harness.
     pub faults: std::rc::Rc<Faults>,
     ends: Vec<(KvRef, LoadEnd)>,
+    save_ends: Vec<KvRef>,
     /// Loads started, failed by a fault, left hanging.
     pub loads: u64,
     pub failed: u64,
     pub hung: u64,
+    /// Saves accepted, and the blocks they read.
+    pub saves: u64,
+    pub saved_blocks: u64,
 }
 
 impl KvConnector for Store {
@@ -151,6 +157,22 @@ impl KvConnector for Store {
         for (r, e) in self.ends.drain(..) {
             ended(r, e);
         }
+    }
+    fn start_save(&mut self, r: KvRef, pages: &[u32], _first_block: u32) -> bool {
+        self.saves += 1;
+        self.saved_blocks += pages.len() as u64;
+        if !self.faults.fire(Fault::SaveHang) {
+            self.save_ends.push(r);
+        }
+        true
+    }
+    fn take_save_ends(&mut self, ended: &mut dyn FnMut(KvRef)) {
+        for r in self.save_ends.drain(..) {
+            ended(r);
+        }
+    }
+    fn cancel_save(&mut self, r: KvRef) {
+        self.save_ends.retain(|x| *x != r);
     }
 }
 
@@ -230,8 +252,10 @@ impl Setup {
             },
             draft: self.draft.map(|_| one()),
             cross: self.cross.then(|| KvMemory::new(self.pool())),
-            store: (self.connector && self.prefix)
-                .then(|| (Store::default(), vec![ConnectorSlot::default(); N])),
+            store: (self.connector && self.prefix).then(|| {
+                let saves = vec![0; self.pool().table_len()];
+                (Store::default(), vec![ConnectorSlot::default(); N], saves)
+            }),
         }
     }
 
@@ -269,6 +293,8 @@ pub enum Fault {
     LoadFail,
     /// A connector load never ends (the pool's timeout abandons it).
     LoadHang,
+    /// A connector save never ends (its pages stay pinned until the pool's timeout).
+    SaveHang,
 }
 
 /// One operation.
@@ -344,7 +370,7 @@ pub enum Op {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {
     /// Refusals left per [`Fault`] kind, in declaration order.
-    pub left: [Cell<u32>; 7],
+    pub left: [Cell<u32>; 8],
     /// Refusals injected so far.
     pub injected: Cell<u64>,
 }
@@ -690,11 +716,11 @@ impl<'a> Harness<'a> {
         };
         let mut target = faulty(&mut mem.target)?;
         let store_faults = match mem.store.as_mut() {
-            Some((store, slots)) => {
+            Some((store, slots, saves)) => {
                 let faults = store.faults.clone();
                 target
                     .inner
-                    .attach_connector(store, slots, LOAD_TIMEOUT)
+                    .attach_connector(store, slots, saves, LOAD_TIMEOUT)
                     .map_err(|e| format!("connector: {e}"))?;
                 Some(faults)
             }
@@ -795,7 +821,9 @@ impl<'a> Harness<'a> {
                 let faults = match (fault, pool % 3) {
                     (Fault::PeftAdd, _) => Some(&self.sched.adapters().backend().faults),
                     (Fault::KvPin, _) => Some(&kv.target().faults),
-                    (Fault::LoadFail | Fault::LoadHang, _) => self.store_faults.as_deref(),
+                    (Fault::LoadFail | Fault::LoadHang | Fault::SaveHang, _) => {
+                        self.store_faults.as_deref()
+                    }
                     (_, 1) => kv.draft().map(|(_, d)| &d.faults),
                     (_, 2) => kv.cross().map(|x| &x.faults),
                     _ => Some(&kv.target().faults),
@@ -1800,14 +1828,15 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             13 => {
                 let f = r.byte();
                 Op::Inject {
-                    fault: match f % 7 {
+                    fault: match f % 8 {
                         0 => Fault::KvPrepare,
                         1 => Fault::KvResize,
                         2 => Fault::KvAllocate,
                         3 => Fault::PeftAdd,
                         4 => Fault::KvPin,
                         5 => Fault::LoadFail,
-                        _ => Fault::LoadHang,
+                        6 => Fault::LoadHang,
+                        _ => Fault::SaveHang,
                     },
                     count: 1 + (f >> 2) % 8,
                     pool: (f >> 5) % 3,

@@ -221,6 +221,9 @@ impl KvBackend for KvPool<'_> {
             if self.seqs[i].state == SeqState::Active {
                 let computed = self.connector_commit_limit(i, computed);
                 self.commit_row(i, computed);
+                if self.connector.is_some() {
+                    self.connector_save(r, i);
+                }
             }
         }
     }

@@ -40,12 +40,23 @@ pub struct ConnectorSlot {
     events: u8,
     /// A load of this request failed: its replay computes everything.
     refused: bool,
+    /// The slot's request's blocks below this were offered to a save.
+    saved_upto: u32,
+    /// A save in flight (at most one a slot): the request it is for, the pages it pins (the blocks
+    /// it reads and their ancestors, in the save buffer's row of the slot) and the passes it has been
+    /// in flight.
+    saving: bool,
+    save_id: RequestId,
+    save_len: u32,
+    save_passes: u32,
 }
 
 /// The attached connector.
 pub(super) struct Attached<'a> {
     connector: &'a mut dyn KvConnector,
     slots: &'a mut [ConnectorSlot],
+    /// The pages of each slot's save in flight: a row of `max_blocks` a slot.
+    saves: &'a mut [u32],
     /// Passes a load may stay pending before it is abandoned.
     timeout: u32,
     pub(super) stats: ConnectorStats,
@@ -76,17 +87,26 @@ pub struct ConnectorStats {
     pub timed_out: u64,
     /// Loads cancelled because the request's cache was freed.
     pub cancelled: u64,
+    /// Saves started.
+    pub saves: u64,
+    /// Blocks the saves read.
+    pub saved_blocks: u64,
+    /// Saves abandoned after the timeout.
+    pub saves_timed_out: u64,
 }
 
 impl<'a> KvPool<'a> {
     /// Attaches a KV connector (a prefix cache is required: the connector is asked by block keys).
-    /// `slots` holds one [`ConnectorSlot`] per pool slot; a load still unconfirmed after `timeout`
-    /// passes is abandoned and its request recomputes. Refused (nothing changes) without a prefix cache, with
-    /// the wrong number of slots, a zero timeout, or a connector attached already.
+    /// `slots` holds one [`ConnectorSlot`] per pool slot, `saves` the pages of the saves in flight
+    /// ([`super::KvPoolConfig::table_len`] entries); a load still unconfirmed, or a save still in
+    /// flight, after `timeout` passes is abandoned (the load's request recomputes). Refused (nothing
+    /// changes) without a prefix cache, with buffers of the wrong length, a zero timeout, or a connector
+    /// attached already.
     pub fn attach_connector(
         &mut self,
         connector: &'a mut dyn KvConnector,
         slots: &'a mut [ConnectorSlot],
+        saves: &'a mut [u32],
         timeout: u32,
     ) -> Result<(), crate::Error> {
         if self.prefix.is_none() {
@@ -94,7 +114,11 @@ impl<'a> KvPool<'a> {
                 "a KV connector needs the pool's prefix cache (it is asked by block keys)",
             ));
         }
-        if slots.len() != self.cfg.slots as usize || timeout == 0 || self.connector.is_some() {
+        if slots.len() != self.cfg.slots as usize
+            || saves.len() != self.cfg.table_len()
+            || timeout == 0
+            || self.connector.is_some()
+        {
             return Err(crate::Error::Invalid(
                 "connector slots must match the pool's slots, the timeout be at least 1 pass, and one connector attached",
             ));
@@ -103,6 +127,7 @@ impl<'a> KvPool<'a> {
         self.connector = Some(Attached {
             connector,
             slots,
+            saves,
             timeout,
             stats: ConnectorStats::default(),
         });
@@ -124,8 +149,91 @@ impl<'a> KvPool<'a> {
     /// forgotten.
     pub(super) fn connector_new_request(&mut self, slot: usize) {
         if let Some(c) = self.connector.as_mut() {
-            c.slots[slot] = ConnectorSlot::default();
+            // A save of the slot's previous request stays in flight, pinning its pages.
+            let s = c.slots[slot];
+            c.slots[slot] = ConnectorSlot {
+                saving: s.saving,
+                save_id: s.save_id,
+                save_len: s.save_len,
+                save_passes: s.save_passes,
+                ..ConnectorSlot::default()
+            };
         }
+    }
+
+    /// The slot's prompt blocks are committed up to its `committed` count: the ones not yet offered
+    /// are offered to a save (when none is in flight for the slot), and pinned if it is accepted.
+    pub(super) fn connector_save(&mut self, r: KvRef, slot: usize) {
+        let Some(c) = self.connector.as_mut() else {
+            return;
+        };
+        let s = c.slots[slot];
+        let committed = self.seqs[slot].committed;
+        if s.saving || committed <= s.saved_upto {
+            return;
+        }
+        let base = slot * self.cfg.max_blocks as usize;
+        let (from, to) = (s.saved_upto as usize, committed as usize);
+        // The save reads the new blocks; it pins them with their ancestors, so that a pinned block's
+        // parent is pinned too (the prefix cache evicts leaves first: an unpinned parent of a pinned
+        // block could never go).
+        c.saves[base..base + to].copy_from_slice(&self.tables[base..base + to]);
+        c.slots[slot].saved_upto = committed;
+        if !c
+            .connector
+            .start_save(r, &c.saves[base + from..base + to], s.saved_upto)
+        {
+            return;
+        }
+        let slot_state = &mut c.slots[slot];
+        slot_state.saving = true;
+        slot_state.save_id = r.id;
+        slot_state.save_len = to as u32;
+        slot_state.save_passes = 0;
+        c.stats.saves += 1;
+        c.stats.saved_blocks += (to - from) as u64;
+        let Some(prefix) = self.prefix.as_mut() else {
+            return;
+        };
+        for &p in &c.saves[base..base + to] {
+            prefix.hold(p);
+        }
+    }
+
+    /// Unpins the pages of slot `slot`'s save in flight.
+    fn connector_save_done(&mut self, slot: usize) {
+        let (Some(c), Some(prefix)) = (self.connector.as_mut(), self.prefix.as_mut()) else {
+            return;
+        };
+        let s = &mut c.slots[slot];
+        if !s.saving {
+            return;
+        }
+        s.saving = false;
+        let base = slot * self.cfg.max_blocks as usize;
+        for &p in &c.saves[base..base + s.save_len as usize] {
+            prefix.unhold(p);
+        }
+    }
+
+    /// The saves' pins agree with their pages: every page of a save in flight is a cached block, and the
+    /// holds on all pages are the saves' pages.
+    pub(super) fn connector_check(&self) -> bool {
+        let (Some(c), Some(prefix)) = (self.connector.as_ref(), self.prefix.as_ref()) else {
+            return true;
+        };
+        let mut pinned = 0u64;
+        for (i, s) in c.slots.iter().enumerate().filter(|(_, s)| s.saving) {
+            let base = i * self.cfg.max_blocks as usize;
+            for &p in &c.saves[base..base + s.save_len as usize] {
+                let info = prefix.info(p);
+                if !info.cached() || info.holds() == 0 {
+                    return false;
+                }
+            }
+            pinned += u64::from(s.save_len);
+        }
+        pinned == prefix.total_holds()
     }
 
     /// A first chunk matched `matched` blocks in the pool: the connector's offer of the next ones,
@@ -246,7 +354,27 @@ impl<'a> KvPool<'a> {
                 }
             }
         });
+        let slots = &mut *c.slots;
+        c.connector.take_save_ends(&mut |r| {
+            // A late end names the request the save was for; another's is ignored.
+            if let Some(s) = slots.get_mut(usize::from(r.slot)) {
+                if s.saving && s.save_id == r.id {
+                    s.save_passes = u32::MAX;
+                }
+            }
+        });
         for (i, s) in c.slots.iter_mut().enumerate() {
+            if s.saving && s.save_passes != u32::MAX {
+                s.save_passes += 1;
+                if s.save_passes > c.timeout {
+                    c.stats.saves_timed_out += 1;
+                    c.connector.cancel_save(KvRef {
+                        slot: i as u16,
+                        id: s.save_id,
+                    });
+                    s.save_passes = u32::MAX;
+                }
+            }
             if s.state == LOADING {
                 s.passes += 1;
                 if s.passes > c.timeout {
@@ -265,14 +393,23 @@ impl<'a> KvPool<'a> {
             let Some(c) = self.connector.as_mut() else {
                 return;
             };
+            if c.slots[i].saving && c.slots[i].save_passes == u32::MAX {
+                // Ended or abandoned: the pages are free to go.
+                self.connector_save_done(i);
+            }
+            let Some(c) = self.connector.as_mut() else {
+                return;
+            };
             let s = &mut c.slots[i];
-            let (events, computed) = (core::mem::take(&mut s.events), s.computed);
+            let (events, computed, id) = (core::mem::take(&mut s.events), s.computed, s.id);
             if events & FAILED != 0 {
                 f(i as u16, LoadChange::Failed);
             } else if events & ENDED != 0 {
-                // Confirmed: the blocks the load wrote join the prefix cache with what was computed.
+                // Confirmed: the blocks the load wrote join the prefix cache with what was computed,
+                // and may be saved.
                 if matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
                     self.commit_row(i, computed);
+                    self.connector_save(KvRef { slot: i as u16, id }, i);
                 }
                 f(i as u16, LoadChange::Ended);
             }

@@ -396,6 +396,7 @@ impl<'a> KvPool<'a> {
             })
         });
         adapters_ok
+            && self.connector_check()
             && match &self.prefix {
                 None => {
                     entries[0] + u64::from(self.gpu_free_len + adapter_pages)

@@ -39,6 +39,8 @@ const NIL: u32 = u32::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PageInfo {
     refs: u32,
+    /// Saves reading the page (a KV connector's): it is not idle, so never evicted, until they end.
+    holds: u32,
     children: u32,
     gpu_children: u32,
     key: u64,
@@ -55,6 +57,7 @@ impl Default for PageInfo {
     fn default() -> Self {
         Self {
             refs: 0,
+            holds: 0,
             children: 0,
             gpu_children: 0,
             key: 0,
@@ -81,8 +84,12 @@ impl PageInfo {
     pub fn key(&self) -> u64 {
         self.key
     }
+    /// Saves reading the page.
+    pub fn holds(&self) -> u32 {
+        self.holds
+    }
     fn idle(&self) -> bool {
-        self.cached && self.refs == 0
+        self.cached && self.refs == 0 && self.holds == 0
     }
 }
 
@@ -383,6 +390,24 @@ impl<'a> Prefix<'a> {
         self.pages[at].refs == 0 && !self.pages[at].cached
     }
 
+    /// A save starts reading the cached page: it stays (not idle, never evicted) until it is released.
+    pub(super) fn hold(&mut self, entry: u32) {
+        let at = self.at(entry);
+        assert!(self.pages[at].cached, "a save reads a cached block");
+        self.count_idle(at, -1);
+        self.pages[at].holds += 1;
+        self.relist(at);
+    }
+
+    /// A save has read the page.
+    pub(super) fn unhold(&mut self, entry: u32) {
+        let at = self.at(entry);
+        assert!(self.pages[at].holds > 0, "a released hold was taken");
+        self.pages[at].holds -= 1;
+        self.count_idle(at, 1);
+        self.relist(at);
+    }
+
     /// A fresh private page enters a row.
     pub(super) fn take_private(&mut self, entry: u32) {
         let p = &mut self.pages[self.at(entry)];
@@ -524,6 +549,11 @@ impl<'a> Prefix<'a> {
         self.stats.hash(h);
     }
 
+    /// The saves' holds on every page.
+    pub(super) fn total_holds(&self) -> u64 {
+        self.pages.iter().map(|p| u64::from(p.holds)).sum()
+    }
+
     /// Pages in use per tier (referenced or cached) and the sum of the reference counts.
     pub(super) fn usage(&self) -> ([u32; 2], u64) {
         let (mut used, mut refs) = ([0u32; 2], 0u64);
@@ -555,7 +585,7 @@ impl<'a> Prefix<'a> {
                 {
                     return false;
                 }
-            } else if p.children != 0 || p.gpu_children != 0 {
+            } else if p.children != 0 || p.gpu_children != 0 || p.holds != 0 {
                 return false;
             }
             idle[t] += u32::from(p.idle());

@@ -78,6 +78,10 @@ mod tests {
         starts: heapless::Vec<(u64, u32, u32), 8>,
         cancels: heapless::Vec<u64, 8>,
         ends: heapless::Vec<(KvRef, LoadEnd), 8>,
+        /// Accept saves (and log them: request, blocks, first block).
+        saving: bool,
+        saves: heapless::Vec<(u64, u32, u32), 8>,
+        save_ends: heapless::Vec<KvRef, 8>,
     }
 
     struct Conn<'s>(&'s RefCell<Store>);
@@ -99,12 +103,27 @@ mod tests {
                 ended(r, e);
             }
         }
+        fn start_save(&mut self, r: KvRef, pages: &[u32], first_block: u32) -> bool {
+            let mut st = self.0.borrow_mut();
+            if st.saving {
+                let save = (r.id.0, pages.len() as u32, first_block);
+                st.saves.push(save).unwrap();
+            }
+            st.saving
+        }
+        fn take_save_ends(&mut self, ended: &mut dyn FnMut(KvRef)) {
+            let ends = core::mem::take(&mut self.0.borrow_mut().save_ends);
+            for r in ends {
+                ended(r);
+            }
+        }
     }
 
     struct Rig {
         b: Buf,
         c: Cache,
         slots: [ConnectorSlot; 4],
+        saves: [u32; 32],
     }
 
     impl Rig {
@@ -113,11 +132,13 @@ mod tests {
                 b: Buf::new(),
                 c: Cache::new(),
                 slots: [ConnectorSlot::default(); 4],
+                saves: [0; 32],
             }
         }
         fn sched<'a>(&'a mut self, conn: &'a mut Conn<'_>, timeout: u32) -> Sched<'a> {
             let mut p = self.b.pool_with(0, 4, Some(&mut self.c));
-            p.attach_connector(conn, &mut self.slots, timeout).unwrap();
+            p.attach_connector(conn, &mut self.slots, &mut self.saves, timeout)
+                .unwrap();
             Scheduler::new(Config::default(), p, NoPeft).unwrap()
         }
     }
@@ -265,14 +286,135 @@ mod tests {
         let store = offering(1);
         let mut conn = Conn(&store);
         let mut b = Buf::new();
-        let mut slots = [ConnectorSlot::default(); 4];
+        let (mut slots, mut saves) = ([ConnectorSlot::default(); 4], [0u32; 32]);
         let mut p = b.pool(0, 4);
-        assert!(p.attach_connector(&mut conn, &mut slots, 4).is_err());
+        assert!(p
+            .attach_connector(&mut conn, &mut slots, &mut saves, 4)
+            .is_err());
         let (mut b2, mut c2) = (Buf::new(), Cache::new());
-        let mut short = [ConnectorSlot::default(); 3];
+        let (mut short, mut saves2) = ([ConnectorSlot::default(); 3], [0u32; 32]);
         let mut conn2 = Conn(&store);
         let mut p2 = b2.pool_with(0, 4, Some(&mut c2));
-        assert!(p2.attach_connector(&mut conn2, &mut short, 4).is_err());
+        assert!(p2
+            .attach_connector(&mut conn2, &mut short, &mut saves2, 4)
+            .is_err());
         assert!(p2.connector_stats().is_none(), "a refusal attaches nothing");
+    }
+
+    fn saving() -> RefCell<Store> {
+        RefCell::new(Store {
+            saving: true,
+            ..Store::default()
+        })
+    }
+
+    /// vLLM #39186, the save side: a request freed before its save is acknowledged. Its pages stay
+    /// pinned (cached, not evictable) until the save ends, however late; then they are ordinary idle
+    /// cached blocks. An end for a request the slot no longer holds a save of is ignored.
+    #[test]
+    fn a_save_pins_its_pages_past_the_request_until_it_ends() {
+        use crate::kv::Tier;
+        let store = saving();
+        let (mut rig, mut conn) = (Rig::new(), Conn(&store));
+        let mut s = rig.sched(&mut conn, 8);
+        let mut out = Out::new();
+        let h = admit(&mut s, &mut out, 1);
+        next(&mut s, &mut out); // the chunk completes: its 5 blocks are committed and saved
+        assert_eq!(store.borrow().saves.as_slice(), &[(1, 5, 0)]);
+        let slot = h.index();
+        s.remove(h).unwrap();
+        assert_eq!(s.kv().cached_pages(Tier::Gpu), 5);
+        assert_eq!(
+            s.kv().idle_pages(Tier::Gpu),
+            0,
+            "pinned by the save: not evictable"
+        );
+        assert!(s.check() && s.kv().check());
+        // A new request takes the slot; an end naming it changes nothing.
+        let _ = s.take_moves();
+        s.complete_step(&out).unwrap();
+        let h2 = admit(&mut s, &mut out, 2);
+        assert_eq!(h2.index(), slot);
+        store
+            .borrow_mut()
+            .save_ends
+            .push(KvRef {
+                slot,
+                id: RequestId(2),
+            })
+            .unwrap();
+        next(&mut s, &mut out);
+        assert_eq!(
+            s.kv().idle_pages(Tier::Gpu),
+            0,
+            "request 2 holds the blocks now (it matched them), and the save still pins them"
+        );
+        // The late end of request 1's save unpins them.
+        s.remove(h2).unwrap();
+        store
+            .borrow_mut()
+            .save_ends
+            .push(KvRef {
+                slot,
+                id: RequestId(1),
+            })
+            .unwrap();
+        let _ = s.take_moves();
+        s.complete_step(&out).unwrap();
+        s.schedule(&mut out).unwrap();
+        assert!(
+            s.kv().idle_pages(Tier::Gpu) >= 5,
+            "unpinned: idle and evictable again"
+        );
+        assert!(s.check() && s.kv().check());
+    }
+
+    /// vLLM #46014: a request preempted while a save of its blocks is in flight, then re-admitted with
+    /// a hit on those blocks, loaded and saved them at once. Here the save pins them in the pool's own
+    /// cache: the replay matches them there, the store is asked for nothing it would load into them.
+    #[test]
+    fn a_request_replayed_while_its_save_is_in_flight_finds_its_pinned_blocks() {
+        let store = saving();
+        store.borrow_mut().blocks = 4;
+        let (mut rig, mut conn) = (Rig::new(), Conn(&store));
+        let mut s = rig.sched(&mut conn, 8);
+        let mut out = Out::new();
+        let spec = RequestSpec::new(1, Phase::ContextInit, 20);
+        let h = s
+            .submit_with_prefix(spec, 0, &[21, 22, 23, 24, 25])
+            .unwrap();
+        s.schedule(&mut out).unwrap();
+        // Nothing cached anywhere yet: the store offers its 4 blocks, they load, and are confirmed.
+        assert_eq!(store.borrow().starts.len(), 1);
+        ended(&store, 1, h.index(), LoadEnd::Done);
+        next(&mut s, &mut out);
+        next(&mut s, &mut out);
+        assert_eq!(
+            store.borrow().saves.len(),
+            1,
+            "the committed blocks are saved"
+        );
+        // Its cache is freed (as a preemption frees it) while the save is still in flight: its blocks
+        // stay pinned in the cache. The request comes back (here as request 3, the same prompt).
+        let _ = s.take_moves();
+        s.complete_step(&out).unwrap();
+        s.remove(h).unwrap();
+        let again = RequestSpec::new(3, Phase::ContextInit, 20);
+        let h3 = s
+            .submit_with_prefix(again, 0, &[21, 22, 23, 24, 25])
+            .unwrap();
+        s.schedule(&mut out).unwrap();
+        assert_eq!(
+            out.context()[0].tokens,
+            4,
+            "16 tokens matched in the pool, not loaded"
+        );
+        assert_eq!(
+            store.borrow().starts.len(),
+            1,
+            "no second load of the saved blocks"
+        );
+        let _ = h3;
+        assert!(s.check() && s.kv().check());
     }
 }
