@@ -358,23 +358,8 @@ fn goodput_counts_the_requests_that_meet_both_objectives() {
     let root = env!("CARGO_MANIFEST_DIR");
     let trace = format!("{root}/tests/data/burstgpt1_head54.csv");
     let run = |name: &str, slo: &[&str]| {
-        let j = tmp(&format!("slo-{name}.json"));
-        let mut args = vec![
-            "simulate",
-            &trace,
-            "--no-progress",
-            "--kv-gpu-pages",
-            "2048",
-        ];
-        args.extend_from_slice(slo);
-        args.extend_from_slice(&["--json", j.to_str().unwrap()]);
-        let out = kvsched(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        json(&j)
+        let base = [trace.as_str(), "--no-progress", "--kv-gpu-pages", "2048"];
+        simulated(&format!("slo-{name}"), &[&base[..], slo].concat())
     };
     let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
     let loose = run("loose", &["--slo-ttft-ms", "1e9", "--slo-tpot-ms", "1e9"]);
