@@ -94,26 +94,18 @@ fn prefix_reuse_follows_the_trace_and_saves_prefill() {
     let root = env!("CARGO_MANIFEST_DIR");
     let trace = format!("{root}/tests/data/mooncake_conversation_head30.jsonl");
     let run = |extra: &[&str]| {
-        let j = tmp(&format!("mooncake{}.json", extra.len()));
-        let mut args = vec![
-            "simulate",
-            &trace,
+        let base = [
+            trace.as_str(),
             "--check",
             "--adapters",
             "0",
             "--kv-gpu-pages",
             "8192",
-            "--json",
-            j.to_str().unwrap(),
         ];
-        args.extend_from_slice(extra);
-        let out = kvsched(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        json(&j)
+        simulated(
+            &format!("mooncake{}", extra.len()),
+            &[&base[..], extra].concat(),
+        )
     };
     let on = run(&[]);
     let off = run(&["--no-prefix-reuse"]);
@@ -195,20 +187,7 @@ fn every_slice_in_data_runs_with_default_options() {
     slices.sort();
     assert_eq!(slices.len(), 5, "{slices:?}");
     for p in &slices {
-        let j = tmp("slice.json");
-        let out = kvsched(&[
-            "simulate",
-            p,
-            "--no-progress",
-            "--json",
-            j.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{p}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r = json(&j);
+        let r = simulated("slice", &[p.as_str(), "--no-progress"]);
         assert_eq!(r["engine"], "h200-llama3-8b");
         assert_eq!(r["requests_completed"], r["requests_total"], "{p}");
         assert_eq!(r["tokens_generated"], r["completed_output_tokens"], "{p}");
@@ -282,24 +261,8 @@ fn speculative_decoding_keeps_the_accepted_drafts_and_cuts_tpot() {
     let trace = format!("{root}/tests/data/burstgpt1_head54.csv");
     // `--check` audits every page of both pools after every iteration: on for the run with drafts.
     let run = |name: &str, extra: &[&str]| {
-        let j = tmp(&format!("spec-{name}.json"));
-        let mut args = vec![
-            "simulate",
-            &trace,
-            "--no-progress",
-            "--kv-gpu-pages",
-            "2048",
-            "--json",
-            j.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let out = kvsched(&args);
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r = json(&j);
+        let base = [trace.as_str(), "--no-progress", "--kv-gpu-pages", "2048"];
+        let r = simulated(&format!("spec-{name}"), &[&base[..], extra].concat());
         assert_eq!(r["invariant_violations"], 0, "{name}");
         assert_eq!(r["requests_completed"], r["requests_total"], "{name}");
         assert_eq!(
