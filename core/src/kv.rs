@@ -289,8 +289,12 @@ pub trait KvBackend {
         let _ = task;
         None
     }
-    /// Hands `f` the adapter slots whose device copy was placed or evicted since the last call.
-    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, crate::page_pool::Placement)) {
+    /// Hands `f` the adapter slots placed since the last call (their weights must be copied).
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        let _ = f;
+    }
+    /// Hands `f` the adapter slots whose copy was evicted since the last call.
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
         let _ = f;
     }
 }

@@ -420,8 +420,12 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         self.target.drop_adapter(task);
     }
 
-    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, crate::page_pool::Placement)) {
-        self.target.take_adapter_log(f);
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        self.target.take_adapter_placements(f);
+    }
+
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        self.target.take_adapter_evictions(f);
     }
 
     fn adapter_pins(&self, task: u16) -> Option<u32> {

@@ -36,7 +36,7 @@ use kvsched_core::error::{Error, PeftError};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, Placement, SeqState};
+use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
 use kvsched_core::scheduler::{Handle, Scheduler};
@@ -519,8 +519,11 @@ impl KvBackend for FaultKv<'_> {
     fn drop_adapter(&mut self, task: u16) {
         self.inner.drop_adapter(task);
     }
-    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, Placement)) {
-        KvBackend::take_adapter_log(&mut self.inner, f);
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        KvBackend::take_adapter_placements(&mut self.inner, f);
+    }
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        KvBackend::take_adapter_evictions(&mut self.inner, f);
     }
     fn adapter_pins(&self, task: u16) -> Option<u32> {
         self.inner.adapter_pins(task)

@@ -10,8 +10,9 @@
 //! both; a cached block becomes evictable when it is a leaf, an adapter when its last pin goes). A placement nobody pinned any more before the binding heard of it is dropped at once: its
 //! weights were never copied.
 //!
-//! The binding learns what to copy and what to forget through [`KvPool::take_adapter_log`]
-//! (`Placed`: write the weights at [`KvPool::adapter_pages`]; `Evicted`: its pages are KV's again).
+//! The binding learns what to copy and what to forget through [`KvPool::take_adapter_placements`]
+//! (write the weights at [`KvPool::adapter_pages`]) and [`KvPool::take_adapter_evictions`] (its pages
+//! are KV's again); the scheduler hands them over with `ensure_batch` and `take_adapter_evictions`.
 //!
 //! Invariants (checked by [`KvPool::check`] and [`KvPool::audit`]): the resident adapters' pages sum
 //! to the pool's adapter pages, and the idle ones' to its idle adapter pages; every chain has its
@@ -67,15 +68,6 @@ impl AdapterPages {
     pub fn pins(&self) -> u32 {
         self.pins
     }
-}
-
-/// What became of an adapter's device copy since the binding last looked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// The copy is gone: its pages serve KV (or another adapter) now.
-    Evicted,
-    /// A copy is needed: write the adapter's weights at [`KvPool::adapter_pages`].
-    Placed,
 }
 
 /// The borrowed buffers of unified paging. Lengths: `slots` = the adapter cache's task slots, `links` =
@@ -354,19 +346,27 @@ impl KvPool<'_> {
         self.adapter_idle -= a.pages;
     }
 
-    /// Hands `f` every adapter slot whose device copy changed since the last call: an eviction first,
-    /// then a placement, for a slot that had both; the log is then empty.
-    pub fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, Placement)) {
+    /// Hands `f` every adapter slot placed since the last call (its weights must be written at
+    /// [`KvPool::adapter_pages`]); those placements are then forgotten.
+    pub fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        self.take_adapter_bit(PLACED, f);
+    }
+
+    /// Hands `f` every adapter slot whose reported copy was evicted since the last call (its pages
+    /// serve KV or another adapter now); those evictions are then forgotten. A slot evicted and placed
+    /// again has both: the binding drops the old copy before it writes the new one.
+    pub fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        self.take_adapter_bit(EVICTED, f);
+    }
+
+    fn take_adapter_bit(&mut self, bit: u8, f: &mut dyn FnMut(u16)) {
         let Some(ad) = self.adapters.as_mut() else {
             return;
         };
         for (t, s) in ad.slots.iter_mut().enumerate() {
-            let log = core::mem::take(&mut s.log);
-            if log & EVICTED != 0 {
-                f(t as u16, Placement::Evicted);
-            }
-            if log & PLACED != 0 {
-                f(t as u16, Placement::Placed);
+            if s.log & bit != 0 {
+                s.log &= !bit;
+                f(t as u16);
             }
         }
     }
@@ -416,9 +416,17 @@ mod tests {
         p.audit(&mut scratch[..p.config().page_info_len()])
     }
 
+    #[derive(Debug, PartialEq)]
+    enum Placement {
+        Evicted,
+        Placed,
+    }
+
+    /// Both logs, evictions first.
     fn log(p: &mut KvPool<'_>) -> heapless::Vec<(u16, Placement), 8> {
         let mut out = heapless::Vec::new();
-        p.take_adapter_log(&mut |t, what| out.push((t, what)).unwrap());
+        p.take_adapter_evictions(&mut |t| out.push((t, Placement::Evicted)).unwrap());
+        p.take_adapter_placements(&mut |t| out.push((t, Placement::Placed)).unwrap());
         out
     }
 

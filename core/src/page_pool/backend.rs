@@ -2,7 +2,7 @@
 
 use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
 
-use super::{blocks_for, KvPool, Placement, Seq, SeqState};
+use super::{blocks_for, KvPool, Seq, SeqState};
 use crate::request::RequestId;
 
 impl KvPool<'_> {
@@ -326,8 +326,12 @@ impl KvBackend for KvPool<'_> {
         self.drop_adapter_copy(task);
     }
 
-    fn take_adapter_log(&mut self, f: &mut dyn FnMut(u16, Placement)) {
-        KvPool::take_adapter_log(self, f);
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        KvPool::take_adapter_placements(self, f);
+    }
+
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        KvPool::take_adapter_evictions(self, f);
     }
 
     fn adapter_pins(&self, task: u16) -> Option<u32> {

@@ -33,7 +33,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-pub use adapters::{AdapterPages, AdapterStorage, Placement};
+pub use adapters::{AdapterPages, AdapterStorage};
 pub use connector::{ConnectorSlot, ConnectorStats};
 pub use prefix::{chain, PageInfo, PrefixStats};
 

@@ -125,15 +125,7 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     clients: admission::Clients<N>,
     /// Consecutive passes each slot's request was refused its adapter (fair admission's drain).
     adapter_waits: [u16; N],
-    /// Unified paging: per task slot, the placements and evictions the KV pool logged that the
-    /// engine has not been told of yet (`PLACED`, `EVICTED` bits).
-    adapter_log: [u8; T],
 }
-
-/// [`Scheduler::adapter_log`]: a placement to report as a load.
-const PLACED: u8 = 1;
-/// [`Scheduler::adapter_log`]: an eviction to report.
-const EVICTED: u8 = 2;
 
 impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
     /// Tearing the scheduler down takes its backends with it: every request's resources go too.
@@ -158,7 +150,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             last: PassStats::default(),
             clients: admission::Clients::new(),
             adapter_waits: [0; N],
-            adapter_log: [0; T],
         })
     }
 
@@ -612,38 +603,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             let pushed = loads.push(t);
             assert!(pushed.is_ok(), "a load per planned adapter");
         })?;
-        if self.kv.pages_adapters() {
-            self.drain_adapter_log();
-            for s in 0..T {
-                if self.adapter_log[s] & PLACED != 0 {
-                    self.adapter_log[s] &= !PLACED;
-                    // A placed adapter is pinned by a lease: at most one per live request.
-                    let pushed = loads.push(self.desk.task_ref(s as u16));
-                    assert!(pushed.is_ok(), "a load per pinned adapter");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Unified paging: takes the KV pool's adapter log into [`Scheduler::adapter_log`].
-    fn drain_adapter_log(&mut self) {
-        let log = &mut self.adapter_log;
-        self.kv.take_adapter_log(&mut |slot, what| {
-            if let Some(bits) = log.get_mut(usize::from(slot)) {
-                match what {
-                    crate::page_pool::Placement::Placed => *bits |= PLACED,
-                    crate::page_pool::Placement::Evicted => {
-                        // A placement not reported yet was never copied: nothing to drop.
-                        if *bits & PLACED != 0 {
-                            *bits &= !PLACED;
-                        } else {
-                            *bits |= EVICTED;
-                        }
-                    }
-                }
+        let desk = &self.desk;
+        self.kv.take_adapter_placements(&mut |slot| {
+            // A placed adapter is pinned by a lease (of one of the `T` task slots): at most one per
+            // live request.
+            if usize::from(slot) < T {
+                let pushed = loads.push(desk.task_ref(slot));
+                assert!(pushed.is_ok(), "a load per pinned adapter");
             }
         });
+        Ok(())
     }
 
     /// Hands the page moves logged since the last call to the copy engine (in order; the log is then
@@ -705,15 +674,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// With unified paging they come from the KV pool: an evicted adapter's pages hold KV now.
     pub fn take_adapter_evictions(&mut self, mut evicted: impl FnMut(TaskRef)) {
         self.desk.backend_mut().take_device_evictions(&mut evicted);
-        if self.kv.pages_adapters() {
-            self.drain_adapter_log();
-            for s in 0..T {
-                if self.adapter_log[s] & EVICTED != 0 {
-                    self.adapter_log[s] &= !EVICTED;
-                    evicted(self.desk.task_ref(s as u16));
-                }
+        let desk = &self.desk;
+        self.kv.take_adapter_evictions(&mut |slot| {
+            if usize::from(slot) < T {
+                evicted(desk.task_ref(slot));
             }
-        }
+        });
     }
 
     /// Adapters whose host copy changed since the last call (loaded into host pages when a request
