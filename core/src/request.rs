@@ -2,14 +2,17 @@
 //!
 //! The *phase* of a request ([`Phase`](crate::phase::Phase)) is runtime data. What it *owns* — KV pages and an adapter lease —
 //! is its type-state: a [`Request<S>`] with `S` one of [`Waiting`], [`Active`], [`Resumed`],
-//! [`Suspended<Paused>`] and [`Suspended<Recompute>`]. Each numbered arrow is one consuming function:
+//! [`Suspended<Paused>`], [`Suspended<Recompute>`] and [`Sending`]. Each numbered arrow is one consuming function:
 //!
 //! ```text
 //!                 (1) admit: KV pages + adapter lease
 //!    Waiting ────────────────────────────────────────▶ Active ──(8) finish──▶ released
-//!       ▲                                               │   ▲
-//!       │ (6) replay: first chunk                (2)    │   │ (5) settle: the page moves were
-//!       │     re-acquires the lease         suspend     ▼   │     handed to the copy engine
+//!       ▲                                               │   ▲  ╲
+//!       │ (6) replay: first chunk                (2)    │   │   ╲ (9) send: KV pinned for the transfer
+//!       │     re-acquires the lease         suspend     │   │    ╲    manager, lease returned (pause=false)
+//!       │                                               │   │     ▶ Sending ──(10) sent──▶ KV freed
+//!       │                                               ▼   │ (5) settle: the page moves were
+//!       │                                               │   │     handed to the copy engine
 //!    Suspended<Recompute> ◀──(4) recompute──── Suspended<Paused> ──(3) resume──▶ Resumed
 //!       KV freed, paused       / (7) preempt    KV in a lower tier or HELD;     KV back on GPU AND
 //!       on the adapter         (Active too)     lease returned (pause=true)     a fresh lease
@@ -30,6 +33,11 @@
 //! 7. [`Request::preempt`] — context-side preemption (pages given up), like 4; of a HELD
 //!    [`Suspended<Paused>`] only as a deadlock remedy (the pass decides).
 //! 8. `finish` on every state — everything it owns is released (lease with pause = false).
+//! 9. [`Request::send`] — disaggregated serving: a context-only request's prompt is computed and the
+//!    transfer manager sends its KV to a decode engine. The lease goes back (pause = false: sending
+//!    reads KV, not the adapter); the pages stay on the GPU, pinned, until the send ends.
+//! 10. [`Request<Sending>::sent`] — the send ended (delivered, failed or timed out): its pages are
+//!     freed (its committed blocks stay cached).
 //!
 //! Every capability a transition needs — the KV backend, the [`AdapterDesk`], the [`MovesTaken`] proof —
 //! is minted only inside this crate, and no public function hands out a request: the lifecycle can be read
@@ -100,6 +108,8 @@ pub enum Ownership {
     Paused = 3,
     /// [`Suspended<Recompute>`]: KV freed, waiting to replay its prefill.
     Recompute = 4,
+    /// [`Sending`]: KV pinned on the GPU while the transfer manager sends it; no lease.
+    Sending = 5,
 }
 
 impl Ownership {
@@ -113,7 +123,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A type-state: what a request owns. Sealed: the five states below are all there are.
+/// A type-state: what a request owns. Sealed: the six states below are all there are.
 pub trait State: sealed::Sealed {
     /// The runtime tag of this state.
     const OWNERSHIP: Ownership;
@@ -160,6 +170,11 @@ pub struct Resumed {
     lease: Option<AdapterLease>,
 }
 
+/// KV pages pinned on the GPU while the transfer manager sends them to a decode engine (disaggregated
+/// serving); no lease, never scheduled, never a victim. Only [`Request::send`] makes one.
+#[derive(Debug)]
+pub struct Sending;
+
 /// Proof that the page moves of the passes so far were handed to the copy engine (minted by the
 /// scheduler when the engine takes the move log): what [`Request<Resumed>::settle`] needs.
 #[derive(Debug)]
@@ -188,6 +203,7 @@ impl sealed::Sealed for Active {}
 impl sealed::Sealed for Resumed {}
 impl sealed::Sealed for Suspended<Paused> {}
 impl sealed::Sealed for Suspended<Recompute> {}
+impl sealed::Sealed for Sending {}
 impl State for Waiting {
     const OWNERSHIP: Ownership = Ownership::Waiting;
 }
@@ -202,6 +218,9 @@ impl State for Suspended<Paused> {
 }
 impl State for Suspended<Recompute> {
     const OWNERSHIP: Ownership = Ownership::Recompute;
+}
+impl State for Sending {
+    const OWNERSHIP: Ownership = Ownership::Sending;
 }
 impl Schedulable for Active {}
 impl Schedulable for Resumed {}
@@ -263,6 +282,8 @@ static_assertions::assert_not_impl_any!(Request<Suspended<Paused>>: Clone, Copy,
 static_assertions::assert_not_impl_any!(Suspended<Paused>: Schedulable);
 static_assertions::assert_not_impl_any!(Suspended<Recompute>: Schedulable);
 static_assertions::assert_not_impl_any!(Waiting: Schedulable);
+static_assertions::assert_not_impl_any!(Sending: Schedulable, OnGpu);
+static_assertions::assert_not_impl_any!(Request<Sending>: Clone, Copy);
 static_assertions::assert_not_impl_any!(MovesTaken: Clone, Copy, Default);
 
 /// Why a transition was refused; the request comes back unchanged.
@@ -453,6 +474,21 @@ impl<S: OnGpu> Request<S> {
         Self::build(core, Suspended::new(paused_on))
     }
 
+    /// (9) Send: the prompt's KV stays on the GPU, pinned for the transfer manager; the lease is
+    /// returned with pause = false (a send reads KV, not the adapter).
+    pub fn send<K: KvBackend, P: PeftBackend, const T: usize>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T>,
+    ) -> Request<Sending> {
+        let (core, state) = self.into_parts();
+        if let Some(l) = state.into_lease() {
+            let paused = desk.release(kv, core.id, l, false);
+            assert!(paused.is_none(), "a returned lease leaves no pause behind");
+        }
+        Self::build(core, Sending)
+    }
+
     /// (8) Finish: KV freed, lease returned with pause = false.
     pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
         self,
@@ -493,6 +529,14 @@ where
         if let Some(p) = state.paused_on {
             desk.drop_paused(id, p);
         }
+    }
+}
+
+impl Request<Sending> {
+    /// (10) Sent: the send ended (delivered, failed or timed out); the pages are freed.
+    pub fn sent<K: KvBackend>(self, kv: &mut K) {
+        kv.free(self.kv_ref());
+        let _ = self.into_parts();
     }
 }
 

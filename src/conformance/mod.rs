@@ -14,12 +14,14 @@ use kvsched_core::config::{
 };
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::request::{RequestSpec, TaskId};
-use kvsched_core::scheduler::{Adopt, Scheduler};
+use kvsched_core::scheduler::{Adopt, Handle, Scheduler, TransferEnd};
 use kvsched_core::Phase;
 use serde_json::Value;
 
 use scenario::Outcomes;
-use scenario::{id_list, script, AdmissionIn, Expect, IdList, PassIn, RequestIn, Scenario};
+use scenario::{
+    id_list, script, AdmissionIn, Expect, IdList, Outcome, PassIn, RequestIn, Scenario,
+};
 use scripted::{PeftCall, ScriptedKv, ScriptedPeft, Scripts};
 
 /// Requests one scenario may hold.
@@ -147,6 +149,13 @@ fn admission_of(a: &AdmissionIn) -> Result<Admission, String> {
     }
 }
 
+fn transfer_end(o: Outcome) -> TransferEnd {
+    match o {
+        Outcome::Delivered => TransferEnd::Delivered,
+        Outcome::Failed => TransferEnd::Failed,
+    }
+}
+
 fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     let phase = phase_of(field, r.state.as_deref())?;
     let mut s = RequestSpec::new(r.id, phase, r.prompt.unwrap_or(100));
@@ -161,6 +170,7 @@ fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     s.tenant = r.tenant;
     s.priority = r.priority.unwrap_or(0);
     s.arrival = r.arrival.unwrap_or(0);
+    s.context_only = r.context_only.unwrap_or(false);
     if let Some(mm) = &r.mm {
         mm_runs(field, mm, &mut s)?;
     }
@@ -260,6 +270,13 @@ struct Run {
 }
 
 impl Run {
+    /// The live request `id`, or a malformed-scenario error naming `field`.
+    fn find(&self, field: &str, id: u64) -> Result<Handle, String> {
+        self.sched
+            .find(kvsched_core::RequestId(id))
+            .ok_or_else(|| format!("malformed: {field}: unknown id {id}"))
+    }
+
     fn add(&mut self, field: &str, r: &RequestIn) -> Result<(), Refusal> {
         let spec = spec_of(field, r)?;
         let id = r.id;
@@ -501,6 +518,8 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         (Some(e), None) => {
             single = [PassIn {
                 remove: vec![],
+                end_send: vec![],
+                end_receive: vec![],
                 update: vec![],
                 add: vec![],
                 inflight: sc.inflight.clone(),
@@ -527,6 +546,27 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             run.sched
                 .complete_step(&out)
                 .map_err(|e| format!("passes[{k}]: complete_step: {e}"))?;
+            // The format leaves a scheduled disagg request as it was (version 1): `complete_step`
+            // started its receive; a scenario says when a transfer runs (`update` its state).
+            for l in out.disagg() {
+                let _ = run
+                    .sched
+                    .update(l.handle(), |s| s.phase = Phase::DisaggGenerationInit);
+            }
+            for (j, t) in pass.end_send.iter().enumerate() {
+                let field = format!("passes[{k}].end_send[{j}]");
+                let h = run.find(&field, t.id)?;
+                run.sched
+                    .end_send(h, transfer_end(t.outcome))
+                    .map_err(|e| format!("malformed: {field}: {e}"))?;
+            }
+            for (j, t) in pass.end_receive.iter().enumerate() {
+                let field = format!("passes[{k}].end_receive[{j}]");
+                let h = run.find(&field, t.id)?;
+                run.sched
+                    .end_receive(h, transfer_end(t.outcome))
+                    .map_err(|e| format!("malformed: {field}: {e}"))?;
+            }
             for &id in &pass.remove {
                 let h = run
                     .sched

@@ -254,6 +254,30 @@ pub struct RequestIn {
     pub arrival: Option<u64>,
     /// A KV connector load into the request's pages is pending.
     pub pending_load: Option<bool>,
+    /// Disaggregated serving: a context-only request (it sends its KV when its prompt is computed).
+    pub context_only: Option<bool>,
+}
+
+/// `passes[].end_send[]`, `passes[].end_receive[]`: a transfer's end.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferEndIn {
+    /// The request.
+    pub id: u64,
+    /// `"delivered"` (default) or `"failed"`.
+    #[serde(default)]
+    pub outcome: Outcome,
+}
+
+/// How a transfer ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Every page arrived.
+    #[default]
+    Delivered,
+    /// It failed or was cancelled.
+    Failed,
 }
 
 /// `passes[]`.
@@ -263,6 +287,12 @@ pub struct PassIn {
     /// Finished or cancelled ids.
     #[serde(default)]
     pub remove: Vec<u64>,
+    /// Context side: sends that ended (the request leaves, its pages are freed).
+    #[serde(default)]
+    pub end_send: Vec<TransferEndIn>,
+    /// Generation side: receives that ended (delivered: it decodes; failed: it replays its prefill).
+    #[serde(default)]
+    pub end_receive: Vec<TransferEndIn>,
     /// Field overwrites.
     #[serde(default)]
     pub update: Vec<RequestIn>,

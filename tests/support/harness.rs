@@ -39,7 +39,7 @@ use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
-use kvsched_core::scheduler::{Handle, Scheduler};
+use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
 
 /// Request table slots.
 pub const N: usize = 16;
@@ -363,6 +363,26 @@ pub enum Op {
         /// New draft tokens.
         draft: u8,
     },
+    /// Submit a request of disaggregated serving: context-only (it sends its KV when its prompt is
+    /// computed) or a generation request whose prompt's KV a transfer delivers.
+    Disagg {
+        /// Prompt tokens.
+        prompt: u32,
+        /// Output tokens (a received request's first came from the context engine).
+        out_len: u32,
+        /// Adapter index (may name an unregistered task).
+        lora: Option<u8>,
+        /// The generation side (`DISAGG_GENERATION_INIT`), else context-only.
+        generation: bool,
+    },
+    /// End a transfer in flight (a send or a receive), delivered or failed; on a request with none,
+    /// both ends must be refused and change nothing.
+    EndTransfer {
+        /// Which live request.
+        pick: u8,
+        /// Delivered, else failed.
+        delivered: bool,
+    },
 }
 
 /// Countdown fault schedule. The scheduler owns its backends and lends them out read-only, so the
@@ -626,6 +646,8 @@ struct Live {
     inflight: bool,
     /// A connector load into its pages is pending.
     loading: bool,
+    /// Context-only (disaggregated serving): it sends its KV when its prompt is computed.
+    context_only: bool,
 }
 
 /// Counters of what a run exercised.
@@ -653,6 +675,8 @@ pub struct Stats {
     pub scheduled: u64,
     /// Prompt tokens first chunks reused from the prefix cache.
     pub reused: u64,
+    /// Transfers ended (sends and receives, delivered or failed).
+    pub transfers: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -802,7 +826,21 @@ impl<'a> Harness<'a> {
                     0
                 };
                 let shape = (prompt, out_len, lora, draft, snap_every);
-                self.submit(shape, duplicate, family, encoder)?
+                self.submit(shape, duplicate, family, encoder, None)?
+            }
+            Op::Disagg {
+                prompt,
+                out_len,
+                lora,
+                generation,
+            } => {
+                let shape = (prompt, out_len, lora, 0, 0);
+                self.submit(shape, false, Some(1), 0, Some(generation))?
+            }
+            Op::EndTransfer { pick: p, delivered } => {
+                if let Some(i) = pick(&self.live, p) {
+                    self.end_transfer(i, delivered)?;
+                }
             }
             Op::Pass => self.pass()?,
             Op::Complete => self.complete()?,
@@ -982,15 +1020,23 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
+    /// Submits a request; `disagg` makes it one of disaggregated serving: `Some(true)` a generation
+    /// request whose KV a transfer delivers, `Some(false)` a context-only one.
     fn submit(
         &mut self,
         (prompt, out_len, lora, draft, snap): (u32, u32, Option<u8>, u8, u8),
         duplicate: bool,
         family: Option<u8>,
         encoder: u32,
+        disagg: Option<bool>,
     ) -> Result<(), String> {
         let mut s = self.spec(prompt.max(1), out_len.max(1), lora, draft, snap);
         s.encoder_len = encoder;
+        match disagg {
+            Some(true) => s.phase = Phase::DisaggGenerationInit,
+            Some(false) => s.context_only = true,
+            None => {}
+        }
         if duplicate {
             match self.live.first() {
                 Some(l) => s.id = RequestId(l.id),
@@ -1014,10 +1060,11 @@ impl<'a> Harness<'a> {
                     out_len: out_len.max(1),
                     produced: 0,
                     steps: 0,
-                    phase: Phase::ContextInit,
+                    phase: s.phase,
                     position: 0,
                     inflight: false,
                     loading: false,
+                    context_only: s.context_only,
                 });
                 Ok(())
             }
@@ -1051,7 +1098,11 @@ impl<'a> Harness<'a> {
             s.beam = u32::from(beam);
             s.draft = u32::from(draft);
         });
+        let sending = self.live[i].phase == Phase::DisaggContextTransInProgress;
         let refused = match (&r, beam, too_large) {
+            // A sending request cannot change until its send ends.
+            (Err(Error::Invalid(_)), _, _) if sending => true,
+            _ if sending => return Err(format!("update of a sending request: {r:?}")),
             (Err(Error::Invalid(_)), 0, _) => true,
             (Err(Error::RequestTooLarge { .. }), 1.., true) => true,
             (Ok(()), 1.., false) => false,
@@ -1088,6 +1139,88 @@ impl<'a> Harness<'a> {
         } else {
             self.removed.insert(l.id);
             self.stats.removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends request `i`'s transfer: a send removes it and frees its pages; a delivered receive leaves it
+    /// ready to decode (its first token came from the context engine), a failed one replays its prefill.
+    /// On a request with no transfer in flight both ends are refused, changing nothing.
+    fn end_transfer(&mut self, i: usize, delivered: bool) -> Result<(), String> {
+        let how = if delivered {
+            TransferEnd::Delivered
+        } else {
+            TransferEnd::Failed
+        };
+        let l = self.live[i].clone();
+        let before = fingerprint(&self.sched);
+        match l.phase {
+            Phase::DisaggContextTransInProgress => {
+                if self.sched.end_receive(l.handle, how).is_ok() {
+                    return Err(format!("end_receive of sending request {}", l.id));
+                }
+                let spec = self
+                    .sched
+                    .end_send(l.handle, how)
+                    .map_err(|e| format!("end_send {}: {e}", l.id))?;
+                if spec.id.0 != l.id || self.sched.get(l.handle).is_ok() {
+                    return Err(format!("end_send {}: not removed", l.id));
+                }
+                if self.sched.kv().target().inner.seq(l.handle.index()).state != SeqState::None {
+                    return Err(format!("sent request {} left KV behind", l.id));
+                }
+                self.live.remove(i);
+                self.finished.insert(l.id);
+                self.stats.finished += 1;
+            }
+            Phase::DisaggGenerationTransInProgress => {
+                if self.sched.end_send(l.handle, how).is_ok() {
+                    return Err(format!("end_send of receiving request {}", l.id));
+                }
+                self.sched
+                    .end_receive(l.handle, how)
+                    .map_err(|e| format!("end_receive {}: {e}", l.id))?;
+                let m = &mut self.live[i];
+                if delivered {
+                    (m.phase, m.position, m.produced) =
+                        (Phase::DisaggGenerationTransComplete, m.prompt, 1);
+                } else {
+                    (m.phase, m.position, m.produced) = (Phase::ContextInit, 0, 0);
+                }
+                m.steps = 0;
+            }
+            _ => {
+                let send = self.sched.end_send(l.handle, how);
+                let receive = self.sched.end_receive(l.handle, how);
+                if !matches!(
+                    (send, receive),
+                    (Err(Error::Invalid(_)), Err(Error::Invalid(_)))
+                ) {
+                    return Err(format!(
+                        "a transfer end accepted for request {} ({:?})",
+                        l.id, l.phase
+                    ));
+                }
+                if fingerprint(&self.sched) != before {
+                    return Err("a refused transfer end changed the state".into());
+                }
+                return Ok(());
+            }
+        }
+        self.stats.transfers += 1;
+        Ok(())
+    }
+
+    /// Ends every transfer in flight, delivered (the engine's transceiver finishing its work).
+    fn end_transfers(&mut self) -> Result<(), String> {
+        let in_flight = |p: Phase| {
+            matches!(
+                p,
+                Phase::DisaggContextTransInProgress | Phase::DisaggGenerationTransInProgress
+            )
+        };
+        while let Some(i) = self.live.iter().position(|l| in_flight(l.phase)) {
+            self.end_transfer(i, true)?;
         }
         Ok(())
     }
@@ -1167,6 +1300,7 @@ impl<'a> Harness<'a> {
             .map(|c| (id(&c.listed), c.tokens))
             .collect();
         let generation: Vec<Option<u64>> = self.out.generation().iter().map(id).collect();
+        let disagg: Vec<Option<u64>> = self.out.disagg().iter().map(id).collect();
         let recomputed: Vec<Option<u64>> = self.out.recompute_paused().iter().map(id).collect();
         self.sched
             .complete_step(&self.out)
@@ -1174,7 +1308,10 @@ impl<'a> Harness<'a> {
         for (cid, tokens) in context {
             if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == cid) {
                 l.position = (l.position + tokens).min(l.prompt);
-                if l.position >= l.prompt {
+                if l.position >= l.prompt && l.context_only {
+                    // It sends its KV (and its first token) to a generation engine.
+                    l.phase = Phase::DisaggContextTransInProgress;
+                } else if l.position >= l.prompt {
                     l.phase = Phase::GenerationInProgress;
                     // The last context chunk produces the first token.
                     l.produced += 1;
@@ -1184,6 +1321,14 @@ impl<'a> Harness<'a> {
         for gid in generation {
             if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == gid) {
                 l.produced += 1;
+                if l.phase == Phase::DisaggGenerationTransComplete {
+                    l.phase = Phase::GenerationInProgress;
+                }
+            }
+        }
+        for did in disagg {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == did) {
+                l.phase = Phase::DisaggGenerationTransInProgress;
             }
         }
         for rid in recomputed {
@@ -1222,6 +1367,7 @@ impl<'a> Harness<'a> {
                 return Ok(Done::Deadlock(self.stats.passes - start));
             }
             self.complete()?;
+            self.end_transfers()?;
             self.check()?;
         }
         Ok(Done::Finished(self.stats.passes - start))
@@ -1287,6 +1433,9 @@ impl<'a> Harness<'a> {
                     "context" | "generation" => e.ownership().on_gpu(),
                     "paused" => e.ownership() == Ownership::Paused,
                     "recompute_paused" => e.ownership() == Ownership::Recompute,
+                    "disagg" => {
+                        e.ownership().on_gpu() && e.spec().phase == Phase::DisaggGenerationInit
+                    }
                     _ => true,
                 };
                 if !ok {
@@ -1331,7 +1480,9 @@ impl<'a> Harness<'a> {
                 if scheduled && e.inflight() {
                     return Err(format!("{name}: request {id} is in flight"));
                 }
-                if scheduled {
+                // A prepared disaggregated request's adapter is planned too: its lease pins it for the
+                // decode its transfer leads to.
+                if scheduled || name == "disagg" {
                     if let Some(t) = e.task() {
                         if !tasks.contains(&t) {
                             tasks.push(t);
@@ -1348,6 +1499,7 @@ impl<'a> Harness<'a> {
                         m.prompt + m.steps
                     }
                     "context" => e.spec().position + chunk,
+                    "disagg" => e.spec().prompt,
                     _ => 0,
                 };
                 if kv_tokens < needed {
@@ -1570,7 +1722,13 @@ impl<'a> Harness<'a> {
             let pool = &s.kv().target().inner;
             let (has, act) = (pool.has_cache(r), pool.is_active(r));
             let ok = match e.ownership() {
-                Ownership::Waiting => !has && sp.position == 0 && sp.phase == Phase::ContextInit,
+                Ownership::Waiting => {
+                    let fresh =
+                        matches!(sp.phase, Phase::ContextInit | Phase::DisaggGenerationInit);
+                    !has && sp.position == 0 && fresh
+                }
+                // Pinned for its send, no lease.
+                Ownership::Sending => act && sp.phase == Phase::DisaggContextTransInProgress,
                 // A resumed request stays Resumed until the engine takes the page moves.
                 Ownership::Active => act,
                 Ownership::Resumed => act && self.out_pending,
@@ -1592,7 +1750,7 @@ impl<'a> Harness<'a> {
                 match e.ownership() {
                     Ownership::Active | Ownership::Resumed => active[t.slot as usize] += 1,
                     Ownership::Paused | Ownership::Recompute => paused[t.slot as usize] += 1,
-                    Ownership::Waiting => {}
+                    Ownership::Waiting | Ownership::Sending => {}
                 }
             }
         }
@@ -1826,7 +1984,20 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             },
             4..=8 => Op::Pass,
             9 | 10 => Op::Complete,
+            11 if b & 0x80 != 0 => Op::EndTransfer {
+                pick: r.byte(),
+                delivered: b & 0x40 == 0,
+            },
             11 => Op::Finish { pick: r.byte() },
+            12 if b & 0x80 != 0 => Op::Disagg {
+                prompt: 1 + u32::from(r.byte()) % 96,
+                out_len: 1 + u32::from(r.byte() % 24),
+                lora: {
+                    let l = r.byte();
+                    (l & 0x80 != 0).then_some(l % (T as u8 + 2))
+                },
+                generation: b & 0x40 != 0,
+            },
             12 => Op::Cancel { pick: r.byte() },
             13 => {
                 let f = r.byte();

@@ -58,6 +58,11 @@ pub struct RequestSpec {
     pub priority: u8,
     /// Arrival time on the engine's clock, in the unit of the deadline configuration (e.g. µs).
     pub arrival: u64,
+    /// Disaggregated serving: a context-only request (upstream `LLMREQUEST_TYPE_CONTEXT_ONLY`). It is
+    /// scheduled as an ordinary `CONTEXT_INIT` request; when its prompt is computed it sends its KV to a
+    /// generation engine instead of decoding (`DISAGG_CONTEXT_TRANS_IN_PROGRESS`, see
+    /// [`crate::scheduler::Scheduler::end_send`]).
+    pub context_only: bool,
 }
 
 impl RequestSpec {
@@ -81,6 +86,7 @@ impl RequestSpec {
             tenant: None,
             priority: 0,
             arrival: 0,
+            context_only: false,
         }
     }
 
@@ -88,6 +94,13 @@ impl RequestSpec {
     pub fn generation(id: u64, prompt: u32) -> Self {
         let mut s = Self::new(id, Phase::GenerationInProgress, prompt);
         s.position = prompt;
+        s
+    }
+
+    /// A context-only request of disaggregated serving (see [`RequestSpec::context_only`]).
+    pub fn context_only(id: u64, prompt: u32) -> Self {
+        let mut s = Self::new(id, Phase::ContextInit, prompt);
+        s.context_only = true;
         s
     }
 

@@ -96,6 +96,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             Held::Resumed(r) => listed(self.out.push_encoder(r)),
             Held::Paused(r) => listed(self.out.push_encoder(r)),
             Held::Recompute(r) => listed(self.out.push_encoder(r)),
+            Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
         }
         self.budget.commit(tokens);
         self.commit_peft(slot, pages);
@@ -191,6 +192,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             },
             on_gpu @ (Held::Active(_) | Held::Resumed(_)) => (on_gpu, true),
             paused @ Held::Paused(_) => (paused, false),
+            Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
         })
     }
 

@@ -265,6 +265,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 }
                 false
             }
+            Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
         }
     }
 
@@ -305,9 +306,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
     /// §1.4 step 3: a disaggregated generation request whose transferred prompt's KV is prepared takes
     /// ownership of it (and its lease), so it decodes as an ordinary active request once the transfer
     /// completes. Bypasses the window and the request budget; uses no tokens.
+    ///
+    /// A PEFT shortfall skips it (the reference breaks phase 1, §1.16 #4): with pinned adapters
+    /// counted (difference 1) the shortfall can be the pages of a lease holder behind it, a context
+    /// request the break would never defer — nothing would run again, and a disagg-init request is no
+    /// stall candidate, so silently (difference 13).
     fn disagg_init(&mut self, slot: u16) -> Step {
         let Some(pages) = self.peft_need(slot) else {
-            return Step::Stop;
+            return Step::Skip;
         };
         let e = self.table.entry(slot);
         let cap = e.spec().prompt + e.spec().draft;

@@ -43,6 +43,7 @@ mod preempt;
 mod prefix;
 mod sort;
 mod table;
+mod transfer;
 mod victims;
 
 #[cfg(test)]
@@ -50,6 +51,7 @@ mod tests;
 
 pub use pass::PassStats;
 pub use table::{Entry, Handle};
+pub use transfer::{TransferEnd, TransferStats};
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::config::Config;
@@ -125,6 +127,8 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     clients: admission::Clients<N>,
     /// Consecutive passes each slot's request was refused its adapter (fair admission's drain).
     adapter_waits: [u16; N],
+    /// Transfers ended so far (`transfer.rs`; the in-flight counts are left 0 here).
+    transfer_ends: TransferStats,
 }
 
 impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
@@ -149,6 +153,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             completed: 0,
             last: PassStats::default(),
             clients: admission::Clients::new(),
+            transfer_ends: TransferStats::default(),
             adapter_waits: [0; N],
         })
     }
@@ -233,6 +238,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             }
             match o {
                 Ownership::Active | Ownership::Resumed => self.kv.is_active(r),
+                // A sending request's pages stay active, pinned for the transfer manager; its
+                // phase says so.
+                Ownership::Sending => {
+                    self.kv.is_active(r) && e.spec().phase == Phase::DisaggContextTransInProgress
+                }
                 Ownership::Paused => !self.kv.is_active(r),
                 Ownership::Waiting | Ownership::Recompute => !self.kv.is_active(r),
             }
@@ -502,6 +512,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// as at submission) is refused and nothing changes.
     pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        if e.ownership() == Ownership::Sending {
+            return Err(Error::Invalid(
+                "a sending request cannot change until its send ends (end_send)",
+            ));
+        }
         let mut s = e.spec().clone();
         f(&mut s);
         s.id = e.spec().id;
@@ -694,8 +709,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     /// Completes the step the last pass scheduled, as an engine does once it ran: a context chunk
-    /// advances the position (a fully processed prompt moves to `GENERATION_IN_PROGRESS`); a
-    /// recompute-paused request is reset to a first-chunk `CONTEXT_INIT` that replays its prefill.
+    /// advances the position (a fully processed prompt moves to `GENERATION_IN_PROGRESS`, or, for a
+    /// context-only request of disaggregated serving, starts sending its KV: `transfer.rs`); a
+    /// recompute-paused request is reset to a first-chunk `CONTEXT_INIT` that replays its prefill; a
+    /// prepared disaggregated generation request starts receiving its KV
+    /// (`DISAGG_GENERATION_TRANS_IN_PROGRESS`); a generation step of one whose transfer completed makes
+    /// it `GENERATION_IN_PROGRESS`.
     ///
     /// Refused ([`Error::StaleOutput`], nothing changes) for an output that is not the last pass's, or
     /// whose step was completed already. An entry whose request was removed after the pass is skipped.
@@ -716,17 +735,39 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             if !self.table.is_live(l.slot(), l.handle().generation()) {
                 continue;
             }
-            let (id, position) = self.table.edit(l.slot(), |e| {
+            let (id, position, send) = self.table.edit(l.slot(), |e| {
                 let s = e.spec_mut();
                 s.position = s.position.saturating_add(c.tokens).min(s.prompt);
-                if s.position >= s.prompt {
+                let done = s.position >= s.prompt;
+                let send = done && s.context_only;
+                if done && !send {
                     s.phase = Phase::GenerationInProgress;
                 }
-                (s.id, s.position)
+                (s.id, s.position, send)
             });
             // The chunk's blocks are computed: they may join the prefix cache.
             let r = KvRef { slot: l.slot(), id };
             self.kv.commit(r, position);
+            if send {
+                self.start_send(l.slot());
+            }
+        }
+        for l in out.disagg() {
+            if self.table.is_live(l.slot(), l.handle().generation()) {
+                self.table.edit(l.slot(), |e| {
+                    e.spec_mut().phase = Phase::DisaggGenerationTransInProgress;
+                });
+            }
+        }
+        for l in out.generation() {
+            let live = self.table.is_live(l.slot(), l.handle().generation());
+            if live
+                && self.table.entry(l.slot()).spec().phase == Phase::DisaggGenerationTransComplete
+            {
+                self.table.edit(l.slot(), |e| {
+                    e.spec_mut().phase = Phase::GenerationInProgress;
+                });
+            }
         }
         for l in out.recompute_paused() {
             if !self.table.is_live(l.slot(), l.handle().generation()) {

@@ -23,9 +23,15 @@ use crate::lease::AdapterDesk;
 use crate::output::NO_TASK;
 use crate::phase::Phase;
 use crate::request::{
-    Active, Ownership, Paused, Place, Recompute, Request, RequestId, RequestSpec, Resumed, State,
-    Suspended, Waiting,
+    Active, Ownership, Paused, Place, Recompute, Request, RequestId, RequestSpec, Resumed, Sending,
+    State, Suspended, Waiting,
 };
+
+/// Why a [`Held::Sending`] request never reaches the pass's transitions: its phase is
+/// `DISAGG_CONTEXT_TRANS_IN_PROGRESS` (outside the window, not started, so never a victim) and
+/// `update` refuses to change it.
+pub(crate) const NEVER_SCHEDULED: &str =
+    "a sending request is never scheduled nor a victim (phase 21, which `update` cannot change)";
 
 /// A request in the table, as its type-state.
 #[derive(Debug)]
@@ -35,6 +41,7 @@ pub(crate) enum Held {
     Resumed(Request<Resumed>),
     Paused(Request<Suspended<Paused>>),
     Recompute(Request<Suspended<Recompute>>),
+    Sending(Request<Sending>),
 }
 
 macro_rules! held_from {
@@ -48,7 +55,7 @@ macro_rules! held_from {
     )*};
 }
 held_from!(Waiting => Waiting, Active => Active, Resumed => Resumed,
-    Suspended<Paused> => Paused, Suspended<Recompute> => Recompute);
+    Suspended<Paused> => Paused, Suspended<Recompute> => Recompute, Sending => Sending);
 
 /// Applies `$f` to the request whatever its state.
 macro_rules! each {
@@ -59,6 +66,7 @@ macro_rules! each {
             Held::Resumed($r) => $f,
             Held::Paused($r) => $f,
             Held::Recompute($r) => $f,
+            Held::Sending($r) => $f,
         }
     };
 }
@@ -73,6 +81,7 @@ impl Held {
             Held::Resumed(_) => Resumed::OWNERSHIP,
             Held::Paused(_) => <Suspended<Paused>>::OWNERSHIP,
             Held::Recompute(_) => <Suspended<Recompute>>::OWNERSHIP,
+            Held::Sending(_) => Sending::OWNERSHIP,
         }
     }
 
@@ -96,6 +105,7 @@ impl Held {
             Held::Resumed(r) => r.finish(kv, desk),
             Held::Paused(r) => r.finish(kv, desk),
             Held::Recompute(r) => r.finish(kv, desk),
+            Held::Sending(r) => r.sent(kv),
         }
     }
 
@@ -109,7 +119,7 @@ impl Held {
         self.place().hash(h);
         self.id().hash(h);
         let owns = match self {
-            Held::Waiting(_) => false,
+            Held::Waiting(_) | Held::Sending(_) => false,
             Held::Active(r) => r.lease().is_some(),
             Held::Resumed(r) => r.lease().is_some(),
             Held::Paused(r) => r.paused_on().is_some(),

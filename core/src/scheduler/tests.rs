@@ -338,3 +338,121 @@ fn a_serving_loop_keeps_every_invariant() {
     }
     panic!("the loop did not finish: {} left", s.len());
 }
+
+/// Disaggregated serving, context side: a context-only request's last chunk starts its send (arrow 9:
+/// the lease goes back, the pages stay); nothing evicts or schedules it; a blocked context beside it is
+/// not a stall; `update` cannot touch it; `end_send` frees its pages (arrow 10).
+#[test]
+fn a_context_only_request_sends_its_kv_and_frees_it_when_the_send_ends() {
+    let mut mem = Pool::new();
+    let cfg = Config {
+        deadlock_threshold: 2,
+        ..Config::default()
+    };
+    let mut s: Sched<'_> = Scheduler::new(cfg, mem.pool(0, 4), adapters(4)).unwrap();
+    let mut out = Out::new();
+    let c = s
+        .submit(RequestSpec::context_only(0, 16).with_lora(1))
+        .unwrap();
+    step(&mut s, &mut out);
+    let e = s.get(c).unwrap();
+    assert_eq!(e.ownership(), Ownership::Sending);
+    assert_eq!(e.spec().phase, Phase::DisaggContextTransInProgress);
+    assert_eq!(s.adapters().leases(0), 0, "a send holds no lease");
+    assert_eq!(s.kv().gpu_free(), 28, "its four pages stay pinned");
+    let stats = s.transfer_stats();
+    assert_eq!((stats.sending, stats.receiving), (1, 0));
+    assert!(matches!(
+        s.update(c, |sp| sp.phase = Phase::ContextInit),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        s.end_receive(c, TransferEnd::Delivered),
+        Err(Error::Invalid(_))
+    ));
+    // Three requests take 24 of the 28 free pages and sit in flight; a fourth needs 8: nothing can
+    // progress, but the send will free pages, so no pass is a stall (threshold 2 would raise).
+    let mut busy = heapless::Vec::<Handle, 3>::new();
+    for id in 1..=3 {
+        let h = s
+            .submit(RequestSpec::new(id, Phase::ContextInit, 32))
+            .unwrap();
+        busy.push(h).unwrap();
+    }
+    step(&mut s, &mut out);
+    for &h in &busy {
+        s.set_inflight(h, true).unwrap();
+    }
+    let g = s
+        .submit(RequestSpec::new(4, Phase::ContextInit, 32))
+        .unwrap();
+    for _ in 0..4 {
+        step(&mut s, &mut out);
+        assert!(out.context().is_empty());
+        assert_eq!(s.stall_count(), 0);
+    }
+    let spec = s.end_send(c, TransferEnd::Delivered).unwrap();
+    assert_eq!(spec.id, RequestId(0));
+    assert_eq!(s.kv().gpu_free(), 8);
+    assert_eq!(s.transfer_stats().sent, 1);
+    assert!(matches!(
+        s.end_send(c, TransferEnd::Delivered),
+        Err(Error::StaleHandle)
+    ));
+    assert!(matches!(
+        s.end_send(g, TransferEnd::Delivered),
+        Err(Error::Invalid(_))
+    ));
+    step(&mut s, &mut out);
+    assert_eq!(
+        out.context().len(),
+        1,
+        "the freed pages admit the waiting one"
+    );
+}
+
+/// Disaggregated serving, generation side: a pass prepares the whole prompt (listed in `disagg`), the
+/// step starts the receive; while it writes, the request is never scheduled; a delivered receive
+/// commits the prompt and the request decodes; a failed one frees the KV and replays the prefill here.
+#[test]
+fn a_generation_request_receives_its_kv_or_replays_its_prefill() {
+    for how in [TransferEnd::Delivered, TransferEnd::Failed] {
+        let mut mem = Pool::new();
+        let mut s: Sched<'_> =
+            Scheduler::new(Config::default(), mem.pool(0, 4), adapters(4)).unwrap();
+        let mut out = Out::new();
+        let g = s
+            .submit(RequestSpec::new(7, Phase::DisaggGenerationInit, 16).with_lora(2))
+            .unwrap();
+        s.schedule(&mut out).unwrap();
+        assert_eq!(ids(&s, out.disagg()), [7]);
+        assert!(out.generation().is_empty() && out.context().is_empty());
+        s.ensure_batch(&mut out).unwrap();
+        s.complete_step(&out).unwrap();
+        let e = s.get(g).unwrap();
+        assert_eq!(e.spec().phase, Phase::DisaggGenerationTransInProgress);
+        assert_eq!(e.ownership(), Ownership::Active);
+        assert_eq!(s.transfer_stats().receiving, 1);
+        assert!(s.kv().gpu_free() <= 28, "the prompt's pages are in place");
+        step(&mut s, &mut out);
+        assert_eq!(out.num_fitting(), 0, "a receiving request is not scheduled");
+        s.end_receive(g, how).unwrap();
+        assert!(matches!(s.end_receive(g, how), Err(Error::Invalid(_))));
+        assert!(s.check());
+        step(&mut s, &mut out);
+        match how {
+            TransferEnd::Delivered => {
+                assert_eq!(ids(&s, out.generation()), [7]);
+                assert_eq!(s.get(g).unwrap().spec().phase, Phase::GenerationInProgress);
+                assert_eq!(s.transfer_stats().received, 1);
+            }
+            TransferEnd::Failed => {
+                let context: heapless::Vec<_, 8> = out.context().iter().map(|c| c.listed).collect();
+                assert_eq!(ids(&s, &context), [7], "it replays its prefill here");
+                assert_eq!(out.context()[0].tokens, 16);
+                assert_eq!(s.transfer_stats().receives_failed, 1);
+            }
+        }
+        assert_eq!(s.adapters().leases(1), 1);
+    }
+}

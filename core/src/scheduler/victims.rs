@@ -132,6 +132,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 Held::Paused(r) => r.recompute(kv),
                 Held::Waiting(r) => r.recompute(kv),
                 Held::Recompute(r) => r,
+                Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
             };
             listed(out.push_recompute(&rc));
             let task = rc.task();
