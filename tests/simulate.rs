@@ -655,3 +655,67 @@ fn a_store_shared_by_the_replicas_serves_what_another_computed() {
     let bad = kvsched(&["simulate", "--remote-store", "0"]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn prefill_engines_hand_their_kv_to_decode_engines() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/tests/data/mooncake_conversation_head30.jsonl");
+    let run = |name: &str| {
+        simulated(
+            name,
+            &[
+                trace.as_str(),
+                "--check",
+                "--kv-gpu-pages",
+                "8192",
+                "--disagg",
+                "1:2",
+            ],
+        )
+    };
+    let d = run("disagg");
+    assert_eq!(d["invariant_violations"], 0);
+    assert_eq!(d["requests_completed"], d["requests_total"]);
+    let total = d["requests_total"].as_u64().unwrap();
+    let rows = d["replicas"].as_array().unwrap();
+    let roles: Vec<&str> = rows.iter().map(|r| r["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["prefill", "decode", "decode"]);
+    assert_eq!(
+        rows[0]["requests"].as_u64(),
+        Some(total),
+        "every arrival prefills"
+    );
+    let x = &d["disagg"];
+    let transfers = x["transfers"].as_u64().unwrap();
+    // Every request with more than its first token to produce moves to a decode engine, once.
+    let decoded: u64 = rows[1..]
+        .iter()
+        .map(|r| r["requests"].as_u64().unwrap())
+        .sum();
+    assert!(transfers > 0 && transfers <= total, "{x}");
+    assert_eq!(decoded, transfers);
+    assert!(x["transfer_gb"].as_f64().unwrap() > 0.0);
+    // A transfer takes at least the link's latency (50 µs).
+    assert!(x["handoff_ms"]["p50"].as_f64().unwrap() >= 0.05, "{x}");
+    // The first token is the prefill engine's; the decode engines measure none.
+    assert!(rows[0]["ttft_ms"]["p50"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[1]["ttft_ms"]["p99"].as_f64(), Some(0.0));
+    // Deterministic for a seed (but for the scheduler's own measured time).
+    let without_timing = |mut d: serde_json::Value| {
+        d.as_object_mut().unwrap().remove("sched_ns_per_iter");
+        d.as_object_mut().unwrap().remove("wall_seconds");
+        d
+    };
+    assert_eq!(without_timing(d), without_timing(run("disagg-again")));
+    // Bad input: no engines on a side, a malformed link, and --replicas beside it.
+    for bad in [
+        &["simulate", "--disagg", "0:2"][..],
+        &["simulate", "--disagg", "2:2:fast"],
+        &["simulate", "--disagg", "2:2", "--replicas", "4"],
+    ] {
+        let out = kvsched(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+    let out = kvsched(&["simulate", "--disagg", "0:2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("P:D"));
+}

@@ -157,6 +157,13 @@ struct SimArgs {
     #[arg(long, help_heading = "Cluster", value_name = "PAGES[:LATENCY_US[:GBPS]]",
           value_parser = |v: &str| v.parse::<super::cluster::RemoteStoreOptions>())]
     remote_store: Option<super::cluster::RemoteStoreOptions>,
+    /// Prefill/decode disaggregation: P prefill engines hand each computed prompt's KV to one of D
+    /// decode engines (a transfer: LATENCY_US µs plus the KV over GBPS GB/s; defaults 50 and 50).
+    /// Replaces --replicas; --route spreads the arrivals over the prefill engines.
+    #[arg(long, help_heading = "Cluster", value_name = "P:D[:LATENCY_US[:GBPS]]",
+          conflicts_with = "replicas",
+          value_parser = |v: &str| v.parse::<super::disagg::DisaggOptions>())]
+    disagg: Option<super::disagg::DisaggOptions>,
     /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
     /// for it (no new leases until it loads; 0 = never).
     #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().drain_after)]
@@ -363,6 +370,7 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     o.replicas = a.replicas;
     o.route = a.route;
     o.remote_store = a.remote_store;
+    o.disagg = a.disagg;
     // The engine's device fixes the KV pool unless the command line says otherwise.
     if let Some(pages) = a.kv_gpu_pages.or(a.engine.kv_gpu_pages(a.tokens_per_block)) {
         o.kv_gpu_pages = pages;

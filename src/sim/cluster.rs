@@ -31,6 +31,7 @@ use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::kv::KvRef;
 use kvsched_core::page_pool::chain;
 
+use super::disagg::{DisaggFigures, Role};
 use super::report::{Quantiles, RemoteFigures, ReplicaRow};
 use super::{Replica, Report, SimError, SimOptions};
 use crate::workload::{Arrival, Workload};
@@ -314,9 +315,18 @@ impl Router {
     }
 }
 
-/// Runs `w` (adapters and sessions assigned) on `o.replicas` engines behind `o.route`.
+/// Runs `w` (adapters and sessions assigned) on `o.replicas` engines behind `o.route` — or, with
+/// `o.disagg`, on its prefill engines behind the route and its decode engines behind them.
 pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
-    let replicas = o.replicas.max(1);
+    let roles: Vec<Role> = match o.disagg {
+        Some(d) => std::iter::repeat_n(Role::Prefill, d.prefill as usize)
+            .chain(std::iter::repeat_n(Role::Decode, d.decode as usize))
+            .collect(),
+        None => vec![Role::Mixed; o.replicas.max(1) as usize],
+    };
+    // The router's engines: the prefill ones first, or all.
+    let routed = o.disagg.map_or(roles.len(), |d| d.prefill as usize);
+    let replicas = roles.len() as u32;
     let store = o
         .remote_store
         .map(|s| Rc::new(RefCell::new(RemoteStore::new(s.pages))));
@@ -334,11 +344,13 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
         .map(|_| Replica::new(o, &w))
         .collect::<Result<Vec<_>, _>>()?;
     let mut sims = Vec::with_capacity(replicas as usize);
-    for (e, c) in engines.iter_mut().zip(conns.iter_mut()) {
+    for ((e, c), &role) in engines.iter_mut().zip(conns.iter_mut()).zip(&roles) {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
-        sims.push(e.sim(o, &w, connector)?.routed());
+        sims.push(e.sim(o, &w, connector)?.routed().with_role(role));
     }
-    let mut router = Router::new(&w, replicas, o.route);
+    let mut router = Router::new(&w, routed as u32, o.route);
+    // Disaggregated: the prefill engine each arrival went to (its send's end is told there).
+    let mut prefill_of = vec![0usize; w.arrivals.len()];
     let tpb = o.tokens_per_block;
     let mut arrived = 0;
     loop {
@@ -351,8 +363,9 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
         // An arrival due before it is routed first (the router sees the replicas as they are then).
         if let Some(a) = w.arrivals.get(arrived) {
             if first.is_none_or(|(_, t)| a.at_ms <= t) {
-                let k = router.pick(a, sims.iter().map(|s| s.outstanding()));
+                let k = router.pick(a, sims[..routed].iter().map(|s| s.outstanding()));
                 sims[k].route(arrived);
+                prefill_of[arrived] = k;
                 arrived += 1;
                 continue;
             }
@@ -362,9 +375,30 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
         sims[k]
             .step()
             .map_err(|e| SimError::Scheduler(format!("replica {k}: {e}")))?;
+        // Disaggregated: computed prompts go to the least loaded decode engine; the transfers the
+        // decode engines started tell their prefill engines when the sends end.
+        for h in sims[k].take_handoffs() {
+            let d = (routed..sims.len())
+                .min_by_key(|&d| (sims[d].outstanding(), d))
+                .ok_or_else(|| SimError::Options("--disagg needs a decode engine".into()))?;
+            sims[d].hand(h);
+        }
+        for t in sims[k].take_started() {
+            sims[prefill_of[t.arrival]].send_ends_at(t);
+        }
     }
     let reports: Vec<(f64, Report)> = sims.into_iter().map(|s| (0.0, s.report())).collect();
     let mut c = merge(o, &w, reports);
+    if let Some(d) = o.disagg {
+        c.disagg = Some(DisaggFigures {
+            prefill_engines: d.prefill,
+            decode_engines: d.decode,
+            transfers: c.raw.handoff_ms.len() as u64,
+            transfer_gb: c.raw.transfer_tokens as f64 * super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN
+                / 1e9,
+            handoff_ms: Quantiles::of(&c.raw.handoff_ms),
+        });
+    }
     if let Some(store) = &store {
         let st = store.borrow();
         let tokens = st.hits * u64::from(tpb);
@@ -406,7 +440,8 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
         route: o.route.name().into(),
         ..Report::default()
     };
-    let (mut ttft, mut tpot, mut sched) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ttft, mut tpot, mut sched, mut handoff) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let n = reports.len().max(1) as f64;
     for (k, (offset_ms, r)) in reports.iter().enumerate() {
         macro_rules! sum {
@@ -438,7 +473,9 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
             host_cache_hits,
             invariant_violations
         );
-        c.wall_seconds += r.wall_seconds;
+        // The replicas run interleaved, each timed from its start: the cluster's wall time is the
+        // longest.
+        c.wall_seconds = c.wall_seconds.max(r.wall_seconds);
         c.sim_seconds = c.sim_seconds.max(offset_ms / 1000.0 + r.sim_seconds);
         c.kv_gpu_util_mean_pct += r.kv_gpu_util_mean_pct / n;
         c.adapter_util_mean_pct += r.adapter_util_mean_pct / n;
@@ -448,8 +485,11 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
         ttft.extend_from_slice(&r.raw.ttft);
         tpot.extend_from_slice(&r.raw.tpot);
         sched.extend_from_slice(&r.raw.sched_ns);
+        handoff.extend_from_slice(&r.raw.handoff_ms);
+        c.raw.transfer_tokens += r.raw.transfer_tokens;
         c.replicas.push(ReplicaRow {
             replica: k as u32,
+            role: r.role.clone(),
             requests: r.requests_total,
             throughput_tok_s: r.throughput_tok_s,
             ttft_ms: r.ttft_ms,
@@ -457,7 +497,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
             kv_gpu_util_peak_pct: r.kv_gpu_util_peak_pct,
         });
     }
-    for v in [&mut ttft, &mut tpot, &mut sched] {
+    for v in [&mut ttft, &mut tpot, &mut sched, &mut handoff] {
         v.sort_by(f64::total_cmp);
     }
     (c.ttft_ms, c.tpot_ms) = (Quantiles::of(&ttft), Quantiles::of(&tpot));
@@ -474,6 +514,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
         .map_or(0.0, |a| (a.at_ms - start).max(0.0) / 1000.0);
     c.raw.ttft = ttft;
     c.raw.tpot = tpot;
+    c.raw.handoff_ms = handoff;
     c.derive();
     c
 }

@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod cost;
+pub mod disagg;
 pub mod fairness;
 pub mod prefix;
 pub mod report;
@@ -116,6 +117,9 @@ pub struct SimOptions {
     /// A KV store the replicas share (`--remote-store`), attached to every engine's pool as its KV
     /// connector.
     pub remote_store: Option<cluster::RemoteStoreOptions>,
+    /// Prefill/decode disaggregation (`--disagg P:D`): `P` prefill engines hand their requests' KV to
+    /// `D` decode engines (instead of `replicas` mixed ones).
+    pub disagg: Option<disagg::DisaggOptions>,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -166,6 +170,7 @@ impl Default for SimOptions {
             replicas: 1,
             route: cluster::Route::RoundRobin,
             remote_store: None,
+            disagg: None,
         }
     }
 }
@@ -398,6 +403,7 @@ fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
         .chain(out.encoder())
         .chain(out.paused())
         .chain(out.recompute_paused())
+        .chain(out.disagg())
     {
         bad += u64::from(!seen.insert(l.slot()));
     }
@@ -422,7 +428,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     if o.prefix_reuse && w.prefix_block_tokens.is_none() {
         crate::workload::sessions::assign_sessions(&mut w, o.seed);
     }
-    if o.replicas > 1 || o.remote_store.is_some() {
+    if o.replicas > 1 || o.remote_store.is_some() || o.disagg.is_some() {
         return cluster::run(o, w);
     }
     engine(o, w)

@@ -126,6 +126,12 @@ pub struct Report {
     /// The store the replicas share (`--remote-store`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteFigures>,
+    /// One engine's part in a disaggregated cluster (`prefill`, `decode`); empty otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub role: String,
+    /// Prefill/decode disaggregation (`--disagg`): the transfers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<super::disagg::DisaggFigures>,
     /// The distributions behind the quantiles (a cluster's are its replicas' together).
     #[serde(skip)]
     pub raw: RawSamples,
@@ -187,6 +193,18 @@ impl Report {
                 r.transfer_gb,
                 r.blocks_saved,
                 r.blocks_evicted
+            );
+        }
+        if let Some(d) = self.disagg {
+            row!(
+                "disaggregation (--disagg)",
+                "{} prefill -> {} decode engines: {} prompts' KV moved ({:.1} GB), handoff p50 / p99 {:.1} / {:.1} ms",
+                d.prefill_engines,
+                d.decode_engines,
+                d.transfers,
+                d.transfer_gb,
+                d.handoff_ms.p50,
+                d.handoff_ms.p99
             );
         }
         let (done, total) = (self.requests_completed, self.requests_total);
@@ -334,13 +352,15 @@ impl Report {
         if !self.replicas.is_empty() {
             let _ = writeln!(
                 s,
-                "  replica  requests  throughput tok/s  TTFT p50 / p99 ms   prefix hit rate  KV GPU peak"
+                "  replica  role     requests  throughput tok/s  TTFT p50 / p99 ms   prefix hit rate  KV GPU peak"
             );
             for r in &self.replicas {
+                let role = if r.role.is_empty() { "mixed" } else { &r.role };
                 let _ = writeln!(
                     s,
-                    "  {:>7}  {:>8}  {:>16.0}  {:>8.1} / {:<8.1}  {:>15.3}  {:>9.1} %",
+                    "  {:>7}  {:<7}  {:>8}  {:>16.0}  {:>8.1} / {:<8.1}  {:>15.3}  {:>9.1} %",
                     r.replica,
+                    role,
                     r.requests,
                     r.throughput_tok_s,
                     r.ttft_ms.p50,
@@ -408,10 +428,13 @@ impl Report {
 }
 
 /// One replica's figures in a cluster report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ReplicaRow {
     /// Its index.
     pub replica: u32,
+    /// Its part with `--disagg` (`prefill`, `decode`); empty otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub role: String,
     /// Requests the router sent it.
     pub requests: usize,
     /// Its throughput.
@@ -448,6 +471,11 @@ pub struct RawSamples {
     pub tpot: Vec<f64>,
     /// Scheduler ns per iteration.
     pub sched_ns: Vec<f64>,
+    /// Disaggregation, decode side: from a prompt's end on its prefill engine to its KV in place here,
+    /// ms, one per transfer.
+    pub handoff_ms: Vec<f64>,
+    /// Disaggregation, decode side: the prompt tokens whose KV was received.
+    pub transfer_tokens: u64,
 }
 
 /// p50 and p99 of a distribution.

@@ -2,15 +2,17 @@
 //! the scheduler runs a pass, the pass's work is priced by the cost model and the clock advances, the
 //! step completes (tokens, replays, finished requests), and the iteration is sampled.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use kvsched_core::config::PRIORITY_CLASSES;
 use kvsched_core::kv::{Pool, Tier};
 use kvsched_core::page_pool::KvPoolConfig;
 use kvsched_core::request::{Ownership, RequestSpec, TaskId};
+use kvsched_core::scheduler::TransferEnd;
 use kvsched_core::Phase;
 
+use super::disagg::{Handoff, Role, TransferEndAt};
 use super::fairness::{Fairness, OUTPUT_WEIGHT};
 use super::report::Quantiles;
 use super::{
@@ -64,6 +66,28 @@ pub(super) struct Sim<'s, 'w> {
     /// store's reads, priced on the clock).
     loaded_blocks: u64,
     step_remote_blocks: u64,
+    /// Disaggregation (`disagg.rs`): this engine's part, and where its transfers stand.
+    disagg: Transfers,
+    /// When this iteration's pass ran, ms.
+    pass_ms: f64,
+}
+
+/// A disaggregated engine's transfers.
+#[derive(Debug, Default)]
+struct Transfers {
+    role: Role,
+    /// Prefill: the prompts computed this step, for the cluster to hand to a decode engine.
+    handoffs: Vec<Handoff>,
+    /// Decode: handed-over requests not yet submitted, in the order they were handed over.
+    incoming: VecDeque<Handoff>,
+    /// Decode: each handed-over request's first token (its prompt's end on the prefill engine), ms.
+    first_tokens: HashMap<usize, f64>,
+    /// Decode: the transfers started this step, for the cluster to tell the prefill engine.
+    started: Vec<TransferEndAt>,
+    /// Transfers in flight whose end is known: sends (prefill) or receives (decode).
+    ends: Vec<TransferEndAt>,
+    /// Live requests a transfer holds: sending (prefill), or receiving and not ended (decode).
+    held: usize,
 }
 
 impl<'s, 'w> Sim<'s, 'w> {
@@ -106,7 +130,35 @@ impl<'s, 'w> Sim<'s, 'w> {
             fair: Fairness::new(o.adapters.count),
             loaded_blocks: 0,
             step_remote_blocks: 0,
+            disagg: Transfers::default(),
+            pass_ms: now_ms,
         }
+    }
+
+    /// The engine as a prefill or decode engine of a disaggregated cluster.
+    pub(super) fn with_role(mut self, role: Role) -> Self {
+        self.disagg.role = role;
+        self
+    }
+
+    /// Prefill: the requests whose prompt the last step computed, to hand to a decode engine.
+    pub(super) fn take_handoffs(&mut self) -> Vec<Handoff> {
+        std::mem::take(&mut self.disagg.handoffs)
+    }
+
+    /// Decode: a request whose prompt a prefill engine computed arrives.
+    pub(super) fn hand(&mut self, h: Handoff) {
+        self.disagg.incoming.push_back(h);
+    }
+
+    /// Decode: the transfers the last step started (when each ends), to tell the prefill engines.
+    pub(super) fn take_started(&mut self) -> Vec<TransferEndAt> {
+        std::mem::take(&mut self.disagg.started)
+    }
+
+    /// Prefill: the send of a request's KV ends at `t.at_ms` (its decode engine's receive started).
+    pub(super) fn send_ends_at(&mut self, t: TransferEndAt) {
+        self.disagg.ends.push(t);
     }
 
     /// The engine as a cluster's replica: it serves only what the router sends it ([`Sim::route`]),
@@ -124,7 +176,24 @@ impl<'s, 'w> Sim<'s, 'w> {
 
     /// Requests it holds or has been sent and not finished (the least-loaded route's measure).
     pub(super) fn outstanding(&self) -> usize {
-        self.sched.len() + self.queue.len() + (self.inbox.len() - self.next)
+        self.sched.len()
+            + self.queue.len()
+            + (self.inbox.len() - self.next)
+            + self.disagg.incoming.len()
+    }
+
+    /// There is something to schedule: a live request no transfer holds, or a queued one.
+    fn has_work(&self) -> bool {
+        self.sched.len() > self.disagg.held || !self.queue.is_empty()
+    }
+
+    /// The next thing that will happen without a pass: an arrival, a handed-over request, a
+    /// transfer's end.
+    fn next_event_ms(&self) -> Option<f64> {
+        let ends = self.disagg.ends.iter().map(|t| t.at_ms);
+        let incoming = self.disagg.incoming.front().map(|h| h.at_ms);
+        let arrival = self.upcoming().map(|a| a.at_ms);
+        ends.chain(incoming).chain(arrival).min_by(f64::total_cmp)
     }
 
     /// The next arrival in the inbox.
@@ -146,43 +215,104 @@ impl<'s, 'w> Sim<'s, 'w> {
         Ok(true)
     }
 
-    /// When the next iteration starts (`None`: every request is done): now with work in hand, else
-    /// at the next arrival.
+    /// When the next iteration starts (`None`: nothing to do, every request done or waiting for
+    /// another engine): now with work in hand, else at the next event.
     pub(super) fn next_time(&self) -> Option<f64> {
-        if !self.sched.is_empty() || !self.queue.is_empty() {
+        if self.has_work() {
             return Some(self.now_ms);
         }
-        self.upcoming().map(|a| a.at_ms.max(self.now_ms))
+        self.next_event_ms().map(|t| t.max(self.now_ms))
     }
 
-    /// Moves the requests that have arrived into the queue and as many as fit into the scheduler;
-    /// with nothing to schedule, jumps to the next arrival. False when every request is done.
+    /// Ends the transfers due, moves the requests that have arrived (or were handed over) into the
+    /// queue and as many as fit into the scheduler; with nothing to schedule, jumps to the next event.
+    /// False when there is nothing to do.
     pub(super) fn admit_arrivals(&mut self) -> Result<bool, SimError> {
         loop {
+            self.end_transfers()?;
             while let Some(a) = self.upcoming().filter(|a| a.at_ms <= self.now_ms) {
                 self.fair.arrived(a.adapter);
                 self.queue.push_back(self.inbox[self.next]);
                 self.next += 1;
+            }
+            let d = &mut self.disagg;
+            while let Some(h) = d.incoming.front().filter(|h| h.at_ms <= self.now_ms) {
+                d.first_tokens.insert(h.arrival, h.at_ms);
+                self.queue.push_back(h.arrival);
+                d.incoming.pop_front();
             }
             while self.sched.len() < MAX_LIVE {
                 let Some(&i) = self.queue.front() else { break };
                 self.submit(i)?;
                 self.queue.pop_front();
             }
-            if !self.sched.is_empty() {
+            if self.has_work() {
                 return Ok(true);
             }
-            let Some(at) = self.upcoming().map(|a| a.at_ms) else {
+            let Some(at) = self.next_event_ms() else {
                 return Ok(false);
             };
-            self.now_ms = at;
+            self.now_ms = self.now_ms.max(at);
         }
+    }
+
+    /// The transfers whose end is due: a prefill engine's send frees the request's pages
+    /// (`end_send`); a decode engine's receive makes it decode (`end_receive`).
+    fn end_transfers(&mut self) -> Result<(), SimError> {
+        let mut k = 0;
+        while k < self.disagg.ends.len() {
+            if self.disagg.ends[k].at_ms > self.now_ms {
+                k += 1;
+                continue;
+            }
+            let t = self.disagg.ends.remove(k);
+            let (slot, h) = self
+                .live
+                .iter()
+                .enumerate()
+                .find_map(|(s, l)| {
+                    l.as_ref()
+                        .filter(|l| l.arrival == t.arrival)
+                        .map(|l| (s, l.handle))
+                })
+                .ok_or_else(|| scheduler_error(format!("transfer of {} not live", t.arrival)))?;
+            if self.disagg.role == Role::Prefill {
+                self.sched
+                    .end_send(h, TransferEnd::Delivered)
+                    .map_err(scheduler_error)?;
+                self.live[slot] = None;
+            } else {
+                self.sched
+                    .end_receive(h, TransferEnd::Delivered)
+                    .map_err(scheduler_error)?;
+                let handed = self.disagg.first_tokens.get(&t.arrival).copied();
+                self.r
+                    .raw
+                    .handoff_ms
+                    .push(t.at_ms - handed.unwrap_or(t.at_ms));
+            }
+            self.disagg.held -= 1;
+        }
+        Ok(())
     }
 
     fn submit(&mut self, i: usize) -> Result<(), SimError> {
         let (o, a) = (self.o, &self.w.arrivals[i]);
         let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, a.prompt_tokens);
         spec.max_new_tokens = a.output_tokens;
+        // Disaggregated: a prefill engine computes the prompt only; a decode engine receives it, with
+        // the first token the prefill engine produced.
+        let handed = match self.disagg.role {
+            Role::Mixed => None,
+            Role::Prefill => {
+                spec.context_only = true;
+                None
+            }
+            Role::Decode => {
+                spec.phase = Phase::DisaggGenerationInit;
+                self.disagg.first_tokens.get(&i).copied()
+            }
+        };
         spec.lora = a.adapter.map(|x| TaskId(x as u64));
         spec.draft = self.drafts;
         // Deadline admission: an adapter's class is its id modulo the classes; arrivals in µs.
@@ -209,11 +339,12 @@ impl<'s, 'w> Sim<'s, 'w> {
             handle: h,
             prompt0: a.prompt_tokens,
             output: a.output_tokens,
-            generated: 0,
-            first_token_ms: None,
-            last_token_ms: 0.0,
+            generated: u32::from(handed.is_some()),
+            first_token_ms: handed,
+            last_token_ms: handed.unwrap_or(0.0),
             first_chunk: true,
-            replay: false,
+            // Its prompt was admitted (and counted) on the prefill engine.
+            replay: handed.is_some(),
         });
         Ok(())
     }
@@ -221,6 +352,7 @@ impl<'s, 'w> Sim<'s, 'w> {
     /// Runs one scheduling pass and its adapter plan (timed), counts what it did, and drains the page
     /// moves. Returns (KV pages moved, adapter pages loaded).
     pub(super) fn pass(&mut self) -> Result<(u64, u64), SimError> {
+        self.pass_ms = self.now_ms;
         let (sched, out, r) = (&mut self.sched, &mut self.out, &mut self.r);
         let t0 = Instant::now();
         let pass = sched.schedule(out);
@@ -350,6 +482,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             .map_err(scheduler_error)?;
         self.finished.clear();
         self.complete_chunks()?;
+        self.start_receives()?;
         self.complete_decodes()?;
         self.reset_replays()?;
         self.remove_finished()
@@ -362,7 +495,9 @@ impl<'s, 'w> Sim<'s, 'w> {
                 continue;
             };
             let e = self.sched.get(lv.handle).map_err(scheduler_error)?;
-            if e.spec().phase != Phase::GenerationInProgress {
+            // A context-only request's prompt is computed: its first token, then its send.
+            let sending = e.spec().phase == Phase::DisaggContextTransInProgress;
+            if e.spec().phase != Phase::GenerationInProgress && !sending {
                 continue;
             }
             // The last prefill chunk yields the first token.
@@ -378,12 +513,40 @@ impl<'s, 'w> Sim<'s, 'w> {
             lv.last_token_ms = self.now_ms;
             if lv.generated >= lv.output {
                 self.finished.push(slot);
+            } else if sending {
+                self.disagg.handoffs.push(Handoff {
+                    arrival: lv.arrival,
+                    at_ms: self.now_ms,
+                });
+                self.disagg.held += 1;
             } else if self.drafts > 0 {
                 // The last chunk reserved its drafts' slots; it yields one token.
                 self.sched
                     .rewind(lv.handle, self.drafts)
                     .map_err(scheduler_error)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Decode: the requests whose pages the pass prepared start receiving their prompt's KV (from
+    /// the pass on: latency plus bytes over the link).
+    fn start_receives(&mut self) -> Result<(), SimError> {
+        let Some(link) = self.o.disagg else {
+            return Ok(());
+        };
+        for l in self.out.disagg() {
+            let Some(lv) = self.live[l.slot() as usize].as_ref() else {
+                continue;
+            };
+            let t = TransferEndAt {
+                arrival: lv.arrival,
+                at_ms: self.pass_ms + link.transfer_ms(lv.prompt0),
+            };
+            self.disagg.ends.push(t);
+            self.disagg.started.push(t);
+            self.disagg.held += 1;
+            self.r.raw.transfer_tokens += u64::from(lv.prompt0);
         }
         Ok(())
     }
@@ -561,7 +724,14 @@ impl<'s, 'w> Sim<'s, 'w> {
         } else {
             0.0
         };
-        r.requests_total = self.inbox.len();
+        r.requests_total = match self.disagg.role {
+            Role::Decode => self.disagg.first_tokens.len(),
+            _ => self.inbox.len(),
+        };
+        r.role = match self.disagg.role {
+            Role::Mixed => String::new(),
+            role => role.name().into(),
+        };
         r.sim_seconds = (self.now_ms - self.start_ms) / 1000.0;
         r.arrival_span_seconds = self.inbox.last().map_or(0.0, |&i| {
             (w.arrivals[i].at_ms - self.start_ms).max(0.0) / 1000.0
@@ -580,6 +750,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             ttft: std::mem::take(&mut self.ttft),
             tpot: std::mem::take(&mut self.tpot),
             sched_ns: std::mem::take(&mut self.sched_ns),
+            ..std::mem::take(&mut r.raw)
         };
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
         r.admission = super::admission_name(o.admission).into();
