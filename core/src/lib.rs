@@ -28,6 +28,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+#[cfg(feature = "alloc")]
+extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
@@ -46,6 +48,8 @@ pub mod fingerprint;
 pub mod kv;
 pub mod kv_set;
 pub mod lease;
+#[cfg(feature = "alloc")]
+pub mod memory;
 pub mod output;
 pub mod page_pool;
 pub mod phase;

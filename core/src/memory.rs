@@ -1,7 +1,12 @@
-//! Heap-backed storage for the core's borrowed-storage page pool (the core itself never allocates).
+//! Heap-backed storage for the borrowed-storage page pool (feature `alloc`): the buffers a host
+//! program owns and lends to a [`KvPool`]. The rest of the core never allocates; without the feature
+//! this module does not exist.
 
-use kvsched_core::kv::PageMove;
-use kvsched_core::page_pool::{
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::kv::PageMove;
+use crate::page_pool::{
     AdapterPages, AdapterStorage, KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStorage, Seq,
 };
 
@@ -65,7 +70,7 @@ impl KvMemory {
     }
 
     /// [`KvMemory::try_new`] with a prefix cache.
-    pub fn try_with_prefix_cache(cfg: KvPoolConfig) -> Result<Self, kvsched_core::Error> {
+    pub fn try_with_prefix_cache(cfg: KvPoolConfig) -> Result<Self, crate::Error> {
         let mut m = Self::try_new(cfg)?;
         m.prefix = Some(PrefixMemory {
             pages: buffer(cfg.page_info_len(), PageInfo::default())?,
@@ -77,7 +82,7 @@ impl KvMemory {
 
     /// Buffers sized for `cfg`, after checking the geometry ([`KvPoolConfig::validate`]) and reserving
     /// the memory: an invalid or unaffordable geometry is an error, never an abort.
-    pub fn try_new(cfg: KvPoolConfig) -> Result<Self, kvsched_core::Error> {
+    pub fn try_new(cfg: KvPoolConfig) -> Result<Self, crate::Error> {
         cfg.validate()?;
         Ok(Self {
             cfg,
@@ -92,7 +97,7 @@ impl KvMemory {
     }
 
     /// A fresh, empty pool over these buffers.
-    pub fn pool(&mut self) -> Result<KvPool<'_>, kvsched_core::Error> {
+    pub fn pool(&mut self) -> Result<KvPool<'_>, crate::Error> {
         let mut pool = KvPool::new(
             self.cfg,
             KvStorage {
@@ -117,24 +122,24 @@ impl KvMemory {
     /// Bytes the buffers take.
     pub fn bytes(&self) -> usize {
         (self.gpu_free.len() + self.host_free.len() + self.tables.len()) * 4
-            + self.seqs.len() * std::mem::size_of::<Seq>()
-            + self.moves.len() * std::mem::size_of::<PageMove>()
+            + self.seqs.len() * core::mem::size_of::<Seq>()
+            + self.moves.len() * core::mem::size_of::<PageMove>()
             + self.prefix.as_ref().map_or(0, |p| {
-                p.pages.len() * std::mem::size_of::<PageInfo>()
+                p.pages.len() * core::mem::size_of::<PageInfo>()
                     + p.index.len() * 4
                     + p.hashes.len() * 8
             })
             + self.adapters.as_ref().map_or(0, |(s, l)| {
-                s.len() * std::mem::size_of::<AdapterPages>() + l.len() * 4
+                s.len() * core::mem::size_of::<AdapterPages>() + l.len() * 4
             })
     }
 }
 
 /// A buffer of `len` copies of `fill`, reserved first: an allocation that cannot be had is an error.
-fn buffer<T: Clone>(len: usize, fill: T) -> Result<Vec<T>, kvsched_core::Error> {
+fn buffer<T: Clone>(len: usize, fill: T) -> Result<Vec<T>, crate::Error> {
     let mut v = Vec::new();
     v.try_reserve_exact(len)
-        .map_err(|_| kvsched_core::Error::Invalid("KV pool buffers do not fit in memory"))?;
+        .map_err(|_| crate::Error::Invalid("KV pool buffers do not fit in memory"))?;
     v.resize(len, fill);
     Ok(v)
 }

@@ -1,0 +1,269 @@
+//! The engine behind the opaque handle: the page pool's buffers, the adapter cache, the scheduler and
+//! its output, and the plain-old-data copies of the output that C reads. Safe Rust, apart from tying
+//! the pool's borrowed buffers to the scheduler that borrows them (one `unsafe` block in `new`, one in
+//! `drop`).
+
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+
+use kvsched_core::adapter::AdapterPool;
+use kvsched_core::config::{ChunkPolicy, Chunking, Config};
+use kvsched_core::error::Error;
+use kvsched_core::kv::Tier;
+use kvsched_core::memory::KvMemory;
+use kvsched_core::output::{Listed, SchedulerOutput};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig};
+use kvsched_core::request::{RequestId, RequestSpec, TaskId};
+use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
+use kvsched_core::Phase;
+
+use crate::{KvschedConfig, KvschedEntry, KvschedPageMove, KvschedRequest};
+
+const MAX_REQUESTS: usize = crate::KVSCHED_MAX_REQUESTS as usize;
+const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
+
+type Sched = Scheduler<KvPool<'static>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS>;
+
+/// The last pass's output, copied into plain-old-data lists.
+#[derive(Default)]
+pub(crate) struct Lists {
+    pub(crate) context: Vec<KvschedEntry>,
+    pub(crate) generation: Vec<KvschedEntry>,
+    pub(crate) paused: Vec<KvschedEntry>,
+    pub(crate) recompute_paused: Vec<KvschedEntry>,
+    pub(crate) disagg: Vec<KvschedEntry>,
+    pub(crate) resumed: Vec<KvschedEntry>,
+    pub(crate) adapter_loads: Vec<u64>,
+    pub(crate) moves: Vec<KvschedPageMove>,
+}
+
+/// One scheduler with its pools.
+pub struct Engine {
+    /// Borrows the buffers `mem` points to: dropped first (`Drop`).
+    sched: ManuallyDrop<Box<Sched>>,
+    /// The pool's buffers, owned (from `Box::into_raw`), freed after the scheduler.
+    mem: NonNull<KvMemory>,
+    out: Box<SchedulerOutput<MAX_REQUESTS>>,
+    pub(crate) lists: Lists,
+    /// A panic left the engine in an unknown state: every later call is refused.
+    pub(crate) poisoned: bool,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // SAFETY: the scheduler (the only borrower of `*mem`) is dropped first and never used again;
+        // `mem` came from `Box::into_raw` in `new` and is freed exactly once, here.
+        unsafe {
+            ManuallyDrop::drop(&mut self.sched);
+            drop(Box::from_raw(self.mem.as_ptr()));
+        }
+    }
+}
+
+impl Engine {
+    /// An engine for `c`; refused (nothing allocated) for an inconsistent configuration.
+    pub fn new(c: &KvschedConfig) -> Result<Self, Error> {
+        if c.max_requests == 0 || c.max_requests as usize > MAX_REQUESTS {
+            return Err(Error::Invalid("max_requests must be 1 to 1024"));
+        }
+        let pool_cfg = KvPoolConfig {
+            tokens_per_block: c.tokens_per_block,
+            gpu_pages: c.gpu_pages,
+            host_pages: c.host_pages,
+            slots: c.max_requests,
+            max_blocks: c.max_blocks_per_request,
+        };
+        let cfg = Config {
+            max_num_requests: c.max_batch,
+            max_num_tokens: (c.max_num_tokens > 0).then_some(c.max_num_tokens),
+            max_context_length: (c.max_num_tokens > 0).then_some(c.max_num_tokens),
+            chunking: (c.chunk_unit > 0).then_some(Chunking {
+                policy: ChunkPolicy::FirstComeFirstServed,
+                unit: c.chunk_unit,
+            }),
+            recompute_pause: c.recompute_pause != 0,
+            ..Config::default()
+        };
+        cfg.validate()?;
+        let adapters = AdapterPool::new(c.adapter_device_pages, c.adapter_host_pages)?;
+        let mem = if c.prefix_cache != 0 {
+            KvMemory::try_with_prefix_cache(pool_cfg)?
+        } else {
+            KvMemory::try_new(pool_cfg)?
+        };
+        let mem = NonNull::from(Box::leak(Box::new(mem)));
+        // SAFETY: `mem` points to a live heap allocation this engine owns and frees only in `Drop`,
+        // after the scheduler that borrows it; nothing else touches it while the scheduler lives, and
+        // the allocation never moves, so the `'static` borrow outlives every use.
+        let pool = unsafe { &mut *mem.as_ptr() }.pool();
+        let sched = pool.and_then(|pool| Scheduler::new(cfg, pool, adapters));
+        match sched {
+            Ok(s) => Ok(Self {
+                sched: ManuallyDrop::new(Box::new(s)),
+                mem,
+                out: Box::default(),
+                lists: Lists::default(),
+                poisoned: false,
+            }),
+            Err(e) => {
+                // SAFETY: from `Box::leak` above; the failed scheduler is gone, so nothing borrows it.
+                drop(unsafe { Box::from_raw(mem.as_ptr()) });
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers an adapter of `pages` device pages under `task`.
+    pub fn register_adapter(&mut self, task: u64, pages: u32) -> Result<(), Error> {
+        self.sched
+            .register_adapter(TaskId(task), pages)
+            .map(|_| ())
+            .map_err(Error::from)
+    }
+
+    fn handle(&self, id: u64) -> Result<Handle, Error> {
+        self.sched.find(RequestId(id)).ok_or(Error::StaleHandle)
+    }
+
+    /// Submits a request with its prompt's block hashes.
+    pub fn submit(&mut self, r: &KvschedRequest, hashes: &[u64]) -> Result<(), Error> {
+        let phase = match r.kind {
+            1 => Phase::ContextInit,
+            2 => Phase::DisaggGenerationInit,
+            0 => Phase::ContextInit,
+            _ => {
+                return Err(Error::Invalid(
+                    "kind must be 0 (plain), 1 (context-only) or 2 (disaggregated generation)",
+                ))
+            }
+        };
+        let mut s = RequestSpec::new(r.id, phase, r.prompt);
+        s.context_only = r.kind == 1;
+        s.max_new_tokens = r.max_new_tokens;
+        s.beam = r.beam.max(1);
+        s.draft = r.draft;
+        s.lora = (r.has_lora != 0).then_some(TaskId(r.lora_task));
+        s.priority = r.priority;
+        s.arrival = r.arrival;
+        self.sched
+            .submit_with_prefix(s, r.cache_salt, hashes)
+            .map(|_| ())
+    }
+
+    /// Removes a finished or cancelled request.
+    pub fn finish(&mut self, id: u64) -> Result<(), Error> {
+        let h = self.handle(id)?;
+        self.sched.remove(h).map(|_| ())
+    }
+
+    /// Marks a request in flight (skipped by the pass) or not.
+    pub fn set_inflight(&mut self, id: u64, inflight: bool) -> Result<(), Error> {
+        let h = self.handle(id)?;
+        self.sched.set_inflight(h, inflight)
+    }
+
+    /// Runs a pass and its adapter plan, and copies the output into the lists.
+    pub fn schedule(&mut self) -> Result<(), Error> {
+        self.sched.schedule(&mut self.out)?;
+        self.sched.ensure_batch(&mut self.out)?;
+        let (s, o, l) = (&self.sched, &self.out, &mut self.lists);
+        let entry = |x: &Listed, tokens: u32, last: bool| {
+            let e = s.get(x.handle()).ok();
+            let lora = e.and_then(|e| e.spec().lora);
+            KvschedEntry {
+                id: e.map_or(u64::MAX, |e| e.spec().id.0),
+                lora_task: lora.map_or(0, |t| t.0),
+                tokens,
+                slot: x.slot(),
+                has_lora: u8::from(lora.is_some()),
+                last: u8::from(last),
+            }
+        };
+        l.context.clear();
+        l.context.extend(
+            o.context()
+                .iter()
+                .map(|c| entry(&c.listed, c.tokens, c.last)),
+        );
+        for (list, src) in [
+            (&mut l.generation, o.generation()),
+            (&mut l.paused, o.paused()),
+            (&mut l.recompute_paused, o.recompute_paused()),
+            (&mut l.disagg, o.disagg()),
+            (&mut l.resumed, o.resumed()),
+        ] {
+            list.clear();
+            list.extend(src.iter().map(|x| entry(x, 0, false)));
+        }
+        l.adapter_loads.clear();
+        l.adapter_loads
+            .extend(o.adapter_loads().iter().map(|t| t.id.0));
+        Ok(())
+    }
+
+    /// The page moves since the last call, copied for the copy engine.
+    pub fn take_moves(&mut self) -> &[KvschedPageMove] {
+        let moves = self.sched.take_moves();
+        self.lists.moves.clear();
+        self.lists
+            .moves
+            .extend(moves.iter().map(|m| KvschedPageMove {
+                request: m.request.0,
+                src: m.src,
+                dst: m.dst,
+                from_host: u8::from(m.from == Tier::Host),
+            }));
+        &self.lists.moves
+    }
+
+    /// Completes the last pass's step.
+    pub fn complete_step(&mut self) -> Result<(), Error> {
+        self.sched.complete_step(&self.out)
+    }
+
+    /// A request's page table (GPU page ids; a host page carries the pool's host tag).
+    pub fn page_table(&self, id: u64) -> Result<&[u32], Error> {
+        let h = self.handle(id)?;
+        Ok(self.sched.kv().table(h.index()))
+    }
+
+    /// Disaggregated serving: a context-only request's send ended.
+    pub fn end_send(&mut self, id: u64, delivered: bool) -> Result<(), Error> {
+        let h = self.handle(id)?;
+        self.sched.end_send(h, end(delivered)).map(|_| ())
+    }
+
+    /// Disaggregated serving: a generation request's receive ended.
+    pub fn end_receive(&mut self, id: u64, delivered: bool) -> Result<(), Error> {
+        let h = self.handle(id)?;
+        self.sched.end_receive(h, end(delivered))
+    }
+
+    /// Live requests.
+    pub fn len(&self) -> usize {
+        self.sched.len()
+    }
+
+    /// No live request.
+    pub fn is_empty(&self) -> bool {
+        self.sched.is_empty()
+    }
+
+    /// Free GPU pages.
+    pub fn gpu_free(&self) -> u32 {
+        self.sched.kv().gpu_free()
+    }
+
+    /// The pass number of the last output.
+    pub fn pass(&self) -> u64 {
+        self.out.pass()
+    }
+}
+
+fn end(delivered: bool) -> TransferEnd {
+    if delivered {
+        TransferEnd::Delivered
+    } else {
+        TransferEnd::Failed
+    }
+}

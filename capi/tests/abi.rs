@@ -1,0 +1,131 @@
+//! The C ABI's refusals, from Rust: every bad call returns its code and a message, and changes nothing.
+
+use std::ffi::CStr;
+
+use kvsched_capi::*;
+
+fn last_error() -> String {
+    // SAFETY: the library returns a NUL-terminated string it keeps until the thread's next call.
+    unsafe { CStr::from_ptr(kvsched_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn request(id: u64, prompt: u32) -> KvschedRequest {
+    KvschedRequest {
+        id,
+        lora_task: 0,
+        prompt,
+        max_new_tokens: 8,
+        beam: 1,
+        draft: 0,
+        cache_salt: 0,
+        arrival: 0,
+        has_lora: 0,
+        kind: 0,
+        priority: 0,
+    }
+}
+
+#[test]
+fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
+    // The stack of a process's main thread, as a C caller has (a test thread has 2 MB).
+    std::thread::Builder::new()
+        .stack_size(8 << 20)
+        .spawn(refusals)
+        .expect("spawn")
+        .join()
+        .expect("no panic");
+}
+
+fn refusals() {
+    // SAFETY: every pointer comes from `kvsched_engine_new` or a local, as the header requires.
+    unsafe {
+        let mut e: *mut Engine = std::ptr::null_mut();
+        assert_eq!(
+            kvsched_engine_new(std::ptr::null(), &mut e),
+            KvschedStatus::NullPointer
+        );
+        let mut c = kvsched_config_default();
+        c.max_requests = KVSCHED_MAX_REQUESTS + 1;
+        assert_eq!(kvsched_engine_new(&c, &mut e), KvschedStatus::Invalid);
+        assert!(e.is_null() && last_error().contains("max_requests"));
+        c = kvsched_config_default();
+        c.gpu_pages = 0;
+        assert_eq!(kvsched_engine_new(&c, &mut e), KvschedStatus::Invalid);
+        c = kvsched_config_default();
+        c.max_blocks_per_request = 4;
+        assert_eq!(kvsched_engine_new(&c, &mut e), KvschedStatus::Ok);
+
+        // Too large for a page table of 4 pages of 32 tokens.
+        assert_eq!(
+            kvsched_submit(e, &request(1, 500), std::ptr::null(), 0),
+            KvschedStatus::TooLarge
+        );
+        assert!(last_error().contains("508 KV tokens"), "{}", last_error());
+        assert_eq!(kvsched_len(e), 0);
+        // Hashes claimed but not given.
+        assert_eq!(
+            kvsched_submit(e, &request(1, 64), std::ptr::null(), 2),
+            KvschedStatus::NullPointer
+        );
+        // An adapter nobody registered.
+        let mut lora = request(2, 64);
+        lora.has_lora = 1;
+        lora.lora_task = 7;
+        assert_eq!(
+            kvsched_submit(e, &lora, std::ptr::null(), 0),
+            KvschedStatus::Adapter
+        );
+        // A kind that does not exist.
+        let mut odd = request(3, 64);
+        odd.kind = 9;
+        assert_eq!(
+            kvsched_submit(e, &odd, std::ptr::null(), 0),
+            KvschedStatus::Invalid
+        );
+        assert_eq!(kvsched_len(e), 0);
+
+        assert_eq!(
+            kvsched_submit(e, &request(1, 64), std::ptr::null(), 0),
+            KvschedStatus::Ok
+        );
+        assert_eq!(
+            kvsched_submit(e, &request(1, 64), std::ptr::null(), 0),
+            KvschedStatus::UnknownRequest
+        );
+        // No transfer to end on a plain request.
+        assert_eq!(kvsched_end_send(e, 1, 1), KvschedStatus::Invalid);
+        assert_eq!(kvsched_end_receive(e, 1, 1), KvschedStatus::Invalid);
+        // A step completed before any pass.
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::StaleOutput);
+        let mut out = std::mem::zeroed::<KvschedOutput>();
+        assert_eq!(kvsched_schedule(e, &mut out), KvschedStatus::Ok);
+        assert_eq!(out.n_context, 1);
+        let entry = *out.context;
+        assert_eq!((entry.id, entry.tokens, entry.last), (1, 64, 1));
+        assert_eq!(
+            kvsched_schedule(e, std::ptr::null_mut()),
+            KvschedStatus::NullPointer
+        );
+        let (mut pages, mut n) = (std::ptr::null(), 0usize);
+        assert_eq!(
+            kvsched_page_table(e, 1, &mut pages, &mut n),
+            KvschedStatus::Ok
+        );
+        assert_eq!(n, 2, "64 prompt tokens in 32-token pages");
+        assert_eq!(
+            kvsched_page_table(e, 5, &mut pages, &mut n),
+            KvschedStatus::UnknownRequest
+        );
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+        assert_eq!(kvsched_finish(e, 1), KvschedStatus::Ok);
+        assert_eq!(kvsched_gpu_free(e), kvsched_config_default().gpu_pages);
+        kvsched_engine_free(e);
+        kvsched_engine_free(std::ptr::null_mut());
+        assert_eq!(
+            kvsched_finish(std::ptr::null_mut(), 1),
+            KvschedStatus::NullPointer
+        );
+    }
+}
