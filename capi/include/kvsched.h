@@ -377,12 +377,14 @@ enum kvsched_status kvsched_set_inflight(struct kvsched_engine *engine,
                                          uint8_t inflight);
 
 /**
- * Runs one scheduling pass and its adapter plan; `*out` describes the batch.
+ * Runs one scheduling pass and its adapter plan (the pass, then `ensure_batch`); `*out` describes the
+ * batch.
  *
  * # Safety
  * `engine` comes from [`kvsched_engine_new`]; `out` is valid.
  */
-enum kvsched_status kvsched_schedule(struct kvsched_engine *engine, struct kvsched_output *out);
+enum kvsched_status kvsched_schedule(struct kvsched_engine *engine,
+                                     struct kvsched_output *out);
 
 /**
  * The page moves logged since the last call, for the copy engine to run before the step (in order).

@@ -24,17 +24,25 @@ const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
 
 type Sched = Scheduler<KvPool<'static>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS>;
 
-/// The last pass's output, copied into plain-old-data lists.
-#[derive(Default)]
-pub(crate) struct Lists {
-    pub(crate) context: Vec<KvschedEntry>,
-    pub(crate) generation: Vec<KvschedEntry>,
-    pub(crate) paused: Vec<KvschedEntry>,
-    pub(crate) recompute_paused: Vec<KvschedEntry>,
-    pub(crate) disagg: Vec<KvschedEntry>,
-    pub(crate) resumed: Vec<KvschedEntry>,
-    pub(crate) adapter_loads: Vec<u64>,
-    pub(crate) moves: Vec<KvschedPageMove>,
+/// The last pass's output, copied into plain-old-data lists (what the bindings read).
+#[derive(Debug, Default)]
+pub struct Lists {
+    /// Context chunks to run.
+    pub context: Vec<KvschedEntry>,
+    /// Decode steps to run.
+    pub generation: Vec<KvschedEntry>,
+    /// Suspended this pass.
+    pub paused: Vec<KvschedEntry>,
+    /// Recompute-paused this pass (KV freed).
+    pub recompute_paused: Vec<KvschedEntry>,
+    /// Disaggregated generation requests whose pages are ready.
+    pub disagg: Vec<KvschedEntry>,
+    /// Scheduled requests whose KV came back from the host tier.
+    pub resumed: Vec<KvschedEntry>,
+    /// Adapters to load onto the device (task ids), after [`Engine::ensure_batch`].
+    pub adapter_loads: Vec<u64>,
+    /// The page moves of the last [`Engine::take_moves`].
+    pub moves: Vec<KvschedPageMove>,
 }
 
 /// One scheduler with its pools.
@@ -44,7 +52,7 @@ pub struct Engine {
     /// The pool's buffers, owned (from `Box::into_raw`), freed after the scheduler.
     mem: NonNull<KvMemory>,
     out: Box<SchedulerOutput<MAX_REQUESTS>>,
-    pub(crate) lists: Lists,
+    lists: Lists,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
@@ -162,10 +170,15 @@ impl Engine {
         self.sched.set_inflight(h, inflight)
     }
 
-    /// Runs a pass and its adapter plan, and copies the output into the lists.
+    /// The last pass's output, as plain-old-data lists.
+    pub fn lists(&self) -> &Lists {
+        &self.lists
+    }
+
+    /// Runs a pass and copies its output into the lists (the adapter loads come with
+    /// [`Engine::ensure_batch`]).
     pub fn schedule(&mut self) -> Result<(), Error> {
         self.sched.schedule(&mut self.out)?;
-        self.sched.ensure_batch(&mut self.out)?;
         let (s, o, l) = (&self.sched, &self.out, &mut self.lists);
         let entry = |x: &Listed, tokens: u32, last: bool| {
             let e = s.get(x.handle()).ok();
@@ -196,9 +209,17 @@ impl Engine {
             list.extend(src.iter().map(|x| entry(x, 0, false)));
         }
         l.adapter_loads.clear();
-        l.adapter_loads
-            .extend(o.adapter_loads().iter().map(|t| t.id.0));
         Ok(())
+    }
+
+    /// Makes the last pass's adapters resident: the task ids to load onto the device.
+    pub fn ensure_batch(&mut self) -> Result<&[u64], Error> {
+        self.sched.ensure_batch(&mut self.out)?;
+        let l = &mut self.lists;
+        l.adapter_loads.clear();
+        l.adapter_loads
+            .extend(self.out.adapter_loads().iter().map(|t| t.id.0));
+        Ok(&l.adapter_loads)
     }
 
     /// The page moves since the last call, copied for the copy engine.

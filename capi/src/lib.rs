@@ -382,7 +382,8 @@ pub unsafe extern "C" fn kvsched_set_inflight(
     guard(engine, |e| e.set_inflight(id, inflight != 0))
 }
 
-/// Runs one scheduling pass and its adapter plan; `*out` describes the batch.
+/// Runs one scheduling pass and its adapter plan (the pass, then `ensure_batch`); `*out` describes the
+/// batch.
 ///
 /// # Safety
 /// `engine` comes from [`kvsched_engine_new`]; `out` is valid.
@@ -398,7 +399,8 @@ pub unsafe extern "C" fn kvsched_schedule(
     };
     guard(engine, |e| {
         e.schedule()?;
-        let l = &e.lists;
+        e.ensure_batch()?;
+        let l = e.lists();
         *out = KvschedOutput {
             context: l.context.as_ptr(),
             n_context: l.context.len(),

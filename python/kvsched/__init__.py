@@ -1,0 +1,120 @@
+"""kvsched: the scheduler core for LLM serving, from Python.
+
+``Scheduler`` is the native scheduler (its KV pool and adapter cache inside): ``submit``, ``schedule``,
+``ensure_batch``, ``take_moves``, ``complete_step``, ``finish``. Errors are ``KvschedError`` and its
+subclasses, with the core's messages; a refused call changes nothing.
+
+``ReferenceShapedScheduler`` wraps it with the shape of TensorRT-LLM's scheduler result, so a
+PyExecutor-style loop can swap it in: ``schedule_request(active_requests, inflight_request_ids)``
+returns a ``SchedulerOutput`` whose lists hold the engine's own request objects.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List
+
+from ._native import (  # noqa: F401  (re-exported)
+    AdapterError,
+    CapacityError,
+    DeadlockError,
+    Entry,
+    KvschedError,
+    Output,
+    PageMove,
+    RequestTooLarge,
+    Scheduler,
+    StaleOutput,
+    UnknownRequest,
+)
+
+__all__ = [
+    "AdapterError",
+    "CapacityError",
+    "DeadlockError",
+    "Entry",
+    "KvschedError",
+    "Output",
+    "PageMove",
+    "ReferenceShapedScheduler",
+    "RequestTooLarge",
+    "Scheduler",
+    "SchedulerOutput",
+    "StaleOutput",
+    "UnknownRequest",
+]
+
+
+@dataclass
+class SchedulerOutput:
+    """The reference's scheduler result (``scheduler.py SchedulerOutput``), holding request objects."""
+
+    context_requests: List[Any] = field(default_factory=list)
+    generation_requests: List[Any] = field(default_factory=list)
+    paused_requests: List[Any] = field(default_factory=list)
+    recompute_paused_requests: List[Any] = field(default_factory=list)
+    fitting_disagg_gen_init_requests: List[Any] = field(default_factory=list)
+    num_fitting_requests: int = 0
+    #: Context chunk sizes by request id (the reference keeps them on the request objects).
+    chunk_tokens: Dict[int, int] = field(default_factory=dict)
+    #: Adapters to load onto the device before the step (task ids).
+    adapter_loads: List[int] = field(default_factory=list)
+    #: Page copies to run before the step.
+    page_moves: List[Any] = field(default_factory=list)
+
+
+class ReferenceShapedScheduler:
+    """A ``Scheduler`` behind the reference's calling convention.
+
+    Requests are the engine's own objects; ``id_of`` reads a request's id from one (default: its
+    ``py_request_id`` attribute, else ``request_id``). ``add_request`` submits one (keyword arguments go
+    to ``Scheduler.submit``); ``schedule_request`` runs a pass (and the adapter plan) and returns the
+    lists with those objects; ``complete_step`` and ``finish`` follow the executor's step.
+    """
+
+    def __init__(self, scheduler: Scheduler, id_of=None):
+        self.scheduler = scheduler
+        self._id_of = id_of or (lambda r: getattr(r, "py_request_id", getattr(r, "request_id", None)))
+        self._requests: Dict[int, Any] = {}
+        self._inflight: set = set()
+
+    def add_request(self, request: Any, prompt: int, **submit_args: Any) -> None:
+        rid = self._id_of(request)
+        self.scheduler.submit(rid, prompt, **submit_args)
+        self._requests[rid] = request
+
+    def schedule_request(
+        self, active_requests: Iterable[Any] = (), inflight_request_ids: Iterable[int] = ()
+    ) -> SchedulerOutput:
+        # ``active_requests`` is the executor's view; the scheduler keeps its own, in arrival order.
+        del active_requests
+        inflight = set(inflight_request_ids)
+        for rid in self._inflight - inflight:
+            if rid in self._requests:
+                self.scheduler.set_inflight(rid, False)
+        for rid in inflight - self._inflight:
+            if rid in self._requests:
+                self.scheduler.set_inflight(rid, True)
+        self._inflight = inflight & set(self._requests)
+        out = self.scheduler.schedule()
+        loads = self.scheduler.ensure_batch()
+        moves = self.scheduler.take_moves()
+        req = self._requests
+        return SchedulerOutput(
+            context_requests=[req[e.id] for e in out.context],
+            generation_requests=[req[e.id] for e in out.generation],
+            paused_requests=[req[e.id] for e in out.paused],
+            recompute_paused_requests=[req[e.id] for e in out.recompute_paused],
+            fitting_disagg_gen_init_requests=[req[e.id] for e in out.disagg],
+            num_fitting_requests=len(out.context) + len(out.generation),
+            chunk_tokens={e.id: e.tokens for e in out.context},
+            adapter_loads=loads,
+            page_moves=moves,
+        )
+
+    def complete_step(self) -> None:
+        self.scheduler.complete_step()
+
+    def finish(self, request: Any) -> None:
+        rid = self._id_of(request)
+        self.scheduler.finish(rid)
+        self._requests.pop(rid, None)
+        self._inflight.discard(rid)

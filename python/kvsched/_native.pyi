@@ -1,0 +1,79 @@
+"""Type stubs of the native module (python/src/lib.rs)."""
+
+from typing import List, Optional
+
+class KvschedError(Exception): ...
+class CapacityError(KvschedError): ...
+class RequestTooLarge(KvschedError): ...
+class UnknownRequest(KvschedError): ...
+class AdapterError(KvschedError): ...
+class DeadlockError(KvschedError): ...
+class StaleOutput(KvschedError): ...
+
+class Entry:
+    id: int
+    lora_task: Optional[int]
+    tokens: int
+    last: bool
+    slot: int
+
+class Output:
+    context: List[Entry]
+    generation: List[Entry]
+    paused: List[Entry]
+    recompute_paused: List[Entry]
+    disagg: List[Entry]
+    resumed: List[Entry]
+    pass_number: int
+
+class PageMove:
+    request: int
+    from_host: bool
+    src: int
+    dst: int
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        tokens_per_block: int = 32,
+        gpu_pages: int = 4096,
+        host_pages: int = 8192,
+        max_blocks_per_request: int = 256,
+        max_requests: int = 256,
+        max_batch: int = 256,
+        max_num_tokens: int = 8192,
+        chunk_unit: int = 512,
+        recompute_pause: bool = True,
+        prefix_cache: bool = True,
+        adapter_device_pages: int = 64,
+        adapter_host_pages: int = 1024,
+    ) -> None: ...
+    def register_adapter(self, task: int, pages: int) -> None: ...
+    def submit(
+        self,
+        id: int,
+        prompt: int,
+        *,
+        max_new_tokens: int = 0,
+        lora_task: Optional[int] = None,
+        beam: int = 1,
+        draft: int = 0,
+        kind: str = "plain",
+        hashes: Optional[List[int]] = None,
+        cache_salt: int = 0,
+        priority: int = 0,
+        arrival: int = 0,
+    ) -> None: ...
+    def schedule(self) -> Output: ...
+    def ensure_batch(self) -> List[int]: ...
+    def take_moves(self) -> List[PageMove]: ...
+    def complete_step(self) -> None: ...
+    def page_table(self, id: int) -> List[int]: ...
+    def finish(self, id: int) -> None: ...
+    def set_inflight(self, id: int, inflight: bool) -> None: ...
+    def end_send(self, id: int, delivered: bool = True) -> None: ...
+    def end_receive(self, id: int, delivered: bool = True) -> None: ...
+    @property
+    def gpu_free(self) -> int: ...
+    def __len__(self) -> int: ...

@@ -1,0 +1,341 @@
+//! The `kvsched._native` Python module (PyO3, abi3): the scheduler as Python objects, over the C ABI
+//! crate's engine (`kvsched_capi::Engine`: one pool, one adapter cache, one scheduler). The pure-Python
+//! package around it (`python/kvsched/`) adds the reference-shaped shim and the type stubs.
+#![deny(missing_docs)]
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest};
+use kvsched_core::error::Error;
+
+create_exception!(
+    _native,
+    KvschedError,
+    PyException,
+    "A call kvsched refused; nothing changed."
+);
+create_exception!(
+    _native,
+    CapacityError,
+    KvschedError,
+    "A fixed capacity is exhausted."
+);
+create_exception!(
+    _native,
+    RequestTooLarge,
+    KvschedError,
+    "A request larger than the KV pool."
+);
+create_exception!(
+    _native,
+    UnknownRequest,
+    KvschedError,
+    "An id that names no live request, or a duplicate."
+);
+create_exception!(
+    _native,
+    AdapterError,
+    KvschedError,
+    "The adapter cache refused."
+);
+create_exception!(
+    _native,
+    DeadlockError,
+    KvschedError,
+    "No request could be scheduled for the deadlock threshold's passes."
+);
+create_exception!(
+    _native,
+    StaleOutput,
+    KvschedError,
+    "A step completed twice, or before any pass."
+);
+
+/// The core's error as the Python exception of its kind, with the core's message.
+fn py_err(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::CapacityExhausted { .. } => CapacityError::new_err(msg),
+        Error::RequestTooLarge { .. } => RequestTooLarge::new_err(msg),
+        Error::DuplicateId(_) | Error::StaleHandle => UnknownRequest::new_err(msg),
+        Error::Peft(_) => AdapterError::new_err(msg),
+        Error::Deadlock { .. } => DeadlockError::new_err(msg),
+        Error::StaleOutput => StaleOutput::new_err(msg),
+        _ => KvschedError::new_err(msg),
+    }
+}
+
+/// One request of an output list.
+#[pyclass(frozen, get_all, module = "kvsched")]
+#[derive(Clone)]
+struct Entry {
+    /// The request's id.
+    id: u64,
+    /// Its adapter's task id, or None.
+    lora_task: Option<u64>,
+    /// Context list: the chunk's prompt tokens (0 elsewhere).
+    tokens: u32,
+    /// Context list: the chunk ends the prompt.
+    last: bool,
+    /// Its slot (its page-table row).
+    slot: u16,
+}
+
+#[pymethods]
+impl Entry {
+    fn __repr__(&self) -> String {
+        let lora = self.lora_task.map_or("None".into(), |t| t.to_string());
+        let last = if self.last { "True" } else { "False" };
+        format!(
+            "Entry(id={}, lora_task={lora}, tokens={}, last={last}, slot={})",
+            self.id, self.tokens, self.slot
+        )
+    }
+}
+
+fn entries(list: &[KvschedEntry]) -> Vec<Entry> {
+    list.iter()
+        .map(|e| Entry {
+            id: e.id,
+            lora_task: (e.has_lora != 0).then_some(e.lora_task),
+            tokens: e.tokens,
+            last: e.last != 0,
+            slot: e.slot,
+        })
+        .collect()
+}
+
+/// A pass's output: the lists of entries, as Python lists.
+#[pyclass(frozen, get_all, module = "kvsched")]
+struct Output {
+    /// Context chunks to run.
+    context: Vec<Entry>,
+    /// Decode steps to run.
+    generation: Vec<Entry>,
+    /// Suspended this pass (KV moved to the host tier or held).
+    paused: Vec<Entry>,
+    /// Recompute-paused this pass: KV freed, the prefill replays.
+    recompute_paused: Vec<Entry>,
+    /// Disaggregated generation requests whose pages are ready.
+    disagg: Vec<Entry>,
+    /// Scheduled requests whose KV came back from the host tier (copy the moves first).
+    resumed: Vec<Entry>,
+    /// The pass's number.
+    pass_number: u64,
+}
+
+/// One page copy between the tiers.
+#[pyclass(frozen, get_all, module = "kvsched")]
+struct PageMove {
+    /// Whose page.
+    request: u64,
+    /// True: host to GPU; false: GPU to host.
+    from_host: bool,
+    /// Source page in its tier.
+    src: u32,
+    /// Destination page in the other tier.
+    dst: u32,
+}
+
+/// The scheduler with its KV pool and adapter cache (capacities fixed at construction).
+#[pyclass(unsendable, module = "kvsched")]
+struct Scheduler {
+    engine: Engine,
+}
+
+#[pymethods]
+impl Scheduler {
+    #[new]
+    #[pyo3(signature = (*, tokens_per_block=32, gpu_pages=4096, host_pages=8192,
+        max_blocks_per_request=256, max_requests=256, max_batch=256, max_num_tokens=8192,
+        chunk_unit=512, recompute_pause=true, prefix_cache=true, adapter_device_pages=64,
+        adapter_host_pages=1024))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        tokens_per_block: u32,
+        gpu_pages: u32,
+        host_pages: u32,
+        max_blocks_per_request: u32,
+        max_requests: u32,
+        max_batch: u32,
+        max_num_tokens: u32,
+        chunk_unit: u32,
+        recompute_pause: bool,
+        prefix_cache: bool,
+        adapter_device_pages: u32,
+        adapter_host_pages: u32,
+    ) -> PyResult<Self> {
+        let c = KvschedConfig {
+            tokens_per_block,
+            gpu_pages,
+            host_pages,
+            max_blocks_per_request,
+            max_requests,
+            max_batch,
+            max_num_tokens,
+            chunk_unit,
+            recompute_pause: u8::from(recompute_pause),
+            prefix_cache: u8::from(prefix_cache),
+            adapter_device_pages,
+            adapter_host_pages,
+        };
+        Ok(Self {
+            engine: Engine::new(&c).map_err(py_err)?,
+        })
+    }
+
+    /// Registers a LoRA adapter of `pages` device pages under `task`.
+    fn register_adapter(&mut self, task: u64, pages: u32) -> PyResult<()> {
+        self.engine.register_adapter(task, pages).map_err(py_err)
+    }
+
+    /// Submits a request. `kind`: "plain", "context_only" (disaggregated: it sends its KV when its
+    /// prompt is computed) or "disagg_generation" (its prompt's KV arrives by a transfer). `hashes`:
+    /// its prompt's block hashes, one per full page, for prefix reuse.
+    #[pyo3(signature = (id, prompt, *, max_new_tokens=0, lora_task=None, beam=1, draft=0,
+        kind="plain", hashes=None, cache_salt=0, priority=0, arrival=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &mut self,
+        id: u64,
+        prompt: u32,
+        max_new_tokens: u32,
+        lora_task: Option<u64>,
+        beam: u32,
+        draft: u32,
+        kind: &str,
+        hashes: Option<Vec<u64>>,
+        cache_salt: u64,
+        priority: u8,
+        arrival: u64,
+    ) -> PyResult<()> {
+        let kind = match kind {
+            "plain" => 0,
+            "context_only" => 1,
+            "disagg_generation" => 2,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "kind must be plain, context_only or disagg_generation, not {other:?}"
+                )))
+            }
+        };
+        let r = KvschedRequest {
+            id,
+            lora_task: lora_task.unwrap_or(0),
+            prompt,
+            max_new_tokens,
+            beam,
+            draft,
+            cache_salt,
+            arrival,
+            has_lora: u8::from(lora_task.is_some()),
+            kind,
+            priority,
+        };
+        self.engine
+            .submit(&r, hashes.as_deref().unwrap_or(&[]))
+            .map_err(py_err)
+    }
+
+    /// Runs one scheduling pass.
+    fn schedule(&mut self) -> PyResult<Output> {
+        self.engine.schedule().map_err(py_err)?;
+        let l = self.engine.lists();
+        Ok(Output {
+            context: entries(&l.context),
+            generation: entries(&l.generation),
+            paused: entries(&l.paused),
+            recompute_paused: entries(&l.recompute_paused),
+            disagg: entries(&l.disagg),
+            resumed: entries(&l.resumed),
+            pass_number: self.engine.pass(),
+        })
+    }
+
+    /// Makes the last pass's adapters resident; returns the task ids to load onto the device.
+    fn ensure_batch(&mut self) -> PyResult<Vec<u64>> {
+        self.engine
+            .ensure_batch()
+            .map(<[u64]>::to_vec)
+            .map_err(py_err)
+    }
+
+    /// The page moves since the last call, in order: copy them before the step.
+    fn take_moves(&mut self) -> Vec<PageMove> {
+        self.engine
+            .take_moves()
+            .iter()
+            .map(|m| PageMove {
+                request: m.request,
+                from_host: m.from_host != 0,
+                src: m.src,
+                dst: m.dst,
+            })
+            .collect()
+    }
+
+    /// Completes the last pass's step (contexts advance, recompute-paused requests reset).
+    fn complete_step(&mut self) -> PyResult<()> {
+        self.engine.complete_step().map_err(py_err)
+    }
+
+    /// A request's page table (GPU page ids; a host page has bit 31 set).
+    fn page_table(&self, id: u64) -> PyResult<Vec<u32>> {
+        self.engine
+            .page_table(id)
+            .map(<[u32]>::to_vec)
+            .map_err(py_err)
+    }
+
+    /// Removes a finished or cancelled request.
+    fn finish(&mut self, id: u64) -> PyResult<()> {
+        self.engine.finish(id).map_err(py_err)
+    }
+
+    /// Marks a request in flight (the pass skips it) or not.
+    fn set_inflight(&mut self, id: u64, inflight: bool) -> PyResult<()> {
+        self.engine.set_inflight(id, inflight).map_err(py_err)
+    }
+
+    /// Disaggregated, context side: the send of a context-only request's KV ended.
+    #[pyo3(signature = (id, delivered=true))]
+    fn end_send(&mut self, id: u64, delivered: bool) -> PyResult<()> {
+        self.engine.end_send(id, delivered).map_err(py_err)
+    }
+
+    /// Disaggregated, generation side: the receive of a request's prompt KV ended.
+    #[pyo3(signature = (id, delivered=true))]
+    fn end_receive(&mut self, id: u64, delivered: bool) -> PyResult<()> {
+        self.engine.end_receive(id, delivered).map_err(py_err)
+    }
+
+    /// Free GPU KV pages.
+    #[getter]
+    fn gpu_free(&self) -> u32 {
+        self.engine.gpu_free()
+    }
+
+    fn __len__(&self) -> usize {
+        self.engine.len()
+    }
+}
+
+/// The module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Scheduler>()?;
+    m.add_class::<Output>()?;
+    m.add_class::<Entry>()?;
+    m.add_class::<PageMove>()?;
+    let py = m.py();
+    m.add("KvschedError", py.get_type::<KvschedError>())?;
+    m.add("CapacityError", py.get_type::<CapacityError>())?;
+    m.add("RequestTooLarge", py.get_type::<RequestTooLarge>())?;
+    m.add("UnknownRequest", py.get_type::<UnknownRequest>())?;
+    m.add("AdapterError", py.get_type::<AdapterError>())?;
+    m.add("DeadlockError", py.get_type::<DeadlockError>())?;
+    m.add("StaleOutput", py.get_type::<StaleOutput>())?;
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! Builds the `kvsched._native` extension (this package's cdylib), lays it out as the `kvsched`
+//! package beside `python/kvsched/`, and runs the pytest suite (`python/tests/test_*.py`) and the
+//! example (`examples/python/replay.py`) against it with the system's `python3`. pytest is installed
+//! with pip when missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python() -> Command {
+    Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+}
+
+/// The built extension, laid out as an importable package; returns the folder to put on `PYTHONPATH`.
+fn package(root: &Path) -> PathBuf {
+    let exe = std::env::current_exe().expect("test path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "-q", "-p", "kvsched-py"]);
+    if release {
+        build.arg("--release");
+    }
+    let built = build.status().expect("run cargo");
+    assert!(built.success(), "cargo build -p kvsched-py failed");
+    let lib = ["libkvsched_py.so", "libkvsched_py.dylib"]
+        .iter()
+        .map(|n| profile_dir.join(n))
+        .find(|p| p.exists())
+        .expect("the extension library");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pymodule");
+    let pkg = dir.join("kvsched");
+    std::fs::create_dir_all(&pkg).expect("package folder");
+    for f in ["__init__.py", "_native.pyi", "py.typed"] {
+        std::fs::copy(root.join("python/kvsched").join(f), pkg.join(f)).expect("copy the package");
+    }
+    std::fs::copy(lib, pkg.join("_native.abi3.so")).expect("copy the extension");
+    dir
+}
+
+fn ensure_pytest() {
+    let has = |c: &mut Command| {
+        c.args(["-c", "import pytest"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !has(&mut python()) {
+        let _ = python()
+            .args(["-m", "pip", "install", "--quiet", "pytest"])
+            .status();
+    }
+    assert!(
+        has(&mut python()),
+        "pytest is missing and `python3 -m pip install pytest` did not install it"
+    );
+}
+
+#[test]
+fn the_python_suite_and_example_pass_against_the_built_module() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = package(&root);
+    ensure_pytest();
+    let out = python()
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(root.join("python/tests"))
+        // Not from `python/`, whose source package (without the extension) would shadow the built one.
+        .current_dir(&path)
+        .env("PYTHONPATH", &path)
+        .output()
+        .expect("run pytest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pytest failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" passed"), "{stdout}");
+    let ex = python()
+        .arg(root.join("examples/python/replay.py"))
+        .args(["--requests", "200"])
+        .current_dir(&path)
+        .env("PYTHONPATH", &path)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&ex.stdout);
+    assert!(
+        ex.status.success(),
+        "replay.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&ex.stderr)
+    );
+    assert!(stdout.contains("replayed 200 requests"), "{stdout}");
+    assert!(
+        stdout.contains("schedule() from Python, S1-256"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,187 @@
+"""The kvsched Python module: a serving loop, errors as exceptions, the seeds' PEFT bug (written from
+Python), prefix reuse, disaggregated transfers and the reference-shaped shim."""
+
+import pytest
+
+import kvsched
+
+
+def small(**kw):
+    args = dict(tokens_per_block=16, gpu_pages=96, host_pages=64, max_blocks_per_request=32,
+                max_requests=32, max_num_tokens=256, chunk_unit=64, adapter_device_pages=4,
+                adapter_host_pages=16)
+    args.update(kw)
+    return kvsched.Scheduler(**args)
+
+
+def run_to_completion(s, out_len, max_passes=10000):
+    """Passes until every request produced `out_len` tokens; returns (passes, produced)."""
+    produced = {}
+    passes = 0
+    while len(s) and passes < max_passes:
+        out = s.schedule()
+        s.ensure_batch()
+        s.take_moves()
+        for e in out.context:
+            if e.last:
+                produced[e.id] = produced.get(e.id, 0) + 1
+        for e in out.generation:
+            produced[e.id] = produced.get(e.id, 0) + 1
+            assert s.page_table(e.id), "a batched request has pages"
+        for e in out.recompute_paused:
+            produced[e.id] = 0
+        s.complete_step()
+        for e in out.generation:
+            if produced[e.id] >= out_len:
+                s.finish(e.id)
+        passes += 1
+    return passes, produced
+
+
+def test_a_serving_loop_finishes_every_request():
+    s = small()
+    s.register_adapter(100, 2)
+    s.register_adapter(101, 2)
+    for i in range(24):
+        lora = None if i % 3 == 0 else 100 + i % 2
+        hashes = [7000 + b for b in range(4)] + [1000 * (i + 1) + b for b in range(2)]
+        s.submit(i, 96 + 16 * (i % 4), max_new_tokens=12, lora_task=lora, hashes=hashes)
+    passes, produced = run_to_completion(s, 12)
+    assert len(s) == 0
+    assert len(produced) == 24 and all(n >= 12 for n in produced.values())
+
+
+def test_errors_are_exceptions_with_the_cores_messages_and_change_nothing():
+    s = small()
+    s.submit(1, 64, max_new_tokens=4)
+    with pytest.raises(kvsched.UnknownRequest, match="already in use"):
+        s.submit(1, 64)
+    with pytest.raises(kvsched.RequestTooLarge, match="KV tokens"):
+        s.submit(2, 10_000)
+    with pytest.raises(kvsched.AdapterError):
+        s.submit(3, 64, lora_task=999)
+    with pytest.raises(ValueError):
+        s.submit(4, 64, kind="sideways")
+    assert len(s) == 1
+    with pytest.raises(kvsched.StaleOutput):
+        s.complete_step()
+    with pytest.raises(kvsched.UnknownRequest):
+        s.finish(42)
+    with pytest.raises(kvsched.KvschedError):
+        s.end_send(1)
+    with pytest.raises(kvsched.KvschedError, match="max_requests"):
+        kvsched.Scheduler(max_requests=0)
+    out = s.schedule()
+    assert [e.id for e in out.context] == [1]
+    s.complete_step()
+    with pytest.raises(kvsched.StaleOutput):
+        s.complete_step()
+
+
+def seeds(victim):
+    """The seeds' bug (TensorRT-LLM #18407), from Python: a device adapter cache with room for one
+    adapter; A decodes on adapter 1 holding four of the five GPU pages, B arrives on adapter 2. A's
+    next step needs a page: A is suspended to the host tier (self-evicted, or evicted by F whose own
+    step needs a page). Suspension returns A's lease, so B is admitted in the same pass and its
+    adapter loads; when A's KV comes back it holds a lease again (its adapter reloads) before it is
+    batched."""
+    s = kvsched.Scheduler(tokens_per_block=4, gpu_pages=5, host_pages=8, max_blocks_per_request=8,
+                          max_requests=4, max_batch=100, max_num_tokens=1024, chunk_unit=0,
+                          prefix_cache=False, adapter_device_pages=1, adapter_host_pages=8)
+    s.register_adapter(1, 1)
+    s.register_adapter(2, 1)
+    s.submit(5, 4 if victim else 3, max_new_tokens=1)          # F, no adapter
+    s.submit(1, 4, max_new_tokens=1, lora_task=2)              # B, held back
+    s.set_inflight(1, True)
+    s.submit(0, 16, max_new_tokens=1, lora_task=1)             # A
+    s.schedule()
+    s.ensure_batch()
+    s.take_moves()
+    s.complete_step()
+    assert s.gpu_free == 0
+    s.set_inflight(1, False)
+    out = s.schedule()
+    assert [e.id for e in out.paused] == [0], "A is suspended"
+    assert [e.id for e in out.context] == [1], "B is admitted in the same pass"
+    assert s.ensure_batch() == [2], "B's adapter loads: A's device copy is evictable"
+    assert any(not m.from_host for m in s.take_moves()), "A's pages go down to the host tier"
+    s.complete_step()
+    s.finish(1)
+    s.finish(5)
+    out = s.schedule()
+    assert [e.id for e in out.resumed] == [0]
+    assert [e.id for e in out.generation] == [0]
+    assert s.ensure_batch() == [1], "A's adapter comes back with its lease"
+    assert any(m.from_host for m in s.take_moves()), "A's pages come back up"
+    s.complete_step()
+
+
+def test_the_seeds_peft_bug_is_fixed_when_a_victim_is_evicted():
+    seeds(victim=True)
+
+
+def test_the_seeds_peft_bug_is_fixed_when_the_request_evicts_itself():
+    seeds(victim=False)
+
+
+def test_prefix_reuse_skips_the_cached_blocks():
+    s = small()
+    hashes = [11, 12, 13, 14]
+    s.submit(1, 70, max_new_tokens=2, hashes=hashes)
+    first = s.schedule().context[0]
+    s.complete_step()
+    s.submit(2, 70, max_new_tokens=2, hashes=hashes)
+    out = s.schedule()
+    second = [e for e in out.context if e.id == 2][0]
+    # The second prompt's four cached blocks (64 tokens) are reused: it computes the rest.
+    assert first.tokens == 70 and second.tokens == 70 - 64, (first, second)
+
+
+def test_a_disaggregated_request_is_sent_by_one_engine_and_received_by_another():
+    p, d = small(), small()
+    free = p.gpu_free
+    p.submit(42, 100, max_new_tokens=8, kind="context_only")
+    for _ in range(4):
+        p.schedule()
+        p.complete_step()
+    assert p.gpu_free < free, "the send keeps its pages"
+    out = p.schedule()
+    assert not out.context and not out.generation
+    p.complete_step()
+    d.submit(42, 100, max_new_tokens=8, kind="disagg_generation")
+    out = d.schedule()
+    assert [e.id for e in out.disagg] == [42]
+    d.complete_step()
+    d.end_receive(42)
+    p.end_send(42)
+    assert p.gpu_free == free and len(p) == 0
+    out = d.schedule()
+    assert [e.id for e in out.generation] == [42]
+    d.complete_step()
+
+
+class LlmRequest:
+    """An engine's own request object, as the reference's executor has."""
+
+    def __init__(self, rid):
+        self.py_request_id = rid
+
+
+def test_the_reference_shaped_shim_returns_the_engines_own_objects():
+    shim = kvsched.ReferenceShapedScheduler(small())
+    reqs = [LlmRequest(i) for i in range(3)]
+    for r in reqs:
+        shim.add_request(r, 40, max_new_tokens=2)
+    out = shim.schedule_request(reqs, inflight_request_ids=[2])
+    assert out.context_requests == reqs[:2], "request 2 is in flight"
+    assert out.num_fitting_requests == 2
+    assert out.chunk_tokens == {0: 40, 1: 40}
+    shim.complete_step()
+    out = shim.schedule_request(reqs)
+    assert out.generation_requests == reqs[:2]
+    assert out.context_requests == [reqs[2]]
+    assert isinstance(out, kvsched.SchedulerOutput)
+    shim.complete_step()
+    for r in reqs:
+        shim.finish(r)
+    assert len(shim.scheduler) == 0
