@@ -24,6 +24,52 @@
 //! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler output
 //!   and its plain-old-data wire form.
 //! - [`scheduler`]: the request table and the scheduling pass, one file per rule.
+//!
+//! A serving loop over buffers on the stack (no heap; the `memory` module owns them on the heap with the
+//! `alloc` feature):
+//!
+//! ```
+//! use kvsched_core::adapter::AdapterPool;
+//! use kvsched_core::config::Config;
+//! use kvsched_core::kv::PageMove;
+//! use kvsched_core::output::SchedulerOutput;
+//! use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
+//! use kvsched_core::request::{RequestSpec, TaskId};
+//! use kvsched_core::scheduler::Scheduler;
+//! use kvsched_core::Phase;
+//!
+//! // 64 GPU and 64 host pages of 16 tokens; 8 requests of up to 16 pages.
+//! let cfg = KvPoolConfig { tokens_per_block: 16, gpu_pages: 64, host_pages: 64, slots: 8, max_blocks: 16 };
+//! let (mut gpu, mut host) = ([0u32; 64], [0u32; 64]);
+//! let mut tables = [0u32; 8 * 16];
+//! let mut seqs = [Seq::default(); 8];
+//! let mut moves = [PageMove::default(); 128];
+//! assert!(moves.len() >= cfg.move_log_len() && tables.len() == cfg.table_len());
+//! let storage = KvStorage {
+//!     gpu_free: &mut gpu,
+//!     host_free: &mut host,
+//!     tables: &mut tables,
+//!     seqs: &mut seqs,
+//!     moves: &mut moves[..cfg.move_log_len()],
+//!     prefix: None,
+//! };
+//! let pool = KvPool::new(cfg, storage)?;
+//! let mut adapters = AdapterPool::<4>::new(4, 16)?;
+//! adapters.register(TaskId(7), 2)?;
+//! let mut sched: Scheduler<_, _, 8, 4> = Scheduler::new(Config::default(), pool, adapters)?;
+//! let mut out = SchedulerOutput::<8>::new();
+//!
+//! let h = sched.submit(RequestSpec::new(1, Phase::ContextInit, 100).with_lora(7))?;
+//! for _ in 0..3 {
+//!     sched.schedule(&mut out)?; // the batch: out.context(), out.generation(), …
+//!     sched.ensure_batch(&mut out)?; // out.adapter_loads(): adapters to copy in
+//!     let _copies = sched.take_moves(); // page copies to run before the step
+//!     sched.complete_step(&out)?; // the engine ran the step
+//! }
+//! assert_eq!(sched.get(h)?.spec().phase, Phase::GenerationInProgress);
+//! sched.remove(h)?;
+//! # Ok::<(), kvsched_core::Error>(())
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
