@@ -9,8 +9,8 @@ PyExecutor-style loop can swap it in: ``schedule_request(active_requests, inflig
 returns a ``SchedulerOutput`` whose lists hold the engine's own request objects.
 """
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Optional
 
 from ._native import (  # noqa: F401  (re-exported)
     AdapterError,
@@ -35,12 +35,36 @@ __all__ = [
     "Output",
     "PageMove",
     "ReferenceShapedScheduler",
+    "RequestSpec",
     "RequestTooLarge",
     "Scheduler",
     "SchedulerOutput",
     "StaleOutput",
     "UnknownRequest",
 ]
+
+
+@dataclass
+class RequestSpec:
+    """A request as plain data: ``spec.submit_to(scheduler)`` submits it (``Scheduler.submit``'s fields)."""
+
+    id: int
+    prompt: int
+    max_new_tokens: int = 0
+    lora_task: Optional[int] = None
+    beam: int = 1
+    draft: int = 0
+    #: "plain", "context_only" (disaggregated prefill) or "disagg_generation" (its KV arrives by transfer).
+    kind: str = "plain"
+    #: The prompt's block hashes, one per full page (prefix reuse).
+    hashes: Optional[List[int]] = None
+    cache_salt: int = 0
+    priority: int = 0
+    arrival: int = 0
+
+    def submit_to(self, scheduler: Scheduler) -> None:
+        args = asdict(self)
+        scheduler.submit(args.pop("id"), args.pop("prompt"), **args)
 
 
 @dataclass
@@ -76,9 +100,12 @@ class ReferenceShapedScheduler:
         self._requests: Dict[int, Any] = {}
         self._inflight: set = set()
 
-    def add_request(self, request: Any, prompt: int, **submit_args: Any) -> None:
+    def add_request(self, request: Any, spec: RequestSpec) -> None:
+        """Submits ``spec`` for the engine's ``request`` (its id must be ``spec.id``)."""
         rid = self._id_of(request)
-        self.scheduler.submit(rid, prompt, **submit_args)
+        if rid != spec.id:
+            raise ValueError(f"the request's id {rid} is not the spec's {spec.id}")
+        spec.submit_to(self.scheduler)
         self._requests[rid] = request
 
     def schedule_request(

@@ -127,7 +127,7 @@ def test_the_seeds_peft_bug_is_fixed_when_the_request_evicts_itself():
 def test_prefix_reuse_skips_the_cached_blocks():
     s = small()
     hashes = [11, 12, 13, 14]
-    s.submit(1, 70, max_new_tokens=2, hashes=hashes)
+    kvsched.RequestSpec(1, 70, max_new_tokens=2, hashes=hashes).submit_to(s)
     first = s.schedule().context[0]
     s.complete_step()
     s.submit(2, 70, max_new_tokens=2, hashes=hashes)
@@ -171,7 +171,9 @@ def test_the_reference_shaped_shim_returns_the_engines_own_objects():
     shim = kvsched.ReferenceShapedScheduler(small())
     reqs = [LlmRequest(i) for i in range(3)]
     for r in reqs:
-        shim.add_request(r, 40, max_new_tokens=2)
+        shim.add_request(r, kvsched.RequestSpec(r.py_request_id, 40, max_new_tokens=2))
+    with pytest.raises(ValueError):
+        shim.add_request(LlmRequest(9), kvsched.RequestSpec(8, 40))
     out = shim.schedule_request(reqs, inflight_request_ids=[2])
     assert out.context_requests == reqs[:2], "request 2 is in flight"
     assert out.num_fitting_requests == 2

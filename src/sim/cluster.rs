@@ -57,16 +57,9 @@ impl std::str::FromStr for RemoteStoreOptions {
             .and_then(|p| p.parse::<u32>().ok())
             .filter(|&p| p > 0)
             .ok_or_else(bad)?;
-        let mut num = |default: f64| match it.next() {
-            None => Ok(default),
-            Some(x) => x
-                .parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .ok_or_else(bad),
-        };
         // A remote read over RDMA (NIXL, Mooncake's transfer engine): tens of µs, 25 GB/s.
-        let (latency_us, gbps) = (num(50.0)?, num(25.0)?);
+        let latency_us = positive_or(it.next(), 50.0).ok_or_else(bad)?;
+        let gbps = positive_or(it.next(), 25.0).ok_or_else(bad)?;
         if it.next().is_some() {
             return Err(bad());
         }
@@ -75,6 +68,14 @@ impl std::str::FromStr for RemoteStoreOptions {
             latency_us,
             gbps,
         })
+    }
+}
+
+/// An optional positive number of a colon-separated option (`None` for a bad one): `default` when absent.
+pub(super) fn positive_or(field: Option<&str>, default: f64) -> Option<f64> {
+    match field {
+        None => Some(default),
+        Some(x) => x.parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0),
     }
 }
 

@@ -48,16 +48,9 @@ impl std::str::FromStr for DisaggOptions {
                 .filter(|&x| x > 0)
         };
         let (prefill, decode) = (count().ok_or_else(bad)?, count().ok_or_else(bad)?);
-        let mut num = |default: f64| match it.next() {
-            None => Ok(default),
-            Some(x) => x
-                .parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .ok_or_else(bad),
-        };
         // One RDMA link (NIXL over 400 Gb/s InfiniBand): tens of µs, 50 GB/s.
-        let (latency_us, gbps) = (num(50.0)?, num(50.0)?);
+        let latency_us = super::cluster::positive_or(it.next(), 50.0).ok_or_else(bad)?;
+        let gbps = super::cluster::positive_or(it.next(), 50.0).ok_or_else(bad)?;
         if it.next().is_some() {
             return Err(bad());
         }
