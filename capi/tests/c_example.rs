@@ -4,16 +4,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "support/build.rs"]
+mod build;
+
 #[test]
 fn the_c_serving_loop_builds_and_runs_under_the_sanitizers() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    // The static library sits beside this test's `deps` folder (the same profile).
-    let exe = std::env::current_exe().expect("test path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps");
-    let lib = profile_dir.join("libkvsched_capi.a");
+    let lib = build::build_library("kvsched-capi").join("libkvsched_capi.a");
     assert!(lib.exists(), "{} missing", lib.display());
     let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve_loop");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());

@@ -6,25 +6,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../../capi/tests/support/build.rs"]
+mod build;
+
 fn python() -> Command {
     Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
 }
 
 /// The built extension, laid out as an importable package; returns the folder to put on `PYTHONPATH`.
 fn package(root: &Path) -> PathBuf {
-    let exe = std::env::current_exe().expect("test path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
-    let release = profile_dir.file_name().is_some_and(|n| n == "release");
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "-q", "-p", "kvsched-py"]);
-    if release {
-        build.arg("--release");
-    }
-    let built = build.status().expect("run cargo");
-    assert!(built.success(), "cargo build -p kvsched-py failed");
+    let profile_dir = build::build_library("kvsched-py");
     let lib = ["libkvsched_py.so", "libkvsched_py.dylib"]
         .iter()
         .map(|n| profile_dir.join(n))
