@@ -247,7 +247,8 @@ typedef struct kvsched_output {
    */
   size_t n_recompute_paused;
   /**
-   * Disaggregated generation requests whose pages are ready: start their receives.
+   * Disaggregated generation requests whose pages are ready: start their receives
+   * ([`kvsched_start_receive`]).
    */
   const struct kvsched_entry *disagg;
   /**
@@ -424,6 +425,15 @@ enum kvsched_status kvsched_page_table(struct kvsched_engine *engine,
  * `engine` comes from [`kvsched_engine_new`] (or is null, which is refused).
  */
 enum kvsched_status kvsched_end_send(struct kvsched_engine *engine, uint64_t id, uint8_t delivered);
+
+/**
+ * Disaggregated serving, generation side: the transceiver starts writing a request's prompt KV into
+ * the pages a pass prepared (the request was listed in `disagg`).
+ *
+ * # Safety
+ * `engine` comes from [`kvsched_engine_new`] (or is null, which is refused).
+ */
+enum kvsched_status kvsched_start_receive(struct kvsched_engine *engine, uint64_t id);
 
 /**
  * Disaggregated serving, generation side: the receive of a request's prompt KV ended (delivered 1:

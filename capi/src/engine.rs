@@ -254,6 +254,12 @@ impl Engine {
         self.sched.end_send(h, end(delivered)).map(|_| ())
     }
 
+    /// Disaggregated serving: the receive into a prepared generation request's pages starts.
+    pub fn start_receive(&mut self, id: u64) -> Result<(), Error> {
+        let h = self.handle(id)?;
+        self.sched.start_receive(h)
+    }
+
     /// Disaggregated serving: a generation request's receive ended.
     pub fn end_receive(&mut self, id: u64, delivered: bool) -> Result<(), Error> {
         let h = self.handle(id)?;

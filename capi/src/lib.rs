@@ -215,7 +215,8 @@ pub struct KvschedOutput {
     pub recompute_paused: *const KvschedEntry,
     /// Their number.
     pub n_recompute_paused: usize,
-    /// Disaggregated generation requests whose pages are ready: start their receives.
+    /// Disaggregated generation requests whose pages are ready: start their receives
+    /// ([`kvsched_start_receive`]).
     pub disagg: *const KvschedEntry,
     /// Their number.
     pub n_disagg: usize,
@@ -489,6 +490,16 @@ pub unsafe extern "C" fn kvsched_end_send(
     delivered: u8,
 ) -> KvschedStatus {
     guard(engine, |e| e.end_send(id, delivered != 0))
+}
+
+/// Disaggregated serving, generation side: the transceiver starts writing a request's prompt KV into
+/// the pages a pass prepared (the request was listed in `disagg`).
+///
+/// # Safety
+/// `engine` comes from [`kvsched_engine_new`] (or is null, which is refused).
+#[no_mangle]
+pub unsafe extern "C" fn kvsched_start_receive(engine: *mut Engine, id: u64) -> KvschedStatus {
+    guard(engine, |e| e.start_receive(id))
 }
 
 /// Disaggregated serving, generation side: the receive of a request's prompt KV ended (delivered 1:

@@ -158,7 +158,9 @@ static int disaggregated(void) {
     CHECK(kvsched_submit(d, &r, NULL, 0));
     CHECK(kvsched_schedule(d, &out));
     EXPECT(out.n_disagg == 1 && out.disagg[0].id == 42);
-    CHECK(kvsched_complete_step(d)); /* the receive starts */
+    CHECK(kvsched_complete_step(d));
+    EXPECT(kvsched_end_receive(d, 42, 1) == KVSCHED_STATUS_INVALID); /* not started */
+    CHECK(kvsched_start_receive(d, 42));
     /* ... the transceiver moves the KV; both ends learn it arrived ... */
     CHECK(kvsched_end_receive(d, 42, 1));
     CHECK(kvsched_end_send(p, 42, 1));

@@ -6,6 +6,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
 use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest};
 use kvsched_core::error::Error;
@@ -95,33 +96,33 @@ impl Entry {
     }
 }
 
-fn entries(list: &[KvschedEntry]) -> Vec<Entry> {
-    list.iter()
-        .map(|e| Entry {
-            id: e.id,
-            lora_task: (e.has_lora != 0).then_some(e.lora_task),
-            tokens: e.tokens,
-            last: e.last != 0,
-            slot: e.slot,
-        })
-        .collect()
+/// One output list as a Python list of entries, built once (the attribute returns the same list).
+fn entries(py: Python<'_>, list: &[KvschedEntry]) -> PyResult<Py<PyList>> {
+    let entries = list.iter().map(|e| Entry {
+        id: e.id,
+        lora_task: (e.has_lora != 0).then_some(e.lora_task),
+        tokens: e.tokens,
+        last: e.last != 0,
+        slot: e.slot,
+    });
+    Ok(PyList::new(py, entries)?.unbind())
 }
 
 /// A pass's output: the lists of entries, as Python lists.
 #[pyclass(frozen, get_all, module = "kvsched")]
 struct Output {
     /// Context chunks to run.
-    context: Vec<Entry>,
+    context: Py<PyList>,
     /// Decode steps to run.
-    generation: Vec<Entry>,
+    generation: Py<PyList>,
     /// Suspended this pass (KV moved to the host tier or held).
-    paused: Vec<Entry>,
+    paused: Py<PyList>,
     /// Recompute-paused this pass: KV freed, the prefill replays.
-    recompute_paused: Vec<Entry>,
+    recompute_paused: Py<PyList>,
     /// Disaggregated generation requests whose pages are ready.
-    disagg: Vec<Entry>,
+    disagg: Py<PyList>,
     /// Scheduled requests whose KV came back from the host tier (copy the moves first).
-    resumed: Vec<Entry>,
+    resumed: Py<PyList>,
     /// The pass's number.
     pass_number: u64,
 }
@@ -239,17 +240,17 @@ impl Scheduler {
             .map_err(py_err)
     }
 
-    /// Runs one scheduling pass.
-    fn schedule(&mut self) -> PyResult<Output> {
+    /// Runs one scheduling pass; its lists are built as Python objects here, once.
+    fn schedule(&mut self, py: Python<'_>) -> PyResult<Output> {
         self.engine.schedule().map_err(py_err)?;
         let l = self.engine.lists();
         Ok(Output {
-            context: entries(&l.context),
-            generation: entries(&l.generation),
-            paused: entries(&l.paused),
-            recompute_paused: entries(&l.recompute_paused),
-            disagg: entries(&l.disagg),
-            resumed: entries(&l.resumed),
+            context: entries(py, &l.context)?,
+            generation: entries(py, &l.generation)?,
+            paused: entries(py, &l.paused)?,
+            recompute_paused: entries(py, &l.recompute_paused)?,
+            disagg: entries(py, &l.disagg)?,
+            resumed: entries(py, &l.resumed)?,
             pass_number: self.engine.pass(),
         })
     }
@@ -303,6 +304,11 @@ impl Scheduler {
     #[pyo3(signature = (id, delivered=true))]
     fn end_send(&mut self, id: u64, delivered: bool) -> PyResult<()> {
         self.engine.end_send(id, delivered).map_err(py_err)
+    }
+
+    /// Disaggregated, generation side: the receive into the pages a pass prepared starts.
+    fn start_receive(&mut self, id: u64) -> PyResult<()> {
+        self.engine.start_receive(id).map_err(py_err)
     }
 
     /// Disaggregated, generation side: the receive of a request's prompt KV ended.

@@ -73,6 +73,7 @@ def test_errors_are_exceptions_with_the_cores_messages_and_change_nothing():
         kvsched.Scheduler(max_requests=0)
     out = s.schedule()
     assert [e.id for e in out.context] == [1]
+    assert out.context is out.context, "a list is built once, not on every access"
     s.complete_step()
     with pytest.raises(kvsched.StaleOutput):
         s.complete_step()
@@ -152,6 +153,9 @@ def test_a_disaggregated_request_is_sent_by_one_engine_and_received_by_another()
     out = d.schedule()
     assert [e.id for e in out.disagg] == [42]
     d.complete_step()
+    with pytest.raises(kvsched.KvschedError, match="not receiving"):
+        d.end_receive(42)
+    d.start_receive(42)
     d.end_receive(42)
     p.end_send(42)
     assert p.gpu_free == free and len(p) == 0

@@ -546,26 +546,21 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             run.sched
                 .complete_step(&out)
                 .map_err(|e| format!("passes[{k}]: complete_step: {e}"))?;
-            // The format leaves a scheduled disagg request as it was (version 1): `complete_step`
-            // started its receive; a scenario says when a transfer runs (`update` its state).
-            for l in out.disagg() {
-                let _ = run
-                    .sched
-                    .update(l.handle(), |s| s.phase = Phase::DisaggGenerationInit);
-            }
-            for (j, t) in pass.end_send.iter().enumerate() {
-                let field = format!("passes[{k}].end_send[{j}]");
-                let h = run.find(&field, t.id)?;
-                run.sched
-                    .end_send(h, transfer_end(t.outcome))
-                    .map_err(|e| format!("malformed: {field}: {e}"))?;
-            }
-            for (j, t) in pass.end_receive.iter().enumerate() {
-                let field = format!("passes[{k}].end_receive[{j}]");
-                let h = run.find(&field, t.id)?;
-                run.sched
-                    .end_receive(h, transfer_end(t.outcome))
-                    .map_err(|e| format!("malformed: {field}: {e}"))?;
+            let ends = [
+                ("end_send", &pass.end_send),
+                ("end_receive", &pass.end_receive),
+            ];
+            for (name, list) in ends {
+                for (j, t) in list.iter().enumerate() {
+                    let field = format!("passes[{k}].{name}[{j}]");
+                    let h = run.find(&field, t.id)?;
+                    let how = transfer_end(t.outcome);
+                    let ended = match name {
+                        "end_send" => run.sched.end_send(h, how).map(|_| ()),
+                        _ => run.sched.end_receive(h, how),
+                    };
+                    ended.map_err(|e| format!("malformed: {field}: {e}"))?;
+                }
             }
             for &id in &pass.remove {
                 let h = run

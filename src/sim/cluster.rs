@@ -347,7 +347,7 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
     let mut sims = Vec::with_capacity(replicas as usize);
     for ((e, c), &role) in engines.iter_mut().zip(conns.iter_mut()).zip(&roles) {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
-        sims.push(e.sim(o, &w, connector)?.routed().with_role(role));
+        sims.push(e.sim(o, &w, connector, role)?.routed());
     }
     let mut router = Router::new(&w, routed as u32, o.route);
     // Disaggregated: the prefill engine each arrival went to (its send's end is told there).

@@ -437,7 +437,7 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
 /// One engine replaying `w` (its adapters and sessions assigned).
 fn engine(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
     let mut e = Replica::new(o, &w)?;
-    let mut sim = e.sim(o, &w, None)?;
+    let mut sim = e.sim(o, &w, None, disagg::Role::Mixed)?;
     while sim.step()? {}
     Ok(sim.report())
 }
@@ -486,13 +486,16 @@ impl Replica {
         })
     }
 
-    /// The engine's simulation of `w`: its scheduler over these buffers, with `connector` attached to
-    /// its KV pool when given.
+    /// The engine's simulation of `w` in `role`: its scheduler over these buffers, with `connector`
+    /// attached to its KV pool when given. A decode engine of a disaggregated cluster runs without
+    /// recompute pause, as the reference's executor configures one: it received its prompts' KV and
+    /// does not replay prefills.
     fn sim<'s, 'w>(
         &'s mut self,
         o: &'s SimOptions,
         w: &'w Workload,
         connector: Option<&'s mut dyn kvsched_core::connector::KvConnector>,
+        role: disagg::Role,
     ) -> Result<run_loop::Sim<'s, 'w>, SimError> {
         let opt = |e: kvsched_core::Error| SimError::Options(e.to_string());
         let kv_cfg = self.kv_cfg;
@@ -529,7 +532,7 @@ impl Replica {
             max_context_length: Some(o.max_tokens),
             chunking: o.chunking,
             policy: o.policy,
-            recompute_pause: o.recompute_pause,
+            recompute_pause: o.recompute_pause && role != disagg::Role::Decode,
             prefix_aware: true,
             window: Window::Decoder,
             deadlock_threshold: o.deadlock_threshold,
@@ -538,7 +541,7 @@ impl Replica {
             drain_after: o.drain_after,
         };
         let sched: Box<Sched<'s>> = Box::new(Scheduler::new(cfg, kv, pool).map_err(opt)?);
-        Ok(run_loop::Sim::new(o, w, sched, Box::default(), kv_cfg))
+        Ok(run_loop::Sim::new(o, w, sched, Box::default(), kv_cfg).with_role(role))
     }
 }
 

@@ -539,6 +539,9 @@ impl<'s, 'w> Sim<'s, 'w> {
             let Some(lv) = self.live[l.slot() as usize].as_ref() else {
                 continue;
             };
+            self.sched
+                .start_receive(lv.handle)
+                .map_err(scheduler_error)?;
             let t = TransferEndAt {
                 arrival: lv.arrival,
                 at_ms: self.pass_ms + link.transfer_ms(lv.prompt0),

@@ -1326,8 +1326,12 @@ impl<'a> Harness<'a> {
                 }
             }
         }
+        // The transceiver starts the receives into the pages the pass prepared.
         for did in disagg {
             if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == did) {
+                self.sched
+                    .start_receive(l.handle)
+                    .map_err(|e| format!("start_receive {}: {e}", l.id))?;
                 l.phase = Phase::DisaggGenerationTransInProgress;
             }
         }

@@ -712,9 +712,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// advances the position (a fully processed prompt moves to `GENERATION_IN_PROGRESS`, or, for a
     /// context-only request of disaggregated serving, starts sending its KV: `transfer.rs`); a
     /// recompute-paused request is reset to a first-chunk `CONTEXT_INIT` that replays its prefill; a
-    /// prepared disaggregated generation request starts receiving its KV
-    /// (`DISAGG_GENERATION_TRANS_IN_PROGRESS`); a generation step of one whose transfer completed makes
-    /// it `GENERATION_IN_PROGRESS`.
+    /// generation step of a request whose transfer completed makes it `GENERATION_IN_PROGRESS`.
     ///
     /// Refused ([`Error::StaleOutput`], nothing changes) for an output that is not the last pass's, or
     /// whose step was completed already. An entry whose request was removed after the pass is skipped.
@@ -750,13 +748,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             self.kv.commit(r, position);
             if send {
                 self.start_send(l.slot());
-            }
-        }
-        for l in out.disagg() {
-            if self.table.is_live(l.slot(), l.handle().generation()) {
-                self.table.edit(l.slot(), |e| {
-                    e.spec_mut().phase = Phase::DisaggGenerationTransInProgress;
-                });
             }
         }
         for l in out.generation() {

@@ -429,6 +429,10 @@ fn a_generation_request_receives_its_kv_or_replays_its_prefill() {
         assert!(out.generation().is_empty() && out.context().is_empty());
         s.ensure_batch(&mut out).unwrap();
         s.complete_step(&out).unwrap();
+        assert_eq!(s.get(g).unwrap().spec().phase, Phase::DisaggGenerationInit);
+        assert!(matches!(s.end_receive(g, how), Err(Error::Invalid(_))));
+        s.start_receive(g).unwrap();
+        assert!(matches!(s.start_receive(g), Err(Error::Invalid(_))));
         let e = s.get(g).unwrap();
         assert_eq!(e.spec().phase, Phase::DisaggGenerationTransInProgress);
         assert_eq!(e.ownership(), Ownership::Active);

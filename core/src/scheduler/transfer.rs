@@ -10,7 +10,7 @@
 //!  context engine                              generation engine
 //!  submit context_only, phase 10 CONTEXT_INIT     submit, phase 8 DISAGG_GENERATION_INIT
 //!     │ scheduled as context chunks                   │ a pass prepares the whole prompt's pages
-//!     ▼ complete_step of the last chunk               ▼ (listed in `disagg`); complete_step:
+//!     ▼ complete_step of the last chunk               ▼ (listed in `disagg`); start_receive:
 //!  phase 21 DISAGG_CONTEXT_TRANS_IN_PROGRESS      phase 9 DISAGG_GENERATION_TRANS_IN_PROGRESS
 //!  Request<Sending>: pages pinned, lease returned  Request<Active>: pages written by the receive
 //!     │ end_send (delivered or not)                   │ end_receive(Delivered) │ end_receive(Failed)
@@ -93,6 +93,25 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             TransferEnd::Failed => ends.sends_failed += 1,
         }
         self.remove(h)
+    }
+
+    /// Generation side: the transceiver starts writing the prompt's KV into a request's pages, which a
+    /// pass prepared (it listed the request in `disagg`): `DISAGG_GENERATION_TRANS_IN_PROGRESS`. Until
+    /// then the request stays `DISAGG_GENERATION_INIT` and each pass prepares and lists it again, as the
+    /// reference does. Refused ([`Error::Invalid`], nothing changes) unless the request is
+    /// `DISAGG_GENERATION_INIT` with its KV on the GPU; [`Error::StaleHandle`] for a handle that names
+    /// no live request.
+    pub fn start_receive(&mut self, h: Handle) -> Result<(), Error> {
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        if !(e.spec().phase == Phase::DisaggGenerationInit && e.ownership().on_gpu()) {
+            return Err(Error::Invalid(
+                "start_receive: the request's pages are not prepared (a pass lists it in disagg)",
+            ));
+        }
+        self.table.edit(h.index(), |e| {
+            e.spec_mut().phase = Phase::DisaggGenerationTransInProgress;
+        });
+        Ok(())
     }
 
     /// Generation side: the receive into a prepared request's pages ended.
