@@ -266,16 +266,12 @@ impl<'s, 'w> Sim<'s, 'w> {
                 continue;
             }
             let t = self.disagg.ends.remove(k);
-            let (slot, h) = self
-                .live
-                .iter()
-                .enumerate()
-                .find_map(|(s, l)| {
-                    l.as_ref()
-                        .filter(|l| l.arrival == t.arrival)
-                        .map(|l| (s, l.handle))
-                })
+            // A request's id is its arrival's index.
+            let h = self
+                .sched
+                .find(kvsched_core::RequestId(t.arrival as u64))
                 .ok_or_else(|| scheduler_error(format!("transfer of {} not live", t.arrival)))?;
+            let slot = h.index() as usize;
             if self.disagg.role == Role::Prefill {
                 self.sched
                     .end_send(h, TransferEnd::Delivered)
