@@ -13,3 +13,16 @@ pub fn exit(e: &clap::Error) -> ExitCode {
     let _ = e.print();
     ExitCode::from(if e.use_stderr() { 2 } else { 0 })
 }
+
+/// A value parser for one of `all`, by `name`; the error lists the names.
+pub fn one_of<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static {
+    move |v| {
+        all.iter().copied().find(|&t| name(t) == v).ok_or_else(|| {
+            let names: Vec<_> = all.iter().map(|&t| name(t)).collect();
+            format!("unknown value {v:?} ({})", names.join(", "))
+        })
+    }
+}

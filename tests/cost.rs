@@ -74,8 +74,13 @@ fn a_step_prediction_adds_its_terms() {
         "attention grows with context"
     );
     assert!(ms(&["--prefill", "512:4096", "--masked"]) > ms(&["--prefill", "512:4096"]));
+    // A term given on the command line replaces the preset's: 1 ms more of floor is 1 ms more a step.
+    let floor_us = 1000.0 + 4319.09;
+    let raised = ms(&["--decode", "256:8192", "--step-us", &floor_us.to_string()]);
+    assert!((raised - decode - 1.0).abs() < 1e-6, "{raised} {decode}");
     for (bad, says) in [
-        (&["cost", "--engine", "h100"][..], "legacy|h200-llama3-8b"),
+        (&["cost", "--step-us", "inf"][..], "--step-us"),
+        (&["cost", "--engine", "h100"], "legacy|h200-llama3-8b"),
         (&["cost", "--decode", "4"], "BATCH:CONTEXT"),
         (&["cost", "--prefill", "x"], "--prefill"),
         (&["cost", "--bogus"], "unexpected argument"),

@@ -80,6 +80,15 @@ impl Admission {
     pub const fn drains(self) -> bool {
         !matches!(self, Self::Fcfs)
     }
+
+    /// The policy's name: `fcfs`, `vtc` or `deadline`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Fcfs => "fcfs",
+            Self::Vtc { .. } => "vtc",
+            Self::Deadline { .. } => "deadline",
+        }
+    }
 }
 
 /// The schedulable phase window.
@@ -103,6 +112,33 @@ impl Window {
         v >= lo && v < Phase::GenerationToComplete as i8
     }
 }
+
+/// Gives a settings enum its names, as the scenario format and the command line spell them: `ALL`,
+/// `name` and `from_name`.
+macro_rules! names {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The variant's name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),+
+                }
+            }
+
+            /// The variant called `name`.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|v| v.name() == name)
+            }
+        }
+    };
+}
+
+names!(CapacityPolicy { MaxUtilization => "max_utilization", GuaranteedNoEvict => "guaranteed_no_evict" });
+names!(ChunkPolicy { FirstComeFirstServed => "fcfs", ForceChunk => "force_chunk", EqualProgress => "equal_progress" });
+names!(Window { Decoder => "decoder", Encoder => "encoder" });
 
 /// Scheduler configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

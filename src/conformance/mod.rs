@@ -157,24 +157,40 @@ fn transfer_end(o: Outcome) -> TransferEnd {
 }
 
 fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
-    let phase = phase_of(field, r.state.as_deref())?;
-    let mut s = RequestSpec::new(r.id, phase, r.prompt.unwrap_or(100));
-    s.position = r.position.unwrap_or(0);
-    s.beam = r.beam.unwrap_or(1);
-    s.draft = r.draft_tokens.unwrap_or(0);
+    let mut s = RequestSpec::new(r.id, phase_of(field, r.state.as_deref())?, 100);
     s.lora = r.lora_task.map(TaskId);
-    s.multimodal = r.multimodal.unwrap_or(false);
-    s.encoder_len = r.encoder_len.unwrap_or(0);
-    s.skip_cross = r.skip_cross.unwrap_or(false);
-    s.encoder_pending = !r.encoder_ready.unwrap_or(true);
-    s.tenant = r.tenant;
-    s.priority = r.priority.unwrap_or(0);
-    s.arrival = r.arrival.unwrap_or(0);
-    s.context_only = r.context_only.unwrap_or(false);
+    apply(field, r, &mut s)?;
+    Ok(s)
+}
+
+/// The request fields a file gives, over `s`: a new request's defaults, or a live request's spec
+/// (`passes[].update`).
+fn apply(field: &str, r: &RequestIn, s: &mut RequestSpec) -> Result<(), String> {
+    fn set<T>(to: &mut T, v: Option<T>) {
+        if let Some(v) = v {
+            *to = v;
+        }
+    }
+    if r.state.is_some() {
+        s.phase = phase_of(field, r.state.as_deref())?;
+    }
+    set(&mut s.prompt, r.prompt);
+    set(&mut s.position, r.position);
+    set(&mut s.beam, r.beam);
+    set(&mut s.draft, r.draft_tokens);
+    set(&mut s.multimodal, r.multimodal);
+    set(&mut s.encoder_len, r.encoder_len);
+    set(&mut s.skip_cross, r.skip_cross);
+    set(&mut s.encoder_pending, r.encoder_ready.map(|ready| !ready));
+    set(&mut s.tenant, r.tenant.map(Some));
+    set(&mut s.priority, r.priority);
+    set(&mut s.arrival, r.arrival);
+    set(&mut s.context_only, r.context_only);
     if let Some(mm) = &r.mm {
-        mm_runs(field, mm, &mut s)?;
+        mm_runs(field, mm, s)?;
     }
     if let Some(snaps) = &r.snapshots {
+        s.snapshots.clear();
         for &p in snaps {
             s.snapshots.push(p).map_err(|_| {
                 format!(
@@ -193,7 +209,7 @@ fn spec_of(field: &str, r: &RequestIn) -> Result<RequestSpec, String> {
     if s.beam == 0 {
         return Err(format!("malformed: field {field}.beam: must be at least 1"));
     }
-    Ok(s)
+    Ok(())
 }
 
 /// The engine's conversion of a request's multimodal data: the bidirectional runs, only when the data
@@ -319,22 +335,28 @@ impl Run {
     }
 }
 
+/// The setting a scenario names in `field`: the default when absent.
+fn named<T: Default>(
+    field: &str,
+    name: Option<&str>,
+    from_name: fn(&str) -> Option<T>,
+) -> Result<T, String> {
+    name.map_or(Ok(T::default()), |n| {
+        from_name(n).ok_or_else(|| format!("malformed: field {field}: unknown value {n:?}"))
+    })
+}
+
 fn config_of(sc: &Scenario) -> Result<Config, String> {
     let c = &sc.config;
     let tokens = c.max_num_tokens.unwrap_or(Some(1024));
     let chunking = match &c.chunking {
         None => None,
         Some(ch) => Some(Chunking {
-            policy: match ch.policy.as_str() {
-                "fcfs" => ChunkPolicy::FirstComeFirstServed,
-                "force_chunk" => ChunkPolicy::ForceChunk,
-                "equal_progress" => ChunkPolicy::EqualProgress,
-                p => {
-                    return Err(format!(
-                        "malformed: field config.chunking.policy: unknown policy {p:?}"
-                    ))
-                }
-            },
+            policy: named(
+                "config.chunking.policy",
+                Some(&ch.policy),
+                ChunkPolicy::from_name,
+            )?,
             unit: ch.unit,
         }),
     };
@@ -345,26 +367,14 @@ fn config_of(sc: &Scenario) -> Result<Config, String> {
         max_num_tokens: tokens,
         max_context_length: c.max_context_length.unwrap_or(tokens),
         chunking,
-        policy: match c.policy.as_deref() {
-            None | Some("max_utilization") => CapacityPolicy::MaxUtilization,
-            Some("guaranteed_no_evict") => CapacityPolicy::GuaranteedNoEvict,
-            Some(p) => {
-                return Err(format!(
-                    "malformed: field config.policy: unknown policy {p:?}"
-                ))
-            }
-        },
+        policy: named(
+            "config.policy",
+            c.policy.as_deref(),
+            CapacityPolicy::from_name,
+        )?,
         recompute_pause: c.recompute_pause.unwrap_or(true),
         prefix_aware: c.prefix_aware.unwrap_or(true),
-        window: match c.window.as_deref() {
-            None | Some("decoder") => Window::Decoder,
-            Some("encoder") => Window::Encoder,
-            Some(w) => {
-                return Err(format!(
-                    "malformed: field config.window: unknown window {w:?}"
-                ))
-            }
-        },
+        window: named("config.window", c.window.as_deref(), Window::from_name)?,
         deadlock_threshold: c.deadlock_threshold.unwrap_or(1000),
         blocked_fast_path: c.blocked_fast_path.unwrap_or(true),
         admission: match &c.admission {
@@ -524,7 +534,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                 add: vec![],
                 inflight: sc.inflight.clone(),
                 sends_in_flight: None,
-                expect: clone_expect(e),
+                expect: e.clone(),
             }];
             &single
         }
@@ -563,20 +573,14 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                 }
             }
             for &id in &pass.remove {
-                let h = run
-                    .sched
-                    .find(kvsched_core::RequestId(id))
-                    .ok_or_else(|| format!("malformed: passes[{k}].remove: unknown id {id}"))?;
+                let h = run.find(&format!("passes[{k}].remove"), id)?;
                 run.sched
                     .remove(h)
                     .map_err(|e| format!("passes[{k}].remove: {e}"))?;
             }
             for (j, u) in pass.update.iter().enumerate() {
                 let field = format!("passes[{k}].update[{j}]");
-                let h = run
-                    .sched
-                    .find(kvsched_core::RequestId(u.id))
-                    .ok_or_else(|| format!("malformed: {field}: unknown id {}", u.id))?;
+                let h = run.find(&field, u.id)?;
                 if let Some(b) = u.mirror_blocked {
                     run.kv.set_mirror_blocked(u.id, b);
                 }
@@ -591,63 +595,18 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
                         block_key(&format!("{field}.first_new_block"), v)?,
                     );
                 }
-                if u.lora_task.is_some() || u.reuse.is_some() {
-                    if let Some(r) = u.reuse {
-                        run.kv.target.set_reuse(u.id, r);
-                    }
-                    if u.lora_task.is_some() {
-                        return Err(format!("malformed: {field}.lora_task: the LoRA task of a request cannot change"));
-                    }
+                if let Some(r) = u.reuse {
+                    run.kv.target.set_reuse(u.id, r);
                 }
-                let phase = match &u.state {
-                    Some(s) => Some(phase_of(&field, Some(s))?),
-                    None => None,
-                };
+                if u.lora_task.is_some() {
+                    return Err(format!(
+                        "malformed: {field}.lora_task: the LoRA task of a request cannot change"
+                    ));
+                }
+                let mut spec = run.sched.get(h).map_err(|e| e.to_string())?.spec().clone();
+                apply(&field, u, &mut spec)?;
                 run.sched
-                    .update(h, |s| {
-                        if let Some(p) = phase {
-                            s.phase = p;
-                        }
-                        if let Some(v) = u.prompt {
-                            s.prompt = v;
-                        }
-                        if let Some(v) = u.position {
-                            s.position = v;
-                        }
-                        if let Some(v) = u.beam {
-                            s.beam = v;
-                        }
-                        if let Some(v) = u.draft_tokens {
-                            s.draft = v;
-                        }
-                        if let Some(v) = u.multimodal {
-                            s.multimodal = v;
-                        }
-                        if let Some(v) = u.encoder_len {
-                            s.encoder_len = v;
-                        }
-                        if let Some(v) = u.skip_cross {
-                            s.skip_cross = v;
-                        }
-                        if let Some(v) = u.encoder_ready {
-                            s.encoder_pending = !v;
-                        }
-                        if let Some(v) = u.priority {
-                            s.priority = v;
-                        }
-                        if let Some(v) = u.arrival {
-                            s.arrival = v;
-                        }
-                        if let Some(mm) = &u.mm {
-                            let _ = mm_runs("", mm, s);
-                        }
-                        if let Some(v) = &u.snapshots {
-                            s.snapshots.clear();
-                            for &p in v {
-                                let _ = s.snapshots.push(p);
-                            }
-                        }
-                    })
+                    .update(h, |s| *s = spec)
                     .map_err(|e| format!("malformed: {field}: {e}"))?;
             }
             for (j, a) in pass.add.iter().enumerate() {
@@ -669,10 +628,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             &pass.inflight
         };
         for &id in inflight {
-            let h = run
-                .sched
-                .find(kvsched_core::RequestId(id))
-                .ok_or_else(|| format!("malformed: inflight: unknown id {id}"))?;
+            let h = run.find("inflight", id)?;
             let _ = run.sched.set_inflight(h, true);
         }
         run.clear_calls();
@@ -680,24 +636,6 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         check(&mut run, &out, result, &pass.expect).map_err(|e| format!("{label}{e}"))?;
     }
     Ok(())
-}
-
-fn clone_expect(e: &Expect) -> Expect {
-    Expect {
-        generation: e.generation.clone(),
-        context: e.context.clone(),
-        encoder: e.encoder.clone(),
-        paused: e.paused.clone(),
-        recompute_paused: e.recompute_paused.clone(),
-        disagg: e.disagg.clone(),
-        num_fitting: e.num_fitting,
-        chunks: e.chunks.clone(),
-        positions: e.positions.clone(),
-        calls: e.calls.clone(),
-        error: e.error.clone(),
-        stall_count: e.stall_count,
-        ensure_batch: e.ensure_batch.clone(),
-    }
 }
 
 /// The ids of listed requests (every listed request is live when the pass returns).
@@ -865,44 +803,14 @@ fn check(
 
 fn check_calls(run: &Run, method: &str, want: &Value, diffs: &mut String) -> Result<(), String> {
     let field = format!("expect.calls.{method}");
-    let peft = run.peft.calls();
     // Recorded calls of this method: ids, or (id, flag) pairs.
-    let got: Vec<Value> = if let Some(calls) = run.kv.recorded(method) {
-        calls
-    } else {
-        match method {
-            "determine_num_pages" => peft
-                .iter()
-                .filter_map(|c| {
-                    if let PeftCall::DetermineNumPages(id) = c {
-                        Some(Value::from(*id))
-                    } else {
-                        None
-                    }
-                })
-                .collect(),
-            "add_request_peft" => peft
-                .iter()
-                .filter_map(|c| {
-                    if let PeftCall::AddRequest(id, f) = c {
-                        Some(Value::from(vec![Value::from(*id), Value::from(*f)]))
-                    } else {
-                        None
-                    }
-                })
-                .collect(),
-            "mark_request_done" => peft
-                .iter()
-                .filter_map(|c| {
-                    if let PeftCall::MarkRequestDone(id, f) = c {
-                        Some(Value::from(vec![Value::from(*id), Value::from(*f)]))
-                    } else {
-                        None
-                    }
-                })
-                .collect(),
-            _ => return Err(format!("malformed: field {field}: unknown method")),
+    let got: Vec<Value> = match run.kv.recorded(method) {
+        Some(calls) => calls,
+        None if PeftCall::METHODS.contains(&method) => {
+            let peft = run.peft.calls();
+            peft.iter().filter_map(|c| c.recorded(method)).collect()
         }
+        None => return Err(format!("malformed: field {field}: unknown method")),
     };
     match want {
         Value::Array(w) => {

@@ -310,7 +310,7 @@ pub struct PassIn {
 }
 
 /// `expect`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// Generation list.

@@ -479,6 +479,28 @@ pub enum PeftCall {
     MarkRequestDone(u64, bool),
 }
 
+impl PeftCall {
+    /// The methods a scenario's `expect.calls` may name.
+    pub const METHODS: [&'static str; 3] = [
+        "determine_num_pages",
+        "add_request_peft",
+        "mark_request_done",
+    ];
+
+    /// The call as `expect.calls.METHOD` lists it (an id, or `[id, flag]`) when it is a call of
+    /// `method`.
+    pub fn recorded(self, method: &str) -> Option<serde_json::Value> {
+        match (method, self) {
+            ("determine_num_pages", Self::DetermineNumPages(id)) => Some(id.into()),
+            ("add_request_peft", Self::AddRequest(id, flag))
+            | ("mark_request_done", Self::MarkRequestDone(id, flag)) => {
+                Some(serde_json::json!([id, flag]))
+            }
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct ScriptedTask {
     id: TaskId,

@@ -3,10 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use clap::ArgAction;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking};
 
-use super::cost::Engine;
-use super::{run, SimOptions};
+use super::cost::CostFlags;
+use super::{run, Report, SimOptions};
+use crate::args::one_of;
 use crate::workload::popularity::{AdapterRanks, PopularityLaw};
 use crate::workload::synthetic::{generate, SyntheticSpec};
 use crate::workload::{self, TraceFormat, Workload};
@@ -40,8 +42,13 @@ pub struct Cli {
     pub sweep: Option<super::sweep::Sweep>,
 }
 
-/// `kvsched simulate`'s options (clap derives the parser and the help from this one definition; the
-/// defaults are `SimOptions::default()`'s).
+/// The defaults of every option: `SimOptions::default()`'s, written once.
+fn d() -> SimOptions {
+    SimOptions::default()
+}
+
+/// `kvsched simulate`'s options: clap derives the parser and the help from these groups, one heading
+/// each; the defaults are [`d`]'s.
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "kvsched simulate",
@@ -53,217 +60,201 @@ pub struct Cli {
         turns LoRA off), on the h200-llama3-8b engine (docs/COST.md)."
 )]
 struct SimArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[command(flatten)]
+    kv: KvArgs,
+    #[command(flatten)]
+    adapters: AdapterArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
+    #[command(flatten)]
+    sched: SchedulerArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    cost: CostFlags,
+    #[command(flatten)]
+    slo: SloArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Workload")]
+struct WorkloadArgs {
     /// Azure 2023 CSV, Mooncake JSONL or BurstGPT CSV (format sniffed).
-    #[arg(help_heading = "Workload")]
     trace: Option<PathBuf>,
     /// Force the trace format.
-    #[arg(long, help_heading = "Workload", value_name = "azure|mooncake|burstgpt",
-          value_parser = |v: &str| v.parse::<TraceFormat>().map_err(|_| format!("unknown format {v:?} (azure, mooncake, burstgpt)")))]
+    #[arg(long, value_name = "azure|mooncake|burstgpt", value_parser = |v: &str| v.parse::<TraceFormat>())]
     format: Option<TraceFormat>,
     /// Gamma arrivals (cv 1 = Poisson) with S-LoRA lengths, instead of a trace.
-    #[arg(long, help_heading = "Workload", value_name = "RATE[:CV[:SECONDS]]", value_parser = synthetic)]
+    #[arg(long, value_name = "RATE[:CV[:SECONDS]]", value_parser = synthetic)]
     synthetic: Option<(f64, f64, f64)>,
     /// Replay only the first N requests.
-    #[arg(long, help_heading = "Workload", value_name = "N")]
+    #[arg(long, value_name = "N")]
     limit: Option<usize>,
     /// Multiply arrival times by F (F < 1 = heavier load).
-    #[arg(long, help_heading = "Workload", value_name = "F")]
+    #[arg(long, value_name = "F", value_parser = positive)]
     time_scale: Option<f64>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "KV cache")]
+struct KvArgs {
     /// GPU KV pages [default: what the engine's GPU holds beside the weights: 28,519 pages of 32 tokens
     /// on h200-llama3-8b, 640 on legacy].
-    #[arg(long, help_heading = "KV cache", value_name = "N")]
+    #[arg(long, value_name = "N")]
     kv_gpu_pages: Option<u32>,
     /// Host KV pages (0 = no host tier).
-    #[arg(long, help_heading = "KV cache", value_name = "N", default_value_t = SimOptions::default().kv_host_pages)]
+    #[arg(long, value_name = "N", default_value_t = d().kv_host_pages)]
     kv_host_pages: u32,
     /// Tokens per KV page.
-    #[arg(long, help_heading = "KV cache", value_name = "N", default_value_t = SimOptions::default().tokens_per_block)]
+    #[arg(long, value_name = "N", default_value_t = d().tokens_per_block)]
     tokens_per_block: u32,
     /// No prefix cache. Reuse follows the trace's prefix blocks (Mooncake hash_ids, 512 tokens:
     /// --tokens-per-block must divide or be a multiple of 512); traces without them get multi-turn
     /// sessions over per-adapter system prompts (16-token blocks, see workload::sessions).
-    #[arg(long, help_heading = "KV cache")]
-    no_prefix_reuse: bool,
+    #[arg(long = "no-prefix-reuse", action = ArgAction::SetFalse)]
+    prefix_reuse: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Adapters (multi-LoRA)")]
+struct AdapterArgs {
     /// LoRA adapters (0 = no LoRA).
-    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.count)]
+    #[arg(long, value_name = "N", default_value_t = d().adapters.count)]
     adapters: u32,
     /// Adapter popularity law.
-    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "power:A|zipf:S|uniform", default_value = "power:0.8",
-          value_parser = |v: &str| v.parse::<PopularityLaw>().map_err(|e| e.to_string()))]
+    #[arg(long, value_name = "power:A|zipf:S|uniform", default_value_t = d().adapters.law,
+          value_parser = |v: &str| v.parse::<PopularityLaw>())]
     popularity: PopularityLaw,
     /// Adapter ranks, assigned in turn.
-    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "R,R,...", default_value = "8,16,32,64",
-          value_parser = |v: &str| v.parse::<AdapterRanks>().map_err(|e| e.to_string()))]
+    #[arg(long, value_name = "R,R,...", default_value_t = d().adapters.ranks,
+          value_parser = |v: &str| v.parse::<AdapterRanks>())]
     ranks: AdapterRanks,
     /// Adapter pages per rank 8.
-    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.pages_per_rank8)]
+    #[arg(long, value_name = "N", default_value_t = d().adapters.pages_per_rank8)]
     pages_per_rank8: u32,
     /// Device pages of the adapter cache.
-    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.device_pages)]
+    #[arg(long, value_name = "N", default_value_t = d().adapters.device_pages)]
     adapter_device_pages: u32,
     /// Host pages of the adapter cache.
-    #[arg(long, help_heading = "Adapters (multi-LoRA)", value_name = "N", default_value_t = SimOptions::default().adapters.host_pages)]
+    #[arg(long, value_name = "N", default_value_t = d().adapters.host_pages)]
     adapter_host_pages: u32,
     /// split: the adapters' device pages are a cache of their own (the reference); unified: they join
     /// the KV pool, one page space for KV and adapters with one eviction order (S-LoRA).
-    #[arg(
-        long,
-        help_heading = "Adapters (multi-LoRA)",
-        value_enum,
-        default_value = "split"
-    )]
+    #[arg(long, value_enum, default_value_t = AdapterPaging::of(d().adapters.unified))]
     adapter_paging: AdapterPaging,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Speculative decoding")]
+struct SpecArgs {
     /// K draft tokens a decode step, each accepted with probability ACCEPT after the ones before it: a
     /// step keeps 1 + the accepted run; a joint draft pool holds the draft model's KV; rejected drafts'
     /// slots are given back.
-    #[arg(long, help_heading = "Speculative decoding", value_name = "K:ACCEPT", value_parser = spec_decode)]
+    #[arg(long, value_name = "K:ACCEPT", value_parser = spec_decode)]
     spec_decode: Option<super::SpecDecode>,
-    /// GPU pages of the joint draft pool [default: as many as the target's].
-    #[arg(long, help_heading = "Speculative decoding", value_name = "N")]
-    draft_kv_pages: Option<u32>,
+    /// GPU pages of the joint draft pool (0 = as many as the target's).
+    #[arg(long, value_name = "N", default_value_t = d().draft_kv_pages)]
+    draft_kv_pages: u32,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Scheduler")]
+struct SchedulerArgs {
     /// Token budget per pass.
-    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().max_tokens)]
+    #[arg(long, value_name = "N", default_value_t = d().max_tokens)]
     max_tokens: u32,
     /// Most requests in a batch.
-    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().max_batch)]
+    #[arg(long, value_name = "N", default_value_t = d().max_batch)]
     max_batch: u32,
     /// Capacity policy.
-    #[arg(long, help_heading = "Scheduler", value_name = "max_utilization|guaranteed_no_evict", default_value = "max_utilization", value_parser = policy)]
+    #[arg(long, value_name = "max_utilization|guaranteed_no_evict", default_value = d().policy.name(),
+          value_parser = one_of(CapacityPolicy::ALL, CapacityPolicy::name))]
     policy: CapacityPolicy,
     /// Admission order of waiting requests (beyond the reference): fcfs, vtc (virtual token
     /// counters per adapter) or deadline (an adapter's class is its id mod 4; class c's TTFT
     /// deadline is 2^c times --slo-ttft-ms, else 500 ms).
-    #[arg(
-        long,
-        help_heading = "Scheduler",
-        value_name = "fcfs|vtc|deadline",
-        default_value = "fcfs"
-    )]
+    #[arg(long, value_name = "fcfs|vtc|deadline", default_value = d().admission.name())]
     admission: String,
+    /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
+    /// for it (no new leases until it loads; 0 = never).
+    #[arg(long, value_name = "N", default_value_t = d().drain_after)]
+    drain_after: u32,
+    /// Chunked prefill.
+    #[arg(long, value_name = "fcfs|force_chunk|equal_progress|none",
+          default_value = d().chunking.map_or("none", |c| c.policy.name()), value_parser = chunking)]
+    chunking: ChunkingChoice,
+    /// Chunk unit in tokens.
+    #[arg(long, value_name = "N", default_value_t = d().chunking.map_or(64, |c| c.unit))]
+    chunk_unit: u32,
+    /// No destructive recompute pause.
+    #[arg(long = "no-recompute-pause", action = ArgAction::SetFalse)]
+    recompute_pause: bool,
+    /// Stalled passes before the deadlock error.
+    #[arg(long, value_name = "N", default_value_t = d().deadlock_threshold)]
+    deadlock_threshold: u32,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Cluster")]
+struct ClusterArgs {
     /// Engines behind the router, each with its own scheduler and pools.
-    #[arg(long, help_heading = "Cluster", value_name = "N", default_value_t = SimOptions::default().replicas,
+    #[arg(long, value_name = "N", default_value_t = d().replicas,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     replicas: u32,
     /// How the router spreads requests: in turn, or by their first prefix block.
-    #[arg(
-        long,
-        help_heading = "Cluster",
-        value_enum,
-        default_value = "round_robin"
-    )]
+    #[arg(long, value_enum, default_value_t = d().route)]
     route: super::cluster::Route,
     /// A KV store the replicas share, PAGES blocks (a remote read: LATENCY_US µs plus the pages over
     /// GBPS GB/s; defaults 50 and 25), as every engine's KV connector; needs prefix reuse.
-    #[arg(long, help_heading = "Cluster", value_name = "PAGES[:LATENCY_US[:GBPS]]",
+    #[arg(long, value_name = "PAGES[:LATENCY_US[:GBPS]]",
           value_parser = |v: &str| v.parse::<super::cluster::RemoteStoreOptions>())]
     remote_store: Option<super::cluster::RemoteStoreOptions>,
     /// Prefill/decode disaggregation: P prefill engines hand each computed prompt's KV to one of D
     /// decode engines (a transfer: LATENCY_US µs plus the KV over GBPS GB/s; defaults 50 and 50).
     /// Replaces --replicas; --route spreads the arrivals over the prefill engines.
-    #[arg(long, help_heading = "Cluster", value_name = "P:D[:LATENCY_US[:GBPS]]",
-          conflicts_with = "replicas",
+    #[arg(long, value_name = "P:D[:LATENCY_US[:GBPS]]", conflicts_with = "replicas",
           value_parser = |v: &str| v.parse::<super::disagg::DisaggOptions>())]
     disagg: Option<super::disagg::DisaggOptions>,
-    /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
-    /// for it (no new leases until it loads; 0 = never).
-    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().drain_after)]
-    drain_after: u32,
-    /// Chunked prefill.
-    #[arg(long, help_heading = "Scheduler", value_name = "fcfs|force_chunk|equal_progress|none", default_value = "fcfs", value_parser = chunking)]
-    chunking: ChunkingChoice,
-    /// Chunk unit in tokens.
-    #[arg(
-        long,
-        help_heading = "Scheduler",
-        value_name = "N",
-        default_value_t = 64
-    )]
-    chunk_unit: u32,
-    /// No destructive recompute pause.
-    #[arg(long, help_heading = "Scheduler")]
-    no_recompute_pause: bool,
-    /// Stalled passes before the deadlock error.
-    #[arg(long, help_heading = "Scheduler", value_name = "N", default_value_t = SimOptions::default().deadlock_threshold)]
-    deadlock_threshold: u32,
-    /// The cost model's preset: a fit to a Llama-3-8B-shaped model on one H200 (decode attention grows
-    /// with context), or the first model's four constants. Each term below overrides the preset's
-    /// (values: docs/COST.md).
-    #[arg(long, help_heading = "Cost model (simulated microseconds)", value_name = "h200-llama3-8b|legacy", default_value = "h200-llama3-8b", value_parser = Engine::parse)]
-    engine: Engine,
-    /// Fixed cost of one step.
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    step_us: Option<f64>,
-    /// Per prefill token (and verified draft token).
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    prefill_us_per_token: Option<f64>,
-    /// Per decode request.
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    decode_us_per_request: Option<f64>,
-    /// Per cached token a decode step reads.
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    decode_us_per_cached_token: Option<f64>,
-    /// Per (query, key) pair of a chunk's attention.
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    attention_us_per_pair: Option<f64>,
-    /// Per adapter page loaded.
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    adapter_load_us_per_page: Option<f64>,
-    /// Per KV page moved between tiers.
-    #[arg(
-        long,
-        help_heading = "Cost model (simulated microseconds)",
-        value_name = "F"
-    )]
-    page_copy_us: Option<f64>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Goodput and sweeps (capacity planning)")]
+struct SloArgs {
     /// Time-to-first-token objective for goodput (requests per second that meet both objectives,
     /// DistServe's definition).
-    #[arg(long, help_heading = "Service-level objectives", value_name = "MS")]
+    #[arg(long, value_name = "MS", value_parser = positive)]
     slo_ttft_ms: Option<f64>,
     /// Time-per-output-token objective for goodput.
-    #[arg(long, help_heading = "Service-level objectives", value_name = "MS")]
+    #[arg(long, value_name = "MS", value_parser = positive)]
     slo_tpot_ms: Option<f64>,
-    /// One run per value of rate (arrival-rate scale), kv-gpu-pages, adapters, max-batch or policy: a
-    /// throughput-latency table; --plot draws the curve, --json writes the reports as an array.
-    #[arg(long, help_heading = "Sweep (capacity planning)", value_name = "PARAM=V1,V2,...", value_parser = super::sweep::Sweep::parse)]
+    /// One run per value of rate (arrival-rate scale), kv-gpu-pages, adapters, max-batch, policy or
+    /// admission: a throughput-latency table; --plot draws the curve, --json writes the reports as an
+    /// array.
+    #[arg(long, value_name = "PARAM=V1,V2,...", value_parser = super::sweep::Sweep::parse)]
     sweep: Option<super::sweep::Sweep>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Output")]
+struct OutputArgs {
     /// Write the report as JSON.
-    #[arg(long, help_heading = "Output", value_name = "FILE")]
+    #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     /// Draw the timeline as SVG.
-    #[arg(long, help_heading = "Output", value_name = "FILE.svg")]
+    #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
     /// Verify the invariants every iteration.
-    #[arg(long, help_heading = "Output")]
+    #[arg(long)]
     check: bool,
     /// No progress bar.
-    #[arg(long, help_heading = "Output")]
-    no_progress: bool,
+    #[arg(long = "no-progress", action = ArgAction::SetFalse)]
+    progress: bool,
     /// Seed of the adapter assignment, sessions and draft acceptance.
-    #[arg(long, help_heading = "Output", value_name = "N", default_value_t = SimOptions::default().seed)]
+    #[arg(long, value_name = "N", default_value_t = d().seed)]
     seed: u64,
 }
 
@@ -276,33 +267,32 @@ enum AdapterPaging {
     Unified,
 }
 
+impl AdapterPaging {
+    fn of(unified: bool) -> Self {
+        if unified {
+            Self::Unified
+        } else {
+            Self::Split
+        }
+    }
+}
+
 /// `--chunking`'s value: a policy, or none.
 #[derive(Debug, Clone, Copy)]
 struct ChunkingChoice(Option<ChunkPolicy>);
 
 fn chunking(v: &str) -> Result<ChunkingChoice, String> {
-    Ok(ChunkingChoice(match v {
-        "none" => None,
-        "fcfs" => Some(ChunkPolicy::FirstComeFirstServed),
-        "force_chunk" => Some(ChunkPolicy::ForceChunk),
-        "equal_progress" => Some(ChunkPolicy::EqualProgress),
-        _ => {
-            return Err(format!(
-                "unknown policy {v:?} (fcfs, force_chunk, equal_progress, none)"
-            ))
-        }
-    }))
+    match v {
+        "none" => Ok(ChunkingChoice(None)),
+        v => one_of(ChunkPolicy::ALL, ChunkPolicy::name)(v).map(|p| ChunkingChoice(Some(p))),
+    }
 }
 
-/// The capacity policy `--policy NAME` (and a policy sweep) names.
-pub(super) fn policy(v: &str) -> Result<CapacityPolicy, String> {
-    match v {
-        "max_utilization" => Ok(CapacityPolicy::MaxUtilization),
-        "guaranteed_no_evict" => Ok(CapacityPolicy::GuaranteedNoEvict),
-        _ => Err(format!(
-            "unknown policy {v:?} (max_utilization, guaranteed_no_evict)"
-        )),
-    }
+fn positive(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite() && *f > 0.0)
+        .ok_or_else(|| format!("{v:?} is not a positive number"))
 }
 
 fn synthetic(v: &str) -> Result<(f64, f64, f64), String> {
@@ -334,95 +324,64 @@ fn spec_decode(v: &str) -> Result<super::SpecDecode, String> {
 pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     let a: SimArgs = crate::args::parse("kvsched simulate", args)?;
     let invalid = |m: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, m + "\n");
-    let mut o = SimOptions {
-        kv_host_pages: a.kv_host_pages,
-        tokens_per_block: a.tokens_per_block,
-        max_tokens: a.max_tokens,
-        max_batch: a.max_batch,
-        policy: a.policy,
-        chunking: a.chunking.0.map(|policy| Chunking {
-            policy,
-            unit: a.chunk_unit,
-        }),
-        recompute_pause: !a.no_recompute_pause,
-        prefix_reuse: !a.no_prefix_reuse,
-        spec_decode: a.spec_decode,
-        draft_kv_pages: a.draft_kv_pages.unwrap_or(0),
-        deadlock_threshold: a.deadlock_threshold,
-        slo_ttft_ms: a.slo_ttft_ms,
-        slo_tpot_ms: a.slo_tpot_ms,
-        seed: a.seed,
-        check: a.check,
-        progress: !a.no_progress,
-        engine: a.engine,
-        cost: a.engine.model(a.tokens_per_block),
-        admission: super::admission(&a.admission, a.slo_ttft_ms).map_err(invalid)?,
-        drain_after: a.drain_after,
-        ..SimOptions::default()
-    };
-    o.adapters.count = a.adapters;
-    o.adapters.law = a.popularity;
-    o.adapters.ranks = a.ranks;
-    o.adapters.pages_per_rank8 = a.pages_per_rank8;
-    o.adapters.device_pages = a.adapter_device_pages;
-    o.adapters.host_pages = a.adapter_host_pages;
-    o.adapters.unified = a.adapter_paging == AdapterPaging::Unified;
-    o.replicas = a.replicas;
-    o.route = a.route;
-    o.remote_store = a.remote_store;
-    o.disagg = a.disagg;
-    // The engine's device fixes the KV pool unless the command line says otherwise.
-    if let Some(pages) = a.kv_gpu_pages.or(a.engine.kv_gpu_pages(a.tokens_per_block)) {
-        o.kv_gpu_pages = pages;
-    }
-    // A term given on the command line overrides the preset's, whatever the order.
-    let terms = [
-        (a.step_us, &mut o.cost.step_us),
-        (a.prefill_us_per_token, &mut o.cost.prefill_us_per_token),
-        (a.decode_us_per_request, &mut o.cost.decode_us_per_request),
-        (
-            a.decode_us_per_cached_token,
-            &mut o.cost.decode_us_per_cached_token,
-        ),
-        (a.attention_us_per_pair, &mut o.cost.attention_us_per_pair),
-        (
-            a.adapter_load_us_per_page,
-            &mut o.cost.adapter_load_us_per_page,
-        ),
-        (a.page_copy_us, &mut o.cost.page_copy_us),
-    ];
-    for (given, term) in terms {
-        if let Some(v) = given {
-            *term = v;
-        }
-    }
-    o.cost.check().map_err(invalid)?;
-    for (flag, slo) in [
-        ("--slo-ttft-ms", o.slo_ttft_ms),
-        ("--slo-tpot-ms", o.slo_tpot_ms),
-    ] {
-        if slo.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
-            return Err(invalid(format!(
-                "{flag} must be a positive number of milliseconds"
-            )));
-        }
-    }
-    if a.time_scale.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
-        return Err(invalid("--time-scale must be a positive number".into()));
-    }
-    if a.trace.is_some() && a.synthetic.is_some() {
+    let (w, kv, ad, s, out) = (a.workload, a.kv, a.adapters, a.sched, a.output);
+    if w.trace.is_some() && w.synthetic.is_some() {
         return Err(invalid("give a trace or --synthetic, not both".into()));
     }
+    let tpb = kv.tokens_per_block;
+    let opts = SimOptions {
+        // The engine's device fixes the KV pool unless the command line says otherwise.
+        kv_gpu_pages: kv
+            .kv_gpu_pages
+            .or(a.cost.engine.kv_gpu_pages(tpb))
+            .unwrap_or(super::cost::LEGACY_KV_GPU_PAGES),
+        kv_host_pages: kv.kv_host_pages,
+        tokens_per_block: tpb,
+        prefix_reuse: kv.prefix_reuse,
+        adapters: super::AdapterOptions {
+            count: ad.adapters,
+            law: ad.popularity,
+            ranks: ad.ranks,
+            pages_per_rank8: ad.pages_per_rank8,
+            device_pages: ad.adapter_device_pages,
+            host_pages: ad.adapter_host_pages,
+            unified: ad.adapter_paging == AdapterPaging::Unified,
+        },
+        spec_decode: a.spec.spec_decode,
+        draft_kv_pages: a.spec.draft_kv_pages,
+        max_tokens: s.max_tokens,
+        max_batch: s.max_batch,
+        policy: s.policy,
+        admission: super::admission(&s.admission, a.slo.slo_ttft_ms).map_err(invalid)?,
+        drain_after: s.drain_after,
+        chunking: s.chunking.0.map(|policy| Chunking {
+            policy,
+            unit: s.chunk_unit,
+        }),
+        recompute_pause: s.recompute_pause,
+        deadlock_threshold: s.deadlock_threshold,
+        replicas: a.cluster.replicas,
+        route: a.cluster.route,
+        remote_store: a.cluster.remote_store,
+        disagg: a.cluster.disagg,
+        cost: a.cost.model(tpb).map_err(invalid)?,
+        engine: a.cost.engine,
+        slo_ttft_ms: a.slo.slo_ttft_ms,
+        slo_tpot_ms: a.slo.slo_tpot_ms,
+        seed: out.seed,
+        check: out.check,
+        progress: out.progress,
+    };
     Ok(Cli {
-        opts: o,
-        trace: a.trace,
-        format: a.format,
-        synthetic: a.synthetic,
-        limit: a.limit,
-        time_scale: a.time_scale,
-        json: a.json,
-        plot: a.plot,
-        sweep: a.sweep,
+        opts,
+        trace: w.trace,
+        format: w.format,
+        synthetic: w.synthetic,
+        limit: w.limit,
+        time_scale: w.time_scale,
+        json: out.json,
+        plot: out.plot,
+        sweep: a.slo.sweep,
     })
 }
 
@@ -459,77 +418,85 @@ pub fn main(args: &[String]) -> ExitCode {
         Ok(c) => c,
         Err(e) => return crate::args::exit(&e),
     };
-    if let Some(sweep) = &cli.sweep {
-        return main_sweep(&cli, sweep);
-    }
-    let w = match workload(&cli) {
-        Ok(w) => w,
-        Err(e) => {
+    match simulate(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, e)) => {
             eprintln!("kvsched simulate: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let report = match run(&cli.opts, w) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("kvsched simulate: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    print!("{}", report.table(cli.opts.check));
-    if let Some(p) = &cli.json {
-        let text = serde_json::to_string_pretty(&report.json()).unwrap_or_default();
-        if let Err(e) = crate::stats::write_atomic(p, (text + "\n").as_bytes()) {
-            eprintln!("kvsched simulate: --json {}: {e}", p.display());
-            return ExitCode::FAILURE;
+            code
         }
     }
-    if let Some(p) = &cli.plot {
-        if let Err(e) = crate::plot::write_svg_atomic(p, &report.timeline()) {
-            eprintln!("kvsched simulate: --plot {}: {e}", p.display());
-            return ExitCode::FAILURE;
-        }
-    }
-    if cli.opts.check && report.invariant_violations > 0 {
-        eprintln!(
-            "kvsched simulate: {} invariant violations",
-            report.invariant_violations
-        );
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
 }
 
-/// `kvsched simulate --sweep`: one run per value, a table, and the curve and reports when asked.
-fn main_sweep(cli: &Cli, sweep: &super::sweep::Sweep) -> ExitCode {
-    let reports = match sweep.run(cli) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("kvsched simulate: {e}");
-            return ExitCode::FAILURE;
+/// One run (its table, report and timeline) or a sweep (its table, its reports as an array and its
+/// curve); the exit status and the message of a failure.
+fn simulate(cli: &Cli) -> Result<(), (ExitCode, String)> {
+    let fail = |e: String| (ExitCode::FAILURE, e);
+    let reports = match &cli.sweep {
+        Some(sweep) => sweep.run(cli).map_err(fail)?,
+        None => {
+            let w = workload(cli).map_err(|e| (ExitCode::from(2), e))?;
+            vec![run(&cli.opts, w).map_err(|e| fail(e.to_string()))?]
         }
     };
-    let source = reports.first().map_or("", |r| r.source.as_str());
-    println!("kvsched simulate --sweep: {source}\n");
-    print!("{}", sweep.table(&reports));
-    if let Some(p) = &cli.json {
-        let all: Vec<serde_json::Value> = reports.iter().map(|r| r.json()).collect();
-        let text = serde_json::to_string_pretty(&all).unwrap_or_default();
-        if let Err(e) = crate::stats::write_atomic(p, (text + "\n").as_bytes()) {
-            eprintln!("kvsched simulate: --json {}: {e}", p.display());
-            return ExitCode::FAILURE;
+    let (json, timeline) = match &cli.sweep {
+        Some(sweep) => {
+            let source = reports.first().map_or("", |r| r.source.as_str());
+            print!(
+                "kvsched simulate --sweep: {source}\n\n{}",
+                sweep.table(&reports)
+            );
+            let all = serde_json::Value::from_iter(reports.iter().map(Report::json));
+            (all, sweep.plot(&reports, source))
         }
+        None => {
+            print!("{}", reports[0].table(cli.opts.check));
+            (reports[0].json(), reports[0].timeline())
+        }
+    };
+    if let Some(p) = &cli.json {
+        let text = serde_json::to_string_pretty(&json).unwrap_or_default() + "\n";
+        crate::stats::write_atomic(p, text.as_bytes())
+            .map_err(|e| fail(format!("--json {}: {e}", p.display())))?;
     }
     if let Some(p) = &cli.plot {
-        if let Err(e) = crate::plot::write_svg_atomic(p, &sweep.plot(&reports, source)) {
-            eprintln!("kvsched simulate: --plot {}: {e}", p.display());
-            return ExitCode::FAILURE;
-        }
+        crate::plot::write_svg_atomic(p, &timeline)
+            .map_err(|e| fail(format!("--plot {}: {e}", p.display())))?;
     }
     let violations: u64 = reports.iter().map(|r| r.invariant_violations).sum();
     if cli.opts.check && violations > 0 {
-        eprintln!("kvsched simulate: {violations} invariant violations");
-        return ExitCode::FAILURE;
+        return Err(fail(format!("{violations} invariant violations")));
     }
-    ExitCode::SUCCESS
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(args: &[&str]) -> SimOptions {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        parse(&args).expect("parses").opts
+    }
+
+    #[test]
+    fn the_command_lines_defaults_are_the_options_defaults() {
+        assert_eq!(opts(&[]), SimOptions::default());
+    }
+
+    #[test]
+    fn the_engine_sizes_the_pool_unless_the_command_line_does() {
+        assert_eq!(opts(&[]).kv_gpu_pages, 28_519);
+        assert_eq!(opts(&["--tokens-per-block", "16"]).kv_gpu_pages, 57_038);
+        assert_eq!(opts(&["--engine", "legacy"]).kv_gpu_pages, 640);
+        assert_eq!(
+            opts(&["--engine", "legacy", "--kv-gpu-pages", "9"]).kv_gpu_pages,
+            9
+        );
+        let legacy = opts(&["--engine", "legacy", "--step-us", "7"]).cost;
+        assert_eq!(legacy.step_us, 7.0);
+        assert_eq!(
+            legacy.page_copy_us,
+            super::super::CostModel::LEGACY.page_copy_us
+        );
+    }
 }

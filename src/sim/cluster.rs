@@ -430,7 +430,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
         slo_ttft_ms: o.slo_ttft_ms,
         slo_tpot_ms: o.slo_tpot_ms,
         prefix_reuse: o.prefix_reuse,
-        admission: super::admission_name(o.admission).into(),
+        admission: o.admission.name().into(),
         adapter_paging: if o.adapters.unified {
             "unified"
         } else {

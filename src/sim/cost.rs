@@ -133,6 +133,9 @@ fn h200_scattered_copy_bytes_per_us(page_bytes: f64) -> f64 {
     gbps * 1000.0
 }
 
+/// GPU KV pages of the legacy engine, which names no device: the simulator's first default.
+pub const LEGACY_KV_GPU_PAGES: u32 = 640;
+
 /// A named set of coefficients (`--engine NAME`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
@@ -182,6 +185,67 @@ impl fmt::Display for Engine {
             Self::Legacy => "legacy",
             Self::H200Llama3_8b => "h200-llama3-8b",
         })
+    }
+}
+
+/// The cost model on a command line (`kvsched simulate`, `kvsched cost`): a preset, and any term that
+/// overrides the preset's.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Cost model (simulated microseconds)")]
+pub struct CostFlags {
+    /// The cost model's preset: a fit to a Llama-3-8B-shaped model on one H200 (decode attention grows
+    /// with context), or the first model's four constants. Each term below overrides the preset's
+    /// (values: docs/COST.md).
+    #[arg(long, value_name = Engine::NAMES, default_value_t = Engine::DEFAULT, value_parser = Engine::parse)]
+    pub engine: Engine,
+    /// Fixed cost of one step.
+    #[arg(long, value_name = "F")]
+    pub step_us: Option<f64>,
+    /// Per prefill token (and verified draft token).
+    #[arg(long, value_name = "F")]
+    pub prefill_us_per_token: Option<f64>,
+    /// Per decode request.
+    #[arg(long, value_name = "F")]
+    pub decode_us_per_request: Option<f64>,
+    /// Per cached token a decode step reads.
+    #[arg(long, value_name = "F")]
+    pub decode_us_per_cached_token: Option<f64>,
+    /// Per (query, key) pair of a chunk's attention.
+    #[arg(long, value_name = "F")]
+    pub attention_us_per_pair: Option<f64>,
+    /// Per adapter page loaded.
+    #[arg(long, value_name = "F")]
+    pub adapter_load_us_per_page: Option<f64>,
+    /// Per KV page moved between tiers.
+    #[arg(long, value_name = "F")]
+    pub page_copy_us: Option<f64>,
+}
+
+impl CostFlags {
+    /// The preset's model for pages of `tokens_per_block` tokens, with the terms given in place of its
+    /// own; refused when a term is not finite or negative.
+    pub fn model(&self, tokens_per_block: u32) -> Result<CostModel, String> {
+        let preset = self.engine.model(tokens_per_block);
+        let m = CostModel {
+            step_us: self.step_us.unwrap_or(preset.step_us),
+            prefill_us_per_token: self
+                .prefill_us_per_token
+                .unwrap_or(preset.prefill_us_per_token),
+            decode_us_per_request: self
+                .decode_us_per_request
+                .unwrap_or(preset.decode_us_per_request),
+            decode_us_per_cached_token: self
+                .decode_us_per_cached_token
+                .unwrap_or(preset.decode_us_per_cached_token),
+            attention_us_per_pair: self
+                .attention_us_per_pair
+                .unwrap_or(preset.attention_us_per_pair),
+            adapter_load_us_per_page: self
+                .adapter_load_us_per_page
+                .unwrap_or(preset.adapter_load_us_per_page),
+            page_copy_us: self.page_copy_us.unwrap_or(preset.page_copy_us),
+        };
+        m.check().map(|()| m)
     }
 }
 
@@ -410,11 +474,10 @@ impl FitError {
     about = "Predicts one forward step's time under a cost model (docs/COST.md)."
 )]
 struct CostArgs {
-    /// The cost model's preset.
-    #[arg(long, value_name = "h200-llama3-8b|legacy", default_value = "h200-llama3-8b", value_parser = Engine::parse)]
-    engine: Engine,
+    #[command(flatten)]
+    cost: CostFlags,
     /// Tokens per KV page (sets the page-copy cost).
-    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = super::SimOptions::default().tokens_per_block, value_parser = clap::value_parser!(u32).range(1..))]
     tokens_per_block: u32,
     /// BATCH decode requests at CONTEXT tokens each (repeatable).
     #[arg(long, value_name = "BATCH:CONTEXT", value_parser = decode_arg)]
@@ -475,7 +538,7 @@ pub fn cli(args: &[String]) -> std::process::ExitCode {
 }
 
 fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
-    let (engine, tpb, json, masked) = (a.engine, a.tokens_per_block, a.json, a.masked);
+    let (engine, tpb, json, masked) = (a.cost.engine, a.tokens_per_block, a.json, a.masked);
     let points = &a.points;
     let mut work = StepWork::default();
     for &(batch, context) in &a.decode {
@@ -486,7 +549,7 @@ fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
     for &(tokens, prior) in &a.prefill {
         work.chunk(tokens, prior);
     }
-    let model = engine.model(tpb);
+    let model = a.cost.model(tpb)?;
     if points.is_empty() {
         let extra = if masked && work.prefill_tokens > 0 {
             MASKED_STEP_US + work.attention_pairs * MASKED_US_PER_PAIR

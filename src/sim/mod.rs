@@ -134,7 +134,9 @@ pub struct SpecDecode {
 impl Default for SimOptions {
     fn default() -> Self {
         Self {
-            kv_gpu_pages: Engine::DEFAULT.kv_gpu_pages(32).unwrap_or(640),
+            kv_gpu_pages: Engine::DEFAULT
+                .kv_gpu_pages(32)
+                .unwrap_or(cost::LEGACY_KV_GPU_PAGES),
             kv_host_pages: 4096,
             tokens_per_block: 32,
             max_tokens: 8192,
@@ -191,15 +193,6 @@ pub fn admission(name: &str, slo_ttft_ms: Option<f64>) -> Result<Admission, Stri
         other => Err(format!(
             "unknown admission policy {other:?} (fcfs, vtc, deadline)"
         )),
-    }
-}
-
-/// The name [`admission`] reads for a policy.
-pub fn admission_name(a: Admission) -> &'static str {
-    match a {
-        Admission::Fcfs => "fcfs",
-        Admission::Vtc { .. } => "vtc",
-        Admission::Deadline { .. } => "deadline",
     }
 }
 

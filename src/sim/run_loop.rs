@@ -752,7 +752,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             ..std::mem::take(&mut r.raw)
         };
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
-        r.admission = super::admission_name(o.admission).into();
+        r.admission = o.admission.name().into();
         r.adapter_paging = if o.adapters.unified {
             "unified"
         } else {

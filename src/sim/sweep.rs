@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use kvsched_core::config::CapacityPolicy;
+
 use super::cli::{workload, Cli};
 use super::{run, Report};
 use crate::plot::{Panel, Timeline};
@@ -96,8 +98,8 @@ impl Sweep {
                 c.opts.max_batch = count().ok_or_else(|| bad("a batch size"))?;
             }
             SweepParam::Policy => {
-                c.opts.policy = super::cli::policy(v)
-                    .map_err(|_| bad("max_utilization or guaranteed_no_evict"))?;
+                c.opts.policy = CapacityPolicy::from_name(v)
+                    .ok_or_else(|| bad("max_utilization or guaranteed_no_evict"))?;
             }
             SweepParam::Admission => {
                 c.opts.admission = super::admission(v, c.opts.slo_ttft_ms)
