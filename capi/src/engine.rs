@@ -57,6 +57,14 @@ pub struct Engine {
     pub(crate) poisoned: bool,
 }
 
+/// Stack of the thread an engine is built on.
+const BUILD_STACK: usize = 16 << 20;
+
+// SAFETY: an engine owns everything it holds (its scheduler, the pool's buffers `mem` points to, its
+// output and lists) and shares none of it; nothing in it is tied to a thread. Moving it moves sole
+// ownership, as a C caller does when it hands the engine to another thread.
+unsafe impl Send for Engine {}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         // SAFETY: the scheduler (the only borrower of `*mem`) is dropped first and never used again;
@@ -70,7 +78,23 @@ impl Drop for Engine {
 
 impl Engine {
     /// An engine for `c`; refused (nothing allocated) for an inconsistent configuration.
+    ///
+    /// The fixed-capacity tables (about 0.5 MB, 2 MB in a debug build) pass through the stack as they
+    /// are built, so they are built on a thread of their own with room for them: any caller's stack
+    /// will do.
     pub fn new(c: &KvschedConfig) -> Result<Self, Error> {
+        let c = *c;
+        let builder = std::thread::Builder::new()
+            .name("kvsched-engine-new".into())
+            .stack_size(BUILD_STACK)
+            .spawn(move || Self::build(&c))
+            .map_err(|_| Error::Invalid("cannot start the thread that builds the engine"))?;
+        builder
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
+    fn build(c: &KvschedConfig) -> Result<Self, Error> {
         if c.max_requests == 0 || c.max_requests as usize > MAX_REQUESTS {
             return Err(Error::Invalid("max_requests must be 1 to 1024"));
         }

@@ -269,9 +269,8 @@ pub extern "C" fn kvsched_config_default() -> KvschedConfig {
 
 /// Builds an engine for `*config` into `*out`. On failure `*out` is left null.
 ///
-/// The engine's fixed-capacity tables (about 0.5 MB) are built on the calling thread's stack before
-/// they move to the heap: call it on a thread with a few MB of stack (a process's main thread has 8 MB;
-/// a debug build needs about 2 MB).
+/// The engine's fixed-capacity tables are built on a short-lived thread of the library's, so the
+/// calling thread's stack size does not matter.
 ///
 /// # Safety
 /// `config` and `out` are valid pointers (or null, which is refused).

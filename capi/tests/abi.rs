@@ -129,3 +129,32 @@ fn refusals() {
         );
     }
 }
+
+#[test]
+fn an_engine_is_built_and_driven_on_a_small_stack() {
+    // A thread of 256 KiB: the engine's tables (2 MB in a debug build) are built off this stack.
+    std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(|| {
+            let config = KvschedConfig {
+                max_requests: 1024,
+                ..kvsched_config_default()
+            };
+            let mut engine = std::ptr::null_mut();
+            // SAFETY: valid pointers; the engine is freed once, below.
+            unsafe {
+                assert_eq!(kvsched_engine_new(&config, &mut engine), KvschedStatus::Ok);
+                assert_eq!(
+                    kvsched_submit(engine, &request(1, 64), std::ptr::null(), 0),
+                    KvschedStatus::Ok
+                );
+                let mut out = std::mem::zeroed();
+                assert_eq!(kvsched_schedule(engine, &mut out), KvschedStatus::Ok);
+                assert_eq!(out.n_context, 1);
+                kvsched_engine_free(engine);
+            }
+        })
+        .expect("spawn")
+        .join()
+        .expect("no stack overflow, no panic");
+}
