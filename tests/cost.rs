@@ -131,6 +131,7 @@ fn the_simulator_runs_on_the_measured_preset() {
     // A term given on the command line overrides the preset's, before or after --engine.
     let slow = run("h200-llama3-8b", &["--step-us", "10000"]);
     assert!(tpot(&slow) > 10.0);
+    assert_eq!(slow["engine"], "h200-llama3-8b (terms overridden)");
     let out = kvsched(&["simulate", &trace, "--attention-us-per-pair", "-1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--attention-us-per-pair"));
 }

@@ -426,7 +426,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
     let mut c = Report {
         source: w.source.to_string(),
         requests_total: w.arrivals.len(),
-        engine: o.engine.to_string(),
+        engine: o.engine.label(&o.cost, o.tokens_per_block),
         slo_ttft_ms: o.slo_ttft_ms,
         slo_tpot_ms: o.slo_tpot_ms,
         prefix_reuse: o.prefix_reuse,

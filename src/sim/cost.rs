@@ -179,6 +179,18 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// The engine's name, marked when `model` is not its preset for pages of `tokens_per_block` tokens
+    /// (a term was given on the command line), for reports.
+    pub fn label(self, model: &CostModel, tokens_per_block: u32) -> String {
+        if *model == self.model(tokens_per_block) {
+            self.to_string()
+        } else {
+            format!("{self} (terms overridden)")
+        }
+    }
+}
+
 impl fmt::Display for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -538,7 +550,7 @@ pub fn cli(args: &[String]) -> std::process::ExitCode {
 }
 
 fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
-    let (engine, tpb, json, masked) = (a.cost.engine, a.tokens_per_block, a.json, a.masked);
+    let (tpb, json, masked) = (a.tokens_per_block, a.json, a.masked);
     let points = &a.points;
     let mut work = StepWork::default();
     for &(batch, context) in &a.decode {
@@ -550,6 +562,7 @@ fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
         work.chunk(tokens, prior);
     }
     let model = a.cost.model(tpb)?;
+    let engine = a.cost.engine.label(&model, tpb);
     if points.is_empty() {
         let extra = if masked && work.prefill_tokens > 0 {
             MASKED_STEP_US + work.attention_pairs * MASKED_US_PER_PAIR
@@ -582,7 +595,7 @@ fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
             })
             .collect();
         let v = serde_json::json!({
-            "engine": engine.to_string(), "points": rows,
+            "engine": &engine, "points": rows,
             "median_error": fit.median(), "max_error": fit.max(),
         });
         return Ok((v.to_string(), ok));

@@ -712,7 +712,7 @@ impl<'s, 'w> Sim<'s, 'w> {
         };
         r.prefix_reuse = o.prefix_reuse;
         r.spec_drafts = self.drafts;
-        r.engine = o.engine.to_string();
+        r.engine = o.engine.label(&o.cost, o.tokens_per_block);
         if let Some(p) = self.sched.kv().target().prefix_stats() {
             r.cached_blocks_evicted = p.evicted;
             r.cached_blocks_demoted = p.demoted;
