@@ -283,188 +283,169 @@ impl KvState {
         self.caches.insert(id, true);
         self.released.remove(&id);
     }
+
+    /// Records a call for request `r` (with the argument some calls record); returns its id.
+    fn record(&mut self, call: KvCall, r: KvRef, arg: Option<u32>) -> u64 {
+        self.calls.push((call, r.id.0, arg));
+        r.id.0
+    }
+
+    /// A request's cache is gone (freed, or preempted): its pages are released.
+    fn drop_cache(&mut self, id: u64) {
+        if self.caches.remove(&id).is_some() {
+            self.released.insert(id);
+        }
+    }
+
+    /// A request's suspended cache cannot resume now (an unpaired draft pool's blocked mirror).
+    fn is_blocked(&self, id: u64) -> bool {
+        self.blocked.contains(&id) && self.caches.get(&id) == Some(&false)
+    }
 }
 
-impl KvState {
-    fn tier_below_gpu(&self) -> bool {
-        self.tier_below_gpu
-    }
-    fn can_evict(&self) -> bool {
-        self.can_evict
-    }
-    fn has_cache(&self, r: KvRef) -> bool {
-        self.caches.contains_key(&r.id.0)
-    }
-    fn is_active(&self, r: KvRef) -> bool {
-        self.caches.get(&r.id.0).copied().unwrap_or(false)
-    }
-    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        let id = r.id.0;
-        let limit = (prep.reuse_limit != ContextPrep::NO_LIMIT).then_some(prep.reuse_limit);
-        self.calls.push((KvCall::PrepareContext, id, limit));
-        if !self.prepare.next(id, &self.released) {
-            return None;
-        }
-        self.activate(id);
-        if !prep.first_chunk {
-            return Some(0);
-        }
-        let k = self.claims.entry(id).or_insert(0);
-        let found = self
-            .reuse
-            .get(&id)
-            .and_then(|v| v.get(*k).or(v.last()))
-            .copied()
-            .unwrap_or(0);
-        *k += 1;
-        Some(found.min(prep.reuse_limit))
-    }
-    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
-        let id = r.id.0;
-        self.calls.push((KvCall::ResizeContext, id, Some(capacity)));
-        if self.resize.next(id, &self.released) {
-            return true;
-        }
-        if first_chunk && self.caches.contains_key(&id) {
-            self.caches.insert(id, false);
-        }
-        false
-    }
-    fn try_allocate_generation(&mut self, r: KvRef, _grow: u32) -> bool {
-        let id = r.id.0;
-        self.calls.push((KvCall::TryAllocateGeneration, id, None));
-        let ok = self.allocate.next(id, &self.released);
-        if !self.caches.contains_key(&id) || !ok {
-            return false;
-        }
-        self.activate(id);
-        true
-    }
-    fn revert_allocate_generation(&mut self, r: KvRef) {
-        self.calls
-            .push((KvCall::RevertAllocateGeneration, r.id.0, None));
-    }
-    fn suspend(&mut self, r: KvRef) {
-        let id = r.id.0;
-        self.calls.push((KvCall::Suspend, id, None));
-        if let Some(a) = self.caches.get_mut(&id) {
-            *a = false;
-            if self.can_evict {
-                self.released.insert(id);
-            }
-        }
-    }
-    fn free(&mut self, r: KvRef) {
-        let id = r.id.0;
-        self.calls.push((KvCall::FreeResources, id, None));
-        if self.caches.remove(&id).is_some() {
-            self.released.insert(id);
-        }
-    }
-    fn preempt(&mut self, r: KvRef) {
-        let id = r.id.0;
-        self.calls.push((KvCall::Preempt, id, None));
-        if self.caches.remove(&id).is_some() {
-            self.released.insert(id);
-        }
-    }
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
-        let id = r.id.0;
-        self.calls.push((KvCall::PrepareDisaggGenInit, id, None));
-        if !self.disagg.next(id, &self.released) {
-            return false;
-        }
-        self.activate(id);
-        true
+impl ScriptedKv {
+    /// Runs `f` on the shared state.
+    fn with<R>(&self, f: impl FnOnce(&mut KvState) -> R) -> R {
+        f(&mut self.state.borrow_mut())
     }
 }
 
 impl KvBackend for ScriptedKv {
     fn tier_below_gpu(&self) -> bool {
-        self.state.borrow().tier_below_gpu()
+        self.with(|st| st.tier_below_gpu)
     }
     fn has_connector(&self) -> bool {
-        self.state.borrow().connector
+        self.with(|st| st.connector)
     }
     fn sends_in_flight(&self) -> bool {
-        self.state.borrow().sends
+        self.with(|st| st.sends)
     }
     fn can_evict(&self) -> bool {
-        self.state.borrow().can_evict()
+        self.with(|st| st.can_evict)
     }
     fn has_cache(&self, r: KvRef) -> bool {
-        self.state.borrow().has_cache(r)
+        self.with(|st| st.caches.contains_key(&r.id.0))
     }
     fn is_active(&self, r: KvRef) -> bool {
-        self.state.borrow().is_active(r)
+        self.with(|st| st.caches.get(&r.id.0) == Some(&true))
     }
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        self.state.borrow_mut().prepare_context(r, prep)
+        self.with(|st| {
+            let limit = (prep.reuse_limit != ContextPrep::NO_LIMIT).then_some(prep.reuse_limit);
+            let id = st.record(KvCall::PrepareContext, r, limit);
+            if !st.prepare.next(id, &st.released) {
+                return None;
+            }
+            st.activate(id);
+            if !prep.first_chunk {
+                return Some(0);
+            }
+            let k = st.claims.entry(id).or_insert(0);
+            let found = st.reuse.get(&id).and_then(|v| v.get(*k).or(v.last()));
+            *k += 1;
+            Some(found.copied().unwrap_or(0).min(prep.reuse_limit))
+        })
     }
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
-        self.state
-            .borrow_mut()
-            .resize_context(r, capacity, first_chunk)
+        self.with(|st| {
+            let id = st.record(KvCall::ResizeContext, r, Some(capacity));
+            let ok = st.resize.next(id, &st.released);
+            if !ok && first_chunk && st.caches.contains_key(&id) {
+                st.caches.insert(id, false);
+            }
+            ok
+        })
     }
-    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
-        self.state.borrow_mut().try_allocate_generation(r, grow)
+    fn try_allocate_generation(&mut self, r: KvRef, _grow: u32) -> bool {
+        self.with(|st| {
+            let id = st.record(KvCall::TryAllocateGeneration, r, None);
+            // The script counts every call, with a cache or without.
+            let ok = st.allocate.next(id, &st.released) && st.caches.contains_key(&id);
+            if ok {
+                st.activate(id);
+            }
+            ok
+        })
     }
     fn revert_allocate_generation(&mut self, r: KvRef) {
-        self.state.borrow_mut().revert_allocate_generation(r)
+        self.with(|st| st.record(KvCall::RevertAllocateGeneration, r, None));
     }
     fn suspend(&mut self, r: KvRef) {
-        self.state.borrow_mut().suspend(r)
+        self.with(|st| {
+            let id = st.record(KvCall::Suspend, r, None);
+            if let Some(a) = st.caches.get_mut(&id) {
+                *a = false;
+                if st.can_evict {
+                    st.released.insert(id);
+                }
+            }
+        })
     }
     fn free(&mut self, r: KvRef) {
-        self.state.borrow_mut().free(r)
+        self.with(|st| {
+            let id = st.record(KvCall::FreeResources, r, None);
+            st.drop_cache(id);
+        })
     }
     fn preempt(&mut self, r: KvRef) {
-        self.state.borrow_mut().preempt(r)
+        self.with(|st| {
+            let id = st.record(KvCall::Preempt, r, None);
+            st.drop_cache(id);
+        })
     }
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
-        self.state.borrow_mut().prepare_disagg_gen_init(r, capacity)
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
+        self.with(|st| {
+            let id = st.record(KvCall::PrepareDisaggGenInit, r, None);
+            let ok = st.disagg.next(id, &st.released);
+            if ok {
+                st.activate(id);
+            }
+            ok
+        })
     }
     fn max_tokens_per_request(&self) -> u64 {
         u64::MAX
     }
     fn prefix_skip(&self) -> bool {
-        self.state.borrow().all_reusable
+        self.with(|st| st.all_reusable)
     }
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        let mut st = self.state.borrow_mut();
-        st.calls.push((KvCall::ProbeContextReuse, r.id.0, None));
-        st.probe.get(&r.id.0).map(|&p| p.min(prep.reuse_limit))
+        self.with(|st| {
+            let id = st.record(KvCall::ProbeContextReuse, r, None);
+            st.probe.get(&id).map(|&p| p.min(prep.reuse_limit))
+        })
     }
     fn revert_allocate_context(&mut self, r: KvRef) -> bool {
-        let mut st = self.state.borrow_mut();
-        st.calls.push((KvCall::RevertAllocateContext, r.id.0, None));
-        if let Some(a) = st.caches.get_mut(&r.id.0) {
-            *a = false;
-        }
-        true
+        self.with(|st| {
+            let id = st.record(KvCall::RevertAllocateContext, r, None);
+            if let Some(a) = st.caches.get_mut(&id) {
+                *a = false;
+            }
+            true
+        })
     }
     fn admit_mirror(&mut self, r: KvRef) -> bool {
-        let mut st = self.state.borrow_mut();
-        let id = r.id.0;
-        st.calls.push((KvCall::AdmitMirror, id, None));
-        let released = st.released.clone();
-        let blocked = st.blocked.contains(&id) && st.caches.get(&id) == Some(&false);
-        if !st.admit.next(id, &released) || blocked {
-            return false;
-        }
-        st.activate(id);
-        true
+        self.with(|st| {
+            let id = st.record(KvCall::AdmitMirror, r, None);
+            // A blocked mirror is refused whatever its script says (the script still counts the call).
+            let ok = st.admit.next(id, &st.released) && !st.is_blocked(id);
+            if ok {
+                st.activate(id);
+            }
+            ok
+        })
     }
     fn resume_blocked(&self, r: KvRef) -> bool {
-        let mut st = self.state.borrow_mut();
-        let id = r.id.0;
-        st.calls.push((KvCall::ResumeBlocked, id, None));
-        st.blocked.contains(&id) && st.caches.get(&id) == Some(&false)
+        self.with(|st| {
+            let id = st.record(KvCall::ResumeBlocked, r, None);
+            st.is_blocked(id)
+        })
     }
     fn probe_first_new_block(&self, r: KvRef, _prep: ContextPrep) -> Option<u64> {
-        let mut st = self.state.borrow_mut();
-        st.calls.push((KvCall::ProbeFirstNewBlock, r.id.0, None));
-        st.first_new_block.get(&r.id.0).copied()
+        self.with(|st| {
+            let id = st.record(KvCall::ProbeFirstNewBlock, r, None);
+            st.first_new_block.get(&id).copied()
+        })
     }
 }
 
@@ -609,126 +590,33 @@ impl PeftState {
     }
 }
 
-impl PeftState {
-    fn max_device_pages(&self) -> u32 {
-        self.max_device_pages
-    }
-    fn lookup(&self, task: TaskId) -> Option<TaskRef> {
-        if !self.enabled {
-            return None;
-        }
-        self.tasks
-            .iter()
-            .position(|t| t.id == task)
-            .map(|i| TaskRef {
-                id: task,
-                slot: i as u16,
-            })
-    }
-    fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
-        self.calls.push(PeftCall::DetermineNumPages(req.0));
-        self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
-    }
-    fn add_request(
-        &mut self,
-        req: RequestId,
-        task: TaskRef,
-        from_pause: bool,
-    ) -> Result<(), PeftError> {
-        self.calls.push(PeftCall::AddRequest(req.0, true));
-        self.clock += 1;
-        let t = self
-            .tasks
-            .get_mut(task.slot as usize)
-            .ok_or(PeftError::UnknownTask(task.id))?;
-        t.active += 1;
-        if from_pause {
-            t.paused = t.paused.saturating_sub(1);
-        }
-        t.last_use = self.clock;
-        Ok(())
-    }
-    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
-        self.calls.push(PeftCall::MarkRequestDone(req.0, pause));
-        self.clock += 1;
-        if let Some(t) = self.tasks.get_mut(task.slot as usize) {
-            match held {
-                Holding::Lease => t.active = t.active.saturating_sub(1),
-                Holding::Paused => t.paused = t.paused.saturating_sub(1),
-            }
-            if pause {
-                t.paused += 1;
-            }
-            t.last_use = self.clock;
-        }
-    }
-    fn ensure_batch(
-        &mut self,
-        tasks: &[TaskRef],
-        load: &mut dyn FnMut(TaskRef),
-    ) -> Result<(), PeftError> {
-        let in_batch = |i: usize| tasks.iter().any(|t| t.slot as usize == i);
-        let need: u32 = self
-            .tasks
-            .iter()
-            .enumerate()
-            .filter(|(i, t)| in_batch(*i) && !t.on_device)
-            .map(|(_, t)| t.pages)
-            .sum();
-        let free = self.max_device_pages.saturating_sub(self.used());
-        if need > free {
-            let evictable: u32 = self
-                .tasks
-                .iter()
-                .enumerate()
-                .filter(|(i, t)| t.on_device && t.active == 0 && !in_batch(*i))
-                .map(|(_, t)| t.pages)
-                .sum();
-            if free + evictable < need {
-                let task = tasks
-                    .iter()
-                    .find(|t| !self.tasks[t.slot as usize].on_device)
-                    .map_or(TaskId(0), |t| t.id);
-                return Err(PeftError::DeviceCacheFull {
-                    task,
-                    needed: need,
-                    obtainable: free + evictable,
-                });
-            }
-            let mut freed = free;
-            while freed < need {
-                let victim = self
-                    .tasks
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, t)| t.on_device && t.active == 0 && !in_batch(*i))
-                    .min_by_key(|(_, t)| t.last_use)
-                    .map(|(i, _)| i);
-                let Some(v) = victim else { break };
-                self.tasks[v].on_device = false;
-                freed += self.tasks[v].pages;
-            }
-        }
-        for t in tasks {
-            let e = &mut self.tasks[t.slot as usize];
-            if !e.on_device {
-                e.on_device = true;
-                load(*t);
-            }
-        }
-        Ok(())
+impl ScriptedPeft {
+    /// Runs `f` on the shared state.
+    fn with<R>(&self, f: impl FnOnce(&mut PeftState) -> R) -> R {
+        f(&mut self.state.borrow_mut())
     }
 }
 
 impl PeftBackend for ScriptedPeft {
     fn max_device_pages(&self) -> u32 {
-        self.state.borrow().max_device_pages()
+        self.with(|st| st.max_device_pages)
     }
     fn lookup(&self, task: TaskId) -> Option<TaskRef> {
-        self.state.borrow().lookup(task)
+        self.with(|st| {
+            if !st.enabled {
+                return None;
+            }
+            st.tasks.iter().position(|t| t.id == task).map(|i| TaskRef {
+                id: task,
+                slot: i as u16,
+            })
+        })
     }
     fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
-        self.state.borrow_mut().determine_num_pages(req, task)
+        self.with(|st| {
+            st.calls.push(PeftCall::DetermineNumPages(req.0));
+            st.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+        })
     }
     fn add_request(
         &mut self,
@@ -736,18 +624,93 @@ impl PeftBackend for ScriptedPeft {
         task: TaskRef,
         from_pause: bool,
     ) -> Result<(), PeftError> {
-        self.state.borrow_mut().add_request(req, task, from_pause)
+        self.with(|st| {
+            st.calls.push(PeftCall::AddRequest(req.0, true));
+            st.clock += 1;
+            let t = st
+                .tasks
+                .get_mut(task.slot as usize)
+                .ok_or(PeftError::UnknownTask(task.id))?;
+            t.active += 1;
+            if from_pause {
+                t.paused = t.paused.saturating_sub(1);
+            }
+            t.last_use = st.clock;
+            Ok(())
+        })
     }
     fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
-        self.state
-            .borrow_mut()
-            .mark_request_done(req, task, pause, held)
+        self.with(|st| {
+            st.calls.push(PeftCall::MarkRequestDone(req.0, pause));
+            st.clock += 1;
+            if let Some(t) = st.tasks.get_mut(task.slot as usize) {
+                match held {
+                    Holding::Lease => t.active = t.active.saturating_sub(1),
+                    Holding::Paused => t.paused = t.paused.saturating_sub(1),
+                }
+                if pause {
+                    t.paused += 1;
+                }
+                t.last_use = st.clock;
+            }
+        })
     }
     fn ensure_batch(
         &mut self,
         tasks: &[TaskRef],
         load: &mut dyn FnMut(TaskRef),
     ) -> Result<(), PeftError> {
-        self.state.borrow_mut().ensure_batch(tasks, load)
+        self.with(|st| {
+            let in_batch = |i: usize| tasks.iter().any(|t| t.slot as usize == i);
+            let need: u32 = st
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(i, t)| in_batch(*i) && !t.on_device)
+                .map(|(_, t)| t.pages)
+                .sum();
+            let free = st.max_device_pages.saturating_sub(st.used());
+            if need > free {
+                let evictable: u32 = st
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, t)| t.on_device && t.active == 0 && !in_batch(*i))
+                    .map(|(_, t)| t.pages)
+                    .sum();
+                if free + evictable < need {
+                    let task = tasks
+                        .iter()
+                        .find(|t| !st.tasks[t.slot as usize].on_device)
+                        .map_or(TaskId(0), |t| t.id);
+                    return Err(PeftError::DeviceCacheFull {
+                        task,
+                        needed: need,
+                        obtainable: free + evictable,
+                    });
+                }
+                let mut freed = free;
+                while freed < need {
+                    let victim = st
+                        .tasks
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, t)| t.on_device && t.active == 0 && !in_batch(*i))
+                        .min_by_key(|(_, t)| t.last_use)
+                        .map(|(i, _)| i);
+                    let Some(v) = victim else { break };
+                    st.tasks[v].on_device = false;
+                    freed += st.tasks[v].pages;
+                }
+            }
+            for t in tasks {
+                let e = &mut st.tasks[t.slot as usize];
+                if !e.on_device {
+                    e.on_device = true;
+                    load(*t);
+                }
+            }
+            Ok(())
+        })
     }
 }
