@@ -388,7 +388,7 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             sims[prefill_of[t.arrival]].send_ends_at(t);
         }
     }
-    let reports: Vec<(f64, Report)> = sims.into_iter().map(|s| (0.0, s.report())).collect();
+    let reports: Vec<Report> = sims.into_iter().map(|s| s.report()).collect();
     let mut c = merge(o, &w, reports);
     if let Some(d) = o.disagg {
         c.disagg = Some(DisaggFigures {
@@ -421,30 +421,16 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
     Ok(c)
 }
 
-/// The cluster's report from the replicas' (each with its start after the first arrival, in ms).
-fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
+/// The cluster's report from the replicas'.
+fn merge(o: &SimOptions, w: &Workload, reports: Vec<Report>) -> Report {
     let mut c = Report {
-        source: w.source.to_string(),
-        requests_total: w.arrivals.len(),
-        engine: o.engine.label(&o.cost, o.tokens_per_block),
-        slo_ttft_ms: o.slo_ttft_ms,
-        slo_tpot_ms: o.slo_tpot_ms,
-        prefix_reuse: o.prefix_reuse,
-        admission: o.admission.name().into(),
-        adapter_paging: if o.adapters.unified {
-            "unified"
-        } else {
-            "split"
-        }
-        .into(),
-        adapters: o.adapters.count,
         route: o.route.name().into(),
-        ..Report::default()
+        ..Report::new(o, w)
     };
     let (mut ttft, mut tpot, mut sched, mut handoff) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let n = reports.len().max(1) as f64;
-    for (k, (offset_ms, r)) in reports.iter().enumerate() {
+    for (k, r) in reports.iter().enumerate() {
         macro_rules! sum {
             ($($f:ident),*) => { $( c.$f += r.$f; )* };
         }
@@ -477,12 +463,11 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
         // The replicas run interleaved, each timed from its start: the cluster's wall time is the
         // longest.
         c.wall_seconds = c.wall_seconds.max(r.wall_seconds);
-        c.sim_seconds = c.sim_seconds.max(offset_ms / 1000.0 + r.sim_seconds);
+        c.sim_seconds = c.sim_seconds.max(r.sim_seconds);
         c.kv_gpu_util_mean_pct += r.kv_gpu_util_mean_pct / n;
         c.adapter_util_mean_pct += r.adapter_util_mean_pct / n;
         c.kv_gpu_util_peak_pct = c.kv_gpu_util_peak_pct.max(r.kv_gpu_util_peak_pct);
         c.kv_host_util_peak_pct = c.kv_host_util_peak_pct.max(r.kv_host_util_peak_pct);
-        c.spec_drafts = r.spec_drafts;
         ttft.extend_from_slice(&r.raw.ttft);
         tpot.extend_from_slice(&r.raw.tpot);
         sched.extend_from_slice(&r.raw.sched_ns);
@@ -503,11 +488,6 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<(f64, Report)>) -> Report {
     }
     (c.ttft_ms, c.tpot_ms) = (Quantiles::of(&ttft), Quantiles::of(&tpot));
     c.sched_ns_per_iter = Quantiles::of(&sched);
-    c.prefix_hit_rate = if c.admitted_prompt_tokens > 0 {
-        c.admitted_reused_tokens as f64 / c.admitted_prompt_tokens as f64
-    } else {
-        0.0
-    };
     let start = w.arrivals.first().map_or(0.0, |a| a.at_ms);
     c.arrival_span_seconds = w
         .arrivals

@@ -141,9 +141,24 @@ pub struct Report {
 }
 
 impl Report {
-    pub(super) fn new(total: usize) -> Self {
+    /// A report of `w` under `o`, before the run: what the options and the workload say.
+    pub(super) fn new(o: &super::SimOptions, w: &crate::workload::Workload) -> Self {
         Self {
-            requests_total: total,
+            source: w.source.to_string(),
+            requests_total: w.arrivals.len(),
+            engine: o.engine.label(&o.cost, o.tokens_per_block),
+            slo_ttft_ms: o.slo_ttft_ms,
+            slo_tpot_ms: o.slo_tpot_ms,
+            prefix_reuse: o.prefix_reuse,
+            spec_drafts: o.spec_decode.map_or(0, |s| s.drafts),
+            admission: o.admission.name().into(),
+            adapter_paging: if o.adapters.unified {
+                "unified"
+            } else {
+                "split"
+            }
+            .into(),
+            adapters: o.adapters.count,
             ..Self::default()
         }
     }
@@ -151,6 +166,8 @@ impl Report {
     /// Fills the figures derived from the others (after the run's counters are final).
     pub(super) fn derive(&mut self) {
         let per = |n: u64, d: f64| if d > 0.0 { n as f64 / d } else { 0.0 };
+        let prompt = self.admitted_prompt_tokens as f64;
+        self.prefix_hit_rate = per(self.admitted_reused_tokens, prompt);
         let tail = self.sim_seconds - self.arrival_span_seconds;
         self.overloaded =
             self.ttft_ms.p50 > 10_000.0 || tail > (0.2 * self.arrival_span_seconds).max(60.0);

@@ -115,7 +115,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             next: 0,
             now_ms,
             start_ms: now_ms,
-            r: Report::new(n),
+            r: Report::new(o, w),
             samples: Samples::default(),
             sched_ns: Vec::new(),
             ttft: Vec::new(),
@@ -710,19 +710,11 @@ impl<'s, 'w> Sim<'s, 'w> {
         } else {
             stats.device_evictions
         };
-        r.prefix_reuse = o.prefix_reuse;
-        r.spec_drafts = self.drafts;
-        r.engine = o.engine.label(&o.cost, o.tokens_per_block);
         if let Some(p) = self.sched.kv().target().prefix_stats() {
             r.cached_blocks_evicted = p.evicted;
             r.cached_blocks_demoted = p.demoted;
             r.host_cache_hits = p.host_hits;
         }
-        r.prefix_hit_rate = if r.admitted_prompt_tokens > 0 {
-            r.admitted_reused_tokens as f64 / r.admitted_prompt_tokens as f64
-        } else {
-            0.0
-        };
         r.requests_total = match self.disagg.role {
             Role::Decode => self.disagg.first_tokens.len(),
             _ => self.inbox.len(),
@@ -738,7 +730,6 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.wall_seconds = self.wall.elapsed().as_secs_f64();
         r.kv_gpu_util_mean_pct = self.kv_gpu_sum / r.iterations.max(1) as f64;
         r.adapter_util_mean_pct = self.adapter_sum / r.iterations.max(1) as f64;
-        (r.slo_ttft_ms, r.slo_tpot_ms) = (o.slo_ttft_ms, o.slo_tpot_ms);
         for v in [&mut self.ttft, &mut self.tpot, &mut self.sched_ns] {
             v.sort_by(f64::total_cmp);
         }
@@ -752,16 +743,7 @@ impl<'s, 'w> Sim<'s, 'w> {
             ..std::mem::take(&mut r.raw)
         };
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
-        r.admission = o.admission.name().into();
-        r.adapter_paging = if o.adapters.unified {
-            "unified"
-        } else {
-            "split"
-        }
-        .into();
         r.samples = std::mem::take(&mut self.samples);
-        r.source = w.source.to_string();
-        r.adapters = o.adapters.count;
         r.derive();
         self.r
     }
