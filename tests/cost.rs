@@ -74,6 +74,14 @@ fn a_step_prediction_adds_its_terms() {
         "attention grows with context"
     );
     assert!(ms(&["--prefill", "512:4096", "--masked"]) > ms(&["--prefill", "512:4096"]));
+    // The command's own options come first, then the cost model's group under its heading.
+    let help = kvsched(&["cost", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    let at = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} in {text}"));
+    assert!(
+        at("--decode") < at("Cost model") && at("Cost model") < at("--step-us"),
+        "{text}"
+    );
     // A term given on the command line replaces the preset's: 1 ms more of floor is 1 ms more a step.
     let floor_us = 1000.0 + 4319.09;
     let raised = ms(&["--decode", "256:8192", "--step-us", &floor_us.to_string()]);

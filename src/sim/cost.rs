@@ -486,8 +486,6 @@ impl FitError {
     about = "Predicts one forward step's time under a cost model (docs/COST.md)."
 )]
 struct CostArgs {
-    #[command(flatten)]
-    cost: CostFlags,
     /// Tokens per KV page (sets the page-copy cost).
     #[arg(long, value_name = "N", default_value_t = super::SimOptions::default().tokens_per_block, value_parser = clap::value_parser!(u32).range(1..))]
     tokens_per_block: u32,
@@ -507,6 +505,9 @@ struct CostArgs {
     /// One JSON object: {"step_ms": …} (with --points: the points and errors).
     #[arg(long)]
     json: bool,
+    // Last: the flattened group's heading holds for what follows it.
+    #[command(flatten)]
+    cost: CostFlags,
 }
 
 fn decode_arg(v: &str) -> Result<(u64, u64), String> {
