@@ -373,17 +373,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
 }
 
 fn submit(h: &mut Harness<'_>, prompt: u32, out_len: u32) {
-    h.apply(&Op::Submit {
-        prompt,
-        out_len,
-        lora: None,
-        draft: 0,
-        snap_every: 0,
-        duplicate: false,
-        family: None,
-        encoder: 0,
-    })
-    .unwrap();
+    h.apply(&sub(prompt, out_len, None, 0)).unwrap();
 }
 
 /// Two requests that each fit alone but not together, no host tier, no recompute pause: the first
@@ -993,17 +983,7 @@ fn regression_a_disagg_peft_shortfall_does_not_starve_the_lease_holder_behind_it
         generation: true,
     })
     .unwrap();
-    h.apply(&Op::Submit {
-        prompt: 24,
-        out_len: 2,
-        lora: Some(1),
-        draft: 0,
-        snap_every: 0,
-        duplicate: false,
-        family: None,
-        encoder: 0,
-    })
-    .unwrap();
+    h.apply(&sub(24, 2, Some(1), 0)).unwrap();
     let holds = |h: &Harness<'_>| {
         let mut it = h
             .sched

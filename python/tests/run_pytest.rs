@@ -3,6 +3,7 @@
 //! example (`examples/python/replay.py`) against it with the system's `python3`. pytest is installed
 //! with pip when missing.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -53,37 +54,39 @@ fn the_python_suite_and_example_pass_against_the_built_module() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let path = package(&root);
     ensure_pytest();
-    let out = python()
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(root.join("python/tests"))
-        // Not from `python/`, whose source package (without the extension) would shadow the built one.
-        .current_dir(&path)
-        .env("PYTHONPATH", &path)
-        .output()
-        .expect("run pytest");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pytest failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (tests, replay) = (
+        root.join("python/tests"),
+        root.join("examples/python/replay.py"),
     );
+    let pytest = ["-m", "pytest", "-q", "-p", "no:cacheprovider"].map(OsStr::new);
+    let stdout = run_python(&path, &[&pytest[..], &[tests.as_os_str()]].concat());
     assert!(stdout.contains(" passed"), "{stdout}");
-    let ex = python()
-        .arg(root.join("examples/python/replay.py"))
-        .args(["--requests", "200"])
-        .current_dir(&path)
-        .env("PYTHONPATH", &path)
-        .output()
-        .expect("run the example");
-    let stdout = String::from_utf8_lossy(&ex.stdout);
-    assert!(
-        ex.status.success(),
-        "replay.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&ex.stderr)
+    let stdout = run_python(
+        &path,
+        &[replay.as_os_str(), "--requests".as_ref(), "200".as_ref()],
     );
     assert!(stdout.contains("replayed 200 requests"), "{stdout}");
     assert!(
         stdout.contains("schedule() from Python, S1-256"),
         "{stdout}"
     );
+}
+
+/// Runs `python3 ARGS` against the built package in `path`, from that folder (so that the source
+/// package in `python/`, without the extension, does not shadow the built one); its stdout, once it
+/// succeeded.
+fn run_python(path: &Path, args: &[&OsStr]) -> String {
+    let out = python()
+        .args(args)
+        .current_dir(path)
+        .env("PYTHONPATH", path)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python3 {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
