@@ -18,14 +18,16 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::phase::Phase;
-use kvsched_core::request::{RequestId, RequestSpec, TaskId};
+use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Scheduler};
 
 use crate::memory::KvMemory;

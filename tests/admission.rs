@@ -5,11 +5,12 @@
 //! can starve such a request; `tests` in `core/src/scheduler/admission.rs` shows the case.
 
 use kvsched::memory::KvMemory;
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::Admission;
+use kvsched_core::ids::TaskId;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
-use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::{Config, Phase};
 use proptest::prelude::*;

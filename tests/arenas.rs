@@ -3,11 +3,12 @@
 //! refcount and page invariants, and all-or-nothing refusals (adapter cache).
 
 use kvsched::memory::KvMemory;
-use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter_pool::AdapterPool;
+use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::page_pool::{page_of, KvPoolConfig, SeqState};
-use kvsched_core::request::{RequestId, TaskId};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -261,7 +262,7 @@ fn keys(root: u64, hashes: &[u64]) -> Vec<u64> {
     hashes
         .iter()
         .map(|&h| {
-            key = kvsched_core::page_pool::chain(key, h);
+            key = kvsched_core::kv::chain(key, h);
             key
         })
         .collect()

@@ -9,14 +9,16 @@ use std::path::{Path, PathBuf};
 
 use kvsched::memory::KvMemory;
 use kvsched::workload::{self, TraceErrorKind, TraceFormat};
-use kvsched_core::adapter::{AdapterPool, PeftBackend, TaskRef};
+use kvsched_core::adapter::{PeftBackend, TaskRef};
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
+use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::PageMove;
 use kvsched_core::kv_set::KvSet;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
-use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
+use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Adopt, Handle, Scheduler};
 use kvsched_core::Phase;
 

@@ -5,8 +5,9 @@
 
 use kvsched::conformance::scenario::Outcomes;
 use kvsched::conformance::scripted::{PeftCall, ScriptedKv, ScriptedPeft, Scripts};
+use kvsched_core::ids::TaskId;
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::request::{Ownership, RequestSpec, TaskId};
+use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Adopt, Scheduler};
 use kvsched_core::{Config, Phase};
 

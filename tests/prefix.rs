@@ -6,11 +6,12 @@
 //! blocks (vLLM #30931: kvsched's adapter identity is its task id and weights version, never a name).
 
 use kvsched::memory::KvMemory;
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::error::PeftError;
+use kvsched_core::ids::TaskId;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
-use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::{Config, Phase};
 

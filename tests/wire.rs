@@ -2,11 +2,12 @@
 //! output survives encode → bytes → decode on another "rank", list by list.
 
 use kvsched::memory::KvMemory;
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking};
+use kvsched_core::ids::TaskId;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::KvPoolConfig;
-use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::request::RequestSpec;
 use kvsched_core::wire::{WireEntry, WireError, WireOutput};
 use kvsched_core::{wire, Config, Phase, Scheduler};
 

@@ -6,14 +6,15 @@
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
 use kvsched_core::error::Error;
+use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
 use kvsched_core::memory::KvMemory;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
-use kvsched_core::request::{RequestId, RequestSpec, TaskId};
+use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
 use kvsched_core::Phase;
 

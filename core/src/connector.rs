@@ -54,7 +54,7 @@ pub trait KvConnector {
     /// the first of them in the prompt (the blocks the pool matched), `chain` the chained key of the
     /// last block the pool matched (the request's prefix root when none), `hashes` the prompt's
     /// remaining block hashes, in order, at most as many as a first chunk may reuse. A block's key is
-    /// [`crate::page_pool::chain`] of its parent's key and its hash, so keys name the adapter and salt
+    /// [`crate::kv::chain`] of its parent's key and its hash, so keys name the adapter and salt
     /// as the pool's own do. Returns the whole blocks the store can provide from the first of them (at
     /// most `hashes.len()` count).
     fn matched_blocks(&mut self, r: KvRef, first_block: u32, chain: u64, hashes: &[u64]) -> u32;

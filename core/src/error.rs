@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::request::{RequestId, TaskId};
+use crate::ids::{RequestId, TaskId};
 
 /// Why an adapter (PEFT) operation was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 //! Invariant (checked by [`IdIndex::check`] in tests): every live slot's id is reachable from its home
 //! bucket without crossing an empty bucket, and no other bucket is occupied.
 
-use crate::request::RequestId;
+use crate::ids::RequestId;
 
 /// Id → slot for up to `N` slots (`N <= 65535`, as the table's).
 pub(crate) struct IdIndex<const N: usize> {

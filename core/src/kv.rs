@@ -10,7 +10,7 @@
 //! `false`/`None` result changes nothing, except where stated (a failed first-chunk `resize_context`
 //! leaves the cache inactive, as upstream).
 
-use crate::request::RequestId;
+use crate::ids::RequestId;
 
 /// Names a request's KV cache: its dense slot in the scheduler's table and its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -317,4 +317,13 @@ pub enum Pool {
     Draft,
     /// The encoder output's KV (encoder-decoder models).
     Cross,
+}
+
+/// A block's key: its parent's key (or the request's root) chained with its own hash.
+pub const fn chain(parent: u64, hash: u64) -> u64 {
+    // splitmix64 finaliser over the pair: every bit of both inputs reaches every bit of the key.
+    let mut z = parent ^ hash.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

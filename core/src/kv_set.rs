@@ -24,8 +24,8 @@
 //! target's preemption (spec §1.8). The target decides `has_cache`/`is_active` for the pass; `has_cache`
 //! also sees a draft or cross cache left alone, so a rolled-back first chunk frees every pool.
 
+use crate::ids::RequestId;
 use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove, Pool};
-use crate::request::RequestId;
 
 /// How a draft pool pairs with the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

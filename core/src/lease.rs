@@ -15,9 +15,10 @@
 //! The per-pass PEFT page budget built on the pinned set lives with the pass (`scheduler::plan`).
 
 use crate::adapter::{Holding, PeftBackend, TaskRef};
+use crate::bomb::Bomb;
 use crate::error::PeftError;
+use crate::ids::{RequestId, TaskId};
 use crate::kv::KvBackend;
-use crate::request::{Bomb, RequestId, TaskId};
 
 /// A task slot kept as slot + 1, so that an optional token costs nothing (16 bytes with its holder).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,7 +286,7 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter::AdapterPool;
+    use crate::adapter_pool::AdapterPool;
 
     #[test]
     fn leases_pin_their_task_until_the_last_one_returns() {

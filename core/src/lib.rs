@@ -12,29 +12,43 @@
 //! [`Resumed`](request::Resumed) requests. Every capability a transition needs is minted inside this
 //! crate, so the public API cannot walk around the lifecycle.
 //!
-//! Layout (one module per concept):
-//! - [`arena`]: fixed-capacity generational slot arena (typed handles, stale handle = error).
-//! - [`phase`]: the upstream request states (`LlmRequestState`).
-//! - [`request`]: ids, per-request data and the type-state lifecycle.
-//! - [`lease`]: adapter leases and the desk that mints and consumes them.
-//! - [`kv`]: the KV backend trait and the page-move vocabulary; [`page_pool`]: the fixed-capacity
-//!   two-tier page pool implementing it (with an optional prefix cache, unified adapter paging and a
-//!   KV connector); [`connector`]: an external KV store as the scheduler sees it.
-//! - [`adapter`]: the PEFT backend trait and the fixed-capacity adapter cache implementing it.
-//! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler output
-//!   and its plain-old-data wire form.
-//! - [`scheduler`]: the request table and the scheduling pass, one file per rule.
+//! Layers (one module per concept; a module uses only its own layer and lower ones, which
+//! `core/tests/tidy.rs` checks on every `crate::` path):
+//!
+//! ```text
+//! L4 scheduler   config  budget  scheduler/ (the pass, one file per rule)  output  wire
+//!                    │ schedules requests through their transitions
+//! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
+//!                    │ calls backends only through their contracts
+//! L2 mechanisms  page_pool/ (KvPool)  kv_set (draft/cross pairing)  adapter_pool  memory (alloc)
+//!                    │ implement
+//! L1 contracts   kv (KvBackend, PageMove, chain)  adapter (PeftBackend)  connector (KvConnector)
+//!                    │ name
+//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint
+//! ```
+//!
+//! - [`ids`], [`error`], [`phase`], [`arena`]: request and task ids, the error values, the upstream
+//!   request states (`LlmRequestState`), the fixed-capacity generational slot arena.
+//! - [`kv`]: the KV backend contract and the page-move vocabulary; [`adapter`]: the PEFT backend
+//!   contract; [`connector`]: an external KV store as the scheduler sees it.
+//! - [`page_pool`]: the fixed-capacity two-tier page pool (optional prefix cache, unified adapter paging,
+//!   a KV connector); [`kv_set`]: draft and cross pools beside the target; [`adapter_pool`]: the
+//!   fixed-capacity adapter cache.
+//! - [`request`]: the type-state lifecycle; [`lease`]: adapter leases and the desk that mints them.
+//! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler
+//!   output and its plain-old-data wire form; [`scheduler`]: the request table and the pass.
 //!
 //! A serving loop over buffers on the stack (no heap; the `memory` module owns them on the heap with the
 //! `alloc` feature):
 //!
 //! ```
-//! use kvsched_core::adapter::AdapterPool;
+//! use kvsched_core::adapter_pool::AdapterPool;
 //! use kvsched_core::config::Config;
 //! use kvsched_core::kv::PageMove;
 //! use kvsched_core::output::SchedulerOutput;
 //! use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
-//! use kvsched_core::request::{RequestSpec, TaskId};
+//! use kvsched_core::ids::TaskId;
+//! use kvsched_core::request::RequestSpec;
 //! use kvsched_core::scheduler::Scheduler;
 //! use kvsched_core::Phase;
 //!
@@ -79,18 +93,21 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+mod bomb;
 mod fmt;
 mod id_index;
 #[cfg(test)]
 mod testing;
 
 pub mod adapter;
+pub mod adapter_pool;
 pub mod arena;
 pub mod budget;
 pub mod config;
 pub mod connector;
 pub mod error;
 pub mod fingerprint;
+pub mod ids;
 pub mod kv;
 pub mod kv_set;
 pub mod lease;
@@ -103,12 +120,14 @@ pub mod request;
 pub mod scheduler;
 pub mod wire;
 
-pub use adapter::{AdapterPool, NoPeft, PeftBackend};
+pub use adapter::{NoPeft, PeftBackend};
+pub use adapter_pool::AdapterPool;
 pub use config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 pub use error::{Error, PeftError};
+pub use ids::{RequestId, TaskId};
 pub use kv::{KvBackend, KvRef, PageMove, Tier};
 pub use output::SchedulerOutput;
 pub use page_pool::{KvPool, KvPoolConfig};
 pub use phase::Phase;
-pub use request::{Ownership, RequestId, RequestSpec, TaskId};
+pub use request::{Ownership, RequestSpec};
 pub use scheduler::{Adopt, Handle, PassStats, Scheduler};

@@ -14,11 +14,9 @@
 //! overflow; the pass asserts every push.
 
 use crate::adapter::TaskRef;
+use crate::ids::NO_TASK;
 use crate::request::{Paused, Recompute, Request, Resumed, Schedulable, State, Suspended};
 use crate::scheduler::Handle;
-
-/// No adapter task.
-pub const NO_TASK: u16 = u16::MAX;
 
 /// One listed request: its table slot, the slot's generation, its adapter task slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -57,7 +55,7 @@ impl Listed {
             Some(self.task)
         }
     }
-    /// The raw task slot ([`NO_TASK`] for none), for the LoRA sort.
+    /// The raw task slot ([`NO_TASK`](crate::ids::NO_TASK) for none), for the LoRA sort.
     #[inline]
     pub(crate) const fn bucket(self) -> u16 {
         self.task

@@ -50,48 +50,14 @@
 use core::marker::PhantomData;
 
 use crate::adapter::{PeftBackend, TaskRef};
+use crate::bomb::Bomb;
 use crate::error::Error;
+use crate::ids::{RequestId, TaskId, NO_TASK};
 use crate::kv::{KvBackend, KvRef};
 use crate::lease::{AdapterDesk, AdapterLease, PausedOn};
-use crate::output::NO_TASK;
 
 mod spec;
-pub use spec::{RequestId, RequestSpec, TaskId, MAX_SNAPSHOTS};
-
-/// Debug drop bomb: armed while its owner holds resources. Defused by the consuming transition.
-#[derive(Debug)]
-pub(crate) struct Bomb {
-    #[cfg(all(feature = "std", debug_assertions))]
-    armed: bool,
-}
-
-impl Bomb {
-    #[inline]
-    pub(crate) fn armed() -> Self {
-        Self {
-            #[cfg(all(feature = "std", debug_assertions))]
-            armed: true,
-        }
-    }
-    #[inline]
-    #[allow(unused_mut)]
-    pub(crate) fn defuse(mut self) {
-        #[cfg(all(feature = "std", debug_assertions))]
-        {
-            self.armed = false;
-        }
-    }
-}
-
-impl Drop for Bomb {
-    #[inline]
-    fn drop(&mut self) {
-        #[cfg(all(feature = "std", debug_assertions))]
-        if self.armed && !std::thread::panicking() {
-            panic!("a request or adapter lease was dropped while it still owns resources (KV pages or a lease)");
-        }
-    }
-}
+pub use spec::{RequestSpec, MAX_SNAPSHOTS};
 
 /// What a request owns, as a runtime value: the one-byte tag the request table keeps next to each typed
 /// request, derived from its type-state ([`State::OWNERSHIP`]).
@@ -242,7 +208,7 @@ impl OnGpu for Resumed {
 }
 
 /// Where a request lives in the scheduler's table: its slot, its adapter task slot
-/// ([`crate::output::NO_TASK`] without one) and the slot's generation — the layout of a list entry.
+/// ([`crate::ids::NO_TASK`] without one) and the slot's generation — the layout of a list entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Place {
     pub(crate) slot: u16,

@@ -13,8 +13,9 @@
 //! [`SchedulerOutput`]: no scheduler accepts it back, so bytes cannot forge a batch.
 
 use crate::adapter::TaskRef;
-use crate::output::{Listed, SchedulerOutput, NO_TASK};
-use crate::request::{RequestId, TaskId};
+use crate::ids::NO_TASK;
+use crate::ids::{RequestId, TaskId};
+use crate::output::{Listed, SchedulerOutput};
 
 /// `"KVSO"` little-endian.
 pub const MAGIC: u32 = 0x4f53_564b;

@@ -15,12 +15,12 @@
 mod common;
 
 use common::{cuda_property, fail, pattern};
+use kvsched_core::ids::RequestId;
+use kvsched_core::kv::chain;
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PageMove};
 use kvsched_core::page_pool::{
-    chain, page_of, KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStats, PrefixStorage, Seq,
-    HOST,
+    page_of, KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStats, PrefixStorage, Seq, HOST,
 };
-use kvsched_core::request::RequestId;
 use kvsched_gpu::{BlockTableShape, CudaKvStore, HostKvStore, KvMemory, KvPages, PoolShape, Tier};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;

@@ -26,11 +26,13 @@
 mod common;
 
 use common::{cuda_or_skip, pattern};
-use kvsched_core::adapter::{AdapterPool, HostChange, TaskRef};
+use kvsched_core::adapter::{HostChange, TaskRef};
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
+use kvsched_core::ids::TaskId;
 use kvsched_core::kv::PageMove;
 use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
-use kvsched_core::request::{Ownership, RequestSpec, TaskId};
+use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::{Error, Phase, SchedulerOutput};
 use kvsched_gpu::bind::{block_table_rows, AdapterSlotStats, KvPageStats};

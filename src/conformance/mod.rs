@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use kvsched_core::config::{
     Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window, PRIORITY_CLASSES,
 };
+use kvsched_core::ids::TaskId;
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::request::{RequestSpec, TaskId};
+use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Handle, Scheduler, TransferEnd};
 use kvsched_core::Phase;
 use serde_json::Value;

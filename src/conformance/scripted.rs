@@ -11,8 +11,8 @@ use std::rc::Rc;
 
 use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::error::PeftError;
+use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
-use kvsched_core::request::{RequestId, TaskId};
 
 use super::scenario::{Outcomes, PerId};
 

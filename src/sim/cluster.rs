@@ -28,8 +28,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use kvsched_core::connector::{KvConnector, LoadEnd};
+use kvsched_core::kv::chain;
 use kvsched_core::kv::KvRef;
-use kvsched_core::page_pool::chain;
 
 use super::disagg::{DisaggFigures, Role};
 use super::report::{Quantiles, RemoteFigures, ReplicaRow};

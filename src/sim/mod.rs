@@ -13,12 +13,12 @@ pub mod report;
 mod run_loop;
 pub mod sweep;
 
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::ids::TaskId;
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
-use kvsched_core::request::TaskId;
 use kvsched_core::scheduler::{Handle, Scheduler};
 
 use crate::memory::KvMemory;

@@ -13,7 +13,7 @@
 //! the trace does not list (the cache matches prefixes only). The core chains each page hash with its
 //! parent's key, so a page hash need not encode its position.
 
-use kvsched_core::page_pool::chain;
+use kvsched_core::kv::chain;
 
 /// Pages of `tpb` tokens can carry hashes of blocks of `block_tokens` tokens.
 pub fn compatible(block_tokens: u32, tpb: u32) -> bool {

@@ -6,9 +6,10 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use kvsched_core::config::PRIORITY_CLASSES;
+use kvsched_core::ids::TaskId;
 use kvsched_core::kv::{Pool, Tier};
 use kvsched_core::page_pool::KvPoolConfig;
-use kvsched_core::request::{Ownership, RequestSpec, TaskId};
+use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::TransferEnd;
 use kvsched_core::Phase;
 

@@ -28,17 +28,19 @@ use std::cell::Cell;
 use std::collections::BTreeSet;
 
 use kvsched::memory::KvMemory;
-use kvsched_core::adapter::{AdapterPool, Holding, HostChange, PeftBackend, TaskRef};
+use kvsched_core::adapter::{Holding, HostChange, PeftBackend, TaskRef};
+use kvsched_core::adapter_pool::AdapterPool;
 pub use kvsched_core::config::Admission;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::error::{Error, PeftError};
+use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
-use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
+use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
 
 /// Request table slots.

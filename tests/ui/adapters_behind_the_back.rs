@@ -1,5 +1,6 @@
 // The scheduler lends its adapter backend out read-only: registrations cannot be changed behind its back.
-use kvsched_core::adapter::{AdapterPool, Holding, PeftBackend};
+use kvsched_core::adapter::{Holding, PeftBackend};
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::{KvPool, Scheduler};
 
 fn drop_behind_the_back(s: &mut Scheduler<KvPool<'_>, AdapterPool<4>, 4, 4>) {

@@ -1,6 +1,6 @@
 // A request's caches are one backend (KvSet): the scheduler lends it out read-only, so the target cache
 // cannot be suspended without the draft.
-use kvsched_core::adapter::AdapterPool;
+use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::kv::{KvBackend, KvRef};
 use kvsched_core::kv_set::KvSet;
 use kvsched_core::{KvPool, Scheduler};

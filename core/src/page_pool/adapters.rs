@@ -18,7 +18,7 @@
 //! to the pool's adapter pages, and the idle ones' to its idle adapter pages; every chain has its
 //! adapter's length and names GPU pages that are neither free nor in a row, each in one chain.
 
-use crate::request::RequestId;
+use crate::ids::RequestId;
 
 use super::KvPool;
 

@@ -3,7 +3,7 @@
 use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
 
 use super::{blocks_for, KvPool, Seq, SeqState};
-use crate::request::RequestId;
+use crate::ids::RequestId;
 
 impl KvPool<'_> {
     /// A decode step across a page boundary of an active cache, with a free page at hand: the page off

@@ -11,8 +11,8 @@
 //! its replay.
 
 use crate::connector::{KvConnector, LoadEnd};
+use crate::ids::RequestId;
 use crate::kv::{KvRef, LoadChange};
-use crate::request::RequestId;
 
 use super::{KvPool, SeqState};
 

@@ -35,7 +35,7 @@ mod tests;
 
 pub use adapters::{AdapterPages, AdapterStorage};
 pub use connector::{ConnectorSlot, ConnectorStats};
-pub use prefix::{chain, PageInfo, PrefixStats};
+pub use prefix::{PageInfo, PrefixStats};
 
 use crate::kv::{PageMove, Tier};
 use adapters::Adapters;

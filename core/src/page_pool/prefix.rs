@@ -93,15 +93,6 @@ impl PageInfo {
     }
 }
 
-/// A block's key: its parent's key (or the request's root) chained with its own hash.
-pub const fn chain(parent: u64, hash: u64) -> u64 {
-    // splitmix64 finaliser over the pair: every bit of both inputs reaches every bit of the key.
-    let mut z = parent ^ hash.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// A tier's list of evictable cached pages, oldest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Lru {

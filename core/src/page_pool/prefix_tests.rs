@@ -1,8 +1,8 @@
 //! The prefix cache's unit tests: matching, sharing, reference counts, eviction leaf first and least
 //! recently used, demotion to the host tier and reload, deduplication at commit, and isolation by root.
 use super::*;
-use crate::kv::{ContextPrep, KvBackend, KvRef};
-use crate::request::RequestId;
+use crate::ids::RequestId;
+use crate::kv::{chain, ContextPrep, KvBackend, KvRef};
 use crate::testing::{Mem, PrefixMem};
 
 /// 8 GPU pages, up to 8 host pages, 4 slots of 4 pages, 4 tokens a page.

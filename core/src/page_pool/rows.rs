@@ -6,11 +6,11 @@
 //! anything changes, and an eviction it makes on the way frees the page it takes (an idle adapter's
 //! eviction frees all its pages).
 
+use crate::ids::RequestId;
 use crate::kv::{ContextPrep, PageMove, Tier};
-use crate::request::RequestId;
 
-use super::prefix::chain;
 use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST};
+use crate::kv::chain;
 
 /// Moves a row of private pages to the other tier in one loop (a pool without a prefix cache, whose
 /// pages are all private): page `b` of `row` goes to the `b`-th page popped from the destination's free

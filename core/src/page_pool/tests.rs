@@ -1,7 +1,7 @@
 //! The page pool's unit tests.
 use super::*;
+use crate::ids::RequestId;
 use crate::kv::{ContextPrep, KvBackend, KvRef};
-use crate::request::RequestId;
 
 /// 8 GPU pages, up to 4 host pages, 4 slots of 4 pages, 4 tokens a page.
 type Buf = crate::testing::Mem<8, 4, 4, 16, 12>;

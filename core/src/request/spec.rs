@@ -1,14 +1,7 @@
 //! What a request is: its id, its adapter task's id, and the data the pass reads (`RequestSpec`).
 
+use crate::ids::{RequestId, TaskId};
 use crate::phase::Phase;
-
-/// A request id (unique among live requests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct RequestId(pub u64);
-
-/// A LoRA task (adapter) id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct TaskId(pub u64);
 
 /// Most FORCE_CHUNK snapshot points one request carries.
 pub const MAX_SNAPSHOTS: usize = 8;

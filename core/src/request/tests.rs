@@ -2,16 +2,17 @@
 //! does to the KV pool and the adapter cache; the always-on activation checks; the drop bomb.
 
 use super::*;
-use crate::adapter::{AdapterPool, TaskRef};
+use crate::adapter::TaskRef;
+use crate::adapter_pool::AdapterPool;
+use crate::ids::TaskId;
 use crate::page_pool::KvPool;
-use crate::request::TaskId;
 use crate::testing::{place, Small};
 
 fn request(slot: u16, id: u64, task: Option<TaskRef>) -> Request<Waiting> {
     Request::new(
         Place {
             slot,
-            task: crate::output::NO_TASK,
+            task: crate::ids::NO_TASK,
             generation: 0,
         },
         RequestId(id),

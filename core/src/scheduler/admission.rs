@@ -185,12 +185,13 @@ fn new_admission(ownership: Ownership, key: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use crate::adapter::AdapterPool;
+    use crate::adapter_pool::AdapterPool;
     use crate::config::{Admission, Config};
+    use crate::ids::TaskId;
     use crate::output::SchedulerOutput;
     use crate::page_pool::KvPool;
     use crate::phase::Phase;
-    use crate::request::{RequestSpec, TaskId};
+    use crate::request::RequestSpec;
     use crate::scheduler::{Handle, Scheduler};
     use crate::testing::Mem;
 

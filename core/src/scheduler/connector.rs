@@ -56,11 +56,12 @@ mod tests {
     use crate::adapter::NoPeft;
     use crate::config::Config;
     use crate::connector::{KvConnector, LoadEnd};
+    use crate::ids::RequestId;
     use crate::kv::KvRef;
     use crate::output::SchedulerOutput;
     use crate::page_pool::{ConnectorSlot, KvPool};
     use crate::phase::Phase;
-    use crate::request::{RequestId, RequestSpec};
+    use crate::request::RequestSpec;
     use crate::scheduler::{Handle, Scheduler};
     use crate::testing::{Mem, PrefixMem};
 

@@ -11,8 +11,8 @@
 //! request whose adapter would not fit stops the phase (§1.4 step 7) before any KV call.
 
 use crate::adapter::PeftBackend;
+use crate::ids::NO_TASK;
 use crate::kv::{KvBackend, KvRef};
-use crate::output::NO_TASK;
 use crate::phase::Phase;
 use crate::request::KvReturn;
 

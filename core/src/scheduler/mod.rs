@@ -56,11 +56,12 @@ pub use transfer::{TransferEnd, TransferStats};
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::config::Config;
 use crate::error::{Error, PeftError};
+use crate::ids::RequestId;
 use crate::kv::{KvBackend, KvRef, PageMove};
 use crate::lease::AdapterDesk;
 use crate::output::SchedulerOutput;
 use crate::phase::Phase;
-use crate::request::{MovesTaken, Ownership, RequestId, RequestSpec};
+use crate::request::{MovesTaken, Ownership, RequestSpec};
 
 use pass::{Pass, Scratch};
 use table::{Held, Table};
@@ -69,7 +70,7 @@ impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPo
     /// Registers an adapter with the adapter cache (see [`crate::AdapterPool::register`]).
     pub fn register_adapter(
         &mut self,
-        id: crate::request::TaskId,
+        id: crate::ids::TaskId,
         pages: u32,
     ) -> Result<TaskRef, PeftError> {
         self.desk.backend_mut().register(id, pages)
@@ -81,7 +82,7 @@ impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPo
     /// waiting ones included, whose prefix identity names the old weights.
     pub fn reload_adapter(
         &mut self,
-        id: crate::request::TaskId,
+        id: crate::ids::TaskId,
         pages: u32,
     ) -> Result<TaskRef, PeftError> {
         let in_use = (0..self.table.len())
@@ -414,10 +415,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     fn prefix_root(
         &self,
         task: Option<TaskRef>,
-        lora: Option<crate::request::TaskId>,
+        lora: Option<crate::ids::TaskId>,
         salt: u64,
     ) -> u64 {
-        use crate::page_pool::chain;
+        use crate::kv::chain;
         let identity = match (task, lora) {
             (Some(t), _) => {
                 let version = self.desk.backend().cache_identity(t);

@@ -14,9 +14,9 @@
 //! checked against it when made); a scheduled task is counted.
 
 use crate::adapter::{PeftBackend, TaskRef};
+use crate::ids::RequestId;
 use crate::lease::AdapterDesk;
 use crate::output::{Full, SchedulerOutput};
-use crate::request::RequestId;
 
 const COUNTED: u8 = 1;
 const SCHEDULED: u8 = 2;

@@ -10,8 +10,9 @@
 //! Invariant: the sort permutes each list (no entry lost or duplicated), stably.
 
 use crate::adapter::PeftBackend;
+use crate::ids::NO_TASK;
 use crate::kv::KvBackend;
-use crate::output::{Chunk, List, Listed, NO_TASK};
+use crate::output::{Chunk, List, Listed};
 
 use super::pass::Pass;
 use super::table::Table;
@@ -219,8 +220,8 @@ fn merge_sort<I: Item, const N: usize>(
 mod tests {
     use super::*;
     use crate::adapter::TaskRef;
+    use crate::ids::TaskId;
     use crate::output::Listed;
-    use crate::request::TaskId;
 
     /// Entries over three adapters (slots 0..3 with ids 5, 2, 9) and none, in a scrambled order; the
     /// counting sort and the merge sort by (partition, task id) agree, stably.

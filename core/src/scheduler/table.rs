@@ -18,13 +18,14 @@ use crate::adapter::{PeftBackend, TaskRef};
 use crate::arena::{Arena, Handle as ArenaHandle};
 use crate::error::Error;
 use crate::id_index::IdIndex;
+use crate::ids::RequestId;
+use crate::ids::NO_TASK;
 use crate::kv::KvBackend;
 use crate::lease::AdapterDesk;
-use crate::output::NO_TASK;
 use crate::phase::Phase;
 use crate::request::{
-    Active, Ownership, Paused, Place, Recompute, Request, RequestId, RequestSpec, Resumed, Sending,
-    State, Suspended, Waiting,
+    Active, Ownership, Paused, Place, Recompute, Request, RequestSpec, Resumed, Sending, State,
+    Suspended, Waiting,
 };
 
 /// Why a [`Held::Sending`] request never reaches the pass's transitions: its phase is

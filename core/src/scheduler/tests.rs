@@ -4,10 +4,10 @@
 //! is the conformance suite's (`kvsched conformance`); these tests need no CLI.
 
 use super::*;
-use crate::adapter::AdapterPool;
+use crate::adapter_pool::AdapterPool;
 use crate::config::{ChunkPolicy, Chunking};
+use crate::ids::TaskId;
 use crate::page_pool::KvPool;
-use crate::request::TaskId;
 use crate::testing::Mem;
 
 /// 32 GPU pages, up to 32 host pages, 8 slots of 8 pages.

@@ -2,8 +2,8 @@
 //! adapter plan says so.
 
 use kvsched_core::adapter::{HostChange, TaskRef};
+use kvsched_core::ids::RequestId;
 use kvsched_core::kv::{PageMove, Tier};
-use kvsched_core::request::RequestId;
 use kvsched_core::{AdapterPool, SchedulerOutput};
 
 use crate::error::MemError;
@@ -491,7 +491,7 @@ impl AdapterSlots {
 mod tests {
     use super::*;
     use crate::{HostAdapterStore, PageStore, PoolShape};
-    use kvsched_core::request::TaskId;
+    use kvsched_core::ids::TaskId;
 
     const PAGE: usize = 4;
 

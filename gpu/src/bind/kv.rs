@@ -303,7 +303,7 @@ impl KvPages {
 mod tests {
     use super::*;
     use crate::{BlockTableShape, HostKvStore, PageStore, PoolShape};
-    use kvsched_core::request::RequestId;
+    use kvsched_core::ids::RequestId;
     use proptest::prelude::*;
 
     const PAGE: usize = 8;
