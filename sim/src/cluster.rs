@@ -33,7 +33,7 @@ use kvsched_core::page_pool::chain;
 
 use super::disagg::{DisaggFigures, Role};
 use super::report::{Quantiles, RemoteFigures, ReplicaRow};
-use super::{OptionsError, Replica, Report, SimError, SimOptions};
+use super::{run_loop, OptionsError, Replica, Report, SimError, SimOptions};
 use kvsched_workload::{Arrival, Workload};
 
 /// `--remote-store PAGES[:LATENCY_US[:GBPS]]`.
@@ -333,8 +333,6 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             .collect(),
         None => vec![Role::Mixed; o.replicas.max(1) as usize],
     };
-    // The router's engines: the prefill ones first, or all.
-    let routed = o.disagg.map_or(roles.len(), |d| d.prefill as usize);
     let replicas = roles.len() as u32;
     let store = o
         .remote_store
@@ -357,10 +355,40 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
         sims.push(e.sim(o, &w, connector, role)?.routed());
     }
-    let mut router = Router::new(&w, routed as u32, o.route);
+    // The router's engines: the prefill ones first, or all.
+    let routed = o.disagg.map_or(roles.len(), |d| d.prefill as usize);
+    interleave(o, &w, &mut sims, &clocks, routed)?;
+    let reports: Vec<Report> = sims.into_iter().map(|s| s.report()).collect();
+    let mut c = merge(o, &w, reports);
+    if let Some(d) = o.disagg {
+        c.disagg = Some(DisaggFigures {
+            prefill_engines: d.prefill,
+            decode_engines: d.decode,
+            transfers: c.raw.handoff_ms.len() as u64,
+            transfer_gb: c.raw.transfer_tokens as f64 * super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN
+                / 1e9,
+            handoff_ms: Quantiles::of(&c.raw.handoff_ms),
+        });
+    }
+    if let Some(store) = &store {
+        c.remote = Some(remote_figures(&store.borrow(), &c, o.tokens_per_block));
+    }
+    Ok(c)
+}
+
+/// Runs the engines interleaved in simulated time (the one whose next iteration starts first goes next),
+/// routing each arrival to one of the first `routed` engines when its time comes; with disaggregation,
+/// hands the computed prompts to the decode engines and tells the prefill engines when their sends end.
+fn interleave(
+    o: &SimOptions,
+    w: &Workload,
+    sims: &mut [run_loop::Sim<'_, '_>],
+    clocks: &[Rc<Cell<f64>>],
+    routed: usize,
+) -> Result<(), SimError> {
+    let mut router = Router::new(w, routed as u32, o.route);
     // Disaggregated: the prefill engine each arrival went to (its send's end is told there).
     let mut prefill_of = vec![0usize; w.arrivals.len()];
-    let tpb = o.tokens_per_block;
     let mut arrived = 0;
     loop {
         // The replica whose next iteration starts first.
@@ -397,37 +425,57 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
             sims[prefill_of[t.arrival]].send_ends_at(t);
         }
     }
-    let reports: Vec<Report> = sims.into_iter().map(|s| s.report()).collect();
-    let mut c = merge(o, &w, reports);
-    if let Some(d) = o.disagg {
-        c.disagg = Some(DisaggFigures {
-            prefill_engines: d.prefill,
-            decode_engines: d.decode,
-            transfers: c.raw.handoff_ms.len() as u64,
-            transfer_gb: c.raw.transfer_tokens as f64 * super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN
-                / 1e9,
-            handoff_ms: Quantiles::of(&c.raw.handoff_ms),
-        });
+    Ok(())
+}
+
+/// What the shared store did, for the cluster's report `c` (pages of `tpb` tokens).
+fn remote_figures(st: &RemoteStore, c: &Report, tpb: u32) -> RemoteFigures {
+    let tokens = st.hits * u64::from(tpb);
+    RemoteFigures {
+        blocks_loaded: st.hits,
+        blocks_saved: st.saved,
+        blocks_evicted: st.evicted,
+        hit_rate: if c.admitted_prompt_tokens > 0 {
+            tokens as f64 / c.admitted_prompt_tokens as f64
+        } else {
+            0.0
+        },
+        transfer_gb: st.hits as f64 * super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN * f64::from(tpb)
+            / 1e9,
     }
-    if let Some(store) = &store {
-        let st = store.borrow();
-        let tokens = st.hits * u64::from(tpb);
-        c.remote = Some(RemoteFigures {
-            blocks_loaded: st.hits,
-            blocks_saved: st.saved,
-            blocks_evicted: st.evicted,
-            hit_rate: if c.admitted_prompt_tokens > 0 {
-                tokens as f64 / c.admitted_prompt_tokens as f64
-            } else {
-                0.0
-            },
-            transfer_gb: st.hits as f64
-                * super::cost::LLAMA3_8B_KV_BYTES_PER_TOKEN
-                * f64::from(tpb)
-                / 1e9,
-        });
+}
+
+/// Adds a replica's counters to the cluster's.
+fn add_counters(c: &mut Report, r: &Report) {
+    macro_rules! sum {
+        ($($f:ident),*) => { $( c.$f += r.$f; )* };
     }
-    Ok(c)
+    sum!(
+        requests_completed,
+        tokens_generated,
+        completed_output_tokens,
+        prefill_tokens,
+        suspended,
+        self_evicted,
+        recompute_paused,
+        preempted,
+        resumed,
+        pages_offloaded,
+        pages_reloaded,
+        adapter_loads,
+        adapter_evictions,
+        iterations,
+        decode_steps,
+        accepted_drafts,
+        slo_met,
+        admitted_prompt_tokens,
+        admitted_reused_tokens,
+        prefill_tokens_saved,
+        cached_blocks_evicted,
+        cached_blocks_demoted,
+        host_cache_hits,
+        invariant_violations
+    );
 }
 
 /// The cluster's report from the replicas'.
@@ -440,35 +488,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: Vec<Report>) -> Report {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let n = reports.len().max(1) as f64;
     for (k, r) in reports.iter().enumerate() {
-        macro_rules! sum {
-            ($($f:ident),*) => { $( c.$f += r.$f; )* };
-        }
-        sum!(
-            requests_completed,
-            tokens_generated,
-            completed_output_tokens,
-            prefill_tokens,
-            suspended,
-            self_evicted,
-            recompute_paused,
-            preempted,
-            resumed,
-            pages_offloaded,
-            pages_reloaded,
-            adapter_loads,
-            adapter_evictions,
-            iterations,
-            decode_steps,
-            accepted_drafts,
-            slo_met,
-            admitted_prompt_tokens,
-            admitted_reused_tokens,
-            prefill_tokens_saved,
-            cached_blocks_evicted,
-            cached_blocks_demoted,
-            host_cache_hits,
-            invariant_violations
-        );
+        add_counters(&mut c, r);
         // The replicas run interleaved, each timed from its start: the cluster's wall time is the
         // longest.
         c.wall_seconds = c.wall_seconds.max(r.wall_seconds);

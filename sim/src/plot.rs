@@ -388,7 +388,9 @@ fn segments(points: &[(f64, f64)]) -> impl Iterator<Item = &[(f64, f64)]> {
         .filter(|run| !run.is_empty())
 }
 
-fn draw(svg: &mut String, tl: &Timeline) -> Result<(), DrawingAreaErrorKind<std::io::Error>> {
+type DrawResult = Result<(), DrawingAreaErrorKind<std::io::Error>>;
+
+fn draw(svg: &mut String, tl: &Timeline) -> DrawResult {
     let height = (TOP + BOTTOM + tl.panels.len() as u32 * PANEL_SLOT_MIN).max(700);
     let root = SVGBackend::with_string(svg, (WIDTH, height)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -406,11 +408,6 @@ fn draw(svg: &mut String, tl: &Timeline) -> Result<(), DrawingAreaErrorKind<std:
         &("sans-serif", 13).into_font().color(&RGBColor(85, 85, 85)),
         (LEFT as i32, 36),
     )?;
-    let (t0, t1) = match (tl.t.first(), tl.t.last()) {
-        (Some(&t0), Some(&t1)) if t1 > t0 => (t0, t1),
-        (Some(&t0), _) => (t0, t0 + 1.0),
-        _ => (0.0, 1.0),
-    };
     let panels = tl.panels.len();
     let mut colour = 0;
     for (i, (area, panel)) in body
@@ -419,53 +416,69 @@ fn draw(svg: &mut String, tl: &Timeline) -> Result<(), DrawingAreaErrorKind<std:
         .zip(&tl.panels)
         .enumerate()
     {
-        let last = i + 1 == panels;
-        let (y0, y1) = y_range(panel);
-        let mut chart = ChartBuilder::on(area)
-            .caption(
-                &panel.title,
-                ("sans-serif", 16).into_font().style(FontStyle::Bold),
-            )
-            .margin_right(RIGHT)
-            .margin_bottom(if last { 4 } else { 8 })
-            .x_label_area_size(if last { BOTTOM } else { 22 })
-            .y_label_area_size(LEFT - 8)
-            .build_cartesian_2d(t0..t1, y0..y1)?;
-        let mut mesh = chart.configure_mesh();
-        mesh.x_labels(9)
-            .y_labels(5)
-            .label_style(("sans-serif", 14))
-            .axis_desc_style(("sans-serif", 14))
-            .y_desc(&panel.unit)
-            .light_line_style(RGBColor(240, 240, 240));
-        if last {
-            mesh.x_desc(&tl.x_label);
-        }
-        mesh.draw()?;
-        for s in &panel.series {
-            let (r, g, b) = PALETTE[colour % PALETTE.len()];
-            let style = RGBColor(r, g, b).stroke_width(2);
-            colour += 1;
-            let points = downsample(&tl.t, &s.values, MAX_POINTS);
-            for (k, run) in segments(&points).enumerate() {
-                let drawn = chart.draw_series(LineSeries::new(run.iter().copied(), style))?;
-                if k == 0 {
-                    drawn
-                        .label(&s.name)
-                        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
-                }
-            }
-        }
-        // The legend to the right of the plotting area, in the margin kept for it.
-        let plot_width = chart.plotting_area().dim_in_pixel().0 as i32;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::Coordinate(plot_width + 14, 0))
-            .border_style(WHITE)
-            .label_font(("sans-serif", 14))
-            .draw()?;
+        draw_panel(area, tl, panel, i + 1 == panels, &mut colour)?;
     }
     root.present()
+}
+
+/// One panel in `area`: its axes (the x axis's labels on the `last` one only), its series in the
+/// palette's next colours (from `colour`), and its legend to the right.
+fn draw_panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    tl: &Timeline,
+    panel: &Panel,
+    last: bool,
+    colour: &mut usize,
+) -> DrawResult {
+    let (t0, t1) = match (tl.t.first(), tl.t.last()) {
+        (Some(&t0), Some(&t1)) if t1 > t0 => (t0, t1),
+        (Some(&t0), _) => (t0, t0 + 1.0),
+        _ => (0.0, 1.0),
+    };
+    let (y0, y1) = y_range(panel);
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            &panel.title,
+            ("sans-serif", 16).into_font().style(FontStyle::Bold),
+        )
+        .margin_right(RIGHT)
+        .margin_bottom(if last { 4 } else { 8 })
+        .x_label_area_size(if last { BOTTOM } else { 22 })
+        .y_label_area_size(LEFT - 8)
+        .build_cartesian_2d(t0..t1, y0..y1)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.x_labels(9)
+        .y_labels(5)
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 14))
+        .y_desc(&panel.unit)
+        .light_line_style(RGBColor(240, 240, 240));
+    if last {
+        mesh.x_desc(&tl.x_label);
+    }
+    mesh.draw()?;
+    for s in &panel.series {
+        let (r, g, b) = PALETTE[*colour % PALETTE.len()];
+        let style = RGBColor(r, g, b).stroke_width(2);
+        *colour += 1;
+        let points = downsample(&tl.t, &s.values, MAX_POINTS);
+        for (k, run) in segments(&points).enumerate() {
+            let drawn = chart.draw_series(LineSeries::new(run.iter().copied(), style))?;
+            if k == 0 {
+                drawn
+                    .label(&s.name)
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+            }
+        }
+    }
+    // The legend to the right of the plotting area, in the margin kept for it.
+    let plot_width = chart.plotting_area().dim_in_pixel().0 as i32;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::Coordinate(plot_width + 14, 0))
+        .border_style(WHITE)
+        .label_font(("sans-serif", 14))
+        .draw()
 }
 
 #[cfg(test)]
