@@ -181,7 +181,7 @@ proptest! {
         setup in setup(),
         ops in prop::collection::vec(op(), 1..160),
     ) {
-        run(setup, &ops).map_err(TestCaseError::fail)?;
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
     }
 }
 
@@ -313,7 +313,7 @@ proptest! {
     fn every_request_that_fits_alone_finishes((setup, reqs) in with_reqs()) {
         let bound = pass_bound(&reqs, &setup);
         let mut mem = setup.memory();
-        let mut h = Harness::new(setup.clone(), &mut mem).map_err(TestCaseError::fail)?;
+        let mut h = Harness::new(setup.clone(), &mut mem).map_err(|e| TestCaseError::fail(e.0))?;
         for r in &reqs {
             h.apply(&Op::Submit {
                 prompt: r.prompt,
@@ -325,17 +325,17 @@ proptest! {
                 family: r.family,
                 encoder: r.encoder,
             })
-            .map_err(TestCaseError::fail)?;
+            .map_err(|e| TestCaseError::fail(e.0))?;
         }
         prop_assert_eq!(h.live(), reqs.len(), "every request was admitted");
-        match h.run_to_completion(bound).map_err(TestCaseError::fail)? {
+        match h.run_to_completion(bound).map_err(|e| TestCaseError::fail(e.0))? {
             Done::Finished(passes) => prop_assert!(passes <= bound),
             Done::Deadlock(passes) => prop_assert!(
                 !guaranteed(&setup, &reqs),
                 "deadlock after {} passes where progress is guaranteed", passes
             ),
         }
-        h.drain().map_err(TestCaseError::fail)?;
+        h.drain().map_err(|e| TestCaseError::fail(e.0))?;
     }
 }
 

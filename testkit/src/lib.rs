@@ -23,7 +23,7 @@
 //!   idle pass;
 //! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints).
 //!
-//! Failures are returned as `Err(String)` describing the broken invariant (the callers panic with it).
+//! Failures are returned as a [`Violation`] describing the broken invariant (the callers panic with it).
 #![deny(missing_docs)]
 
 use std::cell::Cell;
@@ -42,6 +42,23 @@ use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestId, RequestSpec, TaskId};
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
+
+/// A broken invariant or an unexpected refusal: what the harness saw, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
+impl From<String> for Violation {
+    fn from(what: String) -> Self {
+        Self(what)
+    }
+}
+
+impl From<&str> for Violation {
+    fn from(what: &str) -> Self {
+        Self(what.to_owned())
+    }
+}
 
 /// Request table slots.
 pub const N: usize = 16;
@@ -740,8 +757,8 @@ pub fn fingerprint(s: &Sched<'_>) -> (u64, Vec<(u64, Faults)>, Option<AdapterPoo
 
 impl<'a> Harness<'a> {
     /// A harness over `mem` (from `setup.memory()`).
-    pub fn new(setup: Setup, mem: &'a mut Memory) -> Result<Self, String> {
-        let faulty = |m: &'a mut KvMemory| -> Result<FaultKv<'a>, String> {
+    pub fn new(setup: Setup, mem: &'a mut Memory) -> Result<Self, Violation> {
+        let faulty = |m: &'a mut KvMemory| -> Result<FaultKv<'a>, Violation> {
             Ok(FaultKv {
                 inner: m.pool().map_err(|e| format!("pool: {e}"))?,
                 faults: Faults::default(),
@@ -814,7 +831,7 @@ impl<'a> Harness<'a> {
     }
 
     /// Applies one operation and checks every invariant.
-    pub fn apply(&mut self, op: &Op) -> Result<(), String> {
+    pub fn apply(&mut self, op: &Op) -> Result<(), Violation> {
         match *op {
             Op::Submit {
                 prompt,
@@ -1004,7 +1021,7 @@ impl<'a> Harness<'a> {
         setup: &Setup,
         stats: &mut Stats,
         (id, position, draft): (u64, u32, u32),
-    ) -> Result<(), String> {
+    ) -> Result<(), Violation> {
         let tpb = setup.tokens_per_block;
         let prefix = setup.prefix;
         let m = live
@@ -1019,7 +1036,7 @@ impl<'a> Harness<'a> {
             return Err(format!(
                 "context: request {id} scheduled at {position}, model at {} (prompt {}, reuse limit {limit})",
                 m.position, m.prompt
-            ));
+            ).into());
         }
         m.position = position;
         stats.reused += u64::from(position);
@@ -1035,7 +1052,7 @@ impl<'a> Harness<'a> {
         family: Option<u8>,
         encoder: u32,
         disagg: Option<bool>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Violation> {
         let mut s = self.spec(prompt.max(1), out_len.max(1), lora, draft, snap);
         s.encoder_len = encoder;
         match disagg {
@@ -1080,18 +1097,19 @@ impl<'a> Harness<'a> {
                 }
                 self.stats.refused += 1;
                 if fingerprint(&self.sched) != before {
-                    return Err(format!("refused submit ({e}) changed the state"));
+                    return Err(format!("refused submit ({e}) changed the state").into());
                 }
                 Ok(())
             }
             (got, want) => Err(format!(
                 "submit {s:?}: got {:?}, model expected {want:?}",
                 got.map(|_| ())
-            )),
+            )
+            .into()),
         }
     }
 
-    fn update(&mut self, i: usize, beam: u8, draft: u8) -> Result<(), String> {
+    fn update(&mut self, i: usize, beam: u8, draft: u8) -> Result<(), Violation> {
         let h = self.live[i].handle;
         let before = fingerprint(&self.sched);
         let (prompt, max_new) = {
@@ -1108,11 +1126,11 @@ impl<'a> Harness<'a> {
         let refused = match (&r, beam, too_large) {
             // A sending request cannot change until its send ends.
             (Err(Error::Invalid(_)), _, _) if sending => true,
-            _ if sending => return Err(format!("update of a sending request: {r:?}")),
+            _ if sending => return Err(format!("update of a sending request: {r:?}").into()),
             (Err(Error::Invalid(_)), 0, _) => true,
             (Err(Error::RequestTooLarge { .. }), 1.., true) => true,
             (Ok(()), 1.., false) => false,
-            _ => return Err(format!("update beam {beam} draft {draft}: {r:?}")),
+            _ => return Err(format!("update beam {beam} draft {draft}: {r:?}").into()),
         };
         if refused && fingerprint(&self.sched) != before {
             return Err("refused update changed the state".into());
@@ -1120,7 +1138,7 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
-    fn remove(&mut self, i: usize, finished: bool) -> Result<(), String> {
+    fn remove(&mut self, i: usize, finished: bool) -> Result<(), Violation> {
         let l = self.live.remove(i);
         let slot = l.handle.index();
         let spec = self
@@ -1128,16 +1146,16 @@ impl<'a> Harness<'a> {
             .remove(l.handle)
             .map_err(|e| format!("remove {}: {e}", l.id))?;
         if spec.id.0 != l.id {
-            return Err(format!("remove {} returned request {}", l.id, spec.id.0));
+            return Err(format!("remove {} returned request {}", l.id, spec.id.0).into());
         }
         if self.sched.get(l.handle).is_ok() {
-            return Err(format!("handle of removed request {} still resolves", l.id));
+            return Err(format!("handle of removed request {} still resolves", l.id).into());
         }
         if self.sched.remove(l.handle).err() != Some(Error::StaleHandle) {
-            return Err(format!("second remove of {} was not StaleHandle", l.id));
+            return Err(format!("second remove of {} was not StaleHandle", l.id).into());
         }
         if self.sched.kv().target().inner.seq(slot).state != SeqState::None {
-            return Err(format!("removed request {} left KV in slot {slot}", l.id));
+            return Err(format!("removed request {} left KV in slot {slot}", l.id).into());
         }
         if finished {
             self.finished.insert(l.id);
@@ -1152,7 +1170,7 @@ impl<'a> Harness<'a> {
     /// Ends request `i`'s transfer: a send removes it and frees its pages; a delivered receive leaves it
     /// ready to decode (its first token came from the context engine), a failed one replays its prefill.
     /// On a request with no transfer in flight both ends are refused, changing nothing.
-    fn end_transfer(&mut self, i: usize, delivered: bool) -> Result<(), String> {
+    fn end_transfer(&mut self, i: usize, delivered: bool) -> Result<(), Violation> {
         let how = if delivered {
             TransferEnd::Delivered
         } else {
@@ -1163,17 +1181,17 @@ impl<'a> Harness<'a> {
         match l.phase {
             Phase::DisaggContextTransInProgress => {
                 if self.sched.end_receive(l.handle, how).is_ok() {
-                    return Err(format!("end_receive of sending request {}", l.id));
+                    return Err(format!("end_receive of sending request {}", l.id).into());
                 }
                 let spec = self
                     .sched
                     .end_send(l.handle, how)
                     .map_err(|e| format!("end_send {}: {e}", l.id))?;
                 if spec.id.0 != l.id || self.sched.get(l.handle).is_ok() {
-                    return Err(format!("end_send {}: not removed", l.id));
+                    return Err(format!("end_send {}: not removed", l.id).into());
                 }
                 if self.sched.kv().target().inner.seq(l.handle.index()).state != SeqState::None {
-                    return Err(format!("sent request {} left KV behind", l.id));
+                    return Err(format!("sent request {} left KV behind", l.id).into());
                 }
                 self.live.remove(i);
                 self.finished.insert(l.id);
@@ -1181,7 +1199,7 @@ impl<'a> Harness<'a> {
             }
             Phase::DisaggGenerationTransInProgress => {
                 if self.sched.end_send(l.handle, how).is_ok() {
-                    return Err(format!("end_send of receiving request {}", l.id));
+                    return Err(format!("end_send of receiving request {}", l.id).into());
                 }
                 self.sched
                     .end_receive(l.handle, how)
@@ -1205,7 +1223,8 @@ impl<'a> Harness<'a> {
                     return Err(format!(
                         "a transfer end accepted for request {} ({:?})",
                         l.id, l.phase
-                    ));
+                    )
+                    .into());
                 }
                 if fingerprint(&self.sched) != before {
                     return Err("a refused transfer end changed the state".into());
@@ -1218,7 +1237,7 @@ impl<'a> Harness<'a> {
     }
 
     /// Ends every transfer in flight, delivered (the engine's transceiver finishing its work).
-    fn end_transfers(&mut self) -> Result<(), String> {
+    fn end_transfers(&mut self) -> Result<(), Violation> {
         let in_flight = |p: Phase| {
             matches!(
                 p,
@@ -1232,7 +1251,7 @@ impl<'a> Harness<'a> {
     }
 
     /// Runs one pass (completing the previous step first).
-    pub fn pass(&mut self) -> Result<(), String> {
+    pub fn pass(&mut self) -> Result<(), Violation> {
         if self.out_pending {
             self.complete()?;
         }
@@ -1268,7 +1287,7 @@ impl<'a> Harness<'a> {
                     return Err(format!(
                         "deadlock after {stalled} stalled passes (threshold {}, stall count before {stall_before})",
                         self.setup.deadlock_threshold
-                    ));
+                    ).into());
                 }
                 let o = &self.out;
                 if o.num_fitting()
@@ -1281,12 +1300,12 @@ impl<'a> Harness<'a> {
                 }
                 Ok(())
             }
-            Err(e) => Err(format!("schedule: {e}")),
+            Err(e) => Err(format!("schedule: {e}").into()),
         }
     }
 
     /// Completes the last pass's step.
-    pub fn complete(&mut self) -> Result<(), String> {
+    pub fn complete(&mut self) -> Result<(), Violation> {
         if !self.out_pending {
             return Ok(());
         }
@@ -1360,7 +1379,7 @@ impl<'a> Harness<'a> {
 
     /// Passes and completions until every request finished ([`Done::Finished`]) or a pass reports
     /// `Error::Deadlock` ([`Done::Deadlock`]); more than `max_passes` passes is an error (a livelock).
-    pub fn run_to_completion(&mut self, max_passes: u64) -> Result<Done, String> {
+    pub fn run_to_completion(&mut self, max_passes: u64) -> Result<Done, Violation> {
         let start = self.stats.passes;
         let deadlocks = self.stats.deadlocks;
         while !self.live.is_empty() {
@@ -1369,7 +1388,8 @@ impl<'a> Harness<'a> {
                     "{} requests still live after {max_passes} passes: {:?}",
                     self.live.len(),
                     self.live
-                ));
+                )
+                .into());
             }
             self.pass()?;
             self.check()?;
@@ -1384,7 +1404,7 @@ impl<'a> Harness<'a> {
     }
 
     /// Checks one pass's output (right after `schedule` and `ensure_batch`).
-    fn check_output(&mut self) -> Result<(), String> {
+    fn check_output(&mut self) -> Result<(), Violation> {
         let o = &self.out;
         let s = &self.sched;
         let cfg = s.config();
@@ -1413,7 +1433,7 @@ impl<'a> Harness<'a> {
         for (name, list) in &lists {
             for (l, _, _) in list {
                 if !seen.insert(l.handle()) {
-                    return Err(format!("slot {} listed twice (again in {name})", l.slot()));
+                    return Err(format!("slot {} listed twice (again in {name})", l.slot()).into());
                 }
             }
         }
@@ -1425,7 +1445,7 @@ impl<'a> Harness<'a> {
             .collect();
         for r in o.resumed() {
             if !batch.contains(&r.handle()) {
-                return Err(format!("resumed slot {} is not scheduled", r.slot()));
+                return Err(format!("resumed slot {} is not scheduled", r.slot()).into());
             }
         }
         // Every listed request is live, named by its handle, and in the state its list says.
@@ -1449,18 +1469,19 @@ impl<'a> Harness<'a> {
                     _ => true,
                 };
                 if !ok {
-                    return Err(format!("{name}: request {id} is {:?}", e.ownership()));
+                    return Err(format!("{name}: request {id} is {:?}", e.ownership()).into());
                 }
                 // A pending connector load protects the request from every victim path (spec §1.15).
                 if e.pending_load() && matches!(name, "paused" | "recompute_paused") {
-                    return Err(format!("{name}: request {id} has a connector load pending"));
+                    return Err(format!("{name}: request {id} has a connector load pending").into());
                 }
                 let resumed = o.resumed().iter().any(|r| r.handle() == l.handle());
                 if resumed != (e.ownership() == Ownership::Resumed) {
                     return Err(format!(
                         "{name}: request {id} is {:?}, listed resumed: {resumed}",
                         e.ownership()
-                    ));
+                    )
+                    .into());
                 }
                 if name == "context" {
                     let at = (id, e.spec().position, e.spec().draft);
@@ -1472,9 +1493,9 @@ impl<'a> Harness<'a> {
                     };
                     let cross = s.kv().cross().is_none_or(|x| x.is_active(r));
                     if e.spec().encoder_len > 0 && !cross {
-                        return Err(format!(
-                            "context: decoder {id} runs without its cross cache"
-                        ));
+                        return Err(
+                            format!("context: decoder {id} runs without its cross cache").into(),
+                        );
                     }
                 }
                 if matches!(name, "context" | "generation") {
@@ -1483,12 +1504,12 @@ impl<'a> Harness<'a> {
                         id: e.spec().id,
                     };
                     if s.kv().draft().is_some_and(|(_, d)| !d.is_active(r)) {
-                        return Err(format!("{name}: {id} runs without its draft cache"));
+                        return Err(format!("{name}: {id} runs without its draft cache").into());
                     }
                 }
                 let scheduled = matches!(name, "context" | "generation" | "encoder");
                 if scheduled && e.inflight() {
-                    return Err(format!("{name}: request {id} is in flight"));
+                    return Err(format!("{name}: request {id} is in flight").into());
                 }
                 // A prepared disaggregated request's adapter is planned too: its lease pins it for the
                 // decode its transfer leads to.
@@ -1515,7 +1536,8 @@ impl<'a> Harness<'a> {
                 if kv_tokens < needed {
                     return Err(format!(
                         "{name}: request {id} needs {needed} KV tokens, its cache holds {kv_tokens}"
-                    ));
+                    )
+                    .into());
                 }
                 match name {
                     "generation" => tokens += u64::from(e.spec().beam + e.spec().draft),
@@ -1530,10 +1552,13 @@ impl<'a> Harness<'a> {
                                 "context chunk {chunk} of request {id} at {}/{}",
                                 e.spec().position,
                                 e.spec().prompt
-                            ));
+                            )
+                            .into());
                         }
                         if last != (e.spec().position + chunk == e.spec().prompt) {
-                            return Err(format!("context chunk of request {id}: last flag wrong"));
+                            return Err(
+                                format!("context chunk of request {id}: last flag wrong").into()
+                            );
                         }
                     }
                     _ => {}
@@ -1546,7 +1571,8 @@ impl<'a> Harness<'a> {
             if tokens > u64::from(limit) + slack {
                 return Err(format!(
                     "batch of {tokens} tokens over the budget {limit} (+{slack} drafts)"
-                ));
+                )
+                .into());
             }
         }
         if o.num_fitting() as u64 > u64::from(cfg.max_num_requests) {
@@ -1554,16 +1580,15 @@ impl<'a> Harness<'a> {
                 "batch of {} requests over the limit {}",
                 o.num_fitting(),
                 cfg.max_num_requests
-            ));
+            )
+            .into());
         }
         // The adapter plan: exactly the distinct tasks of the batch; with the pinned ones they fit.
         let mut plan: Vec<TaskRef> = o.adapters().to_vec();
         plan.sort_by_key(|t| t.slot);
         tasks.sort_by_key(|t| t.slot);
         if plan != tasks {
-            return Err(format!(
-                "adapter plan {plan:?} but the batch uses {tasks:?}"
-            ));
+            return Err(format!("adapter plan {plan:?} but the batch uses {tasks:?}").into());
         }
         let unified = s.kv().target().inner.pages_adapters();
         if let (true, Some(_)) = (unified, &s.adapters().backend().inner) {
@@ -1571,7 +1596,7 @@ impl<'a> Harness<'a> {
             for t in &plan {
                 let a = s.kv().target().inner.adapter(t.slot);
                 if !a.is_some_and(|a| a.resident() && a.pins() > 0) {
-                    return Err(format!("task {} not pinned in the KV pool: {a:?}", t.id.0));
+                    return Err(format!("task {} not pinned in the KV pool: {a:?}", t.id.0).into());
                 }
             }
         } else if let Some(cache) = &s.adapters().backend().inner {
@@ -1585,11 +1610,12 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "batch + pinned adapters need {pages} device pages of {}",
                     cache.max_device_pages()
-                ));
+                )
+                .into());
             }
             for t in &plan {
                 if !cache.tasks()[t.slot as usize].on_device {
-                    return Err(format!("task {} not on device after ensure_batch", t.id.0));
+                    return Err(format!("task {} not on device after ensure_batch", t.id.0).into());
                 }
             }
         }
@@ -1602,7 +1628,7 @@ impl<'a> Harness<'a> {
     /// A request's caches stay together: with a joint draft pool the draft cache is in the target's
     /// state (none, active or suspended); with an unpaired one, a request that holds no target cache
     /// holds no mirror either.
-    fn check_pairing(&self) -> Result<(), String> {
+    fn check_pairing(&self) -> Result<(), Violation> {
         let kv = self.sched.kv();
         let Some((mode, draft)) = kv.draft() else {
             return Ok(());
@@ -1622,7 +1648,8 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "request {}: target (cache, active) {t:?} but {mode:?} draft {d:?}",
                     r.id.0
-                ));
+                )
+                .into());
             }
         }
         Ok(())
@@ -1632,7 +1659,7 @@ impl<'a> Harness<'a> {
     /// Applies the adapter cache's host-copy changes as a binding would, refusing an impossible one (a
     /// drop of a copy not held, a fill of one held), then checks that the copies held are exactly the
     /// tasks the cache keeps on the host.
-    fn follow_host_copies(&mut self) -> Result<(), String> {
+    fn follow_host_copies(&mut self) -> Result<(), Violation> {
         let mut changes = Vec::new();
         self.sched
             .take_adapter_host_changes(|t, c| changes.push((t.slot, c)));
@@ -1649,7 +1676,8 @@ impl<'a> Harness<'a> {
                 other => {
                     return Err(format!(
                         "adapter slot {slot}: host change {other:?} with a copy held: {held}"
-                    ))
+                    )
+                    .into())
                 }
             }
         }
@@ -1665,7 +1693,8 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "adapter host copies {:?}, the cache keeps {on_host:?}",
                     self.host_copies
-                ));
+                )
+                .into());
             }
         }
         Ok(())
@@ -1673,7 +1702,7 @@ impl<'a> Harness<'a> {
 
     /// Compares the scheduler with the model and checks the invariants of DESIGN.md §7 (the module
     /// docs list them); `Err` describes the first broken one.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Violation> {
         let s = &self.sched;
         for (role, p) in pools(s) {
             if !p
@@ -1682,7 +1711,7 @@ impl<'a> Harness<'a> {
             {
                 return Err(format!(
                     "{role} KV pool audit failed (page conservation, reference counts, prefix cache)"
-                ));
+                ).into());
             }
         }
         self.check_pairing()?;
@@ -1690,11 +1719,11 @@ impl<'a> Harness<'a> {
         let got: Vec<u64> = s.requests().map(|(_, e)| e.spec().id.0).collect();
         let want: Vec<u64> = self.live.iter().map(|l| l.id).collect();
         if got != want || s.len() != want.len() {
-            return Err(format!("live requests {got:?}, model {want:?}"));
+            return Err(format!("live requests {got:?}, model {want:?}").into());
         }
         for l in &self.live {
             if self.finished.contains(&l.id) || self.removed.contains(&l.id) {
-                return Err(format!("request {} is live and gone", l.id));
+                return Err(format!("request {} is live and gone", l.id).into());
             }
         }
         let recompute_pending: BTreeSet<u64> = if self.out_pending {
@@ -1710,7 +1739,7 @@ impl<'a> Harness<'a> {
         let mut paused = [0u32; T];
         for (l, (h, e)) in self.live.iter().zip(s.requests()) {
             if h != l.handle {
-                return Err(format!("request {}: handle changed", l.id));
+                return Err(format!("request {}: handle changed", l.id).into());
             }
             let sp = e.spec();
             let pending_reset = recompute_pending.contains(&l.id);
@@ -1718,13 +1747,14 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "request {}: {:?} at {}, model {:?} at {}",
                     l.id, sp.phase, sp.position, l.phase, l.position
-                ));
+                )
+                .into());
             }
             if e.inflight() != l.inflight {
-                return Err(format!("request {}: in-flight mark lost", l.id));
+                return Err(format!("request {}: in-flight mark lost", l.id).into());
             }
             if e.pending_load() != l.loading {
-                return Err(format!("request {}: pending-load mark lost", l.id));
+                return Err(format!("request {}: pending-load mark lost", l.id).into());
             }
             let r = KvRef {
                 slot: h.index(),
@@ -1756,7 +1786,8 @@ impl<'a> Harness<'a> {
                     e.ownership(),
                     sp.phase,
                     sp.position
-                ));
+                )
+                .into());
             }
             if let Some(t) = e.task() {
                 match e.ownership() {
@@ -1791,13 +1822,15 @@ impl<'a> Harness<'a> {
                         return Err(format!(
                             "task {}: {leases} leases, device refcount {}, {} active requests",
                             t.id.0, t.active, active[i]
-                        ));
+                        )
+                        .into());
                     }
                     if t.paused != paused[i] {
                         return Err(format!(
                             "task {}: {} paused registrations, {} suspended requests",
                             t.id.0, t.paused, paused[i]
-                        ));
+                        )
+                        .into());
                     }
                     // Unified paging: the KV pool's pins on the adapter are its leases.
                     if let Some(a) = s.kv().target().inner.adapter(i as u16) {
@@ -1807,7 +1840,8 @@ impl<'a> Harness<'a> {
                                 t.id.0,
                                 a.pins(),
                                 a.resident()
-                            ));
+                            )
+                            .into());
                         }
                     }
                     if leases > 0 {
@@ -1818,7 +1852,8 @@ impl<'a> Harness<'a> {
                     return Err(format!(
                         "desk pins {} pages, leases pin {pinned}",
                         desk.pinned_pages()
-                    ));
+                    )
+                    .into());
                 }
             }
         }
@@ -1829,7 +1864,7 @@ impl<'a> Harness<'a> {
     /// a pass must report `Error::Deadlock` — never a livelock past a generous bound. (A request limit of
     /// 0 schedules nothing and, with only context requests waiting, is idle by the reference's rules:
     /// skipped.)
-    pub fn settle(&mut self) -> Result<Done, String> {
+    pub fn settle(&mut self) -> Result<Done, Violation> {
         for (_, p) in pools(&self.sched) {
             p.faults.clear();
         }
@@ -1858,7 +1893,7 @@ impl<'a> Harness<'a> {
     }
 
     /// Removes every live request (the end of a run): afterwards both pools must be empty.
-    pub fn drain(&mut self) -> Result<(), String> {
+    pub fn drain(&mut self) -> Result<(), Violation> {
         while !self.live.is_empty() {
             self.remove(0, false)?;
             self.check()?;
@@ -1872,7 +1907,8 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "{role} pool: {} adapter pages pinned with no request",
                     adapters - idle
-                ));
+                )
+                .into());
             }
             let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu) + adapters;
             let host = pool.host_free() + pool.cached_pages(Tier::Host);
@@ -1880,12 +1916,12 @@ impl<'a> Harness<'a> {
                 return Err(format!(
                     "{role} pool pages leaked: {gpu} of {} GPU and {host} of {} host pages free or cached with no request",
                     self.setup.gpu_pages, self.setup.host_pages
-                ));
+                ).into());
             }
         }
         if let Some(c) = &self.sched.adapters().backend().inner {
             if c.tasks().iter().any(|t| t.active != 0 || t.paused != 0) {
-                return Err(format!("adapter registrations leaked: {:?}", c.tasks()));
+                return Err(format!("adapter registrations leaked: {:?}", c.tasks()).into());
             }
         }
         Ok(())
@@ -2057,7 +2093,7 @@ impl Bytes<'_> {
 
 /// Runs a decoded input: applies every operation (checking after each), settles (every request
 /// finishes or a deadlock is reported), then drains.
-pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, String> {
+pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, Violation> {
     let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem)?;
     for (i, op) in ops.iter().enumerate() {
