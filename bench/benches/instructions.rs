@@ -1,6 +1,6 @@
 //! Instruction counts (gungraun, callgrind) of one scheduling iteration for every scenario of
 //! `shared/bench/SCENARIOS.md`, and of the floor pass over the same requests: deterministic figures fit
-//! for a CI gate. `cargo bench --bench instructions` (needs valgrind and `gungraun-runner` 0.20.0).
+//! for a CI gate. `cargo bench -p kvsched-bench --bench instructions` (needs valgrind and `gungraun-runner` 0.20.0).
 //!
 //! Each benchmark gets a freshly built state (built outside the measured function, over leaked KV memory:
 //! every benchmark runs in its own process) and runs exactly one iteration, which asserts its outcome.

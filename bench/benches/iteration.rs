@@ -1,7 +1,7 @@
 //! Wall-clock benchmarks (criterion) of one scheduling iteration for every scenario of
 //! `shared/bench/SCENARIOS.md`, and of the floor pass over the same requests.
 //!
-//! `cargo bench --bench iteration` (add `-- S1` to filter). Reset scenarios rebuild their state before
+//! `cargo bench -p kvsched-bench --bench iteration` (add `-- S1` to filter). Reset scenarios rebuild their state before
 //! every iteration outside the timed region (`iter_custom`); S1 times runs of up to
 //! `kvsched_bench::S1_PASSES` consecutive iterations between (untimed) rebuilds.
 
