@@ -17,10 +17,12 @@ pub enum FileError {
     },
     /// The file is not a scenario: not JSON, an unknown or missing field, a value of the wrong type or
     /// spelling (serde's message), at `field` (`None`: the document as a whole).
-    #[error("{}: malformed: {}{message}", path.display(), at(field.as_deref()))]
+    #[error("{}: {}malformed: {}{message}", path.display(), named(name.as_deref()), at(field.as_deref()))]
     Parse {
         /// The file.
         path: PathBuf,
+        /// The scenario's `name`, when the file is JSON with a string `name`.
+        name: Option<String>,
         /// Where in the document, as a path (`requests[0].state`).
         field: Option<String>,
         /// What is wrong there.
@@ -50,6 +52,11 @@ pub enum FileError {
         /// What went wrong.
         source: ScenarioError,
     },
+}
+
+/// `scenario N: ` for a named scenario, nothing otherwise.
+fn named(name: Option<&str>) -> String {
+    name.map_or(String::new(), |n| format!("scenario {n}: "))
 }
 
 /// `field F: ` for a field, nothing for the document as a whole.

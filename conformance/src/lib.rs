@@ -127,6 +127,9 @@ pub fn run_file(path: &Path) -> Result<String, FileError> {
     })?;
     let sc = parse(&text).map_err(|(field, message)| FileError::Parse {
         path: path.to_path_buf(),
+        name: serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| Some(v.get("name")?.as_str()?.to_owned())),
         field,
         message,
     })?;
@@ -159,8 +162,9 @@ pub fn run_file(path: &Path) -> Result<String, FileError> {
 fn parse(text: &str) -> Result<Scenario, (Option<String>, String)> {
     let mut de = serde_json::Deserializer::from_str(text);
     let sc: Scenario = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        // The document as a whole is `.`, an unknown place `?`.
         let field = e.path().to_string();
-        let field = (field != ".").then_some(field);
+        let field = (field != "." && field != "?").then_some(field);
         (field, e.into_inner().to_string())
     })?;
     de.end().map_err(|e| (None, e.to_string()))?;
