@@ -646,6 +646,124 @@ impl PeftBackend for FaultPeft {
 /// A listed request with its chunk tokens and last-chunk flag (0 and false outside the context list).
 type Row = (Listed, u32, bool);
 
+/// What a pass's batch adds up to, as the listed requests are checked.
+#[derive(Default)]
+struct Batch {
+    /// Tokens the step computes.
+    tokens: u64,
+    /// Drafts of last chunks (they may overdraw the budget).
+    drafts: u64,
+    /// The distinct adapters the batch (and the prepared disaggregated requests) use.
+    tasks: Vec<TaskRef>,
+}
+
+/// Every list of an output as (entry, chunk tokens, last chunk).
+fn output_lists(o: &SchedulerOutput<N>) -> [(&'static str, Vec<Row>); 6] {
+    let plain = |l: &[Listed]| l.iter().map(|&x| (x, 0, false)).collect::<Vec<_>>();
+    [
+        (
+            "context",
+            o.context()
+                .iter()
+                .map(|c| (c.listed, c.tokens, c.last))
+                .collect(),
+        ),
+        ("generation", plain(o.generation())),
+        ("encoder", plain(o.encoder())),
+        ("paused", plain(o.paused())),
+        ("recompute_paused", plain(o.recompute_paused())),
+        ("disagg", plain(o.disagg())),
+    ]
+}
+
+/// No request in two lists (nor twice in one); every resumed request is scheduled.
+fn listed_once(o: &SchedulerOutput<N>, lists: &[(&str, Vec<Row>); 6]) -> Result<(), Violation> {
+    let mut seen = BTreeSet::new();
+    for (name, list) in lists {
+        for (l, _, _) in list {
+            if !seen.insert(l.handle()) {
+                return Err(format!("slot {} listed twice (again in {name})", l.slot()).into());
+            }
+        }
+    }
+    let batch: BTreeSet<Handle> = lists[0]
+        .1
+        .iter()
+        .chain(lists[1].1.iter())
+        .map(|x| x.0.handle())
+        .collect();
+    for r in o.resumed() {
+        if !batch.contains(&r.handle()) {
+            return Err(format!("resumed slot {} is not scheduled", r.slot()).into());
+        }
+    }
+    Ok(())
+}
+
+/// A listed request's ownership agrees with its list (`name`) and with the resumed list; a pending
+/// connector load keeps it off the victim lists (spec §1.15).
+fn entry_state(
+    name: &str,
+    o: &SchedulerOutput<N>,
+    l: Listed,
+    own: Ownership,
+    pending_load: bool,
+    spec: &RequestSpec,
+) -> Result<(), Violation> {
+    let id = spec.id.0;
+    let ok = match name {
+        "context" | "generation" => own.on_gpu(),
+        "paused" => own == Ownership::Paused,
+        "recompute_paused" => own == Ownership::Recompute,
+        "disagg" => own.on_gpu() && spec.phase == Phase::DisaggGenerationInit,
+        _ => true,
+    };
+    if !ok {
+        return Err(format!("{name}: request {id} is {own:?}").into());
+    }
+    if pending_load && matches!(name, "paused" | "recompute_paused") {
+        return Err(format!("{name}: request {id} has a connector load pending").into());
+    }
+    let resumed = o.resumed().iter().any(|r| r.handle() == l.handle());
+    if resumed != (own == Ownership::Resumed) {
+        return Err(format!("{name}: request {id} is {own:?}, listed resumed: {resumed}").into());
+    }
+    Ok(())
+}
+
+/// A scheduled entry's tokens (a context chunk's also checked against its prompt) added to `batch`.
+fn entry_tokens(
+    name: &str,
+    spec: &RequestSpec,
+    chunk: u32,
+    last: bool,
+    batch: &mut Batch,
+) -> Result<(), Violation> {
+    let id = spec.id.0;
+    match name {
+        "generation" => batch.tokens += u64::from(spec.beam + spec.draft),
+        "context" => {
+            batch.tokens += u64::from(chunk);
+            if last {
+                batch.tokens += u64::from(spec.draft);
+                batch.drafts += u64::from(spec.draft);
+            }
+            if chunk == 0 || spec.position + chunk > spec.prompt {
+                return Err(format!(
+                    "context chunk {chunk} of request {id} at {}/{}",
+                    spec.position, spec.prompt
+                )
+                .into());
+            }
+            if last != (spec.position + chunk == spec.prompt) {
+                return Err(format!("context chunk of request {id}: last flag wrong").into());
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// A request's caches: the target pool, and the draft and cross pools when the setup has them, each
 /// behind its own fault schedule.
 pub type Kv<'a> = KvSet<FaultKv<'a>, FaultKv<'a>, FaultKv<'a>>;
@@ -1406,171 +1524,104 @@ impl<'a> Harness<'a> {
     /// Checks one pass's output (right after `schedule` and `ensure_batch`).
     fn check_output(&mut self) -> Result<(), Violation> {
         let o = &self.out;
-        let s = &self.sched;
-        let cfg = s.config();
         self.stats.scheduled += (o.context().len() + o.generation().len()) as u64;
         self.stats.paused += o.paused().len() as u64;
         self.stats.recomputed += o.recompute_paused().len() as u64;
         self.stats.resumed += o.resumed().len() as u64;
-        // Every list as (entry, chunk tokens, last chunk).
-        let plain = |l: &[Listed]| l.iter().map(|&x| (x, 0, false)).collect::<Vec<_>>();
-        let lists: [(&str, Vec<Row>); 6] = [
-            (
-                "context",
-                o.context()
-                    .iter()
-                    .map(|c| (c.listed, c.tokens, c.last))
-                    .collect(),
-            ),
-            ("generation", plain(o.generation())),
-            ("encoder", plain(o.encoder())),
-            ("paused", plain(o.paused())),
-            ("recompute_paused", plain(o.recompute_paused())),
-            ("disagg", plain(o.disagg())),
-        ];
-        // No request in two lists (nor twice in one).
-        let mut seen = BTreeSet::new();
-        for (name, list) in &lists {
-            for (l, _, _) in list {
-                if !seen.insert(l.handle()) {
-                    return Err(format!("slot {} listed twice (again in {name})", l.slot()).into());
-                }
-            }
-        }
-        let batch: BTreeSet<Handle> = lists[0]
-            .1
-            .iter()
-            .chain(lists[1].1.iter())
-            .map(|x| x.0.handle())
-            .collect();
-        for r in o.resumed() {
-            if !batch.contains(&r.handle()) {
-                return Err(format!("resumed slot {} is not scheduled", r.slot()).into());
-            }
-        }
+        let lists = output_lists(o);
+        listed_once(o, &lists)?;
         // Every listed request is live, named by its handle, and in the state its list says.
-        let mut tokens = 0u64;
-        let mut drafts = 0u64;
-        let mut tasks: Vec<TaskRef> = Vec::new();
+        let mut batch = Batch::default();
         for (name, list) in &lists {
-            let name = *name;
-            for &(l, chunk, last) in list {
-                let e = s
-                    .get(l.handle())
-                    .map_err(|e| format!("{name}: slot {}: {e}", l.slot()))?;
-                let id = e.spec().id.0;
-                let ok = match name {
-                    "context" | "generation" => e.ownership().on_gpu(),
-                    "paused" => e.ownership() == Ownership::Paused,
-                    "recompute_paused" => e.ownership() == Ownership::Recompute,
-                    "disagg" => {
-                        e.ownership().on_gpu() && e.spec().phase == Phase::DisaggGenerationInit
-                    }
-                    _ => true,
-                };
-                if !ok {
-                    return Err(format!("{name}: request {id} is {:?}", e.ownership()).into());
-                }
-                // A pending connector load protects the request from every victim path (spec §1.15).
-                if e.pending_load() && matches!(name, "paused" | "recompute_paused") {
-                    return Err(format!("{name}: request {id} has a connector load pending").into());
-                }
-                let resumed = o.resumed().iter().any(|r| r.handle() == l.handle());
-                if resumed != (e.ownership() == Ownership::Resumed) {
-                    return Err(format!(
-                        "{name}: request {id} is {:?}, listed resumed: {resumed}",
-                        e.ownership()
-                    )
-                    .into());
-                }
-                if name == "context" {
-                    let at = (id, e.spec().position, e.spec().draft);
-                    Self::reused(&mut self.live, &self.setup, &mut self.stats, at)?;
-                    // A decoder chunk runs with its cross cache in place.
-                    let r = KvRef {
-                        slot: l.slot(),
-                        id: e.spec().id,
-                    };
-                    let cross = s.kv().cross().is_none_or(|x| x.is_active(r));
-                    if e.spec().encoder_len > 0 && !cross {
-                        return Err(
-                            format!("context: decoder {id} runs without its cross cache").into(),
-                        );
-                    }
-                }
-                if matches!(name, "context" | "generation") {
-                    let r = KvRef {
-                        slot: l.slot(),
-                        id: e.spec().id,
-                    };
-                    if s.kv().draft().is_some_and(|(_, d)| !d.is_active(r)) {
-                        return Err(format!("{name}: {id} runs without its draft cache").into());
-                    }
-                }
-                let scheduled = matches!(name, "context" | "generation" | "encoder");
-                if scheduled && e.inflight() {
-                    return Err(format!("{name}: request {id} is in flight").into());
-                }
-                // A prepared disaggregated request's adapter is planned too: its lease pins it for the
-                // decode its transfer leads to.
-                if scheduled || name == "disagg" {
-                    if let Some(t) = e.task() {
-                        if !tasks.contains(&t) {
-                            tasks.push(t);
-                        }
-                    }
-                }
-                // The KV holds what the step writes.
-                let kv_tokens = s.kv().target().inner.seq(l.slot()).capacity;
-                let needed = match name {
-                    "generation" => {
-                        let m = self.live.iter_mut().find(|m| m.id == id);
-                        let m = m.ok_or(format!("generation: {id} not in the model"))?;
-                        m.steps += 1;
-                        m.prompt + m.steps
-                    }
-                    "context" => e.spec().position + chunk,
-                    "disagg" => e.spec().prompt,
-                    _ => 0,
-                };
-                if kv_tokens < needed {
-                    return Err(format!(
-                        "{name}: request {id} needs {needed} KV tokens, its cache holds {kv_tokens}"
-                    )
-                    .into());
-                }
-                match name {
-                    "generation" => tokens += u64::from(e.spec().beam + e.spec().draft),
-                    "context" => {
-                        tokens += u64::from(chunk);
-                        if last {
-                            tokens += u64::from(e.spec().draft);
-                            drafts += u64::from(e.spec().draft);
-                        }
-                        if chunk == 0 || e.spec().position + chunk > e.spec().prompt {
-                            return Err(format!(
-                                "context chunk {chunk} of request {id} at {}/{}",
-                                e.spec().position,
-                                e.spec().prompt
-                            )
-                            .into());
-                        }
-                        if last != (e.spec().position + chunk == e.spec().prompt) {
-                            return Err(
-                                format!("context chunk of request {id}: last flag wrong").into()
-                            );
-                        }
-                    }
-                    _ => {}
+            for &row in list {
+                self.check_entry(name, row, &mut batch)?;
+            }
+        }
+        self.check_budgets(&batch)?;
+        self.check_plan(&mut batch.tasks)?;
+        let (o, s) = (&self.out, &self.sched);
+        if (!o.context().is_empty() || !o.generation().is_empty()) && s.stall_count() != 0 {
+            return Err("stall counter not reset by a pass that scheduled work".into());
+        }
+        Ok(())
+    }
+
+    /// One listed request (`name`: its list): live, in the state its list says, with the caches and the
+    /// KV room its step needs; its tokens and adapter added to `batch`.
+    fn check_entry(&mut self, name: &str, row: Row, batch: &mut Batch) -> Result<(), Violation> {
+        let (l, chunk, last) = row;
+        let (o, s) = (&self.out, &self.sched);
+        let e = s
+            .get(l.handle())
+            .map_err(|e| format!("{name}: slot {}: {e}", l.slot()))?;
+        let id = e.spec().id.0;
+        entry_state(name, o, l, e.ownership(), e.pending_load(), e.spec())?;
+        let r = KvRef {
+            slot: l.slot(),
+            id: e.spec().id,
+        };
+        if name == "context" {
+            let at = (id, e.spec().position, e.spec().draft);
+            Self::reused(&mut self.live, &self.setup, &mut self.stats, at)?;
+            // A decoder chunk runs with its cross cache in place.
+            let cross = s.kv().cross().is_none_or(|x| x.is_active(r));
+            if e.spec().encoder_len > 0 && !cross {
+                return Err(format!("context: decoder {id} runs without its cross cache").into());
+            }
+        }
+        if matches!(name, "context" | "generation")
+            && s.kv().draft().is_some_and(|(_, d)| !d.is_active(r))
+        {
+            return Err(format!("{name}: {id} runs without its draft cache").into());
+        }
+        let scheduled = matches!(name, "context" | "generation" | "encoder");
+        if scheduled && e.inflight() {
+            return Err(format!("{name}: request {id} is in flight").into());
+        }
+        // A prepared disaggregated request's adapter is planned too: its lease pins it for the decode its
+        // transfer leads to.
+        if scheduled || name == "disagg" {
+            if let Some(t) = e.task() {
+                if !batch.tasks.contains(&t) {
+                    batch.tasks.push(t);
                 }
             }
         }
-        // Budgets.
+        // The KV holds what the step writes.
+        let kv_tokens = s.kv().target().inner.seq(l.slot()).capacity;
+        let needed = match name {
+            "generation" => {
+                let m = self.live.iter_mut().find(|m| m.id == id);
+                let m = m.ok_or(format!("generation: {id} not in the model"))?;
+                m.steps += 1;
+                m.prompt + m.steps
+            }
+            "context" => e.spec().position + chunk,
+            "disagg" => e.spec().prompt,
+            _ => 0,
+        };
+        if kv_tokens < needed {
+            return Err(format!(
+                "{name}: request {id} needs {needed} KV tokens, its cache holds {kv_tokens}"
+            )
+            .into());
+        }
+        entry_tokens(name, e.spec(), chunk, last, batch)
+    }
+
+    /// The batch's tokens and requests within the budgets.
+    fn check_budgets(&self, batch: &Batch) -> Result<(), Violation> {
+        let (o, cfg) = (&self.out, self.sched.config());
         if let Some(limit) = cfg.max_num_tokens {
-            let slack = if cfg.chunking.is_some() { drafts } else { 0 };
-            if tokens > u64::from(limit) + slack {
+            let slack = if cfg.chunking.is_some() {
+                batch.drafts
+            } else {
+                0
+            };
+            if batch.tokens > u64::from(limit) + slack {
                 return Err(format!(
-                    "batch of {tokens} tokens over the budget {limit} (+{slack} drafts)"
+                    "batch of {} tokens over the budget {limit} (+{slack} drafts)",
+                    batch.tokens
                 )
                 .into());
             }
@@ -1583,7 +1634,13 @@ impl<'a> Harness<'a> {
             )
             .into());
         }
-        // The adapter plan: exactly the distinct tasks of the batch; with the pinned ones they fit.
+        Ok(())
+    }
+
+    /// The adapter plan: exactly the distinct tasks of the batch (`tasks`); with the pinned ones they fit,
+    /// and each is resident.
+    fn check_plan(&self, tasks: &mut [TaskRef]) -> Result<(), Violation> {
+        let (o, s) = (&self.out, &self.sched);
         let mut plan: Vec<TaskRef> = o.adapters().to_vec();
         plan.sort_by_key(|t| t.slot);
         tasks.sort_by_key(|t| t.slot);
@@ -1618,9 +1675,6 @@ impl<'a> Harness<'a> {
                     return Err(format!("task {} not on device after ensure_batch", t.id.0).into());
                 }
             }
-        }
-        if (!o.context().is_empty() || !o.generation().is_empty()) && s.stall_count() != 0 {
-            return Err("stall counter not reset by a pass that scheduled work".into());
         }
         Ok(())
     }
@@ -1711,7 +1765,8 @@ impl<'a> Harness<'a> {
             {
                 return Err(format!(
                     "{role} KV pool audit failed (page conservation, reference counts, prefix cache)"
-                ).into());
+                )
+                .into());
             }
         }
         self.check_pairing()?;
@@ -1726,6 +1781,17 @@ impl<'a> Harness<'a> {
                 return Err(format!("request {} is live and gone", l.id).into());
             }
         }
+        let (active, paused) = self.check_requests()?;
+        if !s.check() {
+            return Err("the scheduler's table or lease invariants are broken".into());
+        }
+        self.check_leases(&active, &paused)
+    }
+
+    /// Each live request against the model (handle, phase, position, marks) and its residency against
+    /// the KV pool; the LoRA requests holding a lease (active) and those paused on their task, per task.
+    fn check_requests(&self) -> Result<([u32; T], [u32; T]), Violation> {
+        let s = &self.sched;
         let recompute_pending: BTreeSet<u64> = if self.out_pending {
             self.out
                 .recompute_paused()
@@ -1756,39 +1822,7 @@ impl<'a> Harness<'a> {
             if e.pending_load() != l.loading {
                 return Err(format!("request {}: pending-load mark lost", l.id).into());
             }
-            let r = KvRef {
-                slot: h.index(),
-                id: sp.id,
-            };
-            // Ownership follows the target cache (a cross cache may outlive a preemption).
-            let pool = &s.kv().target().inner;
-            let (has, act) = (pool.has_cache(r), pool.is_active(r));
-            let ok = match e.ownership() {
-                Ownership::Waiting => {
-                    let fresh =
-                        matches!(sp.phase, Phase::ContextInit | Phase::DisaggGenerationInit);
-                    !has && sp.position == 0 && fresh
-                }
-                // Pinned for its send, no lease.
-                Ownership::Sending => act && sp.phase == Phase::DisaggContextTransInProgress,
-                // A resumed request stays Resumed until the engine takes the page moves.
-                Ownership::Active => act,
-                Ownership::Resumed => act && self.out_pending,
-                Ownership::Paused => has && !act,
-                Ownership::Recompute => {
-                    !has && (pending_reset || (sp.position == 0 && sp.phase == Phase::ContextInit))
-                }
-            };
-            if !ok {
-                return Err(format!(
-                    "request {} is {:?} ({:?} at {}) but its KV has_cache={has} active={act}",
-                    l.id,
-                    e.ownership(),
-                    sp.phase,
-                    sp.position
-                )
-                .into());
-            }
+            self.check_residency(h, e.ownership(), sp, pending_reset)?;
             if let Some(t) = e.task() {
                 match e.ownership() {
                     Ownership::Active | Ownership::Resumed => active[t.slot as usize] += 1,
@@ -1797,65 +1831,104 @@ impl<'a> Harness<'a> {
                 }
             }
         }
-        if !s.check() {
-            return Err("the scheduler's table or lease invariants are broken".into());
-        }
-        // Leases = device refcount = active LoRA requests; paused registrations = suspended ones.
-        let desk = s.adapters();
-        match &desk.backend().inner {
-            None => {
-                if (0..T as u16).any(|i| desk.leases(i) != 0) || desk.pinned_pages() != 0 {
-                    return Err("leases without an adapter cache".into());
-                }
-                if s.requests().any(|(_, e)| e.task().is_some()) {
-                    return Err("a request has a task without an adapter cache".into());
-                }
+        Ok((active, paused))
+    }
+
+    /// A request's ownership follows its target cache (a cross cache may outlive a preemption).
+    fn check_residency(
+        &self,
+        h: Handle,
+        own: Ownership,
+        sp: &RequestSpec,
+        pending_reset: bool,
+    ) -> Result<(), Violation> {
+        let r = KvRef {
+            slot: h.index(),
+            id: sp.id,
+        };
+        let pool = &self.sched.kv().target().inner;
+        let (has, act) = (pool.has_cache(r), pool.is_active(r));
+        let ok = match own {
+            Ownership::Waiting => {
+                let fresh = matches!(sp.phase, Phase::ContextInit | Phase::DisaggGenerationInit);
+                !has && sp.position == 0 && fresh
             }
-            Some(cache) => {
-                if !cache.check() {
-                    return Err("adapter cache invariants broken".into());
-                }
-                let mut pinned = 0u32;
-                for (i, t) in cache.tasks().iter().enumerate() {
-                    let leases = desk.leases(i as u16);
-                    if leases != t.active || leases != active[i] {
-                        return Err(format!(
-                            "task {}: {leases} leases, device refcount {}, {} active requests",
-                            t.id.0, t.active, active[i]
-                        )
-                        .into());
-                    }
-                    if t.paused != paused[i] {
-                        return Err(format!(
-                            "task {}: {} paused registrations, {} suspended requests",
-                            t.id.0, t.paused, paused[i]
-                        )
-                        .into());
-                    }
-                    // Unified paging: the KV pool's pins on the adapter are its leases.
-                    if let Some(a) = s.kv().target().inner.adapter(i as u16) {
-                        if a.pins() != leases || (leases > 0 && !a.resident()) {
-                            return Err(format!(
-                                "task {}: {leases} leases, {} pins in the KV pool (resident {})",
-                                t.id.0,
-                                a.pins(),
-                                a.resident()
-                            )
-                            .into());
-                        }
-                    }
-                    if leases > 0 {
-                        pinned += t.pages;
-                    }
-                }
-                if desk.pinned_pages() != pinned {
+            // Pinned for its send, no lease.
+            Ownership::Sending => act && sp.phase == Phase::DisaggContextTransInProgress,
+            // A resumed request stays Resumed until the engine takes the page moves.
+            Ownership::Active => act,
+            Ownership::Resumed => act && self.out_pending,
+            Ownership::Paused => has && !act,
+            Ownership::Recompute => {
+                !has && (pending_reset || (sp.position == 0 && sp.phase == Phase::ContextInit))
+            }
+        };
+        if !ok {
+            return Err(format!(
+                "request {} is {own:?} ({:?} at {}) but its KV has_cache={has} active={act}",
+                sp.id.0, sp.phase, sp.position
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Leases = device refcount = active LoRA requests (`active`, per task slot); paused registrations =
+    /// suspended ones (`paused`); with unified paging, the KV pool's pins are the leases.
+    fn check_leases(&self, active: &[u32; T], paused: &[u32; T]) -> Result<(), Violation> {
+        let s = &self.sched;
+        let desk = s.adapters();
+        let Some(cache) = &desk.backend().inner else {
+            if (0..T as u16).any(|i| desk.leases(i) != 0) || desk.pinned_pages() != 0 {
+                return Err("leases without an adapter cache".into());
+            }
+            if s.requests().any(|(_, e)| e.task().is_some()) {
+                return Err("a request has a task without an adapter cache".into());
+            }
+            return Ok(());
+        };
+        if !cache.check() {
+            return Err("adapter cache invariants broken".into());
+        }
+        let mut pinned = 0u32;
+        for (i, t) in cache.tasks().iter().enumerate() {
+            let leases = desk.leases(i as u16);
+            if leases != t.active || leases != active[i] {
+                return Err(format!(
+                    "task {}: {leases} leases, device refcount {}, {} active requests",
+                    t.id.0, t.active, active[i]
+                )
+                .into());
+            }
+            if t.paused != paused[i] {
+                return Err(format!(
+                    "task {}: {} paused registrations, {} suspended requests",
+                    t.id.0, t.paused, paused[i]
+                )
+                .into());
+            }
+            // Unified paging: the KV pool's pins on the adapter are its leases.
+            if let Some(a) = s.kv().target().inner.adapter(i as u16) {
+                if a.pins() != leases || (leases > 0 && !a.resident()) {
                     return Err(format!(
-                        "desk pins {} pages, leases pin {pinned}",
-                        desk.pinned_pages()
+                        "task {}: {leases} leases, {} pins in the KV pool (resident {})",
+                        t.id.0,
+                        a.pins(),
+                        a.resident()
                     )
                     .into());
                 }
             }
+            if leases > 0 {
+                pinned += t.pages;
+            }
+        }
+        if desk.pinned_pages() != pinned {
+            return Err(format!(
+                "desk pins {} pages, leases pin {pinned}",
+                desk.pinned_pages()
+            )
+            .into());
         }
         Ok(())
     }
@@ -1932,6 +2005,16 @@ impl<'a> Harness<'a> {
 /// decodes to something valid; missing bytes read as zero.
 pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     let mut r = Bytes(data);
+    let setup = decode_setup(&mut r);
+    let mut ops = Vec::new();
+    while !r.0.is_empty() && ops.len() < 4096 {
+        ops.push(decode_op(&mut r));
+    }
+    (setup, ops)
+}
+
+/// The configuration a byte string starts with.
+fn decode_setup(r: &mut Bytes<'_>) -> Setup {
     let gpu_pages = 4 + u32::from(r.byte() % 45);
     let host_pages = match r.byte() % 3 {
         0 => 0,
@@ -1955,26 +2038,9 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
         b => Some(u32::from(b % 96)),
     };
     let max_num_requests = u32::from(r.byte() % 12);
-    let peft = match r.byte() % 2 {
-        0 => None,
-        _ => {
-            let device_pages = 1 + u32::from(r.byte() % 12);
-            let host_pages = 1 + u32::from(r.byte() % 16);
-            let unified = device_pages % 3 == 0;
-            let device = if unified { gpu_pages } else { device_pages };
-            let cap = device.min(host_pages);
-            let tasks = 1 + r.byte() as usize % T;
-            let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
-            Some(PeftSetup {
-                device_pages,
-                host_pages,
-                task_pages,
-                unified,
-            })
-        }
-    };
+    let peft = decode_peft(r, gpu_pages);
     let deadlock_threshold = 1 + u32::from(r.byte() % 16);
-    let setup = Setup {
+    Setup {
         gpu_pages,
         host_pages,
         tokens_per_block,
@@ -2002,79 +2068,108 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             },
         },
         connector: prefix && deadlock_threshold % 2 == 0,
-    };
-    let mut ops = Vec::new();
-    while !r.0.is_empty() && ops.len() < 4096 {
-        let b = r.byte();
-        let op = match b % 16 {
-            0..=3 => Op::Submit {
-                prompt: 1 + u32::from(r.byte()) % 96,
-                out_len: 1 + u32::from(r.byte() % 24),
-                lora: {
-                    let l = r.byte();
-                    (l & 0x80 != 0).then_some(l % (T as u8 + 2))
-                },
-                draft: match r.byte() % 8 {
-                    0 => 1,
-                    1 => 3,
-                    _ => 0,
-                },
-                snap_every: r.byte() % 24,
-                duplicate: b & 0x80 != 0,
-                family: {
-                    let f = r.byte();
-                    (f & 0x80 != 0).then_some(f % 3 + 1)
-                },
-                encoder: match r.byte() {
-                    e if e & 0x80 != 0 => 1 + e % 16,
-                    _ => 0,
-                },
-            },
-            4..=8 => Op::Pass,
-            9 | 10 => Op::Complete,
-            11 if b & 0x80 != 0 => Op::EndTransfer {
-                pick: r.byte(),
-                delivered: b & 0x40 == 0,
-            },
-            11 => Op::Finish { pick: r.byte() },
-            12 if b & 0x80 != 0 => Op::Disagg {
-                prompt: 1 + u32::from(r.byte()) % 96,
-                out_len: 1 + u32::from(r.byte() % 24),
-                lora: {
-                    let l = r.byte();
-                    (l & 0x80 != 0).then_some(l % (T as u8 + 2))
-                },
-                generation: b & 0x40 != 0,
-            },
-            12 => Op::Cancel { pick: r.byte() },
-            13 => {
-                let f = r.byte();
-                Op::Inject {
-                    fault: match f % 8 {
-                        0 => Fault::KvPrepare,
-                        1 => Fault::KvResize,
-                        2 => Fault::KvAllocate,
-                        3 => Fault::PeftAdd,
-                        4 => Fault::KvPin,
-                        5 => Fault::LoadFail,
-                        6 => Fault::LoadHang,
-                        _ => Fault::SaveHang,
-                    },
-                    count: 1 + (f >> 2) % 8,
-                    pool: (f >> 5) % 3,
-                }
-            }
-            14 if b & 0x80 != 0 => Op::Load { pick: r.byte() },
-            14 => Op::Inflight { pick: r.byte() },
-            _ => Op::Update {
-                pick: r.byte(),
-                beam: r.byte() % 3,
-                draft: r.byte() % 3,
-            },
-        };
-        ops.push(op);
     }
-    (setup, ops)
+}
+
+/// The adapter cache of a decoded setup (with unified paging a task's pages are capped by `gpu_pages`).
+fn decode_peft(r: &mut Bytes<'_>, gpu_pages: u32) -> Option<PeftSetup> {
+    match r.byte() % 2 {
+        0 => None,
+        _ => {
+            let device_pages = 1 + u32::from(r.byte() % 12);
+            let host_pages = 1 + u32::from(r.byte() % 16);
+            let unified = device_pages % 3 == 0;
+            let device = if unified { gpu_pages } else { device_pages };
+            let cap = device.min(host_pages);
+            let tasks = 1 + r.byte() as usize % T;
+            let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
+            Some(PeftSetup {
+                device_pages,
+                host_pages,
+                task_pages,
+                unified,
+            })
+        }
+    }
+}
+
+/// One decoded operation.
+fn decode_op(r: &mut Bytes<'_>) -> Op {
+    let b = r.byte();
+    match b % 16 {
+        0..=3 => decode_submit(r, b),
+        4..=8 => Op::Pass,
+        9 | 10 => Op::Complete,
+        11 if b & 0x80 != 0 => Op::EndTransfer {
+            pick: r.byte(),
+            delivered: b & 0x40 == 0,
+        },
+        11 => Op::Finish { pick: r.byte() },
+        12 if b & 0x80 != 0 => Op::Disagg {
+            prompt: 1 + u32::from(r.byte()) % 96,
+            out_len: 1 + u32::from(r.byte() % 24),
+            lora: {
+                let l = r.byte();
+                (l & 0x80 != 0).then_some(l % (T as u8 + 2))
+            },
+            generation: b & 0x40 != 0,
+        },
+        12 => Op::Cancel { pick: r.byte() },
+        13 => decode_inject(r),
+        14 if b & 0x80 != 0 => Op::Load { pick: r.byte() },
+        14 => Op::Inflight { pick: r.byte() },
+        _ => Op::Update {
+            pick: r.byte(),
+            beam: r.byte() % 3,
+            draft: r.byte() % 3,
+        },
+    }
+}
+
+/// A decoded submission (`b`: the operation's byte; its top bit makes the id a duplicate).
+fn decode_submit(r: &mut Bytes<'_>, b: u8) -> Op {
+    Op::Submit {
+        prompt: 1 + u32::from(r.byte()) % 96,
+        out_len: 1 + u32::from(r.byte() % 24),
+        lora: {
+            let l = r.byte();
+            (l & 0x80 != 0).then_some(l % (T as u8 + 2))
+        },
+        draft: match r.byte() % 8 {
+            0 => 1,
+            1 => 3,
+            _ => 0,
+        },
+        snap_every: r.byte() % 24,
+        duplicate: b & 0x80 != 0,
+        family: {
+            let f = r.byte();
+            (f & 0x80 != 0).then_some(f % 3 + 1)
+        },
+        encoder: match r.byte() {
+            e if e & 0x80 != 0 => 1 + e % 16,
+            _ => 0,
+        },
+    }
+}
+
+/// A decoded fault injection: the fault, how many calls it refuses, in which pool.
+fn decode_inject(r: &mut Bytes<'_>) -> Op {
+    let f = r.byte();
+    Op::Inject {
+        fault: match f % 8 {
+            0 => Fault::KvPrepare,
+            1 => Fault::KvResize,
+            2 => Fault::KvAllocate,
+            3 => Fault::PeftAdd,
+            4 => Fault::KvPin,
+            5 => Fault::LoadFail,
+            6 => Fault::LoadHang,
+            _ => Fault::SaveHang,
+        },
+        count: 1 + (f >> 2) % 8,
+        pool: (f >> 5) % 3,
+    }
 }
 
 struct Bytes<'a>(&'a [u8]);
