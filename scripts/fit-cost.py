@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fits the h200-llama3-8b cost model (src/sim/cost.rs) to data/measurements/h200/*.jsonl.
+"""Fits the h200-llama3-8b cost model (sim/src/cost.rs) to data/measurements/h200/*.jsonl.
 
 Terms (milliseconds): floor + prefill token + decode request + cached token read by a decode step
 + attention pair of a chunk (chunk x prior + chunk^2 / 2), plus two terms for the mixed measurements'

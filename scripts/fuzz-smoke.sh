@@ -3,8 +3,8 @@
 #
 # The target decodes any byte string into a scheduler configuration and a sequence of operations
 # (submit, pass, complete, finish, cancel, in-flight marks, updates, injected KV and adapter faults),
-# runs them against the real scheduler and the naive model of tests/support/harness.rs — the same
-# harness as the property tests in tests/model.rs — and checks every invariant after every operation,
+# runs them against the real scheduler and the naive model of kvsched-testkit (testkit/src/lib.rs) — the
+# same harness as the property tests in core/tests/model.rs — and checks every invariant after every operation,
 # then that the remaining requests finish or a deadlock is reported. Any broken invariant, panic,
 # overflow or (with AddressSanitizer) memory error is a crash; libFuzzer then writes the input to
 # fuzz/artifacts/ops/ and this script exits non-zero. Replay one with

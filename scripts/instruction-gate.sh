@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Instruction-count regression gate: runs the gungraun benches (callgrind instruction counts, deterministic
-# for a given toolchain and build) and compares each scenario's count with benches/instructions-baseline.txt.
+# for a given toolchain and build) and compares each scenario's count with bench/benches/instructions-baseline.txt
+# (the benches are the kvsched-bench package's).
 # A count more than TOLERANCE_PCT (default 5) percent above its baseline fails the gate; a count more than
 # that below it is reported so the baseline can be lowered (`scripts/instruction-gate.sh --update` rewrites it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-baseline=benches/instructions-baseline.txt
+baseline=bench/benches/instructions-baseline.txt
 tolerance=${TOLERANCE_PCT:-5}
 if ! command -v valgrind >/dev/null; then
   echo "instruction gate: valgrind is not installed" >&2
@@ -16,7 +17,7 @@ if ! command -v gungraun-runner >/dev/null || ! gungraun-runner --version 2>/dev
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo bench --bench instructions >"$log" 2>&1 || { cat "$log"; exit 1; }
+cargo bench -p kvsched-bench --bench instructions >"$log" 2>&1 || { cat "$log"; exit 1; }
 # "instructions::iteration::s1_256 start:(…)" followed by "  Instructions:   47611|…"
 current=$(awk '/^instructions::/ { name=$1 } /^  Instructions:/ { split($2, a, "|"); print name, a[1] }' "$log")
 if [ "${1:-}" = "--update" ]; then

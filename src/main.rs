@@ -1,11 +1,18 @@
-//! The `kvsched` command line: `simulate`, `conformance`, `bench`.
+//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `cost`. The work is the library crates'
+//! (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`); this binary parses the arguments, words their
+//! errors in terms of its flags, and prints.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod args;
+mod bench;
+mod cost;
+mod simulate;
+
 /// Counts the process's heap allocations so `kvsched bench` can report those of its timed iterations.
 #[global_allocator]
-static ALLOC: kvsched::bench::CountingAlloc = kvsched::bench::CountingAlloc;
+static ALLOC: kvsched_bench::CountingAlloc = kvsched_bench::CountingAlloc;
 
 const USAGE: &str = "usage: kvsched <command> [options]
 commands:
@@ -18,9 +25,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("conformance") => conformance(&args[1..]),
-        Some("bench") => kvsched::bench::cli(&args[1..]),
-        Some("simulate") => kvsched::sim::cli::main(&args[1..]),
-        Some("cost") => kvsched::sim::cost::cli(&args[1..]),
+        Some("bench") => bench::cli(&args[1..]),
+        Some("simulate") => simulate::main(&args[1..]),
+        Some("cost") => cost::cli(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -38,7 +45,7 @@ fn conformance(args: &[String]) -> ExitCode {
         return ExitCode::from(2);
     }
     let paths: Vec<PathBuf> = args.iter().map(PathBuf::from).collect();
-    let report = match kvsched::conformance::run_paths(&paths) {
+    let report = match kvsched_conformance::run_paths(&paths) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("kvsched conformance: {e}");

@@ -1,0 +1,64 @@
+//! Instruction counts (gungraun, callgrind) of one scheduling iteration for every scenario of
+//! `shared/bench/SCENARIOS.md`, and of the floor pass over the same requests: deterministic figures fit
+//! for a CI gate. `cargo bench -p kvsched-bench --bench instructions` (needs valgrind and `gungraun-runner` 0.20.0).
+//!
+//! Each benchmark gets a freshly built state (built outside the measured function, over leaked KV memory:
+//! every benchmark runs in its own process) and runs exactly one iteration, which asserts its outcome.
+//! The state is returned so that tearing it down is not counted either.
+
+use std::hint::black_box;
+
+use gungraun::{library_benchmark, library_benchmark_group, main};
+use kvsched_bench::{build_leaked, Bench, Scenario};
+
+macro_rules! scenario {
+    ($iter:ident, $floor:ident, $s:expr, $n:literal, $t:literal) => {
+        #[library_benchmark]
+        #[bench::first(build_leaked::<$n, $t>($s))]
+        fn $iter(mut b: Bench<'static, $n, $t>) -> Bench<'static, $n, $t> {
+            b.iteration();
+            b
+        }
+
+        #[library_benchmark]
+        #[bench::start(build_leaked::<$n, $t>($s))]
+        fn $floor(b: Bench<'static, $n, $t>) -> (u64, Bench<'static, $n, $t>) {
+            (black_box(b.floor()), b)
+        }
+    };
+}
+
+scenario!(s1_64, s1_64_floor, Scenario::S1_64, 64, 8);
+scenario!(s1_256, s1_256_floor, Scenario::S1_256, 256, 8);
+scenario!(s1_1024, s1_1024_floor, Scenario::S1_1024, 1024, 8);
+scenario!(s2, s2_floor, Scenario::S2, 320, 8);
+scenario!(s3, s3_floor, Scenario::S3, 256, 8);
+scenario!(s3s, s3s_floor, Scenario::S3s, 256, 8);
+scenario!(s3h, s3h_floor, Scenario::S3h, 256, 8);
+scenario!(s4, s4_floor, Scenario::S4, 1024, 64);
+scenario!(s5, s5_floor, Scenario::S5, 320, 8);
+scenario!(s6, s6_floor, Scenario::S6, 256, 8);
+scenario!(s7, s7_floor, Scenario::S7, 320, 8);
+
+library_benchmark_group!(
+    name = iteration,
+    benchmarks = [s1_64, s1_256, s1_1024, s2, s3, s3s, s3h, s4, s5, s6, s7]
+);
+library_benchmark_group!(
+    name = floor,
+    benchmarks = [
+        s1_64_floor,
+        s1_256_floor,
+        s1_1024_floor,
+        s2_floor,
+        s3_floor,
+        s3s_floor,
+        s3h_floor,
+        s4_floor,
+        s5_floor,
+        s6_floor,
+        s7_floor
+    ]
+);
+
+main!(library_benchmark_groups = iteration, floor);

@@ -1,0 +1,235 @@
+//! The scripted pools of a scenario's KV backend: the target (the format's `kv`), an optional draft pool
+//! (`kv.draft`) and the cross pool (`kv.cross`), joined by the core's own [`KvSet`] so that the pairing
+//! rules under test are the ones serving engines get.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kvsched_core::kv::KvBackend;
+use kvsched_core::kv_set::{DraftMode, KvSet};
+use serde_json::Value;
+
+use crate::error::{Reason, ScenarioError};
+use crate::scenario::{script, KvIn, PairMode, PoolIn};
+use crate::scripted::{KvCall, ScriptedKv, Scripts};
+
+/// The backend the runner's scheduler holds.
+pub type Backend = KvSet<ScriptedKv, ScriptedKv, ScriptedKv>;
+
+/// Initial cache overrides of one pool.
+#[derive(Debug, Default)]
+struct Overrides {
+    active: BTreeSet<u64>,
+    inactive: BTreeSet<u64>,
+    no_cache: BTreeSet<u64>,
+}
+
+impl Overrides {
+    fn of(p: &PoolIn) -> Self {
+        Self {
+            active: p.active.iter().copied().collect(),
+            inactive: p.inactive.iter().copied().collect(),
+            no_cache: p.no_cache.iter().copied().collect(),
+        }
+    }
+
+    /// `default` unless an override names `id`.
+    fn cache(&self, id: u64, default: Option<bool>) -> Option<bool> {
+        if self.no_cache.contains(&id) {
+            None
+        } else if self.inactive.contains(&id) {
+            Some(false)
+        } else if self.active.contains(&id) {
+            Some(true)
+        } else {
+            default
+        }
+    }
+}
+
+/// The runner's handles on the pools' shared state (clones of what the scheduler holds).
+pub struct Pools {
+    /// The target pool.
+    pub target: ScriptedKv,
+    draft: Option<(ScriptedKv, Overrides)>,
+    cross: Option<(ScriptedKv, Overrides)>,
+}
+
+fn scripts(field: &str, p: &PoolIn) -> Result<Scripts, ScenarioError> {
+    let s = |name: &str, v: &Option<Value>| script(&format!("{field}.{name}"), v.as_ref());
+    Ok(Scripts {
+        prepare: s("prepare_context", &p.prepare_context)?,
+        resize: s("resize_context", &p.resize_context)?,
+        allocate: s("try_allocate_generation", &p.try_allocate_generation)?,
+        disagg: s("prepare_disagg_gen_init", &None)?,
+        admit: s("admit_mirror", &p.admit_mirror)?,
+    })
+}
+
+fn ids(field: &str, m: &BTreeMap<String, impl Sized>) -> Result<Vec<u64>, ScenarioError> {
+    m.keys()
+        .map(|k| {
+            k.parse().map_err(|_| {
+                ScenarioError::malformed(
+                    field,
+                    Reason::Key {
+                        key: k.clone(),
+                        what: "a request id",
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+/// A scripted pool from its object.
+fn pool(
+    field: &str,
+    p: &PoolIn,
+    tier_below_gpu: bool,
+    can_evict: bool,
+) -> Result<ScriptedKv, ScenarioError> {
+    let kv = ScriptedKv::new(tier_below_gpu, can_evict, scripts(field, p)?);
+    for (id, (_, v)) in ids(&format!("{field}.reuse"), &p.reuse)?
+        .into_iter()
+        .zip(&p.reuse)
+    {
+        let claims = match v {
+            Value::Array(a) => a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>(),
+            v => v.as_u64().map(|n| vec![n]),
+        }
+        .and_then(|v| v.into_iter().map(|n| u32::try_from(n).ok()).collect())
+        .ok_or_else(|| {
+            ScenarioError::malformed(
+                format!("{field}.reuse"),
+                Reason::Expected("a token count or a list of them"),
+            )
+        })?;
+        kv.set_claims(id, claims);
+    }
+    for (id, (_, &t)) in ids(&format!("{field}.probe"), &p.probe)?
+        .into_iter()
+        .zip(&p.probe)
+    {
+        kv.set_probe(id, t);
+    }
+    Ok(kv)
+}
+
+impl Pools {
+    /// The pools of `kv` around the `target` pool, and the backend joining them.
+    ///
+    /// # Errors
+    ///
+    /// [`ScenarioError::Malformed`] for a pool's script, reuse or probe that does not parse.
+    pub fn new(kv: &KvIn, target: ScriptedKv) -> Result<(Self, Backend), ScenarioError> {
+        for (id, (_, &t)) in ids("kv.probe", &kv.probe)?.into_iter().zip(&kv.probe) {
+            target.set_probe(id, t);
+        }
+        let (below, evict) = (target.tier_below_gpu(), target.can_evict());
+        let draft = match &kv.draft {
+            None => None,
+            Some(p) => {
+                let mode = match p.mode {
+                    Some(PairMode::Joint) => DraftMode::Joint,
+                    Some(PairMode::Unpaired) => DraftMode::Unpaired,
+                    None => {
+                        return Err(ScenarioError::malformed(
+                            "kv.draft.mode",
+                            Reason::Missing("\"joint\" or \"unpaired\""),
+                        ))
+                    }
+                };
+                Some((mode, pool("kv.draft", p, below, evict)?, Overrides::of(p)))
+            }
+        };
+        let always = PoolIn::default();
+        let cross = match &kv.cross {
+            None | Some(Value::Bool(true)) => Some((
+                pool("kv.cross", &always, below, evict)?,
+                Overrides::default(),
+            )),
+            Some(Value::Bool(false)) => None,
+            Some(v) => {
+                let p: PoolIn = serde_json::from_value(v.clone()).map_err(|e| {
+                    ScenarioError::malformed("kv.cross", Reason::Json(e.to_string()))
+                })?;
+                if p.mode.is_some() {
+                    return Err(ScenarioError::malformed(
+                        "kv.cross.mode",
+                        Reason::OnlyDraftPairs,
+                    ));
+                }
+                Some((pool("kv.cross", &p, below, evict)?, Overrides::of(&p)))
+            }
+        };
+        let backend = KvSet::with_pools(
+            target.clone(),
+            draft.as_ref().map(|(m, d, _)| (*m, d.clone())),
+            cross.as_ref().map(|(x, _)| x.clone()),
+        );
+        let pools = Self {
+            target,
+            draft: draft.map(|(_, d, o)| (d, o)),
+            cross,
+        };
+        Ok((pools, backend))
+    }
+
+    /// Gives a new request its initial caches: the target's `cache` (and reusable prefix), the draft
+    /// pool's the same unless overridden, the cross pool's none unless listed.
+    pub fn set_caches(&self, id: u64, cache: Option<bool>, reuse: u32) {
+        self.target.set_cache(id, cache, reuse);
+        if let Some((d, o)) = &self.draft {
+            d.set_cache_only(id, o.cache(id, cache));
+        }
+        if let Some((x, o)) = &self.cross {
+            x.set_cache_only(id, o.cache(id, None));
+        }
+    }
+
+    /// Whether the draft pool's mirror of `id` is blocked (no draft pool: ignored).
+    pub fn set_mirror_blocked(&self, id: u64, blocked: bool) {
+        if let Some((d, _)) = &self.draft {
+            d.set_blocked(id, blocked);
+        }
+    }
+
+    /// Forgets every pool's recorded calls.
+    pub fn clear_calls(&self) {
+        self.target.clear_calls();
+        for (p, _) in self.draft.iter().chain(&self.cross) {
+            p.clear_calls();
+        }
+    }
+
+    /// The calls of `method` (`[draft.|cross.]name[.limit|.capacity]`): ids, or `[id, argument]` pairs
+    /// for the argument forms; `None` for a method no pool records.
+    pub fn recorded(&self, method: &str) -> Option<Vec<Value>> {
+        let (pool, rest) = match method.split_once('.') {
+            Some(("draft", rest)) => (self.draft.as_ref().map(|(p, _)| p), rest),
+            Some(("cross", rest)) => (self.cross.as_ref().map(|(p, _)| p), rest),
+            _ => (Some(&self.target), method),
+        };
+        let (name, arg) = match rest.rsplit_once('.') {
+            Some((n, a @ ("limit" | "capacity"))) => (n, Some(a)),
+            _ => (rest, None),
+        };
+        let call = KvCall::from_name(name)?;
+        let Some(pool) = pool else {
+            return Some(Vec::new());
+        };
+        let calls = pool.calls();
+        Some(
+            calls
+                .iter()
+                .filter(|(c, _, _)| *c == call)
+                .map(|&(_, id, a)| match arg {
+                    None => Value::from(id),
+                    Some(_) => {
+                        Value::from(vec![Value::from(id), a.map_or(Value::Null, Value::from)])
+                    }
+                })
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,1007 @@
+//! Model-based property tests of the scheduler (DESIGN.md §7).
+//!
+//! Random operation sequences — submit, pass, complete the step, finish, cancel, in-flight marks, beam and
+//! draft updates, injected faults (KV allocation, KV resume and adapter admission refusals) — run over
+//! random configurations (host tier on/off, PEFT on/off, every chunking policy, both capacity policies,
+//! recompute pause on/off) against the naive model of `kvsched-testkit`, which checks every invariant
+//! after every operation. Then liveness: with arrivals stopped and every request fitting alone, every
+//! request finishes within a bounded number of passes; with a pool that is truly too small, deadlock
+//! detection fires with `Error::Deadlock` after exactly `deadlock_threshold` stalled passes, and never on
+//! an idle or merely slow pass.
+//!
+//! `cargo test --test model` runs 64 cases per property; set `KVSCHED_PROPTEST_CASES` (e.g. 2000) for
+//! more.
+
+use kvsched_testkit as harness;
+
+use harness::{run, Admission, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, N, T};
+use kvsched_core::error::Error;
+use kvsched_core::kv_set::DraftMode;
+use kvsched_core::phase::Phase;
+use kvsched_core::request::Ownership;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, TestCaseError};
+
+fn cases() -> u32 {
+    std::env::var("KVSCHED_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+fn pt_config() -> PtConfig {
+    PtConfig {
+        cases: cases(),
+        failure_persistence: None,
+        // The liveness property filters workloads that do not fit alone; large case counts need room.
+        max_local_rejects: 64 * cases().max(1024),
+        max_global_rejects: 64 * cases().max(1024),
+        ..PtConfig::default()
+    }
+}
+
+fn chunk() -> impl Strategy<Value = Chunk> {
+    prop_oneof![
+        Just(Chunk::Off),
+        Just(Chunk::Fcfs),
+        Just(Chunk::Force),
+        Just(Chunk::Equal)
+    ]
+}
+
+fn peft() -> impl Strategy<Value = Option<PeftSetup>> {
+    prop_oneof![
+        1 => Just(None),
+        2 => (1u32..=10, 1u32..=12, 1usize..=T, prop::bool::weighted(0.35)).prop_flat_map(
+            |(device, host, n, unified)| {
+                // Unified paging: adapters take KV pages (at least 6 on the GPU).
+                let cap = if unified { host.min(6) } else { device.min(host) };
+                prop::collection::vec(1..=cap, n).prop_map(move |task_pages| {
+                    Some(PeftSetup {
+                        device_pages: device,
+                        host_pages: host,
+                        task_pages,
+                        unified,
+                    })
+                })
+            }
+        ),
+    ]
+}
+
+/// Any configuration, tight enough that eviction, recompute, preemption and adapter pressure happen.
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        (
+            6u32..=40,
+            prop_oneof![Just(0u32), 2u32..=24],
+            1u32..=4,
+            4u32..=16,
+        ),
+        (chunk(), 1u32..=8, any::<bool>(), prop::bool::weighted(0.8)),
+        (
+            prop_oneof![1 => Just(None), 4 => (8u32..=64).prop_map(Some)],
+            1u32..=8,
+        ),
+        peft(),
+        (2u32..=12, any::<bool>(), 0u8..3, any::<bool>(), 0u8..3),
+    )
+        .prop_map(
+            |(
+                (gpu_pages, host_pages, tokens_per_block, max_blocks),
+                (chunk, unit, no_evict, recompute_pause),
+                (max_num_tokens, max_num_requests),
+                peft,
+                (deadlock_threshold, prefix, draft, cross, admission),
+            )| Setup {
+                gpu_pages,
+                host_pages,
+                tokens_per_block,
+                max_blocks,
+                chunk,
+                unit,
+                no_evict,
+                recompute_pause,
+                max_num_tokens,
+                max_num_requests,
+                peft,
+                deadlock_threshold,
+                prefix,
+                draft: match draft {
+                    1 => Some(DraftMode::Joint),
+                    2 => Some(DraftMode::Unpaired),
+                    _ => None,
+                },
+                cross,
+                admission: match admission {
+                    1 => Admission::VTC,
+                    2 => Admission::Deadline {
+                        ttft: [0, 40, 200, 1000],
+                    },
+                    _ => Admission::Fcfs,
+                },
+                // Half the prefix configurations have a connector (a remote store of the families).
+                connector: prefix && deadlock_threshold % 2 == 0,
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let fault = prop_oneof![
+        Just(Fault::KvPrepare),
+        Just(Fault::KvResize),
+        Just(Fault::KvAllocate),
+        Just(Fault::PeftAdd),
+        Just(Fault::KvPin),
+        Just(Fault::LoadFail),
+        Just(Fault::LoadHang),
+        Just(Fault::SaveHang)
+    ];
+    prop_oneof![
+        6 => (
+            1u32..=40,
+            1u32..=12,
+            prop::option::weighted(0.6, 0u8..(T as u8 + 1)),
+            prop_oneof![6 => Just(0u8), 1 => 1u8..=2],
+            prop_oneof![3 => Just(0u8), 1 => 2u8..=12],
+            (prop::bool::weighted(0.05), prop::option::weighted(0.7, 1u8..=3), prop_oneof![Just(0u8), 1u8..=16]),
+        )
+            .prop_map(|(prompt, out_len, lora, draft, snap_every, (duplicate, family, encoder))| Op::Submit {
+                prompt,
+                out_len,
+                lora,
+                draft,
+                snap_every,
+                duplicate,
+                family,
+                encoder,
+            }),
+        8 => Just(Op::Pass),
+        5 => Just(Op::Complete),
+        1 => any::<u8>().prop_map(|pick| Op::Finish { pick }),
+        1 => any::<u8>().prop_map(|pick| Op::Cancel { pick }),
+        2 => (fault, 1u8..=4, 0u8..3).prop_map(|(fault, count, pool)| Op::Inject { fault, count, pool }),
+        1 => any::<u8>().prop_map(|pick| Op::Inflight { pick }),
+        1 => any::<u8>().prop_map(|pick| Op::Load { pick }),
+        1 => (any::<u8>(), 0u8..=2, 0u8..=2).prop_map(|(pick, beam, draft)| Op::Update { pick, beam, draft }),
+        // Disaggregated serving: context-only and generation-side requests, and their transfers' ends.
+        1 => (1u32..=40, 1u32..=12, prop::option::weighted(0.6, 0u8..(T as u8 + 1)), any::<bool>())
+            .prop_map(|(prompt, out_len, lora, generation)| Op::Disagg { prompt, out_len, lora, generation }),
+        2 => (any::<u8>(), prop::bool::weighted(0.8)).prop_map(|(pick, delivered)| Op::EndTransfer { pick, delivered }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(pt_config())]
+
+    /// Every invariant holds after every operation of a random sequence, in every configuration, and a
+    /// run that ends by removing every request leaves both pools empty.
+    #[test]
+    fn invariants_hold_after_every_operation(
+        setup in setup(),
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
+    }
+}
+
+/// A request that fits alone in `s` (KV, token budget, adapter cache).
+#[derive(Debug, Clone)]
+struct Req {
+    prompt: u32,
+    out_len: u32,
+    draft: u8,
+    lora: Option<u8>,
+    snap_every: u8,
+    family: Option<u8>,
+    encoder: u8,
+}
+
+/// Configurations where every request below fits alone: the token budget admits any whole prompt.
+fn live_setup() -> impl Strategy<Value = Setup> {
+    setup().prop_map(|mut s| {
+        s.deadlock_threshold = 50;
+        if s.chunk == Chunk::Off {
+            s.max_num_tokens = s.max_num_tokens.map(|t| t.max(64));
+        }
+        s.max_num_tokens = s.max_num_tokens.map(|t| t.max(s.unit));
+        s
+    })
+}
+
+fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
+    let max = s.max_tokens() as u32;
+    let tasks = s.tasks() as u8;
+    // Unified paging: a LoRA request fits beside its adapter.
+    let beside: Vec<u32> = s.peft.as_ref().map_or(Vec::new(), |p| {
+        p.task_pages
+            .iter()
+            .map(|&pages| {
+                if p.unified {
+                    s.max_tokens_beside(pages) as u32
+                } else {
+                    max
+                }
+            })
+            .collect()
+    });
+    let req = (
+        1u32..=max,
+        1u32..=max,
+        prop::option::weighted(0.6, 0u8..tasks.max(1)),
+        0u8..=1,
+        (
+            0u8..=8,
+            prop::option::of(1u8..=3),
+            prop_oneof![Just(0u8), 1u8..=8],
+        ),
+    )
+        .prop_filter_map(
+            "fits alone",
+            move |(prompt, out_len, lora, draft, (snap_every, family, encoder))| {
+                let out_len = out_len.min(12);
+                let prompt = prompt.min(40);
+                let total = prompt + out_len * (1 + u32::from(draft)) + u32::from(draft);
+                let lora = if tasks == 0 { None } else { lora };
+                let limit = lora.map_or(max, |l| beside[usize::from(l)]);
+                (total <= limit && u32::from(encoder) <= max).then_some(Req {
+                    prompt,
+                    out_len,
+                    draft,
+                    lora,
+                    snap_every,
+                    family,
+                    encoder,
+                })
+            },
+        );
+    prop::collection::vec(req, 1..=N)
+}
+
+fn with_reqs() -> impl Strategy<Value = (Setup, Vec<Req>)> {
+    live_setup().prop_flat_map(|s| {
+        let reqs = live_reqs(&s);
+        (Just(s), reqs)
+    })
+}
+
+/// Passes enough for any schedule of `reqs`: every chunk and step, with room for suspension and replay.
+fn pass_bound(reqs: &[Req], s: &Setup) -> u64 {
+    let unit = if s.chunk == Chunk::Off {
+        64
+    } else {
+        s.unit.min(s.max_num_tokens.unwrap_or(u32::MAX))
+    };
+    let work: u64 = reqs
+        .iter()
+        .map(|r| u64::from(r.prompt.div_ceil(unit.max(1)) + r.out_len + 2))
+        .sum();
+    8 * work * (reqs.len() as u64) + 64
+}
+
+/// Configurations where progress is guaranteed for requests that fit alone: GUARANTEED_NO_EVICT admits
+/// only what fits to completion; MAX_UTILIZATION with recompute pause and no host tier can always free
+/// pages (recompute pause on the generation side, preemption on the context side). Elsewhere requests
+/// can legitimately wedge the pool — partially prefilled chunks, or suspended caches held on the GPU
+/// when the host tier is full, with nothing allowed to free them (as in the reference) — and the
+/// scheduler must then say so with `Error::Deadlock` rather than spin.
+///
+/// With unified paging a request fits alone only with its adapter beside its KV in the GPU pages.
+fn guaranteed(s: &Setup, reqs: &[Req]) -> bool {
+    let fits_with_adapter = |r: &Req| {
+        let Some(p) = s.peft.as_ref().filter(|p| p.unified) else {
+            return true;
+        };
+        let adapter = r
+            .lora
+            .and_then(|l| p.task_pages.get(usize::from(l)))
+            .copied()
+            .unwrap_or(0);
+        let tokens = r.prompt + r.out_len * (1 + u32::from(r.draft)) + u32::from(r.draft);
+        tokens.div_ceil(s.tokens_per_block) + adapter <= s.gpu_pages
+    };
+    (s.no_evict || (s.recompute_pause && s.host_pages == 0)) && reqs.iter().all(fits_with_adapter)
+}
+
+proptest! {
+    #![proptest_config(pt_config())]
+
+    /// Arrivals stop, nothing is injected, every request fits alone: all of them finish within a bound
+    /// where progress is guaranteed; elsewhere they finish or the pass reports `Error::Deadlock`, never a
+    /// livelock past the bound.
+    #[test]
+    fn every_request_that_fits_alone_finishes((setup, reqs) in with_reqs()) {
+        let bound = pass_bound(&reqs, &setup);
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup.clone(), &mut mem).map_err(|e| TestCaseError::fail(e.0))?;
+        for r in &reqs {
+            h.apply(&Op::Submit {
+                prompt: r.prompt,
+                out_len: r.out_len,
+                lora: r.lora,
+                draft: r.draft,
+                snap_every: r.snap_every,
+                duplicate: false,
+                family: r.family,
+                encoder: r.encoder,
+            })
+            .map_err(|e| TestCaseError::fail(e.0))?;
+        }
+        prop_assert_eq!(h.live(), reqs.len(), "every request was admitted");
+        match h.run_to_completion(bound).map_err(|e| TestCaseError::fail(e.0))? {
+            Done::Finished(passes) => prop_assert!(passes <= bound),
+            Done::Deadlock(passes) => prop_assert!(
+                !guaranteed(&setup, &reqs),
+                "deadlock after {} passes where progress is guaranteed", passes
+            ),
+        }
+        h.drain().map_err(|e| TestCaseError::fail(e.0))?;
+    }
+}
+
+/// An adapter cache of `device` and `host` pages (separate from the KV pool) with tasks of these sizes.
+fn split_peft(device_pages: u32, host_pages: u32, task_pages: &[u32]) -> Option<PeftSetup> {
+    Some(PeftSetup {
+        device_pages,
+        host_pages,
+        task_pages: task_pages.to_vec(),
+        unified: false,
+    })
+}
+
+fn base(gpu_pages: u32, host_pages: u32) -> Setup {
+    Setup {
+        gpu_pages,
+        host_pages,
+        tokens_per_block: 4,
+        max_blocks: 8,
+        chunk: Chunk::Off,
+        unit: 4,
+        no_evict: false,
+        recompute_pause: false,
+        max_num_tokens: Some(64),
+        max_num_requests: 8,
+        peft: None,
+        deadlock_threshold: 5,
+        prefix: false,
+        draft: None,
+        cross: false,
+        admission: Admission::Fcfs,
+        connector: false,
+    }
+}
+
+fn submit(h: &mut Harness<'_>, prompt: u32, out_len: u32) {
+    h.apply(&sub(prompt, out_len, None, 0)).unwrap();
+}
+
+/// Two requests that each fit alone but not together, no host tier, no recompute pause: the first
+/// evicts the second (its pages stay held), then neither can grow. The pass fails with the typed error
+/// exactly when the stall count reaches the threshold, and keeps failing.
+#[test]
+fn deadlock_fires_when_the_pool_is_truly_too_small() {
+    let setup = base(8, 0);
+    let threshold = setup.deadlock_threshold;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    // 16 tokens = 4 pages each: together they fill the 8-page GPU tier.
+    submit(&mut h, 16, 12);
+    submit(&mut h, 16, 12);
+    let mut first = None;
+    for pass in 1..=40u32 {
+        h.pass().unwrap();
+        h.complete().unwrap();
+        if h.stats.deadlocks > 0 && first.is_none() {
+            first = Some(pass);
+        }
+    }
+    let first = first.expect("deadlock detected");
+    assert!(h.stats.deadlocks >= 40 - u64::from(first), "keeps failing");
+    assert!(h.sched.stall_count() >= threshold);
+    let mut out = kvsched_core::SchedulerOutput::<N>::new();
+    match h.sched.schedule(&mut out) {
+        Err(Error::Deadlock { stalled, .. }) => assert!(stalled > threshold),
+        other => panic!("expected Error::Deadlock, got {other:?}"),
+    }
+    let msg = Error::Deadlock {
+        stalled: threshold,
+        connector: false,
+    }
+    .to_string();
+    assert!(
+        msg.contains("deadlock") && msg.contains("host cache tier"),
+        "{msg}"
+    );
+    // Removing one request breaks the deadlock: the other finishes.
+    h.apply(&Op::Cancel { pick: 1 }).unwrap();
+    assert!(matches!(h.run_to_completion(100), Ok(Done::Finished(_))));
+    assert_eq!(h.sched.stall_count(), 0);
+}
+
+/// Deadlock detection counts exactly: with threshold k, passes 1..k-1 stall without an error.
+#[test]
+fn deadlock_fires_after_exactly_threshold_stalled_passes() {
+    for threshold in [1u32, 2, 7] {
+        let mut setup = base(4, 0);
+        setup.deadlock_threshold = threshold;
+        setup.max_num_tokens = Some(2); // a whole 4-token prompt never fits the budget
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        submit(&mut h, 4, 1);
+        let mut out = kvsched_core::SchedulerOutput::<N>::new();
+        for pass in 1..threshold {
+            assert!(
+                h.sched.schedule(&mut out).is_ok(),
+                "pass {pass} of {threshold}"
+            );
+            assert_eq!(h.sched.stall_count(), pass);
+        }
+        assert_eq!(
+            h.sched.schedule(&mut out),
+            Err(Error::Deadlock {
+                stalled: threshold,
+                connector: false,
+            })
+        );
+        h.drain().unwrap();
+    }
+}
+
+/// Never on an idle pass: no requests, or only in-flight ones, or only finished work.
+#[test]
+fn deadlock_never_fires_on_an_idle_pass() {
+    let mut setup = base(8, 0);
+    setup.deadlock_threshold = 1;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for _ in 0..50 {
+        h.pass().unwrap();
+    }
+    submit(&mut h, 8, 3);
+    h.apply(&Op::Inflight { pick: 0 }).unwrap();
+    for _ in 0..50 {
+        h.pass().unwrap();
+        h.complete().unwrap();
+    }
+    assert_eq!(h.stats.deadlocks, 0);
+    assert_eq!(h.sched.stall_count(), 0);
+    h.apply(&Op::Inflight { pick: 0 }).unwrap();
+    assert!(matches!(h.run_to_completion(20), Ok(Done::Finished(_))));
+    for _ in 0..50 {
+        h.pass().unwrap();
+    }
+    assert_eq!(h.stats.deadlocks, 0);
+}
+
+/// Never on a merely slow pass: one token a pass through a long prompt (chunk unit 1, budget 1), and
+/// stalls shorter than the threshold (injected refusals) that end in progress reset the count.
+#[test]
+fn deadlock_never_fires_on_a_slow_pass() {
+    let mut setup = base(16, 0);
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 1;
+    setup.max_num_tokens = Some(1);
+    setup.deadlock_threshold = 2;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    submit(&mut h, 24, 4);
+    submit(&mut h, 20, 4);
+    assert_eq!(h.live(), 2);
+    let Ok(Done::Finished(passes)) = h.run_to_completion(200) else {
+        panic!("did not finish");
+    };
+    assert!(passes >= 44 + 6, "one token a pass: {passes} passes");
+    assert_eq!(h.stats.deadlocks, 0);
+
+    // Stalls of threshold - 1 passes, then progress, repeated: never an error.
+    let mut setup = base(16, 0);
+    setup.deadlock_threshold = 3;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    submit(&mut h, 8, 20);
+    h.pass().unwrap();
+    h.complete().unwrap();
+    for _ in 0..10 {
+        h.apply(&Op::Inject {
+            fault: Fault::KvAllocate,
+            count: 2,
+            pool: 0,
+        })
+        .unwrap();
+        for _ in 0..3 {
+            h.pass().unwrap();
+            h.complete().unwrap();
+        }
+        assert_eq!(h.sched.stall_count(), 0, "the third pass made progress");
+    }
+    assert_eq!(h.stats.deadlocks, 0);
+    h.drain().unwrap();
+}
+
+/// The fuzz target's decoder turns any bytes into a valid run (the fuzz corpus seeds pass here too).
+#[test]
+fn decoder_accepts_any_bytes() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for len in [0usize, 1, 7, 13, 64, 300, 2000] {
+        let mut data = vec![0u8; len];
+        for b in &mut data {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            *b = seed as u8;
+        }
+        let (setup, ops) = harness::decode(&data);
+        run(setup, &ops).unwrap();
+    }
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/ops");
+    if let Ok(dir) = std::fs::read_dir(corpus) {
+        for f in dir.flatten() {
+            let data = std::fs::read(f.path()).unwrap();
+            let (setup, ops) = harness::decode(&data);
+            run(setup, &ops).unwrap_or_else(|e| panic!("{}: {e}", f.path().display()));
+        }
+    }
+}
+
+// --- Regressions: defects the model tests found (each fixed in kvsched-core). ---
+
+fn replay(setup: Setup, ops: &[Op]) -> Stats {
+    run(setup, ops).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn sub(prompt: u32, out_len: u32, lora: Option<u8>, snap_every: u8) -> Op {
+    Op::Submit {
+        prompt,
+        out_len,
+        lora,
+        draft: 0,
+        snap_every,
+        duplicate: false,
+        family: None,
+        encoder: 0,
+    }
+}
+
+/// `complete_step` named requests by table slot only: a request cancelled between the pass and the
+/// completion, whose slot a new request took, had its chunk applied to the newcomer.
+#[test]
+fn regression_complete_step_ignores_a_reused_slot() {
+    let mut setup = base(23, 0);
+    setup.tokens_per_block = 4;
+    setup.max_blocks = 11;
+    setup.chunk = Chunk::Equal;
+    setup.unit = 1;
+    setup.max_num_tokens = None;
+    setup.max_num_requests = 2;
+    let s = || sub(1, 1, None, 0);
+    replay(
+        setup,
+        &[
+            s(),
+            s(),
+            s(),
+            Op::Pass,
+            Op::Cancel { pick: 1 },
+            s(),
+            Op::Complete,
+            Op::Pass,
+        ],
+    );
+}
+
+/// GUARANTEED_NO_EVICT reserved prompt + max_new_tokens at admission, then every decode step grew the
+/// cache past the reservation: a request whose reservation filled its page table could never finish.
+#[test]
+fn regression_no_evict_decode_uses_the_reservation() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 4;
+    setup.no_evict = true;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    submit(&mut h, 1, 3); // 1 + 3 = 4 tokens = the whole page table
+    assert_eq!(h.run_to_completion(20), Ok(Done::Finished(3)));
+    h.drain().unwrap();
+}
+
+/// Without a lower tier a self-evicted generation request keeps its pages HELD; context-side
+/// preemption skipped it (only active caches were candidates) and nothing else could free them: a
+/// deadlock although each request fits alone and recompute pause is on (reference gap §1.16 #7).
+#[test]
+fn regression_held_suspended_request_can_be_preempted() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 5;
+    setup.chunk = Chunk::Force;
+    setup.unit = 4;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(26);
+    setup.max_num_requests = 2;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    h.apply(&sub(4, 1, None, 3)).unwrap();
+    h.apply(&sub(3, 2, None, 3)).unwrap();
+    assert!(matches!(h.run_to_completion(50), Ok(Done::Finished(_))));
+    assert_eq!(h.stats.deadlocks, 0);
+    h.drain().unwrap();
+}
+
+/// A preempted request kept its cross cache: the cross pages it held belonged to nobody (it owns no KV
+/// once recompute-paused), the older request that needed them never got them, and the victim replayed
+/// into its own kept cache — progress every pass, nothing finished (found at 20,000 cases: a joint draft
+/// pool, a cross pool, FORCE_CHUNK).
+#[test]
+fn regression_preemption_frees_the_cross_cache() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 5;
+    setup.chunk = Chunk::Force;
+    setup.unit = 1;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(56);
+    setup.max_num_requests = 2;
+    setup.draft = Some(DraftMode::Joint);
+    setup.cross = true;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for (prompt, out_len, snap, encoder) in [(1, 1, 0, 0), (2, 2, 2, 0), (4, 1, 4, 2), (4, 1, 1, 5)]
+    {
+        let mut op = sub(prompt, out_len, None, snap);
+        if let Op::Submit { encoder: e, .. } = &mut op {
+            *e = encoder;
+        }
+        h.apply(&op).unwrap();
+    }
+    assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
+    assert_eq!(h.stats.deadlocks, 0);
+    h.drain().unwrap();
+}
+
+/// A first chunk preempted another request for pages and was then refused its lease (the adapter host
+/// cache was pinned by a recompute-paused request), every pass: a livelock that deadlock detection could
+/// not see, since every pass preempted something. The pass now asks the adapter cache first.
+#[test]
+fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 5;
+    setup.chunk = Chunk::Force;
+    setup.unit = 4;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(24);
+    setup.max_num_requests = 3;
+    setup.peft = split_peft(8, 2, &[1, 2]);
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for op in [
+        sub(3, 2, None, 0),
+        sub(4, 1, Some(0), 0),
+        sub(4, 1, None, 1),
+        sub(3, 1, Some(1), 1),
+    ] {
+        h.apply(&op).unwrap();
+    }
+    assert!(matches!(h.run_to_completion(60), Ok(Done::Finished(_))));
+    h.drain().unwrap();
+}
+
+/// The model runs exercise prefix reuse: prompts of one family share blocks, and the checks of every
+/// pass (positions, reuse limits, the pool's audit) hold while they do.
+#[test]
+fn prompt_families_reuse_blocks_under_the_model() {
+    let mut setup = base(24, 8);
+    setup.prefix = true;
+    setup.recompute_pause = true;
+    let mut ops = Vec::new();
+    for k in 0..12u8 {
+        ops.push(Op::Submit {
+            prompt: 20 + u32::from(k % 3),
+            out_len: 3,
+            lora: None,
+            draft: k % 2,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 2),
+            encoder: 0,
+        });
+        ops.push(Op::Pass);
+        ops.push(Op::Complete);
+    }
+    let stats = replay(setup, &ops);
+    assert!(stats.reused >= 8 * 4, "reused {} tokens", stats.reused);
+}
+
+/// Unified paging under the model: adapters take KV pages while their requests run, idle ones give
+/// them back to prefills, refused pins (a fault) leave requests waiting, never stuck, and every check
+/// of every pass holds (the pins are the leases, the pool's audit counts the adapter pages).
+#[test]
+fn unified_paging_shares_the_pages_under_the_model() {
+    let mut setup = base(20, 0);
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 4;
+    setup.prefix = true;
+    setup.peft = Some(PeftSetup {
+        device_pages: 1,
+        host_pages: 16,
+        task_pages: vec![3, 4, 2, 5],
+        unified: true,
+    });
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..24u8 {
+        let op = Op::Submit {
+            prompt: 8 + u32::from(k % 5) * 4,
+            out_len: 2 + u32::from(k % 3),
+            lora: (k % 4 != 3).then_some(k % 4),
+            draft: 0,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 3),
+            encoder: 0,
+        };
+        h.apply(&op).unwrap();
+        if k % 6 == 5 {
+            h.apply(&Op::Inject {
+                fault: Fault::KvPin,
+                count: 2,
+                pool: 0,
+            })
+            .unwrap();
+        }
+        for op in [Op::Pass, Op::Complete, Op::Finish { pick: k }] {
+            h.apply(&op).unwrap();
+        }
+    }
+    assert!(matches!(h.run_to_completion(4000), Ok(Done::Finished(_))));
+    let (placed, evicted) = h.sched.kv().target().inner.adapter_stats();
+    assert!(placed >= 4, "{placed} adapter placements");
+    assert!(evicted >= 1, "{evicted} adapters gave their pages back");
+    assert!(h.sched.kv().target().faults.injected.get() >= 1);
+    h.drain().unwrap();
+}
+
+/// The connector under the model: a remote store holds the prompt families' blocks; loads that fail
+/// and loads that never end (faults) make their requests replay without the store, the rest are
+/// confirmed and cached; every check of every pass holds and every request finishes.
+#[test]
+fn connector_loads_fail_hang_and_recover_under_the_model() {
+    let mut setup = base(24, 0);
+    setup.prefix = true;
+    setup.connector = true;
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 8;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..16u8 {
+        // The first family's first load never ends; the second family's fails.
+        if k < 2 {
+            let fault = if k == 0 {
+                Fault::LoadHang
+            } else {
+                Fault::LoadFail
+            };
+            h.apply(&Op::Inject {
+                fault,
+                count: 1,
+                pool: 0,
+            })
+            .unwrap();
+        }
+        h.apply(&Op::Submit {
+            prompt: 18 + u32::from(k % 3),
+            // The hung load's request outlives the timeout (a short one would finish first, cancelling
+            // the load: the blocks it computed are valid, only their caching waited).
+            out_len: if k == 0 { 12 } else { 2 },
+            lora: None,
+            draft: 0,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 3),
+            encoder: 0,
+        })
+        .unwrap();
+        for op in [Op::Pass, Op::Complete] {
+            h.apply(&op).unwrap();
+        }
+        if k % 4 == 3 {
+            // Finishing everything lets the pool evict the cached families: later requests ask the
+            // store for them again.
+            h.settle().unwrap();
+            h.drain().unwrap();
+        }
+    }
+    assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
+    let stats = h.sched.kv().target().inner.connector_stats().unwrap();
+    assert!(stats.loads >= 3, "{stats:?}");
+    assert!(stats.failed >= 1 && stats.timed_out >= 1, "{stats:?}");
+    assert!(stats.saves >= 3 && stats.saved_blocks > 0, "{stats:?}");
+    assert!(h.stats.reused > 0);
+    h.drain().unwrap();
+}
+
+/// vLLM #45387: an engine under KV pressure with an offloading connector ended with nothing running,
+/// requests waiting and no progress, and no error. Here, with a host tier the pool offloads to and a
+/// connector's store on it, a pool too small for the load either makes progress or says so: every
+/// request finishes, or the pass reports `Error::Deadlock` after the threshold — never a silent stall
+/// (the harness checks both after every pass, and that no pass it calls stalled scheduled anything).
+#[test]
+fn regression_an_offloading_connector_under_pressure_never_stalls_silently() {
+    let mut setup = base(8, 8);
+    setup.prefix = true;
+    setup.connector = true;
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 4;
+    setup.deadlock_threshold = 20;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..10u8 {
+        h.apply(&Op::Submit {
+            prompt: 8 + u32::from(k % 4) * 4,
+            out_len: 10,
+            lora: None,
+            draft: 0,
+            snap_every: 0,
+            duplicate: false,
+            family: Some(1 + k % 3),
+            encoder: 0,
+        })
+        .unwrap();
+        h.apply(&Op::Pass).unwrap();
+    }
+    match h.run_to_completion(4000) {
+        Ok(Done::Finished(_)) => {}
+        Ok(Done::Deadlock(passes)) => assert!(passes > 0, "reported, not silent"),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(
+        h.stats.paused > 0,
+        "the pool was under pressure: requests were offloaded"
+    );
+    let loads = h.sched.kv().target().inner.connector_stats().unwrap().loads;
+    assert!(
+        loads > 0,
+        "the connector served blocks the pool had evicted"
+    );
+    h.drain().unwrap();
+}
+
+/// TensorRT-LLM #13592: batch-local state of a suspended request (its batch index) survived into its
+/// resumed life. Here a request owns nothing of a batch: the output's entries are minted per pass, a
+/// resumed request is listed `resumed` exactly in the pass its KV came back and settles into an
+/// ordinary active request when the engine takes the page moves, and the harness checks after every
+/// pass that each listed request is in the state its list says. This run makes requests go through
+/// suspension to the host tier and back many times.
+#[test]
+fn regression_a_resumed_request_carries_nothing_from_its_suspended_life() {
+    let mut setup = base(12, 24);
+    setup.recompute_pause = false;
+    setup.max_num_requests = 4;
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..8u32 {
+        submit(&mut h, 8 + k % 3, 10);
+    }
+    assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
+    assert!(h.stats.paused >= 4 && h.stats.resumed >= 4, "{:?}", h.stats);
+    h.drain().unwrap();
+}
+
+/// Disaggregated serving under the model: context-only requests send their KV when their prompt is
+/// computed (pinned, no lease, never a victim) and leave when the send ends; generation requests have
+/// their whole prompt prepared, receive it, and decode — or, when the receive fails, replay the prefill
+/// here. Under KV pressure beside ordinary requests, with LoRA adapters: every check of every pass holds
+/// and every request finishes.
+#[test]
+fn disaggregated_requests_send_receive_and_recover_under_the_model() {
+    let mut setup = base(20, 8);
+    setup.prefix = true;
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.peft = split_peft(2, 4, &[1, 1, 2]);
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    for k in 0..24u8 {
+        let lora = (k % 2 == 0).then_some(k % 3);
+        let op = match k % 3 {
+            0 => Op::Submit {
+                prompt: 9 + u32::from(k),
+                out_len: 3,
+                lora,
+                draft: 0,
+                snap_every: 0,
+                duplicate: false,
+                family: Some(1),
+                encoder: 0,
+            },
+            side => Op::Disagg {
+                prompt: 6 + u32::from(k),
+                out_len: 4,
+                lora,
+                generation: side == 2,
+            },
+        };
+        h.apply(&op).unwrap();
+        for op in [Op::Pass, Op::Complete] {
+            h.apply(&op).unwrap();
+        }
+        // Every fourth step ends the oldest transfer, alternately failed and delivered.
+        if k % 4 == 3 {
+            h.apply(&Op::EndTransfer {
+                pick: 0,
+                delivered: k % 8 == 3,
+            })
+            .unwrap();
+        }
+    }
+    assert!(matches!(h.run_to_completion(4000), Ok(Done::Finished(_))));
+    let t = h.sched.transfer_stats();
+    assert!(t.sent >= 6 && t.received >= 4, "{t:?}");
+    assert_eq!((t.sending, t.receiving), (0, 0));
+    assert_eq!(
+        h.stats.transfers,
+        t.sent + t.sends_failed + t.received + t.receives_failed
+    );
+    h.drain().unwrap();
+}
+
+/// Difference 13: a disaggregated generation request whose adapter does not fit beside one pinned by a
+/// context request behind it (mid-prefill, holding its lease) is skipped; the reference's phase-1 break
+/// never deferred that context request, and nothing ran again — without a deadlock report, since a
+/// disagg-init request is no stall candidate. Found by the model tests.
+#[test]
+fn regression_a_disagg_peft_shortfall_does_not_starve_the_lease_holder_behind_it() {
+    let mut setup = base(24, 0);
+    setup.chunk = Chunk::Fcfs;
+    setup.max_num_tokens = Some(8);
+    setup.peft = split_peft(2, 4, &[2, 1]);
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem).unwrap();
+    // Three requests without an adapter take at least 19 of the 24 pages and decode.
+    for _ in 0..3 {
+        submit(&mut h, 12, 16);
+    }
+    let prefilling = |h: &Harness<'_>| {
+        h.sched
+            .requests()
+            .any(|(_, e)| e.spec().phase == Phase::ContextInit)
+    };
+    while prefilling(&h) || h.sched.kv().target().inner.gpu_free() > 5 {
+        h.apply(&Op::Pass).unwrap();
+        h.apply(&Op::Complete).unwrap();
+        assert!(h.live() == 3, "the three fill the pool before they finish");
+    }
+    // A disaggregated request on adapter 0 (both device pages) finds no room for its prompt's KV; a
+    // long prompt on adapter 1 (one page) behind it takes its first chunk and its lease.
+    h.apply(&Op::Disagg {
+        prompt: 28,
+        out_len: 2,
+        lora: Some(0),
+        generation: true,
+    })
+    .unwrap();
+    h.apply(&sub(24, 2, Some(1), 0)).unwrap();
+    let holds = |h: &Harness<'_>| {
+        let mut it = h
+            .sched
+            .requests()
+            .map(|(_, e)| (e.spec().phase, e.ownership()));
+        let waiting = it.any(|(p, o)| p == Phase::DisaggGenerationInit && o == Ownership::Waiting);
+        let holder = h.sched.requests().any(|(_, e)| {
+            e.spec().phase == Phase::ContextInit && e.ownership() == Ownership::Active
+        });
+        waiting && holder
+    };
+    let mut passes = 0;
+    while !holds(&h) {
+        h.apply(&Op::Pass).unwrap();
+        h.apply(&Op::Complete).unwrap();
+        passes += 1;
+        assert!(passes < 20, "the lease holder never got its first chunk");
+    }
+    // From now on the disaggregated request's adapter does not fit beside the pinned one.
+    assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
+    h.drain().unwrap();
+}

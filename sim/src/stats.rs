@@ -1,0 +1,62 @@
+//! Small numeric and file helpers shared by the simulator, its report and the plots (and the `kvsched`
+//! binary's `--json` output): one of each.
+
+use std::io::{self, Write as _};
+use std::path::Path;
+
+/// The `p`-quantile (0 ≤ p ≤ 1) of `sorted` by nearest rank; `None` for no data.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let k = (last as f64 * p.clamp(0.0, 1.0)).round() as usize;
+    Some(sorted[k.min(last)])
+}
+
+/// Writes `bytes` to `path` whole or not at all: a fresh temporary file in the same folder (`tempfile`),
+/// synced, then renamed over `path`. On error nothing is left behind.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if path.file_name().is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the path names no file",
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn nearest_rank_and_no_data() {
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&[7.0], 0.99), Some(7.0));
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), Some(51.0));
+        assert_eq!(percentile(&v, 0.99), Some(99.0));
+        assert_eq!(percentile(&v, 2.0), Some(100.0));
+    }
+
+    #[test]
+    fn an_atomic_write_replaces_whole_or_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("kvsched-stats-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("out.txt");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert!(write_atomic(&dir.join("missing/out.txt"), b"x").is_err());
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "no temporary file left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

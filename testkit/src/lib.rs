@@ -1,0 +1,2203 @@
+//! # kvsched-testkit
+//!
+//! The operation harness shared by the core's model-based property tests (`core/tests/model.rs`) and the
+//! fuzz target (`fuzz/fuzz_targets/ops.rs`). It needs only `kvsched-core` (features `std` and `alloc`).
+//!
+//! A [`Harness`] drives a real [`Scheduler`] over the built-in [`KvPool`] and [`AdapterPool`], each wrapped
+//! in a fault-injecting backend ([`FaultKv`], [`FaultPeft`]) that refuses calls by a countdown schedule,
+//! and keeps a naive model next to it: the live requests in arrival order with their expected phase,
+//! position and output progress, and the ids that finished or were cancelled. Every [`Op`] is applied to
+//! both, and [`Harness::check`] then compares them and checks the invariants of DESIGN.md §7:
+//!
+//! - page conservation per KV tier ([`KvPool::check`]) and in the adapter cache ([`AdapterPool::check`]);
+//! - per task: leases held by the desk = the adapter cache's device refcount = active LoRA requests
+//!   (= the KV pool's pins on the adapter, with unified paging);
+//!   paused registrations = suspended and recompute-paused LoRA requests (so none of them holds a lease);
+//! - residency agrees with the KV pool (waiting and recompute-paused: no cache; active: active cache;
+//!   suspended: a suspended cache);
+//! - no request lost or duplicated: the scheduler's live requests are exactly the model's, in order;
+//! - after every pass: ensure-batch succeeds, the token budget holds (except last-chunk drafts), the
+//!   request budget holds, the batch's distinct adapters plus the pinned ones fit the device cache, no
+//!   request is in two output lists, every listed request is in the state its list says;
+//! - deadlock detection fires only after `deadlock_threshold` stalled passes with work pending, never on an
+//!   idle pass;
+//! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints).
+//!
+//! Failures are returned as a [`Violation`] describing the broken invariant (the callers panic with it).
+#![deny(missing_docs)]
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+
+use kvsched_core::adapter::{Holding, HostChange, PeftBackend, TaskRef};
+use kvsched_core::adapter_pool::AdapterPool;
+pub use kvsched_core::config::Admission;
+use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::connector::{KvConnector, LoadEnd};
+use kvsched_core::error::{Error, PeftError};
+use kvsched_core::ids::{RequestId, TaskId};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
+use kvsched_core::kv_set::{DraftMode, KvSet};
+use kvsched_core::memory::KvMemory;
+use kvsched_core::output::{Listed, SchedulerOutput};
+use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
+use kvsched_core::phase::Phase;
+use kvsched_core::request::{Ownership, RequestSpec};
+use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
+
+/// A broken invariant or an unexpected refusal: what the harness saw, in words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Violation(pub String);
+
+impl From<String> for Violation {
+    fn from(what: String) -> Self {
+        Self(what)
+    }
+}
+
+impl From<&str> for Violation {
+    fn from(what: &str) -> Self {
+        Self(what.to_owned())
+    }
+}
+
+/// Request table slots.
+pub const N: usize = 16;
+/// Adapter task slots.
+pub const T: usize = 8;
+/// Task id of adapter index `i` (so task ids and slots differ).
+pub const fn task_id(i: u8) -> u64 {
+    100 + i as u64
+}
+
+/// Chunked prefill setting of a [`Setup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// Whole prompts.
+    Off,
+    /// First come, first served.
+    Fcfs,
+    /// Chunks end at snapshot points.
+    Force,
+    /// Equal progress.
+    Equal,
+}
+
+/// One configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setup {
+    /// KV pages per tier: GPU.
+    pub gpu_pages: u32,
+    /// Host tier pages (0 = no host tier).
+    pub host_pages: u32,
+    /// Tokens per KV page.
+    pub tokens_per_block: u32,
+    /// Longest page table.
+    pub max_blocks: u32,
+    /// Chunking policy.
+    pub chunk: Chunk,
+    /// Chunk unit.
+    pub unit: u32,
+    /// GUARANTEED_NO_EVICT instead of MAX_UTILIZATION.
+    pub no_evict: bool,
+    /// Recompute pause and context-side preemption allowed.
+    pub recompute_pause: bool,
+    /// Token budget.
+    pub max_num_tokens: Option<u32>,
+    /// Request budget.
+    pub max_num_requests: u32,
+    /// Adapter cache (None = no PEFT: LoRA requests run without adapter work).
+    pub peft: Option<PeftSetup>,
+    /// Stalled passes before `Error::Deadlock`.
+    pub deadlock_threshold: u32,
+    /// The KV pool has a prefix cache (requests with a prompt family share blocks).
+    pub prefix: bool,
+    /// A draft pool (same geometry as the target) and how it pairs.
+    pub draft: Option<DraftMode>,
+    /// A cross pool (same geometry): submissions may carry an encoder output.
+    pub cross: bool,
+    /// The admission order (requests carry tenants, classes and arrivals for it).
+    pub admission: Admission,
+    /// A KV connector on the target pool (with the prefix cache only): a remote store holding the
+    /// prompt families' blocks.
+    pub connector: bool,
+}
+
+/// The KV memory of a [`Setup`]: the target pool's, and the draft and cross pools' when present; and the
+/// KV connector's store with its slots.
+pub struct Memory {
+    target: KvMemory,
+    draft: Option<KvMemory>,
+    cross: Option<KvMemory>,
+    store: Option<(Store, Vec<ConnectorSlot>, Vec<u32>)>,
+}
+
+/// Passes a connector load may stay unconfirmed in the model runs.
+pub const LOAD_TIMEOUT: u32 = 4;
+
+/// The remote store of the model runs: it holds every prompt family's blocks (the hashes below
+/// 1,000,000), and ends every load at the next poll — unless a fault makes it fail
+/// ([`Fault::LoadFail`]) or never end ([`Fault::LoadHang`]: the pool's timeout abandons it). It
+/// accepts every save and ends it at the next poll, unless [`Fault::SaveHang`] keeps it reading (its
+/// pages pinned) until the pool's timeout.
+#[derive(Debug, Default)]
+pub struct Store {
+    /// Refusals by schedule, shared with the harness.
+    pub faults: std::rc::Rc<Faults>,
+    ends: Vec<(KvRef, LoadEnd)>,
+    save_ends: Vec<KvRef>,
+    /// Loads started.
+    pub loads: u64,
+    /// Loads failed by a fault.
+    pub failed: u64,
+    /// Loads left hanging by a fault.
+    pub hung: u64,
+    /// Saves accepted.
+    pub saves: u64,
+    /// The blocks the accepted saves read.
+    pub saved_blocks: u64,
+}
+
+impl KvConnector for Store {
+    fn matched_blocks(&mut self, _r: KvRef, _first: u32, _chain: u64, hashes: &[u64]) -> u32 {
+        hashes.iter().take_while(|&&h| h < 1_000_000).count() as u32
+    }
+    fn start_load(&mut self, r: KvRef, _pages: &[u32], _first_block: u32) {
+        self.loads += 1;
+        if self.faults.fire(Fault::LoadHang) {
+            self.hung += 1;
+        } else if self.faults.fire(Fault::LoadFail) {
+            self.failed += 1;
+            self.ends.push((r, LoadEnd::Failed));
+        } else {
+            self.ends.push((r, LoadEnd::Done));
+        }
+    }
+    fn cancel_load(&mut self, r: KvRef) {
+        self.ends.retain(|(x, _)| *x != r);
+    }
+    fn take_load_ends(&mut self, ended: &mut dyn FnMut(KvRef, LoadEnd)) {
+        for (r, e) in self.ends.drain(..) {
+            ended(r, e);
+        }
+    }
+    fn start_save(&mut self, r: KvRef, pages: &[u32], _first_block: u32) -> bool {
+        self.saves += 1;
+        self.saved_blocks += pages.len() as u64;
+        if !self.faults.fire(Fault::SaveHang) {
+            self.save_ends.push(r);
+        }
+        true
+    }
+    fn take_save_ends(&mut self, ended: &mut dyn FnMut(KvRef)) {
+        for r in self.save_ends.drain(..) {
+            ended(r);
+        }
+    }
+    fn cancel_save(&mut self, r: KvRef) {
+        self.save_ends.retain(|x| *x != r);
+    }
+}
+
+/// The adapter cache of a [`Setup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeftSetup {
+    /// Device pages.
+    pub device_pages: u32,
+    /// Host pages.
+    pub host_pages: u32,
+    /// Pages of each registered task (task `i` has id `task_id(i)`); at most `T`.
+    pub task_pages: Vec<u32>,
+    /// Unified paging: the adapters' device copies live in the target KV pool (`device_pages` is
+    /// unused).
+    pub unified: bool,
+}
+
+impl Setup {
+    /// The scheduler configuration.
+    pub fn config(&self) -> Config {
+        let chunking = match self.chunk {
+            Chunk::Off => None,
+            Chunk::Fcfs => Some(ChunkPolicy::FirstComeFirstServed),
+            Chunk::Force => Some(ChunkPolicy::ForceChunk),
+            Chunk::Equal => Some(ChunkPolicy::EqualProgress),
+        }
+        .map(|policy| Chunking {
+            policy,
+            unit: self.unit,
+        });
+        Config {
+            max_num_requests: self.max_num_requests,
+            max_num_tokens: self.max_num_tokens,
+            max_context_length: None,
+            chunking,
+            policy: if self.no_evict {
+                CapacityPolicy::GuaranteedNoEvict
+            } else {
+                CapacityPolicy::MaxUtilization
+            },
+            recompute_pause: self.recompute_pause,
+            prefix_aware: true,
+            window: Window::Decoder,
+            deadlock_threshold: self.deadlock_threshold,
+            blocked_fast_path: true,
+            admission: self.admission,
+            drain_after: 2,
+        }
+    }
+
+    /// The KV pool geometry.
+    pub fn pool(&self) -> KvPoolConfig {
+        KvPoolConfig {
+            tokens_per_block: self.tokens_per_block,
+            gpu_pages: self.gpu_pages,
+            host_pages: self.host_pages,
+            slots: N as u32,
+            max_blocks: self.max_blocks,
+        }
+    }
+
+    /// The KV pools' buffers.
+    pub fn memory(&self) -> Memory {
+        let one = || {
+            if self.prefix {
+                KvMemory::with_prefix_cache(self.pool())
+            } else {
+                KvMemory::new(self.pool())
+            }
+        };
+        let unified = self.peft.as_ref().is_some_and(|p| p.unified);
+        Memory {
+            target: if unified {
+                one().with_unified_adapters(T)
+            } else {
+                one()
+            },
+            draft: self.draft.map(|_| one()),
+            cross: self.cross.then(|| KvMemory::new(self.pool())),
+            store: (self.connector && self.prefix).then(|| {
+                let saves = vec![0; self.pool().table_len()];
+                (Store::default(), vec![ConnectorSlot::default(); N], saves)
+            }),
+        }
+    }
+
+    /// Most KV tokens one request may hold.
+    pub fn max_tokens(&self) -> u64 {
+        u64::from(self.max_blocks.min(self.gpu_pages)) * u64::from(self.tokens_per_block)
+    }
+
+    /// Most KV tokens one LoRA request may hold beside its adapter of `pages` pages (unified paging).
+    pub fn max_tokens_beside(&self, pages: u32) -> u64 {
+        let room = self.gpu_pages.saturating_sub(pages);
+        u64::from(self.max_blocks.min(room)) * u64::from(self.tokens_per_block)
+    }
+
+    /// Registered tasks.
+    pub fn tasks(&self) -> usize {
+        self.peft.as_ref().map_or(0, |p| p.task_pages.len())
+    }
+}
+
+/// Which backend call a fault refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `prepare_context` (no slot, or the resume of a suspended cache refused).
+    KvPrepare,
+    /// `resize_context` (allocation refused).
+    KvResize,
+    /// `try_allocate_generation` (allocation, or the resume through it, refused).
+    KvAllocate,
+    /// `add_request` of the adapter cache (host cache full: admission, resume or replay refused).
+    PeftAdd,
+    /// `pin_adapter` of a unified pool (no room for the adapter: the lease is refused).
+    KvPin,
+    /// A connector load fails (the request must recompute).
+    LoadFail,
+    /// A connector load never ends (the pool's timeout abandons it).
+    LoadHang,
+    /// A connector save never ends (its pages stay pinned until the pool's timeout).
+    SaveHang,
+}
+
+/// One operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Submit a new request (or, with `duplicate`, one reusing a live id, which must be refused).
+    Submit {
+        /// Prompt tokens.
+        prompt: u32,
+        /// Output tokens it produces before it finishes (the last context chunk produces the first).
+        out_len: u32,
+        /// Adapter index (may name an unregistered task).
+        lora: Option<u8>,
+        /// Draft tokens per step.
+        draft: u8,
+        /// FORCE_CHUNK snapshot points every this many tokens (0 = none).
+        snap_every: u8,
+        /// Reuse a live id.
+        duplicate: bool,
+        /// The prompt family whose leading blocks it shares (1-3: 2, 4 or 6 blocks), or none (no block
+        /// hashes).
+        family: Option<u8>,
+        /// A decoder request's encoder output, in tokens (0: none; ignored without a cross pool).
+        encoder: u8,
+    },
+    /// Run a scheduling pass (completing the previous one first, as an engine executes every batch).
+    Pass,
+    /// Complete the last pass's step: contexts advance, generations produce a token, recompute-paused
+    /// requests reset for replay, requests that produced their output finish.
+    Complete,
+    /// A generating request ends early (end of sequence).
+    Finish {
+        /// Which live request (modulo their number).
+        pick: u8,
+    },
+    /// Cancel any live request.
+    Cancel {
+        /// Which live request.
+        pick: u8,
+    },
+    /// Refuse the next `count` calls of `fault`.
+    Inject {
+        /// Which call.
+        fault: Fault,
+        /// How many.
+        count: u8,
+        /// Of which KV pool: 0 the target, 1 the draft, 2 the cross pool (absent pools: none).
+        pool: u8,
+    },
+    /// Toggle a request's in-flight mark.
+    Inflight {
+        /// Which live request.
+        pick: u8,
+    },
+    /// Toggle a request's pending connector load (it must then never be a victim).
+    Load {
+        /// Which live request.
+        pick: u8,
+    },
+    /// Change a request's per-step beam width and draft tokens.
+    Update {
+        /// Which live request.
+        pick: u8,
+        /// New beam width (0 must be refused).
+        beam: u8,
+        /// New draft tokens.
+        draft: u8,
+    },
+    /// Submit a request of disaggregated serving: context-only (it sends its KV when its prompt is
+    /// computed) or a generation request whose prompt's KV a transfer delivers.
+    Disagg {
+        /// Prompt tokens.
+        prompt: u32,
+        /// Output tokens (a received request's first came from the context engine).
+        out_len: u32,
+        /// Adapter index (may name an unregistered task).
+        lora: Option<u8>,
+        /// The generation side (`DISAGG_GENERATION_INIT`), else context-only.
+        generation: bool,
+    },
+    /// End a transfer in flight (a send or a receive), delivered or failed; on a request with none,
+    /// both ends must be refused and change nothing.
+    EndTransfer {
+        /// Which live request.
+        pick: u8,
+        /// Delivered, else failed.
+        delivered: bool,
+    },
+}
+
+/// Countdown fault schedule. The scheduler owns its backends and lends them out read-only, so the
+/// schedule is set through a shared reference (cells), as a test double's remote control.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Refusals left per [`Fault`] kind, in declaration order.
+    pub left: [Cell<u32>; 8],
+    /// Refusals injected so far.
+    pub injected: Cell<u64>,
+}
+
+impl Faults {
+    fn fire(&self, f: Fault) -> bool {
+        let n = &self.left[f as usize];
+        if n.get() == 0 {
+            return false;
+        }
+        n.set(n.get() - 1);
+        self.injected.set(self.injected.get() + 1);
+        true
+    }
+
+    /// Refuses the next `count` more calls of `f`.
+    pub fn inject(&self, f: Fault, count: u32) {
+        let n = &self.left[f as usize];
+        n.set(n.get() + count);
+    }
+
+    /// Refuses nothing more.
+    pub fn clear(&self) {
+        for n in &self.left {
+            n.set(0);
+        }
+    }
+}
+
+/// The KV pool behind a fault schedule. Refusals honour the backend contract: nothing changes, except
+/// that a refused first-chunk resize leaves the cache inactive (as the pool itself does).
+#[derive(Debug)]
+pub struct FaultKv<'a> {
+    /// The pool.
+    pub inner: KvPool<'a>,
+    /// The schedule.
+    pub faults: Faults,
+}
+
+impl KvBackend for FaultKv<'_> {
+    fn tier_below_gpu(&self) -> bool {
+        self.inner.tier_below_gpu()
+    }
+    fn can_evict(&self) -> bool {
+        self.inner.can_evict()
+    }
+    fn has_cache(&self, r: KvRef) -> bool {
+        self.inner.has_cache(r)
+    }
+    fn is_active(&self, r: KvRef) -> bool {
+        self.inner.is_active(r)
+    }
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        if self.faults.fire(Fault::KvPrepare) {
+            return None;
+        }
+        self.inner.prepare_context(r, prep)
+    }
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
+        if self.faults.fire(Fault::KvResize) {
+            if first_chunk {
+                self.inner.suspend(r);
+            }
+            return false;
+        }
+        self.inner.resize_context(r, capacity, first_chunk)
+    }
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+        if self.faults.fire(Fault::KvAllocate) {
+            return false;
+        }
+        self.inner.try_allocate_generation(r, grow)
+    }
+    fn revert_allocate_generation(&mut self, r: KvRef) {
+        self.inner.revert_allocate_generation(r);
+    }
+    fn suspend(&mut self, r: KvRef) {
+        self.inner.suspend(r);
+    }
+    fn free(&mut self, r: KvRef) {
+        self.inner.free(r);
+    }
+    fn preempt(&mut self, r: KvRef) {
+        self.inner.preempt(r);
+    }
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        self.inner.prepare_disagg_gen_init(r, capacity)
+    }
+    fn max_tokens_per_request(&self) -> u64 {
+        self.inner.max_tokens_per_request()
+    }
+    fn take_moves(&mut self) -> &[kvsched_core::kv::PageMove] {
+        self.inner.take_moves()
+    }
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        self.inner.set_prefix(r, root, hashes);
+    }
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        self.inner.commit(r, computed);
+    }
+    fn prefix_skip(&self) -> bool {
+        self.inner.prefix_skip()
+    }
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        self.inner.probe_first_new_block(r, prep)
+    }
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        self.inner.probe_context_reuse(r, prep)
+    }
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        self.inner.revert_allocate_context(r)
+    }
+    fn admit_mirror(&mut self, r: KvRef) -> bool {
+        if self.faults.fire(Fault::KvAllocate) {
+            return false;
+        }
+        self.inner.admit_mirror(r)
+    }
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        self.inner.resume_blocked(r)
+    }
+    fn pages_adapters(&self) -> bool {
+        self.inner.pages_adapters()
+    }
+    fn has_connector(&self) -> bool {
+        self.inner.has_connector()
+    }
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, kvsched_core::kv::LoadChange)) {
+        self.inner.take_load_changes(f);
+    }
+    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
+        self.inner.max_tokens_beside_adapter(pages)
+    }
+    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+        self.inner.can_pin_adapter(task, pages)
+    }
+    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+        if self.inner.pages_adapters() && self.faults.fire(Fault::KvPin) {
+            return false;
+        }
+        self.inner.pin_adapter(who, task, pages)
+    }
+    fn unpin_adapter(&mut self, task: u16) {
+        self.inner.unpin_adapter(task);
+    }
+    fn drop_adapter(&mut self, task: u16) {
+        self.inner.drop_adapter(task);
+    }
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        KvBackend::take_adapter_placements(&mut self.inner, f);
+    }
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        KvBackend::take_adapter_evictions(&mut self.inner, f);
+    }
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        self.inner.adapter_pins(task)
+    }
+}
+
+/// The adapter cache (or none) behind a fault schedule. `ensure_batch` is never refused: that it always
+/// succeeds for a scheduled batch is one of the invariants under test.
+#[derive(Debug, Clone)]
+pub struct FaultPeft {
+    /// The cache; `None` behaves like [`kvsched_core::NoPeft`].
+    pub inner: Option<AdapterPool<T>>,
+    /// The schedule.
+    pub faults: Faults,
+}
+
+impl PeftBackend for FaultPeft {
+    fn max_device_pages(&self) -> u32 {
+        self.inner
+            .as_ref()
+            .map_or(u32::MAX, |p| p.max_device_pages())
+    }
+    fn lookup(&self, task: TaskId) -> Option<TaskRef> {
+        self.inner.as_ref()?.lookup(task)
+    }
+    fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
+        self.inner
+            .as_mut()
+            .map_or(0, |p| p.determine_num_pages(req, task))
+    }
+    fn pages_of(&self, task: TaskRef) -> u32 {
+        self.inner.as_ref().map_or(0, |p| p.pages_of(task))
+    }
+    fn can_admit(&self, task: TaskRef) -> bool {
+        self.inner.as_ref().is_none_or(|p| p.can_admit(task))
+    }
+    fn add_request(
+        &mut self,
+        req: RequestId,
+        task: TaskRef,
+        from_pause: bool,
+    ) -> Result<(), PeftError> {
+        if self.faults.fire(Fault::PeftAdd) {
+            return Err(PeftError::HostCacheFull(task.id));
+        }
+        match self.inner.as_mut() {
+            Some(p) => p.add_request(req, task, from_pause),
+            None => Ok(()),
+        }
+    }
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+        if let Some(p) = self.inner.as_mut() {
+            p.mark_request_done(req, task, pause, held);
+        }
+    }
+    fn ensure_batch(
+        &mut self,
+        tasks: &[TaskRef],
+        load: &mut dyn FnMut(TaskRef),
+    ) -> Result<(), PeftError> {
+        match self.inner.as_mut() {
+            Some(p) => p.ensure_batch(tasks, load),
+            None => Ok(()),
+        }
+    }
+    fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
+        if let Some(p) = self.inner.as_mut() {
+            p.take_device_evictions(evicted);
+        }
+    }
+    fn take_host_changes(&mut self, changed: &mut dyn FnMut(TaskRef, HostChange)) {
+        if let Some(p) = self.inner.as_mut() {
+            p.take_host_changes(changed);
+        }
+    }
+}
+
+/// A listed request with its chunk tokens and last-chunk flag (0 and false outside the context list).
+type Row = (Listed, u32, bool);
+
+/// What a pass's batch adds up to, as the listed requests are checked.
+#[derive(Default)]
+struct Batch {
+    /// Tokens the step computes.
+    tokens: u64,
+    /// Drafts of last chunks (they may overdraw the budget).
+    drafts: u64,
+    /// The distinct adapters the batch (and the prepared disaggregated requests) use.
+    tasks: Vec<TaskRef>,
+}
+
+/// Every list of an output as (entry, chunk tokens, last chunk).
+fn output_lists(o: &SchedulerOutput<N>) -> [(&'static str, Vec<Row>); 6] {
+    let plain = |l: &[Listed]| l.iter().map(|&x| (x, 0, false)).collect::<Vec<_>>();
+    [
+        (
+            "context",
+            o.context()
+                .iter()
+                .map(|c| (c.listed, c.tokens, c.last))
+                .collect(),
+        ),
+        ("generation", plain(o.generation())),
+        ("encoder", plain(o.encoder())),
+        ("paused", plain(o.paused())),
+        ("recompute_paused", plain(o.recompute_paused())),
+        ("disagg", plain(o.disagg())),
+    ]
+}
+
+/// No request in two lists (nor twice in one); every resumed request is scheduled.
+fn listed_once(o: &SchedulerOutput<N>, lists: &[(&str, Vec<Row>); 6]) -> Result<(), Violation> {
+    let mut seen = BTreeSet::new();
+    for (name, list) in lists {
+        for (l, _, _) in list {
+            if !seen.insert(l.handle()) {
+                return Err(format!("slot {} listed twice (again in {name})", l.slot()).into());
+            }
+        }
+    }
+    let batch: BTreeSet<Handle> = lists[0]
+        .1
+        .iter()
+        .chain(lists[1].1.iter())
+        .map(|x| x.0.handle())
+        .collect();
+    for r in o.resumed() {
+        if !batch.contains(&r.handle()) {
+            return Err(format!("resumed slot {} is not scheduled", r.slot()).into());
+        }
+    }
+    Ok(())
+}
+
+/// A listed request's ownership agrees with its list (`name`) and with the resumed list; a pending
+/// connector load keeps it off the victim lists (spec §1.15).
+fn entry_state(
+    name: &str,
+    o: &SchedulerOutput<N>,
+    l: Listed,
+    own: Ownership,
+    pending_load: bool,
+    spec: &RequestSpec,
+) -> Result<(), Violation> {
+    let id = spec.id.0;
+    let ok = match name {
+        "context" | "generation" => own.on_gpu(),
+        "paused" => own == Ownership::Paused,
+        "recompute_paused" => own == Ownership::Recompute,
+        "disagg" => own.on_gpu() && spec.phase == Phase::DisaggGenerationInit,
+        _ => true,
+    };
+    if !ok {
+        return Err(format!("{name}: request {id} is {own:?}").into());
+    }
+    if pending_load && matches!(name, "paused" | "recompute_paused") {
+        return Err(format!("{name}: request {id} has a connector load pending").into());
+    }
+    let resumed = o.resumed().iter().any(|r| r.handle() == l.handle());
+    if resumed != (own == Ownership::Resumed) {
+        return Err(format!("{name}: request {id} is {own:?}, listed resumed: {resumed}").into());
+    }
+    Ok(())
+}
+
+/// A scheduled entry's tokens (a context chunk's also checked against its prompt) added to `batch`.
+fn entry_tokens(
+    name: &str,
+    spec: &RequestSpec,
+    chunk: u32,
+    last: bool,
+    batch: &mut Batch,
+) -> Result<(), Violation> {
+    let id = spec.id.0;
+    match name {
+        "generation" => batch.tokens += u64::from(spec.beam + spec.draft),
+        "context" => {
+            batch.tokens += u64::from(chunk);
+            if last {
+                batch.tokens += u64::from(spec.draft);
+                batch.drafts += u64::from(spec.draft);
+            }
+            if chunk == 0 || spec.position + chunk > spec.prompt {
+                return Err(format!(
+                    "context chunk {chunk} of request {id} at {}/{}",
+                    spec.position, spec.prompt
+                )
+                .into());
+            }
+            if last != (spec.position + chunk == spec.prompt) {
+                return Err(format!("context chunk of request {id}: last flag wrong").into());
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A request's caches: the target pool, and the draft and cross pools when the setup has them, each
+/// behind its own fault schedule.
+pub type Kv<'a> = KvSet<FaultKv<'a>, FaultKv<'a>, FaultKv<'a>>;
+
+/// The scheduler under test.
+pub type Sched<'a> = Scheduler<Kv<'a>, FaultPeft, N, T>;
+
+/// The model of one live request.
+#[derive(Debug, Clone)]
+struct Live {
+    handle: Handle,
+    id: u64,
+    prompt: u32,
+    out_len: u32,
+    produced: u32,
+    // Decode steps scheduled since the last (re)admission: the KV must hold prompt + this many tokens.
+    steps: u32,
+    phase: Phase,
+    position: u32,
+    inflight: bool,
+    /// A connector load into its pages is pending.
+    loading: bool,
+    /// Context-only (disaggregated serving): it sends its KV when its prompt is computed.
+    context_only: bool,
+}
+
+/// Counters of what a run exercised.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Passes run.
+    pub passes: u64,
+    /// Passes that failed with `Error::Deadlock`.
+    pub deadlocks: u64,
+    /// Requests admitted.
+    pub submitted: u64,
+    /// Submissions refused (as the model predicted).
+    pub refused: u64,
+    /// Requests that produced their whole output.
+    pub finished: u64,
+    /// Requests cancelled or ended early.
+    pub removed: u64,
+    /// Ordinary suspensions seen in outputs.
+    pub paused: u64,
+    /// Recompute pauses and preemptions seen.
+    pub recomputed: u64,
+    /// Resumes seen.
+    pub resumed: u64,
+    /// Context chunks and generation steps scheduled.
+    pub scheduled: u64,
+    /// Prompt tokens first chunks reused from the prefix cache.
+    pub reused: u64,
+    /// Transfers ended (sends and receives, delivered or failed).
+    pub transfers: u64,
+}
+
+/// How [`Harness::run_to_completion`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// Every request finished, after this many passes.
+    Finished(u64),
+    /// A pass failed with `Error::Deadlock`, after this many passes.
+    Deadlock(u64),
+}
+
+/// Scheduler + model.
+pub struct Harness<'a> {
+    /// The configuration.
+    pub setup: Setup,
+    /// The scheduler.
+    pub sched: Sched<'a>,
+    /// The last pass's output.
+    pub out: SchedulerOutput<N>,
+    out_pending: bool,
+    live: Vec<Live>,
+    finished: BTreeSet<u64>,
+    removed: BTreeSet<u64>,
+    next_id: u64,
+    /// Counters.
+    pub stats: Stats,
+    /// The adapter host copies a binding following `take_adapter_host_changes` holds, by task slot.
+    host_copies: BTreeSet<u16>,
+    /// The connector store's fault schedule (with a connector).
+    pub store_faults: Option<std::rc::Rc<Faults>>,
+}
+
+fn pick<T>(v: &[T], p: u8) -> Option<usize> {
+    (!v.is_empty()).then(|| p as usize % v.len())
+}
+
+/// Every KV pool of the scheduler's backend, with its role.
+pub fn pools<'s, 'a>(s: &'s Sched<'a>) -> impl Iterator<Item = (&'static str, &'s FaultKv<'a>)> {
+    let kv = s.kv();
+    std::iter::once(("target", kv.target()))
+        .chain(kv.draft().map(|(_, d)| ("draft", d)))
+        .chain(kv.cross().map(|x| ("cross", x)))
+}
+
+/// A combined fingerprint of the scheduler, its KV pools and its adapter cache.
+pub fn fingerprint(s: &Sched<'_>) -> (u64, Vec<(u64, Faults)>, Option<AdapterPool<T>>, Faults) {
+    (
+        s.fingerprint(),
+        pools(s)
+            .map(|(_, p)| (p.inner.fingerprint(), p.faults.clone()))
+            .collect(),
+        s.adapters().backend().inner.clone(),
+        s.adapters().backend().faults.clone(),
+    )
+}
+
+impl<'a> Harness<'a> {
+    /// A harness over `mem` (from `setup.memory()`).
+    pub fn new(setup: Setup, mem: &'a mut Memory) -> Result<Self, Violation> {
+        let faulty = |m: &'a mut KvMemory| -> Result<FaultKv<'a>, Violation> {
+            Ok(FaultKv {
+                inner: m.pool().map_err(|e| format!("pool: {e}"))?,
+                faults: Faults::default(),
+            })
+        };
+        let mut target = faulty(&mut mem.target)?;
+        let store_faults = match mem.store.as_mut() {
+            Some((store, slots, saves)) => {
+                let faults = store.faults.clone();
+                target
+                    .inner
+                    .attach_connector(store, slots, saves, LOAD_TIMEOUT)
+                    .map_err(|e| format!("connector: {e}"))?;
+                Some(faults)
+            }
+            None => None,
+        };
+        let draft = match (setup.draft, mem.draft.as_mut()) {
+            (Some(mode), Some(m)) => Some((mode, faulty(m)?)),
+            _ => None,
+        };
+        let cross = match mem.cross.as_mut() {
+            Some(m) => Some(faulty(m)?),
+            None => None,
+        };
+        let peft = match &setup.peft {
+            None => None,
+            Some(p) => {
+                let cache = if p.unified {
+                    AdapterPool::<T>::unified(setup.gpu_pages, p.host_pages)
+                } else {
+                    AdapterPool::<T>::new(p.device_pages, p.host_pages)
+                };
+                let mut cache = cache.map_err(|e| format!("adapter pool: {e}"))?;
+                for (i, &pages) in p.task_pages.iter().enumerate() {
+                    cache
+                        .register(TaskId(task_id(i as u8)), pages)
+                        .map_err(|e| format!("register: {e}"))?;
+                }
+                Some(cache)
+            }
+        };
+        let sched = Scheduler::new(
+            setup.config(),
+            KvSet::with_pools(target, draft, cross),
+            FaultPeft {
+                inner: peft,
+                faults: Faults::default(),
+            },
+        )
+        .map_err(|e| format!("scheduler: {e}"))?;
+        Ok(Self {
+            setup,
+            sched,
+            out: SchedulerOutput::new(),
+            out_pending: false,
+            live: Vec::new(),
+            finished: BTreeSet::new(),
+            removed: BTreeSet::new(),
+            next_id: 1,
+            stats: Stats::default(),
+            host_copies: BTreeSet::new(),
+            store_faults,
+        })
+    }
+
+    /// Live requests (model).
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Applies one operation and checks every invariant.
+    pub fn apply(&mut self, op: &Op) -> Result<(), Violation> {
+        match *op {
+            Op::Submit {
+                prompt,
+                out_len,
+                lora,
+                draft,
+                snap_every,
+                duplicate,
+                family,
+                encoder,
+            } => {
+                let encoder = if self.setup.cross {
+                    u32::from(encoder)
+                } else {
+                    0
+                };
+                let shape = (prompt, out_len, lora, draft, snap_every);
+                self.submit(shape, duplicate, family, encoder, None)?
+            }
+            Op::Disagg {
+                prompt,
+                out_len,
+                lora,
+                generation,
+            } => {
+                let shape = (prompt, out_len, lora, 0, 0);
+                self.submit(shape, false, Some(1), 0, Some(generation))?
+            }
+            Op::EndTransfer { pick: p, delivered } => {
+                if let Some(i) = pick(&self.live, p) {
+                    self.end_transfer(i, delivered)?;
+                }
+            }
+            Op::Pass => self.pass()?,
+            Op::Complete => self.complete()?,
+            Op::Finish { pick: p } => {
+                let generating: Vec<usize> = (0..self.live.len())
+                    .filter(|&i| self.live[i].phase.is_generation())
+                    .collect();
+                if let Some(k) = pick(&generating, p) {
+                    self.remove(generating[k], false)?;
+                }
+            }
+            Op::Cancel { pick: p } => {
+                if let Some(i) = pick(&self.live, p) {
+                    self.remove(i, false)?;
+                }
+            }
+            Op::Inject { fault, count, pool } => {
+                let kv = self.sched.kv();
+                let faults = match (fault, pool % 3) {
+                    (Fault::PeftAdd, _) => Some(&self.sched.adapters().backend().faults),
+                    (Fault::KvPin, _) => Some(&kv.target().faults),
+                    (Fault::LoadFail | Fault::LoadHang | Fault::SaveHang, _) => {
+                        self.store_faults.as_deref()
+                    }
+                    (_, 1) => kv.draft().map(|(_, d)| &d.faults),
+                    (_, 2) => kv.cross().map(|x| &x.faults),
+                    _ => Some(&kv.target().faults),
+                };
+                if let Some(f) = faults {
+                    f.inject(fault, u32::from(count));
+                }
+            }
+            Op::Inflight { pick: p } => {
+                if let Some(i) = pick(&self.live, p) {
+                    let l = &mut self.live[i];
+                    l.inflight = !l.inflight;
+                    self.sched
+                        .set_inflight(l.handle, l.inflight)
+                        .map_err(|e| format!("set_inflight: {e}"))?;
+                }
+            }
+            Op::Load { pick: p } => {
+                if let Some(i) = pick(&self.live, p) {
+                    let l = &mut self.live[i];
+                    l.loading = !l.loading;
+                    self.sched
+                        .set_pending_load(l.handle, l.loading)
+                        .map_err(|e| format!("set_pending_load: {e}"))?;
+                }
+            }
+            Op::Update {
+                pick: p,
+                beam,
+                draft,
+            } => {
+                if let Some(i) = pick(&self.live, p) {
+                    self.update(i, beam, draft)?;
+                }
+            }
+        }
+        self.check()
+    }
+
+    fn spec(
+        &self,
+        prompt: u32,
+        out_len: u32,
+        lora: Option<u8>,
+        draft: u8,
+        snap: u8,
+    ) -> RequestSpec {
+        let mut s = RequestSpec::new(self.next_id, Phase::ContextInit, prompt);
+        s.lora = lora.map(|i| TaskId(task_id(i)));
+        // Clients and classes for the admission policies: every third request has a tenant of its own.
+        s.tenant = (self.next_id % 3 == 0).then_some((self.next_id % 5) as u32);
+        s.priority = (self.next_id % 4) as u8;
+        s.arrival = self.next_id * 10;
+        s.draft = u32::from(draft);
+        // Enough KV for the whole output: every decode step grows the cache by 1 + drafts.
+        s.max_new_tokens = out_len * (1 + u32::from(draft));
+        if snap > 0 {
+            let mut p = u32::from(snap);
+            while p < prompt && s.snapshots.push(p).is_ok() {
+                p += u32::from(snap);
+            }
+        }
+        s
+    }
+
+    /// The refusal the model predicts for a submission, if any.
+    fn predict(&self, s: &RequestSpec) -> Option<Error> {
+        if self.live.iter().any(|l| l.id == s.id.0) {
+            return Some(Error::DuplicateId(s.id));
+        }
+        let tokens = u64::from(s.prompt) + u64::from(s.max_new_tokens) + u64::from(s.draft);
+        if tokens > self.setup.max_tokens() {
+            return Some(Error::RequestTooLarge {
+                id: s.id,
+                tokens,
+                limit: self.setup.max_tokens(),
+            });
+        }
+        if self.setup.cross && u64::from(s.encoder_len) > self.setup.max_tokens() {
+            return Some(Error::RequestTooLarge {
+                id: s.id,
+                tokens: u64::from(s.encoder_len),
+                limit: self.setup.max_tokens(),
+            });
+        }
+        if let (Some(t), Some(p)) = (s.lora, &self.setup.peft) {
+            let i = (t.0 - task_id(0)) as usize;
+            if i >= self.setup.tasks() {
+                return Some(Error::Peft(PeftError::UnknownTask(t)));
+            }
+            let limit = self.setup.max_tokens_beside(p.task_pages[i]);
+            if p.unified && tokens > limit {
+                return Some(Error::RequestTooLarge {
+                    id: s.id,
+                    tokens,
+                    limit,
+                });
+            }
+        }
+        if self.live.len() == N {
+            return Some(Error::CapacityExhausted {
+                what: "request table",
+                capacity: N as u32,
+            });
+        }
+        None
+    }
+
+    /// The block hashes of a prompt of `family`: its leading blocks the family's, the rest the request's.
+    fn hashes(&self, id: u64, prompt: u32, family: Option<u8>) -> Vec<u64> {
+        let Some(f) = family.filter(|_| self.setup.prefix) else {
+            return Vec::new();
+        };
+        let f = u64::from(f % 3 + 1);
+        let full = u64::from(prompt / self.setup.tokens_per_block);
+        (0..full)
+            .map(|k| {
+                if k < 2 * f {
+                    f * 1000 + k
+                } else {
+                    (id + 1) * 1_000_000 + k
+                }
+            })
+            .collect()
+    }
+
+    /// A scheduled context chunk at `position`: a first chunk (the model at 0) may start past a reused
+    /// prefix — whole blocks, never the last token nor the draft lookahead, and only with a prefix cache.
+    fn reused(
+        live: &mut [Live],
+        setup: &Setup,
+        stats: &mut Stats,
+        (id, position, draft): (u64, u32, u32),
+    ) -> Result<(), Violation> {
+        let tpb = setup.tokens_per_block;
+        let prefix = setup.prefix;
+        let m = live
+            .iter_mut()
+            .find(|m| m.id == id)
+            .ok_or(format!("context: {id} not in the model"))?;
+        if m.position == position {
+            return Ok(());
+        }
+        let limit = m.prompt.saturating_sub(1 + draft) / tpb * tpb;
+        if m.position != 0 || !prefix || position % tpb != 0 || position > limit {
+            return Err(format!(
+                "context: request {id} scheduled at {position}, model at {} (prompt {}, reuse limit {limit})",
+                m.position, m.prompt
+            ).into());
+        }
+        m.position = position;
+        stats.reused += u64::from(position);
+        Ok(())
+    }
+
+    /// Submits a request; `disagg` makes it one of disaggregated serving: `Some(true)` a generation
+    /// request whose KV a transfer delivers, `Some(false)` a context-only one.
+    fn submit(
+        &mut self,
+        (prompt, out_len, lora, draft, snap): (u32, u32, Option<u8>, u8, u8),
+        duplicate: bool,
+        family: Option<u8>,
+        encoder: u32,
+        disagg: Option<bool>,
+    ) -> Result<(), Violation> {
+        let mut s = self.spec(prompt.max(1), out_len.max(1), lora, draft, snap);
+        s.encoder_len = encoder;
+        match disagg {
+            Some(true) => s.phase = Phase::DisaggGenerationInit,
+            Some(false) => s.context_only = true,
+            None => {}
+        }
+        if duplicate {
+            match self.live.first() {
+                Some(l) => s.id = RequestId(l.id),
+                None => return Ok(()),
+            }
+        }
+        let expected = self.predict(&s);
+        let before = fingerprint(&self.sched);
+        let hashes = self.hashes(s.id.0, s.prompt, family);
+        match (
+            self.sched.submit_with_prefix(s.clone(), 0, &hashes),
+            expected,
+        ) {
+            (Ok(h), None) => {
+                self.next_id += 1;
+                self.stats.submitted += 1;
+                self.live.push(Live {
+                    handle: h,
+                    id: s.id.0,
+                    prompt: s.prompt,
+                    out_len: out_len.max(1),
+                    produced: 0,
+                    steps: 0,
+                    phase: s.phase,
+                    position: 0,
+                    inflight: false,
+                    loading: false,
+                    context_only: s.context_only,
+                });
+                Ok(())
+            }
+            (Err(e), Some(x)) if e == x => {
+                if !duplicate {
+                    self.next_id += 1;
+                }
+                self.stats.refused += 1;
+                if fingerprint(&self.sched) != before {
+                    return Err(format!("refused submit ({e}) changed the state").into());
+                }
+                Ok(())
+            }
+            (got, want) => Err(format!(
+                "submit {s:?}: got {:?}, model expected {want:?}",
+                got.map(|_| ())
+            )
+            .into()),
+        }
+    }
+
+    fn update(&mut self, i: usize, beam: u8, draft: u8) -> Result<(), Violation> {
+        let h = self.live[i].handle;
+        let before = fingerprint(&self.sched);
+        let (prompt, max_new) = {
+            let sp = self.sched.get(h).map_err(|e| format!("get: {e}"))?.spec();
+            (sp.prompt, sp.max_new_tokens)
+        };
+        let too_large =
+            u64::from(prompt) + u64::from(max_new) + u64::from(draft) > self.setup.max_tokens();
+        let r = self.sched.update(h, |s| {
+            s.beam = u32::from(beam);
+            s.draft = u32::from(draft);
+        });
+        let sending = self.live[i].phase == Phase::DisaggContextTransInProgress;
+        let refused = match (&r, beam, too_large) {
+            // A sending request cannot change until its send ends.
+            (Err(Error::Invalid(_)), _, _) if sending => true,
+            _ if sending => return Err(format!("update of a sending request: {r:?}").into()),
+            (Err(Error::Invalid(_)), 0, _) => true,
+            (Err(Error::RequestTooLarge { .. }), 1.., true) => true,
+            (Ok(()), 1.., false) => false,
+            _ => return Err(format!("update beam {beam} draft {draft}: {r:?}").into()),
+        };
+        if refused && fingerprint(&self.sched) != before {
+            return Err("refused update changed the state".into());
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, i: usize, finished: bool) -> Result<(), Violation> {
+        let l = self.live.remove(i);
+        let slot = l.handle.index();
+        let spec = self
+            .sched
+            .remove(l.handle)
+            .map_err(|e| format!("remove {}: {e}", l.id))?;
+        if spec.id.0 != l.id {
+            return Err(format!("remove {} returned request {}", l.id, spec.id.0).into());
+        }
+        if self.sched.get(l.handle).is_ok() {
+            return Err(format!("handle of removed request {} still resolves", l.id).into());
+        }
+        if self.sched.remove(l.handle).err() != Some(Error::StaleHandle) {
+            return Err(format!("second remove of {} was not StaleHandle", l.id).into());
+        }
+        if self.sched.kv().target().inner.seq(slot).state != SeqState::None {
+            return Err(format!("removed request {} left KV in slot {slot}", l.id).into());
+        }
+        if finished {
+            self.finished.insert(l.id);
+            self.stats.finished += 1;
+        } else {
+            self.removed.insert(l.id);
+            self.stats.removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends request `i`'s transfer: a send removes it and frees its pages; a delivered receive leaves it
+    /// ready to decode (its first token came from the context engine), a failed one replays its prefill.
+    /// On a request with no transfer in flight both ends are refused, changing nothing.
+    fn end_transfer(&mut self, i: usize, delivered: bool) -> Result<(), Violation> {
+        let how = if delivered {
+            TransferEnd::Delivered
+        } else {
+            TransferEnd::Failed
+        };
+        let l = self.live[i].clone();
+        let before = fingerprint(&self.sched);
+        match l.phase {
+            Phase::DisaggContextTransInProgress => {
+                if self.sched.end_receive(l.handle, how).is_ok() {
+                    return Err(format!("end_receive of sending request {}", l.id).into());
+                }
+                let spec = self
+                    .sched
+                    .end_send(l.handle, how)
+                    .map_err(|e| format!("end_send {}: {e}", l.id))?;
+                if spec.id.0 != l.id || self.sched.get(l.handle).is_ok() {
+                    return Err(format!("end_send {}: not removed", l.id).into());
+                }
+                if self.sched.kv().target().inner.seq(l.handle.index()).state != SeqState::None {
+                    return Err(format!("sent request {} left KV behind", l.id).into());
+                }
+                self.live.remove(i);
+                self.finished.insert(l.id);
+                self.stats.finished += 1;
+            }
+            Phase::DisaggGenerationTransInProgress => {
+                if self.sched.end_send(l.handle, how).is_ok() {
+                    return Err(format!("end_send of receiving request {}", l.id).into());
+                }
+                self.sched
+                    .end_receive(l.handle, how)
+                    .map_err(|e| format!("end_receive {}: {e}", l.id))?;
+                let m = &mut self.live[i];
+                if delivered {
+                    (m.phase, m.position, m.produced) =
+                        (Phase::DisaggGenerationTransComplete, m.prompt, 1);
+                } else {
+                    (m.phase, m.position, m.produced) = (Phase::ContextInit, 0, 0);
+                }
+                m.steps = 0;
+            }
+            _ => {
+                let send = self.sched.end_send(l.handle, how);
+                let receive = self.sched.end_receive(l.handle, how);
+                if !matches!(
+                    (send, receive),
+                    (Err(Error::Invalid(_)), Err(Error::Invalid(_)))
+                ) {
+                    return Err(format!(
+                        "a transfer end accepted for request {} ({:?})",
+                        l.id, l.phase
+                    )
+                    .into());
+                }
+                if fingerprint(&self.sched) != before {
+                    return Err("a refused transfer end changed the state".into());
+                }
+                return Ok(());
+            }
+        }
+        self.stats.transfers += 1;
+        Ok(())
+    }
+
+    /// Ends every transfer in flight, delivered (the engine's transceiver finishing its work).
+    fn end_transfers(&mut self) -> Result<(), Violation> {
+        let in_flight = |p: Phase| {
+            matches!(
+                p,
+                Phase::DisaggContextTransInProgress | Phase::DisaggGenerationTransInProgress
+            )
+        };
+        while let Some(i) = self.live.iter().position(|l| in_flight(l.phase)) {
+            self.end_transfer(i, true)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one pass (completing the previous step first).
+    pub fn pass(&mut self) -> Result<(), Violation> {
+        if self.out_pending {
+            self.complete()?;
+        }
+        let stall_before = self.sched.stall_count();
+        let res = self.sched.schedule(&mut self.out);
+        self.stats.passes += 1;
+        match res {
+            Ok(()) => {
+                self.sched
+                    .ensure_batch(&mut self.out)
+                    .map_err(|e| format!("ensure_batch failed for a scheduled batch: {e}"))?;
+                // A request recompute-paused for a failed connector load has its pending-load mark
+                // cleared (the load ended); no other victim carries one.
+                for l in self.out.recompute_paused() {
+                    let id = self.sched.get(l.handle()).map(|e| e.spec().id.0);
+                    if let Some(m) = self.live.iter_mut().find(|m| Ok(m.id) == id) {
+                        m.loading = false;
+                    }
+                }
+                self.check_output()?;
+                self.out_pending = true;
+                Ok(())
+            }
+            Err(Error::Deadlock { stalled, .. }) => {
+                self.stats.deadlocks += 1;
+                if self.live.is_empty() {
+                    return Err("deadlock reported on an idle pass".into());
+                }
+                if stalled < self.setup.deadlock_threshold
+                    || stalled != stall_before + 1
+                    || stalled != self.sched.stall_count()
+                {
+                    return Err(format!(
+                        "deadlock after {stalled} stalled passes (threshold {}, stall count before {stall_before})",
+                        self.setup.deadlock_threshold
+                    ).into());
+                }
+                let o = &self.out;
+                if o.num_fitting()
+                    + o.paused().len()
+                    + o.recompute_paused().len()
+                    + o.disagg().len()
+                    > 0
+                {
+                    return Err("deadlock reported on a pass that made progress".into());
+                }
+                Ok(())
+            }
+            Err(e) => Err(format!("schedule: {e}").into()),
+        }
+    }
+
+    /// Completes the last pass's step.
+    pub fn complete(&mut self) -> Result<(), Violation> {
+        if !self.out_pending {
+            return Ok(());
+        }
+        self.out_pending = false;
+        // The engine hands the page moves to the copy engine (settling the resumed requests), runs the
+        // step and completes it.
+        let _ = self.sched.take_moves();
+        let _ = self.sched.take_pool_moves(Pool::Draft);
+        let _ = self.sched.take_pool_moves(Pool::Cross);
+        self.follow_host_copies()?;
+        let s = &self.sched;
+        let id = |l: &Listed| s.get(l.handle()).ok().map(|e| e.spec().id.0);
+        let context: Vec<(Option<u64>, u32)> = self
+            .out
+            .context()
+            .iter()
+            .map(|c| (id(&c.listed), c.tokens))
+            .collect();
+        let generation: Vec<Option<u64>> = self.out.generation().iter().map(id).collect();
+        let disagg: Vec<Option<u64>> = self.out.disagg().iter().map(id).collect();
+        let recomputed: Vec<Option<u64>> = self.out.recompute_paused().iter().map(id).collect();
+        self.sched
+            .complete_step(&self.out)
+            .map_err(|e| format!("complete_step: {e}"))?;
+        for (cid, tokens) in context {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == cid) {
+                l.position = (l.position + tokens).min(l.prompt);
+                if l.position >= l.prompt && l.context_only {
+                    // It sends its KV (and its first token) to a generation engine.
+                    l.phase = Phase::DisaggContextTransInProgress;
+                } else if l.position >= l.prompt {
+                    l.phase = Phase::GenerationInProgress;
+                    // The last context chunk produces the first token.
+                    l.produced += 1;
+                }
+            }
+        }
+        for gid in generation {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == gid) {
+                l.produced += 1;
+                if l.phase == Phase::DisaggGenerationTransComplete {
+                    l.phase = Phase::GenerationInProgress;
+                }
+            }
+        }
+        // The transceiver starts the receives into the pages the pass prepared.
+        for did in disagg {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == did) {
+                self.sched
+                    .start_receive(l.handle)
+                    .map_err(|e| format!("start_receive {}: {e}", l.id))?;
+                l.phase = Phase::DisaggGenerationTransInProgress;
+            }
+        }
+        for rid in recomputed {
+            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == rid) {
+                l.phase = Phase::ContextInit;
+                l.position = 0;
+                l.steps = 0;
+            }
+        }
+        while let Some(i) = self
+            .live
+            .iter()
+            .position(|l| l.phase.is_generation() && l.produced >= l.out_len)
+        {
+            self.remove(i, true)?;
+        }
+        Ok(())
+    }
+
+    /// Passes and completions until every request finished ([`Done::Finished`]) or a pass reports
+    /// `Error::Deadlock` ([`Done::Deadlock`]); more than `max_passes` passes is an error (a livelock).
+    pub fn run_to_completion(&mut self, max_passes: u64) -> Result<Done, Violation> {
+        let start = self.stats.passes;
+        let deadlocks = self.stats.deadlocks;
+        while !self.live.is_empty() {
+            if self.stats.passes - start >= max_passes {
+                return Err(format!(
+                    "{} requests still live after {max_passes} passes: {:?}",
+                    self.live.len(),
+                    self.live
+                )
+                .into());
+            }
+            self.pass()?;
+            self.check()?;
+            if self.stats.deadlocks > deadlocks {
+                return Ok(Done::Deadlock(self.stats.passes - start));
+            }
+            self.complete()?;
+            self.end_transfers()?;
+            self.check()?;
+        }
+        Ok(Done::Finished(self.stats.passes - start))
+    }
+
+    /// Checks one pass's output (right after `schedule` and `ensure_batch`).
+    fn check_output(&mut self) -> Result<(), Violation> {
+        let o = &self.out;
+        self.stats.scheduled += (o.context().len() + o.generation().len()) as u64;
+        self.stats.paused += o.paused().len() as u64;
+        self.stats.recomputed += o.recompute_paused().len() as u64;
+        self.stats.resumed += o.resumed().len() as u64;
+        let lists = output_lists(o);
+        listed_once(o, &lists)?;
+        // Every listed request is live, named by its handle, and in the state its list says.
+        let mut batch = Batch::default();
+        for (name, list) in &lists {
+            for &row in list {
+                self.check_entry(name, row, &mut batch)?;
+            }
+        }
+        self.check_budgets(&batch)?;
+        self.check_plan(&mut batch.tasks)?;
+        let (o, s) = (&self.out, &self.sched);
+        if (!o.context().is_empty() || !o.generation().is_empty()) && s.stall_count() != 0 {
+            return Err("stall counter not reset by a pass that scheduled work".into());
+        }
+        Ok(())
+    }
+
+    /// One listed request (`name`: its list): live, in the state its list says, with the caches and the
+    /// KV room its step needs; its tokens and adapter added to `batch`.
+    fn check_entry(&mut self, name: &str, row: Row, batch: &mut Batch) -> Result<(), Violation> {
+        let (l, chunk, last) = row;
+        let (o, s) = (&self.out, &self.sched);
+        let e = s
+            .get(l.handle())
+            .map_err(|e| format!("{name}: slot {}: {e}", l.slot()))?;
+        let id = e.spec().id.0;
+        entry_state(name, o, l, e.ownership(), e.pending_load(), e.spec())?;
+        let r = KvRef {
+            slot: l.slot(),
+            id: e.spec().id,
+        };
+        if name == "context" {
+            let at = (id, e.spec().position, e.spec().draft);
+            Self::reused(&mut self.live, &self.setup, &mut self.stats, at)?;
+            // A decoder chunk runs with its cross cache in place.
+            let cross = s.kv().cross().is_none_or(|x| x.is_active(r));
+            if e.spec().encoder_len > 0 && !cross {
+                return Err(format!("context: decoder {id} runs without its cross cache").into());
+            }
+        }
+        if matches!(name, "context" | "generation")
+            && s.kv().draft().is_some_and(|(_, d)| !d.is_active(r))
+        {
+            return Err(format!("{name}: {id} runs without its draft cache").into());
+        }
+        let scheduled = matches!(name, "context" | "generation" | "encoder");
+        if scheduled && e.inflight() {
+            return Err(format!("{name}: request {id} is in flight").into());
+        }
+        // A prepared disaggregated request's adapter is planned too: its lease pins it for the decode its
+        // transfer leads to.
+        if scheduled || name == "disagg" {
+            if let Some(t) = e.task() {
+                if !batch.tasks.contains(&t) {
+                    batch.tasks.push(t);
+                }
+            }
+        }
+        // The KV holds what the step writes.
+        let kv_tokens = s.kv().target().inner.seq(l.slot()).capacity;
+        let needed = match name {
+            "generation" => {
+                let m = self.live.iter_mut().find(|m| m.id == id);
+                let m = m.ok_or(format!("generation: {id} not in the model"))?;
+                m.steps += 1;
+                m.prompt + m.steps
+            }
+            "context" => e.spec().position + chunk,
+            "disagg" => e.spec().prompt,
+            _ => 0,
+        };
+        if kv_tokens < needed {
+            return Err(format!(
+                "{name}: request {id} needs {needed} KV tokens, its cache holds {kv_tokens}"
+            )
+            .into());
+        }
+        entry_tokens(name, e.spec(), chunk, last, batch)
+    }
+
+    /// The batch's tokens and requests within the budgets.
+    fn check_budgets(&self, batch: &Batch) -> Result<(), Violation> {
+        let (o, cfg) = (&self.out, self.sched.config());
+        if let Some(limit) = cfg.max_num_tokens {
+            let slack = if cfg.chunking.is_some() {
+                batch.drafts
+            } else {
+                0
+            };
+            if batch.tokens > u64::from(limit) + slack {
+                return Err(format!(
+                    "batch of {} tokens over the budget {limit} (+{slack} drafts)",
+                    batch.tokens
+                )
+                .into());
+            }
+        }
+        if o.num_fitting() as u64 > u64::from(cfg.max_num_requests) {
+            return Err(format!(
+                "batch of {} requests over the limit {}",
+                o.num_fitting(),
+                cfg.max_num_requests
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The adapter plan: exactly the distinct tasks of the batch (`tasks`); with the pinned ones they fit,
+    /// and each is resident.
+    fn check_plan(&self, tasks: &mut [TaskRef]) -> Result<(), Violation> {
+        let (o, s) = (&self.out, &self.sched);
+        let mut plan: Vec<TaskRef> = o.adapters().to_vec();
+        plan.sort_by_key(|t| t.slot);
+        tasks.sort_by_key(|t| t.slot);
+        if plan != tasks {
+            return Err(format!("adapter plan {plan:?} but the batch uses {tasks:?}").into());
+        }
+        let unified = s.kv().target().inner.pages_adapters();
+        if let (true, Some(_)) = (unified, &s.adapters().backend().inner) {
+            // Unified paging: every planned adapter is resident in the KV pool, pinned by its leases.
+            for t in &plan {
+                let a = s.kv().target().inner.adapter(t.slot);
+                if !a.is_some_and(|a| a.resident() && a.pins() > 0) {
+                    return Err(format!("task {} not pinned in the KV pool: {a:?}", t.id.0).into());
+                }
+            }
+        } else if let Some(cache) = &s.adapters().backend().inner {
+            let mut slots: BTreeSet<u16> = plan.iter().map(|t| t.slot).collect();
+            slots.extend(s.adapters().pinned_tasks().iter().copied());
+            let pages: u64 = slots
+                .iter()
+                .map(|&i| u64::from(cache.tasks()[i as usize].pages))
+                .sum();
+            if pages > u64::from(cache.max_device_pages()) {
+                return Err(format!(
+                    "batch + pinned adapters need {pages} device pages of {}",
+                    cache.max_device_pages()
+                )
+                .into());
+            }
+            for t in &plan {
+                if !cache.tasks()[t.slot as usize].on_device {
+                    return Err(format!("task {} not on device after ensure_batch", t.id.0).into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A request's caches stay together: with a joint draft pool the draft cache is in the target's
+    /// state (none, active or suspended); with an unpaired one, a request that holds no target cache
+    /// holds no mirror either.
+    fn check_pairing(&self) -> Result<(), Violation> {
+        let kv = self.sched.kv();
+        let Some((mode, draft)) = kv.draft() else {
+            return Ok(());
+        };
+        for (h, e) in self.sched.requests() {
+            let r = KvRef {
+                slot: h.index(),
+                id: e.spec().id,
+            };
+            let t = (kv.target().has_cache(r), kv.target().is_active(r));
+            let d = (draft.has_cache(r), draft.is_active(r));
+            let together = match mode {
+                DraftMode::Joint => t == d,
+                DraftMode::Unpaired => t.0 || !d.0,
+            };
+            if !together {
+                return Err(format!(
+                    "request {}: target (cache, active) {t:?} but {mode:?} draft {d:?}",
+                    r.id.0
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the invariants that hold between operations, and the model.
+    /// Applies the adapter cache's host-copy changes as a binding would, refusing an impossible one (a
+    /// drop of a copy not held, a fill of one held), then checks that the copies held are exactly the
+    /// tasks the cache keeps on the host.
+    fn follow_host_copies(&mut self) -> Result<(), Violation> {
+        let mut changes = Vec::new();
+        self.sched
+            .take_adapter_host_changes(|t, c| changes.push((t.slot, c)));
+        for (slot, change) in changes {
+            let held = self.host_copies.contains(&slot);
+            match change {
+                HostChange::Dropped if held => {
+                    self.host_copies.remove(&slot);
+                }
+                HostChange::Filled if !held => {
+                    self.host_copies.insert(slot);
+                }
+                HostChange::Replaced if held => {}
+                other => {
+                    return Err(format!(
+                        "adapter slot {slot}: host change {other:?} with a copy held: {held}"
+                    )
+                    .into())
+                }
+            }
+        }
+        if let Some(p) = &self.sched.adapters().backend().inner {
+            let on_host: BTreeSet<u16> = p
+                .tasks()
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.on_host)
+                .map(|(i, _)| i as u16)
+                .collect();
+            if on_host != self.host_copies {
+                return Err(format!(
+                    "adapter host copies {:?}, the cache keeps {on_host:?}",
+                    self.host_copies
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares the scheduler with the model and checks the invariants of DESIGN.md §7 (the module
+    /// docs list them); `Err` describes the first broken one.
+    pub fn check(&self) -> Result<(), Violation> {
+        let s = &self.sched;
+        for (role, p) in pools(s) {
+            if !p
+                .inner
+                .audit(&mut vec![0; p.inner.config().page_info_len()])
+            {
+                return Err(format!(
+                    "{role} KV pool audit failed (page conservation, reference counts, prefix cache)"
+                )
+                .into());
+            }
+        }
+        self.check_pairing()?;
+        // Requests: exactly the model's, in arrival order.
+        let got: Vec<u64> = s.requests().map(|(_, e)| e.spec().id.0).collect();
+        let want: Vec<u64> = self.live.iter().map(|l| l.id).collect();
+        if got != want || s.len() != want.len() {
+            return Err(format!("live requests {got:?}, model {want:?}").into());
+        }
+        for l in &self.live {
+            if self.finished.contains(&l.id) || self.removed.contains(&l.id) {
+                return Err(format!("request {} is live and gone", l.id).into());
+            }
+        }
+        let (active, paused) = self.check_requests()?;
+        if !s.check() {
+            return Err("the scheduler's table or lease invariants are broken".into());
+        }
+        self.check_leases(&active, &paused)
+    }
+
+    /// Each live request against the model (handle, phase, position, marks) and its residency against
+    /// the KV pool; the LoRA requests holding a lease (active) and those paused on their task, per task.
+    fn check_requests(&self) -> Result<([u32; T], [u32; T]), Violation> {
+        let s = &self.sched;
+        let recompute_pending: BTreeSet<u64> = if self.out_pending {
+            self.out
+                .recompute_paused()
+                .iter()
+                .filter_map(|l| s.get(l.handle()).ok().map(|e| e.spec().id.0))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        let mut active = [0u32; T];
+        let mut paused = [0u32; T];
+        for (l, (h, e)) in self.live.iter().zip(s.requests()) {
+            if h != l.handle {
+                return Err(format!("request {}: handle changed", l.id).into());
+            }
+            let sp = e.spec();
+            let pending_reset = recompute_pending.contains(&l.id);
+            if !pending_reset && (sp.phase != l.phase || sp.position != l.position) {
+                return Err(format!(
+                    "request {}: {:?} at {}, model {:?} at {}",
+                    l.id, sp.phase, sp.position, l.phase, l.position
+                )
+                .into());
+            }
+            if e.inflight() != l.inflight {
+                return Err(format!("request {}: in-flight mark lost", l.id).into());
+            }
+            if e.pending_load() != l.loading {
+                return Err(format!("request {}: pending-load mark lost", l.id).into());
+            }
+            self.check_residency(h, e.ownership(), sp, pending_reset)?;
+            if let Some(t) = e.task() {
+                match e.ownership() {
+                    Ownership::Active | Ownership::Resumed => active[t.slot as usize] += 1,
+                    Ownership::Paused | Ownership::Recompute => paused[t.slot as usize] += 1,
+                    Ownership::Waiting | Ownership::Sending => {}
+                }
+            }
+        }
+        Ok((active, paused))
+    }
+
+    /// A request's ownership follows its target cache (a cross cache may outlive a preemption).
+    fn check_residency(
+        &self,
+        h: Handle,
+        own: Ownership,
+        sp: &RequestSpec,
+        pending_reset: bool,
+    ) -> Result<(), Violation> {
+        let r = KvRef {
+            slot: h.index(),
+            id: sp.id,
+        };
+        let pool = &self.sched.kv().target().inner;
+        let (has, act) = (pool.has_cache(r), pool.is_active(r));
+        let ok = match own {
+            Ownership::Waiting => {
+                let fresh = matches!(sp.phase, Phase::ContextInit | Phase::DisaggGenerationInit);
+                !has && sp.position == 0 && fresh
+            }
+            // Pinned for its send, no lease.
+            Ownership::Sending => act && sp.phase == Phase::DisaggContextTransInProgress,
+            // A resumed request stays Resumed until the engine takes the page moves.
+            Ownership::Active => act,
+            Ownership::Resumed => act && self.out_pending,
+            Ownership::Paused => has && !act,
+            Ownership::Recompute => {
+                !has && (pending_reset || (sp.position == 0 && sp.phase == Phase::ContextInit))
+            }
+        };
+        if !ok {
+            return Err(format!(
+                "request {} is {own:?} ({:?} at {}) but its KV has_cache={has} active={act}",
+                sp.id.0, sp.phase, sp.position
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Leases = device refcount = active LoRA requests (`active`, per task slot); paused registrations =
+    /// suspended ones (`paused`); with unified paging, the KV pool's pins are the leases.
+    fn check_leases(&self, active: &[u32; T], paused: &[u32; T]) -> Result<(), Violation> {
+        let s = &self.sched;
+        let desk = s.adapters();
+        let Some(cache) = &desk.backend().inner else {
+            if (0..T as u16).any(|i| desk.leases(i) != 0) || desk.pinned_pages() != 0 {
+                return Err("leases without an adapter cache".into());
+            }
+            if s.requests().any(|(_, e)| e.task().is_some()) {
+                return Err("a request has a task without an adapter cache".into());
+            }
+            return Ok(());
+        };
+        if !cache.check() {
+            return Err("adapter cache invariants broken".into());
+        }
+        let mut pinned = 0u32;
+        for (i, t) in cache.tasks().iter().enumerate() {
+            let leases = desk.leases(i as u16);
+            if leases != t.active || leases != active[i] {
+                return Err(format!(
+                    "task {}: {leases} leases, device refcount {}, {} active requests",
+                    t.id.0, t.active, active[i]
+                )
+                .into());
+            }
+            if t.paused != paused[i] {
+                return Err(format!(
+                    "task {}: {} paused registrations, {} suspended requests",
+                    t.id.0, t.paused, paused[i]
+                )
+                .into());
+            }
+            // Unified paging: the KV pool's pins on the adapter are its leases.
+            if let Some(a) = s.kv().target().inner.adapter(i as u16) {
+                if a.pins() != leases || (leases > 0 && !a.resident()) {
+                    return Err(format!(
+                        "task {}: {leases} leases, {} pins in the KV pool (resident {})",
+                        t.id.0,
+                        a.pins(),
+                        a.resident()
+                    )
+                    .into());
+                }
+            }
+            if leases > 0 {
+                pinned += t.pages;
+            }
+        }
+        if desk.pinned_pages() != pinned {
+            return Err(format!(
+                "desk pins {} pages, leases pin {pinned}",
+                desk.pinned_pages()
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Arrivals stop, faults and in-flight marks are cleared: every live request must then finish, or
+    /// a pass must report `Error::Deadlock` — never a livelock past a generous bound. (A request limit of
+    /// 0 schedules nothing and, with only context requests waiting, is idle by the reference's rules:
+    /// skipped.)
+    pub fn settle(&mut self) -> Result<Done, Violation> {
+        for (_, p) in pools(&self.sched) {
+            p.faults.clear();
+        }
+        self.sched.adapters().backend().faults.clear();
+        if let Some(f) = &self.store_faults {
+            f.clear();
+        }
+        for l in self.live.iter_mut().filter(|l| l.inflight || l.loading) {
+            (l.inflight, l.loading) = (false, false);
+            self.sched
+                .set_inflight(l.handle, false)
+                .map_err(|e| format!("set_inflight: {e}"))?;
+            self.sched
+                .set_pending_load(l.handle, false)
+                .map_err(|e| format!("set_pending_load: {e}"))?;
+        }
+        if self.setup.max_num_requests == 0 {
+            return Ok(Done::Finished(0));
+        }
+        let work: u64 = self
+            .live
+            .iter()
+            .map(|l| u64::from(l.prompt) + 3 * u64::from(l.out_len) + 4)
+            .sum();
+        self.run_to_completion(64 + 16 * work)
+    }
+
+    /// Removes every live request (the end of a run): afterwards both pools must be empty.
+    pub fn drain(&mut self) -> Result<(), Violation> {
+        while !self.live.is_empty() {
+            self.remove(0, false)?;
+            self.check()?;
+        }
+        // With no request, every page is free, holds a cached block nobody references (the audit
+        // of `check` has counted the references: none) or an idle adapter (unified paging).
+        for (role, p) in pools(&self.sched) {
+            let pool = &p.inner;
+            let (adapters, idle) = pool.adapter_usage();
+            if adapters != idle {
+                return Err(format!(
+                    "{role} pool: {} adapter pages pinned with no request",
+                    adapters - idle
+                )
+                .into());
+            }
+            let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu) + adapters;
+            let host = pool.host_free() + pool.cached_pages(Tier::Host);
+            if gpu != self.setup.gpu_pages || host != self.setup.host_pages {
+                return Err(format!(
+                    "{role} pool pages leaked: {gpu} of {} GPU and {host} of {} host pages free or cached with no request",
+                    self.setup.gpu_pages, self.setup.host_pages
+                ).into());
+            }
+        }
+        if let Some(c) = &self.sched.adapters().backend().inner {
+            if c.tasks().iter().any(|t| t.active != 0 || t.paused != 0) {
+                return Err(format!("adapter registrations leaked: {:?}", c.tasks()).into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a [`Setup`] and an operation list from raw bytes (the fuzz target's input). Every byte string
+/// decodes to something valid; missing bytes read as zero.
+pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
+    let mut r = Bytes(data);
+    let setup = decode_setup(&mut r);
+    let mut ops = Vec::new();
+    while !r.0.is_empty() && ops.len() < 4096 {
+        ops.push(decode_op(&mut r));
+    }
+    (setup, ops)
+}
+
+/// The configuration a byte string starts with.
+fn decode_setup(r: &mut Bytes<'_>) -> Setup {
+    let gpu_pages = 4 + u32::from(r.byte() % 45);
+    let host_pages = match r.byte() % 3 {
+        0 => 0,
+        _ => 1 + u32::from(r.byte() % 32),
+    };
+    let tokens_per_block = 1 + u32::from(r.byte() % 8);
+    let max_blocks = 1 + u32::from(r.byte() % 24);
+    let mode = r.byte();
+    let chunk = match mode % 4 {
+        0 => Chunk::Off,
+        1 => Chunk::Fcfs,
+        2 => Chunk::Force,
+        _ => Chunk::Equal,
+    };
+    let no_evict = mode & 4 != 0;
+    let recompute_pause = mode & 8 == 0;
+    let prefix = mode & 16 != 0;
+    let unit = 1 + u32::from(r.byte() % 16);
+    let max_num_tokens = match r.byte() {
+        0..=31 => None,
+        b => Some(u32::from(b % 96)),
+    };
+    let max_num_requests = u32::from(r.byte() % 12);
+    let peft = decode_peft(r, gpu_pages);
+    let deadlock_threshold = 1 + u32::from(r.byte() % 16);
+    Setup {
+        gpu_pages,
+        host_pages,
+        tokens_per_block,
+        max_blocks,
+        chunk,
+        unit,
+        no_evict,
+        recompute_pause,
+        max_num_tokens,
+        max_num_requests,
+        peft,
+        deadlock_threshold,
+        prefix,
+        draft: match (mode >> 5) & 3 {
+            1 => Some(DraftMode::Joint),
+            2 => Some(DraftMode::Unpaired),
+            _ => None,
+        },
+        cross: mode & 0x80 != 0,
+        admission: match r.byte() % 3 {
+            0 => Admission::Fcfs,
+            1 => Admission::VTC,
+            _ => Admission::Deadline {
+                ttft: [0, 40, 200, 1000],
+            },
+        },
+        connector: prefix && deadlock_threshold % 2 == 0,
+    }
+}
+
+/// The adapter cache of a decoded setup (with unified paging a task's pages are capped by `gpu_pages`).
+fn decode_peft(r: &mut Bytes<'_>, gpu_pages: u32) -> Option<PeftSetup> {
+    match r.byte() % 2 {
+        0 => None,
+        _ => {
+            let device_pages = 1 + u32::from(r.byte() % 12);
+            let host_pages = 1 + u32::from(r.byte() % 16);
+            let unified = device_pages % 3 == 0;
+            let device = if unified { gpu_pages } else { device_pages };
+            let cap = device.min(host_pages);
+            let tasks = 1 + r.byte() as usize % T;
+            let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
+            Some(PeftSetup {
+                device_pages,
+                host_pages,
+                task_pages,
+                unified,
+            })
+        }
+    }
+}
+
+/// One decoded operation.
+fn decode_op(r: &mut Bytes<'_>) -> Op {
+    let b = r.byte();
+    match b % 16 {
+        0..=3 => decode_submit(r, b),
+        4..=8 => Op::Pass,
+        9 | 10 => Op::Complete,
+        11 if b & 0x80 != 0 => Op::EndTransfer {
+            pick: r.byte(),
+            delivered: b & 0x40 == 0,
+        },
+        11 => Op::Finish { pick: r.byte() },
+        12 if b & 0x80 != 0 => Op::Disagg {
+            prompt: 1 + u32::from(r.byte()) % 96,
+            out_len: 1 + u32::from(r.byte() % 24),
+            lora: {
+                let l = r.byte();
+                (l & 0x80 != 0).then_some(l % (T as u8 + 2))
+            },
+            generation: b & 0x40 != 0,
+        },
+        12 => Op::Cancel { pick: r.byte() },
+        13 => decode_inject(r),
+        14 if b & 0x80 != 0 => Op::Load { pick: r.byte() },
+        14 => Op::Inflight { pick: r.byte() },
+        _ => Op::Update {
+            pick: r.byte(),
+            beam: r.byte() % 3,
+            draft: r.byte() % 3,
+        },
+    }
+}
+
+/// A decoded submission (`b`: the operation's byte; its top bit makes the id a duplicate).
+fn decode_submit(r: &mut Bytes<'_>, b: u8) -> Op {
+    Op::Submit {
+        prompt: 1 + u32::from(r.byte()) % 96,
+        out_len: 1 + u32::from(r.byte() % 24),
+        lora: {
+            let l = r.byte();
+            (l & 0x80 != 0).then_some(l % (T as u8 + 2))
+        },
+        draft: match r.byte() % 8 {
+            0 => 1,
+            1 => 3,
+            _ => 0,
+        },
+        snap_every: r.byte() % 24,
+        duplicate: b & 0x80 != 0,
+        family: {
+            let f = r.byte();
+            (f & 0x80 != 0).then_some(f % 3 + 1)
+        },
+        encoder: match r.byte() {
+            e if e & 0x80 != 0 => 1 + e % 16,
+            _ => 0,
+        },
+    }
+}
+
+/// A decoded fault injection: the fault, how many calls it refuses, in which pool.
+fn decode_inject(r: &mut Bytes<'_>) -> Op {
+    let f = r.byte();
+    Op::Inject {
+        fault: match f % 8 {
+            0 => Fault::KvPrepare,
+            1 => Fault::KvResize,
+            2 => Fault::KvAllocate,
+            3 => Fault::PeftAdd,
+            4 => Fault::KvPin,
+            5 => Fault::LoadFail,
+            6 => Fault::LoadHang,
+            _ => Fault::SaveHang,
+        },
+        count: 1 + (f >> 2) % 8,
+        pool: (f >> 5) % 3,
+    }
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+}
+
+/// Runs a decoded input: applies every operation (checking after each), settles (every request
+/// finishes or a deadlock is reported), then drains.
+pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, Violation> {
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup, &mut mem)?;
+    for (i, op) in ops.iter().enumerate() {
+        h.apply(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
+    }
+    h.settle()
+        .map_err(|e| format!("settling after {} ops: {e}", ops.len()))?;
+    h.drain()?;
+    Ok(h.stats)
+}
