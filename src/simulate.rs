@@ -549,27 +549,23 @@ pub fn main(args: &[String]) -> ExitCode {
 /// curve); the exit status and the message of a failure.
 fn simulate(cli: &Cli) -> Result<(), (ExitCode, String)> {
     let fail = |e: String| (ExitCode::FAILURE, e);
-    let reports = match &cli.sweep {
-        Some(sweep) => run_sweep(sweep, cli).map_err(fail)?,
-        None => {
-            let w = workload(cli).map_err(|e| (ExitCode::from(2), e))?;
-            vec![run(&cli.opts, w).map_err(|e| fail(sim_message(&e)))?]
-        }
+    let reports = if let Some(sweep) = &cli.sweep {
+        run_sweep(sweep, cli).map_err(fail)?
+    } else {
+        let w = workload(cli).map_err(|e| (ExitCode::from(2), e))?;
+        vec![run(&cli.opts, w).map_err(|e| fail(sim_message(&e)))?]
     };
-    let (json, timeline) = match &cli.sweep {
-        Some(sweep) => {
-            let source = reports.first().map_or("", |r| r.source.as_str());
-            print!(
-                "kvsched simulate --sweep: {source}\n\n{}",
-                sweep.table(&reports)
-            );
-            let all = serde_json::Value::from_iter(reports.iter().map(Report::json));
-            (all, sweep.plot(&reports, source))
-        }
-        None => {
-            print!("{}", reports[0].table(cli.opts.check));
-            (reports[0].json(), reports[0].timeline())
-        }
+    let (json, timeline) = if let Some(sweep) = &cli.sweep {
+        let source = reports.first().map_or("", |r| r.source.as_str());
+        print!(
+            "kvsched simulate --sweep: {source}\n\n{}",
+            sweep.table(&reports)
+        );
+        let all = serde_json::Value::from_iter(reports.iter().map(Report::json));
+        (all, sweep.plot(&reports, source))
+    } else {
+        print!("{}", reports[0].table(cli.opts.check));
+        (reports[0].json(), reports[0].timeline())
     };
     if let Some(p) = &cli.json {
         let text = serde_json::to_string_pretty(&json).unwrap_or_default() + "\n";
@@ -592,7 +588,7 @@ mod tests {
     use super::*;
 
     fn opts(args: &[&str]) -> SimOptions {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let args: Vec<String> = args.iter().map(std::string::ToString::to_string).collect();
         parse(&args).expect("parses").opts
     }
 

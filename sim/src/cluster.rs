@@ -118,22 +118,19 @@ impl RemoteStore {
     fn touch(&mut self, k: u64, at: Option<f64>) -> bool {
         self.tick += 1;
         let tick = self.tick;
-        match self.blocks.get_mut(&k) {
-            Some((saved, used)) => {
-                self.by_use.remove(used);
-                *used = tick;
-                if let Some(at) = at {
-                    *saved = saved.min(at);
-                }
-                self.by_use.insert(tick, k);
-                false
+        if let Some((saved, used)) = self.blocks.get_mut(&k) {
+            self.by_use.remove(used);
+            *used = tick;
+            if let Some(at) = at {
+                *saved = saved.min(at);
             }
-            None => {
-                let Some(at) = at else { return false };
-                self.blocks.insert(k, (at, tick));
-                self.by_use.insert(tick, k);
-                true
-            }
+            self.by_use.insert(tick, k);
+            false
+        } else {
+            let Some(at) = at else { return false };
+            self.blocks.insert(k, (at, tick));
+            self.by_use.insert(tick, k);
+            true
         }
     }
 
@@ -326,7 +323,7 @@ impl Router {
 
 /// Runs `w` (adapters and sessions assigned) on `o.replicas` engines behind `o.route` — or, with
 /// `o.disagg`, on its prefill engines behind the route and its decode engines behind them.
-pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
+pub fn run(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
     let roles: Vec<Role> = match o.disagg {
         Some(d) => std::iter::repeat_n(Role::Prefill, d.prefill as usize)
             .chain(std::iter::repeat_n(Role::Decode, d.decode as usize))
@@ -348,18 +345,18 @@ pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
         })
         .collect();
     let mut engines = (0..replicas)
-        .map(|_| Replica::new(o, &w))
+        .map(|_| Replica::new(o, w))
         .collect::<Result<Vec<_>, _>>()?;
     let mut sims = Vec::with_capacity(replicas as usize);
     for ((e, c), &role) in engines.iter_mut().zip(conns.iter_mut()).zip(&roles) {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
-        sims.push(e.sim(o, &w, connector, role)?.routed());
+        sims.push(e.sim(o, w, connector, role)?.routed());
     }
     // The router's engines: the prefill ones first, or all.
     let routed = o.disagg.map_or(roles.len(), |d| d.prefill as usize);
-    interleave(o, &w, &mut sims, &clocks, routed)?;
-    let reports: Vec<Report> = sims.into_iter().map(|s| s.report()).collect();
-    let mut c = merge(o, &w, reports);
+    interleave(o, w, &mut sims, &clocks, routed)?;
+    let reports: Vec<Report> = sims.into_iter().map(super::run_loop::Sim::report).collect();
+    let mut c = merge(o, w, &reports);
     if let Some(d) = o.disagg {
         c.disagg = Some(DisaggFigures {
             prefill_engines: d.prefill,
@@ -400,7 +397,10 @@ fn interleave(
         // An arrival due before it is routed first (the router sees the replicas as they are then).
         if let Some(a) = w.arrivals.get(arrived) {
             if first.is_none_or(|(_, t)| a.at_ms <= t) {
-                let k = router.pick(a, sims[..routed].iter().map(|s| s.outstanding()));
+                let k = router.pick(
+                    a,
+                    sims[..routed].iter().map(super::run_loop::Sim::outstanding),
+                );
                 sims[k].route(arrived);
                 prefill_of[arrived] = k;
                 arrived += 1;
@@ -479,7 +479,7 @@ fn add_counters(c: &mut Report, r: &Report) {
 }
 
 /// The cluster's report from the replicas'.
-fn merge(o: &SimOptions, w: &Workload, reports: Vec<Report>) -> Report {
+fn merge(o: &SimOptions, w: &Workload, reports: &[Report]) -> Report {
     let mut c = Report {
         route: o.route.name().into(),
         ..Report::new(o, w)

@@ -50,8 +50,8 @@ impl CostModel {
             step_us: 4319.09,
             prefill_us_per_token: 19.0706,
             decode_us_per_request: 14.3841,
-            decode_us_per_cached_token: 0.0292573,
-            attention_us_per_pair: 0.00104226,
+            decode_us_per_cached_token: 0.029_257_3,
+            attention_us_per_pair: 0.001_042_26,
             adapter_load_us_per_page: Self::LEGACY.adapter_load_us_per_page,
             page_copy_us: page_bytes / h200_scattered_copy_bytes_per_us(page_bytes),
         }
@@ -186,8 +186,8 @@ fn h200_scattered_copy_bytes_per_us(page_bytes: f64) -> f64 {
     const POINTS: [(f64, f64); 4] = [
         (4096.0, 1.60),
         (65536.0, 17.65),
-        (262144.0, 36.56),
-        (2097152.0, 51.76),
+        (262_144.0, 36.56),
+        (2_097_152.0, 51.76),
     ];
     let x = page_bytes.max(1.0).ln();
     let gbps = match POINTS.iter().position(|&(b, _)| b.ln() >= x) {
@@ -350,10 +350,10 @@ mod tests {
         assert!((step(256, 512) - 11.76).abs() / 11.76 < 0.05);
         assert!((step(256, 8192) - 68.88).abs() / 68.88 < 0.05);
         // A 32-token page of an 8B model is 4 MiB: held at the 2 MiB figure, 51.76 GB/s.
-        assert!((m.page_copy_us - 4194304.0 / 51760.0).abs() < 1e-9);
+        assert!((m.page_copy_us - 4_194_304.0 / 51_760.0).abs() < 1e-9);
         let small = CostModel::h200_llama3_8b(1).page_copy_us;
         assert!(
-            (small - 131072.0 / h200_scattered_copy_bytes_per_us(131072.0)).abs() < 1e-9,
+            (small - 131_072.0 / h200_scattered_copy_bytes_per_us(131_072.0)).abs() < 1e-9,
             "{small}"
         );
     }
@@ -392,7 +392,7 @@ mod tests {
 /// The mixed-step measurements' chunk attention ran a masked kernel, slower than the causal flash
 /// kernel of the prefill measurements (`data/measurements/README.md`): fitted extra cost per pair and
 /// per step, used only to reproduce those points (`kvsched cost --masked`, `--points`).
-pub const MASKED_US_PER_PAIR: f64 = 0.00153599;
+pub const MASKED_US_PER_PAIR: f64 = 0.001_535_99;
 /// See [`MASKED_US_PER_PAIR`].
 pub const MASKED_STEP_US: f64 = 182.513;
 

@@ -601,15 +601,15 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         kvsched_workload::sessions::assign_sessions(&mut w, o.seed);
     }
     if o.replicas > 1 || o.remote_store.is_some() || o.disagg.is_some() {
-        return cluster::run(o, w);
+        return cluster::run(o, &w);
     }
-    engine(o, w)
+    engine(o, &w)
 }
 
 /// One engine replaying `w` (its adapters and sessions assigned).
-fn engine(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
-    let mut e = Replica::new(o, &w)?;
-    let mut sim = e.sim(o, &w, None, disagg::Role::Mixed)?;
+fn engine(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
+    let mut e = Replica::new(o, w)?;
+    let mut sim = e.sim(o, w, None, disagg::Role::Mixed)?;
     while sim.step()? {}
     Ok(sim.report())
 }
@@ -653,7 +653,10 @@ impl Replica {
             adapter_pages,
             mem,
             draft_mem: o.spec_decode.map(|_| memory(draft_cfg)),
-            connector_slots: vec![Default::default(); kv_cfg.slots as usize],
+            connector_slots: vec![
+                kvsched_core::page_pool::ConnectorSlot::default();
+                kv_cfg.slots as usize
+            ],
             connector_saves: vec![0; kv_cfg.table_len()],
         })
     }

@@ -163,7 +163,7 @@ impl Sweep {
                 p.rate = Some(f);
             }
             SweepParam::KvGpuPages => {
-                o.kv_gpu_pages = count().ok_or_else(|| bad("a page count"))?
+                o.kv_gpu_pages = count().ok_or_else(|| bad("a page count"))?;
             }
             SweepParam::Adapters => {
                 o.adapters.count = v.parse().map_err(|_| bad("an adapter count"))?;
@@ -208,7 +208,7 @@ impl Sweep {
 
     /// The Markdown table of the sweep.
     pub fn table(&self, reports: &[Report]) -> String {
-        let goodput = reports.first().is_some_and(|r| r.has_slo());
+        let goodput = reports.first().is_some_and(super::report::Report::has_slo);
         let fair = self.param == SweepParam::Admission;
         let mut s = format!(
             "| {} | throughput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{}{} suspensions | overloaded |\n|---|---|---|---|{}{}---|---|\n",
@@ -270,7 +270,7 @@ impl Sweep {
                     .series("p50", col(&|r| r.tpot_ms.p50))
                     .series("p99", col(&|r| r.tpot_ms.p99)),
             );
-        if reports.first().is_some_and(|r| r.has_slo()) {
+        if reports.first().is_some_and(super::report::Report::has_slo) {
             tl =
                 tl.panel(Panel::new("goodput", "req/s").series("SLO met", col(&|r| r.goodput_rps)));
         }

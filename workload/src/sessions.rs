@@ -53,7 +53,8 @@ pub fn system_prompt_tokens(adapter: Option<u32>, seed: u64) -> u32 {
 /// size to [`BLOCK_TOKENS`]. Deterministic for a seed; run after adapters are assigned.
 pub fn assign_sessions(w: &mut Workload, seed: u64) {
     let mut rng = Rng::seed_from_u64(seed ^ 0x5e55_1045);
-    let mut open: std::collections::HashMap<Option<u32>, Vec<Session>> = Default::default();
+    let mut open: std::collections::HashMap<Option<u32>, Vec<Session>> =
+        std::collections::HashMap::default();
     let mut next_session = 0u64;
     for a in &mut w.arrivals {
         let sessions = open.entry(a.adapter).or_default();
@@ -62,14 +63,13 @@ pub fn assign_sessions(w: &mut Workload, seed: u64) {
         let at = follow
             .then(|| sessions.iter().rposition(|s| s.context < prompt))
             .flatten();
-        let session = match at {
-            Some(i) => sessions.remove(i),
-            None => {
-                next_session += 1;
-                Session {
-                    id: next_session,
-                    context: 0,
-                }
+        let session = if let Some(i) = at {
+            sessions.remove(i)
+        } else {
+            next_session += 1;
+            Session {
+                id: next_session,
+                context: 0,
             }
         };
         a.prefix_blocks = blocks(a, session.id, seed);

@@ -207,10 +207,10 @@ impl fmt::Display for SyntheticSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.arrivals {
             ArrivalProcess::Poisson { rate_per_s } => {
-                write!(f, "poisson arrivals ({rate_per_s} req/s)")?
+                write!(f, "poisson arrivals ({rate_per_s} req/s)")?;
             }
             ArrivalProcess::Gamma { rate_per_s, cv } => {
-                write!(f, "gamma arrivals ({rate_per_s} req/s, cv {cv})")?
+                write!(f, "gamma arrivals ({rate_per_s} req/s, cv {cv})")?;
             }
         }
         match self.horizon {
