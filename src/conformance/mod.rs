@@ -620,7 +620,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
             let _ = run.sched.set_inflight(h, false);
         }
         if let Some(b) = pass.sends_in_flight {
-            let connector = kvsched_core::kv::KvBackend::has_connector(&run.kv.target);
+            let connector = run.kv.target.connector_attached();
             run.kv.target.set_transfers(connector, b);
         }
         let inflight = if k == 0 && pass.inflight.is_empty() {
