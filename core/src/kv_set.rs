@@ -8,11 +8,16 @@
 //! [`KvSet::cross_pool`]) and the scheduler lends the set out read-only too. Its capabilities are the
 //! set itself, so none of them lends a pool out either.
 //!
-//! Capabilities follow the members: [`DraftPairing`](crate::kv::DraftPairing) while there is a draft pool, [`CrossPool`](crate::kv::CrossPool) while
-//! there is a cross pool; [`Transfers`](crate::kv::Transfers) and [`AdapterPaging`](crate::kv::AdapterPaging) are the target's (a connector loads into
+//! Capabilities follow the members: [`DraftPairing`] while there is a draft pool, [`CrossPool`] while
+//! there is a cross pool; [`Transfers`] and [`AdapterPaging`] are the target's (a connector loads into
 //! the target's pages, adapters share the target model's pages); [`PrefixReuse`] while the target or
 //! the draft pool has a prefix cache (hashes and commits reach both, the pass's probes are the
 //! target's).
+//!
+//! [`DraftPairing`]: crate::kv::DraftPairing
+//! [`CrossPool`]: crate::kv::CrossPool
+//! [`Transfers`]: crate::kv::Transfers
+//! [`AdapterPaging`]: crate::kv::AdapterPaging
 //!
 //! The pairing rules are the reference's (spec §1.5 step 3, §1.7):
 //!

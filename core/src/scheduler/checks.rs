@@ -111,7 +111,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         }
         // A decoder's encoder output must fit the cross pool (an encoder request's too: it becomes one).
         // No cross pool: no limit here, the pass stops such a request instead (§1.6 step 7).
-        let cross = (self.kv.caps().cross).map_or(u64::MAX, |x| x.max_cross_tokens());
+        let cross = self
+            .kv
+            .caps()
+            .cross
+            .map_or(u64::MAX, |x| x.max_cross_tokens());
         if !spec.skip_cross && u64::from(spec.encoder_len) > cross {
             return Err(Error::RequestTooLarge {
                 id: spec.id,

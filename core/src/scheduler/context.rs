@@ -56,7 +56,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         if self.cfg.blocked_fast_path
             && self.cfg.chunking.is_some()
             && phase == Phase::ContextInit
-            && (self.kv.caps().draft)
+            && self
+                .kv
+                .caps()
+                .draft
                 .is_some_and(|d| d.admission_certainly_blocked(self.kv_ref(slot)))
         {
             return Step::Skip;

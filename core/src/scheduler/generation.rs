@@ -295,7 +295,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             Some(t) if !e.ownership().on_gpu() => {
                 self.desk.backend().can_admit(t)
                     && (self.desk.leases(t.slot) > 0
-                        || (self.kv.caps().adapters).is_none_or(|a| {
+                        || self.kv.caps().adapters.is_none_or(|a| {
                             a.can_pin_adapter(t.slot, self.desk.known_pages(t.slot))
                         }))
             }

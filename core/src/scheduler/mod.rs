@@ -340,7 +340,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let kv_ok = match how {
             Adopt::Waiting => true,
             Adopt::Active => self.kv.cache(r(h)).is_active(),
-            Adopt::Suspended => self.kv.cache(r(h)).exists() && !self.kv.cache(r(h)).is_active(),
+            Adopt::Suspended => self.kv.cache(r(h)) == crate::kv::CacheState::Inactive,
         };
         if !kv_ok {
             self.table.cancel_insert(h);
