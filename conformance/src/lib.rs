@@ -780,7 +780,7 @@ impl Run {
             let _ = self.sched.set_inflight(h, false);
         }
         if let Some(b) = pass.sends_in_flight {
-            let connector = kvsched_core::kv::KvBackend::has_connector(&self.kv.target);
+            let connector = self.kv.target.connector_attached();
             self.kv.target.set_transfers(connector, b);
         }
         for &id in inflight {

@@ -125,7 +125,8 @@ impl Pools {
         for (id, (_, &t)) in ids("kv.probe", &kv.probe)?.into_iter().zip(&kv.probe) {
             target.set_probe(id, t);
         }
-        let (below, evict) = (target.tier_below_gpu(), target.can_evict());
+        let limits = target.limits();
+        let (below, evict) = (limits.tier_below_gpu, limits.can_evict);
         let draft = match &kv.draft {
             None => None,
             Some(p) => {

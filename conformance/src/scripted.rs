@@ -12,7 +12,10 @@ use std::rc::Rc;
 use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::error::PeftError;
 use kvsched_core::ids::{RequestId, TaskId};
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
+use kvsched_core::kv::{
+    Absent, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange, PageMove,
+    PairedPool, PrefixReuse, Transfers,
+};
 
 use crate::scenario::{Outcomes, PerId};
 
@@ -310,24 +313,36 @@ impl ScriptedKv {
     }
 }
 
-impl KvBackend for ScriptedKv {
-    fn tier_below_gpu(&self) -> bool {
-        self.with(|st| st.tier_below_gpu)
-    }
-    fn has_connector(&self) -> bool {
+impl ScriptedKv {
+    /// A KV connector is attached (the scenario's `kv.connector`).
+    pub fn connector_attached(&self) -> bool {
         self.with(|st| st.connector)
     }
-    fn sends_in_flight(&self) -> bool {
-        self.with(|st| st.sends)
+}
+
+/// The format's KV manager: no draft or cross pool of its own (the runner pairs scripted pools in a
+/// [`kvsched_core::kv_set::KvSet`]), no adapter pages; its reuse probes always answer (a scenario
+/// scripts them), and its transfers are there while a connector is attached or sends are in flight.
+impl KvBackend for ScriptedKv {
+    type Draft = Absent;
+    type Cross = Absent;
+    type Transfers = Self;
+    type Prefix = Self;
+    type Adapters = Absent;
+
+    fn limits(&self) -> KvLimits {
+        self.with(|st| KvLimits {
+            tier_below_gpu: st.tier_below_gpu,
+            can_evict: st.can_evict,
+            max_tokens_per_request: u64::MAX,
+        })
     }
-    fn can_evict(&self) -> bool {
-        self.with(|st| st.can_evict)
-    }
-    fn has_cache(&self, r: KvRef) -> bool {
-        self.with(|st| st.caches.contains_key(&r.id.0))
-    }
-    fn is_active(&self, r: KvRef) -> bool {
-        self.with(|st| st.caches.get(&r.id.0) == Some(&true))
+    fn cache(&self, r: KvRef) -> CacheState {
+        self.with(|st| match st.caches.get(&r.id.0) {
+            None => CacheState::NoCache,
+            Some(false) => CacheState::Inactive,
+            Some(true) => CacheState::Active,
+        })
     }
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         self.with(|st| {
@@ -344,6 +359,16 @@ impl KvBackend for ScriptedKv {
             let found = st.reuse.get(&id).and_then(|v| v.get(*k).or(v.last()));
             *k += 1;
             Some(found.copied().unwrap_or(0).min(prep.reuse_limit))
+        })
+    }
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
+        self.with(|st| {
+            let id = st.record(KvCall::PrepareDisaggGenInit, r, None);
+            let ok = st.disagg.next(id, &st.released);
+            if ok {
+                st.activate(id);
+            }
+            ok
         })
     }
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
@@ -370,6 +395,8 @@ impl KvBackend for ScriptedKv {
     fn revert_allocate_generation(&mut self, r: KvRef) {
         self.with(|st| st.record(KvCall::RevertAllocateGeneration, r, None));
     }
+    /// The format tracks no capacity: nothing to give back.
+    fn rewind(&mut self, _r: KvRef, _tokens: u32) {}
     fn suspend(&mut self, r: KvRef) {
         self.with(|st| {
             let id = st.record(KvCall::Suspend, r, None);
@@ -393,28 +420,41 @@ impl KvBackend for ScriptedKv {
             st.drop_cache(id);
         })
     }
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
-        self.with(|st| {
-            let id = st.record(KvCall::PrepareDisaggGenInit, r, None);
-            let ok = st.disagg.next(id, &st.released);
-            if ok {
-                st.activate(id);
-            }
-            ok
-        })
+    /// The format has no pages: nothing moves.
+    fn take_moves(&mut self) -> &[PageMove] {
+        &[]
     }
-    fn max_tokens_per_request(&self) -> u64 {
-        u64::MAX
+    fn draft(&mut self) -> Option<&mut Absent> {
+        None
     }
-    fn prefix_skip(&self) -> bool {
-        self.with(|st| st.all_reusable)
+    fn cross(&mut self) -> Option<&mut Absent> {
+        None
     }
-    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        self.with(|st| {
-            let id = st.record(KvCall::ProbeContextReuse, r, None);
-            st.probe.get(&id).map(|&p| p.min(prep.reuse_limit))
-        })
+    fn transfers(&mut self) -> Option<&mut Self> {
+        let on = self.with(|st| st.connector || st.sends);
+        on.then_some(self)
     }
+    fn prefix(&mut self) -> Option<&mut Self> {
+        Some(self)
+    }
+    fn adapters(&mut self) -> Option<&mut Absent> {
+        None
+    }
+    fn caps(&self) -> Caps<'_, Self> {
+        let transfers = self.with(|st| st.connector || st.sends);
+        Caps {
+            draft: None,
+            cross: None,
+            transfers: transfers.then_some(self),
+            prefix: Some(self),
+            adapters: None,
+        }
+    }
+}
+
+/// Mirror admission (its own script, refused for a blocked mirror), the resume preview, and the
+/// context revert of a joint pair.
+impl PairedPool for ScriptedKv {
     fn revert_allocate_context(&mut self, r: KvRef) -> bool {
         self.with(|st| {
             let id = st.record(KvCall::RevertAllocateContext, r, None);
@@ -441,10 +481,34 @@ impl KvBackend for ScriptedKv {
             st.is_blocked(id)
         })
     }
+}
+
+/// A scenario's connector has no loads to report; its transfer manager's sends are scripted.
+impl Transfers for ScriptedKv {
+    fn take_load_changes(&mut self, _f: &mut dyn FnMut(u16, LoadChange)) {}
+    fn sends_in_flight(&self) -> bool {
+        self.with(|st| st.sends)
+    }
+}
+
+/// The reuse a scenario scripts: the policy (`kv.reuse_policy`, `kv.block_reuse`), the probes'
+/// answers; hashes and commits are not modelled.
+impl PrefixReuse for ScriptedKv {
+    fn set_prefix(&mut self, _r: KvRef, _root: u64, _hashes: &[u64]) {}
+    fn commit(&mut self, _r: KvRef, _computed: u32) {}
+    fn all_blocks_reusable(&self) -> bool {
+        self.with(|st| st.all_reusable)
+    }
     fn probe_first_new_block(&self, r: KvRef, _prep: ContextPrep) -> Option<u64> {
         self.with(|st| {
             let id = st.record(KvCall::ProbeFirstNewBlock, r, None);
             st.first_new_block.get(&id).copied()
+        })
+    }
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        self.with(|st| {
+            let id = st.record(KvCall::ProbeContextReuse, r, None);
+            st.probe.get(&id).map(|&p| p.min(prep.reuse_limit))
         })
     }
 }

@@ -61,7 +61,7 @@ pub struct AdapterPool<const T: usize> {
     /// Their pending `HOST_*` bits, by slot.
     host_bits: [u8; T],
     /// Unified paging: the device copies live in the KV pool, which places and evicts them
-    /// ([`crate::kv::KvBackend::pin_adapter`]); this cache keeps the host tier only.
+    /// ([`crate::kv::AdapterPaging::pin_adapter`]); this cache keeps the host tier only.
     unified: bool,
 }
 

@@ -115,7 +115,7 @@ pub enum Error {
     Deadlock {
         /// Consecutive stalled passes.
         stalled: u32,
-        /// A KV connector is attached ([`crate::kv::KvBackend::has_connector`]): the remedy is the
+        /// A KV connector is attached (the backend has [`crate::kv::Transfers`]): the remedy is the
         /// GPU-only one (no host tier beside a connector).
         connector: bool,
     },

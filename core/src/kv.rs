@@ -1,14 +1,25 @@
 //! The KV backend: the mechanism the scheduling pass calls to give requests KV pages, and the page-move
 //! vocabulary ([`Tier`], [`PageMove`]) shared with the device binding (kvsched-gpu).
 //!
-//! The trait mirrors the scheduler-facing API of the reference KV manager (spec §2). Backends only
-//! provide mechanism; lifecycle policy (which request may be resumed, when a lease is returned) lives in
-//! [`crate::request`] and the pass, so a scripted fake backend cannot break it. Every call is keyed by a
-//! [`KvRef`]: the request's dense table slot (for O(1) indexing) and its id (for recording fakes).
+//! The contract mirrors the scheduler-facing API of the reference KV manager (spec §2), split in two:
+//! [`KvBackend`], what every pool does (prepare, grow, suspend, free, preempt, page moves, and the views
+//! the pass needs), and the capabilities of [`caps`], what only some backends do (a draft pool, a cross
+//! pool, a KV connector, a prefix cache, unified adapter paging), each a trait reached through an
+//! associated type that every backend names. Backends only provide mechanism; lifecycle policy (which
+//! request may be resumed, when a lease is returned) lives in [`crate::request`] and the pass, so a
+//! scripted fake backend cannot break it. Every call is keyed by a [`KvRef`]: the request's dense table
+//! slot (for O(1) indexing) and its id (for recording fakes).
 //!
 //! Invariant every backend keeps (the pass relies on it): every operation is all-or-nothing. A
 //! `false`/`None` result changes nothing, except where stated (a failed first-chunk `resize_context`
-//! leaves the cache inactive, as upstream).
+//! leaves the cache inactive, as upstream; a joint draft pair's refused context growth, spec §1.7, is
+//! [`crate::kv_set`]'s).
+
+pub mod caps;
+
+pub use caps::{
+    Absent, AdapterPaging, CrossPool, DraftPairing, PairedPool, PrefixReuse, Transfers,
+};
 
 use crate::ids::RequestId;
 
@@ -103,203 +114,185 @@ pub struct PageMove {
     pub dst: u32,
 }
 
-/// The KV manager operations the scheduling pass uses.
-///
-/// Contract: every operation is all-or-nothing. A `false`/`None` result changes nothing, except where
-/// stated (a failed first-chunk `resize_context` leaves the cache inactive, as upstream).
-pub trait KvBackend {
-    /// A cache tier lies below the GPU (suspension can move pages down). When false, context-side
-    /// preemption is allowed.
-    fn tier_below_gpu(&self) -> bool;
-    /// Suspension really releases GPU pages (a lower tier absorbs them).
-    fn can_evict(&self) -> bool;
-    /// The request has a cache (active or suspended).
-    fn has_cache(&self, r: KvRef) -> bool;
-    /// The request's cache exists and is active on the GPU.
-    fn is_active(&self, r: KvRef) -> bool;
-    /// First chunk: create (or resume) the cache and return the number of reusable prefix tokens found;
-    /// later chunks: resume the existing cache and return `Some(0)`. `None`: refused (no slot, resume
-    /// refused, no cache for a later chunk).
-    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32>;
-    /// Grows the cache to hold `capacity` tokens (never shrinks).
-    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool;
-    /// Resumes the cache if suspended, then grows it by `grow` tokens (one decode step plus drafts).
-    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool;
-    /// Undoes the last successful `try_allocate_generation` growth.
-    fn revert_allocate_generation(&mut self, r: KvRef);
-    /// Suspends an active cache (pages move to a lower tier when there is room; else they stay held).
-    fn suspend(&mut self, r: KvRef);
-    /// Drops the cache entirely.
-    fn free(&mut self, r: KvRef);
-    /// Gives the cache's pages up (context-side preemption).
-    fn preempt(&mut self, r: KvRef);
-    /// Disaggregated generation: prepares the cache for a transferred prompt of `capacity` tokens.
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool;
-    /// Most tokens one request can ever hold (admission refuses larger requests).
-    fn max_tokens_per_request(&self) -> u64;
-    /// The prompt's block hashes (one per full block, in order, computed by the engine) and the request's
-    /// prefix root (its adapter identity and cache salt), set before the request has a cache. A backend
-    /// without a prefix cache ignores them.
-    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
-        let _ = (r, root, hashes);
-    }
-    /// The request's prompt KV is computed up to `computed` tokens: its full blocks may join the prefix
-    /// cache.
-    fn commit(&mut self, r: KvRef, computed: u32) {
-        let _ = (r, computed);
-    }
-    /// Block reuse is on for every block (the reference's ALL_REUSABLE policy): the pass may defer a first
-    /// chunk behind another request that contributes its first new block (spec §1.10).
-    fn prefix_skip(&self) -> bool {
-        false
-    }
-    /// Side-effect free: the key of the first block the request would newly contribute (spec §1.10).
-    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
-        let _ = (r, prep);
-        None
-    }
-    /// The page moves logged since the last call, in order; the log is then empty. A backend without
-    /// a lower tier (or without memory behind it) logs nothing.
-    fn take_moves(&mut self) -> &[PageMove] {
-        &[]
-    }
-    /// [`KvBackend::take_moves`] of one pool of a request's caches (a [`crate::kv_set::KvSet`] holds a
-    /// draft and a cross pool beside the target; a single pool is the target).
-    fn take_pool_moves(&mut self, pool: Pool) -> &[PageMove] {
-        match pool {
-            Pool::Target => self.take_moves(),
-            Pool::Draft | Pool::Cross => &[],
-        }
-    }
-    /// Side-effect free: the prefix tokens a first chunk would reuse, backed off by the lookahead and
-    /// capped by the reuse limit (spec §2 `probe_context_reuse`); `None` when the backend cannot tell.
-    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        let _ = (r, prep);
-        None
-    }
-    /// Undoes this pass's `resize_context` growth and suspends the cache; `false` when the cache had to
-    /// be dropped instead (spec §2 `revert_allocate_context`).
-    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
-        self.suspend(r);
-        true
-    }
-    /// An unpaired draft pool: creates the request's mirror cache if missing and resumes it (spec §2
-    /// `admit_mirror`); `false` when there is no slot or the resume is refused.
-    fn admit_mirror(&mut self, r: KvRef) -> bool {
-        let _ = r;
-        true
-    }
-    /// Side-effect free: the request's cache exists, is suspended, and resuming it would be refused now
-    /// (the preview of spec §1.11).
-    fn resume_blocked(&self, r: KvRef) -> bool {
-        let _ = r;
-        false
-    }
-    /// Side-effect free (spec §1.11): admitting this pending context request is certainly refused — an
-    /// unpaired draft pool whose mirror cannot be resumed now, beside an active target cache.
-    fn admission_certainly_blocked(&self, r: KvRef) -> bool {
-        let _ = r;
-        false
-    }
-    /// A cross (encoder-output) KV pool exists (encoder-decoder models).
-    fn has_cross_pool(&self) -> bool {
-        false
-    }
-    /// Creates (a first chunk only) or resumes the request's cross cache; `false` when refused.
-    fn prepare_cross(&mut self, r: KvRef, first_chunk: bool) -> bool {
-        let _ = (r, first_chunk);
-        false
-    }
-    /// Grows the request's cross cache to `tokens` (its encoder output plus extra tokens).
-    fn resize_cross(&mut self, r: KvRef, tokens: u32) -> bool {
-        let _ = (r, tokens);
-        false
-    }
-    /// Suspends the request's cross cache.
-    fn suspend_cross(&mut self, r: KvRef) {
-        let _ = r;
-    }
-    /// Speculative decoding: the last step's `tokens` rejected draft tokens leave the cache (its
-    /// capacity shrinks by them, whole pages beyond it are released). An inactive or absent cache is
-    /// left alone.
-    fn rewind(&mut self, r: KvRef, tokens: u32) {
-        let _ = (r, tokens);
-    }
-    /// Most encoder-output tokens one request's cross cache can ever hold (no cross pool: no limit
-    /// here, the pass stops such a request instead).
-    fn max_cross_tokens_per_request(&self) -> u64 {
-        u64::MAX
+/// Whether a request has a cache, and where ([`KvBackend::cache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CacheState {
+    /// No cache at all.
+    #[default]
+    NoCache,
+    /// A cache that is not active on the GPU: suspended (its pages in a lower tier, or HELD), or, in a
+    /// set of pools, a draft or cross cache left beside a target that has none.
+    Inactive,
+    /// The cache exists and is active on the GPU (spec §2 `is_request_active`).
+    Active,
+}
+
+impl CacheState {
+    /// The request has a cache (active or not).
+    #[inline]
+    pub const fn exists(self) -> bool {
+        !matches!(self, Self::NoCache)
     }
 
-    // --- The KV connector and the async transfer manager (spec §1.12). ---
-
-    /// A KV connector is attached: the deadlock error names the GPU-only remedies.
-    fn has_connector(&self) -> bool {
-        false
-    }
-    /// Hands `f` each request slot whose connector load ended or failed since the last call (the
-    /// scheduler calls it before every pass and recompute-pauses a request whose load failed or timed
-    /// out). Also where a backend polls its connector and counts the passes a load is unconfirmed.
-    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
-        let _ = f;
-    }
-    /// The async transfer manager has sends in flight (disaggregated serving: a context worker's KV on
-    /// its way to a generation worker). Their pages come free when they finish, so a pass that schedules
-    /// nothing meanwhile is not a stall.
-    fn sends_in_flight(&self) -> bool {
-        false
-    }
-
-    // --- Unified paging (beyond the reference): adapters' device copies in the KV pages. ---
-
-    /// The pool also holds the adapters' device copies (unified paging): a lease pins its adapter
-    /// here, and the adapter cache keeps only the host tier. False (the default): adapters have a
-    /// device cache of their own, and the pin calls below do nothing.
-    fn pages_adapters(&self) -> bool {
-        false
-    }
-    /// Most tokens one request can hold beside its adapter's `pages` pages (unified paging; else
-    /// [`KvBackend::max_tokens_per_request`]).
-    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
-        let _ = pages;
-        self.max_tokens_per_request()
-    }
-    /// Side-effect free: [`KvBackend::pin_adapter`] would succeed now.
-    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
-        let _ = (task, pages);
-        true
-    }
-    /// Pins adapter slot `task`, placing its `pages` pages first when it is not resident (taken like
-    /// KV pages, evicting idle cached blocks and idle adapters; `who` names demotion copies).
-    /// All-or-nothing; `false` when the pages cannot be had.
-    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
-        let _ = (who, task, pages);
-        true
-    }
-    /// Returns one pin of adapter slot `task`; with the last one it becomes evictable.
-    fn unpin_adapter(&mut self, task: u16) {
-        let _ = task;
-    }
-    /// Drops an unpinned adapter's device copy (its weights were replaced).
-    fn drop_adapter(&mut self, task: u16) {
-        let _ = task;
-    }
-    /// The pins on adapter slot `task` (`None` without unified paging).
-    fn adapter_pins(&self, task: u16) -> Option<u32> {
-        let _ = task;
-        None
-    }
-    /// Hands `f` the adapter slots placed since the last call (their weights must be copied).
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
-        let _ = f;
-    }
-    /// Hands `f` the adapter slots whose copy was evicted since the last call.
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
-        let _ = f;
+    /// The cache is active on the GPU.
+    #[inline]
+    pub const fn is_active(self) -> bool {
+        matches!(self, Self::Active)
     }
 }
 
-/// What became of a request's connector load ([`KvBackend::take_load_changes`]).
+/// The backend's tiers and per-request limits ([`KvBackend::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KvLimits {
+    /// A cache tier lies below the GPU (spec §2 `has_cache_tier_below_gpu`: suspension can move pages
+    /// down). When false, context-side preemption is allowed (§1.8).
+    pub tier_below_gpu: bool,
+    /// Suspension really releases GPU pages (a lower tier absorbs them; spec §2 `can_evict`).
+    pub can_evict: bool,
+    /// Most tokens one request can ever hold (admission refuses larger requests).
+    pub max_tokens_per_request: u64,
+}
+
+/// The KV manager operations every backend has — what the scheduling pass calls on every pool (spec
+/// §2) — and one accessor per capability that only some backends have.
+///
+/// Twelve operations and views: [`limits`](KvBackend::limits) and [`cache`](KvBackend::cache);
+/// [`prepare_context`](KvBackend::prepare_context) and
+/// [`prepare_disagg_gen_init`](KvBackend::prepare_disagg_gen_init) (admission; resuming is their side
+/// effect); [`resize_context`](KvBackend::resize_context),
+/// [`try_allocate_generation`](KvBackend::try_allocate_generation),
+/// [`revert_allocate_generation`](KvBackend::revert_allocate_generation) and
+/// [`rewind`](KvBackend::rewind) (growth and its undoing); [`suspend`](KvBackend::suspend),
+/// [`free`](KvBackend::free) and [`preempt`](KvBackend::preempt); [`take_moves`](KvBackend::take_moves).
+/// Then five capability accessors and their read-only view, [`caps`](KvBackend::caps).
+///
+/// # The contract
+///
+/// Every operation is all-or-nothing. A `false`/`None` result changes nothing, except where stated (a
+/// failed first-chunk [`KvBackend::resize_context`] leaves the cache inactive, as upstream). The same
+/// holds for every capability's operations ([`caps`]).
+///
+/// # Capabilities
+///
+/// What only some backends do is a capability: a trait of its own, reached through an associated type
+/// and an accessor that every implementation must write, for every capability:
+///
+/// | capability | type | accessor | what |
+/// |---|---|---|---|
+/// | [`DraftPairing`] | [`KvBackend::Draft`] | [`KvBackend::draft`] | a draft pool paired with the target (speculative decoding) |
+/// | [`CrossPool`] | [`KvBackend::Cross`] | [`KvBackend::cross`] | the encoder output's pool (encoder-decoder models) |
+/// | [`Transfers`] | [`KvBackend::Transfers`] | [`KvBackend::transfers`] | a KV connector and the async transfer manager |
+/// | [`PrefixReuse`] | [`KvBackend::Prefix`] | [`KvBackend::prefix`] | a prefix cache: block hashes, commits, reuse probes |
+/// | [`AdapterPaging`] | [`KvBackend::Adapters`] | [`KvBackend::adapters`] | adapters' device copies in the KV pages (unified paging) |
+///
+/// A backend without a capability names [`Absent`] (an uninhabited type: no value of it exists, so its
+/// accessor can only answer `None`, and the pass's code for the capability compiles away); one with it
+/// names the type that implements it (often `Self`) and answers `Some` — always, or while the
+/// capability is configured (a pool with a prefix cache, a set with a draft pool). Neither associated
+/// types nor the accessors have defaults, so a backend that implements a capability cannot forget to say
+/// so, and one that says so must implement every operation of it: there is no silent default. The pass
+/// reaches a capability only through its accessor (`if let Some(x) = kv.cross() { … }`), or, for a
+/// side-effect-free probe from a `&self` caller, through [`KvBackend::caps`] (whose fields answer as
+/// the accessors do): statically dispatched, no `dyn` on the hot path.
+///
+/// A pool that is to be paired in a [`crate::kv_set::KvSet`] (target or draft) also implements
+/// [`PairedPool`], the pairing operations the set calls on its members (mirror admission, the resume
+/// preview, the context revert).
+pub trait KvBackend {
+    /// The draft pool pairing ([`Absent`]: none).
+    type Draft: DraftPairing;
+    /// The cross (encoder-output) pool ([`Absent`]: none).
+    type Cross: CrossPool;
+    /// The KV connector and transfer manager ([`Absent`]: none).
+    type Transfers: Transfers;
+    /// The prefix cache ([`Absent`]: none).
+    type Prefix: PrefixReuse;
+    /// Unified adapter paging ([`Absent`]: adapters have a device cache of their own).
+    type Adapters: AdapterPaging;
+
+    /// The tiers and per-request limits.
+    fn limits(&self) -> KvLimits;
+    /// Whether the request has a cache, and whether it is active (spec §2 `is_request_active`,
+    /// `has_active_cache`).
+    fn cache(&self, r: KvRef) -> CacheState;
+
+    /// First chunk: create (or resume) the cache and return the number of reusable prefix tokens found;
+    /// later chunks: resume the existing cache and return `Some(0)` (spec §2 `prepare_context_cache`).
+    /// `None`: refused (no slot, resume refused, no cache for a later chunk).
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32>;
+    /// Disaggregated generation: prepares the cache for a transferred prompt of `capacity` tokens
+    /// (spec §2 `prepare_disagg_gen_init`).
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool;
+    /// Grows an active cache to hold `capacity` tokens (never shrinks; spec §2 `resize_context`). A
+    /// refused first chunk leaves its cache inactive (the one exception to all-or-nothing).
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool;
+    /// Resumes the cache if suspended, then grows it by `grow` tokens (one decode step plus drafts;
+    /// spec §2 `try_allocate_generation`).
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool;
+    /// Undoes the last successful `try_allocate_generation` growth (spec §2
+    /// `revert_allocate_generation`).
+    fn revert_allocate_generation(&mut self, r: KvRef);
+    /// Speculative decoding: the last step's `tokens` rejected draft tokens leave the cache (its
+    /// capacity shrinks by them, whole pages beyond it are released). An inactive or absent cache is
+    /// left alone; a backend that does not track capacity ignores it.
+    fn rewind(&mut self, r: KvRef, tokens: u32);
+
+    /// Suspends an active cache (pages move to a lower tier when there is room; else they stay held;
+    /// spec §2 `suspend_request`). Resuming is a side effect of `prepare_context`,
+    /// `try_allocate_generation`, `prepare_disagg_gen_init` (and a mirror's admission).
+    fn suspend(&mut self, r: KvRef);
+    /// Drops the cache entirely (spec §2 `free_resources`).
+    fn free(&mut self, r: KvRef);
+    /// Gives the cache's pages up (context-side preemption, spec §2 `preempt_request`).
+    fn preempt(&mut self, r: KvRef);
+
+    /// The page moves logged since the last call, in order; the log is then empty. A backend without
+    /// a lower tier (or without memory behind it) logs nothing. (A set's draft and cross pools log
+    /// theirs apart: [`DraftPairing::take_draft_moves`], [`CrossPool::take_cross_moves`].)
+    fn take_moves(&mut self) -> &[PageMove];
+
+    /// The draft pool pairing, when there is one.
+    fn draft(&mut self) -> Option<&mut Self::Draft>;
+    /// The cross pool, when there is one (without one an encoder request cannot run: spec §1.6 step 7).
+    fn cross(&mut self) -> Option<&mut Self::Cross>;
+    /// The KV connector and transfer manager, when attached (spec §1.12).
+    fn transfers(&mut self) -> Option<&mut Self::Transfers>;
+    /// The prefix cache, when there is one (spec §1.10, §2 `probe_context_reuse`).
+    fn prefix(&mut self) -> Option<&mut Self::Prefix>;
+    /// Unified adapter paging, when on.
+    fn adapters(&mut self) -> Option<&mut Self::Adapters>;
+    /// Every capability read-only, for the side-effect-free probes of a `&self` caller (the
+    /// scheduler's invariant check, a set asking its pools): each field is `Some` exactly when its
+    /// accessor above answers `Some`.
+    fn caps(&self) -> Caps<'_, Self>;
+}
+
+/// A backend's capabilities, read-only ([`KvBackend::caps`]).
+pub struct Caps<'a, K: KvBackend + ?Sized> {
+    /// [`KvBackend::draft`].
+    pub draft: Option<&'a K::Draft>,
+    /// [`KvBackend::cross`].
+    pub cross: Option<&'a K::Cross>,
+    /// [`KvBackend::transfers`].
+    pub transfers: Option<&'a K::Transfers>,
+    /// [`KvBackend::prefix`].
+    pub prefix: Option<&'a K::Prefix>,
+    /// [`KvBackend::adapters`].
+    pub adapters: Option<&'a K::Adapters>,
+}
+
+impl<K: KvBackend + ?Sized> Caps<'_, K> {
+    /// No capability at all (a plain pool).
+    pub const NONE: Self = Self {
+        draft: None,
+        cross: None,
+        transfers: None,
+        prefix: None,
+        adapters: None,
+    };
+}
+
+/// What became of a request's connector load ([`Transfers::take_load_changes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LoadChange {
     /// The load ended: its blocks are in the pages.

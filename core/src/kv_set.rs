@@ -1,10 +1,23 @@
 //! A request's caches as one backend: the target pool, an optional draft pool (speculative decoding) and
-//! an optional cross pool (encoder-decoder), each itself a [`KvBackend`].
+//! an optional cross pool (encoder-decoder), each itself a [`KvBackend`] (target and draft also a
+//! [`PairedPool`]).
 //!
 //! The scheduler holds one `K: KvBackend`; with `K = KvSet<…>` every call it makes acts on all of a
 //! request's caches together, so suspending, preempting or freeing the target without its draft cannot
-//! be written: [`KvSet`] lends its pools out read-only ([`KvSet::target`], [`KvSet::draft`],
-//! [`KvSet::cross`]) and the scheduler lends the set out read-only too.
+//! be written: [`KvSet`] lends its pools out read-only ([`KvSet::target`], [`KvSet::draft_pool`],
+//! [`KvSet::cross_pool`]) and the scheduler lends the set out read-only too. Its capabilities are the
+//! set itself, so none of them lends a pool out either.
+//!
+//! Capabilities follow the members: [`DraftPairing`] while there is a draft pool, [`CrossPool`] while
+//! there is a cross pool; [`Transfers`] and [`AdapterPaging`] are the target's (a connector loads into
+//! the target's pages, adapters share the target model's pages); [`PrefixReuse`] while the target or
+//! the draft pool has a prefix cache (hashes and commits reach both, the pass's probes are the
+//! target's).
+//!
+//! [`DraftPairing`]: crate::kv::DraftPairing
+//! [`CrossPool`]: crate::kv::CrossPool
+//! [`Transfers`]: crate::kv::Transfers
+//! [`AdapterPaging`]: crate::kv::AdapterPaging
 //!
 //! The pairing rules are the reference's (spec §1.5 step 3, §1.7):
 //!
@@ -21,11 +34,15 @@
 //!   after the target's allocation (§1.7 step 6); suspended separately, freed with the rest.
 //!
 //! Suspension acts on target and draft, freeing on all three pools, preemption frees the draft beside the
-//! target's preemption (spec §1.8). The target decides `has_cache`/`is_active` for the pass; `has_cache`
-//! also sees a draft or cross cache left alone, so a rolled-back first chunk frees every pool.
+//! target's preemption (spec §1.8). The target decides [`KvBackend::cache`] for the pass, except that a
+//! draft or cross cache left alone beside a target without one is [`CacheState::Inactive`], so a
+//! rolled-back first chunk frees every pool.
 
-use crate::ids::RequestId;
-use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove, Pool};
+use crate::kv::{
+    CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PairedPool, PrefixReuse,
+};
+
+mod caps;
 
 /// How a draft pool pairs with the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,7 +61,7 @@ pub struct KvSet<T, D = T, X = T> {
     cross: Option<X>,
 }
 
-impl<T: KvBackend> KvSet<T, T, T> {
+impl<T: PairedPool> KvSet<T, T, T> {
     /// The target pool alone.
     pub fn new(target: T) -> Self {
         Self {
@@ -55,7 +72,16 @@ impl<T: KvBackend> KvSet<T, T, T> {
     }
 }
 
-impl<T: KvBackend, D: KvBackend, X: KvBackend> KvSet<T, D, X> {
+/// The tokens a first chunk could reuse in `pool` (its probe; a pool without a prefix cache reuses
+/// nothing).
+fn reuse_probe<P: KvBackend>(pool: &mut P, r: KvRef, prep: ContextPrep) -> Option<u32> {
+    match pool.prefix() {
+        Some(p) => p.probe_context_reuse(r, prep),
+        None => Some(0),
+    }
+}
+
+impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
     /// The target, a draft pool paired by `mode`, and a cross pool (each optional but the target).
     pub fn with_pools(target: T, draft: Option<(DraftMode, D)>, cross: Option<X>) -> Self {
         Self {
@@ -71,12 +97,12 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvSet<T, D, X> {
     }
 
     /// The draft pool and how it pairs.
-    pub fn draft(&self) -> Option<(DraftMode, &D)> {
+    pub fn draft_pool(&self) -> Option<(DraftMode, &D)> {
         self.draft.as_ref().map(|(m, d)| (*m, d))
     }
 
     /// The cross pool.
-    pub fn cross(&self) -> Option<&X> {
+    pub fn cross_pool(&self) -> Option<&X> {
         self.cross.as_ref()
     }
 
@@ -93,8 +119,8 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvSet<T, D, X> {
             return None;
         };
         let probes = (
-            draft.probe_context_reuse(r, prep),
-            self.target.probe_context_reuse(r, prep),
+            reuse_probe(draft, r, prep),
+            reuse_probe(&mut self.target, r, prep),
         );
         let limit = match probes {
             (Some(d), Some(t)) => d.min(t),
@@ -118,44 +144,78 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvSet<T, D, X> {
         // Claims at depth 0 reuse nothing; a pool that still claims is broken: refuse the chunk.
         (d0 == 0 && t0 == 0).then_some(0)
     }
+
+    /// A joint continuation chunk: both pools prepare; a refusal suspends both unless the request was
+    /// active (upstream suspends both; an active continuation keeps its caches, difference 12).
+    fn prepare_continuation(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let Some((_, d)) = &mut self.draft else {
+            return self.target.prepare_context(r, prep);
+        };
+        let was_active = self.target.cache(r).is_active();
+        let pair = (
+            self.target.prepare_context(r, prep),
+            d.prepare_context(r, prep),
+        );
+        if pair.0.is_none() || pair.1.is_none() {
+            if !was_active {
+                self.target.suspend(r);
+                d.suspend(r);
+            }
+            return None;
+        }
+        Some(0)
+    }
 }
 
-impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
+impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
+    type Draft = Self;
+    type Cross = Self;
+    type Transfers = Self;
+    type Prefix = Self;
+    type Adapters = Self;
+
     /// Suspension moves a request's caches down only where every pool it suspends has a lower tier: a
     /// draft pool without one keeps its pages held, so preemption must stay possible.
-    fn tier_below_gpu(&self) -> bool {
-        self.target.tier_below_gpu() && self.draft.as_ref().is_none_or(|(_, d)| d.tier_below_gpu())
+    fn limits(&self) -> KvLimits {
+        let t = self.target.limits();
+        match &self.draft {
+            None => t,
+            Some((_, d)) => {
+                let d = d.limits();
+                KvLimits {
+                    tier_below_gpu: t.tier_below_gpu && d.tier_below_gpu,
+                    can_evict: t.can_evict && d.can_evict,
+                    max_tokens_per_request: t.max_tokens_per_request.min(d.max_tokens_per_request),
+                }
+            }
+        }
     }
 
-    fn can_evict(&self) -> bool {
-        self.target.can_evict() && self.draft.as_ref().is_none_or(|(_, d)| d.can_evict())
-    }
-
-    fn has_cache(&self, r: KvRef) -> bool {
-        self.target.has_cache(r)
-            || self.draft.as_ref().is_some_and(|(_, d)| d.has_cache(r))
-            || self.cross.as_ref().is_some_and(|x| x.has_cache(r))
+    /// The target's state decides; a draft or cross cache left alone beside a target without one is
+    /// [`CacheState::Inactive`], so a rolled-back first chunk frees every pool.
+    #[inline]
+    fn cache(&self, r: KvRef) -> CacheState {
+        match self.target.cache(r) {
+            CacheState::NoCache => {
+                let left = self
+                    .draft
+                    .as_ref()
+                    .is_some_and(|(_, d)| d.cache(r).exists())
+                    || self.cross.as_ref().is_some_and(|x| x.cache(r).exists());
+                if left {
+                    CacheState::Inactive
+                } else {
+                    CacheState::NoCache
+                }
+            }
+            state => state,
+        }
     }
 
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         match self.draft {
             Some((DraftMode::Joint, _)) if prep.first_chunk => self.claim_jointly(r, prep),
-            Some((DraftMode::Joint, ref mut d)) => {
-                let was_active = self.target.is_active(r);
-                let pair = (
-                    self.target.prepare_context(r, prep),
-                    d.prepare_context(r, prep),
-                );
-                if pair.0.is_none() || pair.1.is_none() {
-                    // Upstream suspends both; an active continuation keeps its caches (difference 12).
-                    if !was_active {
-                        self.target.suspend(r);
-                        d.suspend(r);
-                    }
-                    return None;
-                }
-                Some(0)
-            }
+            Some((DraftMode::Joint, _)) => self.prepare_continuation(r, prep),
             Some((DraftMode::Unpaired, ref mut d)) => {
                 let reused = self.target.prepare_context(r, prep)?;
                 d.admit_mirror(r).then_some(reused)
@@ -164,10 +224,24 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         }
     }
 
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        if !self.target.prepare_disagg_gen_init(r, capacity) {
+            return false;
+        }
+        let paired = match &mut self.draft {
+            Some((DraftMode::Joint, d)) => d.prepare_disagg_gen_init(r, capacity),
+            _ => true,
+        };
+        if !paired {
+            self.target.suspend(r);
+        }
+        paired
+    }
+
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         if !self.target.resize_context(r, capacity, first_chunk) {
             // The draft follows the target: a refused first chunk's caches are suspended together.
-            if !self.target.is_active(r) {
+            if !self.target.cache(r).is_active() {
                 if let Some(d) = self.joint() {
                     d.suspend(r);
                 }
@@ -203,163 +277,11 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         }
     }
 
-    #[inline]
-    fn is_active(&self, r: KvRef) -> bool {
-        self.target.is_active(r)
-    }
     fn revert_allocate_generation(&mut self, r: KvRef) {
         self.target.revert_allocate_generation(r);
         if let Some(d) = self.joint() {
             d.revert_allocate_generation(r);
         }
-    }
-
-    fn suspend(&mut self, r: KvRef) {
-        self.target.suspend(r);
-        if let Some((_, d)) = &mut self.draft {
-            d.suspend(r);
-        }
-    }
-
-    fn free(&mut self, r: KvRef) {
-        if self.target.has_cache(r) {
-            self.target.free(r);
-        }
-        if let Some((_, d)) = &mut self.draft {
-            if d.has_cache(r) {
-                d.free(r);
-            }
-        }
-        if let Some(x) = &mut self.cross {
-            if x.has_cache(r) {
-                x.free(r);
-            }
-        }
-    }
-
-    fn preempt(&mut self, r: KvRef) {
-        self.target.preempt(r);
-        if let Some((_, d)) = &mut self.draft {
-            if d.has_cache(r) {
-                d.free(r);
-            }
-        }
-        // A recompute-paused request owns no KV: its cross cache goes too (its replay's first chunk
-        // creates it again). Kept, it pinned cross pages nobody owned, and a request needing them
-        // waited for ever while the victim replayed (a livelock the model tests found).
-        if let Some(x) = &mut self.cross {
-            if x.has_cache(r) {
-                x.free(r);
-            }
-        }
-    }
-
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
-        if !self.target.prepare_disagg_gen_init(r, capacity) {
-            return false;
-        }
-        let paired = match &mut self.draft {
-            Some((DraftMode::Joint, d)) => d.prepare_disagg_gen_init(r, capacity),
-            _ => true,
-        };
-        if !paired {
-            self.target.suspend(r);
-        }
-        paired
-    }
-
-    fn max_tokens_per_request(&self) -> u64 {
-        let draft = self
-            .draft
-            .as_ref()
-            .map_or(u64::MAX, |(_, d)| d.max_tokens_per_request());
-        self.target.max_tokens_per_request().min(draft)
-    }
-
-    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
-        self.target.set_prefix(r, root, hashes);
-        if let Some((_, d)) = &mut self.draft {
-            d.set_prefix(r, root, hashes);
-        }
-    }
-
-    fn commit(&mut self, r: KvRef, computed: u32) {
-        self.target.commit(r, computed);
-        if let Some(d) = self.joint() {
-            d.commit(r, computed);
-        }
-    }
-
-    fn prefix_skip(&self) -> bool {
-        self.target.prefix_skip()
-    }
-
-    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
-        self.target.probe_first_new_block(r, prep)
-    }
-
-    fn take_moves(&mut self) -> &[PageMove] {
-        self.target.take_moves()
-    }
-
-    fn take_pool_moves(&mut self, pool: Pool) -> &[PageMove] {
-        match pool {
-            Pool::Target => self.target.take_moves(),
-            Pool::Draft => match &mut self.draft {
-                Some((_, d)) => d.take_moves(),
-                None => &[],
-            },
-            Pool::Cross => match &mut self.cross {
-                Some(x) => x.take_moves(),
-                None => &[],
-            },
-        }
-    }
-
-    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        self.target.probe_context_reuse(r, prep)
-    }
-
-    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
-        let kept = self.target.revert_allocate_context(r);
-        if let Some(d) = self.joint() {
-            d.revert_allocate_context(r);
-        }
-        kept
-    }
-
-    fn admission_certainly_blocked(&self, r: KvRef) -> bool {
-        match &self.draft {
-            Some((DraftMode::Unpaired, d)) => self.target.is_active(r) && d.resume_blocked(r),
-            _ => false,
-        }
-    }
-
-    fn has_cross_pool(&self) -> bool {
-        self.cross.is_some()
-    }
-
-    fn prepare_cross(&mut self, r: KvRef, first_chunk: bool) -> bool {
-        let Some(x) = &mut self.cross else {
-            return false;
-        };
-        if !first_chunk && !x.has_cache(r) {
-            return false;
-        }
-        let prep = ContextPrep {
-            first_chunk: !x.has_cache(r),
-            prompt: 0,
-            position: 0,
-            lookahead: 0,
-            reuse_limit: 0,
-        };
-        x.prepare_context(r, prep).is_some()
-    }
-
-    fn resize_cross(&mut self, r: KvRef, tokens: u32) -> bool {
-        self.cross
-            .as_mut()
-            .is_some_and(|x| x.resize_context(r, tokens, false))
     }
 
     fn rewind(&mut self, r: KvRef, tokens: u32) {
@@ -369,72 +291,114 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
         }
     }
 
-    fn max_cross_tokens_per_request(&self) -> u64 {
-        self.cross
-            .as_ref()
-            .map_or(u64::MAX, |x| x.max_tokens_per_request())
-    }
-
-    fn has_connector(&self) -> bool {
-        self.target.has_connector()
-    }
-
-    fn sends_in_flight(&self) -> bool {
-        self.target.sends_in_flight()
-    }
-
-    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, crate::kv::LoadChange)) {
-        self.target.take_load_changes(f);
-    }
-
-    // Unified paging is the target pool's: adapters share the target model's pages.
     #[inline]
-    fn pages_adapters(&self) -> bool {
-        self.target.pages_adapters()
+    fn suspend(&mut self, r: KvRef) {
+        self.target.suspend(r);
+        if let Some((_, d)) = &mut self.draft {
+            d.suspend(r);
+        }
     }
 
-    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
-        let draft = self
+    fn free(&mut self, r: KvRef) {
+        if self.target.cache(r).exists() {
+            self.target.free(r);
+        }
+        if let Some((_, d)) = &mut self.draft {
+            if d.cache(r).exists() {
+                d.free(r);
+            }
+        }
+        if let Some(x) = &mut self.cross {
+            if x.cache(r).exists() {
+                x.free(r);
+            }
+        }
+    }
+
+    fn preempt(&mut self, r: KvRef) {
+        self.target.preempt(r);
+        if let Some((_, d)) = &mut self.draft {
+            if d.cache(r).exists() {
+                d.free(r);
+            }
+        }
+        // A recompute-paused request owns no KV: its cross cache goes too (its replay's first chunk
+        // creates it again). Kept, it pinned cross pages nobody owned, and a request needing them
+        // waited for ever while the victim replayed (a livelock the model tests found).
+        if let Some(x) = &mut self.cross {
+            if x.cache(r).exists() {
+                x.free(r);
+            }
+        }
+    }
+
+    #[inline]
+    fn take_moves(&mut self) -> &[PageMove] {
+        self.target.take_moves()
+    }
+
+    #[inline]
+    fn draft(&mut self) -> Option<&mut Self> {
+        if self.draft.is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn cross(&mut self) -> Option<&mut Self> {
+        if self.cross.is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn transfers(&mut self) -> Option<&mut Self> {
+        if self.target.transfers().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn prefix(&mut self) -> Option<&mut Self> {
+        let draft = match &mut self.draft {
+            Some((_, d)) => d.prefix().is_some(),
+            None => false,
+        };
+        if draft || self.target.prefix().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn adapters(&mut self) -> Option<&mut Self> {
+        if self.target.adapters().is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn caps(&self) -> Caps<'_, Self> {
+        let target = self.target.caps();
+        let draft_prefix = self
             .draft
             .as_ref()
-            .map_or(u64::MAX, |(_, d)| d.max_tokens_per_request());
-        self.target.max_tokens_beside_adapter(pages).min(draft)
-    }
-
-    #[inline]
-    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
-        self.target.can_pin_adapter(task, pages)
-    }
-
-    #[inline]
-    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
-        self.target.pin_adapter(who, task, pages)
-    }
-
-    #[inline]
-    fn unpin_adapter(&mut self, task: u16) {
-        self.target.unpin_adapter(task);
-    }
-
-    fn drop_adapter(&mut self, task: u16) {
-        self.target.drop_adapter(task);
-    }
-
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
-        self.target.take_adapter_placements(f);
-    }
-
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
-        self.target.take_adapter_evictions(f);
-    }
-
-    fn adapter_pins(&self, task: u16) -> Option<u32> {
-        self.target.adapter_pins(task)
-    }
-
-    fn suspend_cross(&mut self, r: KvRef) {
-        if let Some(x) = &mut self.cross {
-            x.suspend(r);
+            .is_some_and(|(_, d)| d.caps().prefix.is_some());
+        Caps {
+            draft: self.draft.as_ref().map(|_| self),
+            cross: self.cross.as_ref().map(|_| self),
+            transfers: target.transfers.map(|_| self),
+            prefix: (draft_prefix || target.prefix.is_some()).then_some(self),
+            adapters: target.adapters.map(|_| self),
         }
     }
 }
@@ -442,14 +406,14 @@ impl<T: KvBackend, D: KvBackend, X: KvBackend> KvBackend for KvSet<T, D, X> {
 /// A generation step on the target and its draft, all or nothing: a target the step resumed is
 /// suspended again when the draft side refuses.
 #[inline(always)]
-fn generation_paired<T: KvBackend, D: KvBackend>(
+fn generation_paired<T: KvBackend, D: PairedPool>(
     target: &mut T,
     mode: DraftMode,
     draft: &mut D,
     r: KvRef,
     grow: u32,
 ) -> bool {
-    let was_active = target.is_active(r);
+    let was_active = target.cache(r).is_active();
     if !target.try_allocate_generation(r, grow) {
         return false;
     }

@@ -18,7 +18,7 @@ use crate::adapter::{Holding, PeftBackend, TaskRef};
 use crate::bomb::Bomb;
 use crate::error::PeftError;
 use crate::ids::{RequestId, TaskId};
-use crate::kv::KvBackend;
+use crate::kv::{AdapterPaging, KvBackend};
 
 /// A task slot kept as slot + 1, so that an optional token costs nothing (16 bytes with its holder).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,8 +169,8 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
     /// registration, consumed on success (this is a resume or replay). On refusal everything is handed
     /// back unchanged.
     ///
-    /// With unified paging ([`KvBackend::pages_adapters`]) the lease also pins the adapter in the KV
-    /// pool (placing it there first); a refused pin is a refused lease.
+    /// With unified paging ([`KvBackend::adapters`]) the lease also pins the adapter in the KV pool
+    /// (placing it there first); a refused pin is a refused lease.
     pub(crate) fn acquire<K: KvBackend>(
         &mut self,
         kv: &mut K,
@@ -199,7 +199,10 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         } else {
             self.pages[s]
         };
-        if !kv.pin_adapter(req, task.slot, pages) {
+        if !kv
+            .adapters()
+            .is_none_or(|a| a.pin_adapter(req, task.slot, pages))
+        {
             let e = PeftError::KvPagesFull {
                 task: task.id,
                 needed: pages,
@@ -207,7 +210,9 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
             return Err((paused, e));
         }
         if let Err(e) = self.backend.add_request(req, task, paused.is_some()) {
-            kv.unpin_adapter(task.slot);
+            if let Some(a) = kv.adapters() {
+                a.unpin_adapter(task.slot);
+            }
             return Err((paused, e));
         }
         if let Some(p) = paused {
@@ -243,7 +248,9 @@ impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
         let s = task.slot as usize;
         self.backend
             .mark_request_done(req, task, pause, Holding::Lease);
-        kv.unpin_adapter(task.slot);
+        if let Some(a) = kv.adapters() {
+            a.unpin_adapter(task.slot);
+        }
         assert!(self.leases[s] > 0, "a returned lease was counted");
         self.leases[s] -= 1;
         if self.leases[s] == 0 {

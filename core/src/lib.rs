@@ -22,15 +22,17 @@
 //!                    │ calls backends only through their contracts
 //! L2 mechanisms  page_pool/ (KvPool)  kv_set (draft/cross pairing)  adapter_pool  memory (alloc)
 //!                    │ implement
-//! L1 contracts   kv (KvBackend, PageMove, chain)  adapter (PeftBackend)  connector (KvConnector)
+//! L1 contracts   kv (KvBackend, PageMove, chain; kv/caps.rs: its capabilities)  adapter (PeftBackend)
+//!                connector (KvConnector)
 //!                    │ name
 //! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint
 //! ```
 //!
 //! - [`ids`], [`error`], [`phase`], [`arena`]: request and task ids, the error values, the upstream
 //!   request states (`LlmRequestState`), the fixed-capacity generational slot arena.
-//! - [`kv`]: the KV backend contract and the page-move vocabulary; [`adapter`]: the PEFT backend
-//!   contract; [`connector`]: an external KV store as the scheduler sees it.
+//! - [`kv`]: the KV backend contract (what every pool does, and the capabilities only some have:
+//!   [`kv::caps`]) and the page-move vocabulary; [`adapter`]: the PEFT backend contract;
+//!   [`connector`]: an external KV store as the scheduler sees it.
 //! - [`page_pool`]: the fixed-capacity two-tier page pool (optional prefix cache, unified adapter paging,
 //!   a KV connector); [`kv_set`]: draft and cross pools beside the target; [`adapter_pool`]: the
 //!   fixed-capacity adapter cache.

@@ -343,7 +343,7 @@ impl Request<Waiting> {
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Waiting>> {
-        if !kv.is_active(self.kv_ref()) {
+        if !kv.cache(self.kv_ref()).is_active() {
             return Err(self.not_on_gpu());
         }
         let lease = match self.task() {
@@ -380,7 +380,7 @@ impl Request<Waiting> {
     /// (8) Finish: drops any cache left by a rolled-back admission.
     pub fn finish<K: KvBackend>(self, kv: &mut K) {
         let r = self.kv_ref();
-        if kv.has_cache(r) {
+        if kv.cache(r).exists() {
             kv.free(r);
         }
         let _ = self.into_parts();
@@ -487,7 +487,7 @@ where
         desk: &mut AdapterDesk<P, T>,
     ) {
         let r = self.kv_ref();
-        if kv.has_cache(r) {
+        if kv.cache(r).exists() {
             kv.free(r);
         }
         let (core, state) = self.into_parts();
@@ -516,7 +516,7 @@ impl Request<Suspended<Paused>> {
         desk: &mut AdapterDesk<P, T>,
         how: KvReturn,
     ) -> Result<Request<Resumed>, Refused<Suspended<Paused>>> {
-        if !kv.is_active(self.kv_ref()) {
+        if !kv.cache(self.kv_ref()).is_active() {
             return Err(self.not_on_gpu());
         }
         let r = self.kv_ref();
@@ -576,7 +576,7 @@ impl Request<Suspended<Recompute>> {
         kv: &mut K,
         desk: &mut AdapterDesk<P, T>,
     ) -> Result<Request<Active>, Refused<Suspended<Recompute>>> {
-        if !kv.is_active(self.kv_ref()) {
+        if !kv.cache(self.kv_ref()).is_active() {
             return Err(self.not_on_gpu());
         }
         let (core, state) = self.into_parts();

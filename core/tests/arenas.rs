@@ -6,7 +6,7 @@ use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PrefixReuse};
 use kvsched_core::memory::KvMemory;
 use kvsched_core::page_pool::{page_of, KvPoolConfig, SeqState};
 use proptest::prelude::*;
@@ -288,7 +288,7 @@ proptest! {
         for op in ops {
             match op {
                 PrefixOp::Start { slot, root_b, family, diverge, prompt, partial } => {
-                    if kv.has_cache(r(slot)) {
+                    if kv.cache(r(slot)).exists() {
                         continue;
                     }
                     let root = if root_b { 0xb } else { 0xa };

@@ -369,7 +369,7 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
         KvSet::with_pools(target.pool().unwrap(), None, Some(cross.pool().unwrap()));
     let mut s: Scheduler<_, AdapterPool<T>, N, T> =
         Scheduler::new(Config::default(), kv, AdapterPool::new(1, 1).unwrap()).unwrap();
-    let before = (s.fingerprint(), s.kv().cross().unwrap().fingerprint());
+    let before = (s.fingerprint(), s.kv().cross_pool().unwrap().fingerprint());
     let mut dec = spec(30, 4);
     dec.encoder_len = 33;
     assert!(matches!(
@@ -381,7 +381,7 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
         })
     ));
     assert_eq!(
-        (s.fingerprint(), s.kv().cross().unwrap().fingerprint()),
+        (s.fingerprint(), s.kv().cross_pool().unwrap().fingerprint()),
         before
     );
     dec.skip_cross = true;

@@ -57,7 +57,7 @@ const LONG_FILES: &[(&str, usize)] = &[
     ("adapter_pool.rs", 658),
     ("page_pool/prefix.rs", 630),
     ("request.rs", 614),
-    ("scheduler/mod.rs", 776),
+    ("scheduler/mod.rs", 688),
     ("scheduler/table.rs", 639),
 ];
 

@@ -17,7 +17,7 @@ mod common;
 use common::{cuda_property, fail, pattern};
 use kvsched_core::ids::RequestId;
 use kvsched_core::kv::chain;
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PageMove};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PageMove, PrefixReuse};
 use kvsched_core::page_pool::{
     page_of, KvPool, KvPoolConfig, KvStorage, PageInfo, PrefixStats, PrefixStorage, Seq, HOST,
 };
@@ -155,7 +155,7 @@ impl Harness {
                 diverge,
                 tokens,
             } => {
-                if pool.has_cache(kv_ref(slot)) {
+                if pool.cache(kv_ref(slot)).exists() {
                     return Ok(());
                 }
                 let root = if root_b { 0xb } else { 0xa };

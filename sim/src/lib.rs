@@ -555,7 +555,7 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.
 fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     let mut bad = 0;
-    let pools = std::iter::once(s.kv().target()).chain(s.kv().draft().map(|(_, d)| d));
+    let pools = std::iter::once(s.kv().target()).chain(s.kv().draft_pool().map(|(_, d)| d));
     for p in pools {
         bad += u64::from(!p.audit(&mut vec![0; p.config().page_info_len()]));
     }

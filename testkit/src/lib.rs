@@ -36,7 +36,10 @@ use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window
 use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId};
-use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, Pool, Tier};
+use kvsched_core::kv::{
+    Absent, AdapterPaging, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, PairedPool,
+    Pool, Tier,
+};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::memory::KvMemory;
 use kvsched_core::output::{Listed, SchedulerOutput};
@@ -454,24 +457,29 @@ pub struct FaultKv<'a> {
     pub faults: Faults,
 }
 
-impl KvBackend for FaultKv<'_> {
-    fn tier_below_gpu(&self) -> bool {
-        self.inner.tier_below_gpu()
+/// The pool's capabilities are the pool's (its prefix cache and connector are reached as they are),
+/// except unified paging, whose pins the schedule refuses.
+impl<'a> KvBackend for FaultKv<'a> {
+    type Draft = Absent;
+    type Cross = Absent;
+    type Transfers = KvPool<'a>;
+    type Prefix = KvPool<'a>;
+    type Adapters = Self;
+
+    fn limits(&self) -> KvLimits {
+        self.inner.limits()
     }
-    fn can_evict(&self) -> bool {
-        self.inner.can_evict()
-    }
-    fn has_cache(&self, r: KvRef) -> bool {
-        self.inner.has_cache(r)
-    }
-    fn is_active(&self, r: KvRef) -> bool {
-        self.inner.is_active(r)
+    fn cache(&self, r: KvRef) -> CacheState {
+        self.inner.cache(r)
     }
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         if self.faults.fire(Fault::KvPrepare) {
             return None;
         }
         self.inner.prepare_context(r, prep)
+    }
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        self.inner.prepare_disagg_gen_init(r, capacity)
     }
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         if self.faults.fire(Fault::KvResize) {
@@ -491,6 +499,9 @@ impl KvBackend for FaultKv<'_> {
     fn revert_allocate_generation(&mut self, r: KvRef) {
         self.inner.revert_allocate_generation(r);
     }
+    fn rewind(&mut self, r: KvRef, tokens: u32) {
+        self.inner.rewind(r, tokens);
+    }
     fn suspend(&mut self, r: KvRef) {
         self.inner.suspend(r);
     }
@@ -500,30 +511,42 @@ impl KvBackend for FaultKv<'_> {
     fn preempt(&mut self, r: KvRef) {
         self.inner.preempt(r);
     }
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
-        self.inner.prepare_disagg_gen_init(r, capacity)
-    }
-    fn max_tokens_per_request(&self) -> u64 {
-        self.inner.max_tokens_per_request()
-    }
     fn take_moves(&mut self) -> &[kvsched_core::kv::PageMove] {
         self.inner.take_moves()
     }
-    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
-        self.inner.set_prefix(r, root, hashes);
+    fn draft(&mut self) -> Option<&mut Absent> {
+        None
     }
-    fn commit(&mut self, r: KvRef, computed: u32) {
-        self.inner.commit(r, computed);
+    fn cross(&mut self) -> Option<&mut Absent> {
+        None
     }
-    fn prefix_skip(&self) -> bool {
-        self.inner.prefix_skip()
+    fn transfers(&mut self) -> Option<&mut KvPool<'a>> {
+        self.inner.transfers()
     }
-    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
-        self.inner.probe_first_new_block(r, prep)
+    fn prefix(&mut self) -> Option<&mut KvPool<'a>> {
+        self.inner.prefix()
     }
-    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        self.inner.probe_context_reuse(r, prep)
+    fn adapters(&mut self) -> Option<&mut Self> {
+        if self.inner.adapters().is_some() {
+            Some(self)
+        } else {
+            None
+        }
     }
+    fn caps(&self) -> Caps<'_, Self> {
+        let inner = self.inner.caps();
+        Caps {
+            draft: None,
+            cross: None,
+            transfers: inner.transfers,
+            prefix: inner.prefix,
+            adapters: inner.adapters.map(|_| self),
+        }
+    }
+}
+
+/// Mirror admission is refused like a generation step's allocation.
+impl PairedPool for FaultKv<'_> {
     fn revert_allocate_context(&mut self, r: KvRef) -> bool {
         self.inner.revert_allocate_context(r)
     }
@@ -536,15 +559,10 @@ impl KvBackend for FaultKv<'_> {
     fn resume_blocked(&self, r: KvRef) -> bool {
         self.inner.resume_blocked(r)
     }
-    fn pages_adapters(&self) -> bool {
-        self.inner.pages_adapters()
-    }
-    fn has_connector(&self) -> bool {
-        self.inner.has_connector()
-    }
-    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, kvsched_core::kv::LoadChange)) {
-        self.inner.take_load_changes(f);
-    }
+}
+
+/// Unified paging: a pin may be refused.
+impl AdapterPaging for FaultKv<'_> {
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
         self.inner.max_tokens_beside_adapter(pages)
     }
@@ -552,7 +570,7 @@ impl KvBackend for FaultKv<'_> {
         self.inner.can_pin_adapter(task, pages)
     }
     fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
-        if self.inner.pages_adapters() && self.faults.fire(Fault::KvPin) {
+        if self.faults.fire(Fault::KvPin) {
             return false;
         }
         self.inner.pin_adapter(who, task, pages)
@@ -563,14 +581,14 @@ impl KvBackend for FaultKv<'_> {
     fn drop_adapter(&mut self, task: u16) {
         self.inner.drop_adapter(task);
     }
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
-        KvBackend::take_adapter_placements(&mut self.inner, f);
-    }
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
-        KvBackend::take_adapter_evictions(&mut self.inner, f);
-    }
     fn adapter_pins(&self, task: u16) -> Option<u32> {
         self.inner.adapter_pins(task)
+    }
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        AdapterPaging::take_adapter_placements(&mut self.inner, f);
+    }
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        AdapterPaging::take_adapter_evictions(&mut self.inner, f);
     }
 }
 
@@ -859,8 +877,8 @@ fn pick<T>(v: &[T], p: u8) -> Option<usize> {
 pub fn pools<'s, 'a>(s: &'s Sched<'a>) -> impl Iterator<Item = (&'static str, &'s FaultKv<'a>)> {
     let kv = s.kv();
     std::iter::once(("target", kv.target()))
-        .chain(kv.draft().map(|(_, d)| ("draft", d)))
-        .chain(kv.cross().map(|x| ("cross", x)))
+        .chain(kv.draft_pool().map(|(_, d)| ("draft", d)))
+        .chain(kv.cross_pool().map(|x| ("cross", x)))
 }
 
 /// A combined fingerprint of the scheduler, its KV pools and its adapter cache.
@@ -1008,8 +1026,8 @@ impl<'a> Harness<'a> {
                     (Fault::LoadFail | Fault::LoadHang | Fault::SaveHang, _) => {
                         self.store_faults.as_deref()
                     }
-                    (_, 1) => kv.draft().map(|(_, d)| &d.faults),
-                    (_, 2) => kv.cross().map(|x| &x.faults),
+                    (_, 1) => kv.draft_pool().map(|(_, d)| &d.faults),
+                    (_, 2) => kv.cross_pool().map(|x| &x.faults),
                     _ => Some(&kv.target().faults),
                 };
                 if let Some(f) = faults {
@@ -1566,13 +1584,15 @@ impl<'a> Harness<'a> {
             let at = (id, e.spec().position, e.spec().draft);
             Self::reused(&mut self.live, &self.setup, &mut self.stats, at)?;
             // A decoder chunk runs with its cross cache in place.
-            let cross = s.kv().cross().is_none_or(|x| x.is_active(r));
+            let cross = s.kv().cross_pool().is_none_or(|x| x.cache(r).is_active());
             if e.spec().encoder_len > 0 && !cross {
                 return Err(format!("context: decoder {id} runs without its cross cache").into());
             }
         }
         if matches!(name, "context" | "generation")
-            && s.kv().draft().is_some_and(|(_, d)| !d.is_active(r))
+            && s.kv()
+                .draft_pool()
+                .is_some_and(|(_, d)| !d.cache(r).is_active())
         {
             return Err(format!("{name}: {id} runs without its draft cache").into());
         }
@@ -1649,7 +1669,7 @@ impl<'a> Harness<'a> {
         if plan != tasks {
             return Err(format!("adapter plan {plan:?} but the batch uses {tasks:?}").into());
         }
-        let unified = s.kv().target().inner.pages_adapters();
+        let unified = s.kv().target().inner.caps().adapters.is_some();
         if let (true, Some(_)) = (unified, &s.adapters().backend().inner) {
             // Unified paging: every planned adapter is resident in the KV pool, pinned by its leases.
             for t in &plan {
@@ -1686,7 +1706,7 @@ impl<'a> Harness<'a> {
     /// holds no mirror either.
     fn check_pairing(&self) -> Result<(), Violation> {
         let kv = self.sched.kv();
-        let Some((mode, draft)) = kv.draft() else {
+        let Some((mode, draft)) = kv.draft_pool() else {
             return Ok(());
         };
         for (h, e) in self.sched.requests() {
@@ -1694,8 +1714,11 @@ impl<'a> Harness<'a> {
                 slot: h.index(),
                 id: e.spec().id,
             };
-            let t = (kv.target().has_cache(r), kv.target().is_active(r));
-            let d = (draft.has_cache(r), draft.is_active(r));
+            let t = (
+                kv.target().cache(r).exists(),
+                kv.target().cache(r).is_active(),
+            );
+            let d = (draft.cache(r).exists(), draft.cache(r).is_active());
             let together = match mode {
                 DraftMode::Joint => t == d,
                 DraftMode::Unpaired => t.0 || !d.0,
@@ -1849,7 +1872,7 @@ impl<'a> Harness<'a> {
             id: sp.id,
         };
         let pool = &self.sched.kv().target().inner;
-        let (has, act) = (pool.has_cache(r), pool.is_active(r));
+        let (has, act) = (pool.cache(r).exists(), pool.cache(r).is_active());
         let ok = match own {
             Ownership::Waiting => {
                 let fresh = matches!(sp.phase, Phase::ContextInit | Phase::DisaggGenerationInit);

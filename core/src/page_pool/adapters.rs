@@ -164,7 +164,7 @@ impl<'a> Adapters<'a> {
 
 impl<'a> KvPool<'a> {
     /// Turns on unified paging: adapters' device copies will share the GPU pages with the KV
-    /// ([`crate::kv::KvBackend::pin_adapter`]). Refused, changing nothing, for buffers of the wrong
+    /// ([`crate::kv::AdapterPaging::pin_adapter`]). Refused, changing nothing, for buffers of the wrong
     /// length (`links` must have one entry per GPU page, `slots` at least one) or a pool that has
     /// given pages out already.
     pub fn page_adapters(&mut self, storage: AdapterStorage<'a>) -> Result<(), crate::Error> {
@@ -375,7 +375,7 @@ impl KvPool<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{ContextPrep, KvBackend, KvRef, Tier};
+    use crate::kv::{AdapterPaging, ContextPrep, KvBackend, KvRef, PrefixReuse, Tier};
     use crate::page_pool::{KvPool, PageInfo};
     use crate::testing::{Mem, PrefixMem};
 
@@ -442,7 +442,7 @@ mod tests {
         let (mut b, mut a) = (Buf::new(), Region::new());
         let mut p = b.pool(0, 4);
         p.page_adapters(a.storage()).unwrap();
-        assert!(p.pages_adapters());
+        assert!(p.caps().adapters.is_some());
         assert!(p.pin_adapter(WHO, 1, 3));
         assert_eq!(p.gpu_free(), 5, "three pages went to the adapter");
         assert_eq!(p.adapter_pages(1).count(), 3);
@@ -538,7 +538,7 @@ mod tests {
             links: &mut a.links[..7],
         };
         assert!(p.page_adapters(short).is_err());
-        assert!(!p.pages_adapters(), "a refusal changes nothing");
+        assert!(p.caps().adapters.is_none(), "a refusal changes nothing");
         assert!(place(&mut p, 0, 4));
         assert!(p.page_adapters(a2.storage()).is_err(), "the pool is in use");
         p.free(r(0));

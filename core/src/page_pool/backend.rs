@@ -1,6 +1,12 @@
-//! The pool as the scheduler's [`KvBackend`].
+//! The pool as the scheduler's [`KvBackend`]: no draft or cross pool of its own (a
+//! [`crate::kv_set::KvSet`] pairs pools), and the capabilities it is configured with — a prefix cache
+//! ([`PrefixReuse`]), a KV connector ([`Transfers`]), unified adapter paging ([`AdapterPaging`]) — as
+//! itself. It can be paired in a set ([`PairedPool`]).
 
-use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
+use crate::kv::{
+    Absent, AdapterPaging, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange,
+    PageMove, PairedPool, PrefixReuse, Transfers,
+};
 
 use super::{blocks_for, KvPool, Seq, SeqState};
 use crate::ids::RequestId;
@@ -49,22 +55,28 @@ impl KvPool<'_> {
 }
 
 impl KvBackend for KvPool<'_> {
-    fn tier_below_gpu(&self) -> bool {
-        self.cfg.host_pages > 0
+    type Draft = Absent;
+    type Cross = Absent;
+    type Transfers = Self;
+    type Prefix = Self;
+    type Adapters = Self;
+
+    fn limits(&self) -> KvLimits {
+        KvLimits {
+            tier_below_gpu: self.cfg.host_pages > 0,
+            can_evict: self.cfg.host_pages > 0,
+            max_tokens_per_request: self.cfg.max_blocks.min(self.cfg.gpu_pages) as u64
+                * self.cfg.tokens_per_block as u64,
+        }
     }
 
-    fn can_evict(&self) -> bool {
-        self.cfg.host_pages > 0
-    }
-
-    fn has_cache(&self, r: KvRef) -> bool {
-        self.slot(r)
-            .is_some_and(|i| self.seqs[i].state != SeqState::None)
-    }
-
-    fn is_active(&self, r: KvRef) -> bool {
-        self.slot(r)
-            .is_some_and(|i| matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed))
+    #[inline]
+    fn cache(&self, r: KvRef) -> CacheState {
+        match self.slot(r).map(|i| self.seqs[i].state) {
+            None | Some(SeqState::None) => CacheState::NoCache,
+            Some(SeqState::Suspended) => CacheState::Inactive,
+            Some(SeqState::Active | SeqState::Claimed) => CacheState::Active,
+        }
     }
 
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
@@ -198,53 +210,9 @@ impl KvBackend for KvPool<'_> {
         }
     }
 
-    fn max_tokens_per_request(&self) -> u64 {
-        self.cfg.max_blocks.min(self.cfg.gpu_pages) as u64 * self.cfg.tokens_per_block as u64
-    }
-
     fn take_moves(&mut self) -> &[PageMove] {
         let n = core::mem::take(&mut self.moves_len);
         &self.moves[..n]
-    }
-
-    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
-        if let Some(i) = self.slot(r) {
-            if self.seqs[i].state == SeqState::None {
-                self.set_prefix_row(i, root, hashes);
-                self.connector_new_request(i);
-            }
-        }
-    }
-
-    fn commit(&mut self, r: KvRef, computed: u32) {
-        if let Some(i) = self.slot(r) {
-            if self.seqs[i].state == SeqState::Active {
-                let computed = self.connector_commit_limit(i, computed);
-                self.commit_row(i, computed);
-                if self.connector.is_some() {
-                    self.connector_save(r, i);
-                }
-            }
-        }
-    }
-
-    fn prefix_skip(&self) -> bool {
-        self.prefix.is_some()
-    }
-
-    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
-        self.probe_row(self.slot(r)?, prep)
-    }
-
-    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        Some(self.probe_reuse(self.slot(r)?, prep))
-    }
-
-    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
-        // The growth of the last resize is undone like a generation step's, then the cache suspended.
-        self.revert_allocate_generation(r);
-        self.suspend(r);
-        true
     }
 
     fn rewind(&mut self, r: KvRef, tokens: u32) {
@@ -260,6 +228,63 @@ impl KvBackend for KvPool<'_> {
             i,
             blocks_for(cap, self.cfg.tokens_per_block).max(s.committed),
         );
+    }
+
+    #[inline]
+    fn draft(&mut self) -> Option<&mut Absent> {
+        None
+    }
+
+    #[inline]
+    fn cross(&mut self) -> Option<&mut Absent> {
+        None
+    }
+
+    #[inline]
+    fn transfers(&mut self) -> Option<&mut Self> {
+        if self.connector.is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn prefix(&mut self) -> Option<&mut Self> {
+        if self.prefix.is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn adapters(&mut self) -> Option<&mut Self> {
+        if self.adapters.is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn caps(&self) -> Caps<'_, Self> {
+        Caps {
+            draft: None,
+            cross: None,
+            transfers: self.connector.as_ref().map(|_| self),
+            prefix: self.prefix.as_ref().map(|_| self),
+            adapters: self.adapters.as_ref().map(|_| self),
+        }
+    }
+}
+
+impl PairedPool for KvPool<'_> {
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        // The growth of the last resize is undone like a generation step's, then the cache suspended.
+        self.revert_allocate_generation(r);
+        self.suspend(r);
+        true
     }
 
     fn admit_mirror(&mut self, r: KvRef) -> bool {
@@ -285,22 +310,60 @@ impl KvBackend for KvPool<'_> {
             s.state == SeqState::Suspended && (down > self.gpu_available() || !self.log_room(down))
         })
     }
+}
 
-    fn pages_adapters(&self) -> bool {
-        self.adapters.is_some()
+/// The prefix cache (present while the pool has one).
+impl PrefixReuse for KvPool<'_> {
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        if let Some(i) = self.slot(r) {
+            if self.seqs[i].state == SeqState::None {
+                self.set_prefix_row(i, root, hashes);
+                self.connector_new_request(i);
+            }
+        }
     }
 
-    fn has_connector(&self) -> bool {
-        self.connector.is_some()
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        if let Some(i) = self.slot(r) {
+            if self.seqs[i].state == SeqState::Active {
+                let computed = self.connector_commit_limit(i, computed);
+                self.commit_row(i, computed);
+                if self.connector.is_some() {
+                    self.connector_save(r, i);
+                }
+            }
+        }
     }
 
-    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, crate::kv::LoadChange)) {
+    fn all_blocks_reusable(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        self.probe_row(self.slot(r)?, prep)
+    }
+
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        Some(self.probe_reuse(self.slot(r)?, prep))
+    }
+}
+
+/// The KV connector (present while one is attached; the pool has no transfer manager of its own).
+impl Transfers for KvPool<'_> {
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
         self.connector_changes(f);
     }
 
+    fn sends_in_flight(&self) -> bool {
+        false
+    }
+}
+
+/// Unified adapter paging (present while it is on: [`KvPool::page_adapters`]).
+impl AdapterPaging for KvPool<'_> {
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
         if self.adapters.is_none() {
-            return self.max_tokens_per_request();
+            return self.limits().max_tokens_per_request;
         }
         let room = self.cfg.gpu_pages.saturating_sub(pages);
         u64::from(self.cfg.max_blocks.min(room)) * u64::from(self.cfg.tokens_per_block)
@@ -326,15 +389,15 @@ impl KvBackend for KvPool<'_> {
         self.drop_adapter_copy(task);
     }
 
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        self.adapter(task).map(|a| a.pins())
+    }
+
     fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
         KvPool::take_adapter_placements(self, f);
     }
 
     fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
         KvPool::take_adapter_evictions(self, f);
-    }
-
-    fn adapter_pins(&self, task: u16) -> Option<u32> {
-        self.adapter(task).map(|a| a.pins())
     }
 }

@@ -329,7 +329,7 @@ impl<'a> KvPool<'a> {
         }
     }
 
-    /// [`crate::kv::KvBackend::take_load_changes`]: polls the connector, abandons loads past the
+    /// [`crate::kv::Transfers::take_load_changes`]: polls the connector, abandons loads past the
     /// timeout, commits the confirmed ones, and hands over every slot's end or failure.
     pub(super) fn connector_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
         let Some(c) = self.connector.as_mut() else {

@@ -2,7 +2,7 @@
 //! recently used, demotion to the host tier and reload, deduplication at commit, and isolation by root.
 use super::*;
 use crate::ids::RequestId;
-use crate::kv::{chain, ContextPrep, KvBackend, KvRef};
+use crate::kv::{chain, ContextPrep, KvBackend, KvRef, PrefixReuse};
 use crate::testing::{Mem, PrefixMem};
 
 /// 8 GPU pages, up to 8 host pages, 4 slots of 4 pages, 4 tokens a page.
@@ -401,7 +401,7 @@ fn the_first_new_block_is_probed_without_side_effects() {
     let _ = p.probe_first_new_block(r(1), ContextPrep::first(16));
     assert_eq!(p.fingerprint(), before_probe);
     assert_ne!(before, 0);
-    assert!(p.prefix_skip());
+    assert!(p.all_blocks_reusable());
     assert!(audited(&p));
 }
 
@@ -412,7 +412,10 @@ fn without_a_prefix_cache_nothing_is_shared() {
     assert_eq!(computed(&mut p, 0, A, &[1, 2], 10), 0);
     assert_eq!(computed(&mut p, 1, A, &[1, 2], 10), 0);
     assert_eq!(p.cached_pages(Tier::Gpu), 0);
-    assert!(!p.prefix_skip());
+    assert!(
+        p.prefix().is_none() && p.caps().prefix.is_none(),
+        "no prefix capability"
+    );
     assert_eq!(p.probe_first_new_block(r(1), ContextPrep::first(10)), None);
     let mut scratch = [0u32; 8];
     assert!(p.audit(&mut scratch));

@@ -1,7 +1,7 @@
 //! The page pool's unit tests.
 use super::*;
 use crate::ids::RequestId;
-use crate::kv::{ContextPrep, KvBackend, KvRef};
+use crate::kv::{ContextPrep, KvBackend, KvRef, PairedPool};
 
 /// 8 GPU pages, up to 4 host pages, 4 slots of 4 pages, 4 tokens a page.
 type Buf = crate::testing::Mem<8, 4, 4, 16, 12>;
@@ -27,7 +27,7 @@ fn grow_suspend_to_host_and_resume_moves_every_page() {
     assert!(p.resize_context(r(0), 8, true));
     assert_eq!(p.gpu_free(), 6);
     p.suspend(r(0));
-    assert!(!p.is_active(r(0)));
+    assert!(!p.cache(r(0)).is_active());
     assert_eq!((p.gpu_free(), p.host_free()), (8, 2));
     let out: heapless::Vec<PageMove, 8> = p.take_moves().iter().copied().collect();
     assert_eq!(out.len(), 2);

@@ -45,7 +45,7 @@ fn every_transition_moves_exactly_what_it_owns() {
     // (2) suspend: pages move to the host tier, lease returned with pause.
     let paused = active.suspend(&mut kv, &mut desk);
     assert_eq!(task_state(&desk, t), (0, 0, 1));
-    assert!(!kv.is_active(r) && kv.has_cache(r));
+    assert!(!kv.cache(r).is_active() && kv.cache(r).exists());
     assert_eq!(kv.gpu_free(), 16, "two pages moved down");
     assert_eq!(kv.take_moves().len(), 2);
     assert!(paused.paused_on().is_some());
@@ -63,7 +63,7 @@ fn every_transition_moves_exactly_what_it_owns() {
     // (4) recompute pause from Active: KV freed, lease returned with pause.
     let rc = active.recompute(&mut kv, &mut desk);
     assert_eq!(task_state(&desk, t), (0, 0, 1));
-    assert!(!kv.has_cache(r));
+    assert!(!kv.cache(r).exists());
     assert_eq!(kv.gpu_free(), 16);
 
     // (6) replay: the replay's first chunk gets pages, then a new lease.

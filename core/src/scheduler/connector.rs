@@ -5,7 +5,7 @@
 //! (The pending-load mark the reference's rules read is the engine's: `Scheduler::set_pending_load`.)
 
 use crate::adapter::PeftBackend;
-use crate::kv::{KvBackend, LoadChange};
+use crate::kv::{KvBackend, LoadChange, Transfers};
 
 use super::pass::Pass;
 use super::Scheduler;
@@ -15,10 +15,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub(crate) fn sync_loads(&mut self) {
         let (table, failed) = (&mut self.table, &mut self.scratch.pending_slots);
         failed.clear();
-        if !self.kv.has_connector() {
+        let Some(transfers) = self.kv.transfers() else {
             return;
-        }
-        self.kv.take_load_changes(&mut |slot, change| {
+        };
+        transfers.take_load_changes(&mut |slot, change| {
             if change == LoadChange::Failed && table.handle_at(slot).is_some() {
                 let pushed = failed.push(slot);
                 debug_assert!(pushed.is_ok(), "one change per slot");

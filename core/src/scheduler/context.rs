@@ -13,7 +13,7 @@
 
 use crate::adapter::PeftBackend;
 use crate::config::ChunkPolicy;
-use crate::kv::{KvBackend, KvRef};
+use crate::kv::{DraftPairing, KvBackend, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
 
@@ -56,7 +56,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         if self.cfg.blocked_fast_path
             && self.cfg.chunking.is_some()
             && phase == Phase::ContextInit
-            && self.kv.admission_certainly_blocked(self.kv_ref(slot))
+            && self
+                .kv
+                .caps()
+                .draft
+                .is_some_and(|d| d.admission_certainly_blocked(self.kv_ref(slot)))
         {
             return Step::Skip;
         }
@@ -206,12 +210,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         };
         let paused = matches!(e.held(), Held::Paused(_));
         if first {
-            if self.kv.has_cache(r) {
+            if self.kv.cache(r).exists() {
                 self.kv.free(r);
             }
             self.table.edit(slot, |e| e.spec_mut().position = 0);
             self.table.set_headroom(slot, 0);
-        } else if paused && self.kv.is_active(r) {
+        } else if paused && self.kv.cache(r).is_active() {
             self.kv.suspend(r);
         }
     }

@@ -11,7 +11,7 @@
 //! chunk's.
 
 use crate::adapter::PeftBackend;
-use crate::kv::KvBackend;
+use crate::kv::{CrossPool, KvBackend};
 
 use super::pass::{Pass, Step};
 
@@ -24,15 +24,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             return Ok(());
         }
         let r = self.kv_ref(slot);
-        let step = if !self.kv.has_cross_pool() {
-            Step::Stop
-        } else if self.kv.prepare_cross(r, first) && self.kv.resize_cross(r, encoder_len) {
-            return Ok(());
-        } else {
-            if first {
-                self.kv.suspend_cross(r);
+        let step = match self.kv.cross() {
+            None => Step::Stop,
+            Some(x) => {
+                if x.prepare_cross(r, first) && x.resize_cross(r, encoder_len) {
+                    return Ok(());
+                }
+                if first {
+                    x.suspend_cross(r);
+                }
+                Step::Skip
             }
-            Step::Skip
         };
         if !self.table.entry(slot).ownership().on_gpu() {
             self.kv.suspend(r);

@@ -19,7 +19,7 @@
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
 use crate::error::Error;
-use crate::kv::KvBackend;
+use crate::kv::{KvBackend, Transfers};
 use crate::phase::Phase;
 
 use super::pass::{mark, Pass};
@@ -49,7 +49,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             crate::fmt::log_warn!("scheduler deadlock after {} stalled passes", *stall);
             return Err(Error::Deadlock {
                 stalled: *stall,
-                connector: self.kv.has_connector(),
+                connector: self.kv.transfers().is_some(),
             });
         }
         Ok(())
@@ -77,7 +77,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
     /// state, an active request with a connector load pending, or sends of the KV backend's transfer
     /// manager in flight (spec §1.12).
     fn transfer_holds_pages(&self) -> bool {
-        self.kv.sends_in_flight()
+        self.kv
+            .caps()
+            .transfers
+            .is_some_and(|t| t.sends_in_flight())
             || self.table.order().iter().any(|&s| {
                 let e = self.table.entry(s);
                 e.spec().phase.holds_transfer() || (e.pending_load() && e.ownership().on_gpu())
@@ -86,8 +89,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
 
     /// The wedge breaker (see the module docs). Returns whether it suspended one.
     fn break_context_wedge(&mut self) -> bool {
-        if !self.kv.tier_below_gpu()
-            || !self.kv.can_evict()
+        let limits = self.kv.limits();
+        if !limits.tier_below_gpu
+            || !limits.can_evict
             || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
         {
             return false;
@@ -114,7 +118,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
 
     /// The held-page remedy (see the module docs). Returns whether it preempted one.
     fn release_held_pages(&mut self) -> bool {
-        if self.kv.tier_below_gpu()
+        if self.kv.limits().tier_below_gpu
             || !self.cfg.recompute_pause
             || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
         {
@@ -127,7 +131,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
                 id: e.spec().id,
             };
             matches!(e.held(), Held::Paused(_))
-                && self.kv.has_cache(r)
+                && self.kv.cache(r).exists()
                 && self.recompute_candidate(s)
         });
         match held {

@@ -12,7 +12,7 @@
 
 use crate::adapter::PeftBackend;
 use crate::ids::NO_TASK;
-use crate::kv::{KvBackend, KvRef};
+use crate::kv::{AdapterPaging, KvBackend, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
 
@@ -295,9 +295,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
             Some(t) if !e.ownership().on_gpu() => {
                 self.desk.backend().can_admit(t)
                     && (self.desk.leases(t.slot) > 0
-                        || self
-                            .kv
-                            .can_pin_adapter(t.slot, self.desk.known_pages(t.slot)))
+                        || self.kv.caps().adapters.is_none_or(|a| {
+                            a.can_pin_adapter(t.slot, self.desk.known_pages(t.slot))
+                        }))
             }
             _ => true,
         }
@@ -327,7 +327,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         if !self.take_ownership(slot) {
             // A refused lease: a cache it did not own before is released (a suspended one was put back).
             let paused = matches!(self.table.entry(slot).held(), Held::Paused(_));
-            if !paused && self.kv.has_cache(r) {
+            if !paused && self.kv.cache(r).exists() {
                 self.kv.free(r);
             }
             return Step::Skip;

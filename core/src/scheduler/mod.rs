@@ -14,6 +14,7 @@
 //! | `plan.rs` | the adapter plan: PEFT page budget and distinct adapters |
 //! | `sort.rs` | the LoRA sort, §1.13 |
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
+//! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
 //! | `connector.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
 //!
 //! Every resource change goes through a type-state transition of [`crate::request`], so the PEFT
@@ -30,6 +31,7 @@
 //! recompute-paused request holds a lease or active KV.
 
 mod admission;
+mod checks;
 mod chunking;
 mod connector;
 mod context;
@@ -57,7 +59,7 @@ use crate::adapter::{PeftBackend, TaskRef};
 use crate::config::Config;
 use crate::error::{Error, PeftError};
 use crate::ids::RequestId;
-use crate::kv::{KvBackend, KvRef, PageMove};
+use crate::kv::{AdapterPaging, CrossPool, DraftPairing, KvBackend, KvRef, PageMove, PrefixReuse};
 use crate::lease::AdapterDesk;
 use crate::output::SchedulerOutput;
 use crate::phase::Phase;
@@ -92,7 +94,9 @@ impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPo
         }
         let task = self.desk.backend_mut().reload(id, pages)?;
         // Unified paging: the old weights' device copy leaves the KV pool.
-        self.kv.drop_adapter(task.slot);
+        if let Some(a) = self.kv.adapters() {
+            a.drop_adapter(task.slot);
+        }
         Ok(task)
     }
 }
@@ -238,20 +242,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                 }
             }
             match o {
-                Ownership::Active | Ownership::Resumed => self.kv.is_active(r),
+                Ownership::Active | Ownership::Resumed => self.kv.cache(r).is_active(),
                 // A sending request's pages stay active, pinned for the transfer manager; its
                 // phase says so.
                 Ownership::Sending => {
-                    self.kv.is_active(r) && e.spec().phase == Phase::DisaggContextTransInProgress
+                    self.kv.cache(r).is_active()
+                        && e.spec().phase == Phase::DisaggContextTransInProgress
                 }
-                Ownership::Paused => !self.kv.is_active(r),
-                Ownership::Waiting | Ownership::Recompute => !self.kv.is_active(r),
+                Ownership::Paused => !self.kv.cache(r).is_active(),
+                Ownership::Waiting | Ownership::Recompute => !self.kv.cache(r).is_active(),
             }
         });
         // Unified paging: between passes an adapter's pins are its leases.
+        let adapters = self.kv.caps().adapters;
         let pinned = |s: usize| {
-            self.kv
-                .adapter_pins(s as u16)
+            adapters
+                .and_then(|a| a.adapter_pins(s as u16))
                 .is_none_or(|n| n == leases[s])
         };
         agree
@@ -259,126 +265,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             && (0..T).all(|s| self.desk.leases(s as u16) == leases[s] && pinned(s))
     }
 
-    /// Multimodal runs: ascending, disjoint, non-empty and within the prompt; with chunking, none longer
-    /// than `max_context_length` (no chunk could hold it: upstream raises mid-pass, §1.9).
-    fn check_mm_runs(&self, spec: &RequestSpec) -> Result<(), Error> {
-        let mut end = 0;
-        for &(a, b) in &spec.mm_runs {
-            if a < end || b <= a || b > spec.prompt {
-                return Err(Error::Invalid(
-                    "multimodal runs must be ascending, disjoint, non-empty and within the prompt",
-                ));
-            }
-            end = b;
-        }
-        let longest = spec.mm_runs.iter().map(|&(a, b)| b - a).max().unwrap_or(0);
-        match (self.cfg.chunking, self.cfg.max_context_length) {
-            (Some(_), Some(m)) if longest > m => Err(Error::Invalid(
-                "a bidirectional multimodal run is longer than max_context_length: no chunk could hold it",
-            )),
-            _ => Ok(()),
-        }
-    }
-
     /// An encoder request the encoder window would admit, and no cross pool for it (spec §1.6 step 7,
     /// checked before the pass does anything).
     fn encoder_without_cross_pool(&self) -> bool {
         self.cfg.window == crate::config::Window::Encoder
-            && !self.kv.has_cross_pool()
+            && self.kv.caps().cross.is_none()
             && self.table.order().iter().any(|&s| {
                 let e = self.table.entry(s);
                 e.spec().phase == Phase::EncoderInit && !e.sits_out()
             })
-    }
-
-    fn check_spec(&self, spec: &RequestSpec) -> Result<Option<TaskRef>, Error> {
-        if spec.position > spec.prompt {
-            return Err(Error::Invalid("position is beyond the prompt"));
-        }
-        if self.table.find(spec.id).is_some() {
-            return Err(Error::DuplicateId(spec.id));
-        }
-        self.check_sizes(spec)?;
-        let task = match spec.lora {
-            None => None,
-            Some(t) => {
-                let peft = self.desk.backend();
-                if peft.max_device_pages() == u32::MAX {
-                    None // no adapter cache configured
-                } else {
-                    Some(peft.lookup(t).ok_or(PeftError::UnknownTask(t))?)
-                }
-            }
-        };
-        if let Some(t) = task {
-            self.check_beside_adapter(spec, t)?;
-        }
-        if self.table.is_full() {
-            return Err(Error::CapacityExhausted {
-                what: "request table",
-                capacity: N as u32,
-            });
-        }
-        Ok(task)
-    }
-
-    /// Unified paging: a LoRA request's KV must fit in the pool beside its adapter, which it pins
-    /// while it runs (else it could never finish: a prefill that never fits, replayed forever).
-    fn check_beside_adapter(&self, spec: &RequestSpec, task: TaskRef) -> Result<(), Error> {
-        if !self.kv.pages_adapters() {
-            return Ok(());
-        }
-        let pages = self.desk.backend().pages_of(task);
-        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
-        let limit = self
-            .kv
-            .max_tokens_beside_adapter(pages)
-            .min(u32::MAX as u64);
-        if tokens > limit {
-            return Err(Error::RequestTooLarge {
-                id: spec.id,
-                tokens,
-                limit,
-            });
-        }
-        Ok(())
-    }
-
-    /// The per-step and whole-life sizes of a request: beam width at least 1, one step's tokens (beam +
-    /// drafts) within `u32`, and prompt + reserved output + drafts within what one request can hold
-    /// (capped at `u32::MAX`: token counts are `u32`, so no later sum can overflow).
-    fn check_sizes(&self, spec: &RequestSpec) -> Result<(), Error> {
-        if spec.beam == 0 {
-            return Err(Error::Invalid("beam width must be at least 1"));
-        }
-        if usize::from(spec.priority) >= crate::config::PRIORITY_CLASSES {
-            return Err(Error::Invalid("priority class out of range"));
-        }
-        self.check_mm_runs(spec)?;
-        if spec.beam.checked_add(spec.draft).is_none() {
-            return Err(Error::Invalid(
-                "beam width plus draft tokens overflow one step's token count",
-            ));
-        }
-        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
-        let limit = self.kv.max_tokens_per_request().min(u32::MAX as u64);
-        if tokens > limit {
-            return Err(Error::RequestTooLarge {
-                id: spec.id,
-                tokens,
-                limit,
-            });
-        }
-        // A decoder's encoder output must fit the cross pool (an encoder request's too: it becomes one).
-        let cross = self.kv.max_cross_tokens_per_request();
-        if !spec.skip_cross && u64::from(spec.encoder_len) > cross {
-            return Err(Error::RequestTooLarge {
-                id: spec.id,
-                tokens: u64::from(spec.encoder_len),
-                limit: cross,
-            });
-        }
-        Ok(())
     }
 
     /// Submits a new request (it owns nothing until the pass admits it). Refuses, changing nothing: a
@@ -405,7 +300,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             id: e.spec().id,
         };
         let root = self.prefix_root(e.task(), e.spec().lora, salt);
-        self.kv.set_prefix(r, root, hashes);
+        if let Some(p) = self.kv.prefix() {
+            p.set_prefix(r, root, hashes);
+        }
         Ok(h)
     }
 
@@ -442,8 +339,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         let h = self.table.insert(spec.clone(), task)?;
         let kv_ok = match how {
             Adopt::Waiting => true,
-            Adopt::Active => self.kv.is_active(r(h)),
-            Adopt::Suspended => self.kv.has_cache(r(h)) && !self.kv.is_active(r(h)),
+            Adopt::Active => self.kv.cache(r(h)).is_active(),
+            Adopt::Suspended => self.kv.cache(r(h)) == crate::kv::CacheState::Inactive,
         };
         if !kv_ok {
             self.table.cancel_insert(h);
@@ -487,7 +384,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         if how == Adopt::Waiting {
             // A new request's slot forgets the block hashes a previous occupant left for its replay.
             let root = self.prefix_root(task, spec.lora, 0);
-            self.kv.set_prefix(r(h), root, &[]);
+            if let Some(p) = self.kv.prefix() {
+                p.set_prefix(r(h), root, &[]);
+            }
         }
         Ok(h)
     }
@@ -620,14 +519,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             assert!(pushed.is_ok(), "a load per planned adapter");
         })?;
         let desk = &self.desk;
-        self.kv.take_adapter_placements(&mut |slot| {
-            // A placed adapter is pinned by a lease (of one of the `T` task slots): at most one per
-            // live request.
-            if usize::from(slot) < T {
-                let pushed = loads.push(desk.task_ref(slot));
-                assert!(pushed.is_ok(), "a load per pinned adapter");
-            }
-        });
+        if let Some(a) = self.kv.adapters() {
+            a.take_adapter_placements(&mut |slot| {
+                // A placed adapter is pinned by a lease (of one of the `T` task slots): at most one
+                // per live request.
+                if usize::from(slot) < T {
+                    let pushed = loads.push(desk.task_ref(slot));
+                    assert!(pushed.is_ok(), "a load per pinned adapter");
+                }
+            });
+        }
         Ok(())
     }
 
@@ -663,7 +564,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn take_pool_moves(&mut self, pool: crate::kv::Pool) -> &[PageMove] {
         match pool {
             crate::kv::Pool::Target => self.take_moves(),
-            other => self.kv.take_pool_moves(other),
+            crate::kv::Pool::Draft => match self.kv.draft() {
+                Some(d) => d.take_draft_moves(),
+                None => &[],
+            },
+            crate::kv::Pool::Cross => match self.kv.cross() {
+                Some(x) => x.take_cross_moves(),
+                None => &[],
+            },
         }
     }
 
@@ -691,11 +599,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     pub fn take_adapter_evictions(&mut self, mut evicted: impl FnMut(TaskRef)) {
         self.desk.backend_mut().take_device_evictions(&mut evicted);
         let desk = &self.desk;
-        self.kv.take_adapter_evictions(&mut |slot| {
-            if usize::from(slot) < T {
-                evicted(desk.task_ref(slot));
-            }
-        });
+        if let Some(a) = self.kv.adapters() {
+            a.take_adapter_evictions(&mut |slot| {
+                if usize::from(slot) < T {
+                    evicted(desk.task_ref(slot));
+                }
+            });
+        }
     }
 
     /// Adapters whose host copy changed since the last call (loaded into host pages when a request
@@ -746,7 +656,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
             });
             // The chunk's blocks are computed: they may join the prefix cache.
             let r = KvRef { slot: l.slot(), id };
-            self.kv.commit(r, position);
+            if let Some(p) = self.kv.prefix() {
+                p.commit(r, position);
+            }
             if send {
                 self.start_send(l.slot());
             }

@@ -22,7 +22,7 @@ use super::pass::{mark, Pass};
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
     /// Preempts one candidate for the context request at index `i`; returns whether it did.
     pub(crate) fn preempt_for_pages(&mut self, i: usize) -> bool {
-        if self.kv.tier_below_gpu()
+        if self.kv.limits().tier_below_gpu
             || !self.cfg.recompute_pause
             || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict
         {
@@ -61,7 +61,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
         let e = self.table.entry(slot);
         !self.marked(slot, mark::SCHEDULED)
             && matches!(e.held(), super::table::Held::Paused(_))
-            && self.kv.has_cache(self.kv_ref(slot))
+            && self.kv.cache(self.kv_ref(slot)).exists()
             && self.recompute_candidate(slot)
     }
 

@@ -3,7 +3,7 @@
 //! of computing it twice.
 //!
 //! Live only when prefix-aware scheduling is on and the KV backend reuses every block (the reference's
-//! ALL_REUSABLE policy, [`KvBackend::prefix_skip`]), and only when there is something to defer: a
+//! ALL_REUSABLE policy, [`crate::kv::PrefixReuse::all_blocks_reusable`]), and only when there is something to defer: a
 //! first-chunk candidate, and either an in-flight continuation, a pending continuation or a second
 //! candidate. The contributed set starts with the in-flight continuations' keys; a pending request adds
 //! its key only once it is scheduled, so a failing contributor never causes a deferral.
@@ -12,7 +12,7 @@
 //! runs this pass (or is in flight), and counts as progress.
 
 use crate::adapter::PeftBackend;
-use crate::kv::{KvBackend, KvRef};
+use crate::kv::{KvBackend, KvRef, PrefixReuse};
 use crate::phase::Phase;
 
 use super::pass::Pass;
@@ -22,14 +22,20 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
     /// position 0 starts with a first chunk.
     pub(crate) fn first_chunk(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
-        e.spec().position == 0 || !e.ownership().on_gpu() && !self.kv.has_cache(self.kv_ref(slot))
+        e.spec().position == 0
+            || !e.ownership().on_gpu() && !self.kv.cache(self.kv_ref(slot)).exists()
     }
 
     /// Decides whether the skip is live this pass and seeds the contributed set.
     pub(crate) fn begin_prefix_skip(&mut self) {
         self.contributed.clear();
         self.skip_live = false;
-        if !self.cfg.prefix_aware || !self.kv.prefix_skip() {
+        let reusable = self
+            .kv
+            .caps()
+            .prefix
+            .is_some_and(|p| p.all_blocks_reusable());
+        if !self.cfg.prefix_aware || !reusable {
             return;
         }
         let context = |e: &crate::scheduler::Entry<'_>| e.spec().phase == Phase::ContextInit;
@@ -96,7 +102,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
 
     fn probe(&self, slot: u16, first: bool) -> Option<u64> {
         let r: KvRef = self.kv_ref(slot);
-        self.kv
-            .probe_first_new_block(r, self.context_prep(slot, first))
+        let prefix = self.kv.caps().prefix?;
+        prefix.probe_first_new_block(r, self.context_prep(slot, first))
     }
 }

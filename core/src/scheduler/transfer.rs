@@ -27,7 +27,7 @@
 
 use crate::adapter::PeftBackend;
 use crate::error::Error;
-use crate::kv::{KvBackend, KvRef};
+use crate::kv::{KvBackend, KvRef, PrefixReuse};
 use crate::phase::Phase;
 use crate::request::{Ownership, RequestSpec};
 
@@ -145,7 +145,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
                     s.position = s.prompt;
                     s.prompt
                 });
-                self.kv.commit(r, prompt);
+                if let Some(p) = self.kv.prefix() {
+                    p.commit(r, prompt);
+                }
                 self.transfer_ends.received += 1;
             }
             TransferEnd::Failed => {

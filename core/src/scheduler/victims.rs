@@ -65,7 +65,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P
     fn recompute_for_generation(&mut self, i: usize, grow: u32) -> bool {
         let slot = self.table.slot(i);
         loop {
-            let can_evict = self.kv.can_evict();
+            let can_evict = self.kv.limits().can_evict;
             let Some(j) = self.recompute_victim(i, can_evict) else {
                 return false;
             };

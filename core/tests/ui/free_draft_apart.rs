@@ -6,7 +6,7 @@ use kvsched_core::kv_set::KvSet;
 use kvsched_core::{KvPool, Scheduler};
 
 fn free_draft_only(s: &mut Scheduler<KvSet<KvPool<'_>>, AdapterPool<4>, 4, 4>, r: KvRef) {
-    if let Some((_, draft)) = s.kv().draft() {
+    if let Some((_, draft)) = s.kv().draft_pool() {
         draft.free(r);
     }
 }

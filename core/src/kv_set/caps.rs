@@ -1,0 +1,212 @@
+//! The set's capabilities: each is the set itself, present as its members say (see [`super`]).
+
+use crate::ids::RequestId;
+use crate::kv::{
+    AdapterPaging, ContextPrep, CrossPool, DraftPairing, KvBackend, KvRef, LoadChange, PageMove,
+    PairedPool, PrefixReuse, Transfers,
+};
+
+use super::{DraftMode, KvSet};
+
+/// A set is itself a pool that can be paired (a set inside a set pairs as its target does).
+impl<T: PairedPool, D: PairedPool, X: KvBackend> PairedPool for KvSet<T, D, X> {
+    fn revert_allocate_context(&mut self, r: KvRef) -> bool {
+        let kept = self.target.revert_allocate_context(r);
+        if let Some(d) = self.joint() {
+            d.revert_allocate_context(r);
+        }
+        kept
+    }
+
+    fn admit_mirror(&mut self, r: KvRef) -> bool {
+        self.target.admit_mirror(r)
+    }
+
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        self.target.resume_blocked(r)
+    }
+}
+
+/// The draft pool (present while there is one).
+impl<T: PairedPool, D: PairedPool, X: KvBackend> DraftPairing for KvSet<T, D, X> {
+    fn admission_certainly_blocked(&self, r: KvRef) -> bool {
+        match &self.draft {
+            Some((DraftMode::Unpaired, d)) => {
+                self.target.cache(r).is_active() && d.resume_blocked(r)
+            }
+            _ => false,
+        }
+    }
+
+    fn take_draft_moves(&mut self) -> &[PageMove] {
+        match &mut self.draft {
+            Some((_, d)) => d.take_moves(),
+            None => &[],
+        }
+    }
+}
+
+/// The cross pool (present while there is one): created or resumed and resized by the pass after the
+/// target's allocation (§1.7 step 6), suspended apart, freed with the rest.
+impl<T: PairedPool, D: PairedPool, X: KvBackend> CrossPool for KvSet<T, D, X> {
+    fn prepare_cross(&mut self, r: KvRef, first_chunk: bool) -> bool {
+        let Some(x) = &mut self.cross else {
+            return false;
+        };
+        let exists = x.cache(r).exists();
+        if !first_chunk && !exists {
+            return false;
+        }
+        let prep = ContextPrep {
+            first_chunk: !exists,
+            prompt: 0,
+            position: 0,
+            lookahead: 0,
+            reuse_limit: 0,
+        };
+        x.prepare_context(r, prep).is_some()
+    }
+
+    fn resize_cross(&mut self, r: KvRef, tokens: u32) -> bool {
+        self.cross
+            .as_mut()
+            .is_some_and(|x| x.resize_context(r, tokens, false))
+    }
+
+    fn suspend_cross(&mut self, r: KvRef) {
+        if let Some(x) = &mut self.cross {
+            x.suspend(r);
+        }
+    }
+
+    fn max_cross_tokens(&self) -> u64 {
+        self.cross
+            .as_ref()
+            .map_or(u64::MAX, |x| x.limits().max_tokens_per_request)
+    }
+
+    fn take_cross_moves(&mut self) -> &[PageMove] {
+        match &mut self.cross {
+            Some(x) => x.take_moves(),
+            None => &[],
+        }
+    }
+}
+
+/// The target's connector (present while it has one).
+impl<T: PairedPool, D: PairedPool, X: KvBackend> Transfers for KvSet<T, D, X> {
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
+        if let Some(t) = self.target.transfers() {
+            t.take_load_changes(f);
+        }
+    }
+
+    fn sends_in_flight(&self) -> bool {
+        self.target
+            .caps()
+            .transfers
+            .is_some_and(|t| t.sends_in_flight())
+    }
+}
+
+/// The prefix caches (present while the target or the draft pool has one): hashes reach both pools,
+/// commits the target and a joint draft pool, the pass's probes are the target's.
+impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> {
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        if let Some(p) = self.target.prefix() {
+            p.set_prefix(r, root, hashes);
+        }
+        if let Some(p) = self.draft.as_mut().and_then(|(_, d)| d.prefix()) {
+            p.set_prefix(r, root, hashes);
+        }
+    }
+
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        if let Some(p) = self.target.prefix() {
+            p.commit(r, computed);
+        }
+        if let Some(p) = self.joint().and_then(|d| d.prefix()) {
+            p.commit(r, computed);
+        }
+    }
+
+    fn all_blocks_reusable(&self) -> bool {
+        self.target
+            .caps()
+            .prefix
+            .is_some_and(|p| p.all_blocks_reusable())
+    }
+
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        self.target.caps().prefix?.probe_first_new_block(r, prep)
+    }
+
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        match self.target.caps().prefix {
+            Some(p) => p.probe_context_reuse(r, prep),
+            None => Some(0),
+        }
+    }
+}
+
+/// Unified paging is the target pool's: adapters share the target model's pages.
+impl<T: PairedPool, D: PairedPool, X: KvBackend> AdapterPaging for KvSet<T, D, X> {
+    fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
+        let draft = self
+            .draft
+            .as_ref()
+            .map_or(u64::MAX, |(_, d)| d.limits().max_tokens_per_request);
+        let target = self
+            .target
+            .caps()
+            .adapters
+            .map_or(self.target.limits().max_tokens_per_request, |a| {
+                a.max_tokens_beside_adapter(pages)
+            });
+        target.min(draft)
+    }
+
+    #[inline]
+    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+        self.target
+            .caps()
+            .adapters
+            .is_none_or(|a| a.can_pin_adapter(task, pages))
+    }
+
+    #[inline]
+    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+        self.target
+            .adapters()
+            .is_none_or(|a| a.pin_adapter(who, task, pages))
+    }
+
+    #[inline]
+    fn unpin_adapter(&mut self, task: u16) {
+        if let Some(a) = self.target.adapters() {
+            a.unpin_adapter(task);
+        }
+    }
+
+    fn drop_adapter(&mut self, task: u16) {
+        if let Some(a) = self.target.adapters() {
+            a.drop_adapter(task);
+        }
+    }
+
+    fn adapter_pins(&self, task: u16) -> Option<u32> {
+        self.target.caps().adapters?.adapter_pins(task)
+    }
+
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+        if let Some(a) = self.target.adapters() {
+            a.take_adapter_placements(f);
+        }
+    }
+
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+        if let Some(a) = self.target.adapters() {
+            a.take_adapter_evictions(f);
+        }
+    }
+}
