@@ -27,11 +27,10 @@ impl Visit for Group<'_> {
             g.measurement_time(Duration::from_secs(3));
         }
         g.warm_up_time(Duration::from_millis(500));
-        let mut mem = s.memory();
         g.bench_function("iteration", |b| {
             b.iter_custom(|iters| {
                 let mut timed = Duration::ZERO;
-                drive::<N, T>(s, &mut mem, iters, |bench, k| {
+                drive::<N, T>(s, iters, |bench, k| {
                     let t = Instant::now();
                     for _ in 0..k {
                         bench.iteration();
@@ -41,7 +40,7 @@ impl Visit for Group<'_> {
                 timed
             })
         });
-        let bench = Bench::<N, T>::build(s, &mut mem);
+        let bench = Bench::<N, T>::build(s);
         g.bench_function("floor", |b| b.iter(|| black_box(bench.floor())));
         drop(bench);
         g.finish();

@@ -1,5 +1,5 @@
 //! In-process benchmarks of the scheduling pass: the scenarios of `shared/bench/SCENARIOS.md`, built on the
-//! project's real fixed-capacity backends ([`KvPool`] over [`KvMemory`], [`AdapterPool`]), the floor pass,
+//! project's real fixed-capacity backends ([`KvPool`] owning its buffers, [`AdapterPool`]), the floor pass,
 //! and the `kvsched bench` command.
 //!
 //! One *iteration* is [`Scheduler::schedule`] followed by [`Scheduler::ensure_batch`] and draining the KV
@@ -10,8 +10,8 @@
 //! outside the timed region. S1 is not reset: each iteration grows every request by one token; its pool is
 //! sized for [`S1_PASSES`] iterations and rebuilt (untimed) after that many.
 //!
-//! Heap use: building allocates (the scheduler and its output are boxed, [`KvMemory`] owns the pool's
-//! buffers); an iteration allocates nothing (`tests/no_alloc.rs` counts it).
+//! Heap use: building allocates (the scheduler and its output are boxed, the pools own their buffers); an
+//! iteration allocates nothing (`tests/no_alloc.rs` counts it).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -29,8 +29,7 @@ use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Scheduler};
-
-use crate::memory::KvMemory;
+use kvsched_core::storage::Owned;
 
 /// Iterations an S1 pool is sized for before it is rebuilt (outside the timed region).
 pub const S1_PASSES: u32 = 4096;
@@ -76,12 +75,6 @@ pub enum Scenario {
 
 /// Draft tokens a decode step in S6.
 pub const S6_DRAFTS: u32 = 4;
-
-/// The KV memory of a scenario: the target pool's, and the joint draft pool's (S6).
-pub struct BenchMemory {
-    target: KvMemory,
-    draft: Option<KvMemory>,
-}
 
 /// The counts one iteration of a scenario must produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -306,14 +299,20 @@ impl Scenario {
         }
     }
 
-    /// Fresh buffers for the scenario's pools (S5: with a prefix cache; S6: and a draft pool).
-    pub fn memory(self) -> BenchMemory {
+    /// Fresh, empty pools owning their buffers: the target (S5: with a prefix cache) and, in S6, the
+    /// joint draft pool.
+    pub fn pools(self) -> BenchKv {
         let target = match self {
-            Scenario::S5 => KvMemory::with_prefix_cache(self.kv_config()),
-            _ => KvMemory::new(self.kv_config()),
+            Scenario::S5 => KvPool::owned_with_prefix_cache(self.kv_config()),
+            _ => KvPool::owned(self.kv_config()),
         };
-        let draft = (self == Scenario::S6).then(|| KvMemory::new(self.kv_config()));
-        BenchMemory { target, draft }
+        let draft = (self == Scenario::S6).then(|| {
+            (
+                DraftMode::Joint,
+                KvPool::owned(self.kv_config()).expect("draft KV pool"),
+            )
+        });
+        KvSet::with_pools(target.expect("KV pool"), draft, None)
     }
 
     /// Scheduler configuration: the common settings with the scenario's batch limit.
@@ -478,15 +477,16 @@ fn starting_state(s: Scenario) -> (Vec<Start>, Adapters) {
     }
 }
 
-/// The scheduler type of the benches: the real page pool (with a joint draft pool in S6) and adapter
-/// cache.
-pub type Sched<'m, const N: usize, const T: usize> =
-    Scheduler<KvSet<KvPool<'m>>, AdapterPool<T>, N, T>;
+/// The KV backend of the benches: the real page pool owning its buffers (with a joint draft pool in S6).
+pub type BenchKv = KvSet<KvPool<'static, Owned>>;
 
-/// A built scenario: a boxed scheduler over borrowed KV memory, its output, and the outcome to assert.
-pub struct Bench<'m, const N: usize, const T: usize> {
+/// The scheduler type of the benches: the real page pools and adapter cache.
+pub type Sched<const N: usize, const T: usize> = Scheduler<BenchKv, AdapterPool<T>, N, T>;
+
+/// A built scenario: a boxed scheduler over its own pools, its output, and the outcome to assert.
+pub struct Bench<const N: usize, const T: usize> {
     scenario: Scenario,
-    sched: Box<Sched<'m, N, T>>,
+    sched: Box<Sched<N, T>>,
     out: Box<SchedulerOutput<N>>,
     expect: Outcome,
     passes_left: u32,
@@ -496,20 +496,15 @@ fn task_ref<const T: usize>(p: &AdapterPool<T>, id: u64) -> TaskRef {
     p.lookup(TaskId(id)).expect("registered task")
 }
 
-impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
-    /// Builds `s` over `mem` (from [`Scenario::memory`]). Panics when `N`/`T` are too small for it.
-    pub fn build(s: Scenario, mem: &'m mut BenchMemory) -> Self {
+impl<const N: usize, const T: usize> Bench<N, T> {
+    /// Builds `s` over fresh pools ([`Scenario::pools`]). Panics when `N`/`T` are too small for it.
+    pub fn build(s: Scenario) -> Self {
         let (reqs, ad) = starting_state(s);
         assert!(reqs.len() <= N, "{}: N = {N} is too small", s.name());
         assert!(ad.tasks as usize <= T, "{}: T = {T} is too small", s.name());
 
         // KV: each cache in place (slot i = request i), suspended ones moved down (or HELD).
-        let target = mem.target.pool().expect("KV pool");
-        let draft = mem
-            .draft
-            .as_mut()
-            .map(|m| (DraftMode::Joint, m.pool().expect("draft KV pool")));
-        let mut pool = KvSet::with_pools(target, draft, None);
+        let mut pool = s.pools();
         for (i, r) in reqs.iter().enumerate() {
             if r.capacity == 0 {
                 continue;
@@ -594,7 +589,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
     }
 
     /// The scheduler (for inspection).
-    pub fn scheduler(&self) -> &Sched<'m, N, T> {
+    pub fn scheduler(&self) -> &Sched<N, T> {
         &self.sched
     }
 
@@ -649,7 +644,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
 
 /// S5's cache before the timed pass: one request per adapter computes the adapter's system prompt (one
 /// pass, next to the decoding requests) and finishes, leaving its blocks cached.
-fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<'_, N, T>) {
+fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<N, T>) {
     let mut out = Box::new(SchedulerOutput::<N>::new());
     let tokens = (SYSTEM_BLOCKS as u32) * TOKENS_PER_BLOCK;
     let warm: Vec<_> = (0..8u64)
@@ -702,13 +697,6 @@ where
     sum
 }
 
-/// Builds `s` over leaked memory (for one-shot harnesses such as gungraun, where each benchmark runs in
-/// its own process).
-pub fn build_leaked<const N: usize, const T: usize>(s: Scenario) -> Bench<'static, N, T> {
-    let mem: &'static mut BenchMemory = Box::leak(Box::new(s.memory()));
-    Bench::build(s, mem)
-}
-
 /// Something to do with a scenario's monomorphised bench type (see [`dispatch`]).
 pub trait Visit {
     /// What the visit returns.
@@ -730,18 +718,17 @@ pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
     }
 }
 
-/// Runs `iters` iterations of `s` over `mem`, rebuilding the state (outside `run`) whenever it is spent:
+/// Runs `iters` iterations of `s`, rebuilding the state (outside `run`) whenever it is spent:
 /// `run(bench, k)` must call [`Bench::iteration`] exactly `k` times (`k` ≥ 1; 1 for reset scenarios, up to
 /// [`S1_PASSES`] for S1).
 pub fn drive<const N: usize, const T: usize>(
     s: Scenario,
-    mem: &mut BenchMemory,
     iters: u64,
-    mut run: impl FnMut(&mut Bench<'_, N, T>, u64),
+    mut run: impl FnMut(&mut Bench<N, T>, u64),
 ) {
     let mut done = 0u64;
     while done < iters {
-        let mut b = Bench::<N, T>::build(s, mem);
+        let mut b = Bench::<N, T>::build(s);
         let k = (iters - done).min(u64::from(b.passes_left));
         run(&mut b, k);
         assert_eq!(
@@ -866,16 +853,15 @@ struct Measure {
 impl Visit for Measure {
     type Out = Measured;
     fn visit<const N: usize, const T: usize>(&mut self, s: Scenario) -> Measured {
-        let mut mem = s.memory();
         // Warm-up (untimed), then the timed iterations, one sample each.
-        drive::<N, T>(s, &mut mem, self.warmup, |b, k| {
+        drive::<N, T>(s, self.warmup, |b, k| {
             for _ in 0..k {
                 b.iteration();
             }
         });
         let mut samples = Vec::with_capacity(self.iters as usize);
         let mut allocations = 0u64;
-        drive::<N, T>(s, &mut mem, self.iters, |b, k| {
+        drive::<N, T>(s, self.iters, |b, k| {
             for _ in 0..k {
                 let a = self::allocations();
                 let t = Instant::now();
@@ -888,7 +874,7 @@ impl Visit for Measure {
         samples.sort_by(f64::total_cmp);
 
         // The floor over the scenario's starting requests, in batches (it is shorter than a clock read).
-        let b = Bench::<N, T>::build(s, &mut mem);
+        let b = Bench::<N, T>::build(s);
         let outcome = s.expected();
         const BATCH: u32 = 64;
         let mut floors: Vec<f64> = (0..(self.iters / 4).clamp(200, 5000))
@@ -1047,8 +1033,7 @@ mod tests {
     /// starting past its adapter's cached 128-token system prompt.
     #[test]
     fn s5_admits_21_prompts_each_reusing_its_system_prompt() {
-        let mut mem = Scenario::S5.memory();
-        let mut b = Bench::<320, 8>::build(Scenario::S5, &mut mem);
+        let mut b = Bench::<320, 8>::build(Scenario::S5);
         b.iteration();
         let s = b.scheduler();
         let mut chunks: Vec<(u32, u32)> = b

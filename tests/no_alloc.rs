@@ -38,9 +38,8 @@ struct Count;
 impl Visit for Count {
     type Out = (u64, u64);
     fn visit<const N: usize, const T: usize>(&mut self, s: Scenario) -> (u64, u64) {
-        let mut mem = s.memory();
         let (mut counted, mut ran) = (0u64, 0u64);
-        drive::<N, T>(s, &mut mem, iterations(s), |b, k| {
+        drive::<N, T>(s, iterations(s), |b, k| {
             for _ in 0..k {
                 let before = allocations();
                 b.iteration();

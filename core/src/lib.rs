@@ -20,15 +20,16 @@
 //!                    │ schedules requests through their transitions
 //! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
 //!                    │ calls backends only through their contracts
-//! L2 mechanisms  page_pool/ (KvPool)  kv_set (draft/cross pairing)  adapter_pool  memory (alloc)
+//! L2 mechanisms  page_pool/ (KvPool, borrowed or owned)  kv_set (draft/cross pairing)  adapter_pool
 //!                    │ implement
 //! L1 contracts   kv (KvBackend, PageMove, chain)  adapter (PeftBackend)  connector (KvConnector)
 //!                    │ name
-//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint
+//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint  storage
 //! ```
 //!
 //! - [`ids`], [`error`], [`phase`], [`arena`]: request and task ids, the error values, the upstream
-//!   request states (`LlmRequestState`), the fixed-capacity generational slot arena.
+//!   request states (`LlmRequestState`), the fixed-capacity generational slot arena; [`storage`]:
+//!   where fixed-capacity state lives (a page pool's buffers borrowed or owned).
 //! - [`kv`]: the KV backend contract and the page-move vocabulary; [`adapter`]: the PEFT backend
 //!   contract; [`connector`]: an external KV store as the scheduler sees it.
 //! - [`page_pool`]: the fixed-capacity two-tier page pool (optional prefix cache, unified adapter paging,
@@ -38,8 +39,8 @@
 //! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler
 //!   output and its plain-old-data wire form; [`scheduler`]: the request table and the pass.
 //!
-//! A serving loop over buffers on the stack (no heap; the `memory` module owns them on the heap with the
-//! `alloc` feature):
+//! A serving loop over buffers on the stack (no heap; with the `alloc` feature, `KvPool::owned` gives a
+//! pool that owns its buffers on the heap):
 //!
 //! ```
 //! use kvsched_core::adapter_pool::AdapterPool;
@@ -111,13 +112,12 @@ pub mod ids;
 pub mod kv;
 pub mod kv_set;
 pub mod lease;
-#[cfg(feature = "alloc")]
-pub mod memory;
 pub mod output;
 pub mod page_pool;
 pub mod phase;
 pub mod request;
 pub mod scheduler;
+pub mod storage;
 pub mod wire;
 
 pub use adapter::{NoPeft, PeftBackend};

@@ -25,13 +25,11 @@ const LAYERS: &[(&str, &[&str])] = &[
             "id_index",
             "fmt",
             "fingerprint",
+            "storage",
         ],
     ),
     ("L1 contracts", &["kv", "adapter", "connector"]),
-    (
-        "L2 mechanisms",
-        &["page_pool", "kv_set", "adapter_pool", "memory"],
-    ),
+    ("L2 mechanisms", &["page_pool", "kv_set", "adapter_pool"]),
     ("L3 lifecycle", &["request", "lease"]),
     (
         "L4 scheduler",

@@ -4,8 +4,9 @@ use crate::kv::{ContextPrep, KvBackend, KvRef, PageMove};
 
 use super::{blocks_for, KvPool, Seq, SeqState};
 use crate::ids::RequestId;
+use crate::storage::Buffers;
 
-impl KvPool<'_> {
+impl<B: Buffers> KvPool<'_, B> {
     /// A decode step across a page boundary of an active cache, with a free page at hand: the page off
     /// the free stack, no eviction, no division.
     #[inline(never)]
@@ -48,7 +49,7 @@ impl KvPool<'_> {
     }
 }
 
-impl KvBackend for KvPool<'_> {
+impl<B: Buffers> KvBackend for KvPool<'_, B> {
     fn tier_below_gpu(&self) -> bool {
         self.cfg.host_pages > 0
     }
