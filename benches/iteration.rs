@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kvsched::bench::{dispatch, drive, Bench, Scenario, Visit};
+use kvsched::bench::{dispatch, Bench, Scenario, Visit};
 
 struct Group<'a> {
     c: &'a mut Criterion,
@@ -30,7 +30,7 @@ impl Visit for Group<'_> {
         g.bench_function("iteration", |b| {
             b.iter_custom(|iters| {
                 let mut timed = Duration::ZERO;
-                drive::<N, T>(s, iters, |bench, k| {
+                Bench::<N, T>::drive(s, iters, |bench, k| {
                     let t = Instant::now();
                     for _ in 0..k {
                         bench.iteration();

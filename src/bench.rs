@@ -29,7 +29,7 @@ use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Scheduler};
-use kvsched_core::storage::Owned;
+use kvsched_core::storage::{Inline, Owned, Storage};
 
 /// Iterations an S1 pool is sized for before it is rebuilt (outside the timed region).
 pub const S1_PASSES: u32 = 4096;
@@ -95,7 +95,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// The counts of one output.
-    pub fn of<const N: usize>(out: &SchedulerOutput<N>) -> Self {
+    pub fn of<const N: usize, S: Storage>(out: &SchedulerOutput<N, S>) -> Self {
         Self {
             generation: out.generation().len(),
             context: out.context().len(),
@@ -480,14 +480,16 @@ fn starting_state(s: Scenario) -> (Vec<Start>, Adapters) {
 /// The KV backend of the benches: the real page pool owning its buffers (with a joint draft pool in S6).
 pub type BenchKv = KvSet<KvPool<'static, Owned>>;
 
-/// The scheduler type of the benches: the real page pools and adapter cache.
-pub type Sched<const N: usize, const T: usize> = Scheduler<BenchKv, AdapterPool<T>, N, T>;
+/// The scheduler type of the benches: the real page pools and adapter cache, the scheduler's arrays
+/// where `S` keeps them (inside the value, [`Inline`]: what the benches measure).
+pub type Sched<const N: usize, const T: usize, S = Inline> =
+    Scheduler<BenchKv, AdapterPool<T>, N, T, S>;
 
 /// A built scenario: a boxed scheduler over its own pools, its output, and the outcome to assert.
-pub struct Bench<const N: usize, const T: usize> {
+pub struct Bench<const N: usize, const T: usize, S: Storage = Inline> {
     scenario: Scenario,
-    sched: Box<Sched<N, T>>,
-    out: Box<SchedulerOutput<N>>,
+    sched: Box<Sched<N, T, S>>,
+    out: Box<SchedulerOutput<N, S>>,
     expect: Outcome,
     passes_left: u32,
 }
@@ -496,7 +498,7 @@ fn task_ref<const T: usize>(p: &AdapterPool<T>, id: u64) -> TaskRef {
     p.lookup(TaskId(id)).expect("registered task")
 }
 
-impl<const N: usize, const T: usize> Bench<N, T> {
+impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
     /// Builds `s` over fresh pools ([`Scenario::pools`]). Panics when `N`/`T` are too small for it.
     pub fn build(s: Scenario) -> Self {
         let (reqs, ad) = starting_state(s);
@@ -555,7 +557,8 @@ impl<const N: usize, const T: usize> Bench<N, T> {
         peft.ensure_batch(&running, &mut |_| {})
             .expect("running adapters fit");
 
-        let mut sched = Box::new(Sched::<N, T>::new(s.config(), pool, peft).expect("scheduler"));
+        let sched = Sched::<N, T, S>::new_in(s.config(), pool, peft);
+        let mut sched = Box::new(sched.expect("scheduler"));
         let mut waiting = Vec::new();
         for (i, r) in reqs.into_iter().enumerate() {
             if !r.hashes.is_empty() {
@@ -577,7 +580,7 @@ impl<const N: usize, const T: usize> Bench<N, T> {
         Self {
             scenario: s,
             sched,
-            out: Box::new(SchedulerOutput::new()),
+            out: Box::new(SchedulerOutput::new_in().expect("output")),
             expect: s.expected(),
             passes_left: s.passes_per_build(),
         }
@@ -589,12 +592,12 @@ impl<const N: usize, const T: usize> Bench<N, T> {
     }
 
     /// The scheduler (for inspection).
-    pub fn scheduler(&self) -> &Sched<N, T> {
+    pub fn scheduler(&self) -> &Sched<N, T, S> {
         &self.sched
     }
 
     /// The last iteration's output.
-    pub fn output(&self) -> &SchedulerOutput<N> {
+    pub fn output(&self) -> &SchedulerOutput<N, S> {
         &self.out
     }
 
@@ -644,8 +647,8 @@ impl<const N: usize, const T: usize> Bench<N, T> {
 
 /// S5's cache before the timed pass: one request per adapter computes the adapter's system prompt (one
 /// pass, next to the decoding requests) and finishes, leaving its blocks cached.
-fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<N, T>) {
-    let mut out = Box::new(SchedulerOutput::<N>::new());
+fn warm_system_prompts<const N: usize, const T: usize, S: Storage>(sched: &mut Sched<N, T, S>) {
+    let mut out = Box::new(SchedulerOutput::<N, S>::new_in().expect("output"));
     let tokens = (SYSTEM_BLOCKS as u32) * TOKENS_PER_BLOCK;
     let warm: Vec<_> = (0..8u64)
         .map(|t| {
@@ -679,7 +682,9 @@ fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<N, T>) 
 
 /// The least work any scheduler must do: read each request record once and sum its token cost (a decode
 /// step: beam + drafts; a prompt: what is left of it).
-pub fn floor_pass<K, P, const N: usize, const T: usize>(s: &Scheduler<K, P, N, T>) -> u64
+pub fn floor_pass<K, P, const N: usize, const T: usize, S: Storage>(
+    s: &Scheduler<K, P, N, T, S>,
+) -> u64
 where
     K: KvBackend,
     P: PeftBackend,
@@ -718,25 +723,23 @@ pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
     }
 }
 
-/// Runs `iters` iterations of `s`, rebuilding the state (outside `run`) whenever it is spent:
-/// `run(bench, k)` must call [`Bench::iteration`] exactly `k` times (`k` ≥ 1; 1 for reset scenarios, up to
-/// [`S1_PASSES`] for S1).
-pub fn drive<const N: usize, const T: usize>(
-    s: Scenario,
-    iters: u64,
-    mut run: impl FnMut(&mut Bench<N, T>, u64),
-) {
-    let mut done = 0u64;
-    while done < iters {
-        let mut b = Bench::<N, T>::build(s);
-        let k = (iters - done).min(u64::from(b.passes_left));
-        run(&mut b, k);
-        assert_eq!(
-            u64::from(b.passes_left),
-            u64::from(s.passes_per_build()) - k,
-            "drive: run must call iteration exactly k times"
-        );
-        done += k;
+impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
+    /// Runs `iters` iterations of `s`, rebuilding the state (outside `run`) whenever it is spent:
+    /// `run(bench, k)` must call [`Bench::iteration`] exactly `k` times (`k` ≥ 1; 1 for reset scenarios,
+    /// up to [`S1_PASSES`] for S1).
+    pub fn drive(s: Scenario, iters: u64, mut run: impl FnMut(&mut Self, u64)) {
+        let mut done = 0u64;
+        while done < iters {
+            let mut b = Self::build(s);
+            let k = (iters - done).min(u64::from(b.passes_left));
+            run(&mut b, k);
+            assert_eq!(
+                u64::from(b.passes_left),
+                u64::from(s.passes_per_build()) - k,
+                "drive: run must call iteration exactly k times"
+            );
+            done += k;
+        }
     }
 }
 
@@ -854,14 +857,14 @@ impl Visit for Measure {
     type Out = Measured;
     fn visit<const N: usize, const T: usize>(&mut self, s: Scenario) -> Measured {
         // Warm-up (untimed), then the timed iterations, one sample each.
-        drive::<N, T>(s, self.warmup, |b, k| {
+        Bench::<N, T>::drive(s, self.warmup, |b, k| {
             for _ in 0..k {
                 b.iteration();
             }
         });
         let mut samples = Vec::with_capacity(self.iters as usize);
         let mut allocations = 0u64;
-        drive::<N, T>(s, self.iters, |b, k| {
+        Bench::<N, T>::drive(s, self.iters, |b, k| {
             for _ in 0..k {
                 let a = self::allocations();
                 let t = Instant::now();
@@ -1033,7 +1036,8 @@ mod tests {
     /// starting past its adapter's cached 128-token system prompt.
     #[test]
     fn s5_admits_21_prompts_each_reusing_its_system_prompt() {
-        let mut b = Bench::<320, 8>::build(Scenario::S5);
+        // Boxed: the scheduler off the test thread's stack (the pass is the same one).
+        let mut b = Bench::<320, 8, kvsched_core::storage::Boxed>::build(Scenario::S5);
         b.iteration();
         let s = b.scheduler();
         let mut chunks: Vec<(u32, u32)> = b

@@ -1,5 +1,6 @@
 //! The engine behind the opaque handle: the page pool (owning its buffers), the adapter cache, the
-//! scheduler and its output, and the plain-old-data copies of the output that C reads.
+//! scheduler and its output (their arrays on the heap, built in place), and the plain-old-data copies
+//! of the output that C reads. Safe Rust: the engine owns everything it holds.
 
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
@@ -10,7 +11,7 @@ use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
-use kvsched_core::storage::Owned;
+use kvsched_core::storage::{Boxed, Owned};
 use kvsched_core::Phase;
 
 use crate::{KvschedConfig, KvschedEntry, KvschedPageMove, KvschedRequest};
@@ -18,8 +19,10 @@ use crate::{KvschedConfig, KvschedEntry, KvschedPageMove, KvschedRequest};
 const MAX_REQUESTS: usize = crate::KVSCHED_MAX_REQUESTS as usize;
 const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
 
+/// The engine's scheduler: its arrays on the heap, each its own allocation (`Boxed`), so building it
+/// never puts them on the caller's stack; the value is about 5 KB (most of it the adapter cache).
 type Sched =
-    Scheduler<KvPool<'static, Owned>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS>;
+    Scheduler<KvPool<'static, Owned>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
 
 /// The last pass's output, copied into plain-old-data lists (what the bindings read).
 #[derive(Debug, Default)]
@@ -44,41 +47,18 @@ pub struct Lists {
 
 /// One scheduler with its pools.
 pub struct Engine {
-    sched: Box<Sched>,
-    out: Box<SchedulerOutput<MAX_REQUESTS>>,
+    sched: Sched,
+    out: SchedulerOutput<MAX_REQUESTS, Boxed>,
     lists: Lists,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
 
-/// Stack of the thread an engine is built on.
-const BUILD_STACK: usize = 16 << 20;
-
-// SAFETY: an engine owns everything it holds (its scheduler, the pool and its buffers, its output and
-// lists) and shares none of it; nothing in it is tied to a thread. The one part the compiler cannot
-// see as `Send` is the pool's slot for a KV connector (`&mut dyn KvConnector`), which an engine never
-// fills. Moving it moves sole ownership, as a C caller does when it hands the engine to another thread.
-unsafe impl Send for Engine {}
-
 impl Engine {
-    /// An engine for `c`; refused (nothing allocated) for an inconsistent configuration.
-    ///
-    /// The fixed-capacity tables (about 0.5 MB, 2 MB in a debug build) pass through the stack as they
-    /// are built, so they are built on a thread of their own with room for them: any caller's stack
-    /// will do.
+    /// An engine for `c`; refused (nothing kept) for an inconsistent configuration or memory that
+    /// cannot be had. The fixed-capacity tables (about 0.5 MB) are built in place on the heap: any
+    /// caller's stack will do.
     pub fn new(c: &KvschedConfig) -> Result<Self, Error> {
-        let c = *c;
-        let builder = std::thread::Builder::new()
-            .name("kvsched-engine-new".into())
-            .stack_size(BUILD_STACK)
-            .spawn(move || Self::build(&c))
-            .map_err(|_| Error::Invalid("cannot start the thread that builds the engine"))?;
-        builder
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    }
-
-    fn build(c: &KvschedConfig) -> Result<Self, Error> {
         if c.max_requests == 0 || c.max_requests as usize > MAX_REQUESTS {
             return Err(Error::Invalid("max_requests must be 1 to 1024"));
         }
@@ -108,8 +88,8 @@ impl Engine {
             KvPool::owned(pool_cfg)?
         };
         Ok(Self {
-            sched: Box::new(Scheduler::new(cfg, pool, adapters)?),
-            out: Box::default(),
+            sched: Scheduler::boxed(cfg, pool, adapters)?,
+            out: SchedulerOutput::new_in()?,
             lists: Lists::default(),
             poisoned: false,
         })

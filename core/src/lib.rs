@@ -85,6 +85,37 @@
 //! sched.remove(h)?;
 //! # Ok::<(), kvsched_core::Error>(())
 //! ```
+//!
+//! ## Where a scheduler lives
+//!
+//! A [`Scheduler`] and its [`SchedulerOutput`] are fixed-capacity values: their arrays (the request
+//! table, the pass scratch, the fairness counters, the per-slot and per-task arrays, the output lists)
+//! grow with `N` (requests) and `T` (adapter task slots). Their last type parameter, a
+//! [`Storage`](storage::Storage), says where those arrays are; the default keeps `Scheduler<K, P, N, T>`
+//! and `SchedulerOutput<N>` what they always were.
+//!
+//! | where | built by | storage |
+//! |---|---|---|
+//! | a `static` | [`Scheduler::new_const`] and [`SchedulerOutput::new`], `const fn`s (the backends must be const-constructible too; an invalid configuration is a compile error) | [`Inline`](storage::Inline), the default |
+//! | a `Box`, or any place, without passing through the stack (feature `alloc`) | `Scheduler::boxed` (or [`Scheduler::new_in`]) and [`SchedulerOutput::new_in`]: every array its own heap allocation, filled in place; the value keeps a pointer an array | `storage::Boxed` |
+//! | the stack | [`Scheduler::new`] and [`SchedulerOutput::new`]: only for a small `N` (a debug build copies the value several times while it is built) | [`Inline`](storage::Inline) |
+//!
+//! The hot paths read the inline arrays directly (what the benches measure); a boxed scheduler takes
+//! one pointer more per array and behaves identically (`core/tests/storage.rs` runs both). The sizes on
+//! 64-bit, pinned by that test (the boxed value is what is left: the configuration, the counters and
+//! the backends):
+//!
+//! | instantiation | inline | boxed |
+//! |---|---|---|
+//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,264 B | 4,888 B (3,864 of them the adapter cache) |
+//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,256 B | 2,584 B |
+//! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 418,896 B | 568 B |
+//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,664 B | 62,528 B (60,504 of them the adapter cache) |
+//! | `SchedulerOutput<1024>` | 98,392 B | 160 B |
+//!
+//! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller
+//! ([`KvStorage`](page_pool::KvStorage): statics, the stack, no heap) or owned by the pool
+//! (`KvPool::owned`, feature `alloc`), one type, [`KvPool<'a, B>`](page_pool::KvPool).
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

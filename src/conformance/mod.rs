@@ -16,6 +16,7 @@ use kvsched_core::ids::TaskId;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Handle, Scheduler, TransferEnd};
+use kvsched_core::storage::Boxed;
 use kvsched_core::Phase;
 use serde_json::Value;
 
@@ -30,8 +31,10 @@ pub const MAX_REQUESTS: usize = 1024;
 /// Adapter tasks one scenario may name.
 pub const MAX_TASKS: usize = 256;
 
-type Sched = Scheduler<pools::Backend, ScriptedPeft, MAX_REQUESTS, MAX_TASKS>;
-type Out = SchedulerOutput<MAX_REQUESTS>;
+/// The runner's scheduler and output: their arrays on the heap (`Boxed`), so a scenario runs on any
+/// caller's stack.
+type Sched = Scheduler<pools::Backend, ScriptedPeft, MAX_REQUESTS, MAX_TASKS, Boxed>;
+type Out = SchedulerOutput<MAX_REQUESTS, Boxed>;
 
 /// The outcome of a run over files.
 #[derive(Debug, Default)]
@@ -107,20 +110,13 @@ pub fn run_file(path: &Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let sc: Scenario =
         serde_json::from_str(&text).map_err(|e| format!("{}: malformed: {e}", path.display()))?;
-    // The scheduler and its output are large fixed-capacity values: run on a thread with a roomy stack so
-    // that callers on small stacks (test threads) are safe.
-    let outcome = std::thread::Builder::new()
-        .name("kvsched-scenario".into())
-        .stack_size(RUNNER_STACK)
-        .spawn(move || run_scenario(&sc).map(|()| sc.name))
-        .map_err(|e| format!("{}: cannot start the runner thread: {e}", path.display()))?
-        .join()
+    // A scenario that panics the scheduler fails alone; the run goes on.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_scenario(&sc)))
         .map_err(|_| format!("{}: the runner panicked", path.display()))?;
-    outcome.map_err(|e| format!("{}: {e}", path.display()))
+    outcome
+        .map(|()| sc.name)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
-
-/// Stack of the thread one scenario runs on.
-const RUNNER_STACK: usize = 64 << 20;
 
 fn phase_of(field: &str, name: Option<&str>) -> Result<Phase, String> {
     let n = name.unwrap_or("GENERATION_IN_PROGRESS");
@@ -490,7 +486,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
     let (kv_ctl, backend) = pools::Pools::new(kv, skv)?;
     let peft_ctl = peft.clone();
     let sched =
-        Sched::new(cfg, backend, peft).map_err(|e| format!("malformed: field config: {e}"))?;
+        Sched::new_in(cfg, backend, peft).map_err(|e| format!("malformed: field config: {e}"))?;
     let mut run = Run {
         sched: Box::new(sched),
         kv: kv_ctl,
@@ -542,7 +538,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), String> {
         (None, Some(p)) => p,
         _ => unreachable!(),
     };
-    let mut out: Box<Out> = Box::default();
+    let mut out = Out::new_in().map_err(|e| format!("output: {e}"))?;
     for (k, pass) in passes.iter().enumerate() {
         let label = if passes.len() > 1 {
             format!("pass {}: ", k + 1)

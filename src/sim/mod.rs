@@ -20,7 +20,7 @@ use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::scheduler::{Handle, Scheduler};
-use kvsched_core::storage::Owned;
+use kvsched_core::storage::{Boxed, Owned};
 
 use crate::workload::popularity::{pages_for_rank, AdapterRanks, AdapterSampler, PopularityLaw};
 use crate::workload::Workload;
@@ -33,9 +33,10 @@ pub const MAX_LIVE: usize = 1024;
 /// Most adapters a simulation can use.
 pub const MAX_ADAPTERS: usize = 1024;
 
+/// The simulated engine's scheduler: its arrays on the heap (`Boxed`), so the value is small.
 type Sched<'a> =
-    Scheduler<KvSet<KvPool<'a, Owned>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS>;
-type Out = SchedulerOutput<MAX_LIVE>;
+    Scheduler<KvSet<KvPool<'a, Owned>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS, Boxed>;
+type Out = SchedulerOutput<MAX_LIVE, Boxed>;
 
 /// Adapter (multi-LoRA) settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -534,8 +535,9 @@ impl Replica {
             admission: o.admission,
             drain_after: o.drain_after,
         };
-        let sched: Box<Sched<'s>> = Box::new(Scheduler::new(cfg, kv, pool).map_err(opt)?);
-        Ok(run_loop::Sim::new(o, w, sched, Box::default(), kv_cfg).with_role(role))
+        let sched: Box<Sched<'s>> = Box::new(Scheduler::boxed(cfg, kv, pool).map_err(opt)?);
+        let out = Box::new(Out::new_in().map_err(opt)?);
+        Ok(run_loop::Sim::new(o, w, sched, out, kv_cfg).with_role(role))
     }
 }
 

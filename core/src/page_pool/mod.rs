@@ -22,7 +22,7 @@
 //!
 //! Storage is borrowed ([`KvStorage`]: the pool itself never allocates; place the buffers in statics,
 //! on the stack, or in memory the caller owns) or, with the `alloc` feature, owned on the heap
-//! ([`KvPool::owned`], `owned.rs`): one type, [`KvPool<'a, B>`](KvPool), whose buffer storage `B`
+//! (`KvPool::owned`, `owned.rs`): one type, [`KvPool<'a, B>`](KvPool), whose buffer storage `B`
 //! ([`crate::storage::Buffers`]) says which.
 
 mod adapters;
@@ -162,8 +162,8 @@ impl KvPoolConfig {
     }
 }
 
-/// The buffers of a pool, borrowed ([`KvStorage`]) or owned ([`Owned`](crate::storage::Owned), which
-/// [`KvPool::owned`] allocates). Lengths: `gpu_free` = gpu_pages, `host_free` = host_pages, `tables` =
+/// The buffers of a pool, borrowed ([`KvStorage`]) or owned (`Owned`, which
+/// `KvPool::owned` allocates). Lengths: `gpu_free` = gpu_pages, `host_free` = host_pages, `tables` =
 /// slots × max_blocks, `seqs` = slots, `moves` = gpu_pages + host_pages.
 #[derive(Debug)]
 pub struct KvBuffers<B: Buffers> {
@@ -213,7 +213,7 @@ pub struct KvStats {
 }
 
 /// The two-tier page pool, over buffers `B` chooses: [`Borrowed`] (`&'a mut [T]`, the default: no
-/// heap) or [`Owned`](crate::storage::Owned) (`Box<[T]>`, feature `alloc`: [`KvPool::owned`]). `'a` is
+/// heap) or `Owned` (`Box<[T]>`, feature `alloc`: `KvPool::owned`). `'a` is
 /// also the lifetime of an attached KV connector ([`KvPool::attach_connector`]).
 #[derive(Debug)]
 pub struct KvPool<'a, B: Buffers = Borrowed<'a>> {

@@ -12,7 +12,8 @@
 use crate::adapter::PeftBackend;
 use crate::ids::NO_TASK;
 use crate::kv::KvBackend;
-use crate::output::{Chunk, List, Listed};
+use crate::output::{Chunk, Listed};
+use crate::storage::Storage;
 
 use super::pass::Pass;
 use super::table::Table;
@@ -46,7 +47,9 @@ impl Item for Chunk {
     }
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Sorts the batch lists in place, with the scratch buffers.
     pub(crate) fn sort(&mut self, scratch: (&mut [Listed; N], &mut [Chunk; N])) {
         let partition = self.out.has_chunking();
@@ -87,7 +90,11 @@ fn rank_key<I: Item, const T: usize>(rank: &[u16; T], item: &I, partition: bool)
 }
 
 /// The full key from the table: partition bit, LoRA bit, task id.
-fn id_key<I: Item, const N: usize>(table: &Table<N>, item: &I, partition: bool) -> u128 {
+fn id_key<I: Item, const N: usize, S: Storage>(
+    table: &Table<N, S>,
+    item: &I,
+    partition: bool,
+) -> u128 {
     let lora = table.entry(item.listed().slot()).spec().lora;
     let key = lora.map_or(0, |t| (1u128 << 64) | u128::from(t.0));
     (u128::from(partition && item.last()) << 65) | key
@@ -95,7 +102,7 @@ fn id_key<I: Item, const N: usize>(table: &Table<N>, item: &I, partition: bool) 
 
 /// Counts `list` per bucket, then places it.
 fn count_and_sort<I: Item, const N: usize, const T: usize>(
-    list: &mut List<I, N>,
+    list: &mut [I],
     scratch: &mut [I; N],
     adapters: &[crate::adapter::TaskRef],
     rank: &[u16; T],
@@ -124,7 +131,7 @@ fn count_and_sort<I: Item, const N: usize, const T: usize>(
 /// Places `list` by the counts (`counts[slot]` for the plan's adapters, `plain` for the entries without
 /// one), unless it is sorted already.
 fn sort_counted<I: Item, const N: usize, const T: usize>(
-    list: &mut List<I, N>,
+    list: &mut [I],
     scratch: &mut [I; N],
     adapters: &[crate::adapter::TaskRef],
     rank: &[u16; T],
@@ -169,7 +176,7 @@ fn sort_counted<I: Item, const N: usize, const T: usize>(
 
 /// A stable bottom-up merge sort by `key`.
 fn merge_sort<I: Item, const N: usize>(
-    list: &mut List<I, N>,
+    list: &mut [I],
     scratch: &mut [I; N],
     key: impl Fn(&I) -> u128,
 ) {
@@ -221,7 +228,7 @@ mod tests {
     use super::*;
     use crate::adapter::TaskRef;
     use crate::ids::TaskId;
-    use crate::output::Listed;
+    use crate::output::{List, Listed};
 
     /// Entries over three adapters (slots 0..3 with ids 5, 2, 9) and none, in a scrambled order; the
     /// counting sort and the merge sort by (partition, task id) agree, stably.
