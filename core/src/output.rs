@@ -133,6 +133,14 @@ pub struct SchedulerOutput<const N: usize, S: Storage = Inline> {
     pass: u64,
 }
 
+/// The lists the LoRA sort orders, in place: generation, context, encoder, and the adapter plan.
+pub(crate) type Sortable<'a, const N: usize, S> = (
+    &'a mut <S as Storage>::List<Listed, N>,
+    &'a mut <S as Storage>::List<Chunk, N>,
+    &'a mut <S as Storage>::List<Listed, N>,
+    &'a mut <S as Storage>::List<TaskRef, N>,
+);
+
 fn push<T>(list: &mut impl FixedList<T>, item: T) -> Result<(), Full> {
     list.push(item).map_err(|_| Full)
 }
@@ -316,9 +324,7 @@ impl<const N: usize, St: Storage> SchedulerOutput<N, St> {
     }
 
     /// The lists the LoRA sort orders, with the plan.
-    pub(crate) fn sortable(
-        &mut self,
-    ) -> (&mut [Listed], &mut [Chunk], &mut [Listed], &mut [TaskRef]) {
+    pub(crate) fn sortable(&mut self) -> Sortable<'_, N, St> {
         (
             &mut self.generation,
             &mut self.context,

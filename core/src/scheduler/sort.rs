@@ -9,6 +9,8 @@
 //!
 //! Invariant: the sort permutes each list (no entry lost or duplicated), stably.
 
+use core::ops::DerefMut;
+
 use crate::adapter::PeftBackend;
 use crate::ids::NO_TASK;
 use crate::kv::KvBackend;
@@ -101,8 +103,8 @@ fn id_key<I: Item, const N: usize, S: Storage>(
 }
 
 /// Counts `list` per bucket, then places it.
-fn count_and_sort<I: Item, const N: usize, const T: usize>(
-    list: &mut [I],
+fn count_and_sort<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: usize>(
+    list: &mut L,
     scratch: &mut [I; N],
     adapters: &[crate::adapter::TaskRef],
     rank: &[u16; T],
@@ -130,8 +132,8 @@ fn count_and_sort<I: Item, const N: usize, const T: usize>(
 
 /// Places `list` by the counts (`counts[slot]` for the plan's adapters, `plain` for the entries without
 /// one), unless it is sorted already.
-fn sort_counted<I: Item, const N: usize, const T: usize>(
-    list: &mut [I],
+fn sort_counted<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: usize>(
+    list: &mut L,
     scratch: &mut [I; N],
     adapters: &[crate::adapter::TaskRef],
     rank: &[u16; T],
@@ -175,8 +177,8 @@ fn sort_counted<I: Item, const N: usize, const T: usize>(
 }
 
 /// A stable bottom-up merge sort by `key`.
-fn merge_sort<I: Item, const N: usize>(
-    list: &mut [I],
+fn merge_sort<I: Item, L: DerefMut<Target = [I]>, const N: usize>(
+    list: &mut L,
     scratch: &mut [I; N],
     key: impl Fn(&I) -> u128,
 ) {
