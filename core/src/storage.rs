@@ -54,7 +54,8 @@ pub trait FixedList<T>: DerefMut<Target = [T]> {
 
 /// The arrays and lists inside the value: const-constructible (a `static` can hold the whole
 /// scheduler), and what every hot path reads without an indirection. Large for a large `N`: a value
-/// of a few hundred KiB belongs in a `static` or a `Box`, not on the stack.
+/// of a few hundred KiB belongs in a `static`; on the heap, use `Boxed` (a `Box` of an inline value is
+/// built on the stack first).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Inline;
 

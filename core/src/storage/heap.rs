@@ -142,3 +142,35 @@ impl sealed::Sealed for Owned {}
 impl Buffers for Owned {
     type Buf<T: Copy + Debug + 'static> = Box<[T]>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A boxed list against `heapless::Vec`, the inline one, operation by operation.
+    #[test]
+    fn a_boxed_list_is_an_inline_list() {
+        let mut b = Boxed::list::<u16, 4>(0).unwrap();
+        let mut v = heapless::Vec::<u16, 4>::new();
+        let push = |b: &mut BoxedList<u16, 4>, v: &mut heapless::Vec<u16, 4>, x: u16| {
+            assert_eq!(b.push(x), FixedList::push(v, x));
+        };
+        for x in [5, 6, 7, 8, 9] {
+            push(&mut b, &mut v, x);
+        }
+        assert!(b.is_full() && *b == *v);
+        assert_eq!(b.remove(1), v.remove(1));
+        assert_eq!(b.swap_remove(0), v.swap_remove(0));
+        assert_eq!(*b, *v);
+        assert!(
+            !b.extend_from_slice(&[1, 2, 3]) && *b == *v,
+            "all or nothing"
+        );
+        assert!(b.extend_from_slice(&[1, 2]) && FixedList::extend_from_slice(&mut v, &[1, 2]));
+        assert_eq!((b.pop(), b.pop()), (v.pop(), v.pop()));
+        b.clear();
+        assert!(b.is_empty() && b.pop().is_none());
+        let a: Box<[u32; 3]> = Boxed::array(|| 7).unwrap();
+        assert_eq!(*a, [7; 3]);
+    }
+}
