@@ -2,27 +2,27 @@
 //! `shared/bench/SCENARIOS.md`, and of the floor pass over the same requests: deterministic figures fit
 //! for a CI gate. `cargo bench -p kvsched-bench --bench instructions` (needs valgrind and `gungraun-runner` 0.20.0).
 //!
-//! Each benchmark gets a freshly built state (built outside the measured function, over leaked KV memory:
-//! every benchmark runs in its own process) and runs exactly one iteration, which asserts its outcome.
-//! The state is returned so that tearing it down is not counted either.
+//! Each benchmark gets a freshly built state (built outside the measured function: the scheduler over
+//! pools that own their buffers) and runs exactly one iteration, which asserts its outcome. The state is
+//! returned so that tearing it down is not counted either.
 
 use std::hint::black_box;
 
 use gungraun::{library_benchmark, library_benchmark_group, main};
-use kvsched_bench::{build_leaked, Bench, Scenario};
+use kvsched_bench::{Bench, Scenario};
 
 macro_rules! scenario {
     ($iter:ident, $floor:ident, $s:expr, $n:literal, $t:literal) => {
         #[library_benchmark]
-        #[bench::first(build_leaked::<$n, $t>($s))]
-        fn $iter(mut b: Bench<'static, $n, $t>) -> Bench<'static, $n, $t> {
+        #[bench::first(Bench::<$n, $t>::build($s))]
+        fn $iter(mut b: Bench<$n, $t>) -> Bench<$n, $t> {
             b.iteration();
             b
         }
 
         #[library_benchmark]
-        #[bench::start(build_leaked::<$n, $t>($s))]
-        fn $floor(b: Bench<'static, $n, $t>) -> (u64, Bench<'static, $n, $t>) {
+        #[bench::start(Bench::<$n, $t>::build($s))]
+        fn $floor(b: Bench<$n, $t>) -> (u64, Bench<$n, $t>) {
             (black_box(b.floor()), b)
         }
     };

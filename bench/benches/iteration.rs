@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kvsched_bench::{dispatch, drive, Bench, Scenario, Visit};
+use kvsched_bench::{dispatch, Bench, Scenario, Visit};
 
 struct Group<'a> {
     c: &'a mut Criterion,
@@ -27,11 +27,10 @@ impl Visit for Group<'_> {
             g.measurement_time(Duration::from_secs(3));
         }
         g.warm_up_time(Duration::from_millis(500));
-        let mut mem = s.memory();
         g.bench_function("iteration", |b| {
             b.iter_custom(|iters| {
                 let mut timed = Duration::ZERO;
-                drive::<N, T>(s, &mut mem, iters, |bench, k| {
+                Bench::<N, T>::drive(s, iters, |bench, k| {
                     let t = Instant::now();
                     for _ in 0..k {
                         bench.iteration();
@@ -41,7 +40,7 @@ impl Visit for Group<'_> {
                 timed
             })
         });
-        let bench = Bench::<N, T>::build(s, &mut mem);
+        let bench = Bench::<N, T>::build(s);
         g.bench_function("floor", |b| b.iter(|| black_box(bench.floor())));
         drop(bench);
         g.finish();

@@ -1,7 +1,7 @@
 //! # kvsched-bench
 //!
 //! In-process benchmarks of the scheduling pass: the scenarios of `shared/bench/SCENARIOS.md`, built on the
-//! project's real fixed-capacity backends ([`KvPool`] over [`KvMemory`], [`AdapterPool`]), the floor pass,
+//! project's real fixed-capacity backends ([`KvPool`] owning its buffers, [`AdapterPool`]), the floor pass,
 //! the measurement behind `kvsched bench` ([`measure`]) and the counting allocator ([`CountingAlloc`]).
 //! The criterion (`iteration`) and gungraun (`instructions`) benches of this crate drive the same
 //! scenarios.
@@ -14,8 +14,8 @@
 //! outside the timed region. S1 is not reset: each iteration grows every request by one token; its pool is
 //! sized for [`S1_PASSES`] iterations and rebuilt (untimed) after that many.
 //!
-//! Heap use: building allocates (the scheduler and its output are boxed, [`KvMemory`] owns the pool's
-//! buffers); an iteration allocates nothing (`tests/no_alloc.rs` counts it).
+//! Heap use: building allocates (the scheduler and its output are boxed, the pools own their buffers); an
+//! iteration allocates nothing (`tests/no_alloc.rs` counts it).
 #![deny(missing_docs)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -28,12 +28,12 @@ use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking, Con
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::kv_set::{DraftMode, KvSet};
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Scheduler};
+use kvsched_core::storage::{Inline, Owned, Storage};
 
 /// Iterations an S1 pool is sized for before it is rebuilt (outside the timed region).
 pub const S1_PASSES: u32 = 4096;
@@ -80,12 +80,6 @@ pub enum Scenario {
 /// Draft tokens a decode step in S6.
 pub const S6_DRAFTS: u32 = 4;
 
-/// The KV memory of a scenario: the target pool's, and the joint draft pool's (S6).
-pub struct BenchMemory {
-    target: KvMemory,
-    draft: Option<KvMemory>,
-}
-
 /// The counts one iteration of a scenario must produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outcome {
@@ -105,7 +99,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// The counts of one output.
-    pub fn of<const N: usize>(out: &SchedulerOutput<N>) -> Self {
+    pub fn of<const N: usize, S: Storage>(out: &SchedulerOutput<N, S>) -> Self {
         Self {
             generation: out.generation().len(),
             context: out.context().len(),
@@ -309,14 +303,20 @@ impl Scenario {
         }
     }
 
-    /// Fresh buffers for the scenario's pools (S5: with a prefix cache; S6: and a draft pool).
-    pub fn memory(self) -> BenchMemory {
+    /// Fresh, empty pools owning their buffers: the target (S5: with a prefix cache) and, in S6, the
+    /// joint draft pool.
+    pub fn pools(self) -> BenchKv {
         let target = match self {
-            Scenario::S5 => KvMemory::with_prefix_cache(self.kv_config()),
-            _ => KvMemory::new(self.kv_config()),
+            Scenario::S5 => KvPool::owned_with_prefix_cache(self.kv_config()),
+            _ => KvPool::owned(self.kv_config()),
         };
-        let draft = (self == Scenario::S6).then(|| KvMemory::new(self.kv_config()));
-        BenchMemory { target, draft }
+        let draft = (self == Scenario::S6).then(|| {
+            (
+                DraftMode::Joint,
+                KvPool::owned(self.kv_config()).expect("draft KV pool"),
+            )
+        });
+        KvSet::with_pools(target.expect("KV pool"), draft, None)
     }
 
     /// Scheduler configuration: the common settings with the scenario's batch limit.
@@ -489,16 +489,19 @@ fn s4_state() -> (Vec<Start>, Adapters) {
     (reqs, adapters)
 }
 
-/// The scheduler type of the benches: the real page pool (with a joint draft pool in S6) and adapter
-/// cache.
-pub type Sched<'m, const N: usize, const T: usize> =
-    Scheduler<KvSet<KvPool<'m>>, AdapterPool<T>, N, T>;
+/// The KV backend of the benches: the real page pool owning its buffers (with a joint draft pool in S6).
+pub type BenchKv = KvSet<KvPool<'static, Owned>>;
 
-/// A built scenario: a boxed scheduler over borrowed KV memory, its output, and the outcome to assert.
-pub struct Bench<'m, const N: usize, const T: usize> {
+/// The scheduler type of the benches: the real page pools and adapter cache, the scheduler's arrays
+/// where `S` keeps them (inside the value, [`Inline`]: what the benches measure).
+pub type Sched<const N: usize, const T: usize, S = Inline> =
+    Scheduler<BenchKv, AdapterPool<T>, N, T, S>;
+
+/// A built scenario: a boxed scheduler over its own pools, its output, and the outcome to assert.
+pub struct Bench<const N: usize, const T: usize, S: Storage = Inline> {
     scenario: Scenario,
-    sched: Box<Sched<'m, N, T>>,
-    out: Box<SchedulerOutput<N>>,
+    sched: Box<Sched<N, T, S>>,
+    out: Box<SchedulerOutput<N, S>>,
     expect: Outcome,
     passes_left: u32,
 }
@@ -507,15 +510,16 @@ fn task_ref<const T: usize>(p: &AdapterPool<T>, id: u64) -> TaskRef {
     p.lookup(TaskId(id)).expect("registered task")
 }
 
-impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
-    /// Builds `s` over `mem` (from [`Scenario::memory`]). Panics when `N`/`T` are too small for it.
-    pub fn build(s: Scenario, mem: &'m mut BenchMemory) -> Self {
+impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
+    /// Builds `s` over fresh pools ([`Scenario::pools`]). Panics when `N`/`T` are too small for it.
+    pub fn build(s: Scenario) -> Self {
         let (reqs, ad) = starting_state(s);
         assert!(reqs.len() <= N, "{}: N = {N} is too small", s.name());
         assert!(ad.tasks as usize <= T, "{}: T = {T} is too small", s.name());
-        let pool = kv_in_place(s, mem, &reqs);
+        let pool = kv_in_place(s, &reqs);
         let peft = adapters_in_place::<T>(&ad, &reqs);
-        let mut sched = Box::new(Sched::<N, T>::new(s.config(), pool, peft).expect("scheduler"));
+        let sched = Sched::<N, T, S>::new_in(s.config(), pool, peft);
+        let mut sched = Box::new(sched.expect("scheduler"));
         let mut waiting = Vec::new();
         for (i, r) in reqs.into_iter().enumerate() {
             if !r.hashes.is_empty() {
@@ -537,7 +541,7 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
         Self {
             scenario: s,
             sched,
-            out: Box::new(SchedulerOutput::new()),
+            out: Box::new(SchedulerOutput::new_in().expect("output")),
             expect: s.expected(),
             passes_left: s.passes_per_build(),
         }
@@ -549,12 +553,12 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
     }
 
     /// The scheduler (for inspection).
-    pub fn scheduler(&self) -> &Sched<'m, N, T> {
+    pub fn scheduler(&self) -> &Sched<N, T, S> {
         &self.sched
     }
 
     /// The last iteration's output.
-    pub fn output(&self) -> &SchedulerOutput<N> {
+    pub fn output(&self) -> &SchedulerOutput<N, S> {
         &self.out
     }
 
@@ -604,13 +608,8 @@ impl<'m, const N: usize, const T: usize> Bench<'m, N, T> {
 
 /// The KV pools of a starting state: each cache in place (slot i = request i), suspended ones moved down
 /// (or HELD), the move log drained.
-fn kv_in_place<'m>(s: Scenario, mem: &'m mut BenchMemory, reqs: &[Start]) -> KvSet<KvPool<'m>> {
-    let target = mem.target.pool().expect("KV pool");
-    let draft = mem
-        .draft
-        .as_mut()
-        .map(|m| (DraftMode::Joint, m.pool().expect("draft KV pool")));
-    let mut pool = KvSet::with_pools(target, draft, None);
+fn kv_in_place(s: Scenario, reqs: &[Start]) -> BenchKv {
+    let mut pool = s.pools();
     for (i, r) in reqs.iter().enumerate() {
         if r.capacity == 0 {
             continue;
@@ -668,8 +667,8 @@ fn adapters_in_place<const T: usize>(ad: &Adapters, reqs: &[Start]) -> AdapterPo
 
 /// S5's cache before the timed pass: one request per adapter computes the adapter's system prompt (one
 /// pass, next to the decoding requests) and finishes, leaving its blocks cached.
-fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<'_, N, T>) {
-    let mut out = Box::new(SchedulerOutput::<N>::new());
+fn warm_system_prompts<const N: usize, const T: usize, S: Storage>(sched: &mut Sched<N, T, S>) {
+    let mut out = Box::new(SchedulerOutput::<N, S>::new_in().expect("output"));
     let tokens = (SYSTEM_BLOCKS as u32) * TOKENS_PER_BLOCK;
     let warm: Vec<_> = (0..8u64)
         .map(|t| {
@@ -703,7 +702,9 @@ fn warm_system_prompts<const N: usize, const T: usize>(sched: &mut Sched<'_, N, 
 
 /// The least work any scheduler must do: read each request record once and sum its token cost (a decode
 /// step: beam + drafts; a prompt: what is left of it).
-pub fn floor_pass<K, P, const N: usize, const T: usize>(s: &Scheduler<K, P, N, T>) -> u64
+pub fn floor_pass<K, P, const N: usize, const T: usize, S: Storage>(
+    s: &Scheduler<K, P, N, T, S>,
+) -> u64
 where
     K: KvBackend,
     P: PeftBackend,
@@ -719,13 +720,6 @@ where
         sum += cost as u64;
     }
     sum
-}
-
-/// Builds `s` over leaked memory (for one-shot harnesses such as gungraun, where each benchmark runs in
-/// its own process).
-pub fn build_leaked<const N: usize, const T: usize>(s: Scenario) -> Bench<'static, N, T> {
-    let mem: &'static mut BenchMemory = Box::leak(Box::new(s.memory()));
-    Bench::build(s, mem)
 }
 
 /// Something to do with a scenario's monomorphised bench type (see [`dispatch`]).
@@ -749,26 +743,23 @@ pub fn dispatch<V: Visit>(s: Scenario, v: &mut V) -> V::Out {
     }
 }
 
-/// Runs `iters` iterations of `s` over `mem`, rebuilding the state (outside `run`) whenever it is spent:
-/// `run(bench, k)` must call [`Bench::iteration`] exactly `k` times (`k` ≥ 1; 1 for reset scenarios, up to
-/// [`S1_PASSES`] for S1).
-pub fn drive<const N: usize, const T: usize>(
-    s: Scenario,
-    mem: &mut BenchMemory,
-    iters: u64,
-    mut run: impl FnMut(&mut Bench<'_, N, T>, u64),
-) {
-    let mut done = 0u64;
-    while done < iters {
-        let mut b = Bench::<N, T>::build(s, mem);
-        let k = (iters - done).min(u64::from(b.passes_left));
-        run(&mut b, k);
-        assert_eq!(
-            u64::from(b.passes_left),
-            u64::from(s.passes_per_build()) - k,
-            "drive: run must call iteration exactly k times"
-        );
-        done += k;
+impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
+    /// Runs `iters` iterations of `s`, rebuilding the state (outside `run`) whenever it is spent:
+    /// `run(bench, k)` must call [`Bench::iteration`] exactly `k` times (`k` ≥ 1; 1 for reset scenarios,
+    /// up to [`S1_PASSES`] for S1).
+    pub fn drive(s: Scenario, iters: u64, mut run: impl FnMut(&mut Self, u64)) {
+        let mut done = 0u64;
+        while done < iters {
+            let mut b = Self::build(s);
+            let k = (iters - done).min(u64::from(b.passes_left));
+            run(&mut b, k);
+            assert_eq!(
+                u64::from(b.passes_left),
+                u64::from(s.passes_per_build()) - k,
+                "drive: run must call iteration exactly k times"
+            );
+            done += k;
+        }
     }
 }
 
@@ -890,16 +881,15 @@ struct Measure {
 impl Visit for Measure {
     type Out = Measured;
     fn visit<const N: usize, const T: usize>(&mut self, s: Scenario) -> Measured {
-        let mut mem = s.memory();
         // Warm-up (untimed), then the timed iterations, one sample each.
-        drive::<N, T>(s, &mut mem, self.warmup, |b, k| {
+        Bench::<N, T>::drive(s, self.warmup, |b, k| {
             for _ in 0..k {
                 b.iteration();
             }
         });
         let mut samples = Vec::with_capacity(self.iters as usize);
         let mut allocations = 0u64;
-        drive::<N, T>(s, &mut mem, self.iters, |b, k| {
+        Bench::<N, T>::drive(s, self.iters, |b, k| {
             for _ in 0..k {
                 let a = self::allocations();
                 let t = Instant::now();
@@ -912,7 +902,7 @@ impl Visit for Measure {
         samples.sort_by(f64::total_cmp);
 
         // The floor over the scenario's starting requests, in batches (it is shorter than a clock read).
-        let b = Bench::<N, T>::build(s, &mut mem);
+        let b = Bench::<N, T>::build(s);
         let outcome = s.expected();
         const BATCH: u32 = 64;
         let mut floors: Vec<f64> = (0..(self.iters / 4).clamp(200, 5000))
@@ -955,8 +945,8 @@ mod tests {
     /// starting past its adapter's cached 128-token system prompt.
     #[test]
     fn s5_admits_21_prompts_each_reusing_its_system_prompt() {
-        let mut mem = Scenario::S5.memory();
-        let mut b = Bench::<320, 8>::build(Scenario::S5, &mut mem);
+        // Boxed: the scheduler off the test thread's stack (the pass is the same one).
+        let mut b = Bench::<320, 8, kvsched_core::storage::Boxed>::build(Scenario::S5);
         b.iteration();
         let s = b.scheduler();
         let mut chunks: Vec<(u32, u32)> = b

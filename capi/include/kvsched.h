@@ -313,8 +313,8 @@ struct kvsched_config kvsched_config_default(void);
 /**
  * Builds an engine for `*config` into `*out`. On failure `*out` is left null.
  *
- * The engine's fixed-capacity tables are built on a short-lived thread of the library's, so the
- * calling thread's stack size does not matter.
+ * The engine's fixed-capacity tables are built in place on the heap, so the calling thread's stack
+ * size does not matter.
  *
  * # Safety
  * `config` and `out` are valid pointers (or null, which is refused).

@@ -1,21 +1,17 @@
-//! The engine behind the opaque handle: the page pool's buffers, the adapter cache, the scheduler and
-//! its output, and the plain-old-data copies of the output that C reads. Safe Rust, apart from tying
-//! the pool's borrowed buffers to the scheduler that borrows them (one `unsafe` block in `new`, one in
-//! `drop`).
-
-use std::mem::ManuallyDrop;
-use std::ptr::NonNull;
+//! The engine behind the opaque handle: the page pool (owning its buffers), the adapter cache, the
+//! scheduler and its output (their arrays on the heap, built in place), and the plain-old-data copies
+//! of the output that C reads. Safe Rust: the engine owns everything it holds.
 
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
 use kvsched_core::error::Error;
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
+use kvsched_core::storage::{Boxed, Owned};
 use kvsched_core::Phase;
 
 use crate::{KvschedConfig, KvschedEntry, KvschedPageMove, KvschedRequest};
@@ -23,7 +19,10 @@ use crate::{KvschedConfig, KvschedEntry, KvschedPageMove, KvschedRequest};
 const MAX_REQUESTS: usize = crate::KVSCHED_MAX_REQUESTS as usize;
 const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
 
-type Sched = Scheduler<KvPool<'static>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS>;
+/// The engine's scheduler: its arrays on the heap, each its own allocation (`Boxed`), so building it
+/// never puts them on the caller's stack; the value is about 5 KB (most of it the adapter cache).
+type Sched =
+    Scheduler<KvPool<'static, Owned>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
 
 /// The last pass's output, copied into plain-old-data lists (what the bindings read).
 #[derive(Debug, Default)]
@@ -48,54 +47,18 @@ pub struct Lists {
 
 /// One scheduler with its pools.
 pub struct Engine {
-    /// Borrows the buffers `mem` points to: dropped first (`Drop`).
-    sched: ManuallyDrop<Box<Sched>>,
-    /// The pool's buffers, owned (from `Box::into_raw`), freed after the scheduler.
-    mem: NonNull<KvMemory>,
-    out: Box<SchedulerOutput<MAX_REQUESTS>>,
+    sched: Sched,
+    out: SchedulerOutput<MAX_REQUESTS, Boxed>,
     lists: Lists,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
 
-/// Stack of the thread an engine is built on.
-const BUILD_STACK: usize = 16 << 20;
-
-// SAFETY: an engine owns everything it holds (its scheduler, the pool's buffers `mem` points to, its
-// output and lists) and shares none of it; nothing in it is tied to a thread. Moving it moves sole
-// ownership, as a C caller does when it hands the engine to another thread.
-unsafe impl Send for Engine {}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        // SAFETY: the scheduler (the only borrower of `*mem`) is dropped first and never used again;
-        // `mem` came from `Box::into_raw` in `new` and is freed exactly once, here.
-        unsafe {
-            ManuallyDrop::drop(&mut self.sched);
-            drop(Box::from_raw(self.mem.as_ptr()));
-        }
-    }
-}
-
 impl Engine {
-    /// An engine for `c`; refused (nothing allocated) for an inconsistent configuration.
-    ///
-    /// The fixed-capacity tables (about 0.5 MB, 2 MB in a debug build) pass through the stack as they
-    /// are built, so they are built on a thread of their own with room for them: any caller's stack
-    /// will do.
+    /// An engine for `c`; refused (nothing kept) for an inconsistent configuration or memory that
+    /// cannot be had. The fixed-capacity tables (about 0.5 MB) are built in place on the heap: any
+    /// caller's stack will do.
     pub fn new(c: &KvschedConfig) -> Result<Self, Error> {
-        let c = *c;
-        let builder = std::thread::Builder::new()
-            .name("kvsched-engine-new".into())
-            .stack_size(BUILD_STACK)
-            .spawn(move || Self::build(&c))
-            .map_err(|_| Error::Invalid("cannot start the thread that builds the engine"))?;
-        builder
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    }
-
-    fn build(c: &KvschedConfig) -> Result<Self, Error> {
         if c.max_requests == 0 || c.max_requests as usize > MAX_REQUESTS {
             return Err(Error::Invalid("max_requests must be 1 to 1024"));
         }
@@ -119,31 +82,17 @@ impl Engine {
         };
         cfg.validate()?;
         let adapters = AdapterPool::new(c.adapter_device_pages, c.adapter_host_pages)?;
-        let mem = if c.prefix_cache != 0 {
-            KvMemory::try_with_prefix_cache(pool_cfg)?
+        let pool = if c.prefix_cache != 0 {
+            KvPool::owned_with_prefix_cache(pool_cfg)?
         } else {
-            KvMemory::try_new(pool_cfg)?
+            KvPool::owned(pool_cfg)?
         };
-        let mem = NonNull::from(Box::leak(Box::new(mem)));
-        // SAFETY: `mem` points to a live heap allocation this engine owns and frees only in `Drop`,
-        // after the scheduler that borrows it; nothing else touches it while the scheduler lives, and
-        // the allocation never moves, so the `'static` borrow outlives every use.
-        let pool = unsafe { &mut *mem.as_ptr() }.pool();
-        let sched = pool.and_then(|pool| Scheduler::new(cfg, pool, adapters));
-        match sched {
-            Ok(s) => Ok(Self {
-                sched: ManuallyDrop::new(Box::new(s)),
-                mem,
-                out: Box::default(),
-                lists: Lists::default(),
-                poisoned: false,
-            }),
-            Err(e) => {
-                // SAFETY: from `Box::leak` above; the failed scheduler is gone, so nothing borrows it.
-                drop(unsafe { Box::from_raw(mem.as_ptr()) });
-                Err(e)
-            }
-        }
+        Ok(Self {
+            sched: Scheduler::boxed(cfg, pool, adapters)?,
+            out: SchedulerOutput::new_in()?,
+            lists: Lists::default(),
+            poisoned: false,
+        })
     }
 
     /// Registers an adapter of `pages` device pages under `task`.

@@ -28,14 +28,6 @@ pub enum FileError {
         /// What is wrong there.
         message: String,
     },
-    /// The runner thread could not be started.
-    #[error("{}: cannot start the runner thread: {source}", path.display())]
-    Thread {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
     /// The runner panicked (a bug in the runner or the scheduler).
     #[error("{}: the runner panicked", path.display())]
     Panicked {

@@ -19,6 +19,7 @@ use kvsched_core::ids::TaskId;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Handle, Scheduler, TransferEnd};
+use kvsched_core::storage::Boxed;
 use kvsched_core::Phase;
 use serde_json::Value;
 
@@ -34,8 +35,10 @@ pub const MAX_REQUESTS: usize = 1024;
 /// Adapter tasks one scenario may name.
 pub const MAX_TASKS: usize = 256;
 
-type Sched = Scheduler<pools::Backend, ScriptedPeft, MAX_REQUESTS, MAX_TASKS>;
-type Out = SchedulerOutput<MAX_REQUESTS>;
+/// The runner's scheduler and output: their arrays on the heap (`Boxed`), so a scenario runs on any
+/// caller's stack.
+type Sched = Scheduler<pools::Backend, ScriptedPeft, MAX_REQUESTS, MAX_TASKS, Boxed>;
+type Out = SchedulerOutput<MAX_REQUESTS, Boxed>;
 
 /// The outcome of a run over files.
 #[derive(Debug, Default)]
@@ -135,17 +138,9 @@ pub fn run_file(path: &Path) -> Result<String, FileError> {
         message,
     })?;
     let name = sc.name.clone();
-    // The scheduler and its output are large fixed-capacity values: run on a thread with a roomy stack so
-    // that callers on small stacks (test threads) are safe.
-    let outcome = std::thread::Builder::new()
-        .name("kvsched-scenario".into())
-        .stack_size(RUNNER_STACK)
-        .spawn(move || run_scenario(&sc))
-        .map_err(|source| FileError::Thread {
-            path: path.to_path_buf(),
-            source,
-        })?
-        .join()
+    // A scenario that panics the scheduler fails alone; the run goes on. The scheduler keeps its arrays
+    // on the heap (`Boxed`), so any caller's stack will do.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_scenario(&sc)))
         .map_err(|_| FileError::Panicked {
             path: path.to_path_buf(),
         })?;
@@ -171,9 +166,6 @@ fn parse(text: &str) -> Result<Scenario, (Option<String>, String)> {
     de.end().map_err(|e| (None, e.to_string()))?;
     Ok(sc)
 }
-
-/// Stack of the thread one scenario runs on.
-const RUNNER_STACK: usize = 64 << 20;
 
 fn phase_of(state: Option<Named<Phase>>) -> Phase {
     state.map_or(Phase::GenerationInProgress, |n| n.0)
@@ -512,7 +504,8 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
         (None, Some(p)) => p,
         _ => unreachable!("check_shape: one of the two"),
     };
-    let mut out: Box<Out> = Box::default();
+    let mut out =
+        Out::new_in().map_err(|e| ScenarioError::malformed("config", Reason::Refused(e)))?;
     for (k, pass) in passes.iter().enumerate() {
         if k > 0 {
             run.between_passes(&out, k, pass)?;
@@ -676,7 +669,7 @@ impl Run {
         let peft = peft_of(sc)?;
         let (kv_ctl, backend) = pools::Pools::new(kv, skv)?;
         let peft_ctl = peft.clone();
-        let sched = Sched::new(cfg, backend, peft)
+        let sched = Sched::new_in(cfg, backend, peft)
             .map_err(|e| ScenarioError::malformed("config", Reason::Refused(e)))?;
         Ok(Self {
             sched: Box::new(sched),

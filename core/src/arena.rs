@@ -6,6 +6,9 @@
 
 use core::marker::PhantomData;
 
+use crate::error::Error;
+use crate::storage::{FixedList, Inline, InlineArray, Storage};
+
 /// A typed handle into an [`Arena`].
 #[derive(Debug)]
 pub struct Handle<T> {
@@ -63,11 +66,12 @@ impl<T> Handle<T> {
 }
 
 /// A fixed-capacity arena of `N` slots (`N <= 65535`), stored as parallel arrays: the generations
-/// (dense, 4 bytes a slot, for hot loops that only need a slot's handle) and the values.
-pub struct Arena<T, const N: usize> {
-    generations: [u32; N],
-    values: [Option<T>; N],
-    free: heapless::Vec<u16, N>,
+/// (dense, 4 bytes a slot, for hot loops that only need a slot's handle) and the values, where `S`
+/// ([`Storage`]) keeps them: inside the value ([`Inline`]) or each in a heap allocation of its own.
+pub struct Arena<T, const N: usize, S: Storage = Inline> {
+    generations: S::Array<u32, N>,
+    values: S::Array<Option<T>, N>,
+    free: S::List<u16, N>,
     len: usize,
 }
 
@@ -78,26 +82,50 @@ impl<T, const N: usize> Default for Arena<T, N> {
 }
 
 impl<T, const N: usize> Arena<T, N> {
-    /// An empty arena.
-    pub fn new() -> Self {
+    /// An empty arena inside the value (const: a `static` can hold it).
+    pub const fn new() -> Self {
         const {
             assert!(
                 N > 0 && N <= u16::MAX as usize,
                 "arena capacity must be 1..=65535"
             )
         };
-        let mut free = heapless::Vec::new();
         // Pop order hands out slot 0 first.
+        let mut free = [0u16; N];
+        let mut i = 0;
+        while i < N {
+            free[i] = (N - 1 - i) as u16;
+            i += 1;
+        }
+        Self {
+            generations: InlineArray::new([0; N]),
+            values: InlineArray::new([const { None }; N]),
+            free: heapless::Vec::from_array(free),
+            len: 0,
+        }
+    }
+}
+
+impl<T, const N: usize, S: Storage> Arena<T, N, S> {
+    /// An empty arena in storage `S` (refused only when `S` cannot have the memory).
+    pub fn new_in() -> Result<Self, Error> {
+        const {
+            assert!(
+                N > 0 && N <= u16::MAX as usize,
+                "arena capacity must be 1..=65535"
+            )
+        };
+        let mut free = S::list(0)?;
         for i in (0..N).rev() {
             let pushed = free.push(i as u16);
             debug_assert!(pushed.is_ok());
         }
-        Self {
-            generations: [0; N],
-            values: core::array::from_fn(|_| None),
+        Ok(Self {
+            generations: S::array(|| 0)?,
+            values: S::array(|| None)?,
             free,
             len: 0,
-        }
+        })
     }
 
     /// Capacity.

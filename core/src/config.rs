@@ -174,26 +174,29 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self {
-            max_num_requests: 100,
-            max_num_tokens: Some(1024),
-            max_context_length: Some(1024),
-            chunking: None,
-            policy: CapacityPolicy::MaxUtilization,
-            recompute_pause: true,
-            prefix_aware: true,
-            window: Window::Decoder,
-            deadlock_threshold: 1000,
-            blocked_fast_path: true,
-            admission: Admission::Fcfs,
-            drain_after: 256,
-        }
+        Self::DEFAULT
     }
 }
 
 impl Config {
+    /// The default configuration, as a constant (for a scheduler built in a `static`).
+    pub const DEFAULT: Config = Config {
+        max_num_requests: 100,
+        max_num_tokens: Some(1024),
+        max_context_length: Some(1024),
+        chunking: None,
+        policy: CapacityPolicy::MaxUtilization,
+        recompute_pause: true,
+        prefix_aware: true,
+        window: Window::Decoder,
+        deadlock_threshold: 1000,
+        blocked_fast_path: true,
+        admission: Admission::Fcfs,
+        drain_after: 256,
+    };
+
     /// Checks the configuration.
-    pub fn validate(&self) -> Result<(), crate::Error> {
+    pub const fn validate(&self) -> Result<(), crate::Error> {
         if let Some(c) = self.chunking {
             if c.unit == 0 {
                 return Err(crate::Error::Invalid("chunk unit must be at least 1 token"));

@@ -7,20 +7,22 @@
 //! Invariant (checked by [`IdIndex::check`] in tests): every live slot's id is reachable from its home
 //! bucket without crossing an empty bucket, and no other bucket is occupied.
 
+use crate::error::Error;
 use crate::ids::RequestId;
+use crate::storage::{Inline, InlineArray, Storage};
 
 /// Id → slot for up to `N` slots (`N <= 65535`, as the table's).
-pub(crate) struct IdIndex<const N: usize> {
+pub(crate) struct IdIndex<const N: usize, S: Storage = Inline> {
     /// `2N` buckets (as `N` pairs): 0 = empty, else slot + 1.
-    buckets: [[u16; 2]; N],
+    buckets: S::Array<[u16; 2], N>,
     /// The id of each occupied slot, by slot.
-    ids: [u64; N],
+    ids: S::Array<u64, N>,
     len: usize,
 }
 
 impl<const N: usize> IdIndex<N> {
-    /// An empty index.
-    pub(crate) fn new() -> Self {
+    /// An empty index inside the value.
+    pub(crate) const fn new() -> Self {
         const {
             assert!(
                 N > 0 && N <= u16::MAX as usize,
@@ -28,10 +30,27 @@ impl<const N: usize> IdIndex<N> {
             )
         };
         Self {
-            buckets: [[0; 2]; N],
-            ids: [0; N],
+            buckets: InlineArray::new([[0; 2]; N]),
+            ids: InlineArray::new([0; N]),
             len: 0,
         }
+    }
+}
+
+impl<const N: usize, S: Storage> IdIndex<N, S> {
+    /// An empty index in storage `S`.
+    pub(crate) fn new_in() -> Result<Self, Error> {
+        const {
+            assert!(
+                N > 0 && N <= u16::MAX as usize,
+                "capacity must be 1..=65535"
+            )
+        };
+        Ok(Self {
+            buckets: S::array(|| [0; 2])?,
+            ids: S::array(|| 0)?,
+            len: 0,
+        })
     }
 
     const BUCKETS: usize = 2 * N;

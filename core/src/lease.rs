@@ -19,6 +19,7 @@ use crate::bomb::Bomb;
 use crate::error::PeftError;
 use crate::ids::{RequestId, TaskId};
 use crate::kv::{AdapterPaging, KvBackend};
+use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 /// A task slot kept as slot + 1, so that an optional token costs nothing (16 bytes with its holder).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,29 +85,54 @@ static_assertions::assert_not_impl_any!(AdapterLease: Clone, Copy, Default);
 static_assertions::assert_not_impl_any!(PausedOn: Clone, Copy, Default);
 static_assertions::assert_eq_size!(Option<AdapterLease>, [u64; 2]);
 
-/// Mints and consumes leases over a [`PeftBackend`] with `T` task slots.
-#[derive(Debug)]
-pub struct AdapterDesk<P, const T: usize> {
+/// Mints and consumes leases over a [`PeftBackend`] with `T` task slots (its per-slot arrays where
+/// `S` keeps them).
+pub struct AdapterDesk<P, const T: usize, S: Storage = Inline> {
     backend: P,
-    leases: [u32; T],
-    pages: [u32; T],
+    leases: S::Array<u32, T>,
+    pages: S::Array<u32, T>,
     /// The id of each task slot leased so far.
-    ids: [TaskId; T],
-    pinned: heapless::Vec<u16, T>,
+    ids: S::Array<TaskId, T>,
+    pinned: S::List<u16, T>,
     pinned_pages: u32,
 }
 
-impl<P: PeftBackend, const T: usize> AdapterDesk<P, T> {
-    /// A desk over `backend`.
-    pub(crate) fn new(backend: P) -> Self {
+impl<P: core::fmt::Debug, const T: usize, S: Storage> core::fmt::Debug for AdapterDesk<P, T, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AdapterDesk")
+            .field("backend", &self.backend)
+            .field("leases", &&self.leases[..])
+            .field("pinned", &&self.pinned[..])
+            .field("pinned_pages", &self.pinned_pages)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P, const T: usize> AdapterDesk<P, T> {
+    /// A desk over `backend`, its arrays inside the value.
+    pub(crate) const fn new(backend: P) -> Self {
         Self {
             backend,
-            leases: [0; T],
-            pages: [0; T],
-            ids: [TaskId(0); T],
+            leases: InlineArray::new([0; T]),
+            pages: InlineArray::new([0; T]),
+            ids: InlineArray::new([TaskId(0); T]),
             pinned: heapless::Vec::new(),
             pinned_pages: 0,
         }
+    }
+}
+
+impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
+    /// A desk over `backend`, its arrays in storage `S`.
+    pub(crate) fn new_in(backend: P) -> Result<Self, crate::Error> {
+        Ok(Self {
+            backend,
+            leases: S::array(|| 0)?,
+            pages: S::array(|| 0)?,
+            ids: S::array(|| TaskId(0))?,
+            pinned: S::list(0)?,
+            pinned_pages: 0,
+        })
     }
 
     /// The backend, read-only (statistics, task table, invariant checks).

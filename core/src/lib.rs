@@ -20,16 +20,18 @@
 //!                    │ schedules requests through their transitions
 //! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
 //!                    │ calls backends only through their contracts
-//! L2 mechanisms  page_pool/ (KvPool)  kv_set (draft/cross pairing)  adapter_pool  memory (alloc)
+//! L2 mechanisms  page_pool/ (KvPool, borrowed or owned)  kv_set (draft/cross pairing)  adapter_pool
 //!                    │ implement
 //! L1 contracts   kv (KvBackend, PageMove, chain; kv/caps.rs: its capabilities)  adapter (PeftBackend)
 //!                connector (KvConnector)
 //!                    │ name
-//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint
+//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint  storage
 //! ```
 //!
 //! - [`ids`], [`error`], [`phase`], [`arena`]: request and task ids, the error values, the upstream
-//!   request states (`LlmRequestState`), the fixed-capacity generational slot arena.
+//!   request states (`LlmRequestState`), the fixed-capacity generational slot arena; [`storage`]:
+//!   where fixed-capacity state lives (a page pool's buffers borrowed or owned, a scheduler's arrays
+//!   inline or boxed).
 //! - [`kv`]: the KV backend contract (what every pool does, and the capabilities only some have:
 //!   [`kv::caps`]) and the page-move vocabulary; [`adapter`]: the PEFT backend contract;
 //!   [`connector`]: an external KV store as the scheduler sees it.
@@ -40,8 +42,8 @@
 //! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler
 //!   output and its plain-old-data wire form; [`scheduler`]: the request table and the pass.
 //!
-//! A serving loop over buffers on the stack (no heap; the `memory` module owns them on the heap with the
-//! `alloc` feature):
+//! A serving loop over buffers on the stack (no heap; with the `alloc` feature, `KvPool::owned` gives a
+//! pool that owns its buffers on the heap):
 //!
 //! ```
 //! use kvsched_core::adapter_pool::AdapterPool;
@@ -86,6 +88,37 @@
 //! sched.remove(h)?;
 //! # Ok::<(), kvsched_core::Error>(())
 //! ```
+//!
+//! ## Where a scheduler lives
+//!
+//! A [`Scheduler`] and its [`SchedulerOutput`] are fixed-capacity values: their arrays (the request
+//! table, the pass scratch, the fairness counters, the per-slot and per-task arrays, the output lists)
+//! grow with `N` (requests) and `T` (adapter task slots). Their last type parameter, a
+//! [`Storage`](storage::Storage), says where those arrays are; the default keeps `Scheduler<K, P, N, T>`
+//! and `SchedulerOutput<N>` what they always were.
+//!
+//! | where | built by | storage |
+//! |---|---|---|
+//! | a `static` | [`Scheduler::new_const`] and [`SchedulerOutput::new`], `const fn`s (the backends must be const-constructible too; an invalid configuration is a compile error) | [`Inline`](storage::Inline), the default |
+//! | a `Box`, or any place, without passing through the stack (feature `alloc`) | `Scheduler::boxed` (or [`Scheduler::new_in`]) and [`SchedulerOutput::new_in`]: every array its own heap allocation, filled in place; the value keeps a pointer an array | `storage::Boxed` |
+//! | the stack | [`Scheduler::new`] and [`SchedulerOutput::new`]: only for a small `N` (a debug build copies the value several times while it is built) | [`Inline`](storage::Inline) |
+//!
+//! The hot paths read the inline arrays directly (what the benches measure); a boxed scheduler takes
+//! one pointer more per array and behaves identically (`core/tests/storage.rs` runs both). The sizes on
+//! 64-bit, pinned by that test (the boxed value is what is left: the configuration, the counters and
+//! the backends):
+//!
+//! | instantiation | inline | boxed |
+//! |---|---|---|
+//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,264 B | 4,888 B (3,864 of them the adapter cache) |
+//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,256 B | 2,584 B |
+//! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 418,896 B | 568 B |
+//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,664 B | 62,528 B (60,504 of them the adapter cache) |
+//! | `SchedulerOutput<1024>` | 98,392 B | 160 B |
+//!
+//! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller
+//! ([`KvStorage`](page_pool::KvStorage): statics, the stack, no heap) or owned by the pool
+//! (`KvPool::owned`, feature `alloc`), one type, [`KvPool<'a, B>`](page_pool::KvPool).
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -113,13 +146,12 @@ pub mod ids;
 pub mod kv;
 pub mod kv_set;
 pub mod lease;
-#[cfg(feature = "alloc")]
-pub mod memory;
 pub mod output;
 pub mod page_pool;
 pub mod phase;
 pub mod request;
 pub mod scheduler;
+pub mod storage;
 pub mod wire;
 
 pub use adapter::{NoPeft, PeftBackend};

@@ -17,6 +17,7 @@ use crate::adapter::TaskRef;
 use crate::ids::NO_TASK;
 use crate::request::{Paused, Recompute, Request, Resumed, Schedulable, State, Suspended};
 use crate::scheduler::Handle;
+use crate::storage::{FixedList, Inline, Storage};
 
 /// One listed request: its table slot, the slot's generation, its adapter task slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -27,6 +28,13 @@ pub struct Listed {
 }
 
 impl Listed {
+    /// No request (what an unused entry of a scratch array holds).
+    pub(crate) const EMPTY: Listed = Listed {
+        slot: 0,
+        task: 0,
+        generation: 0,
+    };
+
     #[inline]
     fn of<S: State>(r: &Request<S>) -> Self {
         let place = r.place();
@@ -85,36 +93,66 @@ pub struct Chunk {
     pub last: bool,
 }
 
-/// A fixed-capacity list of `N` entries.
+impl Chunk {
+    /// No chunk (what an unused entry of a scratch array holds).
+    pub(crate) const EMPTY: Chunk = Chunk {
+        listed: Listed::EMPTY,
+        tokens: 0,
+        last: false,
+    };
+}
+
+/// No task (what the unused room of a boxed adapter list holds).
+const NO_TASK_REF: TaskRef = TaskRef {
+    id: crate::ids::TaskId(0),
+    slot: NO_TASK,
+};
+
+/// A fixed-capacity list of `N` entries inside the value ([`Inline`]'s list).
 pub type List<T, const N: usize> = heapless::Vec<T, N>;
 
 /// The list was full (cannot happen for a scheduler's own output: see the module invariant).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Full;
 
-/// What one pass decided.
-#[derive(Debug, Clone, Default)]
-pub struct SchedulerOutput<const N: usize> {
-    context: List<Chunk, N>,
-    generation: List<Listed, N>,
-    encoder: List<Listed, N>,
-    paused: List<Listed, N>,
-    recompute_paused: List<Listed, N>,
-    disagg: List<Listed, N>,
-    resumed: List<Listed, N>,
-    adapters: List<TaskRef, N>,
-    adapter_loads: List<TaskRef, N>,
+/// What one pass decided: lists of up to `N` entries, where `S` keeps them (inside the value,
+/// [`Inline`], the default; or each in a heap allocation of its own, `Boxed`).
+#[derive(Debug, Clone)]
+pub struct SchedulerOutput<const N: usize, S: Storage = Inline> {
+    context: S::List<Chunk, N>,
+    generation: S::List<Listed, N>,
+    encoder: S::List<Listed, N>,
+    paused: S::List<Listed, N>,
+    recompute_paused: S::List<Listed, N>,
+    disagg: S::List<Listed, N>,
+    resumed: S::List<Listed, N>,
+    adapters: S::List<TaskRef, N>,
+    adapter_loads: S::List<TaskRef, N>,
     has_chunking: bool,
     /// The pass that filled it (0: none), so a step is completed once, with its own pass's output.
     pass: u64,
 }
 
-fn push<T, const N: usize>(list: &mut List<T, N>, item: T) -> Result<(), Full> {
+/// The lists the LoRA sort orders, in place: generation, context, encoder, and the adapter plan.
+pub(crate) type Sortable<'a, const N: usize, S> = (
+    &'a mut <S as Storage>::List<Listed, N>,
+    &'a mut <S as Storage>::List<Chunk, N>,
+    &'a mut <S as Storage>::List<Listed, N>,
+    &'a mut <S as Storage>::List<TaskRef, N>,
+);
+
+fn push<T>(list: &mut impl FixedList<T>, item: T) -> Result<(), Full> {
     list.push(item).map_err(|_| Full)
 }
 
+impl<const N: usize> Default for SchedulerOutput<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<const N: usize> SchedulerOutput<N> {
-    /// An empty output.
+    /// An empty output inside the value (const: a `static` can hold it).
     pub const fn new() -> Self {
         Self {
             context: heapless::Vec::new(),
@@ -129,6 +167,26 @@ impl<const N: usize> SchedulerOutput<N> {
             has_chunking: false,
             pass: 0,
         }
+    }
+}
+
+impl<const N: usize, St: Storage> SchedulerOutput<N, St> {
+    /// An empty output in storage `S` (with `Boxed`: every list its own heap allocation, the value a
+    /// few hundred bytes). Refused only when `S` cannot have the memory.
+    pub fn new_in() -> Result<Self, crate::Error> {
+        Ok(Self {
+            context: St::list(Chunk::EMPTY)?,
+            generation: St::list(Listed::EMPTY)?,
+            encoder: St::list(Listed::EMPTY)?,
+            paused: St::list(Listed::EMPTY)?,
+            recompute_paused: St::list(Listed::EMPTY)?,
+            disagg: St::list(Listed::EMPTY)?,
+            resumed: St::list(Listed::EMPTY)?,
+            adapters: St::list(NO_TASK_REF)?,
+            adapter_loads: St::list(NO_TASK_REF)?,
+            has_chunking: false,
+            pass: 0,
+        })
     }
 
     /// Empties every list (the pass does this first).
@@ -266,14 +324,7 @@ impl<const N: usize> SchedulerOutput<N> {
     }
 
     /// The lists the LoRA sort orders, with the plan.
-    pub(crate) fn sortable(
-        &mut self,
-    ) -> (
-        &mut List<Listed, N>,
-        &mut List<Chunk, N>,
-        &mut List<Listed, N>,
-        &mut List<TaskRef, N>,
-    ) {
+    pub(crate) fn sortable(&mut self) -> Sortable<'_, N, St> {
         (
             &mut self.generation,
             &mut self.context,
@@ -283,7 +334,7 @@ impl<const N: usize> SchedulerOutput<N> {
     }
 
     /// The plan and the loads list, for `ensure_batch`.
-    pub(crate) fn plan_and_loads(&mut self) -> (&List<TaskRef, N>, &mut List<TaskRef, N>) {
+    pub(crate) fn plan_and_loads(&mut self) -> (&[TaskRef], &mut St::List<TaskRef, N>) {
         (&self.adapters, &mut self.adapter_loads)
     }
 

@@ -51,10 +51,10 @@ use core::marker::PhantomData;
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::bomb::Bomb;
-use crate::error::Error;
 use crate::ids::{RequestId, TaskId, NO_TASK};
 use crate::kv::{KvBackend, KvRef};
 use crate::lease::{AdapterDesk, AdapterLease, PausedOn};
+use crate::{error::Error, storage::Storage};
 
 mod spec;
 pub use spec::{RequestSpec, MAX_SNAPSHOTS};
@@ -338,10 +338,10 @@ impl Request<Waiting> {
 
     /// (1) Admission: the pass has given the first chunk its KV pages; the desk mints the lease. Refused
     /// (nothing changes) when the KV is not active or the adapter cache refuses the lease.
-    pub fn admit<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn admit<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Result<Request<Active>, Refused<Waiting>> {
         if !kv.cache(self.kv_ref()).is_active() {
             return Err(self.not_on_gpu());
@@ -395,40 +395,40 @@ impl<S: OnGpu> Request<S> {
 
     /// (2) Ordinary suspension (victim or self-eviction): KV suspended, lease returned with pause = true.
     #[inline]
-    pub fn suspend<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn suspend<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Request<Suspended<Paused>> {
         kv.suspend(self.kv_ref());
         self.pause_lease(kv, desk)
     }
 
     /// (4) Destructive recompute pause: KV freed, lease returned with pause = true.
-    pub fn recompute<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn recompute<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Request<Suspended<Recompute>> {
         kv.free(self.kv_ref());
         self.pause_lease(kv, desk)
     }
 
     /// (7) Context-side preemption: pages given up, lease returned with pause = true.
-    pub fn preempt<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn preempt<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Request<Suspended<Recompute>> {
         kv.preempt(self.kv_ref());
         self.pause_lease(kv, desk)
     }
 
     /// Returns the lease with pause = true: the request becomes suspended (`M`), paused on its adapter.
-    fn pause_lease<M, K: KvBackend, P: PeftBackend, const T: usize>(
+    fn pause_lease<M, K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Request<Suspended<M>>
     where
         Suspended<M>: State,
@@ -442,10 +442,10 @@ impl<S: OnGpu> Request<S> {
 
     /// (9) Send: the prompt's KV stays on the GPU, pinned for the transfer manager; the lease is
     /// returned with pause = false (a send reads KV, not the adapter).
-    pub fn send<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn send<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Request<Sending> {
         let (core, state) = self.into_parts();
         if let Some(l) = state.into_lease() {
@@ -456,10 +456,10 @@ impl<S: OnGpu> Request<S> {
     }
 
     /// (8) Finish: KV freed, lease returned with pause = false.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) {
         kv.free(self.kv_ref());
         let (core, state) = self.into_parts();
@@ -481,10 +481,10 @@ where
     }
 
     /// (8) Finish while suspended or waiting to replay: any cache freed, paused registration dropped.
-    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn finish<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) {
         let r = self.kv_ref();
         if kv.cache(r).exists() {
@@ -510,10 +510,10 @@ impl Request<Suspended<Paused>> {
     /// (3) Resume: the pass brought the KV back (`how`); the desk mints a fresh lease, consuming the
     /// paused registration. Needs both the KV backend and the adapter desk. Refused when the KV is not
     /// active (nothing changes) or when the lease is refused (the KV is put back exactly as it was).
-    pub fn resume<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn resume<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
         how: KvReturn,
     ) -> Result<Request<Resumed>, Refused<Suspended<Paused>>> {
         if !kv.cache(self.kv_ref()).is_active() {
@@ -571,10 +571,10 @@ impl Request<Suspended<Paused>> {
 impl Request<Suspended<Recompute>> {
     /// (6) Replay: the replay's first chunk got its KV pages; a new lease is acquired, consuming the
     /// paused registration. Refused (nothing changes) when the KV is not active or the lease is refused.
-    pub fn replay<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub fn replay<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, St>,
     ) -> Result<Request<Active>, Refused<Suspended<Recompute>>> {
         if !kv.cache(self.kv_ref()).is_active() {
             return Err(self.not_on_gpu());

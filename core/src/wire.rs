@@ -16,6 +16,7 @@ use crate::adapter::TaskRef;
 use crate::ids::NO_TASK;
 use crate::ids::{RequestId, TaskId};
 use crate::output::{Listed, SchedulerOutput};
+use crate::storage::Storage;
 
 /// `"KVSO"` little-endian.
 pub const MAGIC: u32 = 0x4f53_564b;
@@ -99,8 +100,8 @@ impl<const N: usize> WireOutput<N> {
 }
 
 /// The entries of the seven lists in wire order, as (listed request, tokens, last).
-fn entries<const N: usize>(
-    o: &SchedulerOutput<N>,
+fn entries<const N: usize, S: Storage>(
+    o: &SchedulerOutput<N, S>,
 ) -> impl Iterator<Item = (Listed, u32, bool)> + '_ {
     let context = o.context().iter().map(|c| (c.listed, c.tokens, c.last));
     let others = o
@@ -110,7 +111,7 @@ fn entries<const N: usize>(
     context.chain(others)
 }
 
-fn lens<const N: usize>(o: &SchedulerOutput<N>) -> [usize; 8] {
+fn lens<const N: usize, S: Storage>(o: &SchedulerOutput<N, S>) -> [usize; 8] {
     let r = o.request_lists();
     [
         o.context().len(),
@@ -125,7 +126,7 @@ fn lens<const N: usize>(o: &SchedulerOutput<N>) -> [usize; 8] {
 }
 
 /// Bytes the wire form of `out` takes.
-pub fn encoded_len<const N: usize>(out: &SchedulerOutput<N>) -> usize {
+pub fn encoded_len<const N: usize, S: Storage>(out: &SchedulerOutput<N, S>) -> usize {
     let l = lens(out);
     HEADER + l[..7].iter().sum::<usize>() * ENTRY + l[7] * TASK
 }
@@ -145,8 +146,8 @@ fn get<const B: usize>(buf: &[u8], at: &mut usize) -> [u8; B] {
 /// Encodes `out` into `buf`, each entry with its request's id from `id_of` (for a scheduler `s`:
 /// `|l| s.get(l.handle()).ok().map(|e| e.spec().id)`); returns the bytes written. Nothing is written
 /// when it fails.
-pub fn encode<const N: usize>(
-    out: &SchedulerOutput<N>,
+pub fn encode<const N: usize, S: Storage>(
+    out: &SchedulerOutput<N, S>,
     id_of: impl Fn(Listed) -> Option<RequestId>,
     buf: &mut [u8],
 ) -> Result<usize, WireError> {

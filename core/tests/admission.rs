@@ -7,15 +7,15 @@
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::Admission;
 use kvsched_core::ids::TaskId;
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler};
+use kvsched_core::storage::Owned;
 use kvsched_core::{Config, Phase};
 use proptest::prelude::*;
 
-type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<8>, 16, 8>;
+type Sched<'a> = Scheduler<KvPool<'a, Owned>, AdapterPool<8>, 16, 8>;
 
 /// One arrival: prompt tokens, output tokens, adapter (None: base model), tenant, class.
 type Arrival = (u32, u32, Option<u8>, Option<u32>, u8);
@@ -33,13 +33,14 @@ fn arrival() -> impl Strategy<Value = Arrival> {
 /// Passes from submission to the first chunk, per request, of a loop that submits one arrival a pass
 /// (while the table has room) and then drains; `None` if some request never got in.
 fn waits(admission: Admission, arrivals: &[Arrival], device_pages: u32) -> Option<Vec<u64>> {
-    let mut mem = KvMemory::new(KvPoolConfig {
+    let kv = KvPool::owned(KvPoolConfig {
         tokens_per_block: 4,
         gpu_pages: 512,
         host_pages: 0,
         slots: 16,
         max_blocks: 16,
-    });
+    })
+    .unwrap();
     let mut adapters = AdapterPool::new(device_pages, 64).unwrap();
     for t in 0..6u32 {
         // Sizes 1 to 3 pages; each fits the device alone.
@@ -53,7 +54,7 @@ fn waits(admission: Admission, arrivals: &[Arrival], device_pages: u32) -> Optio
         drain_after: 4,
         ..Config::default()
     };
-    let mut s: Sched<'_> = Scheduler::new(cfg, mem.pool().unwrap(), adapters).unwrap();
+    let mut s: Sched<'_> = Scheduler::new(cfg, kv, adapters).unwrap();
     let mut out = SchedulerOutput::<16>::new();
     let mut live: Vec<(Handle, u64, u32, Option<u64>)> = Vec::new(); // (handle, submitted, output, admitted)
     let mut done = Vec::new();

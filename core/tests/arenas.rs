@@ -7,8 +7,7 @@ use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PrefixReuse};
-use kvsched_core::memory::KvMemory;
-use kvsched_core::page_pool::{page_of, KvPoolConfig, SeqState};
+use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, SeqState};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -47,8 +46,7 @@ proptest! {
     #[test]
     fn kv_pool_conserves_pages_and_matches_its_model(host in prop_oneof![Just(0u32), Just(6), Just(24)], ops in prop::collection::vec(kv_op(), 1..120)) {
         let cfg = KvPoolConfig { tokens_per_block: 4, gpu_pages: 12, host_pages: host, slots: 6, max_blocks: 8 };
-        let mut mem = KvMemory::new(cfg);
-        let mut kv = mem.pool().unwrap();
+        let mut kv = KvPool::owned(cfg).unwrap();
         let mut m = [M::default(); 6];
         let blocks = |cap: u32| cap.div_ceil(4);
         for op in ops {
@@ -279,8 +277,7 @@ proptest! {
     #[test]
     fn prefix_cache_shares_only_what_it_holds(host in prop_oneof![Just(0u32), Just(5), Just(16)], ops in prop::collection::vec(prefix_op(), 1..150)) {
         let cfg = KvPoolConfig { tokens_per_block: 4, gpu_pages: 14, host_pages: host, slots: 6, max_blocks: 10 };
-        let mut mem = KvMemory::with_prefix_cache(cfg);
-        let mut kv = mem.pool().unwrap();
+        let mut kv = KvPool::owned_with_prefix_cache(cfg).unwrap();
         let mut scratch = vec![0u32; cfg.page_info_len()];
         let mut contents = Contents::default();
         let mut prompt_keys: Vec<Vec<u64>> = vec![Vec::new(); 6];

@@ -12,17 +12,22 @@ use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::PageMove;
 use kvsched_core::kv_set::KvSet;
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Adopt, Handle, Scheduler};
+use kvsched_core::storage::Owned;
 use kvsched_core::Phase;
 
 const N: usize = 8;
 const T: usize = 4;
-type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<T>, N, T>;
+type Sched<'a> = Scheduler<KvPool<'a, Owned>, AdapterPool<T>, N, T>;
 type Out = SchedulerOutput<N>;
+
+/// A pool of `cfg` that owns its buffers.
+fn owned(cfg: KvPoolConfig) -> KvPool<'static, Owned> {
+    KvPool::owned(cfg).unwrap()
+}
 
 const POOL: KvPoolConfig = KvPoolConfig {
     tokens_per_block: 4,
@@ -55,7 +60,7 @@ fn snap(s: &Sched<'_>) -> Snapshot {
 
 /// A scheduler holding requests in every kind of state: two active LoRA requests (leases held), one
 /// suspended to the host tier (paused on nothing: no LoRA), and one waiting.
-fn busy(mem: &mut KvMemory) -> (Sched<'_>, Vec<Handle>) {
+fn busy() -> (Sched<'static>, Vec<Handle>) {
     let mut adapters = AdapterPool::<T>::new(4, 4).unwrap();
     adapters.register(TaskId(1), 1).unwrap();
     adapters.register(TaskId(2), 1).unwrap();
@@ -63,7 +68,7 @@ fn busy(mem: &mut KvMemory) -> (Sched<'_>, Vec<Handle>) {
         max_num_tokens: Some(64),
         ..Config::default()
     };
-    let mut s: Sched<'_> = Scheduler::new(cfg, mem.pool().unwrap(), adapters).unwrap();
+    let mut s: Sched<'_> = Scheduler::new(cfg, owned(POOL), adapters).unwrap();
     let a = s
         .submit(RequestSpec::new(1, Phase::ContextInit, 12).with_lora(1))
         .unwrap();
@@ -122,8 +127,7 @@ fn spec(id: u64, prompt: u32) -> RequestSpec {
 
 #[test]
 fn submit_refuses_bad_requests_and_changes_nothing() {
-    let mut mem = KvMemory::new(POOL);
-    let (mut s, _) = busy(&mut mem);
+    let (mut s, _) = busy();
     let limit = 32; // min(8 blocks, 8 GPU pages) x 4 tokens
     let too_large = |e: &Error| matches!(e, Error::RequestTooLarge { limit: 32, .. });
     refused(&mut s, "prompt larger than the pool", too_large, |s| {
@@ -232,15 +236,13 @@ fn submit_refuses_bad_requests_and_changes_nothing() {
 
 #[test]
 fn stale_and_foreign_handles_are_refused() {
-    let mut mem = KvMemory::new(POOL);
-    let (mut s, hs) = busy(&mut mem);
+    let (mut s, hs) = busy();
     let removed = hs[3];
     s.remove(removed).unwrap();
     // A handle minted by a larger scheduler: its slot index does not exist here.
-    let mut big_mem = KvMemory::new(KvPoolConfig { slots: 64, ..POOL });
-    let mut big: Scheduler<KvPool<'_>, AdapterPool<T>, 64, T> = Scheduler::new(
+    let mut big: Scheduler<KvPool<'_, Owned>, AdapterPool<T>, 64, T> = Scheduler::new(
         Config::default(),
-        big_mem.pool().unwrap(),
+        owned(KvPoolConfig { slots: 64, ..POOL }),
         AdapterPool::new(1, 1).unwrap(),
     )
     .unwrap();
@@ -281,8 +283,7 @@ fn stale_and_foreign_handles_are_refused() {
 
 #[test]
 fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
-    let mut mem = KvMemory::new(POOL);
-    let (mut s, hs) = busy(&mut mem);
+    let (mut s, hs) = busy();
     let invalid = |e: &Error| matches!(e, Error::Invalid(_));
     let with_runs = |runs: &[(u32, u32)]| {
         let mut r = spec(10, 12);
@@ -316,13 +317,12 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
     );
     // An encoder request in the encoder window and no cross pool to hold its output: the pass refuses
     // before doing anything (spec §1.6 step 7).
-    let mut mem = KvMemory::new(POOL);
     let cfg = Config {
         window: Window::Encoder,
         ..Config::default()
     };
     let mut s: Sched<'_> =
-        Scheduler::new(cfg, mem.pool().unwrap(), AdapterPool::new(1, 1).unwrap()).unwrap();
+        Scheduler::new(cfg, owned(POOL), AdapterPool::new(1, 1).unwrap()).unwrap();
     let mut enc = RequestSpec::new(20, Phase::EncoderInit, 4);
     enc.encoder_len = 4;
     let h = s.submit(enc).unwrap();
@@ -344,7 +344,6 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
 
     // With chunking, a run no chunk can hold (longer than max_context_length) is refused at submission
     // (difference 11: upstream raises mid-pass).
-    let mut mem = KvMemory::new(POOL);
     let cfg = Config {
         chunking: Some(Chunking {
             policy: ChunkPolicy::FirstComeFirstServed,
@@ -354,7 +353,7 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
         ..Config::default()
     };
     let mut s: Sched<'_> =
-        Scheduler::new(cfg, mem.pool().unwrap(), AdapterPool::new(1, 1).unwrap()).unwrap();
+        Scheduler::new(cfg, owned(POOL), AdapterPool::new(1, 1).unwrap()).unwrap();
     refused(
         &mut s,
         "a run longer than max_context_length",
@@ -364,9 +363,7 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
     s.submit(with_runs(&[(2, 6)])).unwrap();
 
     // A decoder's encoder output larger than the cross pool (8 pages of 4 tokens).
-    let (mut target, mut cross) = (KvMemory::new(POOL), KvMemory::new(POOL));
-    let kv: KvSet<KvPool<'_>> =
-        KvSet::with_pools(target.pool().unwrap(), None, Some(cross.pool().unwrap()));
+    let kv: KvSet<KvPool<'_, Owned>> = KvSet::with_pools(owned(POOL), None, Some(owned(POOL)));
     let mut s: Scheduler<_, AdapterPool<T>, N, T> =
         Scheduler::new(Config::default(), kv, AdapterPool::new(1, 1).unwrap()).unwrap();
     let before = (s.fingerprint(), s.kv().cross_pool().unwrap().fingerprint());
@@ -390,8 +387,7 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
 
 #[test]
 fn update_refuses_inconsistent_changes() {
-    let mut mem = KvMemory::new(POOL);
-    let (mut s, hs) = busy(&mut mem);
+    let (mut s, hs) = busy();
     let invalid = |e: &Error| matches!(e, Error::Invalid(_));
     for (i, &h) in hs.iter().enumerate() {
         refused(
@@ -442,8 +438,7 @@ fn update_refuses_inconsistent_changes() {
 
 #[test]
 fn adopt_refuses_without_matching_backend_state() {
-    let mut mem = KvMemory::new(POOL);
-    let (mut s, _) = busy(&mut mem);
+    let (mut s, _) = busy();
     let invalid = |e: &Error| matches!(e, Error::Invalid(_));
     refused(&mut s, "adopt as active without a cache", invalid, |s| {
         s.adopt(RequestSpec::generation(60, 4), Adopt::Active)
@@ -463,15 +458,14 @@ fn adopt_refuses_without_matching_backend_state() {
 /// bumping its generation (the handle never left the call).
 #[test]
 fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
-    let mut mem = KvMemory::new(KvPoolConfig {
-        host_pages: 0,
-        ..POOL
-    });
     let mut adapters = AdapterPool::<T>::new(2, 2).unwrap();
     adapters.register(TaskId(1), 2).unwrap();
     adapters.register(TaskId(2), 2).unwrap();
     // Slot 1 gets a cache before the scheduler takes the pool, as a restoring caller would do.
-    let mut pool = mem.pool().unwrap();
+    let mut pool = owned(KvPoolConfig {
+        host_pages: 0,
+        ..POOL
+    });
     let r = kvsched_core::kv::KvRef {
         slot: 1,
         id: RequestId(2),
@@ -507,8 +501,7 @@ fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
 /// outputs the scheduler did not make for its last pass, and of entries whose request went away.
 #[test]
 fn complete_step_refuses_stale_outputs_and_skips_removed_requests() {
-    let mut mem = KvMemory::new(POOL);
-    let (mut s, _) = busy(&mut mem);
+    let (mut s, _) = busy();
     refused(
         &mut s,
         "complete_step with an output no pass filled",
@@ -536,10 +529,9 @@ fn complete_step_refuses_stale_outputs_and_skips_removed_requests() {
     );
     // A listed request goes away and its slot is reused before the step completes: the newer request
     // is not touched.
-    let mut mem = KvMemory::new(POOL);
     let mut s: Sched<'_> = Scheduler::new(
         Config::default(),
-        mem.pool().unwrap(),
+        owned(POOL),
         AdapterPool::new(4, 4).unwrap(),
     )
     .unwrap();
@@ -686,14 +678,14 @@ fn kv_pool_refuses_zero_absurd_and_mismatched_geometry() {
             storage_case(small, bad, &format!("{what} {delta:+}"));
         }
     }
-    // The facade validates before it allocates.
-    assert!(KvMemory::try_new(KvPoolConfig {
+    // An owned pool validates before it allocates.
+    assert!(KvPool::owned(KvPoolConfig {
         gpu_pages: u32::MAX,
         slots: u32::MAX,
         ..small
     })
     .is_err());
-    assert!(KvMemory::try_new(small).is_ok());
+    assert!(KvPool::owned(small).is_ok());
 }
 
 #[test]
@@ -794,9 +786,8 @@ fn config_validate_refuses_zero_settings() {
         ("VTC weights both 0", vtc0),
     ] {
         assert!(matches!(cfg.validate(), Err(Error::Invalid(_))), "{case}");
-        let mut mem = KvMemory::new(POOL);
         let s: Result<Sched<'_>, _> =
-            Scheduler::new(cfg, mem.pool().unwrap(), AdapterPool::new(1, 1).unwrap());
+            Scheduler::new(cfg, owned(POOL), AdapterPool::new(1, 1).unwrap());
         assert!(
             matches!(s.map(|_| ()), Err(Error::Invalid(_))),
             "{case}: Scheduler::new"
@@ -814,11 +805,10 @@ fn config_validate_refuses_zero_settings() {
 
 #[test]
 fn unified_paging_refuses_a_lora_request_that_cannot_fit_beside_its_adapter() {
-    let mut mem = KvMemory::new(POOL).with_unified_adapters(T);
+    let unified = owned(POOL).with_unified_adapters(T).unwrap();
     let mut adapters = AdapterPool::<T>::unified(POOL.gpu_pages, 8).unwrap();
     adapters.register(TaskId(1), 3).unwrap();
-    let mut s: Sched<'_> =
-        Scheduler::new(Config::default(), mem.pool().unwrap(), adapters).unwrap();
+    let mut s: Sched<'_> = Scheduler::new(Config::default(), unified, adapters).unwrap();
     // 8 pages of 4 tokens: 32 tokens fit alone, 20 beside the 3-page adapter.
     let mut lora = spec(1, 21);
     lora.lora = Some(TaskId(1));

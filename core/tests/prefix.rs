@@ -8,14 +8,14 @@
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::error::PeftError;
 use kvsched_core::ids::TaskId;
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, SeqState};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler};
+use kvsched_core::storage::Owned;
 use kvsched_core::{Config, Phase};
 
-type Sched<'a> = Scheduler<KvPool<'a>, AdapterPool<8>, 16, 8>;
+type Sched<'a> = Scheduler<KvPool<'a, Owned>, AdapterPool<8>, 16, 8>;
 type Out = SchedulerOutput<16>;
 
 /// 16 tokens a page.
@@ -31,12 +31,18 @@ fn config(gpu_pages: u32, host_pages: u32) -> KvPoolConfig {
     }
 }
 
-fn sched(mem: &mut KvMemory) -> Sched<'_> {
+/// A scheduler over a pool of `cfg` with a prefix cache.
+fn sched(cfg: KvPoolConfig) -> Sched<'static> {
     let mut adapters = AdapterPool::new(8, 16).unwrap();
     for t in 1..=3 {
         adapters.register(TaskId(t), 1).unwrap();
     }
-    Scheduler::new(Config::default(), mem.pool().unwrap(), adapters).unwrap()
+    Scheduler::new(
+        Config::default(),
+        KvPool::owned_with_prefix_cache(cfg).unwrap(),
+        adapters,
+    )
+    .unwrap()
 }
 
 /// A prompt's block hashes: `shared` blocks of the family, then the request's own.
@@ -89,8 +95,7 @@ fn step(s: &mut Sched<'_>, out: &mut Out) -> Vec<(u64, u32, u32)> {
 
 #[test]
 fn a_shared_prompt_is_computed_once() {
-    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(64, 0));
     let mut out = Out::new();
     let h = hashes(1, 6, 0, 6);
     submit(&mut s, 0, None, 0, &h, 100);
@@ -107,8 +112,7 @@ fn a_shared_prompt_is_computed_once() {
 
 #[test]
 fn duplicates_in_one_pass_are_computed_once() {
-    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(64, 0));
     let mut out = Out::new();
     let h = hashes(1, 6, 0, 6);
     submit(&mut s, 0, None, 0, &h, 100);
@@ -124,8 +128,7 @@ fn duplicates_in_one_pass_are_computed_once() {
 
 #[test]
 fn kv_under_one_adapter_is_never_reused_under_another_or_the_base_model() {
-    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(64, 0));
     let mut out = Out::new();
     let h = hashes(1, 6, 0, 6);
     submit(&mut s, 0, Some(1), 0, &h, 100);
@@ -146,8 +149,7 @@ fn kv_under_one_adapter_is_never_reused_under_another_or_the_base_model() {
 
 #[test]
 fn a_reloaded_adapter_never_reuses_its_old_blocks() {
-    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(64, 0));
     let mut out = Out::new();
     let h = hashes(1, 6, 0, 6);
     let a = submit(&mut s, 0, Some(1), 0, &h, 100);
@@ -183,8 +185,7 @@ fn a_reloaded_adapter_never_reuses_its_old_blocks() {
 
 #[test]
 fn a_finished_request_leaves_its_prefix_and_the_shared_system_prompt_stays() {
-    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(64, 0));
     let mut out = Out::new();
     // Two conversations on one 4-block system prompt.
     let a = submit(&mut s, 0, Some(1), 0, &hashes(1, 4, 10, 6), 100);
@@ -203,8 +204,7 @@ fn a_recompute_paused_request_replays_from_its_own_prefix() {
     // No host tier: the first decode step of 1 finds no page and 1 suspends itself (HELD); when 0 needs
     // a page, 1 is recompute-paused. Its committed blocks stay cached, so once 0 finishes, its replay
     // starts from them.
-    let mut mem = KvMemory::with_prefix_cache(config(10, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(10, 0));
     let mut out = Out::new();
     let first = submit(&mut s, 0, None, 0, &hashes(1, 4, 0, 4), 64);
     step(&mut s, &mut out);
@@ -240,8 +240,7 @@ fn a_recompute_paused_request_replays_from_its_own_prefix() {
 
 #[test]
 fn a_new_request_in_a_finished_ones_slot_never_uses_its_hashes() {
-    let mut mem = KvMemory::with_prefix_cache(config(64, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(64, 0));
     let mut out = Out::new();
     let h = hashes(1, 6, 0, 6);
     let a = submit(&mut s, 0, None, 0, &h, 100);
@@ -267,8 +266,7 @@ fn a_new_request_in_a_finished_ones_slot_never_uses_its_hashes() {
 
 #[test]
 fn a_refused_first_chunk_gives_its_matched_blocks_back() {
-    let mut mem = KvMemory::with_prefix_cache(config(12, 0));
-    let mut s = sched(&mut mem);
+    let mut s = sched(config(12, 0));
     let mut out = Out::new();
     let a = submit(&mut s, 0, None, 0, &hashes(1, 4, 0, 4), 64);
     submit(&mut s, 2, None, 0, &[], 64);

@@ -4,22 +4,22 @@
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking};
 use kvsched_core::ids::TaskId;
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::page_pool::KvPoolConfig;
+use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::wire::{WireEntry, WireError, WireOutput};
 use kvsched_core::{wire, Config, Phase, Scheduler};
 
 #[test]
 fn a_real_pass_round_trips_through_bytes() {
-    let mut mem = KvMemory::new(KvPoolConfig {
+    let kv = KvPool::owned(KvPoolConfig {
         tokens_per_block: 16,
         gpu_pages: 64,
         host_pages: 0,
         slots: 32,
         max_blocks: 16,
-    });
+    })
+    .unwrap();
     let mut pool: AdapterPool<8> = AdapterPool::new(16, 16).unwrap();
     for t in 0..3 {
         pool.register(TaskId(t), 2).unwrap();
@@ -32,8 +32,7 @@ fn a_real_pass_round_trips_through_bytes() {
         max_num_tokens: Some(300),
         ..Config::default()
     };
-    let mut s: Box<Scheduler<_, _, 32, 8>> =
-        Box::new(Scheduler::new(cfg, mem.pool().unwrap(), pool).unwrap());
+    let mut s: Box<Scheduler<_, _, 32, 8>> = Box::new(Scheduler::new(cfg, kv, pool).unwrap());
     for i in 0..12u64 {
         s.submit(RequestSpec::new(i, Phase::ContextInit, 40 + 10 * i as u32).with_lora(i % 3))
             .unwrap();

@@ -31,8 +31,8 @@ use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::scheduler::{Handle, Scheduler};
+use kvsched_core::storage::{Boxed, Owned};
 
-use kvsched_core::memory::KvMemory;
 use kvsched_workload::popularity::{
     pages_for_rank, AdapterRanks, AdapterSampler, PopularityError, PopularityLaw,
 };
@@ -46,8 +46,10 @@ pub const MAX_LIVE: usize = 1024;
 /// Most adapters a simulation can use.
 pub const MAX_ADAPTERS: usize = 1024;
 
-type Sched<'a> = Scheduler<KvSet<KvPool<'a>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS>;
-type Out = SchedulerOutput<MAX_LIVE>;
+/// The simulated engine's scheduler: its arrays on the heap (`Boxed`), so the value is small.
+type Sched<'a> =
+    Scheduler<KvSet<KvPool<'a, Owned>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS, Boxed>;
+type Out = SchedulerOutput<MAX_LIVE, Boxed>;
 
 /// Adapter (multi-LoRA) settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -614,32 +616,22 @@ fn engine(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
     Ok(sim.report())
 }
 
-/// The memory one simulated engine's pools live in (a replica of the cluster), and the geometry it was
-/// sized for.
+/// What one simulated engine's pools are built from (a replica of the cluster): the geometry it was
+/// sized for, and its connector's buffers.
 struct Replica {
     kv_cfg: KvPoolConfig,
     adapter_pages: Vec<u32>,
-    mem: KvMemory,
-    draft_mem: Option<KvMemory>,
+    prefix: bool,
+    unified: bool,
+    draft_cfg: Option<KvPoolConfig>,
     connector_slots: Vec<kvsched_core::page_pool::ConnectorSlot>,
     connector_saves: Vec<u32>,
 }
 
 impl Replica {
-    /// Buffers for an engine replaying `w` under `o`.
+    /// The geometry of an engine replaying `w` under `o`.
     fn new(o: &SimOptions, w: &Workload) -> Result<Self, SimError> {
         let (kv_cfg, adapter_pages) = check_options(o, w)?;
-        let memory = |cfg: KvPoolConfig| {
-            if o.prefix_reuse {
-                KvMemory::with_prefix_cache(cfg)
-            } else {
-                KvMemory::new(cfg)
-            }
-        };
-        let mut mem = memory(kv_cfg);
-        if o.adapters.unified {
-            mem = mem.with_unified_adapters(MAX_ADAPTERS);
-        }
         let draft_cfg = KvPoolConfig {
             gpu_pages: if o.draft_kv_pages > 0 {
                 o.draft_kv_pages
@@ -651,8 +643,9 @@ impl Replica {
         Ok(Self {
             kv_cfg,
             adapter_pages,
-            mem,
-            draft_mem: o.spec_decode.map(|_| memory(draft_cfg)),
+            prefix: o.prefix_reuse,
+            unified: o.adapters.unified,
+            draft_cfg: o.spec_decode.map(|_| draft_cfg),
             connector_slots: vec![
                 kvsched_core::page_pool::ConnectorSlot::default();
                 kv_cfg.slots as usize
@@ -674,7 +667,16 @@ impl Replica {
     ) -> Result<run_loop::Sim<'s, 'w>, SimError> {
         let opt = |e: kvsched_core::Error| SimError::Options(OptionsError::Setup(e));
         let kv_cfg = self.kv_cfg;
-        let mut target = self.mem.pool().map_err(opt)?;
+        // Pools owning their buffers, with a prefix cache when the options reuse prefixes.
+        let prefix = self.prefix;
+        let pool = |cfg| match prefix {
+            true => KvPool::<'s, Owned>::owned_with_prefix_cache(cfg),
+            false => KvPool::owned(cfg),
+        };
+        let mut target = pool(kv_cfg).map_err(opt)?;
+        if self.unified {
+            target = target.with_unified_adapters(MAX_ADAPTERS).map_err(opt)?;
+        }
         if let Some(c) = connector {
             target
                 .attach_connector(
@@ -685,8 +687,8 @@ impl Replica {
                 )
                 .map_err(opt)?;
         }
-        let draft = match self.draft_mem.as_mut() {
-            Some(m) => Some((DraftMode::Joint, m.pool().map_err(opt)?)),
+        let draft = match self.draft_cfg {
+            Some(cfg) => Some((DraftMode::Joint, pool(cfg).map_err(opt)?)),
             None => None,
         };
         let kv = KvSet::with_pools(target, draft, None);
@@ -715,8 +717,9 @@ impl Replica {
             admission: o.admission,
             drain_after: o.drain_after,
         };
-        let sched: Box<Sched<'s>> = Box::new(Scheduler::new(cfg, kv, pool).map_err(opt)?);
-        Ok(run_loop::Sim::new(o, w, sched, Box::default(), kv_cfg).with_role(role))
+        let sched: Box<Sched<'s>> = Box::new(Scheduler::boxed(cfg, kv, pool).map_err(opt)?);
+        let out = Box::new(Out::new_in().map_err(opt)?);
+        Ok(run_loop::Sim::new(o, w, sched, out, kv_cfg).with_role(role))
     }
 }
 

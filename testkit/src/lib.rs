@@ -41,12 +41,12 @@ use kvsched_core::kv::{
     Pool, Tier,
 };
 use kvsched_core::kv_set::{DraftMode, KvSet};
-use kvsched_core::memory::KvMemory;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
+use kvsched_core::storage::Owned;
 
 /// A broken invariant or an unexpected refusal: what the harness saw, in words.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,13 +127,38 @@ pub struct Setup {
     pub connector: bool,
 }
 
-/// The KV memory of a [`Setup`]: the target pool's, and the draft and cross pools' when present; and the
-/// KV connector's store with its slots.
+/// The KV memory of a [`Setup`]: how to build the target pool, and the draft and cross pools when
+/// present (each owns its buffers); and the KV connector's store with its slots, which the target
+/// borrows.
 pub struct Memory {
-    target: KvMemory,
-    draft: Option<KvMemory>,
-    cross: Option<KvMemory>,
+    target: PoolSpec,
+    draft: Option<PoolSpec>,
+    cross: Option<PoolSpec>,
     store: Option<(Store, Vec<ConnectorSlot>, Vec<u32>)>,
+}
+
+/// One pool of a [`Memory`]: its geometry, a prefix cache or not, unified paging for `T` adapter
+/// slots or not.
+#[derive(Debug, Clone, Copy)]
+struct PoolSpec {
+    cfg: KvPoolConfig,
+    prefix: bool,
+    unified: bool,
+}
+
+impl PoolSpec {
+    fn build<'a>(self) -> Result<KvPool<'a, Owned>, Error> {
+        let pool = if self.prefix {
+            KvPool::owned_with_prefix_cache(self.cfg)?
+        } else {
+            KvPool::owned(self.cfg)?
+        };
+        if self.unified {
+            pool.with_unified_adapters(T)
+        } else {
+            Ok(pool)
+        }
+    }
 }
 
 /// Passes a connector load may stay unconfirmed in the model runs.
@@ -263,22 +288,19 @@ impl Setup {
 
     /// The KV pools' buffers.
     pub fn memory(&self) -> Memory {
-        let one = || {
-            if self.prefix {
-                KvMemory::with_prefix_cache(self.pool())
-            } else {
-                KvMemory::new(self.pool())
-            }
+        let one = PoolSpec {
+            cfg: self.pool(),
+            prefix: self.prefix,
+            unified: false,
         };
         let unified = self.peft.as_ref().is_some_and(|p| p.unified);
         Memory {
-            target: if unified {
-                one().with_unified_adapters(T)
-            } else {
-                one()
-            },
-            draft: self.draft.map(|_| one()),
-            cross: self.cross.then(|| KvMemory::new(self.pool())),
+            target: PoolSpec { unified, ..one },
+            draft: self.draft.map(|_| one),
+            cross: self.cross.then_some(PoolSpec {
+                prefix: false,
+                ..one
+            }),
             store: (self.connector && self.prefix).then(|| {
                 let saves = vec![0; self.pool().table_len()];
                 (Store::default(), vec![ConnectorSlot::default(); N], saves)
@@ -452,7 +474,7 @@ impl Faults {
 #[derive(Debug)]
 pub struct FaultKv<'a> {
     /// The pool.
-    pub inner: KvPool<'a>,
+    pub inner: KvPool<'a, Owned>,
     /// The schedule.
     pub faults: Faults,
 }
@@ -462,8 +484,8 @@ pub struct FaultKv<'a> {
 impl<'a> KvBackend for FaultKv<'a> {
     type Draft = Absent;
     type Cross = Absent;
-    type Transfers = KvPool<'a>;
-    type Prefix = KvPool<'a>;
+    type Transfers = KvPool<'a, Owned>;
+    type Prefix = KvPool<'a, Owned>;
     type Adapters = Self;
 
     fn limits(&self) -> KvLimits {
@@ -520,10 +542,10 @@ impl<'a> KvBackend for FaultKv<'a> {
     fn cross(&mut self) -> Option<&mut Absent> {
         None
     }
-    fn transfers(&mut self) -> Option<&mut KvPool<'a>> {
+    fn transfers(&mut self) -> Option<&mut KvPool<'a, Owned>> {
         self.inner.transfers()
     }
-    fn prefix(&mut self) -> Option<&mut KvPool<'a>> {
+    fn prefix(&mut self) -> Option<&mut KvPool<'a, Owned>> {
         self.inner.prefix()
     }
     fn adapters(&mut self) -> Option<&mut Self> {
@@ -896,13 +918,13 @@ pub fn fingerprint(s: &Sched<'_>) -> (u64, Vec<(u64, Faults)>, Option<AdapterPoo
 impl<'a> Harness<'a> {
     /// A harness over `mem` (from `setup.memory()`).
     pub fn new(setup: Setup, mem: &'a mut Memory) -> Result<Self, Violation> {
-        let faulty = |m: &'a mut KvMemory| -> Result<FaultKv<'a>, Violation> {
+        let faulty = |m: PoolSpec| -> Result<FaultKv<'a>, Violation> {
             Ok(FaultKv {
-                inner: m.pool().map_err(|e| format!("pool: {e}"))?,
+                inner: m.build().map_err(|e| format!("pool: {e}"))?,
                 faults: Faults::default(),
             })
         };
-        let mut target = faulty(&mut mem.target)?;
+        let mut target = faulty(mem.target)?;
         let store_faults = match mem.store.as_mut() {
             Some((store, slots, saves)) => {
                 let faults = store.faults.clone();
@@ -914,11 +936,11 @@ impl<'a> Harness<'a> {
             }
             None => None,
         };
-        let draft = match (setup.draft, mem.draft.as_mut()) {
+        let draft = match (setup.draft, mem.draft) {
             (Some(mode), Some(m)) => Some((mode, faulty(m)?)),
             _ => None,
         };
-        let cross = match mem.cross.as_mut() {
+        let cross = match mem.cross {
             Some(m) => Some(faulty(m)?),
             None => None,
         };

@@ -19,6 +19,7 @@
 //! adapter's length and names GPU pages that are neither free nor in a row, each in one chain.
 
 use crate::ids::RequestId;
+use crate::storage::{Borrowed, Buffers};
 
 use super::KvPool;
 
@@ -70,21 +71,24 @@ impl AdapterPages {
     }
 }
 
-/// The borrowed buffers of unified paging. Lengths: `slots` = the adapter cache's task slots, `links` =
-/// the pool's GPU pages.
+/// The buffers of unified paging. Lengths: `slots` = the adapter cache's task slots, `links` = the
+/// pool's GPU pages.
 #[derive(Debug)]
-pub struct AdapterStorage<'a> {
+pub struct AdapterBuffers<B: Buffers> {
     /// One entry per adapter task slot.
-    pub slots: &'a mut [AdapterPages],
+    pub slots: B::Buf<AdapterPages>,
     /// The next page of a chain, by GPU page.
-    pub links: &'a mut [u32],
+    pub links: B::Buf<u32>,
 }
+
+/// The borrowed buffers of unified paging.
+pub type AdapterStorage<'a> = AdapterBuffers<Borrowed<'a>>;
 
 /// The adapters' state in a unified pool.
 #[derive(Debug)]
-pub(super) struct Adapters<'a> {
-    slots: &'a mut [AdapterPages],
-    links: &'a mut [u32],
+pub(super) struct Adapters<B: Buffers> {
+    slots: B::Buf<AdapterPages>,
+    links: B::Buf<u32>,
     /// Pages of resident adapters.
     pub(super) resident: u32,
     /// Placements and evictions, for the statistics.
@@ -92,8 +96,8 @@ pub(super) struct Adapters<'a> {
     pub(super) evicted: u64,
 }
 
-impl<'a> Adapters<'a> {
-    pub(super) fn new(s: AdapterStorage<'a>) -> Self {
+impl<B: Buffers> Adapters<B> {
+    pub(super) fn new(mut s: AdapterBuffers<B>) -> Self {
         s.slots.fill(AdapterPages::default());
         s.links.fill(NIL);
         Self {
@@ -162,12 +166,12 @@ impl<'a> Adapters<'a> {
     }
 }
 
-impl<'a> KvPool<'a> {
+impl<B: Buffers> KvPool<'_, B> {
     /// Turns on unified paging: adapters' device copies will share the GPU pages with the KV
     /// ([`crate::kv::AdapterPaging::pin_adapter`]). Refused, changing nothing, for buffers of the wrong
     /// length (`links` must have one entry per GPU page, `slots` at least one) or a pool that has
     /// given pages out already.
-    pub fn page_adapters(&mut self, storage: AdapterStorage<'a>) -> Result<(), crate::Error> {
+    pub fn page_adapters(&mut self, storage: AdapterBuffers<B>) -> Result<(), crate::Error> {
         if storage.links.len() != self.cfg.gpu_pages as usize
             || storage.slots.is_empty()
             || storage.slots.len() > usize::from(u16::MAX) + 1
@@ -186,12 +190,12 @@ impl<'a> KvPool<'a> {
     }
 }
 
-impl KvPool<'_> {
+impl<B: Buffers> KvPool<'_, B> {
     /// The GPU pages of an adapter slot's device copy, in order (empty when it is not resident or the
     /// pool has no unified paging).
     pub fn adapter_pages(&self, task: u16) -> impl Iterator<Item = u32> + '_ {
         let (links, mut p): (&[u32], u32) = match &self.adapters {
-            Some(a) => (a.links, a.slot(task).map_or(NIL, |s| s.head)),
+            Some(a) => (&a.links, a.slot(task).map_or(NIL, |s| s.head)),
             None => (&[], NIL),
         };
         core::iter::from_fn(move || {

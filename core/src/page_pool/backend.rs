@@ -10,8 +10,9 @@ use crate::kv::{
 
 use super::{blocks_for, KvPool, Seq, SeqState};
 use crate::ids::RequestId;
+use crate::storage::Buffers;
 
-impl KvPool<'_> {
+impl<B: Buffers> KvPool<'_, B> {
     /// A decode step across a page boundary of an active cache, with a free page at hand: the page off
     /// the free stack, no eviction, no division.
     #[inline(never)]
@@ -54,7 +55,7 @@ impl KvPool<'_> {
     }
 }
 
-impl KvBackend for KvPool<'_> {
+impl<B: Buffers> KvBackend for KvPool<'_, B> {
     type Draft = Absent;
     type Cross = Absent;
     type Transfers = Self;
@@ -279,7 +280,7 @@ impl KvBackend for KvPool<'_> {
     }
 }
 
-impl PairedPool for KvPool<'_> {
+impl<B: Buffers> PairedPool for KvPool<'_, B> {
     fn revert_allocate_context(&mut self, r: KvRef) -> bool {
         // The growth of the last resize is undone like a generation step's, then the cache suspended.
         self.revert_allocate_generation(r);
@@ -313,7 +314,7 @@ impl PairedPool for KvPool<'_> {
 }
 
 /// The prefix cache (present while the pool has one).
-impl PrefixReuse for KvPool<'_> {
+impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
     fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
         if let Some(i) = self.slot(r) {
             if self.seqs[i].state == SeqState::None {
@@ -349,7 +350,7 @@ impl PrefixReuse for KvPool<'_> {
 }
 
 /// The KV connector (present while one is attached; the pool has no transfer manager of its own).
-impl Transfers for KvPool<'_> {
+impl<B: Buffers> Transfers for KvPool<'_, B> {
     fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
         self.connector_changes(f);
     }
@@ -360,7 +361,7 @@ impl Transfers for KvPool<'_> {
 }
 
 /// Unified adapter paging (present while it is on: [`KvPool::page_adapters`]).
-impl AdapterPaging for KvPool<'_> {
+impl<B: Buffers> AdapterPaging for KvPool<'_, B> {
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
         if self.adapters.is_none() {
             return self.limits().max_tokens_per_request;

@@ -15,6 +15,7 @@ use crate::ids::RequestId;
 use crate::kv::{KvRef, LoadChange};
 
 use super::{KvPool, SeqState};
+use crate::storage::Buffers;
 
 const NONE: u8 = 0;
 const OFFERED: u8 = 1;
@@ -95,7 +96,7 @@ pub struct ConnectorStats {
     pub saves_timed_out: u64,
 }
 
-impl<'a> KvPool<'a> {
+impl<'a, B: Buffers> KvPool<'a, B> {
     /// Attaches a KV connector (a prefix cache is required: the connector is asked by block keys).
     /// `slots` holds one [`ConnectorSlot`] per pool slot, `saves` the pages of the saves in flight
     /// ([`super::KvPoolConfig::table_len`] entries); a load still unconfirmed, or a save still in

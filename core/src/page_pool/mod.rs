@@ -20,12 +20,16 @@
 //! rows or cached = capacity, and no page is both free and held (plus `prefix.rs`'s). Every operation is
 //! all-or-nothing.
 //!
-//! Storage is borrowed ([`KvStorage`]), so the pool itself never allocates: place the buffers in
-//! statics, on the stack, or in a `Vec` owned by the caller.
+//! Storage is borrowed ([`KvStorage`]: the pool itself never allocates; place the buffers in statics,
+//! on the stack, or in memory the caller owns) or, with the `alloc` feature, owned on the heap
+//! (`KvPool::owned`, `owned.rs`): one type, [`KvPool<'a, B>`](KvPool), whose buffer storage `B`
+//! ([`crate::storage::Buffers`]) says which.
 
 mod adapters;
 mod backend;
 mod connector;
+#[cfg(feature = "alloc")]
+mod owned;
 mod prefix;
 #[cfg(test)]
 mod prefix_tests;
@@ -33,11 +37,12 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-pub use adapters::{AdapterPages, AdapterStorage};
+pub use adapters::{AdapterBuffers, AdapterPages, AdapterStorage};
 pub use connector::{ConnectorSlot, ConnectorStats};
 pub use prefix::{PageInfo, PrefixStats};
 
 use crate::kv::{PageMove, Tier};
+use crate::storage::{Borrowed, Buffers};
 use adapters::Adapters;
 use prefix::Prefix;
 
@@ -157,35 +162,42 @@ impl KvPoolConfig {
     }
 }
 
-/// The borrowed buffers of a pool. Lengths: `gpu_free` = gpu_pages, `host_free` = host_pages, `tables` =
+/// The buffers of a pool, borrowed ([`KvStorage`]) or owned (`Owned`, which
+/// `KvPool::owned` allocates). Lengths: `gpu_free` = gpu_pages, `host_free` = host_pages, `tables` =
 /// slots × max_blocks, `seqs` = slots, `moves` = gpu_pages + host_pages.
 #[derive(Debug)]
-pub struct KvStorage<'a> {
+pub struct KvBuffers<B: Buffers> {
     /// GPU free stack.
-    pub gpu_free: &'a mut [u32],
+    pub gpu_free: B::Buf<u32>,
     /// Host free stack.
-    pub host_free: &'a mut [u32],
+    pub host_free: B::Buf<u32>,
     /// Page tables, one row of `max_blocks` per slot.
-    pub tables: &'a mut [u32],
+    pub tables: B::Buf<u32>,
     /// Per-slot state.
-    pub seqs: &'a mut [Seq],
+    pub seqs: B::Buf<Seq>,
     /// Move log.
-    pub moves: &'a mut [PageMove],
+    pub moves: B::Buf<PageMove>,
     /// The prefix cache's buffers; `None`: no prefix cache (no page is ever shared).
-    pub prefix: Option<PrefixStorage<'a>>,
+    pub prefix: Option<PrefixBuffers<B>>,
 }
 
-/// The borrowed buffers of a prefix cache. Lengths: `pages` = [`KvPoolConfig::page_info_len`], `index` =
+/// The borrowed buffers of a pool (`&'a mut [T]`: statics, the stack, memory the caller owns).
+pub type KvStorage<'a> = KvBuffers<Borrowed<'a>>;
+
+/// The buffers of a prefix cache. Lengths: `pages` = [`KvPoolConfig::page_info_len`], `index` =
 /// [`KvPoolConfig::index_len`], `hashes` = slots × max_blocks.
 #[derive(Debug)]
-pub struct PrefixStorage<'a> {
+pub struct PrefixBuffers<B: Buffers> {
     /// One entry per page of either tier.
-    pub pages: &'a mut [PageInfo],
+    pub pages: B::Buf<PageInfo>,
     /// The index of cached blocks by key.
-    pub index: &'a mut [u32],
+    pub index: B::Buf<u32>,
     /// The block hashes of each slot's prompt, one row of `max_blocks` per slot.
-    pub hashes: &'a mut [u64],
+    pub hashes: B::Buf<u64>,
 }
+
+/// The borrowed buffers of a prefix cache.
+pub type PrefixStorage<'a> = PrefixBuffers<Borrowed<'a>>;
 
 /// Counters of pool activity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -200,23 +212,25 @@ pub struct KvStats {
     pub held_suspends: u64,
 }
 
-/// The two-tier page pool.
+/// The two-tier page pool, over buffers `B` chooses: [`Borrowed`] (`&'a mut [T]`, the default: no
+/// heap) or `Owned` (`Box<[T]>`, feature `alloc`: `KvPool::owned`). `'a` is
+/// also the lifetime of an attached KV connector ([`KvPool::attach_connector`]).
 #[derive(Debug)]
-pub struct KvPool<'a> {
+pub struct KvPool<'a, B: Buffers = Borrowed<'a>> {
     cfg: KvPoolConfig,
-    gpu_free: &'a mut [u32],
+    gpu_free: B::Buf<u32>,
     gpu_free_len: u32,
-    host_free: &'a mut [u32],
+    host_free: B::Buf<u32>,
     host_free_len: u32,
-    tables: &'a mut [u32],
-    seqs: &'a mut [Seq],
-    moves: &'a mut [PageMove],
+    tables: B::Buf<u32>,
+    seqs: B::Buf<Seq>,
+    moves: B::Buf<PageMove>,
     moves_len: usize,
     stats: KvStats,
-    prefix: Option<Prefix<'a>>,
-    hashes: &'a mut [u64],
+    prefix: Option<Prefix<B>>,
+    hashes: B::Buf<u64>,
     /// Unified paging: the adapters' device copies (`adapters.rs`).
-    adapters: Option<Adapters<'a>>,
+    adapters: Option<Adapters<B>>,
     /// Pages of resident adapters nobody pins (unified paging; evictable).
     adapter_idle: u32,
     /// The attached KV connector and its per-slot loads (`connector.rs`).
@@ -229,10 +243,10 @@ const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
     tokens.div_ceil(tpb)
 }
 
-impl<'a> KvPool<'a> {
-    /// A pool over `storage`; refuses an invalid geometry ([`KvPoolConfig::validate`]) and buffers of
-    /// the wrong length, without writing to them.
-    pub fn new(cfg: KvPoolConfig, storage: KvStorage<'a>) -> Result<Self, crate::Error> {
+impl<B: Buffers> KvPool<'_, B> {
+    /// A pool over `storage` (borrowed: a [`KvStorage`]); refuses an invalid geometry
+    /// ([`KvPoolConfig::validate`]) and buffers of the wrong length, without writing to them.
+    pub fn new(cfg: KvPoolConfig, mut storage: KvBuffers<B>) -> Result<Self, crate::Error> {
         cfg.validate()?;
         let prefix_ok = storage.prefix.as_ref().is_none_or(|p| {
             p.pages.len() == cfg.page_info_len()
@@ -259,11 +273,11 @@ impl<'a> KvPool<'a> {
         }
         storage.seqs.fill(Seq::default());
         let (prefix, hashes) = match storage.prefix {
-            Some(p) => {
+            Some(mut p) => {
                 p.hashes.fill(0);
                 (Some(Prefix::new(p.pages, p.index, cfg.gpu_pages)), p.hashes)
             }
-            None => (None, &mut [][..]),
+            None => (None, B::Buf::default()),
         };
         Ok(Self {
             cfg,
@@ -409,7 +423,7 @@ impl<'a> KvPool<'a> {
     }
 
     /// [`KvPool::check`] with a prefix cache, given the number of table entries.
-    fn check_shared(&self, prefix: &Prefix<'_>, entries: u64) -> bool {
+    fn check_shared(&self, prefix: &Prefix<B>, entries: u64) -> bool {
         let free = self.free_entries();
         for e in free {
             if *prefix.info(e) != PageInfo::default() {

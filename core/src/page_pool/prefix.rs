@@ -28,9 +28,8 @@
 //!    match stops at a host block another row claimed) and reloads before it runs;
 //! 6. a GPU block's cached parent is on the GPU.
 
-use crate::kv::Tier;
-
 use super::HOST;
+use crate::{kv::Tier, storage::Buffers};
 
 /// No page (list links).
 const NIL: u32 = u32::MAX;
@@ -126,11 +125,11 @@ pub struct PrefixStats {
     pub demoted: u64,
 }
 
-/// The index and the page entries, over borrowed storage.
+/// The index and the page entries, over the pool's buffers.
 #[derive(Debug)]
-pub(super) struct Prefix<'a> {
-    pages: &'a mut [PageInfo],
-    index: &'a mut [u32],
+pub(super) struct Prefix<B: Buffers> {
+    pages: B::Buf<PageInfo>,
+    index: B::Buf<u32>,
     gpu_pages: u32,
     lru: [Lru; 2],
     cached: [u32; 2],
@@ -146,8 +145,8 @@ fn tier_index(tier: Tier) -> usize {
     }
 }
 
-impl<'a> Prefix<'a> {
-    pub(super) fn new(pages: &'a mut [PageInfo], index: &'a mut [u32], gpu_pages: u32) -> Self {
+impl<B: Buffers> Prefix<B> {
+    pub(super) fn new(mut pages: B::Buf<PageInfo>, mut index: B::Buf<u32>, gpu_pages: u32) -> Self {
         pages.fill(PageInfo::default());
         index.fill(0);
         Self {
@@ -401,7 +400,8 @@ impl<'a> Prefix<'a> {
 
     /// A fresh private page enters a row.
     pub(super) fn take_private(&mut self, entry: u32) {
-        let p = &mut self.pages[self.at(entry)];
+        let at = self.at(entry);
+        let p = &mut self.pages[at];
         assert!(
             p.refs == 0 && !p.cached,
             "a page off the free stack is unused"

@@ -11,6 +11,7 @@ use crate::kv::{ContextPrep, PageMove, Tier};
 
 use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST};
 use crate::kv::chain;
+use crate::storage::Buffers;
 
 /// Moves a row of private pages to the other tier in one loop (a pool without a prefix cache, whose
 /// pages are all private): page `b` of `row` goes to the `b`-th page popped from the destination's free
@@ -39,7 +40,7 @@ fn move_pages<const DOWN: bool>(
     }
 }
 
-impl KvPool<'_> {
+impl<B: Buffers> KvPool<'_, B> {
     /// GPU pages that can be had: free, or held by cached blocks nobody uses.
     pub(super) fn gpu_available(&self) -> u32 {
         self.gpu_free_len

@@ -24,6 +24,7 @@ use crate::adapter::PeftBackend;
 use crate::config::Admission;
 use crate::kv::KvBackend;
 use crate::request::{Ownership, RequestSpec};
+use crate::storage::{Inline, InlineArray, Storage};
 
 use super::pass::Pass;
 
@@ -47,26 +48,38 @@ impl Client {
 }
 
 /// The VTC counters: at most `N` clients (a table of `N` requests has at most `N` live ones).
-pub(crate) struct Clients<const N: usize> {
-    client: [Client; N],
-    counter: [u64; N],
+pub(crate) struct Clients<const N: usize, S: Storage = Inline> {
+    client: S::Array<Client, N>,
+    counter: S::Array<u64, N>,
     /// Live requests of the client; 0 for a remembered one.
-    live: [u32; N],
+    live: S::Array<u32, N>,
     /// Entries in use (live or remembered).
     known: usize,
     /// The client entry of each table slot (meaningful for live slots only).
-    of_slot: [u16; N],
+    of_slot: S::Array<u16, N>,
 }
 
 impl<const N: usize> Clients<N> {
     pub(crate) const fn new() -> Self {
         Self {
-            client: [Client::Base; N],
-            counter: [0; N],
-            live: [0; N],
+            client: InlineArray::new([Client::Base; N]),
+            counter: InlineArray::new([0; N]),
+            live: InlineArray::new([0; N]),
             known: 0,
-            of_slot: [0; N],
+            of_slot: InlineArray::new([0; N]),
         }
+    }
+}
+
+impl<const N: usize, S: Storage> Clients<N, S> {
+    pub(crate) fn new_in() -> Result<Self, crate::Error> {
+        Ok(Self {
+            client: S::array(|| Client::Base)?,
+            counter: S::array(|| 0)?,
+            live: S::array(|| 0)?,
+            known: 0,
+            of_slot: S::array(|| 0)?,
+        })
     }
 
     /// A request entered table slot `slot`: its client gains a live request (joining, and lifted to
@@ -139,7 +152,9 @@ impl<const N: usize> Clients<N> {
     }
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Orders the pending list by the admission policy (FCFS: left in arrival order). A policy orders
     /// only new admissions: requests already admitted once (a later chunk, a suspended or a
     /// recompute-paused request) keep arrival order ahead of the waiting ones, as under FCFS, so a

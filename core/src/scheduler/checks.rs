@@ -7,10 +7,13 @@ use crate::adapter::{PeftBackend, TaskRef};
 use crate::error::{Error, PeftError};
 use crate::kv::{AdapterPaging, CrossPool, KvBackend};
 use crate::request::RequestSpec;
+use crate::storage::Storage;
 
 use super::Scheduler;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Scheduler<K, P, N, T, S>
+{
     /// Multimodal runs: ascending, disjoint, non-empty and within the prompt; with chunking, none longer
     /// than `max_context_length` (no chunk could hold it: upstream raises mid-pass, §1.9).
     fn check_mm_runs(&self, spec: &RequestSpec) -> Result<(), Error> {

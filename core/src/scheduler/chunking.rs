@@ -11,6 +11,7 @@
 use crate::adapter::PeftBackend;
 use crate::config::{CapacityPolicy, ChunkPolicy};
 use crate::kv::{ContextPrep, KvBackend, KvRef};
+use crate::storage::Storage;
 
 use super::pass::{Pass, Step};
 
@@ -25,7 +26,9 @@ pub(crate) struct Admission {
     pub(crate) last: bool,
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// What the KV backend learns of a context request.
     pub(crate) fn context_prep(&self, slot: u16, first: bool) -> ContextPrep {
         let s = self.table.entry(slot).spec();

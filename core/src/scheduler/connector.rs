@@ -6,11 +6,14 @@
 
 use crate::adapter::PeftBackend;
 use crate::kv::{KvBackend, LoadChange, Transfers};
+use crate::storage::{FixedList, Storage};
 
 use super::pass::Pass;
 use super::Scheduler;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Scheduler<K, P, N, T, S>
+{
     /// Takes the backend's load changes: the failed ones are left in the scratch for the pass.
     pub(crate) fn sync_loads(&mut self) {
         let (table, failed) = (&mut self.table, &mut self.scratch.pending_slots);
@@ -27,7 +30,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Recompute-pauses every request whose connector load failed or timed out (on the GPU, or
     /// suspended since). The load has ended: an engine's pending-load mark on it is cleared.
     pub(crate) fn abandon_failed_loads(&mut self) {

@@ -16,11 +16,14 @@ use crate::config::ChunkPolicy;
 use crate::kv::{DraftPairing, KvBackend, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
+use crate::storage::Storage;
 
 use super::pass::{listed, mark, Pass, Step};
 use super::table::Held;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Phase 2 over the deferred requests.
     pub(crate) fn context_phase(&mut self) {
         self.begin_prefix_skip();

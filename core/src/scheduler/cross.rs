@@ -12,10 +12,13 @@
 
 use crate::adapter::PeftBackend;
 use crate::kv::{CrossPool, KvBackend};
+use crate::storage::Storage;
 
 use super::pass::{Pass, Step};
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Gives an admitted decoder chunk its cross cache; `Err` with the step to take when it cannot.
     pub(crate) fn attach_cross(&mut self, slot: u16, first: bool) -> Result<(), Step> {
         let s = self.table.entry(slot).spec();

@@ -21,11 +21,14 @@ use crate::config::CapacityPolicy;
 use crate::error::Error;
 use crate::kv::{KvBackend, Transfers};
 use crate::phase::Phase;
+use crate::storage::Storage;
 
 use super::pass::{mark, Pass};
 use super::table::Held;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// The verdict on this pass; updates `stall`.
     pub(crate) fn detect_deadlock(&mut self, stall: &mut u32) -> Result<(), Error> {
         let out = &*self.out;

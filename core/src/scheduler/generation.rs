@@ -15,9 +15,11 @@ use crate::ids::NO_TASK;
 use crate::kv::{AdapterPaging, KvBackend, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
+use crate::storage::{FixedList, Storage};
 
+use super::hot::{READY, READY_MASK};
 use super::pass::{listed, mark, Pass, Step};
-use super::table::{Held, READY, READY_MASK};
+use super::table::Held;
 
 /// A decode step whose one KV attempt was refused: what the ladder needs to finish it.
 #[derive(Clone, Copy)]
@@ -40,7 +42,9 @@ enum Exit {
     Other,
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Phase 1 over the arrival order: runs of decode steps, and the general rules between them.
     pub(crate) fn generation_phase(&mut self) {
         let mut i = 0;

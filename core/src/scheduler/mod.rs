@@ -3,7 +3,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `table.rs` | the table: typed ownership, hot records, arrival order, id index |
+//! | `table.rs` | the table: typed ownership, hot records, arrival order, id index; `hot.rs`: the hot record |
 //! | `pass.rs` | the [`PassStats`] and the `Pass` value: per-pass state, the algorithm in a few lines |
 //! | `generation.rs` | phase 1: the decode step (fast case first), §1.4–§1.5 |
 //! | `victims.rs` | the generation ladder: eviction, recompute pause, self-eviction; §1.15 predicates |
@@ -31,6 +31,7 @@
 //! recompute-paused request holds a lease or active KV.
 
 mod admission;
+mod build;
 mod checks;
 mod chunking;
 mod connector;
@@ -38,6 +39,7 @@ mod context;
 mod cross;
 mod deadlock;
 mod generation;
+mod hot;
 mod multimodal;
 mod pass;
 mod plan;
@@ -64,11 +66,14 @@ use crate::lease::AdapterDesk;
 use crate::output::SchedulerOutput;
 use crate::phase::Phase;
 use crate::request::{MovesTaken, Ownership, RequestSpec};
+use crate::storage::{FixedList, Inline, Storage};
 
 use pass::{Pass, Scratch};
 use table::{Held, Table};
 
-impl<K: KvBackend, const N: usize, const T: usize> Scheduler<K, crate::AdapterPool<T>, N, T> {
+impl<K: KvBackend, const N: usize, const T: usize, S: Storage>
+    Scheduler<K, crate::AdapterPool<T>, N, T, S>
+{
     /// Registers an adapter with the adapter cache (see [`crate::AdapterPool::register`]).
     pub fn register_adapter(
         &mut self,
@@ -114,13 +119,14 @@ pub enum Adopt {
 }
 
 /// The scheduler: a request table of `N` slots over a KV backend `K` and an adapter backend `P` with `T`
-/// task slots.
-pub struct Scheduler<K, P, const N: usize, const T: usize> {
+/// task slots, its fixed-capacity arrays where `S` keeps them (`build.rs`: [`Inline`], the default, or
+/// `Boxed`; see the crate docs for where a scheduler may live).
+pub struct Scheduler<K, P, const N: usize, const T: usize, S: Storage = Inline> {
     cfg: Config,
     kv: K,
-    desk: AdapterDesk<P, T>,
-    table: Table<N>,
-    scratch: Scratch<N, T>,
+    desk: AdapterDesk<P, T, S>,
+    table: Table<N, S>,
+    scratch: Scratch<N, T, S>,
     /// Consecutive stalled passes (the only state a pass leaves for the next, spec §1.1).
     stall: u32,
     /// Passes run; the output of the last one carries this number.
@@ -129,40 +135,23 @@ pub struct Scheduler<K, P, const N: usize, const T: usize> {
     completed: u64,
     last: PassStats,
     /// The VTC counters (kept under [`crate::config::Admission::Vtc`] only).
-    clients: admission::Clients<N>,
+    clients: admission::Clients<N, S>,
     /// Consecutive passes each slot's request was refused its adapter (fair admission's drain).
-    adapter_waits: [u16; N],
+    adapter_waits: S::Array<u16, N>,
     /// Transfers ended so far (`transfer.rs`; the in-flight counts are left 0 here).
     transfer_ends: TransferStats,
 }
 
-impl<K, P, const N: usize, const T: usize> Drop for Scheduler<K, P, N, T> {
+impl<K, P, const N: usize, const T: usize, S: Storage> Drop for Scheduler<K, P, N, T, S> {
     /// Tearing the scheduler down takes its backends with it: every request's resources go too.
     fn drop(&mut self) {
         self.table.abandon_all();
     }
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, P, N, T> {
-    /// A scheduler over the given backends.
-    pub fn new(cfg: Config, kv: K, peft: P) -> Result<Self, Error> {
-        cfg.validate()?;
-        Ok(Self {
-            cfg,
-            kv,
-            desk: AdapterDesk::new(peft),
-            table: Table::new(),
-            scratch: Scratch::new(),
-            stall: 0,
-            passes: 0,
-            completed: 0,
-            last: PassStats::default(),
-            clients: admission::Clients::new(),
-            transfer_ends: TransferStats::default(),
-            adapter_waits: [0; N],
-        })
-    }
-
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Scheduler<K, P, N, T, S>
+{
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.cfg
@@ -172,7 +161,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
         &self.kv
     }
     /// The adapter desk, read-only (leases, pinned pages, and the adapter backend through it).
-    pub fn adapters(&self) -> &AdapterDesk<P, T> {
+    pub fn adapters(&self) -> &AdapterDesk<P, T, S> {
         &self.desk
     }
     /// What the last pass did beyond its output lists.
@@ -448,7 +437,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 
     /// VTC: the completed step's service, charged to its clients (context tokens at the input weight,
     /// generated tokens — beam and drafts — at the output weight).
-    fn charge_service(&mut self, out: &SchedulerOutput<N>, input: u32, output: u32) {
+    fn charge_service(&mut self, out: &SchedulerOutput<N, S>, input: u32, output: u32) {
         for c in out.context() {
             let l = c.listed;
             if self.table.is_live(l.slot(), l.handle().generation()) {
@@ -466,7 +455,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     }
 
     /// Runs one scheduling pass into `out` (spec §1.2; the algorithm is `pass.rs`).
-    pub fn schedule(&mut self, out: &mut SchedulerOutput<N>) -> Result<(), Error> {
+    pub fn schedule(&mut self, out: &mut SchedulerOutput<N, S>) -> Result<(), Error> {
         if self.encoder_without_cross_pool() {
             return Err(Error::CrossPoolRequired);
         }
@@ -511,7 +500,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     ///
     /// With unified paging every batch adapter is resident already (its leases pin it in the KV
     /// pool); the loads are the adapters the pool placed since the engine last looked.
-    pub fn ensure_batch(&mut self, out: &mut SchedulerOutput<N>) -> Result<(), PeftError> {
+    pub fn ensure_batch(&mut self, out: &mut SchedulerOutput<N, S>) -> Result<(), PeftError> {
         let (plan, loads) = out.plan_and_loads();
         loads.clear();
         self.desk.ensure_batch(plan, &mut |t| {
@@ -627,7 +616,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     ///
     /// Refused ([`Error::StaleOutput`], nothing changes) for an output that is not the last pass's, or
     /// whose step was completed already. An entry whose request was removed after the pass is skipped.
-    pub fn complete_step(&mut self, out: &SchedulerOutput<N>) -> Result<(), Error> {
+    pub fn complete_step(&mut self, out: &SchedulerOutput<N, S>) -> Result<(), Error> {
         if out.pass() != self.passes || self.completed == self.passes {
             return Err(Error::StaleOutput);
         }

@@ -11,10 +11,13 @@
 
 use crate::adapter::PeftBackend;
 use crate::kv::KvBackend;
+use crate::storage::Storage;
 
 use super::pass::Pass;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// `chunk` tokens from the request's position, aligned to its multimodal runs (0: defer).
     pub(crate) fn align_to_mm_runs(&self, slot: u16, chunk: u32, remaining: u32, unit: u32) -> u32 {
         let s = self.table.entry(slot).spec();

@@ -20,6 +20,7 @@ use crate::fmt::trace;
 use crate::kv::KvBackend;
 use crate::lease::AdapterDesk;
 use crate::output::{Chunk, Full, Listed, SchedulerOutput};
+use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 use super::admission::Clients;
 use super::plan::Plan;
@@ -40,6 +41,18 @@ pub struct PassStats {
     pub deferred: u32,
     /// Requests recompute-paused because their connector load failed or timed out.
     pub failed_loads: u32,
+}
+
+impl PassStats {
+    /// Nothing done (a scheduler before its first pass).
+    pub(crate) const NONE: PassStats = PassStats {
+        victims: 0,
+        self_evictions: 0,
+        recompute_pauses: 0,
+        preemptions: 0,
+        deferred: 0,
+        failed_loads: 0,
+    };
 }
 
 /// Per-slot marks of one pass.
@@ -64,44 +77,60 @@ pub(crate) struct Pending {
     pub(crate) key: u64,
 }
 
-/// Storage a pass uses and clears: kept by the scheduler so that a pass allocates nothing.
-pub(crate) struct Scratch<const N: usize, const T: usize> {
-    pub(crate) marks: [u8; N],
-    pub(crate) pending: heapless::Vec<Pending, N>,
-    pub(crate) plan: Plan<T>,
-    pub(crate) listed: [Listed; N],
-    pub(crate) chunks: [Chunk; N],
+/// Storage a pass uses and clears: kept by the scheduler so that a pass allocates nothing (its arrays
+/// where `S` keeps them).
+pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
+    pub(crate) marks: S::Array<u8, N>,
+    pub(crate) pending: S::List<Pending, N>,
+    pub(crate) plan: Plan<T, S>,
+    pub(crate) listed: S::Array<Listed, N>,
+    pub(crate) chunks: S::Array<Chunk, N>,
     /// Prefix-aware skip: the first new block keys contributed this pass.
-    pub(crate) contributed: heapless::Vec<u64, N>,
+    pub(crate) contributed: S::List<u64, N>,
     /// Slots to settle when the engine takes the page moves (outside a pass); before a pass, the
     /// slots whose connector load failed or timed out.
-    pub(crate) pending_slots: heapless::Vec<u16, N>,
+    pub(crate) pending_slots: S::List<u16, N>,
     /// VTC ordering: per client entry, the remaining prompts of its requests already ordered.
-    pub(crate) client_sums: [u64; N],
+    pub(crate) client_sums: S::Array<u64, N>,
 }
 
 impl<const N: usize, const T: usize> Scratch<N, T> {
-    pub(crate) fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
-            marks: [0; N],
+            marks: InlineArray::new([0; N]),
             pending: heapless::Vec::new(),
             plan: Plan::new(),
-            listed: [Listed::default(); N],
-            chunks: [Chunk::default(); N],
+            listed: InlineArray::new([Listed::EMPTY; N]),
+            chunks: InlineArray::new([Chunk::EMPTY; N]),
             contributed: heapless::Vec::new(),
             pending_slots: heapless::Vec::new(),
-            client_sums: [0; N],
+            client_sums: InlineArray::new([0; N]),
         }
     }
 }
 
+impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
+    pub(crate) fn new_in() -> Result<Self, Error> {
+        Ok(Self {
+            marks: S::array(|| 0)?,
+            pending: S::list(Pending::default())?,
+            plan: Plan::new_in()?,
+            listed: S::array(Listed::default)?,
+            chunks: S::array(Chunk::default)?,
+            contributed: S::list(0)?,
+            pending_slots: S::list(0)?,
+            client_sums: S::array(|| 0)?,
+        })
+    }
+}
+
 /// The scratch a pass borrows for its marks, pending list and plan.
-pub(crate) struct Parts<'a, const N: usize, const T: usize> {
+pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
     pub(crate) marks: &'a mut [u8; N],
-    pub(crate) contributed: &'a mut heapless::Vec<u64, N>,
-    pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
-    pub(crate) plan: &'a mut Plan<T>,
-    pub(crate) clients: &'a Clients<N>,
+    pub(crate) contributed: &'a mut S::List<u64, N>,
+    pub(crate) pending: &'a mut S::List<Pending, N>,
+    pub(crate) plan: &'a mut Plan<T, S>,
+    pub(crate) clients: &'a Clients<N, S>,
     pub(crate) client_sums: &'a mut [u64; N],
     pub(crate) adapter_waits: &'a mut [u16; N],
     pub(crate) failed_loads: &'a [u16],
@@ -118,21 +147,21 @@ pub(crate) enum Step {
     Stop,
 }
 
-/// One pass over the scheduler's parts.
-pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
+/// One pass over the scheduler's parts (`S`: where the scheduler keeps its arrays).
+pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) cfg: &'a Config,
     pub(crate) kv: &'a mut K,
-    pub(crate) desk: &'a mut AdapterDesk<P, T>,
-    pub(crate) table: &'a mut Table<N>,
-    pub(crate) out: &'a mut SchedulerOutput<N>,
+    pub(crate) desk: &'a mut AdapterDesk<P, T, S>,
+    pub(crate) table: &'a mut Table<N, S>,
+    pub(crate) out: &'a mut SchedulerOutput<N, S>,
     pub(crate) marks: &'a mut [u8; N],
-    pub(crate) contributed: &'a mut heapless::Vec<u64, N>,
+    pub(crate) contributed: &'a mut S::List<u64, N>,
     /// Prefix-aware skip is live this pass (`prefix.rs`).
     pub(crate) skip_live: bool,
-    pub(crate) pending: &'a mut heapless::Vec<Pending, N>,
-    pub(crate) plan: &'a mut Plan<T>,
+    pub(crate) pending: &'a mut S::List<Pending, N>,
+    pub(crate) plan: &'a mut Plan<T, S>,
     /// The VTC counters (read-only in a pass: service is charged when a step completes).
-    pub(crate) clients: &'a Clients<N>,
+    pub(crate) clients: &'a Clients<N, S>,
     pub(crate) client_sums: &'a mut [u64; N],
     /// Consecutive passes each request was refused its adapter (kept by the scheduler).
     pub(crate) adapter_waits: &'a mut [u16; N],
@@ -162,16 +191,18 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize> {
     pub(crate) failed_loads: &'a [u16],
 }
 
-impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'a, K, P, N, T> {
+impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'a, K, P, N, T, S>
+{
     /// Begins a pass: the output is emptied, the budgets are fresh, the marks clear, the pinned
     /// adapters counted.
     pub(crate) fn begin(
         cfg: &'a Config,
         kv: &'a mut K,
-        desk: &'a mut AdapterDesk<P, T>,
-        table: &'a mut Table<N>,
-        parts: Parts<'a, N, T>,
-        out: &'a mut SchedulerOutput<N>,
+        desk: &'a mut AdapterDesk<P, T, S>,
+        table: &'a mut Table<N, S>,
+        parts: Parts<'a, N, T, S>,
+        out: &'a mut SchedulerOutput<N, S>,
     ) -> Self {
         out.clear();
         let len = table.len();

@@ -17,21 +17,22 @@ use crate::adapter::{PeftBackend, TaskRef};
 use crate::ids::RequestId;
 use crate::lease::AdapterDesk;
 use crate::output::{Full, SchedulerOutput};
+use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 const COUNTED: u8 = 1;
 const SCHEDULED: u8 = 2;
 
 /// Per-task state of one pass (`T` task slots).
-pub(crate) struct Plan<const T: usize> {
-    flags: [u8; T],
+pub(crate) struct Plan<const T: usize, S: Storage = Inline> {
+    flags: S::Array<u8, T>,
     /// The tasks pinned when the pass began (the decode steps of their lease holders are counted in
     /// `counts` only, and enter the plan after phase 1: [`Plan::enter_counted`]).
-    pinned: heapless::Vec<u16, T>,
+    pinned: S::List<u16, T>,
     /// Per task slot, `[part 0, part 1]` counters of the LoRA sort (zero when the pass begins; the
     /// generation list's part 0 is counted as it is filled).
-    pub(crate) counts: [[u32; 2]; T],
+    pub(crate) counts: S::Array<[u32; 2], T>,
     /// Per task slot in the plan, its rank among the plan's adapters by id (from 1), set by the sort.
-    pub(crate) rank: [u16; T],
+    pub(crate) rank: S::Array<u16, T>,
     /// Generation entries without a LoRA task, counted as the list is filled.
     pub(crate) plain: u32,
     /// Listed requests with a LoRA task but no adapter cache bucket (they are sorted by id).
@@ -41,21 +42,36 @@ pub(crate) struct Plan<const T: usize> {
 }
 
 impl<const T: usize> Plan<T> {
-    pub(crate) fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
-            flags: [0; T],
+            flags: InlineArray::new([0; T]),
             pinned: heapless::Vec::new(),
-            counts: [[0; 2]; T],
-            rank: [0; T],
+            counts: InlineArray::new([[0; 2]; T]),
+            rank: InlineArray::new([0; T]),
             plain: 0,
             unbucketed: 0,
             claimed: 0,
             max_pages: 0,
         }
     }
+}
+
+impl<const T: usize, S: Storage> Plan<T, S> {
+    pub(crate) fn new_in() -> Result<Self, crate::Error> {
+        Ok(Self {
+            flags: S::array(|| 0)?,
+            pinned: S::list(0)?,
+            counts: S::array(|| [0; 2])?,
+            rank: S::array(|| 0)?,
+            plain: 0,
+            unbucketed: 0,
+            claimed: 0,
+            max_pages: 0,
+        })
+    }
 
     /// Starts a pass: every pinned adapter is counted.
-    pub(crate) fn begin<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T>) {
+    pub(crate) fn begin<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T, S>) {
         self.flags.fill(0);
         self.counts.fill([0, 0]);
         self.plain = 0;
@@ -86,7 +102,7 @@ impl<const T: usize> Plan<T> {
     /// not fit in the device cache next to what is counted.
     pub(crate) fn pages_needed<P: PeftBackend>(
         &self,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, S>,
         req: RequestId,
         task: TaskRef,
     ) -> Option<u32> {
@@ -107,7 +123,7 @@ impl<const T: usize> Plan<T> {
         &mut self,
         task: TaskRef,
         pages: u32,
-        out: &mut SchedulerOutput<N>,
+        out: &mut SchedulerOutput<N, S>,
     ) -> Result<(), Full> {
         let f = &mut self.flags[task.slot as usize];
         if *f & COUNTED == 0 {
@@ -122,7 +138,7 @@ impl<const T: usize> Plan<T> {
     fn schedule<const N: usize>(
         &mut self,
         task: TaskRef,
-        out: &mut SchedulerOutput<N>,
+        out: &mut SchedulerOutput<N, S>,
     ) -> Result<(), Full> {
         let s = task.slot as usize;
         if self.flags[s] & SCHEDULED != 0 {
@@ -136,8 +152,8 @@ impl<const T: usize> Plan<T> {
     /// plan.
     pub(crate) fn enter_counted<P: PeftBackend, const N: usize>(
         &mut self,
-        desk: &AdapterDesk<P, T>,
-        out: &mut SchedulerOutput<N>,
+        desk: &AdapterDesk<P, T, S>,
+        out: &mut SchedulerOutput<N, S>,
     ) -> Result<(), Full> {
         for &s in self.pinned.iter() {
             let i = s as usize;
@@ -158,7 +174,7 @@ impl<const T: usize> Plan<T> {
 
     /// A lease on `task` was returned during the pass: if it was the last one and no scheduled request
     /// uses the task, its pages are no longer claimed.
-    pub(crate) fn released<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T>, task: TaskRef) {
+    pub(crate) fn released<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T, S>, task: TaskRef) {
         let s = task.slot as usize;
         // Scheduled (flagged, or a decode step counted): stays counted.
         if desk.leases(task.slot) > 0 || self.flags[s] != COUNTED || self.counts[s][0] > 0 {

@@ -16,10 +16,13 @@
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
 use crate::kv::KvBackend;
+use crate::storage::Storage;
 
 use super::pass::{mark, Pass};
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Preempts one candidate for the context request at index `i`; returns whether it did.
     pub(crate) fn preempt_for_pages(&mut self, i: usize) -> bool {
         if self.kv.limits().tier_below_gpu

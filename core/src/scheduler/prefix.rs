@@ -14,10 +14,13 @@
 use crate::adapter::PeftBackend;
 use crate::kv::{KvBackend, KvRef, PrefixReuse};
 use crate::phase::Phase;
+use crate::storage::{FixedList, Storage};
 
 use super::pass::Pass;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// A context request that owns no KV (waiting, or replaying after a recompute pause) or stands at
     /// position 0 starts with a first chunk.
     pub(crate) fn first_chunk(&self, slot: u16) -> bool {

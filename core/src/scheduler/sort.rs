@@ -9,10 +9,13 @@
 //!
 //! Invariant: the sort permutes each list (no entry lost or duplicated), stably.
 
+use core::ops::DerefMut;
+
 use crate::adapter::PeftBackend;
 use crate::ids::NO_TASK;
 use crate::kv::KvBackend;
-use crate::output::{Chunk, List, Listed};
+use crate::output::{Chunk, Listed};
+use crate::storage::Storage;
 
 use super::pass::Pass;
 use super::table::Table;
@@ -46,7 +49,9 @@ impl Item for Chunk {
     }
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// Sorts the batch lists in place, with the scratch buffers.
     pub(crate) fn sort(&mut self, scratch: (&mut [Listed; N], &mut [Chunk; N])) {
         let partition = self.out.has_chunking();
@@ -87,15 +92,19 @@ fn rank_key<I: Item, const T: usize>(rank: &[u16; T], item: &I, partition: bool)
 }
 
 /// The full key from the table: partition bit, LoRA bit, task id.
-fn id_key<I: Item, const N: usize>(table: &Table<N>, item: &I, partition: bool) -> u128 {
+fn id_key<I: Item, const N: usize, S: Storage>(
+    table: &Table<N, S>,
+    item: &I,
+    partition: bool,
+) -> u128 {
     let lora = table.entry(item.listed().slot()).spec().lora;
     let key = lora.map_or(0, |t| (1u128 << 64) | u128::from(t.0));
     (u128::from(partition && item.last()) << 65) | key
 }
 
 /// Counts `list` per bucket, then places it.
-fn count_and_sort<I: Item, const N: usize, const T: usize>(
-    list: &mut List<I, N>,
+fn count_and_sort<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: usize>(
+    list: &mut L,
     scratch: &mut [I; N],
     adapters: &[crate::adapter::TaskRef],
     rank: &[u16; T],
@@ -123,8 +132,8 @@ fn count_and_sort<I: Item, const N: usize, const T: usize>(
 
 /// Places `list` by the counts (`counts[slot]` for the plan's adapters, `plain` for the entries without
 /// one), unless it is sorted already.
-fn sort_counted<I: Item, const N: usize, const T: usize>(
-    list: &mut List<I, N>,
+fn sort_counted<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: usize>(
+    list: &mut L,
     scratch: &mut [I; N],
     adapters: &[crate::adapter::TaskRef],
     rank: &[u16; T],
@@ -168,8 +177,8 @@ fn sort_counted<I: Item, const N: usize, const T: usize>(
 }
 
 /// A stable bottom-up merge sort by `key`.
-fn merge_sort<I: Item, const N: usize>(
-    list: &mut List<I, N>,
+fn merge_sort<I: Item, L: DerefMut<Target = [I]>, const N: usize>(
+    list: &mut L,
     scratch: &mut [I; N],
     key: impl Fn(&I) -> u128,
 ) {
@@ -221,7 +230,7 @@ mod tests {
     use super::*;
     use crate::adapter::TaskRef;
     use crate::ids::TaskId;
-    use crate::output::Listed;
+    use crate::output::{List, Listed};
 
     /// Entries over three adapters (slots 0..3 with ids 5, 2, 9) and none, in a scrambled order; the
     /// counting sort and the merge sort by (partition, task id) agree, stably.

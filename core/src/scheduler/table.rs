@@ -22,11 +22,13 @@ use crate::ids::RequestId;
 use crate::ids::NO_TASK;
 use crate::kv::KvBackend;
 use crate::lease::AdapterDesk;
-use crate::phase::Phase;
 use crate::request::{
     Active, Ownership, Paused, Place, Recompute, Request, RequestSpec, Resumed, Sending, State,
     Suspended, Waiting,
 };
+use crate::storage::{FixedList, Inline, InlineArray, Storage};
+
+use super::hot::{Hot, OWNERSHIP_BITS};
 
 /// Why a [`Held::Sending`] request never reaches the pass's transitions: its phase is
 /// `DISAGG_CONTEXT_TRANS_IN_PROGRESS` (outside the window, not started, so never a victim) and
@@ -95,10 +97,10 @@ impl Held {
     }
 
     /// (8) Finishes the request in whatever state it is: everything it owns is released.
-    pub(crate) fn finish<K: KvBackend, P: PeftBackend, const T: usize>(
+    pub(crate) fn finish<K: KvBackend, P: PeftBackend, const T: usize, S: Storage>(
         self,
         kv: &mut K,
-        desk: &mut AdapterDesk<P, T>,
+        desk: &mut AdapterDesk<P, T, S>,
     ) {
         match self {
             Held::Waiting(r) => r.finish(kv),
@@ -198,134 +200,29 @@ impl<'t> Entry<'t> {
 /// A handle to a request in the table.
 pub type Handle = ArenaHandle<Record>;
 
-/// Hot-record bits: the ownership tag is the low three bits.
-const OWNERSHIP_BITS: u8 = 0b111;
-/// The phase is `GENERATION_IN_PROGRESS`.
-const DECODE: u8 = 1 << 3;
-/// Marked in flight.
-const INFLIGHT: u8 = 1 << 4;
-/// Started (spec §1.15).
-const STARTED: u8 = 1 << 5;
-/// The phase and data allow a recompute pause (spec §1.15, less the in-flight mark): started, not
-/// `GENERATION_TO_COMPLETE`, not a generation request carrying multimodal data.
-const RECOMPUTABLE: u8 = 1 << 6;
-/// A KV connector load into its pages is pending: neither evictable nor a recompute candidate.
-const LOADING: u8 = 1 << 7;
-/// An active, not in-flight decode step: the fast path's case (under [`READY_MASK`]).
-pub(crate) const READY: u8 = Ownership::Active as u8 | DECODE;
-/// The bits [`READY`] is compared under.
-pub(crate) const READY_MASK: u8 = OWNERSHIP_BITS | DECODE | INFLIGHT;
-/// The request has a LoRA task but no adapter cache bucket (sorted by its id, not counted).
-pub(crate) const UNCACHED_LORA: u16 = NO_TASK - 1;
-
-/// What the decode loop reads of a request, by slot (16 bytes).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub(crate) struct Hot {
-    /// Ownership tag | [`DECODE`] | [`INFLIGHT`].
-    pub(crate) code: u8,
-    /// Adapter task slot, [`NO_TASK`] without a LoRA task, [`UNCACHED_LORA`] with one but no cache.
-    pub(crate) bucket: u16,
-    /// Beam width.
-    pub(crate) beam: u32,
-    /// Draft tokens.
-    pub(crate) draft: u32,
-    /// GUARANTEED_NO_EVICT: KV tokens reserved at admission and not yet used by decode steps.
-    pub(crate) headroom: u32,
-}
-
-impl Hot {
-    /// The record derived from a request (the headroom is kept: it is not derivable).
-    fn derive(e: Entry<'_>, headroom: u32) -> Self {
-        let spec = e.spec();
-        let decode = if spec.phase == Phase::GenerationInProgress {
-            DECODE
-        } else {
-            0
-        };
-        let inflight = if e.sits_out() { INFLIGHT } else { 0 };
-        let loading = if e.pending_load() { LOADING } else { 0 };
-        let started = spec.started();
-        let recomputable = started
-            && spec.phase != Phase::GenerationToComplete
-            && !(spec.phase.is_generation() && spec.multimodal);
-        let flags = (u8::from(started) * STARTED) | (u8::from(recomputable) * RECOMPUTABLE);
-        let bucket = match (e.task(), spec.lora) {
-            (Some(t), _) => t.slot,
-            (None, Some(_)) => UNCACHED_LORA,
-            (None, None) => NO_TASK,
-        };
-        Self {
-            code: e.ownership() as u8 | decode | inflight | loading | flags,
-            bucket,
-            beam: spec.beam,
-            draft: spec.draft,
-            headroom,
-        }
-    }
-
-    /// The ownership tag.
-    #[inline]
-    pub(crate) fn ownership(self) -> u8 {
-        self.code & OWNERSHIP_BITS
-    }
-
-    /// The KV is on the GPU with the lease (`Active` or `Resumed`).
-    #[inline]
-    pub(crate) fn on_gpu(self) -> bool {
-        let o = self.ownership();
-        o == Ownership::Active as u8 || o == Ownership::Resumed as u8
-    }
-
-    /// In flight.
-    #[inline]
-    pub(crate) fn inflight(self) -> bool {
-        self.code & INFLIGHT != 0
-    }
-
-    /// A KV connector load into its pages is pending.
-    #[inline]
-    pub(crate) fn loading(self) -> bool {
-        self.code & LOADING != 0
-    }
-
-    /// Evictable (spec §1.15): not in flight, started, no pending connector load, KV on the GPU.
-    #[inline]
-    pub(crate) fn evictable(self) -> bool {
-        self.code & (INFLIGHT | STARTED | LOADING) == STARTED && self.on_gpu()
-    }
-
-    /// Recompute-pause candidate (spec §1.15): not in flight, no pending connector load, not
-    /// `GENERATION_TO_COMPLETE`, not a generation request carrying multimodal data, started. Its KV may
-    /// be anywhere.
-    #[inline]
-    pub(crate) fn recomputable(self) -> bool {
-        self.code & (INFLIGHT | RECOMPUTABLE | LOADING) == RECOMPUTABLE
-    }
-}
-
-/// The request table of `N` slots.
-pub(crate) struct Table<const N: usize> {
-    records: Arena<Record, N>,
+/// The request table of `N` slots, its arrays where `S` keeps them.
+pub(crate) struct Table<const N: usize, S: Storage = Inline> {
+    records: Arena<Record, N, S>,
     /// The typed requests, by slot: `Some` exactly for the live slots (taken only inside
     /// [`Table::transition`]).
-    held: [Option<Held>; N],
-    hot: [Hot; N],
-    order: heapless::Vec<u16, N>,
-    ids: IdIndex<N>,
+    held: S::Array<Option<Held>, N>,
+    hot: S::Array<Hot, N>,
+    order: S::List<u16, N>,
+    ids: IdIndex<N, S>,
     /// Entries holding a `Resumed` request (settled when the engine takes the page moves).
     resumed: u32,
     /// Slots that became `Resumed` since the last settlement (a superset of the resumed ones; when it
     /// overflows, settlement scans the table).
-    resumed_slots: heapless::Vec<u16, N>,
+    resumed_slots: S::List<u16, N>,
     resumed_overflow: bool,
 }
 
 impl<const N: usize> Table<N> {
-    pub(crate) fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
             records: Arena::new(),
-            held: core::array::from_fn(|_| None),
-            hot: [Hot::default(); N],
+            held: InlineArray::new([const { None }; N]),
+            hot: InlineArray::new([Hot::EMPTY; N]),
             order: heapless::Vec::new(),
             ids: IdIndex::new(),
             resumed: 0,
@@ -333,16 +230,31 @@ impl<const N: usize> Table<N> {
             resumed_overflow: false,
         }
     }
+}
+
+impl<const N: usize, S: Storage> Table<N, S> {
+    pub(crate) fn new_in() -> Result<Self, Error> {
+        Ok(Self {
+            records: Arena::new_in()?,
+            held: S::array(|| None)?,
+            hot: S::array(Hot::default)?,
+            order: S::list(0)?,
+            ids: IdIndex::new_in()?,
+            resumed: 0,
+            resumed_slots: S::list(0)?,
+            resumed_overflow: false,
+        })
+    }
 
     /// The slots to look at for resumed requests (every live one after an overflow of the list), and
     /// the list cleared for the next settlement.
-    pub(crate) fn take_resumed_slots(&mut self, into: &mut heapless::Vec<u16, N>) {
+    pub(crate) fn take_resumed_slots(&mut self, into: &mut S::List<u16, N>) {
         into.clear();
-        if core::mem::take(&mut self.resumed_overflow) {
-            into.extend(self.order.iter().copied());
-        } else {
-            into.extend(self.resumed_slots.iter().copied());
-        }
+        let from = match core::mem::take(&mut self.resumed_overflow) {
+            true => &self.order,
+            false => &self.resumed_slots,
+        };
+        assert!(into.extend_from_slice(from), "a list of slots holds N");
         self.resumed_slots.clear();
     }
 
@@ -393,7 +305,7 @@ impl<const N: usize> Table<N> {
     /// and the typed requests.
     #[inline]
     pub(crate) fn decode_view(&mut self) -> (&[u16], &mut [Hot; N], &[Option<Held>; N]) {
-        (&self.order, &mut self.hot, &self.held)
+        (&self.order, &mut *self.hot, &*self.held)
     }
 
     /// Sets a slot's KV headroom.

@@ -30,6 +30,7 @@ use crate::error::Error;
 use crate::kv::{KvBackend, KvRef, PrefixReuse};
 use crate::phase::Phase;
 use crate::request::{Ownership, RequestSpec};
+use crate::storage::Storage;
 
 use super::table::Held;
 use super::{Handle, Scheduler};
@@ -60,7 +61,21 @@ pub struct TransferStats {
     pub receives_failed: u64,
 }
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, P, N, T> {
+impl TransferStats {
+    /// No transfer (a scheduler before its first).
+    pub(crate) const NONE: TransferStats = TransferStats {
+        sending: 0,
+        receiving: 0,
+        sent: 0,
+        sends_failed: 0,
+        received: 0,
+        receives_failed: 0,
+    };
+}
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Scheduler<K, P, N, T, S>
+{
     /// complete_step, context side: a context-only request ([`RequestSpec::context_only`]) whose prompt
     /// is computed takes arrow (9):
     /// its lease goes back, its pages stay pinned for the send.

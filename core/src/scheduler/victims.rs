@@ -10,11 +10,14 @@
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
 use crate::kv::KvBackend;
+use crate::storage::Storage;
 
 use super::pass::{listed, mark, Pass, Step};
 use super::table::Held;
 
-impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Pass<'_, K, P, N, T> {
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
     /// The ladder after a refused allocation of the request at index `i`: ordinary eviction from the
     /// tail, recompute pause, then self-eviction. `None` when the request got its KV, else the step.
     #[cold]

@@ -4,6 +4,7 @@
 use kvsched_core::adapter::{HostChange, TaskRef};
 use kvsched_core::ids::RequestId;
 use kvsched_core::kv::{PageMove, Tier};
+use kvsched_core::storage::Storage;
 use kvsched_core::{AdapterPool, SchedulerOutput};
 
 use crate::error::MemError;
@@ -323,12 +324,12 @@ impl AdapterSlots {
     /// ```
     ///
     /// [`Scheduler::take_adapter_evictions`]: kvsched_core::Scheduler::take_adapter_evictions
-    pub fn apply_plan<S: AdapterMemory + ?Sized, const T: usize, const N: usize>(
+    pub fn apply_plan<S: AdapterMemory + ?Sized, const T: usize, const N: usize, St: Storage>(
         &mut self,
         store: &mut S,
         pool: &AdapterPool<T>,
         evicted: &[TaskRef],
-        out: &SchedulerOutput<N>,
+        out: &SchedulerOutput<N, St>,
     ) -> Result<AdapterUploads, MemError> {
         self.apply_checked(store, pool, evicted, out.adapter_loads())
     }

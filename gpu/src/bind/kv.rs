@@ -4,6 +4,7 @@
 use kvsched_core::kv::{PageMove, Tier};
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, SeqState};
+use kvsched_core::storage::{Buffers, Storage};
 
 use crate::error::MemError;
 use crate::page::{CopyEvent, KvMemory};
@@ -113,8 +114,8 @@ pub struct KvPages {
 /// The scheduled requests that get a block-table row, in row order: the context chunks (their
 /// [`Chunk::listed`](kvsched_core::output::Chunk::listed)), then the generation steps (the batch
 /// layout of [`SchedulerOutput`]). Encoder requests have no decoder KV and get no row.
-pub fn block_table_rows<const N: usize>(
-    out: &SchedulerOutput<N>,
+pub fn block_table_rows<const N: usize, S: Storage>(
+    out: &SchedulerOutput<N, S>,
 ) -> impl Iterator<Item = Listed> + '_ {
     let context = out.context().iter().map(|chunk| chunk.listed);
     context.chain(out.generation().iter().copied())
@@ -267,10 +268,10 @@ impl KvPages {
     /// Refuses a batch with a request whose cache is not active on the GPU (`NotActive`; the pass
     /// never produces one) and, through the store, more requests than block-table rows or a table
     /// longer than a row. Nothing is uploaded then.
-    pub fn stage_tables<M: KvMemory + ?Sized, const N: usize>(
+    pub fn stage_tables<M: KvMemory + ?Sized, B: Buffers, const N: usize, S: Storage>(
         &mut self,
-        pool: &KvPool<'_>,
-        out: &SchedulerOutput<N>,
+        pool: &KvPool<'_, B>,
+        out: &SchedulerOutput<N, S>,
         mem: &mut M,
     ) -> Result<StagedTables, MemError> {
         let mut rows = 0u32;
