@@ -561,7 +561,7 @@ fn simulate(cli: &Cli) -> Result<(), (ExitCode, String)> {
             "kvsched simulate --sweep: {source}\n\n{}",
             sweep.table(&reports)
         );
-        let all = serde_json::Value::from_iter(reports.iter().map(Report::json));
+        let all: serde_json::Value = reports.iter().map(Report::json).collect();
         (all, sweep.plot(&reports, source))
     } else {
         print!("{}", reports[0].table(cli.opts.check));

@@ -38,7 +38,7 @@ impl Visit for Group<'_> {
                     timed += t.elapsed();
                 });
                 timed
-            })
+            });
         });
         let bench = Bench::<N, T>::build(s);
         g.bench_function("floor", |b| b.iter(|| black_box(bench.floor())));

@@ -586,17 +586,16 @@ impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
         }
         black_box(self.sched.take_moves().len());
         let got = Outcome::of(out);
-        if got != self.expect {
-            panic!(
-                "{}: outcome {got} (resumed {}, loads {}), expected {} (resumed {}, loads {})",
-                self.scenario.name(),
-                got.resumed,
-                got.adapter_loads,
-                self.expect,
-                self.expect.resumed,
-                self.expect.adapter_loads
-            );
-        }
+        assert!(
+            got == self.expect,
+            "{}: outcome {got} (resumed {}, loads {}), expected {} (resumed {}, loads {})",
+            self.scenario.name(),
+            got.resumed,
+            got.adapter_loads,
+            self.expect,
+            self.expect.resumed,
+            self.expect.adapter_loads
+        );
     }
 
     /// The floor pass: reads each request record once and sums its token cost.

@@ -33,19 +33,28 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
     unsafe {
         let mut e: *mut Engine = std::ptr::null_mut();
         assert_eq!(
-            kvsched_engine_new(std::ptr::null(), &mut e),
+            kvsched_engine_new(std::ptr::null(), &raw mut e),
             KvschedStatus::NullPointer
         );
         let mut c = kvsched_config_default();
         c.max_requests = KVSCHED_MAX_REQUESTS + 1;
-        assert_eq!(kvsched_engine_new(&c, &mut e), KvschedStatus::Invalid);
+        assert_eq!(
+            kvsched_engine_new(&raw const c, &raw mut e),
+            KvschedStatus::Invalid
+        );
         assert!(e.is_null() && last_error().contains("max_requests"));
         c = kvsched_config_default();
         c.gpu_pages = 0;
-        assert_eq!(kvsched_engine_new(&c, &mut e), KvschedStatus::Invalid);
+        assert_eq!(
+            kvsched_engine_new(&raw const c, &raw mut e),
+            KvschedStatus::Invalid
+        );
         c = kvsched_config_default();
         c.max_blocks_per_request = 4;
-        assert_eq!(kvsched_engine_new(&c, &mut e), KvschedStatus::Ok);
+        assert_eq!(
+            kvsched_engine_new(&raw const c, &raw mut e),
+            KvschedStatus::Ok
+        );
 
         // Too large for a page table of 4 pages of 32 tokens.
         assert_eq!(
@@ -64,14 +73,14 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
         lora.has_lora = 1;
         lora.lora_task = 7;
         assert_eq!(
-            kvsched_submit(e, &lora, std::ptr::null(), 0),
+            kvsched_submit(e, &raw const lora, std::ptr::null(), 0),
             KvschedStatus::Adapter
         );
         // A kind that does not exist.
         let mut odd = request(3, 64);
         odd.kind = 9;
         assert_eq!(
-            kvsched_submit(e, &odd, std::ptr::null(), 0),
+            kvsched_submit(e, &raw const odd, std::ptr::null(), 0),
             KvschedStatus::Invalid
         );
         assert_eq!(kvsched_len(e), 0);
@@ -90,7 +99,7 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
         // A step completed before any pass.
         assert_eq!(kvsched_complete_step(e), KvschedStatus::StaleOutput);
         let mut out = std::mem::zeroed::<KvschedOutput>();
-        assert_eq!(kvsched_schedule(e, &mut out), KvschedStatus::Ok);
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
         assert_eq!(out.n_context, 1);
         let entry = *out.context;
         assert_eq!((entry.id, entry.tokens, entry.last), (1, 64, 1));
@@ -100,12 +109,12 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
         );
         let (mut pages, mut n) = (std::ptr::null(), 0usize);
         assert_eq!(
-            kvsched_page_table(e, 1, &mut pages, &mut n),
+            kvsched_page_table(e, 1, &raw mut pages, &raw mut n),
             KvschedStatus::Ok
         );
         assert_eq!(n, 2, "64 prompt tokens in 32-token pages");
         assert_eq!(
-            kvsched_page_table(e, 5, &mut pages, &mut n),
+            kvsched_page_table(e, 5, &raw mut pages, &raw mut n),
             KvschedStatus::UnknownRequest
         );
         assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
@@ -134,13 +143,16 @@ fn an_engine_is_built_and_driven_on_a_small_stack() {
             let mut engine = std::ptr::null_mut();
             // SAFETY: valid pointers; the engine is freed once, below.
             unsafe {
-                assert_eq!(kvsched_engine_new(&config, &mut engine), KvschedStatus::Ok);
+                assert_eq!(
+                    kvsched_engine_new(&raw const config, &raw mut engine),
+                    KvschedStatus::Ok
+                );
                 assert_eq!(
                     kvsched_submit(engine, &request(1, 64), std::ptr::null(), 0),
                     KvschedStatus::Ok
                 );
                 let mut out = std::mem::zeroed();
-                assert_eq!(kvsched_schedule(engine, &mut out), KvschedStatus::Ok);
+                assert_eq!(kvsched_schedule(engine, &raw mut out), KvschedStatus::Ok);
                 assert_eq!(out.n_context, 1);
                 kvsched_engine_free(engine);
             }

@@ -99,6 +99,8 @@ impl<'de, T: ByName> Deserialize<'de> for Named<T> {
     }
 }
 
+// Absent and `null` differ here (keep the field vs clear it): the double option is the point.
+#[allow(clippy::option_option)]
 fn double<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> Result<Option<Option<T>>, D::Error> {

@@ -406,19 +406,19 @@ impl KvBackend for ScriptedKv {
                     st.released.insert(id);
                 }
             }
-        })
+        });
     }
     fn free(&mut self, r: KvRef) {
         self.with(|st| {
             let id = st.record(KvCall::FreeResources, r, None);
             st.drop_cache(id);
-        })
+        });
     }
     fn preempt(&mut self, r: KvRef) {
         self.with(|st| {
             let id = st.record(KvCall::Preempt, r, None);
             st.drop_cache(id);
-        })
+        });
     }
     /// The format has no pages: nothing moves.
     fn take_moves(&mut self) -> &[PageMove] {
@@ -616,7 +616,7 @@ impl ScriptedPeft {
 
     /// Marks the tasks that hold leases at the start as resident on the device.
     pub fn load_leased(&self) {
-        for t in self.state.borrow_mut().tasks.iter_mut() {
+        for t in &mut self.state.borrow_mut().tasks {
             if t.active > 0 {
                 t.on_device = true;
             }
@@ -717,7 +717,7 @@ impl PeftBackend for ScriptedPeft {
                 }
                 t.last_use = st.clock;
             }
-        })
+        });
     }
     fn ensure_batch(
         &mut self,

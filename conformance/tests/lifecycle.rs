@@ -57,7 +57,7 @@ fn seeds_reproduction(victim: bool) {
         ids.insert(0, kvsched_conformance::scenario::PerId::Seq(vec![true]));
         Outcomes::ById {
             ids,
-            after_released: Default::default(),
+            after_released: std::collections::BTreeMap::default(),
             otherwise: true,
         }
     } else {
@@ -68,7 +68,7 @@ fn seeds_reproduction(victim: bool) {
         );
         Outcomes::ById {
             ids,
-            after_released: Default::default(),
+            after_released: std::collections::BTreeMap::default(),
             otherwise: true,
         }
     };

@@ -32,7 +32,7 @@ use kvsched_gpu::{
 /// A move of page `src` of tier `from` to page `dst` of the other tier (no request: a benchmark).
 fn page_move(from: Tier, src: u32, dst: u32) -> PageMove {
     PageMove {
-        request: Default::default(),
+        request: kvsched_core::ids::RequestId::default(),
         from,
         src,
         dst,
@@ -63,7 +63,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--pages" => args.pages = value()?.parse().map_err(|e| format!("--pages: {e}"))?,
             "--page-kib" => {
-                args.page_kib = value()?.parse().map_err(|e| format!("--page-kib: {e}"))?
+                args.page_kib = value()?.parse().map_err(|e| format!("--page-kib: {e}"))?;
             }
             "--iters" => args.iters = value()?.parse().map_err(|e| format!("--iters: {e}"))?,
             "--host" => args.host = true,

@@ -156,7 +156,7 @@ mod tests {
 
     fn mv(src: u32, dst: u32) -> PageMove {
         PageMove {
-            request: Default::default(),
+            request: kvsched_core::ids::RequestId::default(),
             from: Tier::Gpu,
             src,
             dst,

@@ -28,7 +28,7 @@ pub(crate) fn driver_has_batched_copy() -> bool {
     let mut version = 0;
     // SAFETY: writes one int through a valid pointer; only called once a driver is loaded (a store
     // exists, so `open_device` succeeded).
-    let ok = unsafe { sys::cuDriverGetVersion(&mut version) }.result();
+    let ok = unsafe { sys::cuDriverGetVersion(&raw mut version) }.result();
     ok.is_ok() && version >= 12080
 }
 
@@ -97,10 +97,10 @@ impl BatchedCopy {
                     self.sources.as_mut_ptr(),
                     self.sizes.as_mut_ptr(),
                     self.sizes.len(),
-                    &mut attributes,
-                    &mut first,
+                    &raw mut attributes,
+                    &raw mut first,
                     1,
-                    &mut failed,
+                    &raw mut failed,
                     stream.cu_stream(),
                 )
             }
@@ -140,10 +140,10 @@ impl CopyKernel {
         let name = CString::new(KERNEL_NAME).expect("the name has no NUL byte");
         let mut module = std::ptr::null_mut();
         // SAFETY: `ptx` is a NUL-terminated PTX text, which the driver reads during the call.
-        unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) }.result()?;
+        unsafe { sys::cuModuleLoadData(&raw mut module, ptx.as_ptr().cast()) }.result()?;
         let mut function = std::ptr::null_mut();
         // SAFETY: `module` was just loaded; `name` is NUL-terminated.
-        let found = unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) };
+        let found = unsafe { sys::cuModuleGetFunction(&raw mut function, module, name.as_ptr()) };
         if let Err(e) = found.result() {
             // SAFETY: the module was loaded above and nothing else refers to it.
             let _ = unsafe { sys::cuModuleUnload(module) };
@@ -203,8 +203,8 @@ impl CopyKernel {
             let mut table = self.descriptors_device + (half * CHUNK * 3 * 8) as u64;
             let mut count = n as u64;
             let mut params = [
-                (&mut table as *mut sys::CUdeviceptr).cast::<c_void>(),
-                (&mut count as *mut u64).cast::<c_void>(),
+                (&raw mut table).cast::<c_void>(),
+                (&raw mut count).cast::<c_void>(),
             ];
             self.ctx.bind_to_thread()?;
             // SAFETY: the kernel takes (u64 table address, u64 count), which `params` points at for the
@@ -252,7 +252,7 @@ pub(crate) fn mapped_address(host: *mut c_void) -> Result<sys::CUdeviceptr, MemE
     let mut device = 0;
     // SAFETY: `host` is the start of a live pinned allocation made with the device-map flag; the call
     // writes one device pointer.
-    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result()?;
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&raw mut device, host, 0) }.result()?;
     Ok(device)
 }
 

@@ -581,7 +581,9 @@ mod tests {
     #[test]
     fn page_piece_math() {
         let pieces = |shape: PoolShape, tier, page| {
-            shape.page_pieces(tier, page).map(|p| p.collect::<Vec<_>>())
+            shape
+                .page_pieces(tier, page)
+                .map(std::iter::Iterator::collect::<Vec<_>>)
         };
         let shape = PoolShape::new(100, 3, 2);
         let single = |r: Range<usize>| Ok(std::iter::once(r).collect::<Vec<_>>());

@@ -197,7 +197,8 @@ impl Scheduler {
     /// its prompt's block hashes, one per full page, for prefix reuse.
     #[pyo3(signature = (id, prompt, *, max_new_tokens=0, lora_task=None, beam=1, draft=0,
         kind="plain", hashes=None, cache_salt=0, priority=0, arrival=0))]
-    #[allow(clippy::too_many_arguments)]
+    // PyO3 hands the arguments over owned.
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn submit(
         &mut self,
         id: u64,

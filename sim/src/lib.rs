@@ -669,9 +669,12 @@ impl Replica {
         let kv_cfg = self.kv_cfg;
         // Pools owning their buffers, with a prefix cache when the options reuse prefixes.
         let prefix = self.prefix;
-        let pool = |cfg| match prefix {
-            true => KvPool::<'s, Owned>::owned_with_prefix_cache(cfg),
-            false => KvPool::owned(cfg),
+        let pool = |cfg| {
+            if prefix {
+                KvPool::<'s, Owned>::owned_with_prefix_cache(cfg)
+            } else {
+                KvPool::owned(cfg)
+            }
         };
         let mut target = pool(kv_cfg).map_err(opt)?;
         if self.unified {

@@ -628,7 +628,7 @@ impl PeftBackend for FaultPeft {
     fn max_device_pages(&self) -> u32 {
         self.inner
             .as_ref()
-            .map_or(u32::MAX, |p| p.max_device_pages())
+            .map_or(u32::MAX, kvsched_core::PeftBackend::max_device_pages)
     }
     fn lookup(&self, task: TaskId) -> Option<TaskRef> {
         self.inner.as_ref()?.lookup(task)
@@ -1009,7 +1009,7 @@ impl<'a> Harness<'a> {
                     0
                 };
                 let shape = (prompt, out_len, lora, draft, snap_every);
-                self.submit(shape, duplicate, family, encoder, None)?
+                self.submit(shape, duplicate, family, encoder, None)?;
             }
             Op::Disagg {
                 prompt,
@@ -1018,7 +1018,7 @@ impl<'a> Harness<'a> {
                 generation,
             } => {
                 let shape = (prompt, out_len, lora, 0, 0);
-                self.submit(shape, false, Some(1), 0, Some(generation))?
+                self.submit(shape, false, Some(1), 0, Some(generation))?;
             }
             Op::EndTransfer { pick: p, delivered } => {
                 if let Some(i) = pick(&self.live, p) {
@@ -2120,23 +2120,22 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
 
 /// The adapter cache of a decoded setup (with unified paging a task's pages are capped by `gpu_pages`).
 fn decode_peft(r: &mut Bytes<'_>, gpu_pages: u32) -> Option<PeftSetup> {
-    match r.byte() % 2 {
-        0 => None,
-        _ => {
-            let device_pages = 1 + u32::from(r.byte() % 12);
-            let host_pages = 1 + u32::from(r.byte() % 16);
-            let unified = device_pages % 3 == 0;
-            let device = if unified { gpu_pages } else { device_pages };
-            let cap = device.min(host_pages);
-            let tasks = 1 + r.byte() as usize % T;
-            let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
-            Some(PeftSetup {
-                device_pages,
-                host_pages,
-                task_pages,
-                unified,
-            })
-        }
+    if r.byte() % 2 == 0 {
+        None
+    } else {
+        let device_pages = 1 + u32::from(r.byte() % 12);
+        let host_pages = 1 + u32::from(r.byte() % 16);
+        let unified = device_pages % 3 == 0;
+        let device = if unified { gpu_pages } else { device_pages };
+        let cap = device.min(host_pages);
+        let tasks = 1 + r.byte() as usize % T;
+        let task_pages = (0..tasks).map(|_| 1 + u32::from(r.byte()) % cap).collect();
+        Some(PeftSetup {
+            device_pages,
+            host_pages,
+            task_pages,
+            unified,
+        })
     }
 }
 

@@ -511,6 +511,7 @@ mod tests {
 
     /// The engine's source of weights: task 0's are 1,1,1,1,2 (padded), task 1's twelve 3s, task 2's
     /// four 9s.
+    #[allow(clippy::unnecessary_wraps)] // the binding's weight source returns a Result
     fn weights(task: TaskRef, buf: &mut [u8]) -> Result<(), MemError> {
         let w: &[u8] = match task.slot {
             0 => &[1, 1, 1, 1, 2],
