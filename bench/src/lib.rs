@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
-use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::config::{Admission, ChunkPolicy, Chunking, Config};
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::kv_set::{DraftMode, KvSet};
@@ -329,18 +329,13 @@ impl Scenario {
                 policy: ChunkPolicy::FirstComeFirstServed,
                 unit: 64,
             }),
-            policy: CapacityPolicy::MaxUtilization,
-            recompute_pause: true,
-            prefix_aware: true,
-            window: Window::Decoder,
-            deadlock_threshold: 1000,
-            blocked_fast_path: true,
             admission: if self == Scenario::S7 {
                 Admission::VTC
             } else {
                 Admission::Fcfs
             },
-            drain_after: 256,
+            // The reference's defaults: MAX_UTILIZATION, recompute pause, prefix-aware, decoder window.
+            ..Config::DEFAULT
         }
     }
 }
