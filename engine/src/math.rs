@@ -38,11 +38,17 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) 
     }
 }
 
-/// `silu(gate) * up`, element by element, into `gate`.
-pub(crate) fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// `silu(gate) * up` of rows `[gate | up]` (`2 * width` wide), element by element, packed into
+/// the front of `rows` (`width` wide rows); returns that front.
+pub(crate) fn swiglu(rows: &mut [f32], width: usize) -> &[f32] {
+    let n = rows.len() / (2 * width);
+    for r in 0..n {
+        for i in 0..width {
+            let (g, u) = (rows[r * 2 * width + i], rows[r * 2 * width + width + i]);
+            rows[r * width + i] = g / (1.0 + (-g).exp()) * u;
+        }
     }
+    &rows[..n * width]
 }
 
 /// Cosines and sines of the rotary embedding for every position of the context.

@@ -39,8 +39,16 @@ fn assert_row_invariant(what: &str, k: usize, n: usize, f: impl Fn(&[f32]) -> Ve
 #[test]
 fn q8_0_matmul_rows_are_batch_invariant_synthetic() {
     kvsched_engine::init_threads(1);
-    // The model's shapes: k = 576 takes candle's vec-dot path, k = 1536 its repacked tiles.
-    for (k, n) in [(576, 192), (576, 1536), (1536, 576), (576, 49152 / 16)] {
+    // The model's shapes: k = 576 takes candle's vec-dot path, multiples of 256 its repacked
+    // tiles (where the CPU has VNNI; the engine pads 576 to 768 there).
+    for (k, n) in [
+        (576, 192),
+        (576, 960),
+        (768, 960),
+        (768, 3072),
+        (1536, 576),
+        (768, 3072),
+    ] {
         let mut rng = Rng(k as u64 * 7 + n as u64);
         let w: Vec<f32> = (0..n * k).map(|_| rng.unit() * 0.1).collect();
         let w = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
@@ -64,9 +72,9 @@ fn the_models_matmuls_are_batch_invariant() {
     let c = model.config();
     let (e, f) = (c.embedding, c.feed_forward);
     for (weight, k, n) in [
-        (Weight::Q, e, e),
-        (Weight::K, e, c.kv_dim()),
-        (Weight::Up, e, f),
+        (Weight::Qkv, e, e + 2 * c.kv_dim()),
+        (Weight::O, e, e),
+        (Weight::GateUp, e, 2 * f),
         (Weight::Down, f, e),
         (Weight::Output, e, c.vocab),
     ] {
