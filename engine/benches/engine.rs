@@ -9,7 +9,9 @@
 //! (`KVSCHED_BENCH_THREADS`; set it to run one count only). Throughput is in tokens (criterion's
 //! "elem/s"): one per sequence per decode step, 128 per prefill.
 
-use std::path::PathBuf;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,18 +21,6 @@ use kvsched_engine::{Batch, BlockTableShape, HostKvStore, Message, Model, Sequen
 const CONTEXT: usize = 64;
 const PREFILL: usize = 128;
 const BATCH: usize = 8;
-
-fn model_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("KVSCHED_MODEL") {
-        return Some(PathBuf::from(p));
-    }
-    let cache = std::env::var_os("KVSCHED_MODEL_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
-        })?;
-    Some(cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")).filter(|p| p.is_file())
-}
 
 fn main() {
     let Some(threads) = std::env::var("KVSCHED_BENCH_THREADS").ok() else {
@@ -48,8 +38,7 @@ fn main() {
         return;
     };
     let threads: usize = threads.parse().expect("KVSCHED_BENCH_THREADS is a number");
-    let Some(path) = model_path() else {
-        println!("skipped: run scripts/fetch-model.sh");
+    let Some(path) = common::model_path() else {
         return;
     };
     let in_force = kvsched_engine::init_threads(threads);

@@ -3,7 +3,7 @@
 //! presence, type, shape and byte range.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -98,7 +98,7 @@ impl Gguf {
                 found,
             });
         }
-        let mut file = File::open(path).map_err(io)?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
         let content = Content::read(&mut file).map_err(|e| EngineError::Corrupt {
             path: path.to_path_buf(),
             reason: one_line(&e.to_string()),
