@@ -47,3 +47,29 @@ fn the_capital_of_france_is_paris() {
     }
     assert_eq!(out, answer);
 }
+
+#[test]
+fn the_hyper_parameters_come_from_the_metadata() {
+    let Some(model) = common::model() else { return };
+    let c = model.config();
+    assert_eq!(c.architecture, "llama");
+    assert_eq!(
+        (
+            c.blocks,
+            c.embedding,
+            c.feed_forward,
+            c.heads,
+            c.kv_heads,
+            c.head_dim
+        ),
+        (30, 576, 1536, 9, 3, 64)
+    );
+    assert_eq!((c.rope_base, c.rms_eps), (100_000.0, 1e-5));
+    assert_eq!(
+        (c.context_length, c.vocab, c.tied_embeddings),
+        (8192, 49_152, true)
+    );
+    let layout = model.kv_layout(16);
+    assert_eq!(layout.bytes_per_token(), 2 * 30 * 192 * 4);
+    assert_eq!(layout.pool_shape(4, 2).piece_bytes(), layout.piece_bytes());
+}
