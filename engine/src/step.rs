@@ -1,0 +1,278 @@
+//! The paged step: a packed batch of prefill chunks and decode tokens, whose attention reads each
+//! sequence's past from the pages of its table in a [`HostKvStore`] and whose new keys and values
+//! are written into those pages.
+
+use std::collections::HashMap;
+
+use kvsched_gpu::{HostKvStore, PageStore, Tier};
+
+use crate::error::{EngineError, Result};
+use crate::kv::{gather, scatter, KvLayout};
+use crate::lora::Lora;
+use crate::model::{Context, Model, Span};
+
+/// One sequence's part of a step: a prefill chunk (several tokens) or a decode token.
+#[derive(Clone, Copy, Debug)]
+pub struct Sequence<'a> {
+    /// The tokens to run, at positions `start..start + tokens.len()` (at least one).
+    pub tokens: &'a [u32],
+    /// The position of the first token: the positions before it are in the pages already.
+    pub start: usize,
+    /// The sequence's page table: GPU page ids of the KV store, position `p` in entry
+    /// `p / tokens_per_block`. It must cover `start + tokens.len()` positions; entries past that
+    /// are not looked at.
+    pub pages: &'a [u32],
+    /// Whether the step returns the logits of the chunk's last token.
+    pub logits: bool,
+    /// The sequence's LoRA adapter: the GPU (device) pages of the adapter store that hold its
+    /// weights, in weight order ([`crate::Lora`]'s format); `None` for the base model.
+    pub adapter: Option<&'a [u32]>,
+}
+
+/// The sequences of one step, in row order.
+#[derive(Clone, Debug, Default)]
+pub struct Batch<'a> {
+    /// The sequences.
+    pub sequences: Vec<Sequence<'a>>,
+}
+
+impl<'a> Batch<'a> {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a sequence.
+    pub fn push(&mut self, sequence: Sequence<'a>) -> &mut Self {
+        self.sequences.push(sequence);
+        self
+    }
+
+    /// Rows (tokens) in the batch.
+    pub fn rows(&self) -> usize {
+        self.sequences.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// The logits a step returned: one vocabulary-wide row for each sequence that asked.
+#[derive(Clone, Debug)]
+pub struct Logits {
+    vocab: usize,
+    data: Vec<f32>,
+    rows: Vec<Option<usize>>,
+}
+
+impl Logits {
+    /// The logits of sequence `index` of the batch (`None` when it did not ask for them).
+    pub fn get(&self, index: usize) -> Option<&[f32]> {
+        let r = (*self.rows.get(index)?)?;
+        Some(&self.data[r * self.vocab..(r + 1) * self.vocab])
+    }
+
+    /// The greedy token of sequence `index`.
+    pub fn argmax(&self, index: usize) -> Option<u32> {
+        self.get(index).map(crate::math::argmax)
+    }
+
+    /// Vocabulary width of a row.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+}
+
+/// The paged context: past keys and values gathered from the pages, the step's own appended.
+struct Paged<'s> {
+    store: &'s HostKvStore,
+    layout: KvLayout,
+    batch: &'s Batch<'s>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Context for Paged<'_> {
+    fn context(
+        &mut self,
+        span: usize,
+        layer: usize,
+        new_k: &[f32],
+        new_v: &[f32],
+    ) -> Result<(&[f32], &[f32])> {
+        let s = &self.batch.sequences[span];
+        self.k.clear();
+        self.v.clear();
+        gather(
+            self.store,
+            &self.layout,
+            s.pages,
+            layer,
+            s.start,
+            &mut self.k,
+            &mut self.v,
+        )?;
+        self.k.extend_from_slice(new_k);
+        self.v.extend_from_slice(new_v);
+        Ok((&self.k, &self.v))
+    }
+}
+
+fn refuse<T>(why: String) -> Result<T> {
+    Err(EngineError::Batch(why))
+}
+
+impl Model {
+    /// Runs one step over `batch`: the projections and MLP over all rows at once, rope at each
+    /// row's position, and attention of each row over its sequence's positions, reading the past
+    /// from the pages of its table in the GPU tier of `kv` (summing in position order, so the
+    /// result does not depend on how the sequence was chunked or batched). The new keys and values
+    /// are written into the pages at their positions. Adapters are read from `adapters`' GPU tier.
+    ///
+    /// The batch is checked first, and refused whole (nothing computed, nothing written): an empty
+    /// batch or sequence, a token outside the vocabulary, positions past the context length, a
+    /// page table too short or with a page out of range or repeated, a page written by one
+    /// sequence and in another's table, an adapter without an adapter store, a store whose shape
+    /// does not fit the model.
+    pub fn step(
+        &self,
+        batch: &Batch<'_>,
+        kv: &mut HostKvStore,
+        adapters: Option<&dyn PageStore>,
+    ) -> Result<Logits> {
+        let layout = KvLayout::of_shape(self.config(), kv.shape())?;
+        self.check(batch, &layout, kv.shape().gpu_pages, adapters)?;
+        let mut tokens = Vec::with_capacity(batch.rows());
+        let mut spans = Vec::with_capacity(batch.sequences.len());
+        let mut loras: Vec<Lora> = Vec::new();
+        let mut lora_of: HashMap<&[u32], usize> = HashMap::new();
+        let mut rows = vec![None; batch.sequences.len()];
+        let mut logit_rows = Vec::new();
+        let mut buf = Vec::new();
+        for (i, s) in batch.sequences.iter().enumerate() {
+            let adapter = match (s.adapter, adapters) {
+                (Some(pages), Some(store)) => Some(match lora_of.get(pages) {
+                    Some(&a) => a,
+                    None => {
+                        let lora =
+                            Lora::read_pages(self.config(), store, Tier::Gpu, pages, &mut buf)?;
+                        loras.push(lora);
+                        lora_of.insert(pages, loras.len() - 1);
+                        loras.len() - 1
+                    }
+                }),
+                _ => None,
+            };
+            spans.push(Span {
+                start: s.start,
+                row0: tokens.len(),
+                len: s.tokens.len(),
+                adapter,
+            });
+            tokens.extend_from_slice(s.tokens);
+            if s.logits {
+                rows[i] = Some(logit_rows.len());
+                logit_rows.push(tokens.len() - 1);
+            }
+        }
+        let mut ctx = Paged {
+            store: kv,
+            layout,
+            batch,
+            k: Vec::new(),
+            v: Vec::new(),
+        };
+        let (data, step) = self.forward(&tokens, &spans, &loras, &mut ctx, &logit_rows)?;
+        for (s, span) in batch.sequences.iter().zip(&spans) {
+            scatter(
+                kv, &layout, s.pages, s.start, span.len, span.row0, &step.k, &step.v, &mut buf,
+            )?;
+        }
+        Ok(Logits {
+            vocab: self.config().vocab,
+            data,
+            rows,
+        })
+    }
+
+    fn check(
+        &self,
+        batch: &Batch<'_>,
+        layout: &KvLayout,
+        gpu_pages: u32,
+        adapters: Option<&dyn PageStore>,
+    ) -> Result<()> {
+        let c = self.config();
+        if batch.sequences.is_empty() {
+            return refuse("no sequences".into());
+        }
+        let mut written: HashMap<u32, usize> = HashMap::new();
+        for (i, s) in batch.sequences.iter().enumerate() {
+            let end = s.start + s.tokens.len();
+            if s.tokens.is_empty() {
+                return refuse(format!("sequence {i} has no tokens"));
+            }
+            if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return refuse(format!(
+                    "sequence {i}: token {t} is outside the vocabulary of {}",
+                    c.vocab
+                ));
+            }
+            if end > c.context_length {
+                return refuse(format!(
+                    "sequence {i}: positions up to {end} exceed the context length {}",
+                    c.context_length
+                ));
+            }
+            let used = layout.pages_for(end);
+            if s.pages.len() < used {
+                return refuse(format!(
+                    "sequence {i}: {end} positions need {used} pages of {}, the table has {}",
+                    layout.tokens_per_block,
+                    s.pages.len()
+                ));
+            }
+            let table = &s.pages[..used];
+            if let Some(p) = table.iter().find(|&&p| p >= gpu_pages) {
+                return refuse(format!(
+                    "sequence {i}: page {p} is outside the {gpu_pages} GPU pages"
+                ));
+            }
+            let mut seen = std::collections::HashSet::with_capacity(used);
+            if let Some(p) = table.iter().find(|&&p| !seen.insert(p)) {
+                return refuse(format!("sequence {i}: page {p} appears twice in its table"));
+            }
+            for &p in &table[s.start / layout.tokens_per_block..] {
+                if let Some(j) = written.insert(p, i) {
+                    return refuse(format!("page {p} is written by sequences {j} and {i}"));
+                }
+            }
+            if s.adapter.is_some() && adapters.is_none() {
+                return refuse(format!(
+                    "sequence {i} has an adapter but no adapter store was given"
+                ));
+            }
+            if let (Some(pages), Some(store)) = (s.adapter, adapters) {
+                let n = store.shape().gpu_pages;
+                if pages.is_empty() {
+                    return refuse(format!("sequence {i}: its adapter has no pages"));
+                }
+                if let Some(p) = pages.iter().find(|&&p| p >= n) {
+                    return refuse(format!(
+                        "sequence {i}: adapter page {p} is outside the {n} device pages"
+                    ));
+                }
+            }
+        }
+        for (i, s) in batch.sequences.iter().enumerate() {
+            let used = layout.pages_for(s.start + s.tokens.len());
+            if let Some(p) = s.pages[..used]
+                .iter()
+                .find(|p| written.get(p).is_some_and(|&w| w != i))
+            {
+                return refuse(format!(
+                    "page {p} is in sequence {i}'s table and written by sequence {}",
+                    written[p]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
