@@ -112,7 +112,7 @@ fn bench(c: &mut Criterion, model: &Model, threads: usize) {
                     });
                 }
                 model.step(&batch, &mut kv, None).unwrap()
-            })
+            });
         });
     }
     let long = context(model, PREFILL);
@@ -128,7 +128,7 @@ fn bench(c: &mut Criterion, model: &Model, threads: usize) {
                 adapter: None,
             });
             model.step(&batch, &mut kv, None).unwrap()
-        })
+        });
     });
     group.finish();
 }

@@ -162,7 +162,7 @@ pub(crate) struct StepKv {
     pub(crate) v: Vec<Vec<f32>>,
 }
 
-fn load_err(g: &Gguf, name: &str, e: candle_core::Error) -> EngineError {
+fn load_err(g: &Gguf, name: &str, e: &candle_core::Error) -> EngineError {
     let message = e.to_string();
     g.corrupt(format!(
         "tensor {name}: {}",
@@ -220,7 +220,7 @@ impl Model {
         let t = g
             .content
             .tensor(&mut g.file, name, &Device::Cpu)
-            .map_err(|e| load_err(g, name, e))?;
+            .map_err(|e| load_err(g, name, &e))?;
         if t.dtype() == GgmlDType::Q8_0 {
             return Ok(t);
         }
@@ -241,7 +241,7 @@ impl Model {
             let t = g
                 .content
                 .tensor(&mut g.file, name, &Device::Cpu)
-                .map_err(|e| load_err(g, name, e))?;
+                .map_err(|e| load_err(g, name, &e))?;
             let t = if t.dtype() == GgmlDType::Q8_0 {
                 t
             } else {
@@ -257,7 +257,7 @@ impl Model {
         let t = g
             .content
             .tensor(&mut g.file, name, &Device::Cpu)
-            .map_err(|e| load_err(g, name, e))?;
+            .map_err(|e| load_err(g, name, &e))?;
         Ok(t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?)
     }
 

@@ -148,15 +148,13 @@ impl Model {
         let mut buf = Vec::new();
         for (i, s) in batch.sequences.iter().enumerate() {
             let adapter = match (s.adapter, adapters) {
-                (Some(pages), Some(store)) => Some(match lora_of.get(pages) {
-                    Some(&a) => a,
-                    None => {
-                        let lora =
-                            Lora::read_pages(self.config(), store, Tier::Gpu, pages, &mut buf)?;
-                        loras.push(lora);
-                        lora_of.insert(pages, loras.len() - 1);
-                        loras.len() - 1
-                    }
+                (Some(pages), Some(store)) => Some(if let Some(&a) = lora_of.get(pages) {
+                    a
+                } else {
+                    let lora = Lora::read_pages(self.config(), store, Tier::Gpu, pages, &mut buf)?;
+                    loras.push(lora);
+                    lora_of.insert(pages, loras.len() - 1);
+                    loras.len() - 1
                 }),
                 _ => None,
             };

@@ -128,16 +128,14 @@ impl Tokenizer {
             )));
         }
         let id = |key: &str| -> Result<Option<u32>> {
-            match g.content.metadata.get(key) {
-                None => Ok(None),
-                Some(_) => {
-                    let id = g.usize(key)?;
-                    if id >= tokens.len() {
-                        return Err(g.corrupt(format!("{key} {id} is outside the vocabulary")));
-                    }
-                    Ok(Some(id as u32))
-                }
+            if !g.content.metadata.contains_key(key) {
+                return Ok(None);
             }
+            let id = g.usize(key)?;
+            if id >= tokens.len() {
+                return Err(g.corrupt(format!("{key} {id} is outside the vocabulary")));
+            }
+            Ok(Some(id as u32))
         };
         let eos = id("tokenizer.ggml.eos_token_id")?
             .ok_or_else(|| g.corrupt("metadata key tokenizer.ggml.eos_token_id is missing"))?;

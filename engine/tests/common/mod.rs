@@ -14,27 +14,25 @@ const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The test model: `KVSCHED_MODEL`, else the fetch script's cache path. When it is absent, a test
 /// fails under CI (`CI` set) and is skipped otherwise, saying how to fetch it.
 pub fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("KVSCHED_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let cache = std::env::var_os("KVSCHED_MODEL_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
-                })
-                .unwrap_or_else(|| PathBuf::from(".cache/kvsched/models"));
-            cache.join(FILE)
-        }
+    let path = if let Some(p) = std::env::var_os("KVSCHED_MODEL") {
+        PathBuf::from(p)
+    } else {
+        let cache = std::env::var_os("KVSCHED_MODEL_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
+            })
+            .unwrap_or_else(|| PathBuf::from(".cache/kvsched/models"));
+        cache.join(FILE)
     };
     if path.is_file() {
         return Some(path);
     }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "the test model {} is missing (CI must run scripts/fetch-model.sh first)",
-            path.display()
-        );
-    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "the test model {} is missing (CI must run scripts/fetch-model.sh first)",
+        path.display()
+    );
     // Straight to stderr, past the test harness's capture, so that a skip is seen.
     let _ = writeln!(std::io::stderr(), "skipped: run scripts/fetch-model.sh");
     None
