@@ -13,8 +13,8 @@ use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::error::PeftError;
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{
-    Absent, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange, PageMove,
-    PairedPool, PrefixReuse, Transfers,
+    Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange, PageMove, PairedPool,
+    PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
 };
 
 use crate::scenario::{Outcomes, PerId};
@@ -424,31 +424,26 @@ impl KvBackend for ScriptedKv {
     fn take_moves(&mut self) -> &[PageMove] {
         &[]
     }
-    fn draft(&mut self) -> Option<&mut Absent> {
-        None
+}
+
+/// Transfers while the script has a connector or sends.
+impl Reach<ScriptedKv, TransfersCap> for ScriptedKv {
+    fn reach(k: &Self) -> Option<&Self> {
+        k.with(|st| st.connector || st.sends).then_some(k)
     }
-    fn cross(&mut self) -> Option<&mut Absent> {
-        None
+    fn reach_mut(k: &mut Self) -> Option<&mut Self> {
+        let on = k.with(|st| st.connector || st.sends);
+        on.then_some(k)
     }
-    fn transfers(&mut self) -> Option<&mut Self> {
-        let on = self.with(|st| st.connector || st.sends);
-        on.then_some(self)
+}
+
+/// A prefix cache always (the script's reuse).
+impl Reach<ScriptedKv, PrefixCap> for ScriptedKv {
+    fn reach(k: &Self) -> Option<&Self> {
+        Some(k)
     }
-    fn prefix(&mut self) -> Option<&mut Self> {
-        Some(self)
-    }
-    fn adapters(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn caps(&self) -> Caps<'_, Self> {
-        let transfers = self.with(|st| st.connector || st.sends);
-        Caps {
-            draft: None,
-            cross: None,
-            transfers: transfers.then_some(self),
-            prefix: Some(self),
-            adapters: None,
-        }
+    fn reach_mut(k: &mut Self) -> Option<&mut Self> {
+        Some(k)
     }
 }
 

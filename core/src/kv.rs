@@ -4,8 +4,9 @@
 //! The contract mirrors the scheduler-facing API of the reference KV manager (spec §2), split in two:
 //! [`KvBackend`], what every pool does (prepare, grow, suspend, free, preempt, page moves, and the views
 //! the pass needs), and the capabilities of [`caps`], what only some backends do (a draft pool, a cross
-//! pool, a KV connector, a prefix cache, unified adapter paging), each a trait reached through an
-//! associated type that every backend names. Backends only provide mechanism; lifecycle policy (which
+//! pool, a KV connector, a prefix cache, unified adapter paging), each a trait named by an associated
+//! type that every backend names and reached through [`KvCaps`], blanket-implemented for every backend.
+//! Backends only provide mechanism; lifecycle policy (which
 //! request may be resumed, when a lease is returned) lives in [`crate::request`] and the pass, so a
 //! scripted fake backend cannot break it. Every call is keyed by a [`KvRef`]: the request's dense table
 //! slot (for O(1) indexing) and its id (for recording fakes).
@@ -18,7 +19,8 @@
 pub mod caps;
 
 pub use caps::{
-    Absent, AdapterPaging, CrossPool, DraftPairing, PairedPool, PrefixReuse, Transfers,
+    Absent, AdapterPaging, AdaptersCap, CrossCap, CrossPool, DraftCap, DraftPairing, PairedPool,
+    PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
 };
 
 use crate::ids::RequestId;
@@ -154,7 +156,7 @@ pub struct KvLimits {
 }
 
 /// The KV manager operations every backend has — what the scheduling pass calls on every pool (spec
-/// §2) — and one accessor per capability that only some backends have.
+/// §2) — and the capability types that only some backends have.
 ///
 /// Twelve operations and views: [`limits`](KvBackend::limits) and [`cache`](KvBackend::cache);
 /// [`prepare_context`](KvBackend::prepare_context) and
@@ -164,7 +166,7 @@ pub struct KvLimits {
 /// [`revert_allocate_generation`](KvBackend::revert_allocate_generation) and
 /// [`rewind`](KvBackend::rewind) (growth and its undoing); [`suspend`](KvBackend::suspend),
 /// [`free`](KvBackend::free) and [`preempt`](KvBackend::preempt); [`take_moves`](KvBackend::take_moves).
-/// Then five capability accessors and their read-only view, [`caps`](KvBackend::caps).
+/// Then five associated capability types (not methods); their accessors are [`KvCaps`]'s.
 ///
 /// # The contract
 ///
@@ -174,41 +176,44 @@ pub struct KvLimits {
 ///
 /// # Capabilities
 ///
-/// What only some backends do is a capability: a trait of its own, reached through an associated type
-/// and an accessor that every implementation must write, for every capability:
+/// What only some backends do is a capability: a trait of its own, named by an associated type that
+/// every implementation must write, for every capability, and reached through an accessor of
+/// [`KvCaps`] (blanket-implemented for every backend: no backend writes, overrides or forgets one):
 ///
-/// | capability | type | accessor | what |
-/// |---|---|---|---|
-/// | [`DraftPairing`] | [`KvBackend::Draft`] | [`KvBackend::draft`] | a draft pool paired with the target (speculative decoding) |
-/// | [`CrossPool`] | [`KvBackend::Cross`] | [`KvBackend::cross`] | the encoder output's pool (encoder-decoder models) |
-/// | [`Transfers`] | [`KvBackend::Transfers`] | [`KvBackend::transfers`] | a KV connector and the async transfer manager |
-/// | [`PrefixReuse`] | [`KvBackend::Prefix`] | [`KvBackend::prefix`] | a prefix cache: block hashes, commits, reuse probes |
-/// | [`AdapterPaging`] | [`KvBackend::Adapters`] | [`KvBackend::adapters`] | adapters' device copies in the KV pages (unified paging) |
+/// | capability | type | witness | accessor | what |
+/// |---|---|---|---|---|
+/// | [`DraftPairing`] | [`KvBackend::Draft`] | `Reach<Self, DraftCap>` | [`KvCaps::draft`] | a draft pool paired with the target (speculative decoding) |
+/// | [`CrossPool`] | [`KvBackend::Cross`] | `Reach<Self, CrossCap>` | [`KvCaps::cross`] | the encoder output's pool (encoder-decoder models) |
+/// | [`Transfers`] | [`KvBackend::Transfers`] | `Reach<Self, TransfersCap>` | [`KvCaps::transfers`] | a KV connector and the async transfer manager |
+/// | [`PrefixReuse`] | [`KvBackend::Prefix`] | `Reach<Self, PrefixCap>` | [`KvCaps::prefix`] | a prefix cache: block hashes, commits, reuse probes |
+/// | [`AdapterPaging`] | [`KvBackend::Adapters`] | `Reach<Self, AdaptersCap>` | [`KvCaps::adapters`] | adapters' device copies in the KV pages (unified paging) |
 ///
-/// A backend without a capability names [`Absent`] (an uninhabited type: no value of it exists, so its
-/// accessor can only answer `None`, and the pass's code for the capability compiles away); one with it
-/// names the type that implements it (often `Self`) and answers `Some` — always, or while the
-/// capability is configured (a pool with a prefix cache, a set with a draft pool). Neither associated
-/// types nor the accessors have defaults, so a backend that implements a capability cannot forget to say
-/// so, and one that says so must implement every operation of it: there is no silent default. The pass
-/// reaches a capability only through its accessor (`if let Some(x) = kv.cross() { … }`), or, for a
-/// side-effect-free probe from a `&self` caller, through [`KvBackend::caps`] (whose fields answer as
-/// the accessors do): statically dispatched, no `dyn` on the hot path.
+/// Each associated type is bound by its capability trait and by the witness [`Reach`], keyed by the
+/// capability's marker: the named type says when the backend has it. A backend without a capability
+/// names [`Absent`] (an uninhabited type that reaches `None` from every backend, so the pass's code for
+/// the capability compiles away); one with it names the type that implements it (often `Self`) and
+/// implements the witness for itself, answering `Some` — always, or while the capability is configured
+/// (a pool with a prefix cache, a set with a draft pool). The associated types have no defaults, so a
+/// backend that implements a capability cannot forget to say so, and one that says so must implement
+/// every operation of it and its witness: there is no silent default. The pass reaches a capability
+/// only through its accessor (`if let Some(x) = kv.cross() { … }`), or, for a side-effect-free probe
+/// from a `&self` caller, through [`KvCaps::caps`]: statically dispatched, no `dyn` on the hot path.
+/// The accessors and `caps` both come from the one witness impl, so they agree by construction.
 ///
 /// A pool that is to be paired in a [`crate::kv_set::KvSet`] (target or draft) also implements
 /// [`PairedPool`], the pairing operations the set calls on its members (mirror admission, the resume
 /// preview, the context revert).
 pub trait KvBackend {
     /// The draft pool pairing ([`Absent`]: none).
-    type Draft: DraftPairing;
+    type Draft: DraftPairing + Reach<Self, DraftCap>;
     /// The cross (encoder-output) pool ([`Absent`]: none).
-    type Cross: CrossPool;
+    type Cross: CrossPool + Reach<Self, CrossCap>;
     /// The KV connector and transfer manager ([`Absent`]: none).
-    type Transfers: Transfers;
+    type Transfers: Transfers + Reach<Self, TransfersCap>;
     /// The prefix cache ([`Absent`]: none).
-    type Prefix: PrefixReuse;
+    type Prefix: PrefixReuse + Reach<Self, PrefixCap>;
     /// Unified adapter paging ([`Absent`]: adapters have a device cache of their own).
-    type Adapters: AdapterPaging;
+    type Adapters: AdapterPaging + Reach<Self, AdaptersCap>;
 
     /// The tiers and per-request limits.
     fn limits(&self) -> KvLimits;
@@ -250,34 +255,65 @@ pub trait KvBackend {
     /// a lower tier (or without memory behind it) logs nothing. (A set's draft and cross pools log
     /// theirs apart: [`DraftPairing::take_draft_moves`], [`CrossPool::take_cross_moves`].)
     fn take_moves(&mut self) -> &[PageMove];
-
-    /// The draft pool pairing, when there is one.
-    fn draft(&mut self) -> Option<&mut Self::Draft>;
-    /// The cross pool, when there is one (without one an encoder request cannot run: spec §1.6 step 7).
-    fn cross(&mut self) -> Option<&mut Self::Cross>;
-    /// The KV connector and transfer manager, when attached (spec §1.12).
-    fn transfers(&mut self) -> Option<&mut Self::Transfers>;
-    /// The prefix cache, when there is one (spec §1.10, §2 `probe_context_reuse`).
-    fn prefix(&mut self) -> Option<&mut Self::Prefix>;
-    /// Unified adapter paging, when on.
-    fn adapters(&mut self) -> Option<&mut Self::Adapters>;
-    /// Every capability read-only, for the side-effect-free probes of a `&self` caller (the
-    /// scheduler's invariant check, a set asking its pools): each field is `Some` exactly when its
-    /// accessor above answers `Some`.
-    fn caps(&self) -> Caps<'_, Self>;
 }
 
-/// A backend's capabilities, read-only ([`KvBackend::caps`]).
+/// The capability accessors of every [`KvBackend`], from its witnesses ([`Reach`]):
+/// blanket-implemented, so no backend can leave one out or make one disagree with another. Each is
+/// statically dispatched and inlined: for [`Absent`] it is a constant `None`.
+pub trait KvCaps: KvBackend {
+    /// The draft pool pairing, when there is one.
+    #[inline(always)]
+    fn draft(&mut self) -> Option<&mut Self::Draft> {
+        <Self::Draft as Reach<Self, DraftCap>>::reach_mut(self)
+    }
+    /// The cross pool, when there is one (without one an encoder request cannot run: spec §1.6 step 7).
+    #[inline(always)]
+    fn cross(&mut self) -> Option<&mut Self::Cross> {
+        <Self::Cross as Reach<Self, CrossCap>>::reach_mut(self)
+    }
+    /// The KV connector and transfer manager, when attached (spec §1.12).
+    #[inline(always)]
+    fn transfers(&mut self) -> Option<&mut Self::Transfers> {
+        <Self::Transfers as Reach<Self, TransfersCap>>::reach_mut(self)
+    }
+    /// The prefix cache, when there is one (spec §1.10, §2 `probe_context_reuse`).
+    #[inline(always)]
+    fn prefix(&mut self) -> Option<&mut Self::Prefix> {
+        <Self::Prefix as Reach<Self, PrefixCap>>::reach_mut(self)
+    }
+    /// Unified adapter paging, when on.
+    #[inline(always)]
+    fn adapters(&mut self) -> Option<&mut Self::Adapters> {
+        <Self::Adapters as Reach<Self, AdaptersCap>>::reach_mut(self)
+    }
+    /// Every capability read-only, for the side-effect-free probes of a `&self` caller (the
+    /// scheduler's invariant check, a set asking its pools): each field comes from the same witness as
+    /// its accessor above.
+    #[inline(always)]
+    fn caps(&self) -> Caps<'_, Self> {
+        Caps {
+            draft: <Self::Draft as Reach<Self, DraftCap>>::reach(self),
+            cross: <Self::Cross as Reach<Self, CrossCap>>::reach(self),
+            transfers: <Self::Transfers as Reach<Self, TransfersCap>>::reach(self),
+            prefix: <Self::Prefix as Reach<Self, PrefixCap>>::reach(self),
+            adapters: <Self::Adapters as Reach<Self, AdaptersCap>>::reach(self),
+        }
+    }
+}
+
+impl<K: KvBackend + ?Sized> KvCaps for K {}
+
+/// A backend's capabilities, read-only ([`KvCaps::caps`]).
 pub struct Caps<'a, K: KvBackend + ?Sized> {
-    /// [`KvBackend::draft`].
+    /// [`KvCaps::draft`].
     pub draft: Option<&'a K::Draft>,
-    /// [`KvBackend::cross`].
+    /// [`KvCaps::cross`].
     pub cross: Option<&'a K::Cross>,
-    /// [`KvBackend::transfers`].
+    /// [`KvCaps::transfers`].
     pub transfers: Option<&'a K::Transfers>,
-    /// [`KvBackend::prefix`].
+    /// [`KvCaps::prefix`].
     pub prefix: Option<&'a K::Prefix>,
-    /// [`KvBackend::adapters`].
+    /// [`KvCaps::adapters`].
     pub adapters: Option<&'a K::Adapters>,
 }
 

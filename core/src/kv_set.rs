@@ -39,7 +39,8 @@
 //! rolled-back first chunk frees every pool.
 
 use crate::kv::{
-    CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PairedPool, PrefixReuse,
+    AdaptersCap, CacheState, ContextPrep, CrossCap, DraftCap, KvBackend, KvCaps, KvLimits, KvRef,
+    PageMove, PairedPool, PrefixCap, PrefixReuse, Reach, TransfersCap,
 };
 
 mod caps;
@@ -336,72 +337,53 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
     fn take_moves(&mut self) -> &[PageMove] {
         self.target.take_moves()
     }
-
-    #[inline]
-    fn draft(&mut self) -> Option<&mut Self> {
-        if self.draft.is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn cross(&mut self) -> Option<&mut Self> {
-        if self.cross.is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn transfers(&mut self) -> Option<&mut Self> {
-        if self.target.transfers().is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn prefix(&mut self) -> Option<&mut Self> {
-        let draft = match &mut self.draft {
-            Some((_, d)) => d.prefix().is_some(),
-            None => false,
-        };
-        if draft || self.target.prefix().is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn adapters(&mut self) -> Option<&mut Self> {
-        if self.target.adapters().is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn caps(&self) -> Caps<'_, Self> {
-        let target = self.target.caps();
-        let draft_prefix = self
-            .draft
-            .as_ref()
-            .is_some_and(|(_, d)| d.caps().prefix.is_some());
-        Caps {
-            draft: self.draft.as_ref().map(|_| self),
-            cross: self.cross.as_ref().map(|_| self),
-            transfers: target.transfers.map(|_| self),
-            prefix: (draft_prefix || target.prefix.is_some()).then_some(self),
-            adapters: target.adapters.map(|_| self),
-        }
-    }
 }
+
+/// The set is each of its capabilities while it has it: a draft or a cross pool beside the target, a
+/// connector or unified adapter paging on the target, a prefix cache on the target or the draft pool.
+/// `$has` answers from a shared borrow (`caps`), `$has_mut` from the exclusive one (the accessors).
+macro_rules! reach_self {
+    ($cap:ty, |$k:ident| $has:expr, $has_mut:expr) => {
+        impl<T: PairedPool, D: PairedPool, X: KvBackend> Reach<KvSet<T, D, X>, $cap>
+            for KvSet<T, D, X>
+        {
+            #[inline]
+            fn reach($k: &Self) -> Option<&Self> {
+                $has.then_some($k)
+            }
+            #[inline]
+            fn reach_mut($k: &mut Self) -> Option<&mut Self> {
+                if $has_mut {
+                    Some($k)
+                } else {
+                    None
+                }
+            }
+        }
+    };
+}
+
+reach_self!(DraftCap, |k| k.draft.is_some(), k.draft.is_some());
+reach_self!(CrossCap, |k| k.cross.is_some(), k.cross.is_some());
+reach_self!(
+    TransfersCap,
+    |k| k.target.caps().transfers.is_some(),
+    k.target.transfers().is_some()
+);
+reach_self!(
+    PrefixCap,
+    |k| k
+        .draft
+        .as_ref()
+        .is_some_and(|(_, d)| d.caps().prefix.is_some())
+        || k.target.caps().prefix.is_some(),
+    k.draft.as_mut().is_some_and(|(_, d)| d.prefix().is_some()) || k.target.prefix().is_some()
+);
+reach_self!(
+    AdaptersCap,
+    |k| k.target.caps().adapters.is_some(),
+    k.target.adapters().is_some()
+);
 
 /// A generation step on the target and its draft, all or nothing: a target the step resumed is
 /// suspended again when the draft side refuses.

@@ -18,7 +18,7 @@ use crate::adapter::{Holding, PeftBackend, TaskRef};
 use crate::bomb::Bomb;
 use crate::error::PeftError;
 use crate::ids::{RequestId, TaskId};
-use crate::kv::{AdapterPaging, KvBackend};
+use crate::kv::{AdapterPaging, KvBackend, KvCaps};
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 /// A task slot kept as slot + 1, so that an optional token costs nothing (16 bytes with its holder).

@@ -9,9 +9,7 @@ use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::error::PeftError;
 use kvsched_core::ids::{RequestId, TaskId};
-use kvsched_core::kv::{
-    Absent, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, PageMove,
-};
+use kvsched_core::kv::{Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove};
 use kvsched_core::kv_set::KvSet;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::storage::{Boxed, Inline, Owned, Storage};
@@ -60,30 +58,6 @@ impl KvBackend for Null {
     fn preempt(&mut self, _: KvRef) {}
     fn take_moves(&mut self) -> &[PageMove] {
         &[]
-    }
-    fn draft(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn cross(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn transfers(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn prefix(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn adapters(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn caps(&self) -> Caps<'_, Self> {
-        Caps {
-            draft: None,
-            cross: None,
-            transfers: None,
-            prefix: None,
-            adapters: None,
-        }
     }
 }
 

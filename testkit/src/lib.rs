@@ -37,8 +37,8 @@ use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::{
-    Absent, AdapterPaging, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, PairedPool,
-    Pool, Tier,
+    Absent, AdapterPaging, AdaptersCap, CacheState, ContextPrep, KvBackend, KvCaps, KvLimits,
+    KvRef, PairedPool, Pool, PrefixCap, Reach, Tier, TransfersCap,
 };
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
@@ -536,33 +536,38 @@ impl<'a> KvBackend for FaultKv<'a> {
     fn take_moves(&mut self) -> &[kvsched_core::kv::PageMove] {
         self.inner.take_moves()
     }
-    fn draft(&mut self) -> Option<&mut Absent> {
-        None
+}
+
+/// The pool's connector, reached as the pool reaches it.
+impl<'a> Reach<FaultKv<'a>, TransfersCap> for KvPool<'a, Owned> {
+    fn reach<'k>(k: &'k FaultKv<'a>) -> Option<&'k Self> {
+        k.inner.caps().transfers
     }
-    fn cross(&mut self) -> Option<&mut Absent> {
-        None
+    fn reach_mut<'k>(k: &'k mut FaultKv<'a>) -> Option<&'k mut Self> {
+        k.inner.transfers()
     }
-    fn transfers(&mut self) -> Option<&mut KvPool<'a, Owned>> {
-        self.inner.transfers()
+}
+
+/// The pool's prefix cache, reached as the pool reaches it.
+impl<'a> Reach<FaultKv<'a>, PrefixCap> for KvPool<'a, Owned> {
+    fn reach<'k>(k: &'k FaultKv<'a>) -> Option<&'k Self> {
+        k.inner.caps().prefix
     }
-    fn prefix(&mut self) -> Option<&mut KvPool<'a, Owned>> {
-        self.inner.prefix()
+    fn reach_mut<'k>(k: &'k mut FaultKv<'a>) -> Option<&'k mut Self> {
+        k.inner.prefix()
     }
-    fn adapters(&mut self) -> Option<&mut Self> {
-        if self.inner.adapters().is_some() {
-            Some(self)
+}
+
+/// Unified paging while the pool has it, with the schedule between the pass and the pins.
+impl<'a> Reach<FaultKv<'a>, AdaptersCap> for FaultKv<'a> {
+    fn reach(k: &Self) -> Option<&Self> {
+        k.inner.caps().adapters.is_some().then_some(k)
+    }
+    fn reach_mut(k: &mut Self) -> Option<&mut Self> {
+        if k.inner.adapters().is_some() {
+            Some(k)
         } else {
             None
-        }
-    }
-    fn caps(&self) -> Caps<'_, Self> {
-        let inner = self.inner.caps();
-        Caps {
-            draft: None,
-            cross: None,
-            transfers: inner.transfers,
-            prefix: inner.prefix,
-            adapters: inner.adapters.map(|_| self),
         }
     }
 }

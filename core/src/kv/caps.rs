@@ -1,13 +1,18 @@
-//! The KV backend's capabilities: what only some backends do, one trait each, reached through the
-//! associated types and accessors of [`KvBackend`] (see its docs for how a backend states them).
+//! The KV backend's capabilities: what only some backends do, one trait each, named by the associated
+//! types of [`KvBackend`] and reached through the accessors of [`KvCaps`] (see [`KvBackend`]'s docs for
+//! how a backend states them).
 //!
-//! | trait | what | who has it |
-//! |---|---|---|
-//! | [`DraftPairing`] | a draft pool beside the target: the §1.11 admission preview, its page moves | [`crate::kv_set::KvSet`] with a draft pool |
-//! | [`CrossPool`] | the encoder output's pool (§1.7 step 6) | `KvSet` with a cross pool |
-//! | [`Transfers`] | a KV connector's loads and the transfer manager's sends (§1.12) | [`crate::KvPool`] with a connector |
-//! | [`PrefixReuse`] | a prefix cache: block hashes, commits, the §1.10 and §2 probes | `KvPool` with a prefix cache |
-//! | [`AdapterPaging`] | adapters' device copies in the KV pages (beyond the reference) | `KvPool` with unified paging |
+//! | trait | marker | what | who has it |
+//! |---|---|---|---|
+//! | [`DraftPairing`] | [`DraftCap`] | a draft pool beside the target: the §1.11 admission preview, its page moves | [`crate::kv_set::KvSet`] with a draft pool |
+//! | [`CrossPool`] | [`CrossCap`] | the encoder output's pool (§1.7 step 6) | `KvSet` with a cross pool |
+//! | [`Transfers`] | [`TransfersCap`] | a KV connector's loads and the transfer manager's sends (§1.12) | [`crate::KvPool`] with a connector |
+//! | [`PrefixReuse`] | [`PrefixCap`] | a prefix cache: block hashes, commits, the §1.10 and §2 probes | `KvPool` with a prefix cache |
+//! | [`AdapterPaging`] | [`AdaptersCap`] | adapters' device copies in the KV pages (beyond the reference) | `KvPool` with unified paging |
+//!
+//! A capability type is reached from its backend through a witness, [`Reach`], keyed by the
+//! capability's marker: the type a backend names answers, for that backend, whether the capability is
+//! there (and hands it out). [`Absent`] answers `None` for every backend.
 //!
 //! [`PairedPool`] is not reached through an accessor: it is what a [`crate::kv_set::KvSet`] requires of
 //! the pools it pairs (a bound on its type parameters), so a pool that cannot be a mirror cannot be
@@ -17,6 +22,8 @@
 //!
 //! [`Absent`] is the "none" of every capability: an uninhabited type, so a backend that names it has
 //! an accessor that can only answer `None`, and the code behind it is dead at compile time.
+//!
+//! [`KvCaps`]: super::KvCaps
 
 use super::{ContextPrep, KvBackend, KvRef, LoadChange, PageMove};
 use crate::ids::RequestId;
@@ -121,10 +128,52 @@ pub trait PairedPool: KvBackend {
     fn resume_blocked(&self, r: KvRef) -> bool;
 }
 
+/// The witness that capability type `Self` is reached from backend `K` (capability marker `C`: one of
+/// [`DraftCap`], [`CrossCap`], [`TransfersCap`], [`PrefixCap`], [`AdaptersCap`]). Every associated
+/// capability type of [`KvBackend`] is bound by it, so a backend that names a capability (often `Self`)
+/// also says, here, when it has it; [`Absent`] implements it for every backend, answering `None`.
+///
+/// The two answers agree: `reach` is `Some` exactly when `reach_mut` is (a backend's accessors and its
+/// read-only [`super::Caps`] both come from this one impl, through the blanket [`super::KvCaps`]).
+pub trait Reach<K: ?Sized, C> {
+    /// The capability of `k`, read-only, when `k` has it.
+    fn reach(k: &K) -> Option<&Self>;
+    /// The capability of `k`, when `k` has it.
+    fn reach_mut(k: &mut K) -> Option<&mut Self>;
+}
+
+/// The marker of [`DraftPairing`] in [`Reach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraftCap {}
+/// The marker of [`CrossPool`] in [`Reach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CrossCap {}
+/// The marker of [`Transfers`] in [`Reach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransfersCap {}
+/// The marker of [`PrefixReuse`] in [`Reach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefixCap {}
+/// The marker of [`AdapterPaging`] in [`Reach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AdaptersCap {}
+
 /// No such capability: an uninhabited type (no value exists), named by a backend for every capability
 /// it lacks. Its accessor can only answer `None`; its operations cannot be called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Absent {}
+
+/// No backend has [`Absent`].
+impl<K: ?Sized, C> Reach<K, C> for Absent {
+    #[inline(always)]
+    fn reach(_: &K) -> Option<&Self> {
+        None
+    }
+    #[inline(always)]
+    fn reach_mut(_: &mut K) -> Option<&mut Self> {
+        None
+    }
+}
 
 impl DraftPairing for Absent {
     fn admission_certainly_blocked(&self, _: KvRef) -> bool {

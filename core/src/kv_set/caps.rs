@@ -2,8 +2,8 @@
 
 use crate::ids::RequestId;
 use crate::kv::{
-    AdapterPaging, ContextPrep, CrossPool, DraftPairing, KvBackend, KvRef, LoadChange, PageMove,
-    PairedPool, PrefixReuse, Transfers,
+    AdapterPaging, ContextPrep, CrossPool, DraftPairing, KvBackend, KvCaps, KvRef, LoadChange,
+    PageMove, PairedPool, PrefixReuse, Transfers,
 };
 
 use super::{DraftMode, KvSet};

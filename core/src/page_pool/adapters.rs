@@ -379,7 +379,7 @@ impl<B: Buffers> KvPool<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{AdapterPaging, ContextPrep, KvBackend, KvRef, PrefixReuse, Tier};
+    use crate::kv::{AdapterPaging, ContextPrep, KvBackend, KvCaps, KvRef, PrefixReuse, Tier};
     use crate::page_pool::{KvPool, PageInfo};
     use crate::testing::{Mem, PrefixMem};
 

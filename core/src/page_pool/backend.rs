@@ -4,8 +4,8 @@
 //! itself. It can be paired in a set ([`PairedPool`]).
 
 use crate::kv::{
-    Absent, AdapterPaging, CacheState, Caps, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange,
-    PageMove, PairedPool, PrefixReuse, Transfers,
+    Absent, AdapterPaging, AdaptersCap, CacheState, ContextPrep, KvBackend, KvLimits, KvRef,
+    LoadChange, PageMove, PairedPool, PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
 };
 
 use super::{blocks_for, KvPool, Seq, SeqState};
@@ -230,55 +230,31 @@ impl<B: Buffers> KvBackend for KvPool<'_, B> {
             blocks_for(cap, self.cfg.tokens_per_block).max(s.committed),
         );
     }
-
-    #[inline]
-    fn draft(&mut self) -> Option<&mut Absent> {
-        None
-    }
-
-    #[inline]
-    fn cross(&mut self) -> Option<&mut Absent> {
-        None
-    }
-
-    #[inline]
-    fn transfers(&mut self) -> Option<&mut Self> {
-        if self.connector.is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn prefix(&mut self) -> Option<&mut Self> {
-        if self.prefix.is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn adapters(&mut self) -> Option<&mut Self> {
-        if self.adapters.is_some() {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn caps(&self) -> Caps<'_, Self> {
-        Caps {
-            draft: None,
-            cross: None,
-            transfers: self.connector.as_ref().map(|_| self),
-            prefix: self.prefix.as_ref().map(|_| self),
-            adapters: self.adapters.as_ref().map(|_| self),
-        }
-    }
 }
+
+/// The pool is its own connector, prefix cache and adapter pager, each while configured.
+macro_rules! reach_self {
+    ($cap:ty, $field:ident) => {
+        impl<'a, B: Buffers> Reach<KvPool<'a, B>, $cap> for KvPool<'a, B> {
+            #[inline]
+            fn reach(k: &Self) -> Option<&Self> {
+                k.$field.is_some().then_some(k)
+            }
+            #[inline]
+            fn reach_mut(k: &mut Self) -> Option<&mut Self> {
+                if k.$field.is_some() {
+                    Some(k)
+                } else {
+                    None
+                }
+            }
+        }
+    };
+}
+
+reach_self!(TransfersCap, connector);
+reach_self!(PrefixCap, prefix);
+reach_self!(AdaptersCap, adapters);
 
 impl<B: Buffers> PairedPool for KvPool<'_, B> {
     fn revert_allocate_context(&mut self, r: KvRef) -> bool {

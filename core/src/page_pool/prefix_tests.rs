@@ -2,7 +2,7 @@
 //! recently used, demotion to the host tier and reload, deduplication at commit, and isolation by root.
 use super::*;
 use crate::ids::RequestId;
-use crate::kv::{chain, ContextPrep, KvBackend, KvRef, PrefixReuse};
+use crate::kv::{chain, ContextPrep, KvBackend, KvCaps, KvRef, PrefixReuse};
 use crate::testing::{Mem, PrefixMem};
 
 /// 8 GPU pages, up to 8 host pages, 4 slots of 4 pages, 4 tokens a page.

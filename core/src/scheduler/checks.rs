@@ -5,7 +5,7 @@
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::error::{Error, PeftError};
-use crate::kv::{AdapterPaging, CrossPool, KvBackend};
+use crate::kv::{AdapterPaging, CrossPool, KvBackend, KvCaps};
 use crate::request::RequestSpec;
 use crate::storage::Storage;
 

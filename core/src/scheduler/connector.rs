@@ -5,7 +5,7 @@
 //! (The pending-load mark the reference's rules read is the engine's: `Scheduler::set_pending_load`.)
 
 use crate::adapter::PeftBackend;
-use crate::kv::{KvBackend, LoadChange, Transfers};
+use crate::kv::{KvBackend, KvCaps, LoadChange, Transfers};
 use crate::storage::{FixedList, Storage};
 
 use super::pass::Pass;

@@ -13,7 +13,7 @@
 
 use crate::adapter::PeftBackend;
 use crate::config::ChunkPolicy;
-use crate::kv::{DraftPairing, KvBackend, KvRef};
+use crate::kv::{DraftPairing, KvBackend, KvCaps, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
 use crate::storage::Storage;

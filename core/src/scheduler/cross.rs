@@ -11,7 +11,7 @@
 //! chunk's.
 
 use crate::adapter::PeftBackend;
-use crate::kv::{CrossPool, KvBackend};
+use crate::kv::{CrossPool, KvBackend, KvCaps};
 use crate::storage::Storage;
 
 use super::pass::{Pass, Step};

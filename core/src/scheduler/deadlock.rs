@@ -19,7 +19,7 @@
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
 use crate::error::Error;
-use crate::kv::{KvBackend, Transfers};
+use crate::kv::{KvBackend, KvCaps, Transfers};
 use crate::phase::Phase;
 use crate::storage::Storage;
 

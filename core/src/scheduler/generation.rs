@@ -12,7 +12,7 @@
 
 use crate::adapter::PeftBackend;
 use crate::ids::NO_TASK;
-use crate::kv::{AdapterPaging, KvBackend, KvRef};
+use crate::kv::{AdapterPaging, KvBackend, KvCaps, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
 use crate::storage::{FixedList, Storage};

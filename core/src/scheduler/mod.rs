@@ -61,7 +61,7 @@ use crate::adapter::{PeftBackend, TaskRef};
 use crate::config::Config;
 use crate::error::{Error, PeftError};
 use crate::ids::RequestId;
-use crate::kv::{AdapterPaging, CrossPool, DraftPairing, KvBackend, KvRef, PageMove, PrefixReuse};
+use crate::kv::{AdapterPaging, CrossPool, DraftPairing, KvBackend, KvCaps, KvRef, PrefixReuse};
 use crate::lease::AdapterDesk;
 use crate::output::SchedulerOutput;
 use crate::phase::Phase;
@@ -524,7 +524,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Hands the page moves logged since the last call to the copy engine (in order; the log is then
     /// empty), and settles every resumed request: its pages come up with these moves, ordered before its
     /// step, so it is an ordinary active request from now on (arrow 5 of [`crate::request`]).
-    pub fn take_moves(&mut self) -> &[PageMove] {
+    pub fn take_moves(&mut self) -> &[crate::kv::PageMove] {
         if self.table.resumed() > 0 {
             self.settle_resumed(&MovesTaken::mint());
         }
@@ -550,7 +550,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// The page moves of one pool of the requests' caches (a [`crate::kv_set::KvSet`]'s draft and cross
     /// pools beside the target) since the last call, in order; the engine copies them with
     /// [`Scheduler::take_moves`]'s before the step. The target's are [`Scheduler::take_moves`] itself.
-    pub fn take_pool_moves(&mut self, pool: crate::kv::Pool) -> &[PageMove] {
+    pub fn take_pool_moves(&mut self, pool: crate::kv::Pool) -> &[crate::kv::PageMove] {
         match pool {
             crate::kv::Pool::Target => self.take_moves(),
             crate::kv::Pool::Draft => match self.kv.draft() {

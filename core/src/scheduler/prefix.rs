@@ -12,7 +12,7 @@
 //! runs this pass (or is in flight), and counts as progress.
 
 use crate::adapter::PeftBackend;
-use crate::kv::{KvBackend, KvRef, PrefixReuse};
+use crate::kv::{KvBackend, KvCaps, KvRef, PrefixReuse};
 use crate::phase::Phase;
 use crate::storage::{FixedList, Storage};
 

@@ -27,7 +27,7 @@
 
 use crate::adapter::PeftBackend;
 use crate::error::Error;
-use crate::kv::{KvBackend, KvRef, PrefixReuse};
+use crate::kv::{KvBackend, KvCaps, KvRef, PrefixReuse};
 use crate::phase::Phase;
 use crate::request::{Ownership, RequestSpec};
 use crate::storage::Storage;

@@ -1,7 +1,7 @@
 // A backend states every capability: one that implements the cross pool's operations but does not
-// name them (`type Cross`, `fn cross`) does not compile, so it cannot silently go without them.
+// name them (`type Cross`) does not compile, so it cannot silently go without them.
 use kvsched_core::kv::{
-    Absent, CacheState, Caps, ContextPrep, CrossPool, KvBackend, KvLimits, KvRef, PageMove,
+    Absent, CacheState, ContextPrep, CrossPool, KvBackend, KvLimits, KvRef, PageMove,
 };
 
 struct Pool;
@@ -57,21 +57,6 @@ impl KvBackend for Pool {
     fn preempt(&mut self, _: KvRef) {}
     fn take_moves(&mut self) -> &[PageMove] {
         &[]
-    }
-    fn draft(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn transfers(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn prefix(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn adapters(&mut self) -> Option<&mut Absent> {
-        None
-    }
-    fn caps(&self) -> Caps<'_, Self> {
-        Caps::NONE
     }
 }
 
