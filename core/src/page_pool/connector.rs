@@ -73,6 +73,79 @@ impl core::fmt::Debug for Attached<'_> {
     }
 }
 
+impl Attached<'_> {
+    /// Phase 1 of [`KvPool::connector_changes`]: the connector's load ends, marked on their slots (a
+    /// failure refuses the slot's replay).
+    #[inline]
+    fn take_load_ends(&mut self) {
+        let (slots, stats) = (&mut *self.slots, &mut self.stats);
+        self.connector.take_load_ends(&mut |r, end| {
+            // A late end (the slot's load was cancelled, or another request took the slot) is ignored.
+            let Some(s) = slots.get_mut(usize::from(r.slot)) else {
+                return;
+            };
+            if s.state != LOADING || s.id != r.id {
+                return;
+            }
+            s.state = NONE;
+            match end {
+                LoadEnd::Done => s.events |= ENDED,
+                LoadEnd::Failed => {
+                    s.events |= FAILED;
+                    s.refused = true;
+                    stats.failed += 1;
+                }
+            }
+        });
+    }
+
+    /// Phase 2: the connector's save ends, marked on their slots.
+    #[inline]
+    fn take_save_ends(&mut self) {
+        let slots = &mut *self.slots;
+        self.connector.take_save_ends(&mut |r| {
+            // A late end names the request the save was for; another's is ignored.
+            if let Some(s) = slots.get_mut(usize::from(r.slot)) {
+                if s.saving && s.save_id == r.id {
+                    s.save_passes = u32::MAX;
+                }
+            }
+        });
+    }
+
+    /// Phase 3: one more pass for each save and load in flight; one past the timeout is cancelled (a
+    /// load's failure refuses the slot's replay).
+    #[inline]
+    fn tick_timeouts(&mut self) {
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.saving && s.save_passes != u32::MAX {
+                s.save_passes += 1;
+                if s.save_passes > self.timeout {
+                    self.stats.saves_timed_out += 1;
+                    self.connector.cancel_save(KvRef {
+                        slot: i as u16,
+                        id: s.save_id,
+                    });
+                    s.save_passes = u32::MAX;
+                }
+            }
+            if s.state == LOADING {
+                s.passes += 1;
+                if s.passes > self.timeout {
+                    s.state = NONE;
+                    s.events |= FAILED;
+                    s.refused = true;
+                    self.stats.timed_out += 1;
+                    self.connector.cancel_load(KvRef {
+                        slot: i as u16,
+                        id: s.id,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Counters of connector activity.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ConnectorStats {
@@ -336,60 +409,16 @@ impl<'a, B: Buffers> KvPool<'a, B> {
         let Some(c) = self.connector.as_mut() else {
             return;
         };
-        let (slots, stats) = (&mut *c.slots, &mut c.stats);
-        c.connector.take_load_ends(&mut |r, end| {
-            // A late end (the slot's load was cancelled, or another request took the slot) is ignored.
-            let Some(s) = slots.get_mut(usize::from(r.slot)) else {
-                return;
-            };
-            if s.state != LOADING || s.id != r.id {
-                return;
-            }
-            s.state = NONE;
-            match end {
-                LoadEnd::Done => s.events |= ENDED,
-                LoadEnd::Failed => {
-                    s.events |= FAILED;
-                    s.refused = true;
-                    stats.failed += 1;
-                }
-            }
-        });
-        let slots = &mut *c.slots;
-        c.connector.take_save_ends(&mut |r| {
-            // A late end names the request the save was for; another's is ignored.
-            if let Some(s) = slots.get_mut(usize::from(r.slot)) {
-                if s.saving && s.save_id == r.id {
-                    s.save_passes = u32::MAX;
-                }
-            }
-        });
-        for (i, s) in c.slots.iter_mut().enumerate() {
-            if s.saving && s.save_passes != u32::MAX {
-                s.save_passes += 1;
-                if s.save_passes > c.timeout {
-                    c.stats.saves_timed_out += 1;
-                    c.connector.cancel_save(KvRef {
-                        slot: i as u16,
-                        id: s.save_id,
-                    });
-                    s.save_passes = u32::MAX;
-                }
-            }
-            if s.state == LOADING {
-                s.passes += 1;
-                if s.passes > c.timeout {
-                    s.state = NONE;
-                    s.events |= FAILED;
-                    s.refused = true;
-                    c.stats.timed_out += 1;
-                    c.connector.cancel_load(KvRef {
-                        slot: i as u16,
-                        id: s.id,
-                    });
-                }
-            }
-        }
+        c.take_load_ends();
+        c.take_save_ends();
+        c.tick_timeouts();
+        self.hand_over_changes(f);
+    }
+
+    /// Phase 4 of [`Self::connector_changes`]: frees the pages of each ended or abandoned save, commits
+    /// each confirmed load, and hands every slot's end or failure to `f`.
+    #[inline]
+    fn hand_over_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
         for i in 0..self.seqs.len() {
             let Some(c) = self.connector.as_mut() else {
                 return;

@@ -27,9 +27,14 @@
 //! 5. a host page is referenced by one row at most: its private page, or a cached block it claimed (a
 //!    match stops at a host block another row claimed) and reloads before it runs;
 //! 6. a GPU block's cached parent is on the GPU.
+//!
+//! The LRU lists (and the counts that decide a leaf) are in `prefix/lru.rs`.
 
 use super::HOST;
 use crate::{kv::Tier, storage::Buffers};
+
+mod lru;
+use lru::Lru;
 
 /// No page (list links).
 const NIL: u32 = u32::MAX;
@@ -90,22 +95,6 @@ impl PageInfo {
     fn idle(&self) -> bool {
         self.cached && self.refs == 0 && self.holds == 0
     }
-}
-
-/// A tier's list of evictable cached pages, oldest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Lru {
-    head: u32,
-    tail: u32,
-    len: u32,
-}
-
-impl Lru {
-    const EMPTY: Lru = Lru {
-        head: NIL,
-        tail: NIL,
-        len: 0,
-    };
 }
 
 /// Counters of the prefix cache.
@@ -275,89 +264,6 @@ impl<B: Buffers> Prefix<B> {
             panic!("a cached page is indexed");
         };
         self.index[k] = at as u32 + 1;
-    }
-
-    // --- The LRU lists. ---
-
-    /// A leaf of its tier: idle, with no child on the GPU (a GPU page) or none at all (a host page).
-    fn leaf(&self, at: usize) -> bool {
-        let p = &self.pages[at];
-        let children = if (at as u32) < self.gpu_pages {
-            p.gpu_children
-        } else {
-            p.children
-        };
-        p.idle() && children == 0
-    }
-
-    /// Puts the page on its tier's LRU list (as the youngest) or takes it off, as it is a leaf or not.
-    fn relist(&mut self, at: usize) {
-        let leaf = self.leaf(at);
-        if leaf && !self.pages[at].listed {
-            self.link(at);
-        } else if !leaf && self.pages[at].listed {
-            self.unlink(at);
-        }
-    }
-
-    fn link(&mut self, at: usize) {
-        let t = usize::from(at as u32 >= self.gpu_pages);
-        let tail = self.lru[t].tail;
-        self.pages[at].since = self.tick();
-        self.pages[at].prev = tail;
-        self.pages[at].next = NIL;
-        self.pages[at].listed = true;
-        if tail == NIL {
-            self.lru[t].head = at as u32;
-        } else {
-            self.pages[tail as usize].next = at as u32;
-        }
-        self.lru[t].tail = at as u32;
-        self.lru[t].len += 1;
-    }
-
-    fn unlink(&mut self, at: usize) {
-        let t = usize::from(at as u32 >= self.gpu_pages);
-        let (prev, next) = (self.pages[at].prev, self.pages[at].next);
-        if prev == NIL {
-            self.lru[t].head = next;
-        } else {
-            self.pages[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.lru[t].tail = prev;
-        } else {
-            self.pages[next as usize].prev = prev;
-        }
-        self.pages[at].prev = NIL;
-        self.pages[at].next = NIL;
-        self.pages[at].listed = false;
-        self.lru[t].len -= 1;
-    }
-
-    /// Counts the page in (`+1`) or out of (`-1`) its tier's idle pages, as it is idle.
-    fn count_idle(&mut self, at: usize, sign: i32) {
-        if self.pages[at].idle() {
-            let t = usize::from(at as u32 >= self.gpu_pages);
-            self.idle[t] = self.idle[t].wrapping_add_signed(sign);
-        }
-    }
-
-    /// The cached page of `parent`, if any.
-    fn parent_at(&self, parent: u64) -> Option<usize> {
-        self.find(parent).map(|k| (self.index[k] - 1) as usize)
-    }
-
-    /// A cached child of the block of `parent` appears (`+1`) or goes (`-1`), on the GPU or not.
-    fn adopt(&mut self, parent: u64, gpu: bool, sign: i32) {
-        if let Some(at) = self.parent_at(parent) {
-            let p = &mut self.pages[at];
-            p.children = p.children.wrapping_add_signed(sign);
-            if gpu {
-                p.gpu_children = p.gpu_children.wrapping_add_signed(sign);
-            }
-            self.relist(at);
-        }
     }
 
     // --- References. ---

@@ -128,11 +128,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                     });
                 }
                 listed(out.push_generation(r));
-                match h.bucket {
-                    b if usize::from(b) < T => plan.counts[usize::from(b)][0] += 1,
-                    NO_TASK => plan.plain += 1,
-                    _ => plan.unbucketed += 1,
-                }
+                plan.count_decode(h.bucket);
                 h.headroom = after;
                 marks[usize::from(slot)] = mark::SCHEDULED;
                 tokens_left -= u64::from(tokens);

@@ -17,6 +17,11 @@
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
 //! | `connector.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
 //!
+//! Its public API, beyond the engine's loop kept here, is grouped by what it serves: `requests.rs`
+//! (submission, [`Adopt`]ion, marks, update, removal), `adapters.rs` (registering and reloading adapters,
+//! their evictions and host-copy changes), `inspection.rs` (configuration, requests, fingerprint, check)
+//! and `transfer.rs` (the disaggregated ends).
+//!
 //! Every resource change goes through a type-state transition of [`crate::request`], so the PEFT
 //! lifecycle of DESIGN.md §3 holds by construction.
 //!
@@ -30,6 +35,7 @@
 //! (`table.rs`); per task, live leases = the adapter cache's device refcount; no suspended or
 //! recompute-paused request holds a lease or active KV.
 
+mod adapters;
 mod admission;
 mod build;
 mod checks;
@@ -40,11 +46,13 @@ mod cross;
 mod deadlock;
 mod generation;
 mod hot;
+mod inspection;
 mod multimodal;
 mod pass;
 mod plan;
 mod preempt;
 mod prefix;
+mod requests;
 mod sort;
 mod table;
 mod transfer;
@@ -54,69 +62,24 @@ mod victims;
 mod tests;
 
 pub use pass::PassStats;
+pub use requests::Adopt;
 pub use table::{Entry, Handle};
 pub use transfer::{TransferEnd, TransferStats};
 
-use crate::adapter::{PeftBackend, TaskRef};
+use crate::adapter::PeftBackend;
 use crate::config::Config;
 use crate::error::{Error, PeftError};
-use crate::ids::RequestId;
-use crate::kv::{AdapterPaging, CrossPool, DraftPairing, KvBackend, KvCaps, KvRef, PrefixReuse};
+use crate::kv::{
+    AdapterPaging, CrossPool, DraftPairing, KvBackend, KvCaps, KvRef, PageMove, PrefixReuse,
+};
 use crate::lease::AdapterDesk;
 use crate::output::SchedulerOutput;
 use crate::phase::Phase;
-use crate::request::{MovesTaken, Ownership, RequestSpec};
+use crate::request::{MovesTaken, Ownership};
 use crate::storage::{FixedList, Inline, Storage};
 
 use pass::{Pass, Scratch};
 use table::{Held, Table};
-
-impl<K: KvBackend, const N: usize, const T: usize, S: Storage>
-    Scheduler<K, crate::AdapterPool<T>, N, T, S>
-{
-    /// Registers an adapter with the adapter cache (see [`crate::AdapterPool::register`]).
-    pub fn register_adapter(
-        &mut self,
-        id: crate::ids::TaskId,
-        pages: u32,
-    ) -> Result<TaskRef, PeftError> {
-        self.desk.backend_mut().register(id, pages)
-    }
-
-    /// Replaces an adapter's weights under the same task id (see [`crate::AdapterPool::reload`]): requests
-    /// submitted from now on get a new prefix identity, so the KV cached under the old weights is never
-    /// reused. Refused ([`PeftError::TaskBusy`], nothing changes) while any live request uses the task —
-    /// waiting ones included, whose prefix identity names the old weights.
-    pub fn reload_adapter(
-        &mut self,
-        id: crate::ids::TaskId,
-        pages: u32,
-    ) -> Result<TaskRef, PeftError> {
-        let in_use = (0..self.table.len())
-            .any(|i| self.table.entry(self.table.slot(i)).spec().lora == Some(id));
-        if in_use {
-            return Err(PeftError::TaskBusy(id));
-        }
-        let task = self.desk.backend_mut().reload(id, pages)?;
-        // Unified paging: the old weights' device copy leaves the KV pool.
-        if let Some(a) = self.kv.adapters() {
-            a.drop_adapter(task.slot);
-        }
-        Ok(task)
-    }
-}
-
-/// How a request starts when it is adopted with resources a backend already holds (restoring state, or
-/// scripted scenarios).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Adopt {
-    /// Owns nothing.
-    Waiting,
-    /// Its cache is active: it takes a lease on its adapter.
-    Active,
-    /// Its cache is suspended: it is registered as paused on its adapter.
-    Suspended,
-}
 
 /// The scheduler: a request table of `N` slots over a KV backend `K` and an adapter backend `P` with `T`
 /// task slots, its fixed-capacity arrays where `S` keeps them (`build.rs`: [`Inline`], the default, or
@@ -152,108 +115,6 @@ impl<K, P, const N: usize, const T: usize, S: Storage> Drop for Scheduler<K, P, 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Scheduler<K, P, N, T, S>
 {
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.cfg
-    }
-    /// The KV backend, read-only (statistics, block tables, invariant checks).
-    pub fn kv(&self) -> &K {
-        &self.kv
-    }
-    /// The adapter desk, read-only (leases, pinned pages, and the adapter backend through it).
-    pub fn adapters(&self) -> &AdapterDesk<P, T, S> {
-        &self.desk
-    }
-    /// What the last pass did beyond its output lists.
-    pub fn last_pass(&self) -> PassStats {
-        self.last
-    }
-    /// Consecutive stalled passes.
-    pub fn stall_count(&self) -> u32 {
-        self.stall
-    }
-    /// Live requests.
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-    /// No live requests.
-    pub fn is_empty(&self) -> bool {
-        self.table.len() == 0
-    }
-    /// Requests in arrival order.
-    pub fn requests(&self) -> impl Iterator<Item = (Handle, Entry<'_>)> + '_ {
-        self.table.iter()
-    }
-    /// One request.
-    pub fn get(&self, h: Handle) -> Result<Entry<'_>, Error> {
-        self.table.get(h).ok_or(Error::StaleHandle)
-    }
-    /// The live handle of a table slot.
-    pub fn handle_of(&self, slot: u16) -> Option<Handle> {
-        self.table.handle_at(slot)
-    }
-    /// Finds a request by id (O(1): the table keeps an id index).
-    pub fn find(&self, id: RequestId) -> Option<Handle> {
-        self.table.handle_at(self.table.find(id)?)
-    }
-
-    /// A fingerprint of the scheduler's own state: the request table (entries, hot records, arrival
-    /// order, id index), the counters and the adapter desk. The backends are left out: fingerprint those
-    /// with [`crate::KvPool::fingerprint`] and the adapter cache's `PartialEq`. Equal before and after a
-    /// refused call = the call changed nothing.
-    pub fn fingerprint(&self) -> u64 {
-        use core::hash::{Hash, Hasher};
-        let mut h = crate::fingerprint::Fingerprint::new();
-        self.table.hash_state(&mut h);
-        self.stall.hash(&mut h);
-        self.passes.hash(&mut h);
-        self.completed.hash(&mut h);
-        self.desk.hash_state(&mut h);
-        self.clients.hash_state(&mut h);
-        self.adapter_waits.hash(&mut h);
-        h.finish()
-    }
-
-    /// The table's invariants and the ownership agreements with the backends: every request on the GPU
-    /// has an active cache, no suspended or recompute-paused one does, and per task the desk's leases
-    /// equal the requests holding one.
-    pub fn check(&self) -> bool {
-        let mut leases = [0u32; T];
-        let agree = self.table.iter().all(|(h, e)| {
-            let r = KvRef {
-                slot: h.index(),
-                id: e.spec().id,
-            };
-            let o = e.ownership();
-            if let (true, Some(t)) = (o.on_gpu(), e.task()) {
-                if let Some(n) = leases.get_mut(t.slot as usize) {
-                    *n += 1;
-                }
-            }
-            match o {
-                Ownership::Active | Ownership::Resumed => self.kv.cache(r).is_active(),
-                // A sending request's pages stay active, pinned for the transfer manager; its
-                // phase says so.
-                Ownership::Sending => {
-                    self.kv.cache(r).is_active()
-                        && e.spec().phase == Phase::DisaggContextTransInProgress
-                }
-                Ownership::Paused => !self.kv.cache(r).is_active(),
-                Ownership::Waiting | Ownership::Recompute => !self.kv.cache(r).is_active(),
-            }
-        });
-        // Unified paging: between passes an adapter's pins are its leases.
-        let adapters = self.kv.caps().adapters;
-        let pinned = |s: usize| {
-            adapters
-                .and_then(|a| a.adapter_pins(s as u16))
-                .is_none_or(|n| n == leases[s])
-        };
-        agree
-            && self.table.check()
-            && (0..T).all(|s| self.desk.leases(s as u16) == leases[s] && pinned(s))
-    }
-
     /// An encoder request the encoder window would admit, and no cross pool for it (spec §1.6 step 7,
     /// checked before the pass does anything).
     fn encoder_without_cross_pool(&self) -> bool {
@@ -263,171 +124,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 let e = self.table.entry(s);
                 e.spec().phase == Phase::EncoderInit && !e.sits_out()
             })
-    }
-
-    /// Submits a new request (it owns nothing until the pass admits it). Refuses, changing nothing: a
-    /// duplicate id, an unknown LoRA task, a request larger than the KV pool, a full table.
-    pub fn submit(&mut self, spec: RequestSpec) -> Result<Handle, Error> {
-        self.submit_with_prefix(spec, 0, &[])
-    }
-
-    /// Submits a new request with its prompt's block hashes — one per full block of `tokens_per_block`
-    /// tokens, in order, computed by the engine over the tokens (the core stores no tokens) — and a cache
-    /// salt. With a prefix cache in the KV backend, its first chunk reuses the cached blocks of its
-    /// prompt, and its computed blocks are cached for others, only among requests of the same adapter
-    /// identity (task and weights version, or the base model) and salt. Refuses as [`Self::submit`].
-    pub fn submit_with_prefix(
-        &mut self,
-        spec: RequestSpec,
-        salt: u64,
-        hashes: &[u64],
-    ) -> Result<Handle, Error> {
-        let h = self.adopt(spec, Adopt::Waiting)?;
-        let e = self.table.entry(h.index());
-        let r = KvRef {
-            slot: h.index(),
-            id: e.spec().id,
-        };
-        let root = self.prefix_root(e.task(), e.spec().lora, salt);
-        if let Some(p) = self.kv.prefix() {
-            p.set_prefix(r, root, hashes);
-        }
-        Ok(h)
-    }
-
-    /// A request's prefix root: its adapter identity (the task and the version of its weights, a LoRA id
-    /// without an adapter cache, or the base model) chained with its cache salt. KV computed under one
-    /// root is never matched under another.
-    fn prefix_root(
-        &self,
-        task: Option<TaskRef>,
-        lora: Option<crate::ids::TaskId>,
-        salt: u64,
-    ) -> u64 {
-        use crate::kv::chain;
-        let identity = match (task, lora) {
-            (Some(t), _) => {
-                let version = self.desk.backend().cache_identity(t);
-                chain(chain(1, t.id.0), version)
-            }
-            (None, Some(id)) => chain(2, id.0),
-            (None, None) => 3,
-        };
-        chain(identity, salt)
-    }
-
-    /// Submits a request that already has a cache in the KV backend (restoring state; scripted tests):
-    /// `Active` takes a lease on its adapter, `Suspended` registers it as paused on its adapter. Refused,
-    /// changing nothing, when the backend's cache does not match `how` or the adapter cache refuses.
-    pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
-        let task = self.check_spec(&spec)?;
-        let r = |h: Handle| KvRef {
-            slot: h.index(),
-            id: spec.id,
-        };
-        let h = self.table.insert(spec.clone(), task)?;
-        let kv_ok = match how {
-            Adopt::Waiting => true,
-            Adopt::Active => self.kv.cache(r(h)).is_active(),
-            Adopt::Suspended => self.kv.cache(r(h)) == crate::kv::CacheState::Inactive,
-        };
-        if !kv_ok {
-            self.table.cancel_insert(h);
-            return Err(Error::Invalid(match how {
-                Adopt::Active => "adopted as active but the KV backend has no active cache",
-                _ => "adopted as suspended but the KV backend has no suspended cache",
-            }));
-        }
-        let (kv, desk) = (&mut self.kv, &mut self.desk);
-        let adopted = self.table.transition(h.index(), |held| {
-            let Held::Waiting(w) = held else {
-                panic!("a new entry is waiting");
-            };
-            match how {
-                Adopt::Waiting => (w.into(), Ok(())),
-                Adopt::Active => match w.admit(kv, desk) {
-                    Ok(a) => (a.into(), Ok(())),
-                    Err(x) => (x.request.into(), Err(x.error)),
-                },
-                Adopt::Suspended => match w.task() {
-                    None => (w.adopt_suspended(None).into(), Ok(())),
-                    Some(t) => match desk.acquire(kv, spec.id, t, None) {
-                        Ok(lease) => {
-                            let paused = desk.release(kv, spec.id, lease, true);
-                            (w.adopt_suspended(paused).into(), Ok(()))
-                        }
-                        Err((_, e)) => (w.into(), Err(Error::Peft(e))),
-                    },
-                },
-            }
-        });
-        if let Err(e) = adopted {
-            // The handle never left this call: the table is exactly as it was.
-            self.table.cancel_insert(h);
-            return Err(e);
-        }
-        if self.vtc() {
-            self.clients.join(h.index(), &spec);
-        }
-        self.adapter_waits[h.index() as usize] = 0;
-        if how == Adopt::Waiting {
-            // A new request's slot forgets the block hashes a previous occupant left for its replay.
-            let root = self.prefix_root(task, spec.lora, 0);
-            if let Some(p) = self.kv.prefix() {
-                p.set_prefix(r(h), root, &[]);
-            }
-        }
-        Ok(h)
-    }
-
-    /// Marks a request in flight (it is skipped and uses no budget while marked).
-    pub fn set_inflight(&mut self, h: Handle, inflight: bool) -> Result<(), Error> {
-        self.table.get(h).ok_or(Error::StaleHandle)?;
-        self.table.set_inflight(h.index(), inflight);
-        Ok(())
-    }
-
-    /// Marks a KV connector load into the request's pages pending (or finished). While it is pending
-    /// the request is never a victim: not evicted, not recompute-paused or preempted, not
-    /// self-evicted; and the pass that schedules nothing is not a stall (spec §1.12, §1.15).
-    pub fn set_pending_load(&mut self, h: Handle, pending: bool) -> Result<(), Error> {
-        self.table.get(h).ok_or(Error::StaleHandle)?;
-        self.table.set_pending_load(h.index(), pending);
-        Ok(())
-    }
-
-    /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id, LoRA task and
-    /// tenant cannot change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
-    /// as at submission) is refused and nothing changes.
-    pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
-        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
-        if e.ownership() == Ownership::Sending {
-            return Err(Error::Invalid(
-                "a sending request cannot change until its send ends (end_send)",
-            ));
-        }
-        let mut s = e.spec().clone();
-        f(&mut s);
-        s.id = e.spec().id;
-        s.lora = e.spec().lora;
-        s.tenant = e.spec().tenant;
-        if s.position > s.prompt {
-            return Err(Error::Invalid("position is beyond the prompt"));
-        }
-        self.check_sizes(&s)?;
-        self.table.edit(h.index(), |r| *r.spec_mut() = s);
-        Ok(())
-    }
-
-    /// Removes a finished or cancelled request: everything it owns is released (a lease with
-    /// pause = false, a paused registration dropped, its KV freed).
-    pub fn remove(&mut self, h: Handle) -> Result<RequestSpec, Error> {
-        let (held, spec) = self.table.remove(h).ok_or(Error::StaleHandle)?;
-        held.finish(&mut self.kv, &mut self.desk);
-        if self.vtc() {
-            self.clients.leave(h.index());
-        }
-        Ok(spec)
     }
 
     /// VTC keeps counters.
@@ -524,7 +220,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Hands the page moves logged since the last call to the copy engine (in order; the log is then
     /// empty), and settles every resumed request: its pages come up with these moves, ordered before its
     /// step, so it is an ordinary active request from now on (arrow 5 of [`crate::request`]).
-    pub fn take_moves(&mut self) -> &[crate::kv::PageMove] {
+    pub fn take_moves(&mut self) -> &[PageMove] {
         if self.table.resumed() > 0 {
             self.settle_resumed(&MovesTaken::mint());
         }
@@ -550,7 +246,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// The page moves of one pool of the requests' caches (a [`crate::kv_set::KvSet`]'s draft and cross
     /// pools beside the target) since the last call, in order; the engine copies them with
     /// [`Scheduler::take_moves`]'s before the step. The target's are [`Scheduler::take_moves`] itself.
-    pub fn take_pool_moves(&mut self, pool: crate::kv::Pool) -> &[crate::kv::PageMove] {
+    pub fn take_pool_moves(&mut self, pool: crate::kv::Pool) -> &[PageMove] {
         match pool {
             crate::kv::Pool::Target => self.take_moves(),
             crate::kv::Pool::Draft => match self.kv.draft() {
@@ -579,33 +275,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         };
         self.kv.rewind(r, tokens);
         Ok(())
-    }
-
-    /// Adapters evicted from the device since the last call (their device pages are free for reuse), in
-    /// order: with the loads `ensure_batch` reports, the adapter plan a device binding applies.
-    ///
-    /// With unified paging they come from the KV pool: an evicted adapter's pages hold KV now.
-    pub fn take_adapter_evictions(&mut self, mut evicted: impl FnMut(TaskRef)) {
-        self.desk.backend_mut().take_device_evictions(&mut evicted);
-        let desk = &self.desk;
-        if let Some(a) = self.kv.adapters() {
-            a.take_adapter_evictions(&mut |slot| {
-                if usize::from(slot) < T {
-                    evicted(desk.task_ref(slot));
-                }
-            });
-        }
-    }
-
-    /// Adapters whose host copy changed since the last call (loaded into host pages when a request
-    /// acquired its lease, evicted from them for room, or dropped by a reload), each once with what
-    /// the binding must do: free its host pages, write its weights, or both. Take them after the pass
-    /// and before the adapter plan's device loads, which read the host copies.
-    pub fn take_adapter_host_changes(
-        &mut self,
-        mut changed: impl FnMut(TaskRef, crate::adapter::HostChange),
-    ) {
-        self.desk.backend_mut().take_host_changes(&mut changed);
     }
 
     /// Completes the step the last pass scheduled, as an engine does once it ran: a context chunk

@@ -14,7 +14,7 @@
 //! checked against it when made); a scheduled task is counted.
 
 use crate::adapter::{PeftBackend, TaskRef};
-use crate::ids::RequestId;
+use crate::ids::{RequestId, NO_TASK};
 use crate::lease::AdapterDesk;
 use crate::output::{Full, SchedulerOutput};
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
@@ -170,6 +170,17 @@ impl<const T: usize, S: Storage> Plan<T, S> {
     #[inline]
     pub(crate) fn count_generation(&mut self, bucket: u16) {
         self.counts[bucket as usize][0] += 1;
+    }
+
+    /// A decode step of a request whose hot record names cache bucket `bucket` is counted for the LoRA
+    /// sort: on its task slot, as plain ([`NO_TASK`]), or as unbucketed (a task past the cache's slots).
+    #[inline(always)]
+    pub(crate) fn count_decode(&mut self, bucket: u16) {
+        match bucket {
+            b if usize::from(b) < T => self.counts[usize::from(b)][0] += 1,
+            NO_TASK => self.plain += 1,
+            _ => self.unbucketed += 1,
+        }
     }
 
     /// A lease on `task` was returned during the pass: if it was the last one and no scheduled request

@@ -6,8 +6,10 @@
 use super::*;
 use crate::adapter_pool::AdapterPool;
 use crate::config::{ChunkPolicy, Chunking};
+use crate::ids::RequestId;
 use crate::ids::TaskId;
 use crate::page_pool::KvPool;
+use crate::request::RequestSpec;
 use crate::testing::Mem;
 
 /// 32 GPU pages, up to 32 host pages, 8 slots of 8 pages.

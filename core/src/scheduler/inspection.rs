@@ -1,0 +1,120 @@
+//! The scheduler's public API for inspection: its configuration and backends, its requests, its
+//! fingerprint and its invariant check ([`Scheduler::check`]).
+
+use crate::adapter::PeftBackend;
+use crate::config::Config;
+use crate::error::Error;
+use crate::ids::RequestId;
+use crate::kv::{AdapterPaging, KvBackend, KvCaps, KvRef};
+use crate::lease::AdapterDesk;
+use crate::phase::Phase;
+use crate::request::Ownership;
+use crate::storage::Storage;
+
+use super::{Entry, Handle, PassStats, Scheduler};
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Scheduler<K, P, N, T, S>
+{
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    /// The KV backend, read-only (statistics, block tables, invariant checks).
+    pub fn kv(&self) -> &K {
+        &self.kv
+    }
+    /// The adapter desk, read-only (leases, pinned pages, and the adapter backend through it).
+    pub fn adapters(&self) -> &AdapterDesk<P, T, S> {
+        &self.desk
+    }
+    /// What the last pass did beyond its output lists.
+    pub fn last_pass(&self) -> PassStats {
+        self.last
+    }
+    /// Consecutive stalled passes.
+    pub fn stall_count(&self) -> u32 {
+        self.stall
+    }
+    /// Live requests.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+    /// No live requests.
+    pub fn is_empty(&self) -> bool {
+        self.table.len() == 0
+    }
+    /// Requests in arrival order.
+    pub fn requests(&self) -> impl Iterator<Item = (Handle, Entry<'_>)> + '_ {
+        self.table.iter()
+    }
+    /// One request.
+    pub fn get(&self, h: Handle) -> Result<Entry<'_>, Error> {
+        self.table.get(h).ok_or(Error::StaleHandle)
+    }
+    /// The live handle of a table slot.
+    pub fn handle_of(&self, slot: u16) -> Option<Handle> {
+        self.table.handle_at(slot)
+    }
+    /// Finds a request by id (O(1): the table keeps an id index).
+    pub fn find(&self, id: RequestId) -> Option<Handle> {
+        self.table.handle_at(self.table.find(id)?)
+    }
+
+    /// A fingerprint of the scheduler's own state: the request table (entries, hot records, arrival
+    /// order, id index), the counters and the adapter desk. The backends are left out: fingerprint those
+    /// with [`crate::KvPool::fingerprint`] and the adapter cache's `PartialEq`. Equal before and after a
+    /// refused call = the call changed nothing.
+    pub fn fingerprint(&self) -> u64 {
+        use core::hash::{Hash, Hasher};
+        let mut h = crate::fingerprint::Fingerprint::new();
+        self.table.hash_state(&mut h);
+        self.stall.hash(&mut h);
+        self.passes.hash(&mut h);
+        self.completed.hash(&mut h);
+        self.desk.hash_state(&mut h);
+        self.clients.hash_state(&mut h);
+        self.adapter_waits.hash(&mut h);
+        h.finish()
+    }
+
+    /// The table's invariants and the ownership agreements with the backends: every request on the GPU
+    /// has an active cache, no suspended or recompute-paused one does, and per task the desk's leases
+    /// equal the requests holding one.
+    pub fn check(&self) -> bool {
+        let mut leases = [0u32; T];
+        let agree = self.table.iter().all(|(h, e)| {
+            let r = KvRef {
+                slot: h.index(),
+                id: e.spec().id,
+            };
+            let o = e.ownership();
+            if let (true, Some(t)) = (o.on_gpu(), e.task()) {
+                if let Some(n) = leases.get_mut(t.slot as usize) {
+                    *n += 1;
+                }
+            }
+            match o {
+                Ownership::Active | Ownership::Resumed => self.kv.cache(r).is_active(),
+                // A sending request's pages stay active, pinned for the transfer manager; its
+                // phase says so.
+                Ownership::Sending => {
+                    self.kv.cache(r).is_active()
+                        && e.spec().phase == Phase::DisaggContextTransInProgress
+                }
+                Ownership::Paused => !self.kv.cache(r).is_active(),
+                Ownership::Waiting | Ownership::Recompute => !self.kv.cache(r).is_active(),
+            }
+        });
+        // Unified paging: between passes an adapter's pins are its leases.
+        let adapters = self.kv.caps().adapters;
+        let pinned = |s: usize| {
+            adapters
+                .and_then(|a| a.adapter_pins(s as u16))
+                .is_none_or(|n| n == leases[s])
+        };
+        agree
+            && self.table.check()
+            && (0..T).all(|s| self.desk.leases(s as u16) == leases[s] && pinned(s))
+    }
+}
