@@ -3,35 +3,20 @@
 
 use std::path::{Path, PathBuf};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p =
-            std::env::temp_dir().join(format!("kvsched-bad-input-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-    fn file(&self, name: &str, text: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Writes `text` to `name` in `dir` and returns its path.
+fn file(dir: &tempfile::TempDir, name: &str, text: &[u8]) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p
 }
 
 /// On the test thread's own stack: the runner's scheduler keeps its arrays on the heap.
 #[test]
 fn malformed_scenario_files_are_refused_with_the_field() {
-    let dir = TempDir::new("scenario");
+    let dir = tempfile::tempdir().unwrap();
     let ok = br#"{"name": "x", "requests": [{"id": 0}], "expect": {"generation": [0]}}"#;
     assert_eq!(
-        kvsched_conformance::run_file(&dir.file("ok.json", ok)).map_err(|e| e.to_string()),
+        kvsched_conformance::run_file(&file(&dir, "ok.json", ok)).map_err(|e| e.to_string()),
         Ok("x".into())
     );
     let cases: [(&str, &str, &str); 11] = [
@@ -80,7 +65,7 @@ fn malformed_scenario_files_are_refused_with_the_field() {
         ),
     ];
     for (case, text, needle) in cases {
-        let path = dir.file("bad.json", text.as_bytes());
+        let path = file(&dir, "bad.json", text.as_bytes());
         let err = kvsched_conformance::run_file(&path)
             .expect_err(case)
             .to_string();

@@ -5,33 +5,18 @@ use std::path::PathBuf;
 
 use kvsched_workload::{self as workload, TraceErrorKind, TraceFormat};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p =
-            std::env::temp_dir().join(format!("kvsched-bad-input-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-    fn file(&self, name: &str, text: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, text).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Writes `text` to `name` in `dir` and returns its path.
+fn file(dir: &tempfile::TempDir, name: &str, text: &[u8]) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p
 }
 
 type IsKind = fn(&TraceErrorKind) -> bool;
 
 #[test]
 fn malformed_trace_files_are_refused_with_a_typed_reason() {
-    let dir = TempDir::new("trace");
+    let dir = tempfile::tempdir().unwrap();
     let azure = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
     let burst = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n";
     let cases: Vec<(&str, Vec<u8>, IsKind)> = vec![
@@ -50,7 +35,7 @@ fn malformed_trace_files_are_refused_with_a_typed_reason() {
         ("Mooncake: out of range", b"{\"timestamp\": 0, \"input_length\": 99999999999999, \"output_length\": 1, \"hash_ids\": []}\n".to_vec(), |k| matches!(k, TraceErrorKind::OutOfRange { .. })),
     ];
     for (case, bytes, want) in cases {
-        let path = dir.file("trace.txt", &bytes);
+        let path = file(&dir, "trace.txt", &bytes);
         let err = workload::load(&path).expect_err(case);
         assert!(want(&err.reason), "{case}: {err} ({:?})", err.reason);
         assert_eq!(err.path, path, "{case}");
@@ -60,13 +45,13 @@ fn malformed_trace_files_are_refused_with_a_typed_reason() {
             "{case}: file untouched"
         );
     }
-    let path = dir.file("trace.csv", burst.as_bytes());
+    let path = file(&dir, "trace.csv", burst.as_bytes());
     let err = workload::load_as(&path, TraceFormat::Azure2023).unwrap_err();
     assert!(
         matches!(err.reason, TraceErrorKind::BadHeader { .. }),
         "{err}"
     );
-    let err = workload::load(dir.0.join("missing.csv")).unwrap_err();
+    let err = workload::load(dir.path().join("missing.csv")).unwrap_err();
     assert!(
         matches!(
             err.reason,
