@@ -4,6 +4,7 @@
 use crate::adapter::{Holding, HostChange, PeftBackend, TaskRef};
 use crate::error::PeftError;
 use crate::ids::{RequestId, TaskId};
+use crate::narrow::u16_of;
 
 /// Pending host-copy change bits of one task slot.
 const HOST_DROPPED: u8 = 1;
@@ -116,7 +117,7 @@ impl<const T: usize> AdapterPool<T> {
                 capacity,
             });
         }
-        let slot = self.tasks.len() as u16;
+        let slot = u16_of(self.tasks.len());
         self.tasks
             .push(TaskEntry {
                 id,
@@ -156,7 +157,7 @@ impl<const T: usize> AdapterPool<T> {
         }
         let task = TaskRef {
             id,
-            slot: slot as u16,
+            slot: u16_of(slot),
         };
         if t.on_device {
             self.device_used -= t.pages;
@@ -243,7 +244,7 @@ impl<const T: usize> AdapterPool<T> {
         if self.host_bits[slot] & HOST_LISTED == 0 {
             self.host_bits[slot] |= HOST_LISTED;
             // At most one entry per task slot: the log has room for all.
-            let logged = self.host_changed.push(slot as u16);
+            let logged = self.host_changed.push(u16_of(slot));
             debug_assert!(logged.is_ok(), "one entry per task slot");
         }
     }
@@ -303,7 +304,7 @@ impl<const T: usize> AdapterPool<T> {
                 // A task is evicted at most once before it is loaded again: the log has room for all.
                 let _ = self.device_evicted.push(TaskRef {
                     id: t.id,
-                    slot: victim as u16,
+                    slot: u16_of(victim),
                 });
             } else {
                 t.on_host = false;
@@ -413,7 +414,7 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
             .position(|t| t.id == task)
             .map(|i| TaskRef {
                 id: task,
-                slot: i as u16,
+                slot: u16_of(i),
             })
     }
 
@@ -525,14 +526,14 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
     /// The log holds `T` entries (a task is evicted at most once before it is loaded again): drain it
     /// after every `ensure_batch` when a device binding follows the plan.
     fn take_device_evictions(&mut self, evicted: &mut dyn FnMut(TaskRef)) {
-        for t in self.device_evicted.iter() {
+        for t in &self.device_evicted {
             evicted(*t);
         }
         self.device_evicted.clear();
     }
 
     fn take_host_changes(&mut self, changed: &mut dyn FnMut(TaskRef, HostChange)) {
-        for &slot in self.host_changed.iter() {
+        for &slot in &self.host_changed {
             let i = usize::from(slot);
             let change = match self.host_bits[i] & !HOST_LISTED {
                 HOST_DROPPED => Some(HostChange::Dropped),

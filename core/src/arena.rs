@@ -7,6 +7,7 @@
 use core::marker::PhantomData;
 
 use crate::error::Error;
+use crate::narrow::u16_of;
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 /// A typed handle into an [`Arena`].
@@ -88,13 +89,13 @@ impl<T, const N: usize> Arena<T, N> {
             assert!(
                 N > 0 && N <= u16::MAX as usize,
                 "arena capacity must be 1..=65535"
-            )
+            );
         };
         // Pop order hands out slot 0 first.
         let mut free = [0u16; N];
         let mut i = 0;
         while i < N {
-            free[i] = (N - 1 - i) as u16;
+            free[i] = u16_of(N - 1 - i);
             i += 1;
         }
         Self {
@@ -113,11 +114,11 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
             assert!(
                 N > 0 && N <= u16::MAX as usize,
                 "arena capacity must be 1..=65535"
-            )
+            );
         };
         let mut free = S::list(0)?;
         for i in (0..N).rev() {
-            let pushed = free.push(i as u16);
+            let pushed = free.push(u16_of(i));
             debug_assert!(pushed.is_ok());
         }
         Ok(Self {
@@ -268,7 +269,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
         self.values.iter().enumerate().filter_map(|(i, v)| {
             v.as_ref()
-                .map(|v| (Handle::new(i as u16, self.generations[i]), v))
+                .map(|v| (Handle::new(u16_of(i), self.generations[i]), v))
         })
     }
 
@@ -311,10 +312,10 @@ mod tests {
     #[test]
     fn cancelled_insert_leaves_the_arena_as_it_was() {
         use crate::fingerprint::Fingerprint;
-        use core::hash::{Hash, Hasher};
+        use core::hash::Hasher;
         let fp = |a: &Arena<u32, 3>| {
             let mut h = Fingerprint::new();
-            a.hash_state(&mut h, |v, h| v.hash(h));
+            a.hash_state(&mut h, core::hash::Hash::hash);
             h.finish()
         };
         let mut a: Arena<u32, 3> = Arena::new();

@@ -30,13 +30,13 @@ impl Budget {
     pub fn fits(&self, n: u32) -> bool {
         // No overflow: `used` is a sum of u32 token counts, one per scheduled request (at most 2^16
         // of them), far below u64::MAX - u32::MAX.
-        self.used + n as u64 <= self.cap
+        self.used + u64::from(n) <= self.cap
     }
     /// Tokens left (`None` = unlimited).
     #[inline]
     pub fn remaining(&self) -> Option<u32> {
         self.limit
-            .map(|l| (l as u64).saturating_sub(self.used) as u32)
+            .map(|l| u32::try_from(u64::from(l).saturating_sub(self.used)).unwrap_or(l))
     }
     /// The request limit is reached.
     #[inline]
@@ -46,7 +46,7 @@ impl Budget {
     /// Commits a scheduled request.
     #[inline]
     pub fn commit(&mut self, tokens: u32) {
-        self.used += tokens as u64;
+        self.used += u64::from(tokens);
         self.requests += 1;
     }
     /// The raw counters, for a loop that keeps them in registers: (tokens used, token cap — `u64::MAX`

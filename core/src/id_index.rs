@@ -27,7 +27,7 @@ impl<const N: usize> IdIndex<N> {
             assert!(
                 N > 0 && N <= u16::MAX as usize,
                 "capacity must be 1..=65535"
-            )
+            );
         };
         Self {
             buckets: InlineArray::new([[0; 2]; N]),
@@ -44,7 +44,7 @@ impl<const N: usize, S: Storage> IdIndex<N, S> {
             assert!(
                 N > 0 && N <= u16::MAX as usize,
                 "capacity must be 1..=65535"
-            )
+            );
         };
         Ok(Self {
             buckets: S::array(|| [0; 2])?,
@@ -66,7 +66,10 @@ impl<const N: usize, S: Storage> IdIndex<N, S> {
     /// Home bucket of an id (Fibonacci hashing, multiply-high into `0..2N`).
     fn home(id: u64) -> usize {
         let h = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        ((h as u128 * Self::BUCKETS as u128) >> 64) as usize
+        // The high half of `h * BUCKETS` is below `BUCKETS`: the cast keeps every bit.
+        #[allow(clippy::cast_possible_truncation)]
+        let home = ((u128::from(h) * Self::BUCKETS as u128) >> 64) as usize;
+        home
     }
 
     fn bucket(&self, k: usize) -> u16 {
@@ -184,19 +187,16 @@ mod tests {
             } else {
                 seed >> 20
             };
-            match model[slot as usize] {
-                Some(old) => {
-                    assert_eq!(idx.remove(RequestId(old)), Some(slot));
-                    assert_eq!(idx.get(RequestId(old)), None);
-                    model[slot as usize] = None;
+            if let Some(old) = model[slot as usize] {
+                assert_eq!(idx.remove(RequestId(old)), Some(slot));
+                assert_eq!(idx.get(RequestId(old)), None);
+                model[slot as usize] = None;
+            } else {
+                if model.contains(&Some(id)) {
+                    continue;
                 }
-                None => {
-                    if model.contains(&Some(id)) {
-                        continue;
-                    }
-                    idx.insert(RequestId(id), slot);
-                    model[slot as usize] = Some(id);
-                }
+                idx.insert(RequestId(id), slot);
+                model[slot as usize] = Some(id);
             }
             assert!(idx.check());
             for (s, m) in model.iter().enumerate() {

@@ -62,9 +62,9 @@ pub struct KvSet<T, D = T, X = T> {
     cross: Option<X>,
 }
 
-impl<T: PairedPool> KvSet<T, T, T> {
+impl<P: PairedPool> KvSet<P, P, P> {
     /// The target pool alone.
-    pub fn new(target: T) -> Self {
+    pub fn new(target: P) -> Self {
         Self {
             target,
             draft: None,

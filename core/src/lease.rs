@@ -47,7 +47,7 @@ impl SlotPlusOne {
 pub struct AdapterLease {
     holder: RequestId,
     task: SlotPlusOne,
-    _bomb: Bomb,
+    bomb: Bomb,
 }
 
 impl AdapterLease {
@@ -67,7 +67,7 @@ impl AdapterLease {
 pub struct PausedOn {
     holder: RequestId,
     task: SlotPlusOne,
-    _bomb: Bomb,
+    bomb: Bomb,
 }
 
 impl PausedOn {
@@ -242,7 +242,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
             return Err((paused, e));
         }
         if let Some(p) = paused {
-            p._bomb.defuse();
+            p.bomb.defuse();
         }
         self.pages[s] = pages;
         self.ids[s] = task.id;
@@ -255,7 +255,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
         Ok(AdapterLease {
             holder: req,
             task: SlotPlusOne::of(task),
-            _bomb: Bomb::armed(),
+            bomb: Bomb::armed(),
         })
     }
 
@@ -270,7 +270,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
     ) -> Option<PausedOn> {
         assert_eq!(lease.holder, req, "a lease is returned by its own request");
         let task = self.task_ref(lease.task.slot());
-        lease._bomb.defuse();
+        lease.bomb.defuse();
         let s = task.slot as usize;
         self.backend
             .mark_request_done(req, task, pause, Holding::Lease);
@@ -290,7 +290,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
         pause.then(|| PausedOn {
             holder: req,
             task: SlotPlusOne::of(task),
-            _bomb: Bomb::armed(),
+            bomb: Bomb::armed(),
         })
     }
 
@@ -301,7 +301,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
             "a paused registration is dropped by its own request"
         );
         let task = self.task_ref(paused.task.slot());
-        paused._bomb.defuse();
+        paused.bomb.defuse();
         self.backend
             .mark_request_done(req, task, false, Holding::Paused);
     }

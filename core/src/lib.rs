@@ -25,7 +25,7 @@
 //! L1 contracts   kv (KvBackend, PageMove, chain; kv/caps.rs: its capabilities)  adapter (PeftBackend)
 //!                connector (KvConnector)
 //!                    │ name
-//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint  storage
+//! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint  storage  narrow
 //! ```
 //!
 //! - [`ids`], [`error`], [`phase`], [`arena`]: request and task ids, the error values, the upstream
@@ -122,6 +122,20 @@
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// The hot path's small accessors are forced inline: the instruction gate (docs/BENCH.md) measured it.
+#![allow(clippy::inline_always)]
+// Every integer width in the core is part of its design: a narrowing or sign-changing cast is
+// spelled as a checked conversion (`narrow.rs`) or carries the reason it cannot lose bits. (Unit
+// tests build their fixtures from small literals and are exempt.)
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap,
+        clippy::cast_lossless
+    )
+)]
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
@@ -131,6 +145,7 @@ extern crate std;
 mod bomb;
 mod fmt;
 mod id_index;
+mod narrow;
 #[cfg(test)]
 mod testing;
 

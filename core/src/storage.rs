@@ -114,7 +114,7 @@ impl<T: Copy, const N: usize> FixedList<T> for heapless::Vec<T, N> {
     }
     #[inline(always)]
     fn clear(&mut self) {
-        heapless::Vec::clear(self)
+        heapless::Vec::clear(self);
     }
     #[inline(always)]
     fn remove(&mut self, index: usize) -> T {

@@ -15,6 +15,7 @@
 use crate::adapter::TaskRef;
 use crate::ids::NO_TASK;
 use crate::ids::{RequestId, TaskId};
+use crate::narrow::u32_of;
 use crate::output::{Listed, SchedulerOutput};
 use crate::storage::Storage;
 
@@ -165,7 +166,7 @@ pub fn encode<const N: usize, S: Storage>(
     put(buf, &mut at, &MAGIC.to_le_bytes());
     put(buf, &mut at, &VERSION.to_le_bytes());
     for n in lens(out) {
-        put(buf, &mut at, &(n as u32).to_le_bytes());
+        put(buf, &mut at, &(u32_of(n)).to_le_bytes());
     }
     put(buf, &mut at, &u32::from(out.has_chunking()).to_le_bytes());
     put(buf, &mut at, &0u32.to_le_bytes()); // reserved
@@ -203,7 +204,7 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut WireOutput<N>) -> Result<(),
         return Err(WireError::BadHeader);
     }
     let mut lens = [0usize; 8];
-    for l in lens.iter_mut() {
+    for l in &mut lens {
         *l = u32::from_le_bytes(get(buf, &mut at)) as usize;
     }
     let flags = u32::from_le_bytes(get(buf, &mut at));

@@ -143,10 +143,7 @@ proptest! {
             match kind {
                 0 => {
                     let from_pause = flag && paused[t as usize] > 0;
-                    match pool.add_request(RequestId(1), tr, from_pause) {
-                        Ok(()) => { active[t as usize] += 1; if from_pause { paused[t as usize] -= 1; } }
-                        Err(_) => prop_assert_eq!(pool.tasks(), before.tasks(), "refused add changed the cache"),
-                    }
+                    if let Ok(()) = pool.add_request(RequestId(1), tr, from_pause) { active[t as usize] += 1; if from_pause { paused[t as usize] -= 1; } } else { prop_assert_eq!(pool.tasks(), before.tasks(), "refused add changed the cache") }
                 }
                 1 if active[t as usize] > 0 => {
                     pool.mark_request_done(RequestId(1), tr, flag, Holding::Lease);
@@ -160,15 +157,12 @@ proptest! {
                 3 => {
                     // A batch of every task with an active request plus this one.
                     let batch: Vec<TaskRef> = tasks.iter().copied().filter(|x| active[x.slot as usize] > 0 || x.slot == t).collect();
-                    match pool.ensure_batch(&batch, &mut |_| {}) {
-                        Ok(()) => for b in &batch { prop_assert!(pool.tasks()[b.slot as usize].on_device); },
-                        Err(_) => {
-                            prop_assert_eq!(pool.tasks(), before.tasks(), "refused ensure_batch evicted something");
-                            let need: u32 = batch.iter().map(|b| b.slot as usize).filter(|&i| !before.tasks()[i].on_device).map(|i| sizes[i]).sum();
-                            let obtainable: u32 = 6 - before.device_used()
-                                + before.tasks().iter().enumerate().filter(|(i, x)| x.on_device && x.active == 0 && !batch.iter().any(|b| b.slot as usize == *i)).map(|(_, x)| x.pages).sum::<u32>();
-                            prop_assert!(need > obtainable, "refused although {} pages were obtainable for {}", obtainable, need);
-                        }
+                    if let Ok(()) = pool.ensure_batch(&batch, &mut |_| {}) { for b in &batch { prop_assert!(pool.tasks()[b.slot as usize].on_device); } } else {
+                        prop_assert_eq!(pool.tasks(), before.tasks(), "refused ensure_batch evicted something");
+                        let need: u32 = batch.iter().map(|b| b.slot as usize).filter(|&i| !before.tasks()[i].on_device).map(|i| sizes[i]).sum();
+                        let obtainable: u32 = 6 - before.device_used()
+                            + before.tasks().iter().enumerate().filter(|(i, x)| x.on_device && x.active == 0 && !batch.iter().any(|b| b.slot as usize == *i)).map(|(_, x)| x.pages).sum::<u32>();
+                        prop_assert!(need > obtainable, "refused although {} pages were obtainable for {}", obtainable, need);
                     }
                 }
                 _ => {}
@@ -302,9 +296,7 @@ proptest! {
                     for (k, &e) in kv.table(slot).iter().enumerate() {
                         prop_assert_eq!(contents.read(e), Some(want[k]), "matched block {} holds another block", k);
                     }
-                    if !kv.resize_context(r(slot), prompt, true) {
-                        kv.free(r(slot));
-                    } else {
+                    if kv.resize_context(r(slot), prompt, true) {
                         contents.apply(kv.take_moves());
                         // The prefill writes the blocks it did not reuse.
                         let full = (prompt / 4) as usize;
@@ -317,6 +309,8 @@ proptest! {
                         }
                         kv.commit(r(slot), prompt);
                         prompt_keys[slot as usize] = want;
+                    } else {
+                        kv.free(r(slot));
                     }
                 }
                 PrefixOp::Grow(slot, n) => {

@@ -10,7 +10,7 @@ use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId};
-use kvsched_core::kv::PageMove;
+use kvsched_core::kv::{KvBackend, PageMove};
 use kvsched_core::kv_set::KvSet;
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, KvStorage, Seq};
@@ -471,7 +471,6 @@ fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
         id: RequestId(2),
     };
     let prep = kvsched_core::kv::ContextPrep::first(4);
-    use kvsched_core::kv::KvBackend;
     pool.prepare_context(r, prep).unwrap();
     assert!(pool.resize_context(r, 4, true));
     let mut s: Sched<'_> = Scheduler::new(Config::default(), pool, adapters).unwrap();

@@ -340,13 +340,13 @@ proptest! {
 }
 
 /// An adapter cache of `device` and `host` pages (separate from the KV pool) with tasks of these sizes.
-fn split_peft(device_pages: u32, host_pages: u32, task_pages: &[u32]) -> Option<PeftSetup> {
-    Some(PeftSetup {
+fn split_peft(device_pages: u32, host_pages: u32, task_pages: &[u32]) -> PeftSetup {
+    PeftSetup {
         device_pages,
         host_pages,
         task_pages: task_pages.to_vec(),
         unified: false,
-    })
+    }
 }
 
 fn base(gpu_pages: u32, host_pages: u32) -> Setup {
@@ -670,7 +670,7 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
     setup.recompute_pause = true;
     setup.max_num_tokens = Some(24);
     setup.max_num_requests = 3;
-    setup.peft = split_peft(8, 2, &[1, 2]);
+    setup.peft = Some(split_peft(8, 2, &[1, 2]));
     let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     for op in [
@@ -900,7 +900,7 @@ fn disaggregated_requests_send_receive_and_recover_under_the_model() {
     setup.prefix = true;
     setup.recompute_pause = true;
     setup.chunk = Chunk::Fcfs;
-    setup.peft = split_peft(2, 4, &[1, 1, 2]);
+    setup.peft = Some(split_peft(2, 4, &[1, 1, 2]));
     let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     for k in 0..24u8 {
@@ -956,7 +956,7 @@ fn regression_a_disagg_peft_shortfall_does_not_starve_the_lease_holder_behind_it
     let mut setup = base(24, 0);
     setup.chunk = Chunk::Fcfs;
     setup.max_num_tokens = Some(8);
-    setup.peft = split_peft(2, 4, &[2, 1]);
+    setup.peft = Some(split_peft(2, 4, &[2, 1]));
     let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
     // Three requests without an adapter take at least 19 of the 24 pages and decode.

@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "fmt",
             "fingerprint",
             "storage",
+            "narrow",
         ],
     ),
     ("L1 contracts", &["kv", "adapter", "connector"]),

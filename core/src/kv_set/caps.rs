@@ -105,7 +105,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> Transfers for KvSet<T, D, X> {
         self.target
             .caps()
             .transfers
-            .is_some_and(|t| t.sends_in_flight())
+            .is_some_and(super::super::kv::caps::Transfers::sends_in_flight)
     }
 }
 
@@ -134,7 +134,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
         self.target
             .caps()
             .prefix
-            .is_some_and(|p| p.all_blocks_reusable())
+            .is_some_and(super::super::kv::caps::PrefixReuse::all_blocks_reusable)
     }
 
     fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {

@@ -22,6 +22,7 @@ use crate::ids::RequestId;
 use crate::storage::{Borrowed, Buffers};
 
 use super::KvPool;
+use crate::narrow::u16_of;
 
 /// No page (the end of a chain).
 const NIL: u32 = u32::MAX;
@@ -229,12 +230,11 @@ impl<B: Buffers> KvPool<'_, B> {
     /// A reading of the pool's one clock (the order in which cached blocks and adapters became idle):
     /// the prefix cache's, which stamps its blocks, when there is one.
     pub(super) fn stamp(&mut self) -> u64 {
-        match self.prefix.as_mut() {
-            Some(p) => p.tick(),
-            None => {
-                self.clock += 1;
-                self.clock
-            }
+        if let Some(p) = self.prefix.as_mut() {
+            p.tick()
+        } else {
+            self.clock += 1;
+            self.clock
         }
     }
 
@@ -370,7 +370,7 @@ impl<B: Buffers> KvPool<'_, B> {
         for (t, s) in ad.slots.iter_mut().enumerate() {
             if s.log & bit != 0 {
                 s.log &= !bit;
-                f(t as u16);
+                f(u16_of(t));
             }
         }
     }

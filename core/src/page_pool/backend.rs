@@ -10,6 +10,7 @@ use crate::kv::{
 
 use super::{blocks_for, KvPool, Seq, SeqState};
 use crate::ids::RequestId;
+use crate::narrow::u32_of;
 use crate::storage::Buffers;
 
 impl<B: Buffers> KvPool<'_, B> {
@@ -66,8 +67,8 @@ impl<B: Buffers> KvBackend for KvPool<'_, B> {
         KvLimits {
             tier_below_gpu: self.cfg.host_pages > 0,
             can_evict: self.cfg.host_pages > 0,
-            max_tokens_per_request: self.cfg.max_blocks.min(self.cfg.gpu_pages) as u64
-                * self.cfg.tokens_per_block as u64,
+            max_tokens_per_request: u64::from(self.cfg.max_blocks.min(self.cfg.gpu_pages))
+                * u64::from(self.cfg.tokens_per_block),
         }
     }
 
@@ -280,10 +281,8 @@ impl<B: Buffers> PairedPool for KvPool<'_, B> {
         self.slot(r).is_some_and(|i| {
             let s = self.seqs[i];
             let base = self.row(i);
-            let down = self.tables[base..base + s.blocks as usize]
-                .iter()
-                .filter(|&&e| e & super::HOST != 0)
-                .count() as u32;
+            let row = &self.tables[base..base + s.blocks as usize];
+            let down = u32_of(row.iter().filter(|&&e| e & super::HOST != 0).count());
             s.state == SeqState::Suspended && (down > self.gpu_available() || !self.log_room(down))
         })
     }

@@ -15,6 +15,7 @@ use crate::ids::RequestId;
 use crate::kv::{KvRef, LoadChange};
 
 use super::{KvPool, SeqState};
+use crate::narrow::{u16_of, u32_of};
 use crate::storage::Buffers;
 
 const NONE: u8 = 0;
@@ -123,7 +124,7 @@ impl Attached<'_> {
                 if s.save_passes > self.timeout {
                     self.stats.saves_timed_out += 1;
                     self.connector.cancel_save(KvRef {
-                        slot: i as u16,
+                        slot: u16_of(i),
                         id: s.save_id,
                     });
                     s.save_passes = u32::MAX;
@@ -137,7 +138,7 @@ impl Attached<'_> {
                     s.refused = true;
                     self.stats.timed_out += 1;
                     self.connector.cancel_load(KvRef {
-                        slot: i as u16,
+                        slot: u16_of(i),
                         id: s.id,
                     });
                 }
@@ -262,7 +263,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
         let slot_state = &mut c.slots[slot];
         slot_state.saving = true;
         slot_state.save_id = r.id;
-        slot_state.save_len = to as u32;
+        slot_state.save_len = u32_of(to);
         slot_state.save_passes = 0;
         c.stats.saves += 1;
         c.stats.saved_blocks += (to - from) as u64;
@@ -433,15 +434,21 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             let s = &mut c.slots[i];
             let (events, computed, id) = (core::mem::take(&mut s.events), s.computed, s.id);
             if events & FAILED != 0 {
-                f(i as u16, LoadChange::Failed);
+                f(u16_of(i), LoadChange::Failed);
             } else if events & ENDED != 0 {
                 // Confirmed: the blocks the load wrote join the prefix cache with what was computed,
                 // and may be saved.
                 if matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
                     self.commit_row(i, computed);
-                    self.connector_save(KvRef { slot: i as u16, id }, i);
+                    self.connector_save(
+                        KvRef {
+                            slot: u16_of(i),
+                            id,
+                        },
+                        i,
+                    );
                 }
-                f(i as u16, LoadChange::Ended);
+                f(u16_of(i), LoadChange::Ended);
             }
         }
     }

@@ -26,6 +26,7 @@
 //! ([`crate::storage::Buffers`]) says which.
 
 mod adapters;
+use crate::narrow::u32_of;
 mod backend;
 mod connector;
 #[cfg(feature = "alloc")]
@@ -266,10 +267,10 @@ impl<B: Buffers> KvPool<'_, B> {
         }
         // Free stacks pop low page ids first.
         for (i, p) in storage.gpu_free.iter_mut().enumerate() {
-            *p = cfg.gpu_pages - 1 - i as u32;
+            *p = cfg.gpu_pages - 1 - u32_of(i);
         }
         for (i, p) in storage.host_free.iter_mut().enumerate() {
-            *p = cfg.host_pages - 1 - i as u32;
+            *p = cfg.host_pages - 1 - u32_of(i);
         }
         storage.seqs.fill(Seq::default());
         let (prefix, hashes) = match storage.prefix {
@@ -486,10 +487,10 @@ impl<B: Buffers> KvPool<'_, B> {
             }
         }
         for (i, &n) in scratch.iter().enumerate() {
-            let entry = if (i as u32) < self.cfg.gpu_pages {
-                i as u32
+            let entry = if u32_of(i) < self.cfg.gpu_pages {
+                u32_of(i)
             } else {
-                (i as u32 - self.cfg.gpu_pages) | HOST
+                (u32_of(i) - self.cfg.gpu_pages) | HOST
             };
             let ok = match (&self.prefix, n) {
                 (_, FREE) => true,

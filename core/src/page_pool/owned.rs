@@ -16,13 +16,14 @@ impl KvBuffers<Owned> {
     /// ([`KvPoolConfig::validate`]).
     pub fn alloc(cfg: KvPoolConfig, prefix: bool) -> Result<Self, Error> {
         cfg.validate()?;
-        let prefix = match prefix {
-            false => None,
-            true => Some(PrefixBuffers {
+        let prefix = if prefix {
+            Some(PrefixBuffers {
                 pages: boxed_slice(cfg.page_info_len(), PageInfo::default())?,
                 index: boxed_slice(cfg.index_len(), 0)?,
                 hashes: boxed_slice(cfg.table_len(), 0)?,
-            }),
+            })
+        } else {
+            None
         };
         Ok(Self {
             gpu_free: boxed_slice(cfg.gpu_pages as usize, 0)?,

@@ -34,6 +34,7 @@ use super::HOST;
 use crate::{kv::Tier, storage::Buffers};
 
 mod lru;
+use crate::narrow::u32_of;
 use lru::Lru;
 
 /// No page (list links).
@@ -161,7 +162,7 @@ impl<B: Buffers> Prefix<B> {
 
     /// The table entry of an info index.
     fn entry(&self, at: usize) -> u32 {
-        let at = at as u32;
+        let at = u32_of(at);
         if at >= self.gpu_pages {
             (at - self.gpu_pages) | HOST
         } else {
@@ -235,7 +236,7 @@ impl<B: Buffers> Prefix<B> {
         while self.index[k] != 0 {
             k = (k + 1) & mask;
         }
-        self.index[k] = at as u32 + 1;
+        self.index[k] = u32_of(at) + 1;
     }
 
     fn index_remove(&mut self, key: u64) {
@@ -263,7 +264,7 @@ impl<B: Buffers> Prefix<B> {
         let Some(k) = self.find(key) else {
             panic!("a cached page is indexed");
         };
-        self.index[k] = at as u32 + 1;
+        self.index[k] = u32_of(at) + 1;
     }
 
     // --- References. ---
@@ -456,7 +457,7 @@ impl<B: Buffers> Prefix<B> {
         let (mut used, mut refs) = ([0u32; 2], 0u64);
         for (at, p) in self.pages.iter().enumerate() {
             if p.refs > 0 || p.cached {
-                used[usize::from(at as u32 >= self.gpu_pages)] += 1;
+                used[usize::from(u32_of(at) >= self.gpu_pages)] += 1;
             }
             refs += u64::from(p.refs);
         }
@@ -469,7 +470,7 @@ impl<B: Buffers> Prefix<B> {
     pub(super) fn check(&self) -> bool {
         let (mut cached, mut idle, mut listed) = ([0u32; 2], [0u32; 2], [0u32; 2]);
         for (at, p) in self.pages.iter().enumerate() {
-            let t = usize::from(at as u32 >= self.gpu_pages);
+            let t = usize::from(u32_of(at) >= self.gpu_pages);
             if p.cached {
                 cached[t] += 1;
                 if self.find(p.key).map(|k| self.index[k] as usize) != Some(at + 1) {
@@ -478,7 +479,7 @@ impl<B: Buffers> Prefix<B> {
                 if t == 0
                     && self
                         .parent_at(p.parent)
-                        .is_some_and(|q| q as u32 >= self.gpu_pages)
+                        .is_some_and(|q| u32_of(q) >= self.gpu_pages)
                 {
                     return false;
                 }
@@ -491,10 +492,10 @@ impl<B: Buffers> Prefix<B> {
             }
             listed[t] += u32::from(p.listed);
         }
-        let indexed = self.index.iter().filter(|&&v| v != 0).count() as u32;
+        let indexed = u32_of(self.index.iter().filter(|&&v| v != 0).count());
         let walk = |t: usize| {
             let (mut n, mut at) = (0u32, self.lru[t].head);
-            while at != NIL && n <= self.pages.len() as u32 {
+            while at != NIL && n <= u32_of(self.pages.len()) {
                 let p = &self.pages[at as usize];
                 if !p.listed || usize::from(at >= self.gpu_pages) != t {
                     return u32::MAX;
@@ -518,7 +519,7 @@ impl<B: Buffers> Prefix<B> {
         for gpu_only in [false, true] {
             scratch.fill(0);
             for (at, p) in self.pages.iter().enumerate() {
-                let counted = p.cached && (!gpu_only || (at as u32) < self.gpu_pages);
+                let counted = p.cached && (!gpu_only || (u32_of(at)) < self.gpu_pages);
                 if let Some(q) = self.parent_at(p.parent).filter(|_| counted) {
                     scratch[q] += 1;
                 }

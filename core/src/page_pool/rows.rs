@@ -11,6 +11,7 @@ use crate::kv::{ContextPrep, PageMove, Tier};
 
 use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST};
 use crate::kv::chain;
+use crate::narrow::u32_of;
 use crate::storage::Buffers;
 
 /// Moves a row of private pages to the other tier in one loop (a pool without a prefix cache, whose
@@ -100,8 +101,11 @@ impl<B: Buffers> KvPool<'_, B> {
         // Unified paging: an idle adapter that became idle before the oldest leaf goes instead (all
         // its pages at once).
         let idle = self.adapters.as_ref().filter(|_| self.adapter_idle > 0);
-        if let Some((t, since)) = idle.and_then(|a| a.oldest_idle()) {
-            let leaf = self.prefix.as_ref().and_then(|x| x.oldest_gpu_since());
+        if let Some((t, since)) = idle.and_then(super::adapters::Adapters::oldest_idle) {
+            let leaf = self
+                .prefix
+                .as_ref()
+                .and_then(super::prefix::Prefix::oldest_gpu_since);
             if leaf.is_none_or(|l| since < l) {
                 self.evict_adapter(t);
                 return true;
@@ -269,10 +273,12 @@ impl<B: Buffers> KvPool<'_, B> {
             self.stats.pages_offloaded += u64::from(s.blocks);
             return;
         };
-        let private = self.tables[base..base + n]
-            .iter()
-            .filter(|&&e| e & HOST == 0 && prefix.private(e))
-            .count() as u32;
+        let row = &self.tables[base..base + n];
+        let private = u32_of(
+            row.iter()
+                .filter(|&&e| e & HOST == 0 && prefix.private(e))
+                .count(),
+        );
         if private == 0 || private > self.host_available() || !self.log_room(private) {
             self.stats.held_suspends += 1;
             return;
@@ -308,7 +314,7 @@ impl<B: Buffers> KvPool<'_, B> {
             // Without a prefix cache a row is all on one tier.
             (None, Some(&e)) if e & HOST != 0 => s.blocks,
             (None, _) => 0,
-            (Some(_), _) => row.iter().filter(|&&e| e & HOST != 0).count() as u32,
+            (Some(_), _) => u32_of(row.iter().filter(|&&e| e & HOST != 0).count()),
         };
         if down + extra > self.gpu_available() || !self.log_room(down) {
             return false;
@@ -503,13 +509,13 @@ impl<B: Buffers> KvPool<'_, B> {
         };
         if !prep.first_chunk {
             let k = (prep.position / tpb) as usize;
-            return (k < hashes.len()).then(|| self.chain_to(slot, k as u32 + 1));
+            return (k < hashes.len()).then(|| self.chain_to(slot, u32_of(k) + 1));
         }
         let limit = prep.prompt.saturating_sub(1 + prep.lookahead) / tpb;
         let mut key = s.root;
         for (k, &h) in hashes.iter().enumerate() {
             key = chain(key, h);
-            if k as u32 >= limit || prefix.lookup(key).is_none() {
+            if u32_of(k) >= limit || prefix.lookup(key).is_none() {
                 return Some(key);
             }
         }
@@ -530,7 +536,7 @@ impl<B: Buffers> KvPool<'_, B> {
         let s = &mut self.seqs[slot];
         *s = Seq {
             root,
-            hashed: n as u32,
+            hashed: u32_of(n),
             chain: root,
             ..Seq::default()
         };

@@ -51,8 +51,8 @@ impl Request<Suspended<Paused>> {
         }
         let r = self.kv_ref();
         let (core, state) = self.into_parts();
-        let lease = match core.task() {
-            Some(t) => match desk.acquire(kv, core.id, t, state.paused_on) {
+        let lease = if let Some(t) = core.task() {
+            match desk.acquire(kv, core.id, t, state.paused_on) {
                 Ok(l) => Some(l),
                 Err((paused_on, e)) => {
                     if how == KvReturn::Generation {
@@ -65,14 +65,13 @@ impl Request<Suspended<Paused>> {
                         error: Error::Peft(e),
                     });
                 }
-            },
-            None => {
-                assert!(
-                    state.paused_on.is_none(),
-                    "no adapter, no paused registration"
-                );
-                None
             }
+        } else {
+            assert!(
+                state.paused_on.is_none(),
+                "no adapter, no paused registration"
+            );
+            None
         };
         Ok(Self::build(core, Resumed { lease }))
     }

@@ -27,6 +27,7 @@ use crate::request::{Ownership, RequestSpec};
 use crate::storage::{Inline, InlineArray, Storage};
 
 use super::pass::Pass;
+use crate::narrow::u16_of;
 
 /// A client's identity: a tenant, a LoRA task, or the base model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -100,7 +101,7 @@ impl<const N: usize, S: Storage> Clients<N, S> {
             }
         }
         self.live[at] += 1;
-        self.of_slot[slot as usize] = at as u16;
+        self.of_slot[slot as usize] = u16_of(at);
     }
 
     /// An entry for a new client: a free one, else the remembered client with the smallest counter's.
@@ -380,7 +381,7 @@ mod tests {
             }
             s.complete_step(&out).unwrap();
             // Generation requests finish after six steps.
-            for (h, steps) in live.iter_mut() {
+            for (h, steps) in &mut live {
                 if s.get(*h)
                     .is_ok_and(|e| e.spec().phase == Phase::GenerationInProgress)
                 {

@@ -36,9 +36,10 @@ impl<K, P, const N: usize, const T: usize> Scheduler<K, P, N, T> {
     /// const-constructible, such as [`crate::NoPeft`] or a const [`crate::AdapterPool`]). Panics on an
     /// invalid configuration: a compile error where it initialises a `static`.
     pub const fn new_const(cfg: Config, kv: K, peft: P) -> Self {
-        if cfg.validate().is_err() {
-            panic!("invalid scheduler configuration (Config::validate)");
-        }
+        assert!(
+            cfg.validate().is_ok(),
+            "invalid scheduler configuration (Config::validate)"
+        );
         Self::inline(cfg, kv, peft)
     }
 

@@ -5,11 +5,12 @@
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::error::{Error, PeftError};
-use crate::kv::{AdapterPaging, CrossPool, KvBackend, KvCaps};
+use crate::kv::{AdapterPaging, KvBackend, KvCaps};
 use crate::request::RequestSpec;
 use crate::storage::Storage;
 
 use super::Scheduler;
+use crate::narrow::u32_of;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Scheduler<K, P, N, T, S>
@@ -60,7 +61,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if self.table.is_full() {
             return Err(Error::CapacityExhausted {
                 what: "request table",
-                capacity: N as u32,
+                capacity: u32_of(N),
             });
         }
         Ok(task)
@@ -73,10 +74,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Ok(());
         };
         let pages = self.desk.backend().pages_of(task);
-        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
+        let tokens =
+            u64::from(spec.prompt) + u64::from(spec.max_new_tokens) + u64::from(spec.draft);
         let limit = adapters
             .max_tokens_beside_adapter(pages)
-            .min(u32::MAX as u64);
+            .min(u64::from(u32::MAX));
         if tokens > limit {
             return Err(Error::RequestTooLarge {
                 id: spec.id,
@@ -103,8 +105,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 "beam width plus draft tokens overflow one step's token count",
             ));
         }
-        let tokens = spec.prompt as u64 + spec.max_new_tokens as u64 + spec.draft as u64;
-        let limit = self.kv.limits().max_tokens_per_request.min(u32::MAX as u64);
+        let tokens =
+            u64::from(spec.prompt) + u64::from(spec.max_new_tokens) + u64::from(spec.draft);
+        let limit = self
+            .kv
+            .limits()
+            .max_tokens_per_request
+            .min(u64::from(u32::MAX));
         if tokens > limit {
             return Err(Error::RequestTooLarge {
                 id: spec.id,
@@ -114,11 +121,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         // A decoder's encoder output must fit the cross pool (an encoder request's too: it becomes one).
         // No cross pool: no limit here, the pass stops such a request instead (§1.6 step 7).
-        let cross = self
-            .kv
-            .caps()
-            .cross
-            .map_or(u64::MAX, |x| x.max_cross_tokens());
+        let cross = self.kv.caps().cross.map_or(
+            u64::MAX,
+            super::super::kv::caps::CrossPool::max_cross_tokens,
+        );
         if !spec.skip_cross && u64::from(spec.encoder_len) > cross {
             return Err(Error::RequestTooLarge {
                 id: spec.id,

@@ -19,7 +19,7 @@
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
 use crate::error::Error;
-use crate::kv::{KvBackend, KvCaps, Transfers};
+use crate::kv::{KvBackend, KvCaps};
 use crate::phase::Phase;
 use crate::storage::Storage;
 
@@ -83,7 +83,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         self.kv
             .caps()
             .transfers
-            .is_some_and(|t| t.sends_in_flight())
+            .is_some_and(super::super::kv::caps::Transfers::sends_in_flight)
             || self.table.order().iter().any(|&s| {
                 let e = self.table.entry(s);
                 e.spec().phase.holds_transfer() || (e.pending_load() && e.ownership().on_gpu())

@@ -20,6 +20,7 @@ use crate::storage::{FixedList, Storage};
 use super::hot::{READY, READY_MASK};
 use super::pass::{listed, mark, Pass, Step};
 use super::table::Held;
+use crate::narrow::u16_of;
 
 /// A decode step whose one KV attempt was refused: what the ladder needs to finish it.
 #[derive(Clone, Copy)]
@@ -177,7 +178,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         if phase == Phase::EncoderInit || phase == Phase::ContextInit {
             let deferred = self.pending.push(super::pass::Pending {
-                index: i as u16,
+                index: u16_of(i),
                 planned: 0,
                 key: 0,
             });

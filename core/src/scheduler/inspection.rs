@@ -12,6 +12,7 @@ use crate::request::Ownership;
 use crate::storage::Storage;
 
 use super::{Entry, Handle, PassStats, Scheduler};
+use crate::narrow::u16_of;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Scheduler<K, P, N, T, S>
@@ -110,11 +111,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let adapters = self.kv.caps().adapters;
         let pinned = |s: usize| {
             adapters
-                .and_then(|a| a.adapter_pins(s as u16))
+                .and_then(|a| a.adapter_pins(u16_of(s)))
                 .is_none_or(|n| n == leases[s])
         };
         agree
             && self.table.check()
-            && (0..T).all(|s| self.desk.leases(s as u16) == leases[s] && pinned(s))
+            && (0..T).all(|s| self.desk.leases(u16_of(s)) == leases[s] && pinned(s))
     }
 }

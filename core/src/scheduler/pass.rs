@@ -201,28 +201,37 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         kv: &'a mut K,
         desk: &'a mut AdapterDesk<P, T, S>,
         table: &'a mut Table<N, S>,
-        parts: Parts<'a, N, T, S>,
+        Parts {
+            marks,
+            contributed,
+            pending,
+            plan,
+            clients,
+            client_sums,
+            adapter_waits,
+            failed_loads,
+        }: Parts<'a, N, T, S>,
         out: &'a mut SchedulerOutput<N, S>,
     ) -> Self {
         out.clear();
         let len = table.len();
-        parts.marks.fill(0);
-        parts.pending.clear();
-        parts.plan.begin(desk);
+        marks.fill(0);
+        pending.clear();
+        plan.begin(desk);
         Self {
             cfg,
             kv,
             desk,
             table,
             out,
-            marks: parts.marks,
-            contributed: parts.contributed,
+            marks,
+            contributed,
             skip_live: false,
-            pending: parts.pending,
-            plan: parts.plan,
-            clients: parts.clients,
-            client_sums: parts.client_sums,
-            adapter_waits: parts.adapter_waits,
+            pending,
+            plan,
+            clients,
+            client_sums,
+            adapter_waits,
             budget: Budget::new(cfg),
             stats: PassStats::default(),
             end: len,
@@ -234,7 +243,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             admissions_closed: false,
             draining: false,
             refused_one: false,
-            failed_loads: parts.failed_loads,
+            failed_loads,
         }
     }
 

@@ -46,16 +46,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 .rev()
                 .find(|&j| j != i && self.preemptable(self.table.slot(j)))
         });
-        match victim {
-            Some(j) => {
-                self.preempt(self.table.slot(j));
-                true
-            }
-            None => {
-                let requester = self.preemptable(self.table.slot(i));
-                self.preempt_only = Some(if requester { i } else { usize::MAX });
-                false
-            }
+        if let Some(j) = victim {
+            self.preempt(self.table.slot(j));
+            true
+        } else {
+            let requester = self.preemptable(self.table.slot(i));
+            self.preempt_only = Some(if requester { i } else { usize::MAX });
+            false
         }
     }
 

@@ -37,7 +37,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             .kv
             .caps()
             .prefix
-            .is_some_and(|p| p.all_blocks_reusable());
+            .is_some_and(super::super::kv::caps::PrefixReuse::all_blocks_reusable);
         if !self.cfg.prefix_aware || !reusable {
             return;
         }

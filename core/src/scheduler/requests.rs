@@ -80,6 +80,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Submits a request that already has a cache in the KV backend (restoring state; scripted tests):
     /// `Active` takes a lease on its adapter, `Suspended` registers it as paused on its adapter. Refused,
     /// changing nothing, when the backend's cache does not match `how` or the adapter cache refuses.
+    // The spec is given away, as to `submit`: the table keeps its copy.
+    #[allow(clippy::needless_pass_by_value)]
     pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
         let task = self.check_spec(&spec)?;
         let r = |h: Handle| KvRef {

@@ -19,6 +19,7 @@ use crate::storage::Storage;
 
 use super::pass::Pass;
 use super::table::Table;
+use crate::narrow::u16_of;
 
 /// A sortable list entry.
 trait Item: Copy {
@@ -53,7 +54,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
 {
     /// Sorts the batch lists in place, with the scratch buffers.
-    pub(crate) fn sort(&mut self, scratch: (&mut [Listed; N], &mut [Chunk; N])) {
+    pub(crate) fn sort(&mut self, (listed, chunks): (&mut [Listed; N], &mut [Chunk; N])) {
         let partition = self.out.has_chunking();
         let unbucketed = self.plan.unbucketed > 0;
         let table = &*self.table;
@@ -63,19 +64,19 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let plan = &mut *self.plan;
         for (k, t) in adapters.iter().enumerate() {
-            plan.rank[t.slot as usize] = k as u16 + 1;
+            plan.rank[t.slot as usize] = u16_of(k) + 1;
         }
         if unbucketed {
-            merge_sort(generation, scratch.0, |l| id_key(table, l, false));
-            merge_sort(encoder, scratch.0, |l| id_key(table, l, false));
-            merge_sort(context, scratch.1, |c| id_key(table, c, partition));
+            merge_sort(generation, listed, |l| id_key(table, l, false));
+            merge_sort(encoder, listed, |l| id_key(table, l, false));
+            merge_sort(context, chunks, |c| id_key(table, c, partition));
             return;
         }
         let plain = [plan.plain, 0];
         let (rank, counts) = (&plan.rank, &mut plan.counts);
-        sort_counted(generation, scratch.0, adapters, rank, counts, plain, false);
-        count_and_sort(encoder, scratch.0, adapters, rank, counts, false);
-        count_and_sort(context, scratch.1, adapters, rank, counts, partition);
+        sort_counted(generation, listed, adapters, rank, counts, plain, false);
+        count_and_sort(encoder, listed, adapters, rank, counts, false);
+        count_and_sort(context, chunks, adapters, rank, counts, partition);
     }
 }
 

@@ -29,6 +29,7 @@ use crate::request::{
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 use super::hot::{Hot, OWNERSHIP_BITS};
+use crate::narrow::u32_of;
 
 /// Why a [`Held::Sending`] request never reaches the pass's transitions: its phase is
 /// `DISAGG_CONTEXT_TRANS_IN_PROGRESS` (outside the window, not started, so never a victim) and
@@ -113,7 +114,7 @@ impl Held {
     }
 
     fn abandon(self) {
-        each!(self, r => r.abandon())
+        each!(self, r => r.abandon());
     }
 
     fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
@@ -250,9 +251,10 @@ impl<const N: usize, S: Storage> Table<N, S> {
     /// the list cleared for the next settlement.
     pub(crate) fn take_resumed_slots(&mut self, into: &mut S::List<u16, N>) {
         into.clear();
-        let from = match core::mem::take(&mut self.resumed_overflow) {
-            true => &self.order,
-            false => &self.resumed_slots,
+        let from = if core::mem::take(&mut self.resumed_overflow) {
+            &self.order
+        } else {
+            &self.resumed_slots
         };
         assert!(into.extend_from_slice(from), "a list of slots holds N");
         self.resumed_slots.clear();
@@ -339,7 +341,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
     ) -> Result<Handle, Error> {
         let full = Error::CapacityExhausted {
             what: "request table",
-            capacity: N as u32,
+            capacity: u32_of(N),
         };
         let next = match self.records.vacancy() {
             Some(next) if !self.is_full() => next,
@@ -357,9 +359,8 @@ impl<const N: usize, S: Storage> Table<N, S> {
             inflight: false,
             pending_load: false,
         };
-        let h = match self.records.insert(record) {
-            Ok(h) => h,
-            Err(_) => return Err(full),
+        let Ok(h) = self.records.insert(record) else {
+            return Err(full);
         };
         assert_eq!(h, next, "the arena hands out its announced vacancy");
         let slot = h.index();
@@ -485,7 +486,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
     /// Feeds the table's whole state to `h`.
     pub(crate) fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
         use core::hash::Hash;
-        self.records.hash_state(h, |r, h| r.hash_state(h));
+        self.records.hash_state(h, Record::hash_state);
         for held in self.held.iter() {
             match held {
                 None => 0u8.hash(h),

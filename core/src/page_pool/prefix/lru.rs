@@ -3,6 +3,7 @@
 //! counts (idle pages, children) that decide what is a leaf.
 
 use super::{Prefix, NIL};
+use crate::narrow::u32_of;
 use crate::storage::Buffers;
 
 /// A tier's list of evictable cached pages, oldest first.
@@ -25,7 +26,7 @@ impl<B: Buffers> Prefix<B> {
     /// A leaf of its tier: idle, with no child on the GPU (a GPU page) or none at all (a host page).
     pub(super) fn leaf(&self, at: usize) -> bool {
         let p = &self.pages[at];
-        let children = if (at as u32) < self.gpu_pages {
+        let children = if (u32_of(at)) < self.gpu_pages {
             p.gpu_children
         } else {
             p.children
@@ -44,23 +45,23 @@ impl<B: Buffers> Prefix<B> {
     }
 
     pub(super) fn link(&mut self, at: usize) {
-        let t = usize::from(at as u32 >= self.gpu_pages);
+        let t = usize::from(u32_of(at) >= self.gpu_pages);
         let tail = self.lru[t].tail;
         self.pages[at].since = self.tick();
         self.pages[at].prev = tail;
         self.pages[at].next = NIL;
         self.pages[at].listed = true;
         if tail == NIL {
-            self.lru[t].head = at as u32;
+            self.lru[t].head = u32_of(at);
         } else {
-            self.pages[tail as usize].next = at as u32;
+            self.pages[tail as usize].next = u32_of(at);
         }
-        self.lru[t].tail = at as u32;
+        self.lru[t].tail = u32_of(at);
         self.lru[t].len += 1;
     }
 
     pub(super) fn unlink(&mut self, at: usize) {
-        let t = usize::from(at as u32 >= self.gpu_pages);
+        let t = usize::from(u32_of(at) >= self.gpu_pages);
         let (prev, next) = (self.pages[at].prev, self.pages[at].next);
         if prev == NIL {
             self.lru[t].head = next;
@@ -81,7 +82,7 @@ impl<B: Buffers> Prefix<B> {
     /// Counts the page in (`+1`) or out of (`-1`) its tier's idle pages, as it is idle.
     pub(super) fn count_idle(&mut self, at: usize, sign: i32) {
         if self.pages[at].idle() {
-            let t = usize::from(at as u32 >= self.gpu_pages);
+            let t = usize::from(u32_of(at) >= self.gpu_pages);
             self.idle[t] = self.idle[t].wrapping_add_signed(sign);
         }
     }
