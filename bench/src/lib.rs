@@ -22,7 +22,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::Instant;
 
-use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{AdapterHold, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{Admission, ChunkPolicy, Chunking, Config};
 use kvsched_core::ids::{RequestId, TaskId};
@@ -642,12 +642,12 @@ fn adapters_in_place<const T: usize>(ad: &Adapters, reqs: &[Start]) -> AdapterPo
         let tr = task_ref(&peft, t);
         peft.add_request(warm, tr, false).expect("warm");
         peft.ensure_batch(&[tr], &mut |_| {}).expect("warm");
-        peft.mark_request_done(warm, tr, false, Holding::Lease);
+        peft.mark_request_done(warm, tr, false, AdapterHold::Lease);
     }
     for &t in &ad.idle_on_host {
         let tr = task_ref(&peft, t);
         peft.add_request(warm, tr, false).expect("warm");
-        peft.mark_request_done(warm, tr, false, Holding::Lease);
+        peft.mark_request_done(warm, tr, false, AdapterHold::Lease);
     }
     let mut running: Vec<TaskRef> = reqs
         .iter()

@@ -9,9 +9,9 @@ use std::cell::{Ref, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
-use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{AdapterHold, PeftBackend, TaskRef};
 use kvsched_core::error::PeftError;
-use kvsched_core::ids::{RequestId, TaskId};
+use kvsched_core::ids::{RequestId, TaskId, TaskSlot};
 use kvsched_core::kv::{
     Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange, PageMove, PairedPool,
     PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
@@ -667,14 +667,14 @@ impl PeftBackend for ScriptedPeft {
             }
             st.tasks.iter().position(|t| t.id == task).map(|i| TaskRef {
                 id: task,
-                slot: i as u16,
+                slot: TaskSlot(i as u16),
             })
         })
     }
     fn determine_num_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
         self.with(|st| {
             st.calls.push(PeftCall::DetermineNumPages(req.0));
-            st.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+            st.tasks.get(task.slot.index()).map_or(0, |t| t.pages)
         })
     }
     fn add_request(
@@ -688,7 +688,7 @@ impl PeftBackend for ScriptedPeft {
             st.clock += 1;
             let t = st
                 .tasks
-                .get_mut(task.slot as usize)
+                .get_mut(task.slot.index())
                 .ok_or(PeftError::UnknownTask(task.id))?;
             t.active += 1;
             if from_pause {
@@ -698,14 +698,14 @@ impl PeftBackend for ScriptedPeft {
             Ok(())
         })
     }
-    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: AdapterHold) {
         self.with(|st| {
             st.calls.push(PeftCall::MarkRequestDone(req.0, pause));
             st.clock += 1;
-            if let Some(t) = st.tasks.get_mut(task.slot as usize) {
+            if let Some(t) = st.tasks.get_mut(task.slot.index()) {
                 match held {
-                    Holding::Lease => t.active = t.active.saturating_sub(1),
-                    Holding::Paused => t.paused = t.paused.saturating_sub(1),
+                    AdapterHold::Lease => t.active = t.active.saturating_sub(1),
+                    AdapterHold::Paused => t.paused = t.paused.saturating_sub(1),
                 }
                 if pause {
                     t.paused += 1;
@@ -720,7 +720,7 @@ impl PeftBackend for ScriptedPeft {
         load: &mut dyn FnMut(TaskRef),
     ) -> Result<(), PeftError> {
         self.with(|st| {
-            let in_batch = |i: usize| tasks.iter().any(|t| t.slot as usize == i);
+            let in_batch = |i: usize| tasks.iter().any(|t| t.slot.index() == i);
             let need: u32 = st
                 .tasks
                 .iter()
@@ -740,7 +740,7 @@ impl PeftBackend for ScriptedPeft {
                 if free + evictable < need {
                     let task = tasks
                         .iter()
-                        .find(|t| !st.tasks[t.slot as usize].on_device)
+                        .find(|t| !st.tasks[t.slot.index()].on_device)
                         .map_or(TaskId(0), |t| t.id);
                     return Err(PeftError::DeviceCacheFull {
                         task,
@@ -763,7 +763,7 @@ impl PeftBackend for ScriptedPeft {
                 }
             }
             for t in tasks {
-                let e = &mut st.tasks[t.slot as usize];
+                let e = &mut st.tasks[t.slot.index()];
                 if !e.on_device {
                     e.on_device = true;
                     load(*t);

@@ -12,7 +12,7 @@
 //!   so a refused claim evicts nothing (upstream evicts everything and then fails).
 
 use crate::error::PeftError;
-use crate::ids::{RequestId, TaskId};
+use crate::ids::{RequestId, TaskId, TaskSlot};
 
 /// A registered task: its id and its dense slot in the adapter cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,12 +20,12 @@ pub struct TaskRef {
     /// The LoRA task id.
     pub id: TaskId,
     /// Dense slot in the adapter cache's task table.
-    pub slot: u16,
+    pub slot: TaskSlot,
 }
 
 /// What a request held when it lets go of a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holding {
+pub enum AdapterHold {
     /// A lease (device ownership): it was active on the task.
     Lease,
     /// A paused registration (host copy pinned for a later resume or replay).
@@ -57,7 +57,7 @@ pub trait PeftBackend {
         true
     }
     /// Removes `req` from the task's `held` set; with `pause` it becomes paused on the task.
-    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding);
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: AdapterHold);
     /// Makes every task of the batch resident on the device, evicting done tasks; `load` is called for
     /// each task that had to be copied to the device. All-or-nothing.
     fn ensure_batch(
@@ -125,7 +125,13 @@ impl PeftBackend for NoPeft {
     ) -> Result<(), PeftError> {
         Ok(())
     }
-    fn mark_request_done(&mut self, _req: RequestId, _task: TaskRef, _pause: bool, _held: Holding) {
+    fn mark_request_done(
+        &mut self,
+        _req: RequestId,
+        _task: TaskRef,
+        _pause: bool,
+        _held: AdapterHold,
+    ) {
     }
     fn ensure_batch(
         &mut self,

@@ -1,9 +1,9 @@
 //! The fixed-capacity adapter cache: the built-in [`PeftBackend`], with device pages and host pages
 //! (invariants in [`crate::adapter`]). Its tests are in `adapter_pool/tests.rs`.
 
-use crate::adapter::{Holding, HostChange, PeftBackend, TaskRef};
+use crate::adapter::{AdapterHold, HostChange, PeftBackend, TaskRef};
 use crate::error::PeftError;
-use crate::ids::{RequestId, TaskId};
+use crate::ids::{RequestId, TaskId, TaskSlot};
 use crate::narrow::u16_of;
 
 /// Pending host-copy change bits of one task slot.
@@ -58,7 +58,7 @@ pub struct AdapterPool<const T: usize> {
     stats: AdapterStats,
     device_evicted: heapless::Vec<TaskRef, T>,
     /// Slots whose host copy changed since the last `take_host_changes`, in order, each once.
-    host_changed: heapless::Vec<u16, T>,
+    host_changed: heapless::Vec<TaskSlot, T>,
     /// Their pending `HOST_*` bits, by slot.
     host_bits: [u8; T],
     /// Unified paging: the device copies live in the KV pool, which places and evicts them
@@ -117,7 +117,7 @@ impl<const T: usize> AdapterPool<T> {
                 capacity,
             });
         }
-        let slot = u16_of(self.tasks.len());
+        let slot = TaskSlot(u16_of(self.tasks.len()));
         self.tasks
             .push(TaskEntry {
                 id,
@@ -157,7 +157,7 @@ impl<const T: usize> AdapterPool<T> {
         }
         let task = TaskRef {
             id,
-            slot: u16_of(slot),
+            slot: TaskSlot(u16_of(slot)),
         };
         if t.on_device {
             self.device_used -= t.pages;
@@ -244,7 +244,7 @@ impl<const T: usize> AdapterPool<T> {
         if self.host_bits[slot] & HOST_LISTED == 0 {
             self.host_bits[slot] |= HOST_LISTED;
             // At most one entry per task slot: the log has room for all.
-            let logged = self.host_changed.push(u16_of(slot));
+            let logged = self.host_changed.push(TaskSlot(u16_of(slot)));
             debug_assert!(logged.is_ok(), "one entry per task slot");
         }
     }
@@ -304,7 +304,7 @@ impl<const T: usize> AdapterPool<T> {
                 // A task is evicted at most once before it is loaded again: the log has room for all.
                 let _ = self.device_evicted.push(TaskRef {
                     id: t.id,
-                    slot: u16_of(victim),
+                    slot: TaskSlot(u16_of(victim)),
                 });
             } else {
                 t.on_host = false;
@@ -342,7 +342,7 @@ impl<const T: usize> AdapterPool<T> {
         for tr in tasks {
             let t = self
                 .tasks
-                .get(tr.slot as usize)
+                .get(tr.slot.index())
                 .ok_or(PeftError::UnknownTask(tr.id))?;
             if !t.on_device
                 && !tasks
@@ -370,7 +370,7 @@ impl<const T: usize> AdapterPool<T> {
                 .sum::<u32>();
         let first = tasks
             .iter()
-            .find(|tr| !self.tasks[tr.slot as usize].on_device)
+            .find(|tr| !self.tasks[tr.slot.index()].on_device)
             .copied();
         let task = first.map_or(TaskId(0), |t| t.id);
         PeftError::DeviceCacheFull {
@@ -385,7 +385,7 @@ impl<const T: usize> AdapterPool<T> {
     fn load_batch(&mut self, tasks: &[TaskRef], load: &mut dyn FnMut(TaskRef)) {
         let now = self.tick();
         for tr in tasks {
-            let t = &mut self.tasks[tr.slot as usize];
+            let t = &mut self.tasks[tr.slot.index()];
             if !t.on_device {
                 t.on_device = true;
                 self.device_used += t.pages;
@@ -400,7 +400,7 @@ impl<const T: usize> AdapterPool<T> {
 /// Whether slot `j` holds one of the batch's tasks.
 #[inline]
 fn in_batch(j: usize, tasks: &[TaskRef]) -> bool {
-    tasks.iter().any(|t| t.slot as usize == j)
+    tasks.iter().any(|t| t.slot.index() == j)
 }
 
 impl<const T: usize> PeftBackend for AdapterPool<T> {
@@ -414,24 +414,24 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
             .position(|t| t.id == task)
             .map(|i| TaskRef {
                 id: task,
-                slot: u16_of(i),
+                slot: TaskSlot(u16_of(i)),
             })
     }
 
     fn determine_num_pages(&mut self, _req: RequestId, task: TaskRef) -> u32 {
-        self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+        self.tasks.get(task.slot.index()).map_or(0, |t| t.pages)
     }
 
     fn cache_identity(&self, task: TaskRef) -> u64 {
-        self.tasks.get(task.slot as usize).map_or(0, |t| t.version)
+        self.tasks.get(task.slot.index()).map_or(0, |t| t.version)
     }
 
     fn pages_of(&self, task: TaskRef) -> u32 {
-        self.tasks.get(task.slot as usize).map_or(0, |t| t.pages)
+        self.tasks.get(task.slot.index()).map_or(0, |t| t.pages)
     }
 
     fn can_admit(&self, task: TaskRef) -> bool {
-        let i = task.slot as usize;
+        let i = task.slot.index();
         let Some(t) = self.tasks.get(i) else {
             return false;
         };
@@ -455,7 +455,7 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
         task: TaskRef,
         from_pause: bool,
     ) -> Result<(), PeftError> {
-        let i = task.slot as usize;
+        let i = task.slot.index();
         let Some(t) = self.tasks.get(i) else {
             return Err(PeftError::UnknownTask(task.id));
         };
@@ -484,17 +484,23 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
         Ok(())
     }
 
-    fn mark_request_done(&mut self, _req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+    fn mark_request_done(
+        &mut self,
+        _req: RequestId,
+        task: TaskRef,
+        pause: bool,
+        held: AdapterHold,
+    ) {
         let now = self.tick();
-        let Some(t) = self.tasks.get_mut(task.slot as usize) else {
+        let Some(t) = self.tasks.get_mut(task.slot.index()) else {
             return;
         };
         match held {
-            Holding::Lease => {
+            AdapterHold::Lease => {
                 debug_assert!(t.active > 0);
                 t.active = t.active.saturating_sub(1);
             }
-            Holding::Paused => {
+            AdapterHold::Paused => {
                 debug_assert!(t.paused > 0);
                 t.paused = t.paused.saturating_sub(1);
             }

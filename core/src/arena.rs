@@ -1,7 +1,7 @@
-//! A fixed-capacity generational slot arena.
+//! A fixed-capacity versioned slot arena.
 //!
 //! Invariants (asserted in tests): every slot is either occupied or on the free list, never both;
-//! a [`Handle`] names a slot *and* the generation it was issued for, so a handle that outlived its
+//! a [`Handle`] names a slot *and* the version it was issued for, so a handle that outlived its
 //! value is refused ([`None`]) and never resolves to a newer value in the same slot.
 
 use core::marker::PhantomData;
@@ -14,7 +14,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 #[derive(Debug)]
 pub struct Handle<T> {
     index: u16,
-    generation: u32,
+    version: u32,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -26,13 +26,13 @@ impl<T> Clone for Handle<T> {
 impl<T> Copy for Handle<T> {}
 impl<T> PartialEq for Handle<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.index == other.index && self.generation == other.generation
+        self.index == other.index && self.version == other.version
     }
 }
 impl<T> Eq for Handle<T> {}
 impl<T> core::hash::Hash for Handle<T> {
     fn hash<H: core::hash::Hasher>(&self, h: &mut H) {
-        (self.index, self.generation).hash(h);
+        (self.index, self.version).hash(h);
     }
 }
 impl<T> PartialOrd for Handle<T> {
@@ -41,18 +41,18 @@ impl<T> PartialOrd for Handle<T> {
     }
 }
 impl<T> Ord for Handle<T> {
-    /// By slot, then generation.
+    /// By slot, then version.
     fn cmp(&self, other: &Self) -> core::cmp::Ordering {
-        (self.index, self.generation).cmp(&(other.index, other.generation))
+        (self.index, self.version).cmp(&(other.index, other.version))
     }
 }
 
 impl<T> Handle<T> {
-    /// A handle naming `index` at `generation`.
-    pub const fn new(index: u16, generation: u32) -> Self {
+    /// A handle naming `index` at `version`.
+    pub const fn new(index: u16, version: u32) -> Self {
         Self {
             index,
-            generation,
+            version,
             _t: PhantomData,
         }
     }
@@ -60,17 +60,17 @@ impl<T> Handle<T> {
     pub const fn index(self) -> u16 {
         self.index
     }
-    /// The generation the handle was issued for.
-    pub const fn generation(self) -> u32 {
-        self.generation
+    /// The version the handle was issued for.
+    pub const fn version(self) -> u32 {
+        self.version
     }
 }
 
-/// A fixed-capacity arena of `N` slots (`N <= 65535`), stored as parallel arrays: the generations
+/// A fixed-capacity arena of `N` slots (`N <= 65535`), stored as parallel arrays: the versions
 /// (dense, 4 bytes a slot, for hot loops that only need a slot's handle) and the values, where `S`
 /// ([`Storage`]) keeps them: inside the value ([`Inline`]) or each in a heap allocation of its own.
 pub struct Arena<T, const N: usize, S: Storage = Inline> {
-    generations: S::Array<u32, N>,
+    versions: S::Array<u32, N>,
     values: S::Array<Option<T>, N>,
     free: S::List<u16, N>,
     len: usize,
@@ -99,7 +99,7 @@ impl<T, const N: usize> Arena<T, N> {
             i += 1;
         }
         Self {
-            generations: InlineArray::new([0; N]),
+            versions: InlineArray::new([0; N]),
             values: InlineArray::new([const { None }; N]),
             free: heapless::Vec::from_array(free),
             len: 0,
@@ -122,7 +122,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
             debug_assert!(pushed.is_ok());
         }
         Ok(Self {
-            generations: S::array(|| 0)?,
+            versions: S::array(|| 0)?,
             values: S::array(|| None)?,
             free,
             len: 0,
@@ -147,7 +147,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
     /// The handle the next [`Arena::insert`] will return, if there is room.
     pub fn vacancy(&self) -> Option<Handle<T>> {
         let &i = self.free.last()?;
-        Some(Handle::new(i, self.generations[i as usize]))
+        Some(Handle::new(i, self.versions[i as usize]))
     }
 
     /// Inserts a value; when full, hands it back.
@@ -159,11 +159,11 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
         assert!(slot.is_none(), "a free slot is vacant");
         *slot = Some(value);
         self.len += 1;
-        Ok(Handle::new(index, self.generations[index as usize]))
+        Ok(Handle::new(index, self.versions[index as usize]))
     }
 
     fn live(&self, h: Handle<T>) -> bool {
-        self.generations.get(h.index as usize) == Some(&h.generation)
+        self.versions.get(h.index as usize) == Some(&h.version)
     }
 
     /// The value, if the handle is live.
@@ -182,7 +182,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
         self.values[h.index as usize].as_mut()
     }
 
-    /// Value at a dense slot index (no generation check; for internal iteration over known-live slots).
+    /// Value at a dense slot index (no version check; for internal iteration over known-live slots).
     #[inline]
     pub fn at(&self, index: u16) -> Option<&T> {
         self.values.get(index as usize)?.as_ref()
@@ -194,10 +194,10 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
         self.values.get_mut(index as usize)?.as_mut()
     }
 
-    /// The generation of a slot (the one its live value's handle carries).
+    /// The version of a slot (the one its live value's handle carries).
     #[inline]
-    pub fn generation_at(&self, index: u16) -> u32 {
-        self.generations[index as usize]
+    pub fn version_at(&self, index: u16) -> u32 {
+        self.versions[index as usize]
     }
 
     /// Replaces the live value at `index` by `f(value)`: the value moves out, through `f` and back, so
@@ -215,7 +215,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
     pub fn handle_at(&self, index: u16) -> Option<Handle<T>> {
         let v = self.values.get(index as usize)?;
         v.as_ref()
-            .map(|_| Handle::new(index, self.generations[index as usize]))
+            .map(|_| Handle::new(index, self.versions[index as usize]))
     }
 
     /// Removes and returns the value; the handle (and every copy) becomes stale.
@@ -224,7 +224,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
             return None;
         }
         let v = self.values[h.index as usize].take()?;
-        let g = &mut self.generations[h.index as usize];
+        let g = &mut self.versions[h.index as usize];
         *g = g.wrapping_add(1);
         self.len -= 1;
         // Cannot fail: the slot was occupied, so the free list has room for it.
@@ -234,7 +234,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
     }
 
     /// Takes back a value whose handle was never handed out (an insertion rolled back inside one
-    /// operation): unlike [`Arena::remove`], the generation is not bumped, so the arena is exactly as
+    /// operation): unlike [`Arena::remove`], the version is not bumped, so the arena is exactly as
     /// it was before the insertion.
     pub fn cancel_insert(&mut self, h: Handle<T>) -> Option<T> {
         if !self.live(h) {
@@ -248,10 +248,10 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
         Some(v)
     }
 
-    /// Feeds every slot (generation and value), the free list and the length to `h`.
+    /// Feeds every slot (version and value), the free list and the length to `h`.
     pub fn hash_state<H: core::hash::Hasher>(&self, h: &mut H, value: impl Fn(&T, &mut H)) {
         use core::hash::Hash;
-        for (g, v) in self.generations.iter().zip(self.values.iter()) {
+        for (g, v) in self.versions.iter().zip(self.values.iter()) {
             g.hash(h);
             match v {
                 None => 0u8.hash(h),
@@ -269,7 +269,7 @@ impl<T, const N: usize, S: Storage> Arena<T, N, S> {
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
         self.values.iter().enumerate().filter_map(|(i, v)| {
             v.as_ref()
-                .map(|v| (Handle::new(u16_of(i), self.generations[i]), v))
+                .map(|v| (Handle::new(u16_of(i), self.versions[i]), v))
         })
     }
 

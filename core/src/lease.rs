@@ -14,10 +14,10 @@
 //!
 //! The per-pass PEFT page budget built on the pinned set lives with the pass (`scheduler::plan`).
 
-use crate::adapter::{Holding, PeftBackend, TaskRef};
+use crate::adapter::{AdapterHold, PeftBackend, TaskRef};
 use crate::bomb::Bomb;
 use crate::error::PeftError;
-use crate::ids::{RequestId, TaskId};
+use crate::ids::{RequestId, TaskId, TaskSlot};
 use crate::kv::{AdapterPaging, KvBackend, KvCaps};
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
@@ -29,6 +29,7 @@ impl SlotPlusOne {
     fn of(task: TaskRef) -> Self {
         match task
             .slot
+            .0
             .checked_add(1)
             .and_then(core::num::NonZeroU16::new)
         {
@@ -36,8 +37,8 @@ impl SlotPlusOne {
             None => panic!("task slot {} is beyond the task table", task.slot),
         }
     }
-    fn slot(self) -> u16 {
-        self.0.get() - 1
+    fn slot(self) -> TaskSlot {
+        TaskSlot(self.0.get() - 1)
     }
 }
 
@@ -52,7 +53,7 @@ pub struct AdapterLease {
 
 impl AdapterLease {
     /// The slot of the task this lease pins.
-    pub fn task_slot(&self) -> u16 {
+    pub fn task_slot(&self) -> TaskSlot {
         self.task.slot()
     }
     /// The request it was minted for.
@@ -72,7 +73,7 @@ pub struct PausedOn {
 
 impl PausedOn {
     /// The slot of the task the request is paused on.
-    pub fn task_slot(&self) -> u16 {
+    pub fn task_slot(&self) -> TaskSlot {
         self.task.slot()
     }
     /// The paused request.
@@ -93,7 +94,7 @@ pub struct AdapterDesk<P, const T: usize, S: Storage = Inline> {
     pages: S::Array<u32, T>,
     /// The id of each task slot leased so far.
     ids: S::Array<TaskId, T>,
-    pinned: S::List<u16, T>,
+    pinned: S::List<TaskSlot, T>,
     pinned_pages: u32,
 }
 
@@ -130,7 +131,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
             leases: S::array(|| 0)?,
             pages: S::array(|| 0)?,
             ids: S::array(|| TaskId(0))?,
-            pinned: S::list(0)?,
+            pinned: S::list(TaskSlot(0))?,
             pinned_pages: 0,
         })
     }
@@ -145,8 +146,8 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
     }
 
     /// Live leases on a task slot.
-    pub fn leases(&self, slot: u16) -> u32 {
-        self.leases.get(slot as usize).copied().unwrap_or(0)
+    pub fn leases(&self, slot: TaskSlot) -> u32 {
+        self.leases.get(slot.index()).copied().unwrap_or(0)
     }
 
     /// Feeds the desk's own state (lease counts, page counts, pinned set) to `h`; the backend is not
@@ -165,27 +166,27 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
     }
 
     /// Task slots with at least one lease.
-    pub fn pinned_tasks(&self) -> &[u16] {
+    pub fn pinned_tasks(&self) -> &[TaskSlot] {
         &self.pinned
     }
 
     /// The task in slot `slot`, once it was leased (a pinned task's).
-    pub(crate) fn task_ref(&self, slot: u16) -> TaskRef {
+    pub(crate) fn task_ref(&self, slot: TaskSlot) -> TaskRef {
         TaskRef {
-            id: self.ids[slot as usize],
+            id: self.ids[slot.index()],
             slot,
         }
     }
 
     /// The device pages of the task in slot `slot`, as last determined (0 before the first time).
-    pub(crate) fn known_pages(&self, slot: u16) -> u32 {
-        self.pages.get(slot as usize).copied().unwrap_or(0)
+    pub(crate) fn known_pages(&self, slot: TaskSlot) -> u32 {
+        self.pages.get(slot.index()).copied().unwrap_or(0)
     }
 
     /// Asks the backend for the task's page count (for request `req`) and remembers it.
     pub(crate) fn determine_pages(&mut self, req: RequestId, task: TaskRef) -> u32 {
         let pages = self.backend.determine_num_pages(req, task);
-        if let Some(p) = self.pages.get_mut(task.slot as usize) {
+        if let Some(p) = self.pages.get_mut(task.slot.index()) {
             *p = pages;
         }
         pages
@@ -204,7 +205,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
         task: TaskRef,
         paused: Option<PausedOn>,
     ) -> Result<AdapterLease, (Option<PausedOn>, PeftError)> {
-        let s = task.slot as usize;
+        let s = task.slot.index();
         if s >= T {
             return Err((paused, PeftError::TaskTableFull));
         }
@@ -271,9 +272,9 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
         assert_eq!(lease.holder, req, "a lease is returned by its own request");
         let task = self.task_ref(lease.task.slot());
         lease.bomb.defuse();
-        let s = task.slot as usize;
+        let s = task.slot.index();
         self.backend
-            .mark_request_done(req, task, pause, Holding::Lease);
+            .mark_request_done(req, task, pause, AdapterHold::Lease);
         if let Some(a) = kv.adapters() {
             a.unpin_adapter(task.slot);
         }
@@ -303,7 +304,7 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
         let task = self.task_ref(paused.task.slot());
         paused.bomb.defuse();
         self.backend
-            .mark_request_done(req, task, false, Holding::Paused);
+            .mark_request_done(req, task, false, AdapterHold::Paused);
     }
 
     /// Makes the batch's adapters resident (see [`PeftBackend::ensure_batch`]).

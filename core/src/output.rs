@@ -6,7 +6,7 @@
 //! [`Suspended<Paused>`], `recompute_paused` only [`Suspended<Recompute>`], `resumed` only [`Resumed`].
 //! Readers get slices.
 //!
-//! An entry is a [`Listed`]: the request's table slot, the slot's generation (so an entry that outlived
+//! An entry is a [`Listed`]: the request's table slot, the slot's version (so an entry that outlived
 //! its request is recognised) and its adapter task slot, 8 bytes. Everything else about a listed request
 //! (its id, its spec) is read from the scheduler on demand (`Scheduler::get(listed.handle())`).
 //!
@@ -14,25 +14,25 @@
 //! overflow; the pass asserts every push.
 
 use crate::adapter::TaskRef;
-use crate::ids::NO_TASK;
+use crate::ids::TaskSlot;
 use crate::request::{Paused, Recompute, Request, Resumed, Schedulable, State, Suspended};
 use crate::scheduler::Handle;
 use crate::storage::{FixedList, Inline, Storage};
 
-/// One listed request: its table slot, the slot's generation, its adapter task slot.
+/// One listed request: its table slot, the slot's version, its adapter task slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Listed {
     slot: u16,
-    task: u16,
-    generation: u32,
+    task: TaskSlot,
+    version: u32,
 }
 
 impl Listed {
     /// No request (what an unused entry of a scratch array holds).
     pub(crate) const EMPTY: Listed = Listed {
         slot: 0,
-        task: 0,
-        generation: 0,
+        task: TaskSlot(0),
+        version: 0,
     };
 
     #[inline]
@@ -41,7 +41,7 @@ impl Listed {
         Self {
             slot: place.slot,
             task: place.task,
-            generation: place.generation,
+            version: place.version,
         }
     }
     /// The request's table slot.
@@ -52,33 +52,33 @@ impl Listed {
     /// The request's handle (resolve it with `Scheduler::get`; stale once the request is removed).
     #[inline]
     pub fn handle(self) -> Handle {
-        Handle::new(self.slot, self.generation)
+        Handle::new(self.slot, self.version)
     }
     /// The adapter task slot, when the request has an adapter in the adapter cache.
     #[inline]
-    pub const fn task_slot(self) -> Option<u16> {
-        if self.task == NO_TASK {
+    pub const fn task_slot(self) -> Option<TaskSlot> {
+        if self.task.0 == TaskSlot::NONE.0 {
             None
         } else {
             Some(self.task)
         }
     }
-    /// The raw task slot ([`NO_TASK`](crate::ids::NO_TASK) for none), for the LoRA sort.
+    /// The raw task slot ([`TaskSlot::NONE`](crate::ids::TaskSlot::NONE) for none), for the LoRA sort.
     #[inline]
-    pub(crate) const fn bucket(self) -> u16 {
+    pub(crate) const fn bucket(self) -> TaskSlot {
         self.task
     }
     /// A test entry at `slot` on task slot `task`.
     #[cfg(test)]
-    pub(crate) const fn for_test(slot: u16, task: u16) -> Self {
+    pub(crate) const fn for_test(slot: u16, task: TaskSlot) -> Self {
         Self {
             slot,
             task,
-            generation: 0,
+            version: 0,
         }
     }
-    pub(crate) const fn generation(self) -> u32 {
-        self.generation
+    pub(crate) const fn version(self) -> u32 {
+        self.version
     }
 }
 
@@ -105,7 +105,7 @@ impl Chunk {
 /// No task (what the unused room of a boxed adapter list holds).
 const NO_TASK_REF: TaskRef = TaskRef {
     id: crate::ids::TaskId(0),
-    slot: NO_TASK,
+    slot: TaskSlot::NONE,
 };
 
 /// A fixed-capacity list of `N` entries inside the value ([`Inline`]'s list).

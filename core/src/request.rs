@@ -54,7 +54,7 @@ use core::marker::PhantomData;
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::bomb::Bomb;
-use crate::ids::{RequestId, TaskId, NO_TASK};
+use crate::ids::{RequestId, TaskId, TaskSlot};
 use crate::kv::{KvBackend, KvRef};
 use crate::lease::{AdapterDesk, AdapterLease, PausedOn};
 use crate::{error::Error, storage::Storage};
@@ -212,12 +212,12 @@ impl OnGpu for Resumed {
 }
 
 /// Where a request lives in the scheduler's table: its slot, its adapter task slot
-/// ([`crate::ids::NO_TASK`] without one) and the slot's generation — the layout of a list entry.
+/// ([`crate::ids::TaskSlot::NONE`] without one) and the slot's version — the layout of a list entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Place {
     pub(crate) slot: u16,
-    pub(crate) task: u16,
-    pub(crate) generation: u32,
+    pub(crate) task: TaskSlot,
+    pub(crate) version: u32,
 }
 
 /// What a request is, whatever it owns: where it lives, its id, its adapter task's id (meaningful when
@@ -231,7 +231,7 @@ struct Core {
 
 impl Core {
     fn task(self) -> Option<TaskRef> {
-        (self.place.task != NO_TASK).then_some(TaskRef {
+        (self.place.task != TaskSlot::NONE).then_some(TaskRef {
             id: self.task_id,
             slot: self.place.task,
         })
@@ -331,7 +331,7 @@ impl Request<Waiting> {
     pub(crate) fn new(place: Place, id: RequestId, task: Option<TaskRef>) -> Self {
         let core = Core {
             place: Place {
-                task: task.map_or(NO_TASK, |t| t.slot),
+                task: task.map_or(TaskSlot::NONE, |t| t.slot),
                 ..place
             },
             id,

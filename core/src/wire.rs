@@ -5,7 +5,7 @@
 //!
 //! Layout (version 2): a 48-byte header (`magic`, `version`, eight list lengths as `u32`, a flags word, a
 //! reserved word) followed by the entries of the seven request lists in order (context, generation,
-//! encoder, paused, recompute-paused, disagg, resumed), 24 bytes each (`id: u64`, `generation: u32`,
+//! encoder, paused, recompute-paused, disagg, resumed), 24 bytes each (`id: u64`, `version: u32`,
 //! `tokens: u32`, `slot: u16`, `task: u16`, `last: u8`, 3 bytes zero; `tokens` and `last` are 0 outside
 //! the context list), then the adapter plan, 16 bytes per task (`id: u64`, `slot: u16`, 6 bytes zero).
 //!
@@ -13,7 +13,7 @@
 //! [`SchedulerOutput`]: no scheduler accepts it back, so bytes cannot forge a batch.
 
 use crate::adapter::TaskRef;
-use crate::ids::NO_TASK;
+use crate::ids::TaskSlot;
 use crate::ids::{RequestId, TaskId};
 use crate::narrow::u32_of;
 use crate::output::{Listed, SchedulerOutput};
@@ -67,10 +67,10 @@ pub struct WireEntry {
     pub id: RequestId,
     /// Table slot on the scheduling rank.
     pub slot: u16,
-    /// The slot's generation.
-    pub generation: u32,
+    /// The slot's version.
+    pub version: u32,
     /// Adapter task slot (`None` without one).
-    pub task: Option<u16>,
+    pub task: Option<TaskSlot>,
     /// Context: tokens of the chunk (0 elsewhere).
     pub tokens: u32,
     /// Context: the chunk ends the prompt.
@@ -173,15 +173,15 @@ pub fn encode<const N: usize, S: Storage>(
     for (l, tokens, last) in entries(out) {
         let id = id_of(l).map_or(0, |i| i.0);
         put(buf, &mut at, &id.to_le_bytes());
-        put(buf, &mut at, &l.generation().to_le_bytes());
+        put(buf, &mut at, &l.version().to_le_bytes());
         put(buf, &mut at, &tokens.to_le_bytes());
         put(buf, &mut at, &l.slot().to_le_bytes());
-        put(buf, &mut at, &l.bucket().to_le_bytes());
+        put(buf, &mut at, &l.bucket().0.to_le_bytes());
         put(buf, &mut at, &[u8::from(last), 0, 0, 0]);
     }
     for t in out.adapters() {
         put(buf, &mut at, &t.id.0.to_le_bytes());
-        put(buf, &mut at, &t.slot.to_le_bytes());
+        put(buf, &mut at, &t.slot.0.to_le_bytes());
         put(buf, &mut at, &[0u8; 6]);
     }
     assert_eq!(at, needed, "the layout's length");
@@ -222,16 +222,16 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut WireOutput<N>) -> Result<(),
     for (list, &n) in out.lists.iter_mut().zip(lens.iter()) {
         for _ in 0..n {
             let id = u64::from_le_bytes(get(buf, &mut at));
-            let generation = u32::from_le_bytes(get(buf, &mut at));
+            let version = u32::from_le_bytes(get(buf, &mut at));
             let tokens = u32::from_le_bytes(get(buf, &mut at));
             let slot = u16::from_le_bytes(get(buf, &mut at));
-            let task = u16::from_le_bytes(get(buf, &mut at));
+            let task = TaskSlot(u16::from_le_bytes(get(buf, &mut at)));
             let tail: [u8; 4] = get(buf, &mut at);
             let pushed = list.push(WireEntry {
                 id: RequestId(id),
                 slot,
-                generation,
-                task: (task != NO_TASK).then_some(task),
+                version,
+                task: (task != TaskSlot::NONE).then_some(task),
                 tokens,
                 last: tail[0] != 0,
             });
@@ -240,7 +240,7 @@ pub fn decode<const N: usize>(buf: &[u8], out: &mut WireOutput<N>) -> Result<(),
     }
     for _ in 0..lens[7] {
         let id = u64::from_le_bytes(get(buf, &mut at));
-        let slot = u16::from_le_bytes(get(buf, &mut at));
+        let slot = TaskSlot(u16::from_le_bytes(get(buf, &mut at)));
         let _: [u8; 6] = get(buf, &mut at);
         let pushed = out.adapters.push(TaskRef {
             id: TaskId(id),

@@ -2,7 +2,7 @@
 //! page conservation per tier and an independent model of every request's pages (KV pool); residency,
 //! refcount and page invariants, and all-or-nothing refusals (adapter cache).
 
-use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{AdapterHold, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
@@ -146,22 +146,22 @@ proptest! {
                     if let Ok(()) = pool.add_request(RequestId(1), tr, from_pause) { active[t as usize] += 1; if from_pause { paused[t as usize] -= 1; } } else { prop_assert_eq!(pool.tasks(), before.tasks(), "refused add changed the cache") }
                 }
                 1 if active[t as usize] > 0 => {
-                    pool.mark_request_done(RequestId(1), tr, flag, Holding::Lease);
+                    pool.mark_request_done(RequestId(1), tr, flag, AdapterHold::Lease);
                     active[t as usize] -= 1;
                     if flag { paused[t as usize] += 1; }
                 }
                 2 if paused[t as usize] > 0 => {
-                    pool.mark_request_done(RequestId(1), tr, false, Holding::Paused);
+                    pool.mark_request_done(RequestId(1), tr, false, AdapterHold::Paused);
                     paused[t as usize] -= 1;
                 }
                 3 => {
                     // A batch of every task with an active request plus this one.
-                    let batch: Vec<TaskRef> = tasks.iter().copied().filter(|x| active[x.slot as usize] > 0 || x.slot == t).collect();
-                    if let Ok(()) = pool.ensure_batch(&batch, &mut |_| {}) { for b in &batch { prop_assert!(pool.tasks()[b.slot as usize].on_device); } } else {
+                    let batch: Vec<TaskRef> = tasks.iter().copied().filter(|x| active[x.slot.index()] > 0 || x.slot.0 == t).collect();
+                    if let Ok(()) = pool.ensure_batch(&batch, &mut |_| {}) { for b in &batch { prop_assert!(pool.tasks()[b.slot.index()].on_device); } } else {
                         prop_assert_eq!(pool.tasks(), before.tasks(), "refused ensure_batch evicted something");
-                        let need: u32 = batch.iter().map(|b| b.slot as usize).filter(|&i| !before.tasks()[i].on_device).map(|i| sizes[i]).sum();
+                        let need: u32 = batch.iter().map(|b| b.slot.index()).filter(|&i| !before.tasks()[i].on_device).map(|i| sizes[i]).sum();
                         let obtainable: u32 = 6 - before.device_used()
-                            + before.tasks().iter().enumerate().filter(|(i, x)| x.on_device && x.active == 0 && !batch.iter().any(|b| b.slot as usize == *i)).map(|(_, x)| x.pages).sum::<u32>();
+                            + before.tasks().iter().enumerate().filter(|(i, x)| x.on_device && x.active == 0 && !batch.iter().any(|b| b.slot.index() == *i)).map(|(_, x)| x.pages).sum::<u32>();
                         prop_assert!(need > obtainable, "refused although {} pages were obtainable for {}", obtainable, need);
                     }
                 }

@@ -1,6 +1,6 @@
 //! The bad-input matrix (DESIGN.md §5): every public entry point fed invalid input returns a typed error
 //! and leaves the state byte-for-byte unchanged — the scheduler (`Scheduler::fingerprint`: request table
-//! with slot generations and free list, arrival order, counters, adapter desk), its KV pool
+//! with slot versions and free list, arrival order, counters, adapter desk), its KV pool
 //! (`KvPool::fingerprint`: free stacks, page tables, slots, move log, counters) and its adapter cache
 //! (`AdapterPool: PartialEq`), all compared before and after each refused call. The cases are listed in
 //! docs/RELIABILITY.md.
@@ -9,7 +9,7 @@ use kvsched_core::adapter::{PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::error::{Error, PeftError};
-use kvsched_core::ids::{RequestId, TaskId};
+use kvsched_core::ids::{RequestId, TaskId, TaskSlot};
 use kvsched_core::kv::{KvBackend, PageMove};
 use kvsched_core::kv_set::KvSet;
 use kvsched_core::output::SchedulerOutput;
@@ -102,7 +102,10 @@ fn busy() -> (Sched<'static>, Vec<Handle>) {
         ],
         "the fixture holds every kind of state"
     );
-    assert_eq!(s.adapters().leases(0) + s.adapters().leases(1), 2);
+    assert_eq!(
+        s.adapters().leases(TaskSlot(0)) + s.adapters().leases(TaskSlot(1)),
+        2
+    );
     (s, vec![a, b, c, d])
 }
 
@@ -455,7 +458,7 @@ fn adopt_refuses_without_matching_backend_state() {
 }
 
 /// An adoption refused by the adapter cache after the table slot was taken gives the slot back without
-/// bumping its generation (the handle never left the call).
+/// bumping its version (the handle never left the call).
 #[test]
 fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
     let mut adapters = AdapterPool::<T>::new(2, 2).unwrap();
@@ -490,7 +493,7 @@ fn adopt_refused_by_the_adapter_cache_leaves_the_table_as_it_was() {
     assert_eq!(
         s.fingerprint(),
         table,
-        "table slot generation and free list unchanged"
+        "table slot version and free list unchanged"
     );
     assert_eq!(s.kv().fingerprint(), kv);
     assert_eq!(*s.adapters().backend(), adapters);
@@ -749,7 +752,7 @@ fn adapter_cache_refuses_bad_sizes_and_registrations() {
     let mut q = p.clone();
     let ghost = TaskRef {
         id: TaskId(9),
-        slot: 7,
+        slot: TaskSlot(7),
     };
     assert_eq!(
         q.add_request(RequestId(1), ghost, false),

@@ -5,7 +5,7 @@
 use std::mem::size_of;
 use std::sync::Mutex;
 
-use kvsched_core::adapter::{Holding, PeftBackend, TaskRef};
+use kvsched_core::adapter::{AdapterHold, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::error::PeftError;
 use kvsched_core::ids::{RequestId, TaskId};
@@ -74,7 +74,7 @@ impl PeftBackend for Null {
     fn add_request(&mut self, _: RequestId, _: TaskRef, _: bool) -> Result<(), PeftError> {
         Ok(())
     }
-    fn mark_request_done(&mut self, _: RequestId, _: TaskRef, _: bool, _: Holding) {}
+    fn mark_request_done(&mut self, _: RequestId, _: TaskRef, _: bool, _: AdapterHold) {}
     fn ensure_batch(&mut self, _: &[TaskRef], _: &mut dyn FnMut(TaskRef)) -> Result<(), PeftError> {
         Ok(())
     }

@@ -51,11 +51,11 @@ fn a_real_pass_round_trips_through_bytes() {
     assert_eq!(n, buf.len());
     let mut back: Box<WireOutput<32>> = Box::default();
     wire::decode(&buf[..n], &mut back).unwrap();
-    // Every list, entry by entry: id, slot, generation, task, and the context chunks' tokens.
+    // Every list, entry by entry: id, slot, version, task, and the context chunks' tokens.
     let entry = |l: Listed, tokens: u32, last: bool| WireEntry {
         id: id_of(l).unwrap(),
         slot: l.slot(),
-        generation: l.handle().generation(),
+        version: l.handle().version(),
         task: l.task_slot(),
         tokens,
         last,

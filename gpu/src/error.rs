@@ -85,7 +85,7 @@ pub enum MemError {
     /// count that differs from the core's adapter cache.
     AdapterPlan {
         /// The task's slot in the core's adapter cache.
-        slot: u16,
+        slot: kvsched_core::ids::TaskSlot,
         /// Which rule the plan broke.
         reason: &'static str,
     },

@@ -29,7 +29,7 @@ use common::{cuda_or_skip, pattern};
 use kvsched_core::adapter::{HostChange, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
-use kvsched_core::ids::TaskId;
+use kvsched_core::ids::{TaskId, TaskSlot};
 use kvsched_core::kv::PageMove;
 use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, KvStats, KvStorage, Seq, SeqState};
 use kvsched_core::request::{Ownership, RequestSpec};
@@ -336,7 +336,7 @@ fn check_adapters<A: AdapterMemory>(
     let page_bytes = ADAPTER_SHAPE.page_bytes;
     let mut bytes = vec![0; page_bytes];
     for (slot, task) in pool.tasks().iter().enumerate() {
-        let host = slots.host_pages(slot as u16);
+        let host = slots.host_pages(TaskSlot(slot as u16));
         assert_eq!(host.is_some(), task.on_host, "task slot {slot}'s host copy");
         let w = weights(slot);
         for (index, &page) in host.unwrap_or(&[]).iter().enumerate() {
@@ -348,7 +348,7 @@ fn check_adapters<A: AdapterMemory>(
                 "task slot {slot} weight page {index} at host page {page}: wrong bytes"
             );
         }
-        let pages = slots.device_pages(slot as u16);
+        let pages = slots.device_pages(TaskSlot(slot as u16));
         if !task.on_device {
             assert!(pages.is_none(), "task slot {slot} is not on the device");
             continue;
@@ -400,7 +400,7 @@ fn scribble<K: KvMemory, A: AdapterMemory>(
     }
     let mut used = vec![false; ADAPTER_DEVICE_PAGES as usize];
     for slot in 0..T as u16 {
-        for &page in slots.device_pages(slot).unwrap_or(&[]) {
+        for &page in slots.device_pages(TaskSlot(slot)).unwrap_or(&[]) {
             used[page as usize] = true;
         }
     }

@@ -12,13 +12,13 @@
 //! [`OptionsError`]) and the binary words them in terms of its flags.
 #![deny(missing_docs)]
 
+pub mod block_hashes;
 pub mod cluster;
 pub mod cost;
 pub mod disagg;
 pub mod fairness;
 #[cfg(feature = "plot")]
 pub mod plot;
-pub mod prefix;
 pub mod report;
 mod run_loop;
 pub mod stats;
@@ -445,7 +445,7 @@ fn check_budgets(o: &SimOptions, w: &Workload) -> Result<(), OptionsError> {
         let block = w
             .prefix_block_tokens
             .unwrap_or(kvsched_workload::sessions::BLOCK_TOKENS);
-        if !prefix::compatible(block, o.tokens_per_block) {
+        if !block_hashes::compatible(block, o.tokens_per_block) {
             return Err(OptionsError::PrefixBlocks {
                 tokens_per_block: o.tokens_per_block,
                 block,
@@ -564,7 +564,11 @@ fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
     let pool = s.adapters().backend();
     bad += u64::from(!pool.check());
     for (slot, t) in pool.tasks().iter().enumerate() {
-        bad += u64::from(s.adapters().leases(slot as u16) != t.active);
+        bad += u64::from(
+            s.adapters()
+                .leases(kvsched_core::ids::TaskSlot(slot as u16))
+                != t.active,
+        );
     }
     // The table's invariants, leases per task = requests holding one, ownership = the KV pool's state.
     bad += u64::from(!s.check());

@@ -17,8 +17,8 @@ use super::disagg::{Handoff, Role, TransferEndAt};
 use super::fairness::{Fairness, OUTPUT_WEIGHT};
 use super::report::Quantiles;
 use super::{
-    check_invariants, prefix, Live, Out, Report, Samples, Sched, SimError, SimOptions, StepWork,
-    MAX_LIVE,
+    block_hashes, check_invariants, Live, Out, Report, Samples, Sched, SimError, SimOptions,
+    StepWork, MAX_LIVE,
 };
 use kvsched_workload::{Rng, Workload};
 use rand::{Rng as _, SeedableRng};
@@ -314,7 +314,7 @@ impl<'s, 'w> Sim<'s, 'w> {
         spec.arrival = (a.at_ms * 1000.0) as u64;
         self.hashes.clear();
         if o.prefix_reuse {
-            prefix::page_hashes(
+            block_hashes::page_hashes(
                 &a.prefix_blocks,
                 self.w.prefix_block_tokens.unwrap_or(0),
                 o.tokens_per_block,
@@ -375,7 +375,7 @@ impl<'s, 'w> Sim<'s, 'w> {
         page_moves += sched.take_pool_moves(Pool::Draft).len() as u64;
         let mut load_pages = 0u64;
         for t in out.adapter_loads() {
-            load_pages += sched.adapters().backend().tasks()[t.slot as usize].pages as u64;
+            load_pages += sched.adapters().backend().tasks()[t.slot.index()].pages as u64;
         }
         r.adapter_loads += out.adapter_loads().len() as u64;
         let loaded = sched

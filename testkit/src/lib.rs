@@ -29,13 +29,13 @@
 use std::cell::Cell;
 use std::collections::BTreeSet;
 
-use kvsched_core::adapter::{Holding, HostChange, PeftBackend, TaskRef};
+use kvsched_core::adapter::{AdapterHold, HostChange, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 pub use kvsched_core::config::Admission;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
 use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::error::{Error, PeftError};
-use kvsched_core::ids::{RequestId, TaskId};
+use kvsched_core::ids::{RequestId, TaskId, TaskSlot};
 use kvsched_core::kv::{
     Absent, AdapterPaging, AdaptersCap, CacheState, ContextPrep, KvBackend, KvCaps, KvLimits,
     KvRef, PairedPool, Pool, PrefixCap, Reach, Tier, TransfersCap,
@@ -593,28 +593,28 @@ impl AdapterPaging for FaultKv<'_> {
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
         self.inner.max_tokens_beside_adapter(pages)
     }
-    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+    fn can_pin_adapter(&self, task: TaskSlot, pages: u32) -> bool {
         self.inner.can_pin_adapter(task, pages)
     }
-    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+    fn pin_adapter(&mut self, who: RequestId, task: TaskSlot, pages: u32) -> bool {
         if self.faults.fire(Fault::KvPin) {
             return false;
         }
         self.inner.pin_adapter(who, task, pages)
     }
-    fn unpin_adapter(&mut self, task: u16) {
+    fn unpin_adapter(&mut self, task: TaskSlot) {
         self.inner.unpin_adapter(task);
     }
-    fn drop_adapter(&mut self, task: u16) {
+    fn drop_adapter(&mut self, task: TaskSlot) {
         self.inner.drop_adapter(task);
     }
-    fn adapter_pins(&self, task: u16) -> Option<u32> {
+    fn adapter_pins(&self, task: TaskSlot) -> Option<u32> {
         self.inner.adapter_pins(task)
     }
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         AdapterPaging::take_adapter_placements(&mut self.inner, f);
     }
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         AdapterPaging::take_adapter_evictions(&mut self.inner, f);
     }
 }
@@ -663,7 +663,7 @@ impl PeftBackend for FaultPeft {
             None => Ok(()),
         }
     }
-    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: Holding) {
+    fn mark_request_done(&mut self, req: RequestId, task: TaskRef, pause: bool, held: AdapterHold) {
         if let Some(p) = self.inner.as_mut() {
             p.mark_request_done(req, task, pause, held);
         }
@@ -891,7 +891,7 @@ pub struct Harness<'a> {
     /// Counters.
     pub stats: Stats,
     /// The adapter host copies a binding following `take_adapter_host_changes` holds, by task slot.
-    host_copies: BTreeSet<u16>,
+    host_copies: BTreeSet<TaskSlot>,
     /// The connector store's fault schedule (with a connector).
     pub store_faults: Option<std::rc::Rc<Faults>>,
 }
@@ -1706,11 +1706,11 @@ impl<'a> Harness<'a> {
                 }
             }
         } else if let Some(cache) = &s.adapters().backend().inner {
-            let mut slots: BTreeSet<u16> = plan.iter().map(|t| t.slot).collect();
+            let mut slots: BTreeSet<TaskSlot> = plan.iter().map(|t| t.slot).collect();
             slots.extend(s.adapters().pinned_tasks().iter().copied());
             let pages: u64 = slots
                 .iter()
-                .map(|&i| u64::from(cache.tasks()[i as usize].pages))
+                .map(|&i| u64::from(cache.tasks()[i.index()].pages))
                 .sum();
             if pages > u64::from(cache.max_device_pages()) {
                 return Err(format!(
@@ -1720,7 +1720,7 @@ impl<'a> Harness<'a> {
                 .into());
             }
             for t in &plan {
-                if !cache.tasks()[t.slot as usize].on_device {
+                if !cache.tasks()[t.slot.index()].on_device {
                     return Err(format!("task {} not on device after ensure_batch", t.id.0).into());
                 }
             }
@@ -1788,12 +1788,12 @@ impl<'a> Harness<'a> {
             }
         }
         if let Some(p) = &self.sched.adapters().backend().inner {
-            let on_host: BTreeSet<u16> = p
+            let on_host: BTreeSet<TaskSlot> = p
                 .tasks()
                 .iter()
                 .enumerate()
                 .filter(|(_, t)| t.on_host)
-                .map(|(i, _)| i as u16)
+                .map(|(i, _)| TaskSlot(i as u16))
                 .collect();
             if on_host != self.host_copies {
                 return Err(format!(
@@ -1877,8 +1877,8 @@ impl<'a> Harness<'a> {
             self.check_residency(h, e.ownership(), sp, pending_reset)?;
             if let Some(t) = e.task() {
                 match e.ownership() {
-                    Ownership::Active | Ownership::Resumed => active[t.slot as usize] += 1,
-                    Ownership::Paused | Ownership::Recompute => paused[t.slot as usize] += 1,
+                    Ownership::Active | Ownership::Resumed => active[t.slot.index()] += 1,
+                    Ownership::Paused | Ownership::Recompute => paused[t.slot.index()] += 1,
                     Ownership::Waiting | Ownership::Sending => {}
                 }
             }
@@ -1931,7 +1931,7 @@ impl<'a> Harness<'a> {
         let s = &self.sched;
         let desk = s.adapters();
         let Some(cache) = &desk.backend().inner else {
-            if (0..T as u16).any(|i| desk.leases(i) != 0) || desk.pinned_pages() != 0 {
+            if (0..T as u16).any(|i| desk.leases(TaskSlot(i)) != 0) || desk.pinned_pages() != 0 {
                 return Err("leases without an adapter cache".into());
             }
             if s.requests().any(|(_, e)| e.task().is_some()) {
@@ -1944,7 +1944,7 @@ impl<'a> Harness<'a> {
         }
         let mut pinned = 0u32;
         for (i, t) in cache.tasks().iter().enumerate() {
-            let leases = desk.leases(i as u16);
+            let leases = desk.leases(TaskSlot(i as u16));
             if leases != t.active || leases != active[i] {
                 return Err(format!(
                     "task {}: {leases} leases, device refcount {}, {} active requests",
@@ -1960,7 +1960,7 @@ impl<'a> Harness<'a> {
                 .into());
             }
             // Unified paging: the KV pool's pins on the adapter are its leases.
-            if let Some(a) = s.kv().target().inner.adapter(i as u16) {
+            if let Some(a) = s.kv().target().inner.adapter(TaskSlot(i as u16)) {
                 if a.pins() != leases || (leases > 0 && !a.resident()) {
                     return Err(format!(
                         "task {}: {leases} leases, {} pins in the KV pool (resident {})",

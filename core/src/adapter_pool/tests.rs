@@ -31,17 +31,17 @@ fn host_changes_tell_the_binding_what_to_write_and_free() {
     );
     assert!(host_changes(&mut p).is_empty(), "the log is drained");
     // a finishes; c's lease evicts a's host copy (least recently used, nobody holds it).
-    p.mark_request_done(r(0), a, false, Holding::Lease);
+    p.mark_request_done(r(0), a, false, AdapterHold::Lease);
     p.add_request(r(2), c, false).unwrap();
     assert_eq!(
         host_changes(&mut p),
         [(1, HostChange::Dropped), (3, HostChange::Filled)]
     );
     // Evicted and loaded again before the binding looks: free the old copy, write a new one.
-    p.mark_request_done(r(1), b, false, Holding::Lease);
+    p.mark_request_done(r(1), b, false, AdapterHold::Lease);
     p.add_request(r(3), a, false).unwrap(); // evicts b
-    p.mark_request_done(r(3), a, false, Holding::Lease);
-    p.mark_request_done(r(2), c, false, Holding::Lease);
+    p.mark_request_done(r(3), a, false, AdapterHold::Lease);
+    p.mark_request_done(r(2), c, false, AdapterHold::Lease);
     p.add_request(r(4), b, false).unwrap(); // evicts a (last used before c), b comes back
     assert!(!p.tasks()[0].on_host && p.tasks()[1].on_host && p.tasks()[2].on_host);
     assert_eq!(
@@ -50,7 +50,7 @@ fn host_changes_tell_the_binding_what_to_write_and_free() {
         "a was loaded and evicted again unseen: nothing to write, nothing to free"
     );
     // A reload drops the host copy of a task nobody uses.
-    p.mark_request_done(r(4), b, false, Holding::Lease);
+    p.mark_request_done(r(4), b, false, AdapterHold::Lease);
     p.reload(TaskId(2), 1).unwrap();
     assert_eq!(host_changes(&mut p), [(2, HostChange::Dropped)]);
     assert!(p.check());
@@ -82,7 +82,7 @@ fn device_eviction_checks_sufficiency_first() {
     p.ensure_batch(&[a, b], &mut |_| {}).unwrap();
     assert_eq!(p.device_used(), 4);
     // a is done, b still active: only 2 pages obtainable, c needs 3 → refused, nothing evicted.
-    p.mark_request_done(r(0), a, false, Holding::Lease);
+    p.mark_request_done(r(0), a, false, AdapterHold::Lease);
     p.add_request(r(2), c, false).unwrap();
     let err = p.ensure_batch(&[c], &mut |_| {}).unwrap_err();
     assert!(matches!(
@@ -98,7 +98,7 @@ fn device_eviction_checks_sufficiency_first() {
         "nothing was evicted by the refused claim"
     );
     // b pauses: now both are evictable and c fits.
-    p.mark_request_done(r(1), b, true, Holding::Lease);
+    p.mark_request_done(r(1), b, true, AdapterHold::Lease);
     let mut loaded = 0;
     p.ensure_batch(&[c], &mut |_| loaded += 1).unwrap();
     assert_eq!(loaded, 1);
@@ -119,12 +119,12 @@ fn host_copy_of_a_paused_task_is_not_evicted() {
     let a = p.register(TaskId(1), 4).unwrap();
     let b = p.register(TaskId(2), 4).unwrap();
     p.add_request(r(0), a, false).unwrap();
-    p.mark_request_done(r(0), a, true, Holding::Lease);
+    p.mark_request_done(r(0), a, true, AdapterHold::Lease);
     assert_eq!(
         p.add_request(r(1), b, false),
         Err(PeftError::HostCacheFull(TaskId(2)))
     );
-    p.mark_request_done(r(0), a, false, Holding::Paused);
+    p.mark_request_done(r(0), a, false, AdapterHold::Paused);
     p.add_request(r(1), b, false).unwrap();
     assert!(p.check());
 }

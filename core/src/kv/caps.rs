@@ -26,7 +26,7 @@
 //! [`KvCaps`]: super::KvCaps
 
 use super::{ContextPrep, KvBackend, KvRef, LoadChange, PageMove};
-use crate::ids::RequestId;
+use crate::ids::{RequestId, TaskSlot};
 
 /// Speculative decoding with a draft pool beside the target (spec §1.5 step 3, §1.7, §1.11). The pairing
 /// itself acts through the core operations (a set's generation step grows both pools); what the pass
@@ -95,21 +95,21 @@ pub trait AdapterPaging {
     /// Most tokens one request can hold beside its adapter's `pages` pages.
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64;
     /// Side-effect free: [`AdapterPaging::pin_adapter`] would succeed now.
-    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool;
+    fn can_pin_adapter(&self, task: TaskSlot, pages: u32) -> bool;
     /// Pins adapter slot `task`, placing its `pages` pages first when it is not resident (taken like
     /// KV pages, evicting idle cached blocks and idle adapters; `who` names demotion copies).
     /// All-or-nothing; `false` when the pages cannot be had.
-    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool;
+    fn pin_adapter(&mut self, who: RequestId, task: TaskSlot, pages: u32) -> bool;
     /// Returns one pin of adapter slot `task`; with the last one it becomes evictable.
-    fn unpin_adapter(&mut self, task: u16);
+    fn unpin_adapter(&mut self, task: TaskSlot);
     /// Drops an unpinned adapter's device copy (its weights were replaced).
-    fn drop_adapter(&mut self, task: u16);
+    fn drop_adapter(&mut self, task: TaskSlot);
     /// The pins on adapter slot `task` (`None` for a slot the backend keeps no adapter state for).
-    fn adapter_pins(&self, task: u16) -> Option<u32>;
+    fn adapter_pins(&self, task: TaskSlot) -> Option<u32>;
     /// Hands `f` the adapter slots placed since the last call (their weights must be copied).
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16));
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(TaskSlot));
     /// Hands `f` the adapter slots whose copy was evicted since the last call.
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16));
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(TaskSlot));
 }
 
 /// What a [`crate::kv_set::KvSet`] calls on the pools it pairs, beyond the core operations: a draft
@@ -233,25 +233,25 @@ impl AdapterPaging for Absent {
     fn max_tokens_beside_adapter(&self, _: u32) -> u64 {
         match *self {}
     }
-    fn can_pin_adapter(&self, _: u16, _: u32) -> bool {
+    fn can_pin_adapter(&self, _: TaskSlot, _: u32) -> bool {
         match *self {}
     }
-    fn pin_adapter(&mut self, _: RequestId, _: u16, _: u32) -> bool {
+    fn pin_adapter(&mut self, _: RequestId, _: TaskSlot, _: u32) -> bool {
         match *self {}
     }
-    fn unpin_adapter(&mut self, _: u16) {
+    fn unpin_adapter(&mut self, _: TaskSlot) {
         match *self {}
     }
-    fn drop_adapter(&mut self, _: u16) {
+    fn drop_adapter(&mut self, _: TaskSlot) {
         match *self {}
     }
-    fn adapter_pins(&self, _: u16) -> Option<u32> {
+    fn adapter_pins(&self, _: TaskSlot) -> Option<u32> {
         match *self {}
     }
-    fn take_adapter_placements(&mut self, _: &mut dyn FnMut(u16)) {
+    fn take_adapter_placements(&mut self, _: &mut dyn FnMut(TaskSlot)) {
         match *self {}
     }
-    fn take_adapter_evictions(&mut self, _: &mut dyn FnMut(u16)) {
+    fn take_adapter_evictions(&mut self, _: &mut dyn FnMut(TaskSlot)) {
         match *self {}
     }
 }

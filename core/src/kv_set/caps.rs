@@ -1,6 +1,6 @@
 //! The set's capabilities: each is the set itself, present as its members say (see [`super`]).
 
-use crate::ids::RequestId;
+use crate::ids::{RequestId, TaskSlot};
 use crate::kv::{
     AdapterPaging, ContextPrep, CrossPool, DraftPairing, KvBackend, KvCaps, KvRef, LoadChange,
     PageMove, PairedPool, PrefixReuse, Transfers,
@@ -167,7 +167,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> AdapterPaging for KvSet<T, D, X
     }
 
     #[inline]
-    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+    fn can_pin_adapter(&self, task: TaskSlot, pages: u32) -> bool {
         self.target
             .caps()
             .adapters
@@ -175,36 +175,36 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> AdapterPaging for KvSet<T, D, X
     }
 
     #[inline]
-    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+    fn pin_adapter(&mut self, who: RequestId, task: TaskSlot, pages: u32) -> bool {
         self.target
             .adapters()
             .is_none_or(|a| a.pin_adapter(who, task, pages))
     }
 
     #[inline]
-    fn unpin_adapter(&mut self, task: u16) {
+    fn unpin_adapter(&mut self, task: TaskSlot) {
         if let Some(a) = self.target.adapters() {
             a.unpin_adapter(task);
         }
     }
 
-    fn drop_adapter(&mut self, task: u16) {
+    fn drop_adapter(&mut self, task: TaskSlot) {
         if let Some(a) = self.target.adapters() {
             a.drop_adapter(task);
         }
     }
 
-    fn adapter_pins(&self, task: u16) -> Option<u32> {
+    fn adapter_pins(&self, task: TaskSlot) -> Option<u32> {
         self.target.caps().adapters?.adapter_pins(task)
     }
 
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         if let Some(a) = self.target.adapters() {
             a.take_adapter_placements(f);
         }
     }
 
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         if let Some(a) = self.target.adapters() {
             a.take_adapter_evictions(f);
         }

@@ -18,7 +18,7 @@
 //! to the pool's adapter pages, and the idle ones' to its idle adapter pages; every chain has its
 //! adapter's length and names GPU pages that are neither free nor in a row, each in one chain.
 
-use crate::ids::RequestId;
+use crate::ids::{RequestId, TaskSlot};
 use crate::storage::{Borrowed, Buffers};
 
 use super::KvPool;
@@ -110,7 +110,7 @@ impl<B: Buffers> Adapters<B> {
         }
     }
 
-    pub(super) fn slot(&self, task: u16) -> Option<&AdapterPages> {
+    pub(super) fn slot(&self, task: TaskSlot) -> Option<&AdapterPages> {
         self.slots.get(usize::from(task))
     }
 
@@ -194,7 +194,7 @@ impl<B: Buffers> KvPool<'_, B> {
 impl<B: Buffers> KvPool<'_, B> {
     /// The GPU pages of an adapter slot's device copy, in order (empty when it is not resident or the
     /// pool has no unified paging).
-    pub fn adapter_pages(&self, task: u16) -> impl Iterator<Item = u32> + '_ {
+    pub fn adapter_pages(&self, task: TaskSlot) -> impl Iterator<Item = u32> + '_ {
         let (links, mut p): (&[u32], u32) = match &self.adapters {
             Some(a) => (&a.links, a.slot(task).map_or(NIL, |s| s.head)),
             None => (&[], NIL),
@@ -209,7 +209,7 @@ impl<B: Buffers> KvPool<'_, B> {
     }
 
     /// An adapter slot's device copy (`None` without unified paging or for a slot beyond the storage).
-    pub fn adapter(&self, task: u16) -> Option<AdapterPages> {
+    pub fn adapter(&self, task: TaskSlot) -> Option<AdapterPages> {
         self.adapters.as_ref()?.slot(task).copied()
     }
 
@@ -239,7 +239,7 @@ impl<B: Buffers> KvPool<'_, B> {
     }
 
     /// Whether pinning `task` (of `pages` pages) would succeed now.
-    pub(super) fn can_pin(&self, task: u16, pages: u32) -> bool {
+    pub(super) fn can_pin(&self, task: TaskSlot, pages: u32) -> bool {
         match self.adapters.as_ref().and_then(|a| a.slot(task)) {
             None => false,
             Some(a) if a.resident() => true,
@@ -250,7 +250,7 @@ impl<B: Buffers> KvPool<'_, B> {
     /// Pins `task`, placing its `pages` pages first when it is not resident (evicting for them as a
     /// KV allocation does, demotion copies logged as `who`'s). All-or-nothing.
     #[inline(never)]
-    pub(super) fn pin(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+    pub(super) fn pin(&mut self, who: RequestId, task: TaskSlot, pages: u32) -> bool {
         let t = usize::from(task);
         let Some(a) = self.adapters.as_ref().and_then(|a| a.slot(task)).copied() else {
             return false;
@@ -291,7 +291,7 @@ impl<B: Buffers> KvPool<'_, B> {
     /// Returns one pin of `task`. The last one leaves it idle (evictable), or drops a placement the
     /// binding never heard of.
     #[inline(never)]
-    pub(super) fn unpin(&mut self, task: u16) {
+    pub(super) fn unpin(&mut self, task: TaskSlot) {
         let t = usize::from(task);
         let Some(a) = self.adapters.as_ref().and_then(|a| a.slot(task)).copied() else {
             return;
@@ -311,7 +311,7 @@ impl<B: Buffers> KvPool<'_, B> {
     }
 
     /// Drops an idle adapter's device copy (a reload replaced its weights); a pinned one is kept.
-    pub(super) fn drop_adapter_copy(&mut self, task: u16) {
+    pub(super) fn drop_adapter_copy(&mut self, task: TaskSlot) {
         if let Some(a) = self.adapters.as_ref().and_then(|a| a.slot(task)) {
             if a.resident() && a.pins == 0 {
                 self.evict_adapter(usize::from(task));
@@ -352,25 +352,25 @@ impl<B: Buffers> KvPool<'_, B> {
 
     /// Hands `f` every adapter slot placed since the last call (its weights must be written at
     /// [`KvPool::adapter_pages`]); those placements are then forgotten.
-    pub fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+    pub fn take_adapter_placements(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         self.take_adapter_bit(PLACED, f);
     }
 
     /// Hands `f` every adapter slot whose reported copy was evicted since the last call (its pages
     /// serve KV or another adapter now); those evictions are then forgotten. A slot evicted and placed
     /// again has both: the binding drops the old copy before it writes the new one.
-    pub fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+    pub fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         self.take_adapter_bit(EVICTED, f);
     }
 
-    fn take_adapter_bit(&mut self, bit: u8, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_bit(&mut self, bit: u8, f: &mut dyn FnMut(TaskSlot)) {
         let Some(ad) = self.adapters.as_mut() else {
             return;
         };
         for (t, s) in ad.slots.iter_mut().enumerate() {
             if s.log & bit != 0 {
                 s.log &= !bit;
-                f(u16_of(t));
+                f(TaskSlot(u16_of(t)));
             }
         }
     }
@@ -427,7 +427,7 @@ mod tests {
     }
 
     /// Both logs, evictions first.
-    fn log(p: &mut KvPool<'_>) -> heapless::Vec<(u16, Placement), 8> {
+    fn log(p: &mut KvPool<'_>) -> heapless::Vec<(TaskSlot, Placement), 8> {
         let mut out = heapless::Vec::new();
         p.take_adapter_evictions(&mut |t| out.push((t, Placement::Evicted)).unwrap());
         p.take_adapter_placements(&mut |t| out.push((t, Placement::Placed)).unwrap());
@@ -447,33 +447,33 @@ mod tests {
         let mut p = b.pool(0, 4);
         p.page_adapters(a.storage()).unwrap();
         assert!(p.caps().adapters.is_some());
-        assert!(p.pin_adapter(WHO, 1, 3));
+        assert!(p.pin_adapter(WHO, TaskSlot(1), 3));
         assert_eq!(p.gpu_free(), 5, "three pages went to the adapter");
-        assert_eq!(p.adapter_pages(1).count(), 3);
-        assert_eq!(log(&mut p), [(1, Placement::Placed)]);
+        assert_eq!(p.adapter_pages(TaskSlot(1)).count(), 3);
+        assert_eq!(log(&mut p), [(TaskSlot(1), Placement::Placed)]);
         assert!(audited(&p));
         // Pinned: beside a request of 4 pages, another cannot have its 4.
         assert!(place(&mut p, 0, 16));
-        assert!(!p.can_pin_adapter(2, 2));
+        assert!(!p.can_pin_adapter(TaskSlot(2), 2));
         assert!(!place(&mut p, 1, 16));
         p.free(r(1));
-        p.unpin_adapter(1);
+        p.unpin_adapter(TaskSlot(1));
         assert_eq!(p.adapter_usage(), (3, 3), "idle, still resident");
         assert!(
-            p.pin_adapter(WHO, 1, 3),
+            p.pin_adapter(WHO, TaskSlot(1), 3),
             "a resident adapter is pinned again"
         );
         assert_eq!(log(&mut p), [], "no second copy");
-        p.unpin_adapter(1);
+        p.unpin_adapter(TaskSlot(1));
         // Now the second request's pages evict the idle adapter.
         assert!(place(&mut p, 1, 16));
         assert_eq!(p.adapter_usage(), (0, 0));
         assert_eq!(p.gpu_free(), 0);
-        assert_eq!(log(&mut p), [(1, Placement::Evicted)]);
+        assert_eq!(log(&mut p), [(TaskSlot(1), Placement::Evicted)]);
         assert!(audited(&p));
         // The adapter cannot come back beside the 8 pages, and trying changes nothing.
         let before = p.fingerprint();
-        assert!(!p.pin_adapter(WHO, 1, 3));
+        assert!(!p.pin_adapter(WHO, TaskSlot(1), 3));
         assert_eq!(p.fingerprint(), before);
     }
 
@@ -482,8 +482,8 @@ mod tests {
         let (mut b, mut a) = (Buf::new(), Region::new());
         let mut p = b.pool(0, 4);
         p.page_adapters(a.storage()).unwrap();
-        assert!(p.pin_adapter(WHO, 0, 2));
-        p.unpin_adapter(0);
+        assert!(p.pin_adapter(WHO, TaskSlot(0), 2));
+        p.unpin_adapter(TaskSlot(0));
         assert_eq!(p.gpu_free(), 8, "its pages are free again");
         assert_eq!(log(&mut p), [], "nothing to copy, nothing to drop");
         assert!(audited(&p));
@@ -495,27 +495,27 @@ mod tests {
         let mut p = b.pool_with(0, 4, Some(&mut c));
         p.page_adapters(a.storage()).unwrap();
         // Adapter 0 (2 pages) goes idle first, then two cached blocks, then adapter 1 (2 pages).
-        assert!(p.pin_adapter(WHO, 0, 2));
+        assert!(p.pin_adapter(WHO, TaskSlot(0), 2));
         log(&mut p);
-        p.unpin_adapter(0);
+        p.unpin_adapter(TaskSlot(0));
         p.set_prefix(r(0), 7, &[1, 2]);
         assert!(place(&mut p, 0, 8));
         p.commit(r(0), 8);
         p.free(r(0));
-        assert!(p.pin_adapter(WHO, 1, 2));
+        assert!(p.pin_adapter(WHO, TaskSlot(1), 2));
         log(&mut p);
-        p.unpin_adapter(1);
+        p.unpin_adapter(TaskSlot(1));
         assert_eq!((p.gpu_free(), p.idle_pages(Tier::Gpu)), (2, 2));
         assert!(audited(&p));
         // 3 pages: the 2 free ones, then adapter 0 (idle longest) — both its pages.
         assert!(place(&mut p, 1, 12));
-        assert_eq!(log(&mut p), [(0, Placement::Evicted)]);
+        assert_eq!(log(&mut p), [(TaskSlot(0), Placement::Evicted)]);
         assert_eq!(p.idle_pages(Tier::Gpu), 2, "the cached blocks stay");
         // 3 more: the free one, the leaf block (idle before adapter 1), then adapter 1: the parent
         // block became evictable only when its child left, so it is the youngest.
         assert!(place(&mut p, 2, 12));
         assert_eq!(p.idle_pages(Tier::Gpu), 1);
-        assert_eq!(log(&mut p), [(1, Placement::Evicted)]);
+        assert_eq!(log(&mut p), [(TaskSlot(1), Placement::Evicted)]);
         assert_eq!(p.gpu_free(), 1);
         assert!(audited(&p));
     }
@@ -525,8 +525,8 @@ mod tests {
         let (mut b, mut c, mut a) = (Buf::new(), Cache::new(), Region::new());
         let mut p = b.pool_with(0, 4, Some(&mut c));
         p.page_adapters(a.storage()).unwrap();
-        assert!(p.pin_adapter(WHO, 3, 4));
-        for page in p.adapter_pages(3) {
+        assert!(p.pin_adapter(WHO, TaskSlot(3), 4));
+        for page in p.adapter_pages(TaskSlot(3)) {
             assert_eq!(p.page_info(page), Some(PageInfo::default()));
         }
         assert!(p.check() && audited(&p));

@@ -9,7 +9,7 @@ use crate::kv::{
 };
 
 use super::{blocks_for, KvPool, Seq, SeqState};
-use crate::ids::RequestId;
+use crate::ids::{RequestId, TaskSlot};
 use crate::narrow::u32_of;
 use crate::storage::Buffers;
 
@@ -345,35 +345,35 @@ impl<B: Buffers> AdapterPaging for KvPool<'_, B> {
         u64::from(self.cfg.max_blocks.min(room)) * u64::from(self.cfg.tokens_per_block)
     }
 
-    fn can_pin_adapter(&self, task: u16, pages: u32) -> bool {
+    fn can_pin_adapter(&self, task: TaskSlot, pages: u32) -> bool {
         self.adapters.is_none() || self.can_pin(task, pages)
     }
 
     #[inline]
-    fn pin_adapter(&mut self, who: RequestId, task: u16, pages: u32) -> bool {
+    fn pin_adapter(&mut self, who: RequestId, task: TaskSlot, pages: u32) -> bool {
         self.adapters.is_none() || self.pin(who, task, pages)
     }
 
     #[inline]
-    fn unpin_adapter(&mut self, task: u16) {
+    fn unpin_adapter(&mut self, task: TaskSlot) {
         if self.adapters.is_some() {
             self.unpin(task);
         }
     }
 
-    fn drop_adapter(&mut self, task: u16) {
+    fn drop_adapter(&mut self, task: TaskSlot) {
         self.drop_adapter_copy(task);
     }
 
-    fn adapter_pins(&self, task: u16) -> Option<u32> {
+    fn adapter_pins(&self, task: TaskSlot) -> Option<u32> {
         self.adapter(task).map(|a| a.pins())
     }
 
-    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_placements(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         KvPool::take_adapter_placements(self, f);
     }
 
-    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(u16)) {
+    fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(TaskSlot)) {
         KvPool::take_adapter_evictions(self, f);
     }
 }

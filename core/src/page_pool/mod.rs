@@ -26,9 +26,10 @@
 //! ([`crate::storage::Buffers`]) says which.
 
 mod adapters;
+use crate::ids::TaskSlot;
 use crate::narrow::u32_of;
 mod backend;
-mod connector;
+mod connector_slots;
 #[cfg(feature = "alloc")]
 mod owned;
 mod prefix;
@@ -39,7 +40,7 @@ mod rows;
 mod tests;
 
 pub use adapters::{AdapterBuffers, AdapterPages, AdapterStorage};
-pub use connector::{ConnectorSlot, ConnectorStats};
+pub use connector_slots::{ConnectorSlot, ConnectorStats};
 pub use prefix::{PageInfo, PrefixStats};
 
 use crate::kv::{PageMove, Tier};
@@ -234,8 +235,8 @@ pub struct KvPool<'a, B: Buffers = Borrowed<'a>> {
     adapters: Option<Adapters<B>>,
     /// Pages of resident adapters nobody pins (unified paging; evictable).
     adapter_idle: u32,
-    /// The attached KV connector and its per-slot loads (`connector.rs`).
-    connector: Option<connector::Attached<'a>>,
+    /// The attached KV connector and its per-slot loads (`connector_slots.rs`).
+    connector: Option<connector_slots::Attached<'a>>,
     /// The clock of a pool without a prefix cache (which keeps its own).
     clock: u64,
 }
@@ -477,8 +478,10 @@ impl<B: Buffers> KvPool<'_, B> {
         }
         if self.adapters.is_some() {
             for t in 0..=u16::MAX {
-                let Some(a) = self.adapter(t) else { break };
-                for p in self.adapter_pages(t).take(a.pages() as usize) {
+                let Some(a) = self.adapter(TaskSlot(t)) else {
+                    break;
+                };
+                for p in self.adapter_pages(TaskSlot(t)).take(a.pages() as usize) {
                     if scratch[p as usize] != 0 {
                         return false;
                     }

@@ -12,8 +12,8 @@ fn request(slot: u16, id: u64, task: Option<TaskRef>) -> Request<Waiting> {
     Request::new(
         Place {
             slot,
-            task: crate::ids::NO_TASK,
-            generation: 0,
+            task: crate::ids::TaskSlot::NONE,
+            version: 0,
         },
         RequestId(id),
         task,
@@ -21,7 +21,7 @@ fn request(slot: u16, id: u64, task: Option<TaskRef>) -> Request<Waiting> {
 }
 
 fn task_state(desk: &AdapterDesk<AdapterPool<4>, 4>, t: TaskRef) -> (u32, u32, u32) {
-    let e = desk.backend().tasks()[t.slot as usize];
+    let e = desk.backend().tasks()[t.slot.index()];
     (desk.leases(t.slot), e.active, e.paused)
 }
 

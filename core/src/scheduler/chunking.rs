@@ -15,9 +15,9 @@ use crate::storage::Storage;
 
 use super::pass::{Pass, Step};
 
-/// What an admission charges and schedules.
+/// A sized chunk: what admitting it charges and schedules.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Admission {
+pub(crate) struct SizedChunk {
     /// Tokens charged to the budget.
     pub(crate) charged: u32,
     /// Prompt tokens the chunk processes.
@@ -107,7 +107,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// Non-chunked admission (§1.7 `_full`).
-    pub(crate) fn context_whole(&mut self, i: usize, first: bool) -> Result<Admission, Step> {
+    pub(crate) fn context_whole(&mut self, i: usize, first: bool) -> Result<SizedChunk, Step> {
         let slot = self.table.slot(i);
         let s = self.table.entry(slot).spec();
         let (prompt, pos0, draft) = (s.prompt, s.position, s.draft);
@@ -124,7 +124,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Err(Step::Stop);
         }
         self.resize(i, first, pos + post)?;
-        Ok(Admission {
+        Ok(SizedChunk {
             charged: if self.cfg.prefix_aware { post } else { pre },
             chunk: prompt - pos,
             last: true,
@@ -137,7 +137,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         i: usize,
         first: bool,
         planned: u32,
-    ) -> Result<Admission, Step> {
+    ) -> Result<SizedChunk, Step> {
         let slot = self.table.slot(i);
         let Some(ch) = self.cfg.chunking else {
             return Err(Step::Skip);
@@ -165,7 +165,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let last = pos + ctx_chunk >= prompt;
         let extra = if last { draft } else { 0 };
         self.resize(i, first, pos + ctx_chunk + extra)?;
-        Ok(Admission {
+        Ok(SizedChunk {
             charged: chunk + extra,
             chunk: ctx_chunk,
             last,

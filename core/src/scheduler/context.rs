@@ -18,8 +18,8 @@ use crate::phase::Phase;
 use crate::request::KvReturn;
 use crate::storage::Storage;
 
-use super::pass::{listed, mark, Pass, Step};
-use super::table::Held;
+use super::pass::{listed, Mark, Pass, Step};
+use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
@@ -52,7 +52,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             }
         }
         let closed = self.admissions_closed && phase == Phase::ContextInit && first;
-        if self.marked(slot, mark::PREEMPTED) || closed {
+        if self.marked(slot, Mark::PREEMPTED) || closed {
             return Step::Skip;
         }
         // §1.11: an unpaired draft pool that would certainly refuse the mirror (decision-neutral).
@@ -98,16 +98,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Step::Stop;
         }
         match self.table.entry(slot).held() {
-            Held::Waiting(r) => listed(self.out.push_encoder(r)),
-            Held::Active(r) => listed(self.out.push_encoder(r)),
-            Held::Resumed(r) => listed(self.out.push_encoder(r)),
-            Held::Paused(r) => listed(self.out.push_encoder(r)),
-            Held::Recompute(r) => listed(self.out.push_encoder(r)),
-            Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
+            AnyRequest::Waiting(r) => listed(self.out.push_encoder(r)),
+            AnyRequest::Active(r) => listed(self.out.push_encoder(r)),
+            AnyRequest::Resumed(r) => listed(self.out.push_encoder(r)),
+            AnyRequest::Paused(r) => listed(self.out.push_encoder(r)),
+            AnyRequest::Recompute(r) => listed(self.out.push_encoder(r)),
+            AnyRequest::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
         }
         self.budget.commit(tokens);
         self.commit_peft(slot, pages);
-        self.mark(slot, mark::SCHEDULED);
+        self.mark(slot, Mark::SCHEDULED);
         Step::Scheduled
     }
 
@@ -141,13 +141,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Step::Skip;
         }
         match self.table.entry(slot).held() {
-            Held::Active(r) => listed(self.out.push_context(r, a.chunk, a.last)),
-            Held::Resumed(r) => listed(self.out.push_context(r, a.chunk, a.last)),
+            AnyRequest::Active(r) => listed(self.out.push_context(r, a.chunk, a.last)),
+            AnyRequest::Resumed(r) => listed(self.out.push_context(r, a.chunk, a.last)),
             _ => panic!("an admitted context request owns active KV and its lease"),
         }
         self.budget.commit(a.charged);
         self.commit_peft(slot, pages);
-        self.mark(slot, mark::SCHEDULED);
+        self.mark(slot, Mark::SCHEDULED);
         self.adapter_waits[slot as usize] = 0;
         Step::Scheduled
     }
@@ -184,22 +184,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// first chunk, (6) replay after a recompute pause, (3) resume of a suspended one — each acquiring
     /// the lease. Returns whether it now owns its KV; if the lease was refused it keeps its old state.
     pub(crate) fn take_ownership(&mut self, slot: u16) -> bool {
-        if matches!(self.table.entry(slot).held(), Held::Paused(_)) {
+        if matches!(self.table.entry(slot).held(), AnyRequest::Paused(_)) {
             return self.resume(slot, KvReturn::Context);
         }
         let (kv, desk) = (&mut *self.kv, &mut *self.desk);
         self.table.transition(slot, |held| match held {
-            Held::Waiting(w) => match w.admit(kv, desk) {
+            AnyRequest::Waiting(w) => match w.admit(kv, desk) {
                 Ok(a) => (a.into(), true),
                 Err(x) => (x.request.into(), false),
             },
-            Held::Recompute(rc) => match rc.replay(kv, desk) {
+            AnyRequest::Recompute(rc) => match rc.replay(kv, desk) {
                 Ok(a) => (a.into(), true),
                 Err(x) => (x.request.into(), false),
             },
-            on_gpu @ (Held::Active(_) | Held::Resumed(_)) => (on_gpu, true),
-            paused @ Held::Paused(_) => (paused, false),
-            Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
+            on_gpu @ (AnyRequest::Active(_) | AnyRequest::Resumed(_)) => (on_gpu, true),
+            paused @ AnyRequest::Paused(_) => (paused, false),
+            AnyRequest::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
         })
     }
 
@@ -211,7 +211,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             slot,
             id: e.spec().id,
         };
-        let paused = matches!(e.held(), Held::Paused(_));
+        let paused = matches!(e.held(), AnyRequest::Paused(_));
         if first {
             if self.kv.cache(r).exists() {
                 self.kv.free(r);

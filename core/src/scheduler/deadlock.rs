@@ -7,7 +7,7 @@
 //! - **Wedge breaker** (deliberate difference 6): with a tier below the GPU that absorbs suspended
 //!   pages, two or more partially prefilled contexts can each hold pages the others' next chunks need,
 //!   and the reference has nothing to free them. The youngest is suspended, so the older ones progress.
-//! - **Held-page remedy** (deliberate difference 7): without a lower tier, suspended requests keep their
+//! - **AnyRequest-page remedy** (deliberate difference 7): without a lower tier, suspended requests keep their
 //!   pages HELD on the GPU, and the reference's preemption takes only active caches. When nothing else
 //!   can move, the newest suspended recompute candidate gives its held pages up (preempted, listed in
 //!   `recompute_paused`). (Context-side preemption also takes held candidates first: `preempt`.)
@@ -23,8 +23,8 @@ use crate::kv::{KvBackend, KvCaps};
 use crate::phase::Phase;
 use crate::storage::Storage;
 
-use super::pass::{mark, Pass};
-use super::table::Held;
+use super::pass::{Mark, Pass};
+use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
@@ -72,7 +72,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         generation
             || self.pending.iter().any(|p| {
                 let s = self.table.slot(p.index as usize);
-                !self.marked(s, mark::PREEMPTED)
+                !self.marked(s, Mark::PREEMPTED)
             })
     }
 
@@ -133,7 +133,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 slot: s,
                 id: e.spec().id,
             };
-            matches!(e.held(), Held::Paused(_))
+            matches!(e.held(), AnyRequest::Paused(_))
                 && self.kv.cache(r).exists()
                 && self.recompute_candidate(s)
         });

@@ -11,15 +11,15 @@
 //! request whose adapter would not fit stops the phase (§1.4 step 7) before any KV call.
 
 use crate::adapter::PeftBackend;
-use crate::ids::NO_TASK;
+use crate::ids::TaskSlot;
 use crate::kv::{AdapterPaging, KvBackend, KvCaps, KvRef};
 use crate::phase::Phase;
 use crate::request::KvReturn;
 use crate::storage::{FixedList, Storage};
 
 use super::hot::{READY, READY_MASK};
-use super::pass::{listed, mark, Pass, Step};
-use super::table::Held;
+use super::pass::{listed, Mark, Pass, Step};
+use super::table::AnyRequest;
 use crate::narrow::u16_of;
 
 /// A decode step whose one KV attempt was refused: what the ladder needs to finish it.
@@ -115,7 +115,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 let step = h.draft + 1;
                 let grow = step.saturating_sub(h.headroom);
                 let after = h.headroom.saturating_sub(step);
-                let Some(Held::Active(r)) = &held[usize::from(slot)] else {
+                let Some(AnyRequest::Active(r)) = &held[usize::from(slot)] else {
                     debug_assert!(false, "a READY hot record holds an Active request");
                     break 'run Exit::Other;
                 };
@@ -131,7 +131,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 listed(out.push_generation(r));
                 plan.count_decode(h.bucket);
                 h.headroom = after;
-                marks[usize::from(slot)] = mark::SCHEDULED;
+                marks[usize::from(slot)] = Mark::SCHEDULED;
                 tokens_left -= u64::from(tokens);
                 room -= 1;
                 beam = h.beam;
@@ -163,7 +163,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     #[inline(never)]
     fn general_step(&mut self, i: usize, slot: u16) -> Step {
         let e = self.table.entry(slot);
-        if self.marked(slot, mark::RECOMPUTED) || e.sits_out() {
+        if self.marked(slot, Mark::RECOMPUTED) || e.sits_out() {
             return Step::Skip;
         }
         let phase = e.spec().phase;
@@ -230,20 +230,20 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     pub(crate) fn scheduled_generation(&mut self, slot: u16, headroom: u32, pages: u32) {
         self.table.set_headroom(slot, headroom);
         match self.table.entry(slot).held() {
-            Held::Active(r) => listed(self.out.push_generation(r)),
-            Held::Resumed(r) => listed(self.out.push_generation(r)),
+            AnyRequest::Active(r) => listed(self.out.push_generation(r)),
+            AnyRequest::Resumed(r) => listed(self.out.push_generation(r)),
             _ => panic!("a scheduled generation request owns active KV and its lease"),
         }
         let task = self.table.entry(slot).task();
         if let Some(t) = task {
             listed(self.plan.commit(t, pages, self.out));
             self.plan.count_generation(t.slot);
-        } else if self.table.hot(slot).bucket == NO_TASK {
+        } else if self.table.hot(slot).bucket == TaskSlot::NONE {
             self.plan.plain += 1;
         } else {
             self.plan.unbucketed += 1;
         }
-        self.mark(slot, mark::SCHEDULED);
+        self.mark(slot, Mark::SCHEDULED);
     }
 
     /// One allocation attempt (§1.5 step 3). A suspended request whose KV comes back is resumed: it
@@ -255,18 +255,20 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             id: e.spec().id,
         };
         match e.held() {
-            Held::Active(_) | Held::Resumed(_) => self.kv.try_allocate_generation(r, grow),
-            Held::Paused(_) => {
+            AnyRequest::Active(_) | AnyRequest::Resumed(_) => {
+                self.kv.try_allocate_generation(r, grow)
+            }
+            AnyRequest::Paused(_) => {
                 self.kv.try_allocate_generation(r, grow) && self.resume(slot, KvReturn::Generation)
             }
-            Held::Waiting(_) | Held::Recompute(_) => {
+            AnyRequest::Waiting(_) | AnyRequest::Recompute(_) => {
                 // No cache: the backend refuses (the call is still made, as upstream).
                 if self.kv.try_allocate_generation(r, grow) {
                     self.kv.revert_allocate_generation(r);
                 }
                 false
             }
-            Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
+            AnyRequest::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
         }
     }
 
@@ -275,7 +277,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     pub(crate) fn resume(&mut self, slot: u16, how: KvReturn) -> bool {
         let (kv, desk, out) = (&mut *self.kv, &mut *self.desk, &mut *self.out);
         self.table.transition(slot, |held| match held {
-            Held::Paused(p) => match p.resume(kv, desk, how) {
+            AnyRequest::Paused(p) => match p.resume(kv, desk, how) {
                 Ok(r) => {
                     listed(out.push_resumed(&r));
                     (r.into(), true)
@@ -327,15 +329,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         if !self.take_ownership(slot) {
             // A refused lease: a cache it did not own before is released (a suspended one was put back).
-            let paused = matches!(self.table.entry(slot).held(), Held::Paused(_));
+            let paused = matches!(self.table.entry(slot).held(), AnyRequest::Paused(_));
             if !paused && self.kv.cache(r).exists() {
                 self.kv.free(r);
             }
             return Step::Skip;
         }
         match self.table.entry(slot).held() {
-            Held::Active(a) => listed(self.out.push_disagg(a)),
-            Held::Resumed(a) => listed(self.out.push_disagg(a)),
+            AnyRequest::Active(a) => listed(self.out.push_disagg(a)),
+            AnyRequest::Resumed(a) => listed(self.out.push_disagg(a)),
             _ => panic!("a prepared disagg request owns its KV and its lease"),
         }
         self.commit_peft(slot, pages);

@@ -2,7 +2,7 @@
 //! request's entry in the table (`table.rs`) and kept beside it.
 
 use super::table::Entry;
-use crate::ids::NO_TASK;
+use crate::ids::TaskSlot;
 use crate::phase::Phase;
 use crate::request::Ownership;
 
@@ -23,16 +23,14 @@ const LOADING: u8 = 1 << 7;
 pub(crate) const READY: u8 = Ownership::Active as u8 | DECODE;
 /// The bits [`READY`] is compared under.
 pub(crate) const READY_MASK: u8 = OWNERSHIP_BITS | DECODE | INFLIGHT;
-/// The request has a LoRA task but no adapter cache bucket (sorted by its id, not counted).
-pub(crate) const UNCACHED_LORA: u16 = NO_TASK - 1;
 
 /// What the decode loop reads of a request, by slot (16 bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Hot {
     /// Ownership tag | [`DECODE`] | [`INFLIGHT`].
     pub(crate) code: u8,
-    /// Adapter task slot, [`NO_TASK`] without a LoRA task, [`UNCACHED_LORA`] with one but no cache.
-    pub(crate) bucket: u16,
+    /// Adapter task slot, [`TaskSlot::NONE`] without a LoRA task, [`TaskSlot::UNCACHED`] with one but no cache.
+    pub(crate) bucket: TaskSlot,
     /// Beam width.
     pub(crate) beam: u32,
     /// Draft tokens.
@@ -45,7 +43,7 @@ impl Hot {
     /// A vacant slot's record (the default one).
     pub(crate) const EMPTY: Hot = Hot {
         code: 0,
-        bucket: 0,
+        bucket: TaskSlot(0),
         beam: 0,
         draft: 0,
         headroom: 0,
@@ -68,8 +66,8 @@ impl Hot {
         let flags = (u8::from(started) * STARTED) | (u8::from(recomputable) * RECOMPUTABLE);
         let bucket = match (e.task(), spec.lora) {
             (Some(t), _) => t.slot,
-            (None, Some(_)) => UNCACHED_LORA,
-            (None, None) => NO_TASK,
+            (None, Some(_)) => TaskSlot::UNCACHED,
+            (None, None) => TaskSlot::NONE,
         };
         Self {
             code: e.ownership() as u8 | decode | inflight | loading | flags,

@@ -4,7 +4,7 @@
 use crate::adapter::PeftBackend;
 use crate::config::Config;
 use crate::error::Error;
-use crate::ids::RequestId;
+use crate::ids::{RequestId, TaskSlot};
 use crate::kv::{AdapterPaging, KvBackend, KvCaps, KvRef};
 use crate::lease::AdapterDesk;
 use crate::phase::Phase;
@@ -91,7 +91,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             };
             let o = e.ownership();
             if let (true, Some(t)) = (o.on_gpu(), e.task()) {
-                if let Some(n) = leases.get_mut(t.slot as usize) {
+                if let Some(n) = leases.get_mut(t.slot.index()) {
                     *n += 1;
                 }
             }
@@ -111,11 +111,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let adapters = self.kv.caps().adapters;
         let pinned = |s: usize| {
             adapters
-                .and_then(|a| a.adapter_pins(u16_of(s)))
+                .and_then(|a| a.adapter_pins(TaskSlot(u16_of(s))))
                 .is_none_or(|n| n == leases[s])
         };
         agree
             && self.table.check()
-            && (0..T).all(|s| self.desk.leases(u16_of(s)) == leases[s] && pinned(s))
+            && (0..T).all(|s| self.desk.leases(TaskSlot(u16_of(s))) == leases[s] && pinned(s))
     }
 }

@@ -15,7 +15,7 @@
 //! | `sort.rs` | the LoRA sort, §1.13 |
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
-//! | `connector.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
+//! | `failed_loads.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
 //!
 //! Its public API, beyond the engine's loop kept here, is grouped by what it serves: `requests.rs`
 //! (submission, [`Adopt`]ion, marks, update, removal), `adapters.rs` (registering and reloading adapters,
@@ -40,10 +40,10 @@ mod admission;
 mod build;
 mod checks;
 mod chunking;
-mod connector;
 mod context;
 mod cross;
 mod deadlock;
+mod failed_loads;
 mod generation;
 mod hot;
 mod inspection;
@@ -51,7 +51,7 @@ mod multimodal;
 mod pass;
 mod plan;
 mod preempt;
-mod prefix;
+mod prefix_skip;
 mod requests;
 mod sort;
 mod table;
@@ -79,7 +79,7 @@ use crate::request::{MovesTaken, Ownership};
 use crate::storage::{FixedList, Inline, Storage};
 
 use pass::{Pass, Scratch};
-use table::{Held, Table};
+use table::{AnyRequest, Table};
 
 /// The scheduler: a request table of `N` slots over a KV backend `K` and an adapter backend `P` with `T`
 /// task slots, its fixed-capacity arrays where `S` keeps them (`build.rs`: [`Inline`], the default, or
@@ -136,13 +136,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     fn charge_service(&mut self, out: &SchedulerOutput<N, S>, input: u32, output: u32) {
         for c in out.context() {
             let l = c.listed;
-            if self.table.is_live(l.slot(), l.handle().generation()) {
+            if self.table.is_live(l.slot(), l.handle().version()) {
                 let service = u64::from(c.tokens) * u64::from(input);
                 self.clients.charge(l.slot(), service);
             }
         }
         for l in out.generation() {
-            if self.table.is_live(l.slot(), l.handle().generation()) {
+            if self.table.is_live(l.slot(), l.handle().version()) {
                 let s = self.table.entry(l.slot()).spec();
                 let service = u64::from(s.beam + s.draft) * u64::from(output);
                 self.clients.charge(l.slot(), service);
@@ -236,7 +236,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 continue;
             }
             self.table.transition(slot, |held| match held {
-                Held::Resumed(r) => (r.settle(moves).into(), ()),
+                AnyRequest::Resumed(r) => (r.settle(moves).into(), ()),
                 other => (other, ()),
             });
         }
@@ -299,7 +299,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         for c in out.context() {
             let l = c.listed;
-            if !self.table.is_live(l.slot(), l.handle().generation()) {
+            if !self.table.is_live(l.slot(), l.handle().version()) {
                 continue;
             }
             let (id, position, send) = self.table.edit(l.slot(), |e| {
@@ -322,7 +322,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             }
         }
         for l in out.generation() {
-            let live = self.table.is_live(l.slot(), l.handle().generation());
+            let live = self.table.is_live(l.slot(), l.handle().version());
             if live
                 && self.table.entry(l.slot()).spec().phase == Phase::DisaggGenerationTransComplete
             {
@@ -332,7 +332,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             }
         }
         for l in out.recompute_paused() {
-            if !self.table.is_live(l.slot(), l.handle().generation()) {
+            if !self.table.is_live(l.slot(), l.handle().version()) {
                 continue;
             }
             self.table.edit(l.slot(), |e| {

@@ -55,16 +55,42 @@ impl PassStats {
     };
 }
 
-/// Per-slot marks of one pass.
-pub(crate) mod mark {
+/// What a pass did to a request, a bit each (a request may be scheduled and then evicted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub(crate) struct Mark(u8);
+
+impl Mark {
+    /// Nothing yet in this pass.
+    pub(crate) const NONE: Mark = Mark(0);
     /// Scheduled (generation, context or encoder) in this pass: protected from preemption.
-    pub(crate) const SCHEDULED: u8 = 1;
+    pub(crate) const SCHEDULED: Mark = Mark(1);
     /// Recompute-paused in this pass: never visited again.
-    pub(crate) const RECOMPUTED: u8 = 2;
+    pub(crate) const RECOMPUTED: Mark = Mark(2);
     /// Preempted in this pass: never admitted again in it.
-    pub(crate) const PREEMPTED: u8 = 4;
+    pub(crate) const PREEMPTED: Mark = Mark(4);
     /// Ordinarily suspended in this pass.
-    pub(crate) const EVICTED: u8 = 8;
+    pub(crate) const EVICTED: Mark = Mark(8);
+
+    /// Whether any bit of `other` is set.
+    #[inline(always)]
+    pub(crate) const fn has(self, other: Mark) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    /// `self` with the bits of `other` set.
+    #[inline(always)]
+    pub(crate) const fn with(self, other: Mark) -> Mark {
+        Mark(self.0 | other.0)
+    }
+}
+
+impl core::ops::BitOr for Mark {
+    type Output = Mark;
+    #[inline(always)]
+    fn bitor(self, other: Mark) -> Mark {
+        self.with(other)
+    }
 }
 
 /// A deferred context or encoder request: its arrival index and, under EQUAL_PROGRESS, its planned
@@ -80,7 +106,7 @@ pub(crate) struct Pending {
 /// Storage a pass uses and clears: kept by the scheduler so that a pass allocates nothing (its arrays
 /// where `S` keeps them).
 pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
-    pub(crate) marks: S::Array<u8, N>,
+    pub(crate) marks: S::Array<Mark, N>,
     pub(crate) pending: S::List<Pending, N>,
     pub(crate) plan: Plan<T, S>,
     pub(crate) listed: S::Array<Listed, N>,
@@ -97,7 +123,7 @@ pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
 impl<const N: usize, const T: usize> Scratch<N, T> {
     pub(crate) const fn new() -> Self {
         Self {
-            marks: InlineArray::new([0; N]),
+            marks: InlineArray::new([Mark::NONE; N]),
             pending: heapless::Vec::new(),
             plan: Plan::new(),
             listed: InlineArray::new([Listed::EMPTY; N]),
@@ -112,7 +138,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
 impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
     pub(crate) fn new_in() -> Result<Self, Error> {
         Ok(Self {
-            marks: S::array(|| 0)?,
+            marks: S::array(|| Mark::NONE)?,
             pending: S::list(Pending::default())?,
             plan: Plan::new_in()?,
             listed: S::array(Listed::default)?,
@@ -126,7 +152,7 @@ impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
 
 /// The scratch a pass borrows for its marks, pending list and plan.
 pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
-    pub(crate) marks: &'a mut [u8; N],
+    pub(crate) marks: &'a mut [Mark; N],
     pub(crate) contributed: &'a mut S::List<u64, N>,
     pub(crate) pending: &'a mut S::List<Pending, N>,
     pub(crate) plan: &'a mut Plan<T, S>,
@@ -154,9 +180,9 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) desk: &'a mut AdapterDesk<P, T, S>,
     pub(crate) table: &'a mut Table<N, S>,
     pub(crate) out: &'a mut SchedulerOutput<N, S>,
-    pub(crate) marks: &'a mut [u8; N],
+    pub(crate) marks: &'a mut [Mark; N],
     pub(crate) contributed: &'a mut S::List<u64, N>,
-    /// Prefix-aware skip is live this pass (`prefix.rs`).
+    /// Prefix-aware skip is live this pass (`prefix_skip.rs`).
     pub(crate) skip_live: bool,
     pub(crate) pending: &'a mut S::List<Pending, N>,
     pub(crate) plan: &'a mut Plan<T, S>,
@@ -187,7 +213,7 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) draining: bool,
     /// A request was refused its adapter in this pass already.
     pub(crate) refused_one: bool,
-    /// Slots whose connector load failed or timed out since the last pass (`connector.rs`).
+    /// Slots whose connector load failed or timed out since the last pass (`failed_loads.rs`).
     pub(crate) failed_loads: &'a [u16],
 }
 
@@ -215,7 +241,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
     ) -> Self {
         out.clear();
         let len = table.len();
-        marks.fill(0);
+        marks.fill(Mark::NONE);
         pending.clear();
         plan.begin(desk);
         Self {
@@ -279,13 +305,14 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
 
     /// The pass's mark of a slot has `bit`.
     #[inline]
-    pub(crate) fn marked(&self, slot: u16, bit: u8) -> bool {
-        self.marks[slot as usize] & bit != 0
+    pub(crate) fn marked(&self, slot: u16, bit: Mark) -> bool {
+        self.marks[usize::from(slot)].has(bit)
     }
 
     #[inline]
-    pub(crate) fn mark(&mut self, slot: u16, bit: u8) {
-        self.marks[slot as usize] |= bit;
+    pub(crate) fn mark(&mut self, slot: u16, bit: Mark) {
+        let m = &mut self.marks[usize::from(slot)];
+        *m = m.with(bit);
     }
 
     /// Pages the request's adapter adds to the pass (`Some(0)` without one), `None` when it does not fit.

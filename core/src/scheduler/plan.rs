@@ -14,7 +14,7 @@
 //! checked against it when made); a scheduled task is counted.
 
 use crate::adapter::{PeftBackend, TaskRef};
-use crate::ids::{RequestId, NO_TASK};
+use crate::ids::{RequestId, TaskSlot};
 use crate::lease::AdapterDesk;
 use crate::output::{Full, SchedulerOutput};
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
@@ -27,7 +27,7 @@ pub(crate) struct Plan<const T: usize, S: Storage = Inline> {
     flags: S::Array<u8, T>,
     /// The tasks pinned when the pass began (the decode steps of their lease holders are counted in
     /// `counts` only, and enter the plan after phase 1: [`Plan::enter_counted`]).
-    pinned: S::List<u16, T>,
+    pinned: S::List<TaskSlot, T>,
     /// Per task slot, `[part 0, part 1]` counters of the LoRA sort (zero when the pass begins; the
     /// generation list's part 0 is counted as it is filled).
     pub(crate) counts: S::Array<[u32; 2], T>,
@@ -60,7 +60,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
     pub(crate) fn new_in() -> Result<Self, crate::Error> {
         Ok(Self {
             flags: S::array(|| 0)?,
-            pinned: S::list(0)?,
+            pinned: S::list(TaskSlot(0))?,
             counts: S::array(|| [0; 2])?,
             rank: S::array(|| 0)?,
             plain: 0,
@@ -80,7 +80,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
         self.claimed = desk.pinned_pages();
         self.pinned.clear();
         for &s in desk.pinned_tasks() {
-            self.flags[s as usize] = COUNTED;
+            self.flags[s.index()] = COUNTED;
             let pushed = self.pinned.push(s);
             assert!(pushed.is_ok(), "one pinned entry per task slot");
         }
@@ -94,7 +94,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
     #[inline]
     pub(crate) fn is_counted(&self, task: TaskRef) -> bool {
         self.flags
-            .get(task.slot as usize)
+            .get(task.slot.index())
             .is_some_and(|f| f & COUNTED != 0)
     }
 
@@ -106,7 +106,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
         req: RequestId,
         task: TaskRef,
     ) -> Option<u32> {
-        if task.slot as usize >= T {
+        if task.slot.index() >= T {
             return None;
         }
         if self.is_counted(task) {
@@ -125,7 +125,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
         pages: u32,
         out: &mut SchedulerOutput<N, S>,
     ) -> Result<(), Full> {
-        let f = &mut self.flags[task.slot as usize];
+        let f = &mut self.flags[task.slot.index()];
         if *f & COUNTED == 0 {
             *f |= COUNTED;
             self.claimed += pages;
@@ -140,7 +140,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
         task: TaskRef,
         out: &mut SchedulerOutput<N, S>,
     ) -> Result<(), Full> {
-        let s = task.slot as usize;
+        let s = task.slot.index();
         if self.flags[s] & SCHEDULED != 0 {
             return Ok(());
         }
@@ -156,7 +156,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
         out: &mut SchedulerOutput<N, S>,
     ) -> Result<(), Full> {
         for &s in self.pinned.iter() {
-            let i = s as usize;
+            let i = s.index();
             if self.counts[i][0] > 0 && self.flags[i] & SCHEDULED == 0 {
                 assert!(self.flags[i] & COUNTED != 0, "a pinned task is counted");
                 self.flags[i] |= SCHEDULED;
@@ -168,17 +168,17 @@ impl<const T: usize, S: Storage> Plan<T, S> {
 
     /// A generation entry on task slot `bucket` (in the plan) is counted for the LoRA sort.
     #[inline]
-    pub(crate) fn count_generation(&mut self, bucket: u16) {
-        self.counts[bucket as usize][0] += 1;
+    pub(crate) fn count_generation(&mut self, bucket: TaskSlot) {
+        self.counts[bucket.index()][0] += 1;
     }
 
     /// A decode step of a request whose hot record names cache bucket `bucket` is counted for the LoRA
-    /// sort: on its task slot, as plain ([`NO_TASK`]), or as unbucketed (a task past the cache's slots).
+    /// sort: on its task slot, as plain ([`TaskSlot::NONE`]), or as unbucketed (a task past the cache's slots).
     #[inline(always)]
-    pub(crate) fn count_decode(&mut self, bucket: u16) {
+    pub(crate) fn count_decode(&mut self, bucket: TaskSlot) {
         match bucket {
             b if usize::from(b) < T => self.counts[usize::from(b)][0] += 1,
-            NO_TASK => self.plain += 1,
+            TaskSlot::NONE => self.plain += 1,
             _ => self.unbucketed += 1,
         }
     }
@@ -186,7 +186,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
     /// A lease on `task` was returned during the pass: if it was the last one and no scheduled request
     /// uses the task, its pages are no longer claimed.
     pub(crate) fn released<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T, S>, task: TaskRef) {
-        let s = task.slot as usize;
+        let s = task.slot.index();
         // Scheduled (flagged, or a decode step counted): stays counted.
         if desk.leases(task.slot) > 0 || self.flags[s] != COUNTED || self.counts[s][0] > 0 {
             return;

@@ -18,7 +18,7 @@ use crate::config::CapacityPolicy;
 use crate::kv::KvBackend;
 use crate::storage::Storage;
 
-use super::pass::{mark, Pass};
+use super::pass::{Mark, Pass};
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
@@ -59,8 +59,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// A suspended recompute candidate whose pages are HELD (not scheduled in this pass).
     fn held_preemptable(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
-        !self.marked(slot, mark::SCHEDULED)
-            && matches!(e.held(), super::table::Held::Paused(_))
+        !self.marked(slot, Mark::SCHEDULED)
+            && matches!(e.held(), super::table::AnyRequest::Paused(_))
             && self.kv.cache(self.kv_ref(slot)).exists()
             && self.recompute_candidate(slot)
     }
@@ -68,7 +68,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// A context-side preemption candidate (§1.8): not scheduled in this pass, a recompute candidate,
     /// KV active on the GPU.
     fn preemptable(&self, slot: u16) -> bool {
-        !self.marked(slot, mark::SCHEDULED)
+        !self.marked(slot, Mark::SCHEDULED)
             && self.table.entry(slot).ownership().on_gpu()
             && self.recompute_candidate(slot)
     }

@@ -8,7 +8,7 @@ use crate::kv::{KvBackend, KvCaps, KvRef, PrefixReuse};
 use crate::request::{Ownership, RequestSpec};
 use crate::storage::Storage;
 
-use super::table::Held;
+use super::table::AnyRequest;
 use super::{Handle, Scheduler};
 
 /// How a request starts when it is adopted with resources a backend already holds (restoring state, or
@@ -103,7 +103,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let (kv, desk) = (&mut self.kv, &mut self.desk);
         let adopted = self.table.transition(h.index(), |held| {
-            let Held::Waiting(w) = held else {
+            let AnyRequest::Waiting(w) = held else {
                 panic!("a new entry is waiting");
             };
             match how {

@@ -12,7 +12,7 @@
 use core::ops::DerefMut;
 
 use crate::adapter::PeftBackend;
-use crate::ids::NO_TASK;
+use crate::ids::TaskSlot;
 use crate::kv::KvBackend;
 use crate::output::{Chunk, Listed};
 use crate::storage::Storage;
@@ -64,7 +64,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let plan = &mut *self.plan;
         for (k, t) in adapters.iter().enumerate() {
-            plan.rank[t.slot as usize] = u16_of(k) + 1;
+            plan.rank[t.slot.index()] = u16_of(k) + 1;
         }
         if unbucketed {
             merge_sort(generation, listed, |l| id_key(table, l, false));
@@ -84,10 +84,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 #[inline]
 fn rank_key<I: Item, const T: usize>(rank: &[u16; T], item: &I, partition: bool) -> u32 {
     let l = item.listed();
-    let r = if l.bucket() == NO_TASK {
+    let r = if l.bucket() == TaskSlot::NONE {
         0
     } else {
-        u32::from(rank[l.bucket() as usize])
+        u32::from(rank[l.bucket().index()])
     };
     (u32::from(partition && item.last()) << 16) | r
 }
@@ -117,15 +117,15 @@ fn count_and_sort<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: u
     }
     let mut plain = [0u32; 2];
     for t in adapters {
-        counts[t.slot as usize] = [0, 0];
+        counts[t.slot.index()] = [0, 0];
     }
     for item in list.iter() {
         let l = item.listed();
         let part = usize::from(partition && item.last());
-        if l.bucket() == NO_TASK {
+        if l.bucket() == TaskSlot::NONE {
             plain[part] += 1;
         } else {
-            counts[l.bucket() as usize][part] += 1;
+            counts[l.bucket().index()][part] += 1;
         }
     }
     sort_counted(list, scratch, adapters, rank, counts, plain, partition);
@@ -155,7 +155,7 @@ fn sort_counted<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: usi
         plain[p] = acc;
         acc += c;
         for t in adapters {
-            let c = &mut counts[t.slot as usize][p];
+            let c = &mut counts[t.slot.index()][p];
             let v = *c;
             *c = acc;
             acc += v;
@@ -167,10 +167,10 @@ fn sort_counted<I: Item, L: DerefMut<Target = [I]>, const N: usize, const T: usi
     for item in scratch.iter() {
         let l = item.listed();
         let p = usize::from(partition && item.last());
-        let at = if l.bucket() == NO_TASK {
+        let at = if l.bucket() == TaskSlot::NONE {
             &mut plain[p]
         } else {
-            &mut counts[l.bucket() as usize][p]
+            &mut counts[l.bucket().index()][p]
         };
         list[*at as usize] = *item;
         *at += 1;
@@ -242,13 +242,13 @@ mod tests {
             .iter()
             .map(|&(slot, id)| TaskRef {
                 id: TaskId(id),
-                slot,
+                slot: TaskSlot(slot),
             })
             .collect();
         by_id.sort_unstable_by_key(|t| t.id);
         let mut rank = [0u16; 4];
         for (k, t) in by_id.iter().enumerate() {
-            rank[t.slot as usize] = k as u16 + 1;
+            rank[t.slot.index()] = k as u16 + 1;
         }
         let id_of = |bucket: u16| tasks.iter().find(|t| t.0 == bucket).map(|t| t.1);
         let mut list: List<Chunk, 64> = heapless::Vec::new();
@@ -256,8 +256,8 @@ mod tests {
         for i in 0..50u16 {
             seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
             let bucket = match (seed >> 16) % 4 {
-                3 => NO_TASK,
-                b => b as u16,
+                3 => TaskSlot::NONE,
+                b => TaskSlot(b as u16),
             };
             let chunk = Chunk {
                 listed: Listed::for_test(i, bucket),
@@ -268,7 +268,8 @@ mod tests {
         }
         for partition in [false, true] {
             let key = |c: &Chunk| {
-                let lora = id_of(c.listed.bucket()).map_or(0, |id| (1u128 << 64) | u128::from(id));
+                let lora =
+                    id_of(c.listed.bucket().0).map_or(0, |id| (1u128 << 64) | u128::from(id));
                 (u128::from(partition && c.last) << 65) | lora
             };
             let mut expect = list.clone();

@@ -1,7 +1,7 @@
 //! The request table: every live request's typed ownership and spec (the entry), its hot record, the
 //! arrival order and the id index.
 //!
-//! The entry holds the request *as its type-state* ([`Held`]: a `Request<Waiting>`, `Request<Active>`,
+//! The entry holds the request *as its type-state* ([`AnyRequest`]: a `Request<Waiting>`, `Request<Active>`,
 //! …). The hot record is the 16 bytes the decode loop reads: the ownership tag derived from that
 //! type-state ([`State::OWNERSHIP`]), the phase and in-flight bits, beam, drafts, the KV headroom and the
 //! adapter bucket. A transition moves the typed request out of its entry, through one consuming
@@ -12,14 +12,14 @@
 //! 2. `hot[slot]` agrees with the slot's entry: ownership tag, decode and in-flight bits, beam, drafts
 //!    and adapter bucket are derived from the held request and the spec ([`Hot::derive`]);
 //! 3. the id index maps each live request's id to its slot, and the held request names its own slot,
-//!    generation and id.
+//!    version and id.
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::arena::{Arena, Handle as ArenaHandle};
 use crate::error::Error;
 use crate::id_index::IdIndex;
 use crate::ids::RequestId;
-use crate::ids::NO_TASK;
+use crate::ids::TaskSlot;
 use crate::kv::KvBackend;
 use crate::lease::AdapterDesk;
 use crate::request::{
@@ -31,7 +31,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 use super::hot::{Hot, OWNERSHIP_BITS};
 use crate::narrow::u32_of;
 
-/// Why a [`Held::Sending`] request never reaches the pass's transitions: its phase is
+/// Why a [`AnyRequest::Sending`] request never reaches the pass's transitions: its phase is
 /// `DISAGG_CONTEXT_TRANS_IN_PROGRESS` (outside the window, not started, so never a victim) and
 /// `update` refuses to change it.
 pub(crate) const NEVER_SCHEDULED: &str =
@@ -39,7 +39,7 @@ pub(crate) const NEVER_SCHEDULED: &str =
 
 /// A request in the table, as its type-state.
 #[derive(Debug)]
-pub(crate) enum Held {
+pub(crate) enum AnyRequest {
     Waiting(Request<Waiting>),
     Active(Request<Active>),
     Resumed(Request<Resumed>),
@@ -48,44 +48,44 @@ pub(crate) enum Held {
     Sending(Request<Sending>),
 }
 
-macro_rules! held_from {
+macro_rules! any_request_from {
     ($($s:ty => $v:ident),*) => {$(
-        impl From<Request<$s>> for Held {
+        impl From<Request<$s>> for AnyRequest {
             #[inline]
             fn from(r: Request<$s>) -> Self {
-                Held::$v(r)
+                AnyRequest::$v(r)
             }
         }
     )*};
 }
-held_from!(Waiting => Waiting, Active => Active, Resumed => Resumed,
+any_request_from!(Waiting => Waiting, Active => Active, Resumed => Resumed,
     Suspended<Paused> => Paused, Suspended<Recompute> => Recompute, Sending => Sending);
 
 /// Applies `$f` to the request whatever its state.
 macro_rules! each {
     ($held:expr, $r:ident => $f:expr) => {
         match $held {
-            Held::Waiting($r) => $f,
-            Held::Active($r) => $f,
-            Held::Resumed($r) => $f,
-            Held::Paused($r) => $f,
-            Held::Recompute($r) => $f,
-            Held::Sending($r) => $f,
+            AnyRequest::Waiting($r) => $f,
+            AnyRequest::Active($r) => $f,
+            AnyRequest::Resumed($r) => $f,
+            AnyRequest::Paused($r) => $f,
+            AnyRequest::Recompute($r) => $f,
+            AnyRequest::Sending($r) => $f,
         }
     };
 }
 
-impl Held {
+impl AnyRequest {
     /// The runtime tag of the held type-state.
     #[inline]
     pub(crate) fn ownership(&self) -> Ownership {
         match self {
-            Held::Waiting(_) => Waiting::OWNERSHIP,
-            Held::Active(_) => Active::OWNERSHIP,
-            Held::Resumed(_) => Resumed::OWNERSHIP,
-            Held::Paused(_) => <Suspended<Paused>>::OWNERSHIP,
-            Held::Recompute(_) => <Suspended<Recompute>>::OWNERSHIP,
-            Held::Sending(_) => Sending::OWNERSHIP,
+            AnyRequest::Waiting(_) => Waiting::OWNERSHIP,
+            AnyRequest::Active(_) => Active::OWNERSHIP,
+            AnyRequest::Resumed(_) => Resumed::OWNERSHIP,
+            AnyRequest::Paused(_) => <Suspended<Paused>>::OWNERSHIP,
+            AnyRequest::Recompute(_) => <Suspended<Recompute>>::OWNERSHIP,
+            AnyRequest::Sending(_) => Sending::OWNERSHIP,
         }
     }
 
@@ -104,12 +104,12 @@ impl Held {
         desk: &mut AdapterDesk<P, T, S>,
     ) {
         match self {
-            Held::Waiting(r) => r.finish(kv),
-            Held::Active(r) => r.finish(kv, desk),
-            Held::Resumed(r) => r.finish(kv, desk),
-            Held::Paused(r) => r.finish(kv, desk),
-            Held::Recompute(r) => r.finish(kv, desk),
-            Held::Sending(r) => r.sent(kv),
+            AnyRequest::Waiting(r) => r.finish(kv),
+            AnyRequest::Active(r) => r.finish(kv, desk),
+            AnyRequest::Resumed(r) => r.finish(kv, desk),
+            AnyRequest::Paused(r) => r.finish(kv, desk),
+            AnyRequest::Recompute(r) => r.finish(kv, desk),
+            AnyRequest::Sending(r) => r.sent(kv),
         }
     }
 
@@ -123,11 +123,11 @@ impl Held {
         self.place().hash(h);
         self.id().hash(h);
         let owns = match self {
-            Held::Waiting(_) | Held::Sending(_) => false,
-            Held::Active(r) => r.lease().is_some(),
-            Held::Resumed(r) => r.lease().is_some(),
-            Held::Paused(r) => r.paused_on().is_some(),
-            Held::Recompute(r) => r.paused_on().is_some(),
+            AnyRequest::Waiting(_) | AnyRequest::Sending(_) => false,
+            AnyRequest::Active(r) => r.lease().is_some(),
+            AnyRequest::Resumed(r) => r.lease().is_some(),
+            AnyRequest::Paused(r) => r.paused_on().is_some(),
+            AnyRequest::Recompute(r) => r.paused_on().is_some(),
         };
         owns.hash(h);
     }
@@ -161,7 +161,7 @@ impl Record {
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'t> {
     record: &'t Record,
-    held: &'t Option<Held>,
+    held: &'t Option<AnyRequest>,
 }
 
 impl<'t> Entry<'t> {
@@ -190,7 +190,7 @@ impl<'t> Entry<'t> {
     pub fn sits_out(&self) -> bool {
         self.record.inflight || self.spec().waits_on_encoder()
     }
-    pub(crate) fn held(&self) -> &'t Held {
+    pub(crate) fn held(&self) -> &'t AnyRequest {
         match self.held {
             Some(h) => h,
             None => panic!("a live entry holds its request"),
@@ -206,7 +206,7 @@ pub(crate) struct Table<const N: usize, S: Storage = Inline> {
     records: Arena<Record, N, S>,
     /// The typed requests, by slot: `Some` exactly for the live slots (taken only inside
     /// [`Table::transition`]).
-    held: S::Array<Option<Held>, N>,
+    held: S::Array<Option<AnyRequest>, N>,
     hot: S::Array<Hot, N>,
     order: S::List<u16, N>,
     ids: IdIndex<N, S>,
@@ -306,7 +306,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
     /// What the decode loop reads and writes, as disjoint borrows: the arrival order, the hot records
     /// and the typed requests.
     #[inline]
-    pub(crate) fn decode_view(&mut self) -> (&[u16], &mut [Hot; N], &[Option<Held>; N]) {
+    pub(crate) fn decode_view(&mut self) -> (&[u16], &mut [Hot; N], &[Option<AnyRequest>; N]) {
         (&self.order, &mut *self.hot, &*self.held)
     }
 
@@ -328,12 +328,12 @@ impl<const N: usize, S: Storage> Table<N, S> {
     pub(crate) fn find(&self, id: RequestId) -> Option<u16> {
         self.ids.get(id)
     }
-    /// A handle names this live request (slot and generation).
-    pub(crate) fn is_live(&self, slot: u16, generation: u32) -> bool {
-        self.records.at(slot).is_some() && self.records.generation_at(slot) == generation
+    /// A handle names this live request (slot and version).
+    pub(crate) fn is_live(&self, slot: u16, version: u32) -> bool {
+        self.records.at(slot).is_some() && self.records.version_at(slot) == version
     }
 
-    /// Inserts a waiting request; its slot and generation are known before the request is built.
+    /// Inserts a waiting request; its slot and version are known before the request is built.
     pub(crate) fn insert(
         &mut self,
         spec: RequestSpec,
@@ -349,8 +349,8 @@ impl<const N: usize, S: Storage> Table<N, S> {
         };
         let place = Place {
             slot: next.index(),
-            task: NO_TASK,
-            generation: next.generation(),
+            task: TaskSlot::NONE,
+            version: next.version(),
         };
         let id = spec.id;
         let record = Record {
@@ -368,7 +368,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
             self.held[slot as usize].is_none(),
             "a vacant slot holds no request"
         );
-        self.held[slot as usize] = Some(Held::Waiting(Request::new(place, id, task)));
+        self.held[slot as usize] = Some(AnyRequest::Waiting(Request::new(place, id, task)));
         let pushed = self.order.push(slot);
         assert!(pushed.is_ok(), "order has room for every live slot");
         self.ids.insert(id, slot);
@@ -392,13 +392,13 @@ impl<const N: usize, S: Storage> Table<N, S> {
         assert_eq!(gone, Some(h.index()));
         self.hot[h.index() as usize] = Hot::default();
         match self.held[h.index() as usize].take() {
-            Some(Held::Waiting(w)) => w.abandon(),
+            Some(AnyRequest::Waiting(w)) => w.abandon(),
             _ => panic!("a cancelled insertion owns nothing"),
         }
     }
 
     /// Removes a live request: its typed request (for the caller to release what it owns) and its data.
-    pub(crate) fn remove(&mut self, h: Handle) -> Option<(Held, RequestSpec)> {
+    pub(crate) fn remove(&mut self, h: Handle) -> Option<(AnyRequest, RequestSpec)> {
         let r = self.records.remove(h)?;
         let slot = h.index();
         let gone = self.ids.remove(r.spec.id);
@@ -421,7 +421,11 @@ impl<const N: usize, S: Storage> Table<N, S> {
     /// Moves the typed request at `slot` through `f` (one consuming transition) and back; the hot
     /// record follows the new type-state.
     #[inline]
-    pub(crate) fn transition<R>(&mut self, slot: u16, f: impl FnOnce(Held) -> (Held, R)) -> R {
+    pub(crate) fn transition<R>(
+        &mut self,
+        slot: u16,
+        f: impl FnOnce(AnyRequest) -> (AnyRequest, R),
+    ) -> R {
         let Some(before) = self.held[slot as usize].take() else {
             panic!("transition of vacant slot {slot}");
         };
@@ -536,7 +540,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
                 && self.hot[s as usize] == Hot::derive(e, self.hot[s as usize].headroom)
                 && self.ids.get(record.spec.id) == Some(s)
                 && place.slot == s
-                && place.generation == self.records.generation_at(s)
+                && place.version == self.records.version_at(s)
                 && held.id() == record.spec.id
         })
     }

@@ -6,8 +6,8 @@
 use super::*;
 use crate::adapter_pool::AdapterPool;
 use crate::config::{ChunkPolicy, Chunking};
-use crate::ids::RequestId;
 use crate::ids::TaskId;
+use crate::ids::{RequestId, TaskSlot};
 use crate::page_pool::KvPool;
 use crate::request::RequestSpec;
 use crate::testing::Mem;
@@ -85,7 +85,7 @@ fn seeds(victim: bool) {
     let context: heapless::Vec<_, 4> = out.context().iter().map(|c| c.listed).collect();
     assert_eq!(ids(&s, &context), [1], "B is admitted in the same pass");
     assert_eq!(
-        s.adapters().leases(0),
+        s.adapters().leases(TaskSlot(0)),
         0,
         "A holds no lease while suspended"
     );
@@ -101,7 +101,7 @@ fn seeds(victim: bool) {
     assert_eq!(ids(&s, out.resumed()), [0]);
     assert_eq!(ids(&s, out.generation()), [0]);
     assert_eq!(s.get(a).unwrap().ownership(), Ownership::Resumed);
-    assert_eq!(s.adapters().leases(0), 1);
+    assert_eq!(s.adapters().leases(TaskSlot(0)), 1);
     s.ensure_batch(&mut out).unwrap();
     assert_eq!(s.take_moves().len(), 4, "A's pages come up with the moves");
     assert_eq!(s.get(a).unwrap().ownership(), Ownership::Active, "settled");
@@ -360,7 +360,7 @@ fn a_context_only_request_sends_its_kv_and_frees_it_when_the_send_ends() {
     let e = s.get(c).unwrap();
     assert_eq!(e.ownership(), Ownership::Sending);
     assert_eq!(e.spec().phase, Phase::DisaggContextTransInProgress);
-    assert_eq!(s.adapters().leases(0), 0, "a send holds no lease");
+    assert_eq!(s.adapters().leases(TaskSlot(0)), 0, "a send holds no lease");
     assert_eq!(s.kv().gpu_free(), 28, "its four pages stay pinned");
     let stats = s.transfer_stats();
     assert_eq!((stats.sending, stats.receiving), (1, 0));
@@ -459,6 +459,6 @@ fn a_generation_request_receives_its_kv_or_replays_its_prefill() {
                 assert_eq!(s.transfer_stats().receives_failed, 1);
             }
         }
-        assert_eq!(s.adapters().leases(1), 1);
+        assert_eq!(s.adapters().leases(TaskSlot(1)), 1);
     }
 }

@@ -32,7 +32,7 @@ use crate::phase::Phase;
 use crate::request::{Ownership, RequestSpec};
 use crate::storage::Storage;
 
-use super::table::Held;
+use super::table::AnyRequest;
 use super::{Handle, Scheduler};
 
 /// How a transfer ended, as the engine's transceiver reports it.
@@ -82,8 +82,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     pub(super) fn start_send(&mut self, slot: u16) {
         let (kv, desk) = (&mut self.kv, &mut self.desk);
         self.table.transition(slot, |held| match held {
-            Held::Active(a) => (a.send(kv, desk).into(), ()),
-            Held::Resumed(a) => (a.send(kv, desk).into(), ()),
+            AnyRequest::Active(a) => (a.send(kv, desk).into(), ()),
+            AnyRequest::Resumed(a) => (a.send(kv, desk).into(), ()),
             _ => panic!("a computed context chunk's request owns its KV and its lease"),
         });
         self.table.edit(slot, |e| {
@@ -168,8 +168,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             TransferEnd::Failed => {
                 let (kv, desk) = (&mut self.kv, &mut self.desk);
                 self.table.transition(slot, |held| match held {
-                    Held::Active(a) => (a.recompute(kv, desk).into(), ()),
-                    Held::Resumed(a) => (a.recompute(kv, desk).into(), ()),
+                    AnyRequest::Active(a) => (a.recompute(kv, desk).into(), ()),
+                    AnyRequest::Resumed(a) => (a.recompute(kv, desk).into(), ()),
                     _ => panic!("a receiving request owns its KV and its lease"),
                 });
                 self.table.edit(slot, |e| {

@@ -12,8 +12,8 @@ use crate::config::CapacityPolicy;
 use crate::kv::KvBackend;
 use crate::storage::Storage;
 
-use super::pass::{listed, mark, Pass, Step};
-use super::table::Held;
+use super::pass::{listed, Mark, Pass, Step};
+use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
@@ -92,16 +92,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     fn recompute_victim(&self, i: usize, can_evict: bool) -> Option<usize> {
         let in_range = (i + 1..self.frontier).rev().find(|&j| {
             let s = self.table.slot(j);
-            !self.marked(s, mark::RECOMPUTED)
+            !self.marked(s, Mark::RECOMPUTED)
                 && self.recompute_candidate(s)
-                && (can_evict || !self.marked(s, mark::EVICTED))
+                && (can_evict || !self.marked(s, Mark::EVICTED))
         });
         if in_range.is_some() || !can_evict {
             return in_range;
         }
         self.out.paused().iter().find_map(|l| {
             let s = l.slot();
-            (!self.marked(s, mark::RECOMPUTED) && self.recompute_candidate(s))
+            (!self.marked(s, Mark::RECOMPUTED) && self.recompute_candidate(s))
                 .then(|| self.table.index_of(s))
                 .flatten()
         })
@@ -112,8 +112,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let (kv, desk, out) = (&mut *self.kv, &mut *self.desk, &mut *self.out);
         let task = self.table.transition(slot, |held| {
             let p = match held {
-                Held::Active(r) => r.suspend(kv, desk),
-                Held::Resumed(r) => r.suspend(kv, desk),
+                AnyRequest::Active(r) => r.suspend(kv, desk),
+                AnyRequest::Resumed(r) => r.suspend(kv, desk),
                 _ => panic!("only a request on the GPU is suspended"),
             };
             listed(out.push_paused(&p));
@@ -121,7 +121,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             (p.into(), task)
         });
         self.lease_returned(task);
-        self.mark(slot, mark::EVICTED);
+        self.mark(slot, Mark::EVICTED);
         self.evictions += 1;
     }
 
@@ -130,23 +130,23 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let (kv, desk, out) = (&mut *self.kv, &mut *self.desk, &mut *self.out);
         let task = self.table.transition(slot, |held| {
             let rc = match held {
-                Held::Active(r) => r.recompute(kv, desk),
-                Held::Resumed(r) => r.recompute(kv, desk),
-                Held::Paused(r) => r.recompute(kv),
-                Held::Waiting(r) => r.recompute(kv),
-                Held::Recompute(r) => r,
-                Held::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
+                AnyRequest::Active(r) => r.recompute(kv, desk),
+                AnyRequest::Resumed(r) => r.recompute(kv, desk),
+                AnyRequest::Paused(r) => r.recompute(kv),
+                AnyRequest::Waiting(r) => r.recompute(kv),
+                AnyRequest::Recompute(r) => r,
+                AnyRequest::Sending(_) => panic!("{}", super::table::NEVER_SCHEDULED),
             };
             listed(out.push_recompute(&rc));
             let task = rc.task();
             (rc.into(), task)
         });
-        self.freed(slot, task, mark::RECOMPUTED);
+        self.freed(slot, task, Mark::RECOMPUTED);
     }
 
     /// After a recompute pause or a preemption: the lease's return reported to the plan, no KV headroom
     /// left, the request marked for the rest of the pass, the pass counted as progress.
-    fn freed(&mut self, slot: u16, task: Option<crate::adapter::TaskRef>, bit: u8) {
+    fn freed(&mut self, slot: u16, task: Option<crate::adapter::TaskRef>, bit: Mark) {
         self.lease_returned(task);
         self.table.set_headroom(slot, 0);
         self.mark(slot, bit);
@@ -160,16 +160,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let (kv, desk, out) = (&mut *self.kv, &mut *self.desk, &mut *self.out);
         let task = self.table.transition(slot, |held| {
             let rc = match held {
-                Held::Active(r) => r.preempt(kv, desk),
-                Held::Resumed(r) => r.preempt(kv, desk),
-                Held::Paused(r) => r.preempt(kv),
+                AnyRequest::Active(r) => r.preempt(kv, desk),
+                AnyRequest::Resumed(r) => r.preempt(kv, desk),
+                AnyRequest::Paused(r) => r.preempt(kv),
                 _ => panic!("only a request holding KV is preempted"),
             };
             listed(out.push_recompute(&rc));
             let task = rc.task();
             (rc.into(), task)
         });
-        self.freed(slot, task, mark::PREEMPTED);
+        self.freed(slot, task, Mark::PREEMPTED);
         self.stats.preemptions += 1;
     }
 

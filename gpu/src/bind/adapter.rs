@@ -2,7 +2,7 @@
 //! adapter plan says so.
 
 use kvsched_core::adapter::{HostChange, TaskRef};
-use kvsched_core::ids::RequestId;
+use kvsched_core::ids::{RequestId, TaskSlot};
 use kvsched_core::kv::{PageMove, Tier};
 use kvsched_core::storage::Storage;
 use kvsched_core::{AdapterPool, SchedulerOutput};
@@ -454,7 +454,7 @@ impl AdapterSlots {
 
     /// The device pages of the adapter in task slot `slot`, in weight-page order (page `i` of its
     /// weights at `device_pages(slot)[i]`); `None` when it is not on the device or not registered.
-    pub fn device_pages(&self, slot: u16) -> Option<&[u32]> {
+    pub fn device_pages(&self, slot: TaskSlot) -> Option<&[u32]> {
         match self.tasks.get(usize::from(slot)) {
             Some(Some(placement)) if !placement.device.is_empty() => Some(&placement.device),
             _ => None,
@@ -463,7 +463,7 @@ impl AdapterSlots {
 
     /// The host pages holding the weights of the adapter in task slot `slot`, in weight-page order;
     /// `None` when it has no host copy or is not registered.
-    pub fn host_pages(&self, slot: u16) -> Option<&[u32]> {
+    pub fn host_pages(&self, slot: TaskSlot) -> Option<&[u32]> {
         match self.tasks.get(usize::from(slot)) {
             Some(Some(placement)) if !placement.host.is_empty() => Some(&placement.host),
             _ => None,
@@ -492,14 +492,14 @@ impl AdapterSlots {
 mod tests {
     use super::*;
     use crate::{HostAdapterStore, PageStore, PoolShape};
-    use kvsched_core::ids::TaskId;
+    use kvsched_core::ids::{TaskId, TaskSlot};
 
     const PAGE: usize = 4;
 
     fn task(slot: u16) -> TaskRef {
         TaskRef {
             id: TaskId(100 + u64::from(slot)),
-            slot,
+            slot: TaskSlot(slot),
         }
     }
 
@@ -514,8 +514,8 @@ mod tests {
     #[allow(clippy::unnecessary_wraps)] // the binding's weight source returns a Result
     fn weights(task: TaskRef, buf: &mut [u8]) -> Result<(), MemError> {
         let w: &[u8] = match task.slot {
-            0 => &[1, 1, 1, 1, 2],
-            1 => &[3; 12],
+            TaskSlot(0) => &[1, 1, 1, 1, 2],
+            TaskSlot(1) => &[3; 12],
             _ => &[9; 4],
         };
         buf[..w.len()].copy_from_slice(w);
@@ -529,14 +529,18 @@ mod tests {
         assert_eq!(slots.pages_for(5), 2);
         slots.register_task(task(0), 2).unwrap();
         slots.register_task(task(1), 3).unwrap();
-        assert_eq!(slots.host_pages(0), None, "registration writes nothing");
+        assert_eq!(
+            slots.host_pages(TaskSlot(0)),
+            None,
+            "registration writes nothing"
+        );
         let changes = [(task(0), HostChange::Filled), (task(1), HostChange::Filled)];
         let written = slots
             .apply_host_changes(&mut store, &changes, &mut weights)
             .unwrap();
         assert_eq!(written, 5);
-        assert_eq!(slots.host_pages(0), Some(&[0, 1][..]));
-        assert_eq!(slots.host_pages(1), Some(&[2, 3, 4][..]));
+        assert_eq!(slots.host_pages(TaskSlot(0)), Some(&[0, 1][..]));
+        assert_eq!(slots.host_pages(TaskSlot(1)), Some(&[2, 3, 4][..]));
         (store, slots)
     }
 
@@ -545,7 +549,7 @@ mod tests {
         let (mut store, mut slots) = setup();
         let up = slots.apply(&mut store, &[], &[task(0)]).unwrap();
         assert_eq!((up.loaded, up.pages), (1, 2));
-        assert_eq!(slots.device_pages(0), Some(&[0, 1][..]));
+        assert_eq!(slots.device_pages(TaskSlot(0)), Some(&[0, 1][..]));
         assert_eq!(device(&store, 0), [1; 4]);
         assert_eq!(device(&store, 1), [2, 0, 0, 0], "zero-padded last page");
         assert_eq!(slots.device_free(), 2);
@@ -560,9 +564,9 @@ mod tests {
         );
         let up = slots.apply(&mut store, &[task(0)], &[task(1)]).unwrap();
         assert_eq!((up.evicted, up.loaded, up.pages), (1, 1, 3));
-        assert_eq!(slots.device_pages(0), None);
+        assert_eq!(slots.device_pages(TaskSlot(0)), None);
         assert_eq!(
-            slots.device_pages(1),
+            slots.device_pages(TaskSlot(1)),
             Some(&[0, 1, 2][..]),
             "evicted pages reused in order"
         );
@@ -578,7 +582,7 @@ mod tests {
         let _ = slots.apply(&mut store, &[], &[task(0)]).unwrap();
         let unknown = TaskRef {
             id: TaskId(7),
-            slot: 3,
+            slot: TaskSlot(3),
         };
         let cases: [(&[TaskRef], &[TaskRef], &str); 5] = [
             (&[task(1)], &[], "evicted but not on the device"),
@@ -597,13 +601,13 @@ mod tests {
                 matches!(error, MemError::AdapterPlan { reason: r, .. } if r == reason),
                 "{error}"
             );
-            assert_eq!(slots.device_pages(0), Some(&[0, 1][..]));
+            assert_eq!(slots.device_pages(TaskSlot(0)), Some(&[0, 1][..]));
             assert_eq!(slots.device_free(), 2);
         }
         // Evicted and loaded again in one plan: allowed.
         let up = slots.apply(&mut store, &[task(0)], &[task(0)]).unwrap();
         up.event.wait().unwrap();
-        assert_eq!(slots.device_pages(0), Some(&[0, 1][..]));
+        assert_eq!(slots.device_pages(TaskSlot(0)), Some(&[0, 1][..]));
     }
 
     #[test]
@@ -611,16 +615,22 @@ mod tests {
         let (mut store, mut slots) = setup();
         assert!(matches!(
             slots.register_task(task(1), 1),
-            Err(MemError::AdapterPlan { slot: 1, .. })
+            Err(MemError::AdapterPlan {
+                slot: TaskSlot(1),
+                ..
+            })
         ));
         assert!(matches!(
             slots.register_task(task(2), 0),
-            Err(MemError::AdapterPlan { slot: 2, .. })
+            Err(MemError::AdapterPlan {
+                slot: TaskSlot(2),
+                ..
+            })
         ));
         slots.register_task(task(2), 2).unwrap();
         let unknown = TaskRef {
             id: TaskId(7),
-            slot: 3,
+            slot: TaskSlot(3),
         };
         let cases: [(&[(TaskRef, HostChange)], &str); 4] = [
             (
@@ -672,7 +682,7 @@ mod tests {
             slots.apply_host_changes(&mut store, &changes, &mut broken),
             Err(MemError::NoDriver)
         );
-        assert_eq!(slots.host_pages(2), None);
+        assert_eq!(slots.host_pages(TaskSlot(2)), None);
         assert_eq!(
             slots.host_free(),
             3,
@@ -686,7 +696,7 @@ mod tests {
             2
         );
         assert_eq!(
-            slots.host_pages(2),
+            slots.host_pages(TaskSlot(2)),
             Some(&[0, 1][..]),
             "task 0's freed pages, in order"
         );
@@ -710,7 +720,7 @@ mod tests {
 
     #[test]
     fn plan_from_the_core_adapter_cache() {
-        use kvsched_core::adapter::{Holding, PeftBackend};
+        use kvsched_core::adapter::{AdapterHold, PeftBackend};
         let (mut store, mut slots) = setup();
         let mut pool: AdapterPool<4> = AdapterPool::new(4, 8).unwrap();
         let a = pool.register(TaskId(100), 2).unwrap();
@@ -724,7 +734,7 @@ mod tests {
             .apply_checked(&mut store, &pool, &evicted, &loads)
             .unwrap();
         assert_eq!((up.evicted, up.loaded), (0, 1));
-        pool.mark_request_done(RequestId(1), a, false, Holding::Lease);
+        pool.mark_request_done(RequestId(1), a, false, AdapterHold::Lease);
         loads.clear();
         pool.add_request(RequestId(2), b, false).unwrap();
         pool.ensure_batch(&[b], &mut |t| loads.push(t)).unwrap();
@@ -751,9 +761,12 @@ mod tests {
         let free = slots.device_free();
         assert!(matches!(
             slots.apply_checked(&mut store, &pool, &[], &[c]),
-            Err(MemError::AdapterPlan { slot: 2, .. })
+            Err(MemError::AdapterPlan {
+                slot: TaskSlot(2),
+                ..
+            })
         ));
         assert_eq!(slots.device_free(), free);
-        assert_eq!(slots.device_pages(2), None);
+        assert_eq!(slots.device_pages(TaskSlot(2)), None);
     }
 }

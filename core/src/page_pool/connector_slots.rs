@@ -18,17 +18,46 @@ use super::{KvPool, SeqState};
 use crate::narrow::{u16_of, u32_of};
 use crate::storage::Buffers;
 
-const NONE: u8 = 0;
-const OFFERED: u8 = 1;
-const LOADING: u8 = 2;
+/// Where a slot's connector load stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+enum Load {
+    /// Nothing offered.
+    #[default]
+    Idle,
+    /// The connector offered blocks; the scheduler has not claimed them.
+    Offered,
+    /// The load into the claimed pages is pending.
+    Loading,
+}
 
-const ENDED: u8 = 1;
-const FAILED: u8 = 2;
+/// A load's outcome not yet handed to the scheduler (a failure outranks an end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+enum Outcome {
+    /// Nothing to hand over.
+    #[default]
+    None,
+    /// The load was confirmed.
+    Ended,
+    /// The load failed or timed out.
+    Failed,
+}
+
+/// Where a slot's save stands (at most one in flight a slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+enum Save {
+    /// No save.
+    #[default]
+    Idle,
+    /// In flight for this many passes.
+    InFlight(u32),
+    /// Ended or abandoned: its pages are to be unpinned.
+    Over,
+}
 
 /// One request slot's connector state (borrowed storage, one per pool slot).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ConnectorSlot {
-    state: u8,
+    load: Load,
     /// The request the offer or load is for.
     id: RequestId,
     /// The first offered block and how many.
@@ -38,19 +67,24 @@ pub struct ConnectorSlot {
     passes: u32,
     /// The prompt tokens computed so far (the last commit asked for while the load was unconfirmed).
     computed: u32,
-    /// Changes not yet handed to the scheduler.
-    events: u8,
+    /// The outcome not yet handed to the scheduler.
+    outcome: Outcome,
     /// A load of this request failed: its replay computes everything.
     refused: bool,
     /// The slot's request's blocks below this were offered to a save.
     saved_upto: u32,
-    /// A save in flight (at most one a slot): the request it is for, the pages it pins (the blocks
-    /// it reads and their ancestors, in the save buffer's row of the slot) and the passes it has been
-    /// in flight.
-    saving: bool,
+    /// The slot's save: where it stands, the request it is for, and the pages it pins (the blocks
+    /// it reads and their ancestors, in the save buffer's row of the slot).
+    save: Save,
     save_id: RequestId,
     save_len: u32,
-    save_passes: u32,
+}
+
+impl ConnectorSlot {
+    /// A save (in flight or over) still pins its pages.
+    fn saving(&self) -> bool {
+        self.save != Save::Idle
+    }
 }
 
 /// The attached connector.
@@ -85,14 +119,14 @@ impl Attached<'_> {
             let Some(s) = slots.get_mut(usize::from(r.slot)) else {
                 return;
             };
-            if s.state != LOADING || s.id != r.id {
+            if s.load != Load::Loading || s.id != r.id {
                 return;
             }
-            s.state = NONE;
+            s.load = Load::Idle;
             match end {
-                LoadEnd::Done => s.events |= ENDED,
+                LoadEnd::Done => s.outcome = s.outcome.max(Outcome::Ended),
                 LoadEnd::Failed => {
-                    s.events |= FAILED;
+                    s.outcome = Outcome::Failed;
                     s.refused = true;
                     stats.failed += 1;
                 }
@@ -107,8 +141,8 @@ impl Attached<'_> {
         self.connector.take_save_ends(&mut |r| {
             // A late end names the request the save was for; another's is ignored.
             if let Some(s) = slots.get_mut(usize::from(r.slot)) {
-                if s.saving && s.save_id == r.id {
-                    s.save_passes = u32::MAX;
+                if s.saving() && s.save_id == r.id {
+                    s.save = Save::Over;
                 }
             }
         });
@@ -119,22 +153,22 @@ impl Attached<'_> {
     #[inline]
     fn tick_timeouts(&mut self) {
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.saving && s.save_passes != u32::MAX {
-                s.save_passes += 1;
-                if s.save_passes > self.timeout {
+            if let Save::InFlight(passes) = s.save {
+                s.save = Save::InFlight(passes + 1);
+                if passes + 1 > self.timeout {
                     self.stats.saves_timed_out += 1;
                     self.connector.cancel_save(KvRef {
                         slot: u16_of(i),
                         id: s.save_id,
                     });
-                    s.save_passes = u32::MAX;
+                    s.save = Save::Over;
                 }
             }
-            if s.state == LOADING {
+            if s.load == Load::Loading {
                 s.passes += 1;
                 if s.passes > self.timeout {
-                    s.state = NONE;
-                    s.events |= FAILED;
+                    s.load = Load::Idle;
+                    s.outcome = Outcome::Failed;
                     s.refused = true;
                     self.stats.timed_out += 1;
                     self.connector.cancel_load(KvRef {
@@ -217,7 +251,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
     /// A request slot's unconfirmed load, if any: its first block and block count.
     pub fn unconfirmed_load(&self, slot: u16) -> Option<(u32, u32)> {
         let s = self.connector.as_ref()?.slots.get(usize::from(slot))?;
-        (s.state == LOADING).then_some((s.first, s.blocks))
+        (s.load == Load::Loading).then_some((s.first, s.blocks))
     }
 
     /// A new request takes the slot: it may use the connector, and what its predecessor left unsaid is
@@ -227,10 +261,9 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             // A save of the slot's previous request stays in flight, pinning its pages.
             let s = c.slots[slot];
             c.slots[slot] = ConnectorSlot {
-                saving: s.saving,
+                save: s.save,
                 save_id: s.save_id,
                 save_len: s.save_len,
-                save_passes: s.save_passes,
                 ..ConnectorSlot::default()
             };
         }
@@ -244,7 +277,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
         };
         let s = c.slots[slot];
         let committed = self.seqs[slot].committed;
-        if s.saving || committed <= s.saved_upto {
+        if s.saving() || committed <= s.saved_upto {
             return;
         }
         let base = slot * self.cfg.max_blocks as usize;
@@ -261,10 +294,9 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             return;
         }
         let slot_state = &mut c.slots[slot];
-        slot_state.saving = true;
+        slot_state.save = Save::InFlight(0);
         slot_state.save_id = r.id;
         slot_state.save_len = u32_of(to);
-        slot_state.save_passes = 0;
         c.stats.saves += 1;
         c.stats.saved_blocks += (to - from) as u64;
         let Some(prefix) = self.prefix.as_mut() else {
@@ -281,10 +313,10 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             return;
         };
         let s = &mut c.slots[slot];
-        if !s.saving {
+        if !s.saving() {
             return;
         }
-        s.saving = false;
+        s.save = Save::Idle;
         let base = slot * self.cfg.max_blocks as usize;
         for &p in &c.saves[base..base + s.save_len as usize] {
             prefix.unhold(p);
@@ -298,7 +330,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             return true;
         };
         let mut pinned = 0u64;
-        for (i, s) in c.slots.iter().enumerate().filter(|(_, s)| s.saving) {
+        for (i, s) in c.slots.iter().enumerate().filter(|(_, s)| s.saving()) {
             let base = i * self.cfg.max_blocks as usize;
             for &p in &c.saves[base..base + s.save_len as usize] {
                 let info = prefix.info(p);
@@ -324,7 +356,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             return 0;
         };
         let s = &mut c.slots[slot];
-        if s.refused || s.state == LOADING || matched >= limit {
+        if s.refused || s.load == Load::Loading || matched >= limit {
             return 0;
         }
         let seq = self.seqs[slot];
@@ -335,7 +367,11 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             .matched_blocks(r, matched, seq.chain, hashes)
             .min(limit - matched);
         *s = ConnectorSlot {
-            state: if blocks > 0 { OFFERED } else { NONE },
+            load: if blocks > 0 {
+                Load::Offered
+            } else {
+                Load::Idle
+            },
             id: r.id,
             first: matched,
             blocks,
@@ -351,7 +387,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             return;
         };
         let s = c.slots[slot];
-        if s.state != OFFERED || s.id != r.id {
+        if s.load != Load::Offered || s.id != r.id {
             return;
         }
         let base = slot * self.cfg.max_blocks as usize;
@@ -367,7 +403,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
         c.stats.loads += 1;
         c.stats.loaded_blocks += u64::from(s.blocks);
         let slot_state = &mut c.slots[slot];
-        slot_state.state = LOADING;
+        slot_state.load = Load::Loading;
         slot_state.passes = 0;
         slot_state.computed = 0;
     }
@@ -379,7 +415,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
         let Some(s) = self.connector.as_mut().map(|c| &mut c.slots[slot]) else {
             return computed;
         };
-        if s.state != LOADING {
+        if s.load != Load::Loading {
             return computed;
         }
         s.computed = s.computed.max(computed);
@@ -393,14 +429,14 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             return;
         };
         let s = &mut c.slots[slot];
-        match s.state {
-            OFFERED => s.state = NONE,
-            LOADING => {
-                s.state = NONE;
+        match s.load {
+            Load::Offered => s.load = Load::Idle,
+            Load::Loading => {
+                s.load = Load::Idle;
                 c.stats.cancelled += 1;
                 c.connector.cancel_load(r);
             }
-            _ => {}
+            Load::Idle => {}
         }
     }
 
@@ -424,7 +460,7 @@ impl<'a, B: Buffers> KvPool<'a, B> {
             let Some(c) = self.connector.as_mut() else {
                 return;
             };
-            if c.slots[i].saving && c.slots[i].save_passes == u32::MAX {
+            if c.slots[i].save == Save::Over {
                 // Ended or abandoned: the pages are free to go.
                 self.connector_save_done(i);
             }
@@ -432,10 +468,10 @@ impl<'a, B: Buffers> KvPool<'a, B> {
                 return;
             };
             let s = &mut c.slots[i];
-            let (events, computed, id) = (core::mem::take(&mut s.events), s.computed, s.id);
-            if events & FAILED != 0 {
+            let (outcome, computed, id) = (core::mem::take(&mut s.outcome), s.computed, s.id);
+            if outcome == Outcome::Failed {
                 f(u16_of(i), LoadChange::Failed);
-            } else if events & ENDED != 0 {
+            } else if outcome == Outcome::Ended {
                 // Confirmed: the blocks the load wrote join the prefix cache with what was computed,
                 // and may be saved.
                 if matches!(self.seqs[i].state, SeqState::Active | SeqState::Claimed) {
