@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use common::{assert_identical, reference, Outcome};
 use kvsched_engine::{
     CapacityPolicy, ChunkPolicy, Chunking, Completion, Engine, EngineConfig, EngineStats, Lora,
-    Message, Model, Sampler, SchedulerConfig,
+    Message, Model, Ownership, Sampler, SchedulerConfig,
 };
 
 /// New tokens a request generates at most.
@@ -42,6 +42,7 @@ const SYSTEM: &str = "You are a careful assistant for a public library. Answer e
 struct Req {
     prompt: Vec<u32>,
     adapter: Option<u64>,
+    max_new: usize,
 }
 
 fn chat(model: &Model, system: Option<&str>, question: &str) -> Vec<u32> {
@@ -59,6 +60,7 @@ fn requests(model: &Model, n: usize, system: Option<&str>) -> Vec<Req> {
         .map(|q| Req {
             prompt: chat(model, system, q),
             adapter: None,
+            max_new: NEW,
         })
         .collect()
 }
@@ -70,14 +72,19 @@ fn lora(model: &Model, id: u64) -> Lora {
 
 /// The reference outcome of a request, computed once per test binary.
 fn solo(model: &Model, r: &Req) -> Outcome {
-    type Key = (Vec<u32>, Option<u64>);
+    type Key = (Vec<u32>, Option<u64>, usize);
     static CACHE: OnceLock<Mutex<HashMap<Key, Outcome>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (r.prompt.clone(), r.adapter);
+    let key = (r.prompt.clone(), r.adapter, r.max_new);
     if let Some(o) = cache.lock().unwrap().get(&key) {
         return o.clone();
     }
-    let o = reference(model, &r.prompt, NEW, r.adapter.map(|id| lora(model, id)));
+    let o = reference(
+        model,
+        &r.prompt,
+        r.max_new,
+        r.adapter.map(|id| lora(model, id)),
+    );
     cache.lock().unwrap().insert(key, o.clone());
     o
 }
@@ -120,7 +127,7 @@ fn serve(engine: &mut Engine<'_>, reqs: &[Req]) -> Vec<Completion> {
     }
     for r in reqs {
         engine
-            .submit(&r.prompt, NEW, r.adapter, Sampler::greedy())
+            .submit(&r.prompt, r.max_new, r.adapter, Sampler::greedy())
             .unwrap();
     }
     engine.run().unwrap()
@@ -264,4 +271,96 @@ fn guaranteed_no_evict_queues_instead_of_evicting() {
     summary("guaranteed no evict", reqs.len(), &s);
     assert_solo(model, "guaranteed no evict", &reqs, &got);
     assert_eq!((s.evictions, s.recomputes), (0, 0), "nothing is evicted");
+}
+
+/// The seeds' case: a device adapter cache that holds exactly one adapter. A decoding request on
+/// adapter A is suspended under KV pressure; in the same pass a context request on adapter B, which
+/// waited for the device, is admitted, and `ensure_batch` loads B in A's place; A resumes later
+/// with A reloaded. Every request equals its solo run.
+///
+/// In arrival order: X (base model), C (adapter A, a two-token request), B (adapter B: it waits,
+/// the device holds A), A (adapter A, decoding beside X). C finishes, so only A's lease pins the
+/// device copy; when the pool runs out of pages A is suspended, its lease returned, and B, ahead
+/// of it in arrival order, gets the device.
+#[test]
+fn a_suspended_adapter_request_yields_the_device_to_another_adapter() {
+    let Some(model) = common::model() else { return };
+    let (a, b) = (1u64, 2u64);
+    let page = 256 * 1024;
+    let pages = lora(model, a).pages(page) as u32;
+    let mut cfg = config(sched(64, None), 11, 64);
+    cfg.adapter_page_bytes = page;
+    cfg.adapter_device_pages = pages;
+    cfg.adapter_host_pages = 2 * pages;
+    let req = |q: &str, adapter| Req {
+        prompt: chat(model, None, q),
+        adapter,
+        max_new: NEW,
+    };
+    let short = Req {
+        prompt: model.tokenizer().encode("Hello there").unwrap(),
+        adapter: Some(a),
+        max_new: 2,
+    };
+    let reqs = [
+        req(QUESTIONS[3], None),
+        short,
+        req(QUESTIONS[2], Some(b)),
+        req(QUESTIONS[1], Some(a)),
+    ];
+    let mut engine = Engine::new(model, cfg).unwrap();
+    for id in [a, b] {
+        engine.register_adapter(id, &lora(model, id)).unwrap();
+    }
+    let ids: Vec<u64> = reqs
+        .iter()
+        .map(|r| {
+            engine
+                .submit(&r.prompt, r.max_new, r.adapter, Sampler::greedy())
+                .unwrap()
+        })
+        .collect();
+    let (mut done, mut overlap) = (Vec::new(), false);
+    while !engine.is_empty() {
+        done.extend(engine.step().unwrap());
+        overlap |= engine.ownership(ids[3]) == Some(Ownership::Paused)
+            && engine.ownership(ids[2]).is_some_and(Ownership::on_gpu);
+        assert!(engine.stats().steps < 500, "the loop drains");
+    }
+    let s = engine.stats();
+    summary("adapter suspended, another loaded", reqs.len(), &s);
+    assert!(overlap, "B ran while A was suspended");
+    done.sort_by_key(|c| c.id);
+    assert_solo(model, "seeds' case", &reqs, &done);
+    assert!(s.evictions > 0, "A was suspended under KV pressure");
+    assert!(
+        s.adapter_loads >= 3 && s.adapter_evictions >= 2,
+        "A loaded, B in its place, A again: {s:?}"
+    );
+}
+
+/// The adapters really change the model: a LoRA request's tokens differ from the base model's for
+/// most prompts (so the identity tests would notice a wrong adapter).
+#[test]
+fn adapters_change_the_tokens_of_most_prompts() {
+    let Some(model) = common::model() else { return };
+    let prompts: Vec<Vec<u32>> = QUESTIONS[..4]
+        .iter()
+        .map(|q| chat(model, None, q))
+        .collect();
+    let mut differ = 0;
+    for (i, p) in prompts.iter().enumerate() {
+        let plain = Req {
+            prompt: p.clone(),
+            adapter: None,
+            max_new: NEW,
+        };
+        let tuned = Req {
+            adapter: Some(1 + i as u64 % 2),
+            ..plain.clone()
+        };
+        differ += usize::from(solo(model, &plain).tokens != solo(model, &tuned).tokens);
+    }
+    eprintln!("adapters: {differ} of {} prompts changed", prompts.len());
+    assert!(differ * 2 > prompts.len(), "{differ} of {}", prompts.len());
 }
