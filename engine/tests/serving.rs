@@ -196,7 +196,7 @@ fn random_case(model: &Model, rng: &mut Rng, case: u64) {
     let cfg = EngineConfig {
         scheduler,
         tokens_per_block: tpb,
-        gpu_pages: least + rng.below(3 * least as usize) as u32,
+        gpu_pages: least + rng.below(least as usize) as u32,
         host_pages: [0, 2 * least][rng.below(2)],
         max_blocks: least + 1,
         prefix_cache: rng.below(2) == 0,
