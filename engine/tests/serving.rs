@@ -153,6 +153,41 @@ fn a_seeded_sampler_draws_what_it_draws_alone() {
     assert!(greedy_differs > 0, "the sampler is not greedy");
 }
 
+/// A random engine whose GPU tier holds one to two of the longest request (`longest` positions).
+fn random_config(model: &Model, rng: &mut Rng, longest: usize) -> EngineConfig {
+    let tpb = [4u32, 8, 16][rng.below(3)];
+    let least = longest.div_ceil(tpb as usize) as u32 + 1;
+    let policy = [
+        ChunkPolicy::FirstComeFirstServed,
+        ChunkPolicy::EqualProgress,
+        ChunkPolicy::ForceChunk,
+    ][rng.below(3)];
+    let chunking = (rng.below(3) != 0).then(|| Chunking {
+        policy,
+        unit: 1 + rng.below(12) as u32,
+    });
+    let scheduler = SchedulerConfig {
+        max_num_requests: 2 + rng.below(6) as u32,
+        max_num_tokens: Some(longest as u32 + 8 + rng.below(64) as u32),
+        chunking,
+        ..EngineConfig::default().scheduler
+    };
+    let lora_pages = Lora::seeded(model.config(), 8, 16.0, 0.1, 1).pages(256 * 1024) as u32;
+    EngineConfig {
+        scheduler,
+        tokens_per_block: tpb,
+        gpu_pages: least + rng.below(least as usize) as u32,
+        host_pages: [0, 2 * least][rng.below(2)],
+        max_blocks: least + 1,
+        prefix_cache: rng.below(2) == 0,
+        adapter_device_pages: lora_pages * (1 + rng.below(2) as u32),
+        adapter_host_pages: lora_pages * 2,
+        poison: true,
+        keep_logits: true,
+        ..EngineConfig::default()
+    }
+}
+
 /// One random serving configuration and workload.
 fn random_case(model: &Model, rng: &mut Rng, case: u64) {
     let questions = [
@@ -175,37 +210,7 @@ fn random_case(model: &Model, rng: &mut Rng, case: u64) {
         })
         .collect();
     let longest = reqs.iter().map(|r| r.0.len() + new).max().unwrap();
-    let tpb = [4u32, 8, 16][rng.below(3)];
-    let least = longest.div_ceil(tpb as usize) as u32 + 1;
-    let policy = [
-        ChunkPolicy::FirstComeFirstServed,
-        ChunkPolicy::EqualProgress,
-        ChunkPolicy::ForceChunk,
-    ][rng.below(3)];
-    let chunking = (rng.below(3) != 0).then(|| Chunking {
-        policy,
-        unit: 1 + rng.below(12) as u32,
-    });
-    let scheduler = SchedulerConfig {
-        max_num_requests: 2 + rng.below(6) as u32,
-        max_num_tokens: Some(longest as u32 + 8 + rng.below(64) as u32),
-        chunking,
-        ..EngineConfig::default().scheduler
-    };
-    let lora_pages = Lora::seeded(model.config(), 8, 16.0, 0.1, 1).pages(256 * 1024) as u32;
-    let cfg = EngineConfig {
-        scheduler,
-        tokens_per_block: tpb,
-        gpu_pages: least + rng.below(least as usize) as u32,
-        host_pages: [0, 2 * least][rng.below(2)],
-        max_blocks: least + 1,
-        prefix_cache: rng.below(2) == 0,
-        adapter_device_pages: lora_pages * (1 + rng.below(2) as u32),
-        adapter_host_pages: lora_pages * 2,
-        poison: true,
-        keep_logits: true,
-        ..EngineConfig::default()
-    };
+    let cfg = random_config(model, rng, longest);
     let mut engine = Engine::new(model, cfg).unwrap();
     for id in 1..=adapters {
         let lora = Lora::seeded(model.config(), 8, 16.0, 0.1, id);
