@@ -4,6 +4,62 @@ use std::path::PathBuf;
 
 use kvsched_gpu::MemError;
 
+/// The limit a request exceeds ([`Refusal::TooLong`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The model's context length (positions it was trained for).
+    ModelContext,
+    /// One request's page table: `max_blocks × tokens_per_block` positions of the engine's KV pool.
+    RequestPages,
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::ModelContext => "the model's context length",
+            Self::RequestPages => "one request's page table (max_blocks x tokens_per_block)",
+        })
+    }
+}
+
+/// Why the engine refused a request at submission (nothing was queued).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// `max_new_tokens` is 0: a request generates at least one token.
+    #[error("max_new_tokens is 0: a request generates at least one token")]
+    NoNewTokens,
+    /// A prompt token is not in the model's vocabulary.
+    #[error("prompt token {token} is outside the vocabulary of {vocab} tokens")]
+    Token {
+        /// The token.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// The prompt and the tokens to generate do not fit a limit.
+    #[error("{prompt} prompt tokens + {max_new} new tokens exceed {what} of {limit} tokens")]
+    TooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Tokens to generate at most.
+        max_new: usize,
+        /// The limit, in tokens.
+        limit: usize,
+        /// Which limit.
+        what: Limit,
+    },
+    /// The request names an adapter that was never registered.
+    #[error("unknown adapter {0} (register it with Engine::register_adapter first)")]
+    UnknownAdapter(u64),
+    /// The scheduler refused it (a full request table, a duplicate id, ...).
+    #[error("the scheduler refused it: {0}")]
+    Scheduler(kvsched_core::Error),
+}
+
 /// What went wrong, as one line.
 ///
 /// Errors about a model file name the file first (`path: what is wrong`), and are raised while the
@@ -58,6 +114,24 @@ pub enum EngineError {
     /// A page store refused a read or a write.
     #[error("page store: {0}")]
     Memory(#[from] MemError),
+    /// A request refused at submission, naming the limit it exceeds.
+    #[error("request refused: {0}")]
+    Refused(#[from] Refusal),
+    /// The serving engine's configuration is not usable.
+    #[error("engine configuration: {0}")]
+    Config(String),
+    /// The scheduler failed a pass or refused a call (a deadlock, a stale output, ...).
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] kvsched_core::Error),
+    /// [`crate::Engine::run`] made no progress for this many steps.
+    #[error("the serving loop stalled: {steps} steps without a model step")]
+    Stalled {
+        /// Consecutive steps without work.
+        steps: u32,
+    },
+    /// The adapter cache refused a registration or the adapter plan.
+    #[error("adapter cache: {0}")]
+    AdapterCache(#[from] kvsched_core::PeftError),
     /// A tensor operation failed inside candle.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

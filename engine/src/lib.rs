@@ -40,18 +40,29 @@ mod lora;
 mod math;
 mod model;
 mod reference;
+mod sample;
+mod serve;
 mod step;
 mod tokenizer;
 
-pub use error::{EngineError, Result};
+pub use error::{EngineError, Limit, Refusal, Result};
 pub use gguf::ModelConfig;
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};
 pub use math::argmax;
 pub use model::{Model, Weight};
 pub use reference::Reference;
+pub use sample::Sampler;
+pub use serve::{
+    block_hashes, Completion, Engine, EngineConfig, EngineStats, Finish, MAX_ADAPTERS, MAX_REQUESTS,
+};
 pub use step::{Batch, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};
+
+/// The scheduler's configuration types and a request's lifecycle state, re-exported from
+/// kvsched-core.
+pub use kvsched_core::request::Ownership;
+pub use kvsched_core::{CapacityPolicy, ChunkPolicy, Chunking, Config as SchedulerConfig};
 
 /// The stores the engine reads and writes, re-exported from kvsched-gpu.
 pub use kvsched_gpu::{BlockTableShape, HostAdapterStore, HostKvStore, PageStore, PoolShape, Tier};

@@ -1,0 +1,519 @@
+//! The serving loop: kvsched-core's [`Scheduler`] over a real two-tier [`KvPool`] (optional prefix
+//! cache) and a LoRA [`AdapterPool`], driving the model's paged step through kvsched-gpu's stores
+//! and bindings, the same path a CUDA store takes.
+//!
+//! Every [`Engine::step`]:
+//!
+//! 1. `schedule` and `ensure_batch` (the pass and the adapter plan);
+//! 2. the KV move log ([`KvPages::apply_moves`]: suspended requests' pages offloaded to the host
+//!    tier of the [`HostKvStore`], resumed ones' reloaded), then the adapters' host copies
+//!    ([`AdapterSlots::apply_host_changes`]: weights written into the adapter store's host pages)
+//!    and the adapter plan ([`AdapterSlots::apply_plan`]: evictions, uploads into device pages),
+//!    and the block tables ([`KvPages::stage_tables`]);
+//! 3. a [`Batch`] from the output: a context chunk runs tokens `position..position + tokens` of its
+//!    request (after a prefix match the position is past the reused tokens), a generation step its
+//!    last token, each over its GPU page list from the pool's table and, with an adapter, the device
+//!    pages the adapter plan gave it;
+//! 4. [`Model::step`], `complete_step`, then sampling: a prompt's last chunk and every generation
+//!    step yield a token; a request finishes on a stop token or after `max_new_tokens` and is
+//!    removed;
+//! 5. a request the pass recompute-paused or preempted replays its prefill from its prompt and the
+//!    tokens it generated so far: its scheduler prompt becomes that many tokens.
+//!
+//! With [`EngineConfig::poison`] every free KV page (both tiers) and every free adapter page is
+//! filled with NaN after each step, so a step that reads a page it does not own shows up as a wrong
+//! token.
+
+use std::collections::HashMap;
+
+use kvsched_core::adapter::{HostChange, TaskRef};
+use kvsched_core::kv::{chain, Tier};
+use kvsched_core::output::Listed;
+use kvsched_core::page_pool::{page_of, HOST};
+use kvsched_core::request::{Ownership, RequestSpec};
+use kvsched_core::scheduler::{Handle, Scheduler};
+use kvsched_core::storage::{Boxed, Owned};
+use kvsched_core::{AdapterPool, Config, KvPool, KvPoolConfig, Phase, SchedulerOutput, TaskId};
+use kvsched_gpu::{AdapterSlots, BlockTableShape, HostAdapterStore, HostKvStore, KvPages};
+use kvsched_gpu::{MemError, PoolShape};
+
+use crate::error::{EngineError, Limit, Refusal, Result};
+use crate::lora::Lora;
+use crate::model::Model;
+use crate::sample::Sampler;
+
+/// Requests the engine holds at once (its scheduler's table).
+pub const MAX_REQUESTS: usize = 32;
+/// Adapters the engine can register (its adapter cache's task slots).
+pub const MAX_ADAPTERS: usize = 8;
+
+type Pool = KvPool<'static, Owned>;
+type Sched = Scheduler<Pool, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
+type Output = SchedulerOutput<MAX_REQUESTS, Boxed>;
+
+/// How an [`Engine`] is built.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    /// The scheduler's configuration (token budget, chunking, capacity policy, ...). Its
+    /// `max_num_requests` is capped at [`MAX_REQUESTS`].
+    pub scheduler: Config,
+    /// Positions a KV page holds.
+    pub tokens_per_block: u32,
+    /// GPU-tier KV pages (the ones attention reads).
+    pub gpu_pages: u32,
+    /// Host-tier KV pages (the suspend tier); 0: no host tier (recompute and preemption instead).
+    pub host_pages: u32,
+    /// Pages one request's table holds at most (with `tokens_per_block`, the longest request).
+    pub max_blocks: u32,
+    /// A prefix cache in the KV pool: prompts sharing full leading blocks reuse them.
+    pub prefix_cache: bool,
+    /// Bytes of an adapter page.
+    pub adapter_page_bytes: usize,
+    /// Device adapter pages (the adapter cache's device tier).
+    pub adapter_device_pages: u32,
+    /// Host adapter pages (the adapter cache's host budget).
+    pub adapter_host_pages: u32,
+    /// Fill every free KV and adapter page with NaN after each step (for tests).
+    pub poison: bool,
+    /// Keep the logits each sampled token was drawn from in its [`Completion`] (for tests).
+    pub keep_logits: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            scheduler: Config {
+                max_num_requests: MAX_REQUESTS as u32,
+                ..Config::DEFAULT
+            },
+            tokens_per_block: 16,
+            gpu_pages: 256,
+            host_pages: 0,
+            max_blocks: 128,
+            prefix_cache: false,
+            adapter_page_bytes: 256 * 1024,
+            adapter_device_pages: 32,
+            adapter_host_pages: 64,
+            poison: false,
+            keep_logits: false,
+        }
+    }
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It sampled a stop token (the last token of its completion).
+    Stop,
+    /// It generated `max_new_tokens` tokens.
+    Length,
+}
+
+/// A finished request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The id [`Engine::submit`] returned.
+    pub id: u64,
+    /// Its prompt.
+    pub prompt: Vec<u32>,
+    /// The tokens it generated (a stop token included).
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub finish: Finish,
+    /// The logits each token was drawn from (with [`EngineConfig::keep_logits`]; else empty).
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// What an engine did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Steps ([`Engine::step`] calls).
+    pub steps: u64,
+    /// Steps that ran the model.
+    pub model_steps: u64,
+    /// Requests finished.
+    pub finished: u64,
+    /// Tokens generated (sampled).
+    pub tokens: u64,
+    /// Context chunks run (a prompt prefilled in several chunks counts each).
+    pub context_chunks: u64,
+    /// Most sequences one model step ran.
+    pub largest_batch: u64,
+    /// Prompt (and replay) positions computed by context chunks.
+    pub prefill_tokens: u64,
+    /// Suspensions (the KV pool's: pages offloaded to the host tier, or held; a chunked context
+    /// the pass did not schedule counts too).
+    pub suspensions: u64,
+    /// Of those, the pass's evictions under KV pressure (victims and self-evictions).
+    pub evictions: u64,
+    /// Requests recompute-paused or preempted (their KV dropped, their prefill replayed).
+    pub recomputes: u64,
+    /// Of those, context-side preemptions.
+    pub preemptions: u64,
+    /// Prompt positions a first chunk found in the prefix cache instead of computing them.
+    pub prefix_reused_tokens: u64,
+    /// KV pages copied GPU → host.
+    pub pages_offloaded: u64,
+    /// KV pages copied host → GPU.
+    pub pages_reloaded: u64,
+    /// Adapters uploaded into device pages.
+    pub adapter_loads: u64,
+    /// Adapters evicted from the device.
+    pub adapter_evictions: u64,
+}
+
+/// A request the engine holds.
+#[derive(Debug)]
+struct Live {
+    handle: Handle,
+    id: u64,
+    /// Prompt, then the generated tokens.
+    tokens: Vec<u32>,
+    prompt: usize,
+    max_new: usize,
+    /// Positions its KV holds (0 after a recompute pause).
+    computed: usize,
+    adapter: Option<u64>,
+    sampler: Sampler,
+    logits: Vec<Vec<f32>>,
+}
+
+impl Live {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt
+    }
+}
+
+/// One sequence of the step's batch.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    slot: u16,
+    start: usize,
+    len: usize,
+    logits: bool,
+    task: Option<u16>,
+    /// A context chunk (else a generation step).
+    context: bool,
+}
+
+/// Pages that may hold data since they were last filled with NaN, per tier.
+#[derive(Debug, Default)]
+struct Dirty {
+    gpu: Vec<bool>,
+    host: Vec<bool>,
+}
+
+impl Dirty {
+    fn new(shape: PoolShape) -> Self {
+        Self {
+            gpu: vec![true; shape.gpu_pages as usize],
+            host: vec![true; shape.host_pages as usize],
+        }
+    }
+
+    fn tier(&mut self, tier: Tier) -> &mut Vec<bool> {
+        match tier {
+            Tier::Gpu => &mut self.gpu,
+            Tier::Host => &mut self.host,
+        }
+    }
+}
+
+/// The serving engine: a model, kvsched's scheduler and the stores its pages live in.
+pub struct Engine<'m> {
+    model: &'m Model,
+    cfg: EngineConfig,
+    sched: Sched,
+    out: Output,
+    kv: HostKvStore,
+    adapters: HostAdapterStore,
+    kv_pages: KvPages,
+    slots: AdapterSlots,
+    /// Adapter weights (the KVLR format) by task slot.
+    weights: Vec<Vec<u8>>,
+    tasks: HashMap<u64, TaskRef>,
+    live: Vec<Option<Live>>,
+    next_id: u64,
+    stats: EngineStats,
+    kv_dirty: Dirty,
+    adapter_dirty: Dirty,
+    host_changes: Vec<(TaskRef, HostChange)>,
+    evicted: Vec<TaskRef>,
+}
+
+impl std::fmt::Debug for Engine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.cfg)
+            .field("requests", &self.sched.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+mod run;
+
+impl<'m> Engine<'m> {
+    /// An engine serving `model` with `config`: its KV store is layer-major
+    /// ([`crate::KvLayout::pool_shape`]), one page of `tokens_per_block` positions for every layer.
+    /// Refused (`Config`, `Scheduler`, `Memory`) for a geometry the pool, the scheduler or the
+    /// stores refuse.
+    pub fn new(model: &'m Model, config: EngineConfig) -> Result<Self> {
+        let mut cfg = config;
+        cfg.scheduler.max_num_requests = cfg.scheduler.max_num_requests.min(MAX_REQUESTS as u32);
+        check_config(model, &cfg)?;
+        let pool_cfg = KvPoolConfig {
+            tokens_per_block: cfg.tokens_per_block,
+            gpu_pages: cfg.gpu_pages,
+            host_pages: cfg.host_pages,
+            slots: MAX_REQUESTS as u32,
+            max_blocks: cfg.max_blocks,
+        };
+        let pool = if cfg.prefix_cache {
+            KvPool::owned_with_prefix_cache(pool_cfg)?
+        } else {
+            KvPool::owned(pool_cfg)?
+        };
+        let peft = AdapterPool::new(cfg.adapter_device_pages, cfg.adapter_host_pages)?;
+        let sched = Scheduler::boxed(cfg.scheduler, pool, peft)?;
+        let layout = model.kv_layout(cfg.tokens_per_block as usize);
+        let kv_shape = layout.pool_shape(cfg.gpu_pages, cfg.host_pages);
+        let tables = BlockTableShape::new(MAX_REQUESTS as u32, cfg.max_blocks);
+        let kv = HostKvStore::new(kv_shape, tables)?;
+        let adapter_shape = PoolShape::new(
+            cfg.adapter_page_bytes,
+            cfg.adapter_device_pages,
+            cfg.adapter_host_pages,
+        );
+        let adapters = HostAdapterStore::new(adapter_shape)?;
+        Ok(Self {
+            model,
+            cfg,
+            sched,
+            out: SchedulerOutput::new_in()?,
+            kv,
+            adapters,
+            kv_pages: KvPages::new(),
+            slots: AdapterSlots::new(adapter_shape)?,
+            weights: Vec::new(),
+            tasks: HashMap::new(),
+            live: (0..MAX_REQUESTS).map(|_| None).collect(),
+            next_id: 1,
+            stats: EngineStats::default(),
+            kv_dirty: Dirty::new(kv_shape),
+            adapter_dirty: Dirty::new(adapter_shape),
+            host_changes: Vec::with_capacity(MAX_ADAPTERS),
+            evicted: Vec::with_capacity(MAX_ADAPTERS),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// What the engine did so far.
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.stats;
+        let kv = self.sched.kv().stats();
+        s.suspensions = kv.suspends;
+        s.pages_offloaded = kv.pages_offloaded;
+        s.pages_reloaded = kv.pages_reloaded;
+        s
+    }
+
+    /// Requests submitted and not finished.
+    pub fn len(&self) -> usize {
+        self.sched.len()
+    }
+
+    /// Whether no request is waiting or running.
+    pub fn is_empty(&self) -> bool {
+        self.sched.is_empty()
+    }
+
+    /// Where request `id` stands in the scheduler's lifecycle (waiting, active, suspended on the
+    /// host tier, waiting to replay its prefill, ...); `None` once it finished, or for an unknown id.
+    pub fn ownership(&self, id: u64) -> Option<Ownership> {
+        let live = self.live.iter().flatten().find(|l| l.id == id)?;
+        self.sched.get(live.handle).ok().map(|e| e.ownership())
+    }
+
+    /// Registers adapter `id` with weights `lora`: the adapter cache learns its page count; its
+    /// weights are written into the adapter store's pages when the cache loads it. Refused
+    /// (`AdapterCache`, `Memory`) for a duplicate id, a full task table, an adapter larger than the
+    /// cache's device or host pages.
+    pub fn register_adapter(&mut self, id: u64, lora: &Lora) -> Result<()> {
+        let bytes = lora.to_bytes();
+        let pages = self.slots.pages_for(bytes.len());
+        let task = self.sched.register_adapter(TaskId(id), pages)?;
+        self.slots.register_task(task, pages)?;
+        let slot = usize::from(task.slot);
+        if self.weights.len() <= slot {
+            self.weights.resize_with(slot + 1, Vec::new);
+        }
+        self.weights[slot] = bytes;
+        self.tasks.insert(id, task);
+        Ok(())
+    }
+
+    /// Queues a request: `prompt` tokens, then up to `max_new_tokens` generated ones picked by
+    /// `sampler`, on adapter `adapter` (registered with [`Engine::register_adapter`]) or the base
+    /// model. Its prompt's block hashes (one per full page of tokens) let it reuse the prefix cache.
+    /// Returns the request's id (its [`Completion::id`]).
+    ///
+    /// Refused ([`EngineError::Refused`], nothing queued): an empty prompt, no new tokens, a token
+    /// outside the vocabulary, a request longer than the model's context or than one request's page
+    /// table, an unknown adapter, a request the scheduler refuses (a full table).
+    pub fn submit(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        adapter: Option<u64>,
+        sampler: Sampler,
+    ) -> Result<u64> {
+        self.check_request(prompt, max_new_tokens, adapter)?;
+        let id = self.next_id;
+        let mut spec = RequestSpec::new(id, Phase::ContextInit, prompt.len() as u32);
+        spec.max_new_tokens = max_new_tokens as u32;
+        spec.lora = adapter.map(TaskId);
+        let hashes = block_hashes(prompt, self.cfg.tokens_per_block as usize);
+        let handle = self
+            .sched
+            .submit_with_prefix(spec, 0, &hashes)
+            .map_err(Refusal::Scheduler)?;
+        self.next_id += 1;
+        self.live[usize::from(handle.index())] = Some(Live {
+            handle,
+            id,
+            tokens: prompt.to_vec(),
+            prompt: prompt.len(),
+            max_new: max_new_tokens,
+            computed: 0,
+            adapter,
+            sampler,
+            logits: Vec::new(),
+        });
+        Ok(id)
+    }
+
+    fn check_request(&self, prompt: &[u32], max_new: usize, adapter: Option<u64>) -> Result<()> {
+        let c = self.model.config();
+        if prompt.is_empty() {
+            return Err(Refusal::EmptyPrompt.into());
+        }
+        if max_new == 0 {
+            return Err(Refusal::NoNewTokens.into());
+        }
+        if let Some(&token) = prompt.iter().find(|&&t| t as usize >= c.vocab) {
+            let vocab = c.vocab;
+            return Err(Refusal::Token { token, vocab }.into());
+        }
+        let pages = self.cfg.max_blocks as usize * self.cfg.tokens_per_block as usize;
+        for (limit, what) in [
+            (c.context_length, Limit::ModelContext),
+            (pages, Limit::RequestPages),
+        ] {
+            if prompt.len() + max_new > limit {
+                let prompt = prompt.len();
+                return Err(Refusal::TooLong {
+                    prompt,
+                    max_new,
+                    limit,
+                    what,
+                }
+                .into());
+            }
+        }
+        match adapter {
+            Some(id) if !self.tasks.contains_key(&id) => Err(Refusal::UnknownAdapter(id).into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The engine's configuration checks (before anything is allocated).
+fn check_config(model: &Model, cfg: &EngineConfig) -> Result<()> {
+    let bad = |why: String| Err(EngineError::Config(why));
+    if cfg.tokens_per_block == 0 || cfg.max_blocks == 0 {
+        return bad("tokens_per_block and max_blocks must be at least 1".into());
+    }
+    if cfg.scheduler.max_num_requests == 0 {
+        return bad("max_num_requests must be at least 1".into());
+    }
+    if cfg.adapter_page_bytes == 0 {
+        return bad("adapter pages must hold at least one byte".into());
+    }
+    let positions = cfg.tokens_per_block as usize * cfg.max_blocks as usize;
+    if positions
+        > model
+            .config()
+            .context_length
+            .next_multiple_of(cfg.tokens_per_block as usize)
+    {
+        return bad(format!(
+            "one request's {positions} positions exceed the model's context of {}",
+            model.config().context_length
+        ));
+    }
+    Ok(())
+}
+
+/// The block hashes of a prompt: one per full block of `tpb` tokens, each over that block's token
+/// ids alone (the KV pool chains them from the request's root, as its keys are chained).
+pub fn block_hashes(tokens: &[u32], tpb: usize) -> Vec<u64> {
+    tokens
+        .chunks_exact(tpb.max(1))
+        .map(|block| {
+            block
+                .iter()
+                .fold(0x6b76_7363_6865_645f, |h, &t| chain(h, u64::from(t)))
+        })
+        .collect()
+}
+
+/// GPU page ids of a table (every entry must be on the GPU tier for a scheduled request).
+fn gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
+    table
+        .iter()
+        .map(|&e| match page_of(e) {
+            (Tier::Gpu, p) => Ok(p),
+            (Tier::Host, p) => Err(EngineError::Batch(format!(
+                "scheduled request in slot {slot} has host page {p} in its table"
+            ))),
+        })
+        .collect()
+}
+
+/// A table entry naming `page` of `tier`.
+const fn entry_of(tier: Tier, page: u32) -> u32 {
+    match tier {
+        Tier::Gpu => page,
+        Tier::Host => page | HOST,
+    }
+}
+
+/// The slot's listed entry still names the request the engine holds there.
+fn listed_live(live: &[Option<Live>], l: Listed) -> Result<&Live> {
+    live[usize::from(l.slot())]
+        .as_ref()
+        .filter(|r| r.handle == l.handle())
+        .ok_or_else(|| {
+            EngineError::Batch(format!(
+                "slot {} is scheduled but holds no request",
+                l.slot()
+            ))
+        })
+}
+
+fn weight_error(slot: u16) -> MemError {
+    MemError::AdapterPlan {
+        slot,
+        reason: "no weights registered for the task slot",
+    }
+}

@@ -1,0 +1,353 @@
+//! One step of the serving loop (see the parent module's list), and the poisoning of free pages.
+
+use super::{
+    entry_of, gpu_pages, listed_live, weight_error, Completion, Dirty, Engine, Finish, Live, Row,
+    MAX_REQUESTS,
+};
+use crate::error::{EngineError, Result};
+use crate::step::{Batch, Logits, Sequence};
+use kvsched_core::adapter::TaskRef;
+use kvsched_core::kv::Tier;
+use kvsched_gpu::{AdapterSlots, PageStore};
+use std::collections::HashMap;
+
+/// Consecutive steps without a model step after which [`Engine::run`] gives up.
+const STALL_STEPS: u32 = 2000;
+
+impl Engine<'_> {
+    /// Runs one iteration: the pass, the page moves and adapter plan, the model step over the
+    /// scheduled batch, sampling. Returns the requests that finished in it (removed from the
+    /// engine).
+    pub fn step(&mut self) -> Result<Vec<Completion>> {
+        self.sched.schedule(&mut self.out)?;
+        self.sched.ensure_batch(&mut self.out)?;
+        self.stats.steps += 1;
+        let pass = self.sched.last_pass();
+        self.stats.preemptions += u64::from(pass.preemptions);
+        self.stats.evictions += u64::from(pass.victims + pass.self_evictions);
+        self.stats.recomputes += self.out.recompute_paused().len() as u64;
+        self.apply_moves()?;
+        self.apply_adapters()?;
+        let staged = self
+            .kv_pages
+            .stage_tables(self.sched.kv(), &self.out, &mut self.kv)?;
+        staged.event.wait()?;
+        let rows = self.rows()?;
+        let logits = if rows.is_empty() {
+            None
+        } else {
+            Some(self.run_batch(&rows)?)
+        };
+        self.sched.complete_step(&self.out)?;
+        let done = self.advance(&rows, logits.as_ref())?;
+        self.replay_recomputed()?;
+        if self.cfg.poison {
+            self.poison()?;
+        }
+        Ok(done)
+    }
+
+    /// Steps until every request finished; returns their completions in id order. Fails with the
+    /// scheduler's deadlock error, or [`EngineError::Stalled`] after many steps without work.
+    pub fn run(&mut self) -> Result<Vec<Completion>> {
+        let mut all = Vec::new();
+        let mut idle = 0;
+        while !self.is_empty() {
+            let before = self.stats.model_steps;
+            all.extend(self.step()?);
+            idle = if self.stats.model_steps == before {
+                idle + 1
+            } else {
+                0
+            };
+            if idle == STALL_STEPS {
+                return Err(EngineError::Stalled { steps: idle });
+            }
+        }
+        all.sort_by_key(|c| c.id);
+        Ok(all)
+    }
+
+    /// The KV move log into the host store (offloads, reloads).
+    fn apply_moves(&mut self) -> Result<()> {
+        let moved = self
+            .kv_pages
+            .apply_moves(self.sched.take_moves(), &mut self.kv)?;
+        moved.event.wait()?;
+        for m in self.kv_pages.last_log() {
+            self.kv_dirty.tier(m.from.other())[m.dst as usize] = true;
+        }
+        Ok(())
+    }
+
+    /// The adapters' host copies, then the adapter plan (evictions, uploads to device pages).
+    fn apply_adapters(&mut self) -> Result<()> {
+        self.host_changes.clear();
+        let changes = &mut self.host_changes;
+        self.sched
+            .take_adapter_host_changes(|task, change| changes.push((task, change)));
+        let weights = &self.weights;
+        self.slots.apply_host_changes(
+            &mut self.adapters,
+            &self.host_changes,
+            &mut |task, buf| {
+                let w = weights
+                    .get(usize::from(task.slot))
+                    .filter(|w| !w.is_empty() && w.len() <= buf.len())
+                    .ok_or_else(|| weight_error(task.slot))?;
+                buf[..w.len()].copy_from_slice(w);
+                Ok(())
+            },
+        )?;
+        self.evicted.clear();
+        let evicted = &mut self.evicted;
+        self.sched.take_adapter_evictions(|task| evicted.push(task));
+        let uploads = self.slots.apply_plan(
+            &mut self.adapters,
+            self.sched.adapters().backend(),
+            &self.evicted,
+            &self.out,
+        )?;
+        uploads.event.wait()?;
+        self.stats.adapter_loads += u64::from(uploads.loaded);
+        self.stats.adapter_evictions += u64::from(uploads.evicted);
+        Ok(())
+    }
+
+    /// The batch's sequences: context chunks at the scheduler's position, generation steps at the
+    /// request's last token. Checks each against what the engine knows of the request.
+    fn rows(&self) -> Result<Vec<Row>> {
+        let mut rows = Vec::with_capacity(self.out.context().len() + self.out.generation().len());
+        let lost = |live: &Live, what: String| {
+            Err(EngineError::Batch(format!("request {}: {what}", live.id)))
+        };
+        for c in self.out.context() {
+            let live = listed_live(&self.live, c.listed)?;
+            let start = self.sched.get(c.listed.handle())?.spec().position as usize;
+            let (len, total) = (c.tokens as usize, live.tokens.len());
+            if len == 0 || start + len > total || c.last != (start + len == total) {
+                return lost(
+                    live,
+                    format!("a chunk of {len} at {start} of {total} tokens"),
+                );
+            }
+            if live.computed != 0 && start != live.computed {
+                return lost(
+                    live,
+                    format!("a chunk at {start}, {} computed", live.computed),
+                );
+            }
+            rows.push(Row {
+                slot: c.listed.slot(),
+                start,
+                len,
+                logits: c.last,
+                task: c.listed.task_slot(),
+                context: true,
+            });
+        }
+        for &l in self.out.generation() {
+            let live = listed_live(&self.live, l)?;
+            if live.computed + 1 != live.tokens.len() {
+                let (c, t) = (live.computed, live.tokens.len());
+                return lost(
+                    live,
+                    format!("a decode step with {c} of {t} tokens computed"),
+                );
+            }
+            rows.push(Row {
+                slot: l.slot(),
+                start: live.tokens.len() - 1,
+                len: 1,
+                logits: true,
+                task: l.task_slot(),
+                context: false,
+            });
+        }
+        Ok(rows)
+    }
+
+    /// The model step over the rows.
+    fn run_batch(&mut self, rows: &[Row]) -> Result<Logits> {
+        let pool = self.sched.kv();
+        let tables = rows
+            .iter()
+            .map(|r| gpu_pages(pool.table(r.slot), r.slot))
+            .collect::<Result<Vec<_>>>()?;
+        for &p in tables.iter().flatten() {
+            self.kv_dirty.gpu[p as usize] = true;
+        }
+        let mut batch = Batch::new();
+        for (r, pages) in rows.iter().zip(&tables) {
+            let live = self.live[usize::from(r.slot)]
+                .as_ref()
+                .ok_or_else(|| EngineError::Batch(format!("slot {} is empty", r.slot)))?;
+            batch.push(Sequence {
+                tokens: &live.tokens[r.start..r.start + r.len],
+                start: r.start,
+                pages,
+                logits: r.logits,
+                adapter: adapter_pages(&self.tasks, &self.slots, live, r)?,
+            });
+        }
+        let adapters: &dyn PageStore = &self.adapters;
+        let logits = self.model.step(&batch, &mut self.kv, Some(adapters))?;
+        self.stats.model_steps += 1;
+        self.stats.largest_batch = self.stats.largest_batch.max(rows.len() as u64);
+        Ok(logits)
+    }
+
+    /// After the step: positions computed, tokens sampled, finished requests removed.
+    fn advance(&mut self, rows: &[Row], logits: Option<&Logits>) -> Result<Vec<Completion>> {
+        let mut done = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            let Some(live) = self.live[usize::from(r.slot)].as_mut() else {
+                continue;
+            };
+            if r.context {
+                if live.computed == 0 {
+                    self.stats.prefix_reused_tokens += r.start as u64;
+                }
+                self.stats.prefill_tokens += r.len as u64;
+                self.stats.context_chunks += 1;
+            }
+            live.computed = r.start + r.len;
+            let Some(row) = logits.and_then(|l| l.get(i)) else {
+                continue;
+            };
+            let token = live.sampler.sample(row);
+            live.tokens.push(token);
+            if self.cfg.keep_logits {
+                live.logits.push(row.to_vec());
+            }
+            self.stats.tokens += 1;
+            let stop = self.model.tokenizer().is_stop(token);
+            if stop || live.generated() >= live.max_new {
+                let how = if stop { Finish::Stop } else { Finish::Length };
+                done.push(self.finish(r.slot, how)?);
+            }
+        }
+        Ok(done)
+    }
+
+    fn finish(&mut self, slot: u16, finish: Finish) -> Result<Completion> {
+        let mut live = self.live[usize::from(slot)]
+            .take()
+            .ok_or_else(|| EngineError::Batch(format!("slot {slot} is empty")))?;
+        self.sched.remove(live.handle)?;
+        self.stats.finished += 1;
+        let tokens = live.tokens.split_off(live.prompt);
+        Ok(Completion {
+            id: live.id,
+            prompt: live.tokens,
+            tokens,
+            finish,
+            logits: live.logits,
+        })
+    }
+
+    /// A recompute-paused or preempted request lost its KV: it replays its prefill over its prompt
+    /// and the tokens it generated, and may generate what is left.
+    fn replay_recomputed(&mut self) -> Result<()> {
+        for &l in self.out.recompute_paused() {
+            let Some(live) = self.live[usize::from(l.slot())]
+                .as_mut()
+                .filter(|r| r.handle == l.handle())
+            else {
+                continue;
+            };
+            live.computed = 0;
+            let prompt = live.tokens.len() as u32;
+            let remaining = (live.max_new - live.generated()) as u32;
+            self.sched.update(live.handle, |s| {
+                s.prompt = prompt;
+                s.max_new_tokens = remaining;
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Fills every free page that may hold data with NaN: KV pages on both tiers that no table
+    /// names and no prefix-cache entry keeps, adapter pages no resident adapter or host copy has.
+    fn poison(&mut self) -> Result<()> {
+        let pool = self.sched.kv();
+        let shape = self.kv.shape();
+        let mut used = Dirty {
+            gpu: vec![false; shape.gpu_pages as usize],
+            host: vec![false; shape.host_pages as usize],
+        };
+        for slot in 0..MAX_REQUESTS as u16 {
+            for &e in pool.table(slot) {
+                let (tier, page) = kvsched_core::page_pool::page_of(e);
+                used.tier(tier)[page as usize] = true;
+            }
+        }
+        for tier in [Tier::Gpu, Tier::Host] {
+            let flags = used.tier(tier);
+            for (page, u) in flags.iter_mut().enumerate() {
+                let info = pool.page_info(entry_of(tier, page as u32));
+                *u |= info.is_some_and(|i| i.cached() || i.refs() > 0 || i.holds() > 0);
+            }
+        }
+        fill_free(&mut self.kv, &mut self.kv_dirty, &mut used)?;
+        let shape = self.adapters.shape();
+        let mut used = Dirty {
+            gpu: vec![false; shape.gpu_pages as usize],
+            host: vec![false; shape.host_pages as usize],
+        };
+        for slot in 0..self.weights.len() as u16 {
+            for &p in self.slots.device_pages(slot).unwrap_or(&[]) {
+                used.gpu[p as usize] = true;
+            }
+            for &p in self.slots.host_pages(slot).unwrap_or(&[]) {
+                used.host[p as usize] = true;
+            }
+        }
+        fill_free(&mut self.adapters, &mut self.adapter_dirty, &mut used)
+    }
+}
+
+/// The adapter device pages of a row's request: those the adapter plan gave its task slot.
+fn adapter_pages<'s>(
+    tasks: &HashMap<u64, TaskRef>,
+    slots: &'s AdapterSlots,
+    live: &Live,
+    row: &Row,
+) -> Result<Option<&'s [u32]>> {
+    let Some(id) = live.adapter else {
+        return Ok(None);
+    };
+    let slot = tasks.get(&id).map(|t| t.slot);
+    if row.task.is_none() || row.task != slot {
+        return Err(EngineError::Adapter(format!(
+            "request {}: adapter {id} is on task slot {slot:?}, the batch names {:?}",
+            live.id, row.task
+        )));
+    }
+    let pages = row.task.and_then(|t| slots.device_pages(t));
+    pages.map(Some).ok_or_else(|| {
+        EngineError::Adapter(format!(
+            "request {}: adapter {id} is not on the device",
+            live.id
+        ))
+    })
+}
+
+/// Writes NaN over every page not `used` that is `dirty`; used pages become dirty.
+fn fill_free(store: &mut dyn PageStore, dirty: &mut Dirty, used: &mut Dirty) -> Result<()> {
+    let nan = f32::NAN.to_le_bytes().repeat(store.shape().page_bytes / 4);
+    let mut page = nan.clone();
+    page.resize(store.shape().page_bytes, 0xff);
+    for tier in [Tier::Gpu, Tier::Host] {
+        let (d, u) = (dirty.tier(tier), used.tier(tier));
+        for (p, (d, &u)) in d.iter_mut().zip(u.iter()).enumerate() {
+            if u {
+                *d = true;
+            } else if *d {
+                store.write_page(tier, p as u32, &page)?;
+                *d = false;
+            }
+        }
+    }
+    Ok(())
+}
