@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 
 use kvsched_core::adapter::{HostChange, TaskRef};
+use kvsched_core::ids::TaskSlot;
 use kvsched_core::kv::{chain, Tier};
 use kvsched_core::output::Listed;
 use kvsched_core::page_pool::{page_of, HOST};
@@ -191,7 +192,7 @@ struct Row {
     start: usize,
     len: usize,
     logits: bool,
-    task: Option<u16>,
+    task: Option<TaskSlot>,
     /// A context chunk (else a generation step).
     context: bool,
 }
@@ -511,7 +512,7 @@ fn listed_live(live: &[Option<Live>], l: Listed) -> Result<&Live> {
         })
 }
 
-fn weight_error(slot: u16) -> MemError {
+fn weight_error(slot: TaskSlot) -> MemError {
     MemError::AdapterPlan {
         slot,
         reason: "no weights registered for the task slot",

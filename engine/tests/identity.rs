@@ -112,8 +112,8 @@ fn sched(tokens: u32, chunking: Option<Chunking>) -> SchedulerConfig {
     }
 }
 
-fn chunked(policy: ChunkPolicy, unit: u32) -> Option<Chunking> {
-    Some(Chunking { policy, unit })
+fn chunked(policy: ChunkPolicy, unit: u32) -> Chunking {
+    Chunking { policy, unit }
 }
 
 /// Registers the requests' adapters, submits them all and runs to the end.
@@ -166,7 +166,7 @@ fn summary(what: &str, requests: usize, s: &EngineStats) {
 fn batched_and_chunked(policy: ChunkPolicy) {
     let Some(model) = common::model() else { return };
     let reqs = requests(model, 8, None);
-    let cfg = config(sched(24, chunked(policy, 8)), 128, 0);
+    let cfg = config(sched(24, Some(chunked(policy, 8))), 128, 0);
     let mut engine = Engine::new(model, cfg).unwrap();
     let got = serve(&mut engine, &reqs);
     let s = engine.stats();
@@ -199,7 +199,7 @@ fn prefix_sharing_reuses_the_system_prompt() {
     let Some(model) = common::model() else { return };
     let reqs = requests(model, 6, Some(SYSTEM));
     let mut cfg = config(
-        sched(48, chunked(ChunkPolicy::FirstComeFirstServed, 8)),
+        sched(48, Some(chunked(ChunkPolicy::FirstComeFirstServed, 8))),
         128,
         0,
     );
@@ -244,7 +244,7 @@ fn context_side_preemption() {
     let Some(model) = common::model() else { return };
     let reqs = requests(model, 8, None);
     // Contexts prefilled side by side, a unit each a pass, into a pool that cannot hold them all.
-    let cfg = config(sched(16, chunked(ChunkPolicy::EqualProgress, 4)), 20, 0);
+    let cfg = config(sched(16, Some(chunked(ChunkPolicy::EqualProgress, 4))), 20, 0);
     let mut engine = Engine::new(model, cfg).unwrap();
     let got = serve(&mut engine, &reqs);
     let s = engine.stats();
@@ -257,7 +257,7 @@ fn context_side_preemption() {
 fn guaranteed_no_evict_queues_instead_of_evicting() {
     let Some(model) = common::model() else { return };
     let reqs = requests(model, 8, None);
-    let mut scheduler = sched(48, chunked(ChunkPolicy::FirstComeFirstServed, 8));
+    let mut scheduler = sched(48, Some(chunked(ChunkPolicy::FirstComeFirstServed, 8)));
     scheduler.policy = CapacityPolicy::GuaranteedNoEvict;
     let gpu_pages = 28;
     let whole: u32 = reqs

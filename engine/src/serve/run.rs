@@ -7,6 +7,7 @@ use super::{
 use crate::error::{EngineError, Result};
 use crate::step::{Batch, Logits, Sequence};
 use kvsched_core::adapter::TaskRef;
+use kvsched_core::ids::TaskSlot;
 use kvsched_core::kv::Tier;
 use kvsched_gpu::{AdapterSlots, PageStore};
 use std::collections::HashMap;
@@ -296,10 +297,10 @@ impl Engine<'_> {
             host: vec![false; shape.host_pages as usize],
         };
         for slot in 0..self.weights.len() as u16 {
-            for &p in self.slots.device_pages(slot).unwrap_or(&[]) {
+            for &p in self.slots.device_pages(TaskSlot(slot)).unwrap_or(&[]) {
                 used.gpu[p as usize] = true;
             }
-            for &p in self.slots.host_pages(slot).unwrap_or(&[]) {
+            for &p in self.slots.host_pages(TaskSlot(slot)).unwrap_or(&[]) {
                 used.host[p as usize] = true;
             }
         }
