@@ -244,7 +244,11 @@ fn context_side_preemption() {
     let Some(model) = common::model() else { return };
     let reqs = requests(model, 8, None);
     // Contexts prefilled side by side, a unit each a pass, into a pool that cannot hold them all.
-    let cfg = config(sched(16, Some(chunked(ChunkPolicy::EqualProgress, 4))), 20, 0);
+    let cfg = config(
+        sched(16, Some(chunked(ChunkPolicy::EqualProgress, 4))),
+        20,
+        0,
+    );
     let mut engine = Engine::new(model, cfg).unwrap();
     let got = serve(&mut engine, &reqs);
     let s = engine.stats();
