@@ -100,6 +100,12 @@ struct CostArgs {
     /// median error is over 10 % or one is over 25 %.
     #[arg(long, value_name = "FILE", num_args = 1..)]
     points: Vec<String>,
+    /// Instead: fits the floor, prefill-token, decode-request, cached-token and attention-pair terms
+    /// to the measured steps of the JSON-lines FILEs (least squares on relative error, each term at
+    /// least zero; the other terms are the preset's), prints them as the flags that set them, and
+    /// every point against the fit; fails as --points does.
+    #[arg(long, value_name = "FILE", num_args = 1.., conflicts_with = "points")]
+    fit: Vec<String>,
     /// One JSON object: {"step_ms": …} (with --points: the points and errors).
     #[arg(long)]
     json: bool,
@@ -158,24 +164,54 @@ fn cost_command(a: &CostArgs) -> Result<(String, bool), String> {
     for &(tokens, prior) in &a.prefill {
         work.chunk(tokens, prior);
     }
-    let model = a.cost.model(tpb)?;
-    let engine = a.cost.engine.label(&model, tpb);
-    if a.points.is_empty() {
+    let mut model = a.cost.model(tpb)?;
+    let mut engine = a.cost.engine.label(&model, tpb);
+    if a.points.is_empty() && a.fit.is_empty() {
         return Ok((step(&model, &work, &engine, a), true));
     }
-    let mut all = Vec::new();
-    for f in &a.points {
-        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
-        all.extend(read_points(&text, f).map_err(|e| e.to_string())?);
+    let all = read_all(if a.fit.is_empty() { &a.points } else { &a.fit })?;
+    let mut flags = String::new();
+    if !a.fit.is_empty() {
+        model = kvsched_sim::fit::fit(&all, &model).map_err(|e| format!("--fit: {e}"))?;
+        flags = fitted_flags(&model);
+        engine = format!("fitted to {} (`{flags}`)", a.fit.join(" "));
     }
     let fit = FitError::of(&model, &all);
     let ok = fit.median() <= 0.10 && fit.max() <= 0.25;
     let text = if a.json {
         points_json(&model, &all, &fit, &engine)
-    } else {
+    } else if flags.is_empty() {
         points_table(&model, &all, &fit, &engine, ok)
+    } else {
+        format!(
+            "{flags}\n\n{}",
+            points_table(&model, &all, &fit, &engine, ok)
+        )
     };
     Ok((text, ok))
+}
+
+/// The measured steps of every file.
+fn read_all(files: &[String]) -> Result<Vec<MeasuredStep>, String> {
+    let mut all = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+        all.extend(read_points(&text, f).map_err(|e| e.to_string())?);
+    }
+    Ok(all)
+}
+
+/// The flags that set a fitted model's five fitted terms.
+fn fitted_flags(m: &CostModel) -> String {
+    format!(
+        "--step-us {:.6} --prefill-us-per-token {:.6} --decode-us-per-request {:.6} \
+         --decode-us-per-cached-token {:.6} --attention-us-per-pair {:.6}",
+        m.step_us,
+        m.prefill_us_per_token,
+        m.decode_us_per_request,
+        m.decode_us_per_cached_token,
+        m.attention_us_per_pair
+    )
 }
 
 /// One step's predicted time: `12.345 ms (engine)`, or `{"step_ms": …}`.
@@ -231,6 +267,7 @@ fn points_table(
             MeasuredKind::Prefill => "prefill",
             MeasuredKind::Mixed if p.tokens > 0 => "mixed (masked chunk)",
             MeasuredKind::Mixed => "mixed (decode only)",
+            MeasuredKind::Step => "step",
         };
         let _ = writeln!(
             s,

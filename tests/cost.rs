@@ -143,3 +143,51 @@ fn the_simulator_runs_on_the_measured_preset() {
     let out = kvsched(&["simulate", &trace, "--attention-us-per-pair", "-1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--attention-us-per-pair"));
 }
+
+/// `--fit` prints the flags of the terms it fitted; fed back to `--points`, they reproduce the fit's
+/// errors, and they are no worse than the preset's on the points they were fitted to.
+#[test]
+fn a_fit_prints_flags_that_reproduce_it() {
+    let files = points();
+    let mut args = vec!["cost", "--fit"];
+    args.extend(files.iter().map(String::as_str));
+    let out = kvsched(&args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let flags: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(flags.len(), 10, "five terms as flags: {flags:?}");
+    assert_eq!(flags[0], "--step-us");
+    let median = |extra: &[&str]| -> f64 {
+        let mut a = vec!["cost", "--json"];
+        a.extend_from_slice(extra);
+        a.push("--points");
+        a.extend(files.iter().map(String::as_str));
+        let out = kvsched(&a);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["median_error"].as_f64().unwrap()
+    };
+    let (fitted, preset) = (median(&flags), median(&[]));
+    assert!(fitted <= 0.10, "fitted median error {fitted}");
+    assert!(
+        (fitted - preset).abs() < 0.01,
+        "fitted {fitted}, preset {preset}"
+    );
+    // Too few points to fit five terms: refused, naming the option.
+    let few = tmp("few.jsonl");
+    std::fs::write(
+        &few,
+        "{\"kind\":\"prefill\",\"tokens\":64,\"ms_median\":20.0}\n",
+    )
+    .unwrap();
+    let out = kvsched(&["cost", "--fit", few.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--fit: 1 fittable points for 5 terms"),
+        "{err}"
+    );
+}

@@ -396,10 +396,10 @@ pub const MASKED_US_PER_PAIR: f64 = 0.001_535_99;
 /// See [`MASKED_US_PER_PAIR`].
 pub const MASKED_STEP_US: f64 = 182.513;
 
-/// One measured step (a line of `data/measurements/h200/*.jsonl`).
+/// One measured step (a line of `data/measurements/*/*.jsonl`).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
 pub struct MeasuredStep {
-    /// `decode`, `decode_graph`, `prefill` or `mixed`.
+    /// `decode`, `decode_graph`, `prefill`, `mixed` or `step`.
     #[serde(skip)]
     pub kind: MeasuredKind,
     /// Decode batch.
@@ -430,6 +430,9 @@ pub enum MeasuredKind {
     Prefill,
     /// A chunk with prior context plus decodes (masked attention kernel for the chunk).
     Mixed,
+    /// Any step (chunks and decodes together) on the engine's one attention kernel: what the CPU
+    /// engine (`kvsched-engine`) measures.
+    Step,
 }
 
 impl MeasuredStep {
@@ -447,14 +450,16 @@ impl MeasuredStep {
 
     /// Predicted milliseconds under `m` (the masked-kernel terms for a mixed step with a chunk).
     pub fn predicted_ms(&self, m: &CostModel) -> f64 {
-        let w = self.work();
-        let masked = self.kind == MeasuredKind::Mixed && self.tokens > 0;
-        let extra = if masked {
-            MASKED_STEP_US + w.attention_pairs * MASKED_US_PER_PAIR
+        (m.step_us(&self.work()) + self.masked_us()) / 1000.0
+    }
+
+    /// The masked chunk-attention kernel's extra microseconds: a mixed step with a chunk pays them.
+    pub fn masked_us(&self) -> f64 {
+        if self.kind == MeasuredKind::Mixed && self.tokens > 0 {
+            MASKED_STEP_US + self.work().attention_pairs * MASKED_US_PER_PAIR
         } else {
             0.0
-        };
-        (m.step_us(&w) + extra) / 1000.0
+        }
     }
 }
 
@@ -479,6 +484,7 @@ pub fn read_points(text: &str, file: &str) -> Result<Vec<MeasuredStep>, PointsEr
             Some("decode_graph") => MeasuredKind::DecodeGraph,
             Some("prefill") => MeasuredKind::Prefill,
             Some("mixed") => MeasuredKind::Mixed,
+            Some("step") => MeasuredKind::Step,
             Some(other) => return Err(err(PointsErrorKind::UnknownKind(other.to_owned()))),
         };
         let mut step: MeasuredStep = serde_json::from_value(v).map_err(json)?;
@@ -506,7 +512,7 @@ pub enum PointsErrorKind {
     /// Not JSON, or a field of the wrong type (serde_json's message).
     #[error("{0}")]
     Json(String),
-    /// A `kind` that is none of `decode`, `decode_graph`, `prefill`, `mixed` (quoted).
+    /// A `kind` that is none of `decode`, `decode_graph`, `prefill`, `mixed`, `step` (quoted).
     #[error("kind: unknown {0:?}")]
     UnknownKind(String),
 }

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod cost;
 pub mod disagg;
 pub mod fairness;
+pub mod fit;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod report;
