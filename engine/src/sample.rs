@@ -11,6 +11,8 @@ pub struct Sampler {
     /// `None`: greedy.
     temperature: Option<f64>,
     state: u64,
+    /// A stop token does not end the request (vLLM's `ignore_eos`): it runs to `max_new_tokens`.
+    ignore_stop: bool,
 }
 
 impl Default for Sampler {
@@ -25,6 +27,7 @@ impl Sampler {
         Self {
             temperature: None,
             state: 0,
+            ignore_stop: false,
         }
     }
 
@@ -35,7 +38,21 @@ impl Sampler {
         Self {
             temperature: (t.is_finite() && t > 0.0).then_some(t),
             state: seed,
+            ignore_stop: false,
         }
+    }
+
+    /// This sampler, on a request that a stop token does not end: it generates exactly
+    /// `max_new_tokens` tokens (what a benchmark or a trace replay asks for, as vLLM's
+    /// `ignore_eos`).
+    pub const fn ignoring_stop(mut self) -> Self {
+        self.ignore_stop = true;
+        self
+    }
+
+    /// Whether a stop token ends the request.
+    pub const fn stops(&self) -> bool {
+        !self.ignore_stop
     }
 
     /// Whether this sampler is greedy.

@@ -338,6 +338,15 @@ impl<'m> Engine<'m> {
         self.sched.is_empty()
     }
 
+    /// Tokens request `id` has generated so far (`None` once it finished, or for an unknown id).
+    pub fn generated(&self, id: u64) -> Option<usize> {
+        self.live
+            .iter()
+            .flatten()
+            .find(|l| l.id == id)
+            .map(Live::generated)
+    }
+
     /// Where request `id` stands in the scheduler's lifecycle (waiting, active, suspended on the
     /// host tier, waiting to replay its prefill, ...); `None` once it finished, or for an unknown id.
     pub fn ownership(&self, id: u64) -> Option<Ownership> {

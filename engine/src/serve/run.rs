@@ -222,7 +222,7 @@ impl Engine<'_> {
                 live.logits.push(row.to_vec());
             }
             self.stats.tokens += 1;
-            let stop = self.model.tokenizer().is_stop(token);
+            let stop = live.sampler.stops() && self.model.tokenizer().is_stop(token);
             if stop || live.generated() >= live.max_new {
                 let how = if stop { Finish::Stop } else { Finish::Length };
                 done.push(self.finish(r.slot, how)?);
