@@ -33,6 +33,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod conversation;
 mod error;
 mod gguf;
 mod kv;
@@ -45,6 +46,7 @@ mod serve;
 mod step;
 mod tokenizer;
 
+pub use conversation::Conversation;
 pub use error::{EngineError, Limit, Refusal, Result};
 pub use gguf::ModelConfig;
 pub use kv::KvLayout;

@@ -1,0 +1,143 @@
+//! Token identity on the serving paths beyond one request's life: multi-turn conversations whose
+//! follow-ups reuse their earlier turns' KV from the prefix cache. Every completion is compared with
+//! the same prompt run alone by the [`Reference`](kvsched_engine::Reference) in this process; free
+//! pages are filled with NaN after every step.
+//!
+//! Each test asserts the counters of the path it claims and prints them on one line.
+
+mod common;
+
+use common::{assert_identical, reference, Outcome};
+use kvsched_engine::{
+    ChunkPolicy, Chunking, Completion, Conversation, Engine, EngineConfig, EngineStats, Message,
+    Model, Sampler, SchedulerConfig,
+};
+
+/// New tokens a request generates at most.
+const NEW: usize = 16;
+const TPB: u32 = 8;
+
+/// (first question, follow-up) of each conversation.
+const CHATS: [(&str, &str); 4] = [
+    ("What is the capital of France?", "And of Italy?"),
+    (
+        "Name a famous painter.",
+        "Which of their paintings is best known?",
+    ),
+    ("List three prime numbers.", "Now add them up."),
+    ("What do bees make?", "How do they make it?"),
+];
+
+/// A test engine: small pages, NaN in free pages, logits kept, chunked prefill.
+fn config(gpu_pages: u32, host_pages: u32) -> EngineConfig {
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_requests: 16,
+            max_num_tokens: Some(64),
+            chunking: Some(Chunking {
+                policy: ChunkPolicy::FirstComeFirstServed,
+                unit: 8,
+            }),
+            ..EngineConfig::default().scheduler
+        },
+        tokens_per_block: TPB,
+        gpu_pages,
+        host_pages,
+        max_blocks: 64,
+        poison: true,
+        keep_logits: true,
+        ..EngineConfig::default()
+    }
+}
+
+/// Every completion equals its prompt's solo run.
+fn assert_solo(model: &Model, what: &str, prompts: &[Vec<u32>], got: &[Completion]) {
+    assert_eq!(got.len(), prompts.len(), "{what}: every request finished");
+    for (i, (p, c)) in prompts.iter().zip(got).enumerate() {
+        assert_eq!(&c.prompt, p, "{what}: request {i}'s prompt");
+        let outcome = Outcome {
+            tokens: c.tokens.clone(),
+            logits: c.logits.clone(),
+        };
+        let want = reference(model, p, NEW, None);
+        assert_identical(&format!("{what}, request {i}"), &outcome, &want);
+    }
+}
+
+fn submit_all(engine: &mut Engine<'_>, prompts: &[Vec<u32>]) {
+    for p in prompts {
+        engine.submit(p, NEW, None, Sampler::greedy()).unwrap();
+    }
+}
+
+fn summary(what: &str, requests: usize, s: &EngineStats) {
+    eprintln!(
+        "{what}: {requests} requests, {} tokens, {} steps, {} chunks, batch {}, {} prefill tokens, \
+         {} prefix-reused tokens",
+        s.tokens,
+        s.model_steps,
+        s.context_chunks,
+        s.largest_batch,
+        s.prefill_tokens,
+        s.prefix_reused_tokens,
+    );
+}
+
+/// Four conversations of two turns: the follow-ups (previous prompt + the answer as generated + the
+/// next user message) find their first turn's prompt blocks in the prefix cache, and every turn's
+/// tokens equal its full prompt run alone.
+#[test]
+fn multi_turn_follow_ups_reuse_their_conversation_prefix() {
+    let Some(model) = common::model() else { return };
+    let tok = model.tokenizer();
+    let mut chats: Vec<Conversation> = CHATS
+        .iter()
+        .map(|(q, _)| Conversation::start(tok, vec![Message::user(*q)]).unwrap())
+        .collect();
+    let mut cfg = config(128, 0);
+    cfg.prefix_cache = true;
+    let mut engine = Engine::new(model, cfg).unwrap();
+    let first: Vec<Vec<u32>> = chats.iter().map(|c| c.prompt().to_vec()).collect();
+    submit_all(&mut engine, &first);
+    let answers = engine.run().unwrap();
+    assert_solo(model, "first turns", &first, &answers);
+    let before = engine.stats();
+    let mut bad = chats[0].clone();
+    assert!(
+        bad.follow_up(tok, &[u32::MAX], "Hi").is_err(),
+        "a token outside the vocabulary"
+    );
+    assert_eq!(bad, chats[0], "a refused follow-up changes nothing");
+    let second: Vec<Vec<u32>> = chats
+        .iter_mut()
+        .zip(&answers)
+        .zip(CHATS)
+        .map(|((c, a), (_, next))| c.follow_up(tok, &a.tokens, next).unwrap().to_vec())
+        .collect();
+    for ((p2, p1), a) in second.iter().zip(&first).zip(&answers) {
+        assert_eq!(
+            p2[..p1.len()],
+            p1[..],
+            "a follow-up extends its first prompt"
+        );
+        assert_eq!(p2[p1.len()..p1.len() + a.tokens.len()], a.tokens[..]);
+    }
+    submit_all(&mut engine, &second);
+    let replies = engine.run().unwrap();
+    let s = engine.stats();
+    summary("multi-turn, second turns", second.len(), &s);
+    assert_solo(model, "second turns", &second, &replies);
+    let reused = s.prefix_reused_tokens - before.prefix_reused_tokens;
+    let blocks: u64 = first
+        .iter()
+        .map(|p| (p.len() / TPB as usize * TPB as usize) as u64)
+        .sum();
+    eprintln!(
+        "multi-turn: second turns reused {reused} tokens, first prompts' full blocks {blocks}"
+    );
+    assert!(reused > 0, "the follow-ups reuse their first turns' blocks");
+    assert!(
+        reused >= blocks,
+        "every follow-up reuses at least its first prompt's full blocks"
+    );
+}
