@@ -1,5 +1,6 @@
 //! Token identity on the serving paths beyond one request's life: multi-turn conversations whose
-//! follow-ups reuse their earlier turns' KV from the prefix cache. Every completion is compared with
+//! follow-ups reuse their earlier turns' KV from the prefix cache; speculative decoding with
+//! prompt-lookup drafts verified by the model, rejected drafts rewound. Every completion is compared with
 //! the same prompt run alone by the [`Reference`](kvsched_engine::Reference) in this process; free
 //! pages are filled with NaN after every step.
 //!
@@ -9,8 +10,8 @@ mod common;
 
 use common::{assert_identical, reference, Outcome};
 use kvsched_engine::{
-    ChunkPolicy, Chunking, Completion, Conversation, Engine, EngineConfig, EngineStats, Message,
-    Model, Sampler, SchedulerConfig,
+    ChunkPolicy, Chunking, Completion, Conversation, Engine, EngineConfig, EngineStats, KvExtent,
+    Message, Model, PromptLookup, Sampler, SchedulerConfig,
 };
 
 /// New tokens a request generates at most.
@@ -140,4 +141,74 @@ fn multi_turn_follow_ups_reuse_their_conversation_prefix() {
         reused >= blocks,
         "every follow-up reuses at least its first prompt's full blocks"
     );
+}
+
+/// Prompts whose answers repeat what they read (so that prompt-lookup drafts are often right).
+const REPEATS: [&str; 5] = [
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "Count from 1 to 20, separated by commas.",
+    "Copy this list exactly: apples, pears, plums, apples, pears, plums, apples, pears.",
+    "Write the word 'hello' ten times.",
+    "What is the capital of France?",
+];
+
+/// Steps `engine` to the end; after every step each live request's page table holds exactly the
+/// pages of the positions it computed (so a rejected draft's positions were rewound).
+fn run_checking_extent(engine: &mut Engine<'_>, ids: &[u64]) -> Vec<Completion> {
+    let mut done = Vec::new();
+    while !engine.is_empty() {
+        done.extend(engine.step().unwrap());
+        for &id in ids {
+            if let Some(KvExtent { computed, pages }) = engine.kv_extent(id) {
+                assert_eq!(
+                    pages,
+                    computed.div_ceil(TPB as usize),
+                    "request {id}: {pages} pages for {computed} positions"
+                );
+            }
+        }
+        assert!(engine.stats().steps < 2000, "the loop drains");
+    }
+    done.sort_by_key(|c| c.id);
+    done
+}
+
+/// Prompt-lookup drafts verified in one step of 1 + drafts rows per request: the kept drafts and
+/// the token after them are exactly plain greedy decoding (the reference, a token at a time), some
+/// drafts are kept and some rejected, and the rejected ones' KV positions are rewound. Run on a
+/// roomy pool, and on one so small that requests are suspended to the host tier between drafts.
+#[test]
+fn speculative_decoding_with_prompt_lookup_drafts() {
+    let Some(model) = common::model() else { return };
+    let tok = model.tokenizer();
+    let prompts: Vec<Vec<u32>> = REPEATS
+        .iter()
+        .map(|q| tok.encode_chat(&[Message::user(*q)], true).unwrap())
+        .collect();
+    for (what, gpu, host) in [("roomy", 128, 0), ("tight, host tier", 22, 96)] {
+        let mut cfg = config(gpu, host);
+        cfg.speculative = Some(PromptLookup::default());
+        let mut engine = Engine::new(model, cfg).unwrap();
+        let ids: Vec<u64> = prompts
+            .iter()
+            .map(|p| engine.submit(p, NEW, None, Sampler::greedy()).unwrap())
+            .collect();
+        let got = run_checking_extent(&mut engine, &ids);
+        let s = engine.stats();
+        summary(&format!("speculative ({what})"), prompts.len(), &s);
+        eprintln!(
+            "speculative ({what}): {} drafts proposed, {} accepted, {} rejected, {} suspensions",
+            s.drafts_proposed, s.drafts_accepted, s.drafts_rejected, s.suspensions
+        );
+        assert_solo(model, &format!("speculative ({what})"), &prompts, &got);
+        assert!(s.drafts_accepted > 0, "some drafts are kept");
+        assert!(s.drafts_rejected > 0, "some drafts are rejected");
+        assert!(
+            s.tokens < s.model_steps * prompts.len() as u64 + s.drafts_accepted,
+            "kept drafts save steps"
+        );
+        if host > 0 {
+            assert!(s.suspensions > 0, "requests are suspended between drafts");
+        }
+    }
 }
