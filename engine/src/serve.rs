@@ -43,6 +43,7 @@ use crate::error::{EngineError, Limit, Refusal, Result};
 use crate::lora::Lora;
 use crate::model::Model;
 use crate::sample::Sampler;
+pub use disagg::KvTransfer;
 
 /// Requests the engine holds at once (its scheduler's table).
 pub const MAX_REQUESTS: usize = 32;
@@ -175,6 +176,10 @@ pub struct EngineStats {
     pub drafts_accepted: u64,
     /// Of those, the ones rejected (their KV positions rewound).
     pub drafts_rejected: u64,
+    /// Context-only requests whose KV send ended (disaggregated serving, prefill side).
+    pub kv_sent: u64,
+    /// Transferred requests whose KV was received into this engine's pages (decode side).
+    pub kv_received: u64,
 }
 
 /// Where a request's KV stands ([`Engine::kv_extent`]).
@@ -202,6 +207,10 @@ struct Live {
     logits: Vec<Vec<f32>>,
     /// The draft tokens proposed for this step (speculative decoding).
     draft: Vec<u32>,
+    /// A context-only request (disaggregated serving: its KV is sent once its prompt is computed).
+    context_only: bool,
+    /// A transferred request's prompt pages, until they are written into its pages.
+    incoming: Option<Vec<Vec<u8>>>,
 }
 
 impl Live {
@@ -277,6 +286,7 @@ impl std::fmt::Debug for Engine<'_> {
     }
 }
 
+mod disagg;
 mod run;
 mod spec;
 
@@ -415,29 +425,17 @@ impl<'m> Engine<'m> {
         sampler: Sampler,
     ) -> Result<u64> {
         self.check_request(prompt, max_new_tokens, adapter)?;
-        let id = self.next_id;
-        let mut spec = RequestSpec::new(id, Phase::ContextInit, prompt.len() as u32);
+        let mut spec = RequestSpec::new(self.next_id, Phase::ContextInit, prompt.len() as u32);
         spec.max_new_tokens = max_new_tokens as u32;
         spec.lora = adapter.map(TaskId);
-        let hashes = block_hashes(prompt, self.cfg.tokens_per_block as usize);
-        let handle = self
-            .sched
-            .submit_with_prefix(spec, 0, &hashes)
-            .map_err(Refusal::Scheduler)?;
-        self.next_id += 1;
-        self.live[usize::from(handle.index())] = Some(Live {
-            handle,
-            id,
-            tokens: prompt.to_vec(),
-            prompt: prompt.len(),
-            max_new: max_new_tokens,
-            computed: 0,
+        self.enqueue(
+            spec,
+            prompt.to_vec(),
+            max_new_tokens,
             adapter,
             sampler,
-            logits: Vec::new(),
-            draft: Vec::new(),
-        });
-        Ok(id)
+            None,
+        )
     }
 
     fn check_request(&self, prompt: &[u32], max_new: usize, adapter: Option<u64>) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Token identity on the serving paths beyond one request's life: multi-turn conversations whose
 //! follow-ups reuse their earlier turns' KV from the prefix cache; speculative decoding with
-//! prompt-lookup drafts verified by the model, rejected drafts rewound. Every completion is compared with
+//! prompt-lookup drafts verified by the model, rejected drafts rewound; disaggregated serving, a
+//! prefill engine's KV pages copied into a decode engine's store. Every completion is compared with
 //! the same prompt run alone by the [`Reference`](kvsched_engine::Reference) in this process; free
 //! pages are filled with NaN after every step.
 //!
@@ -11,7 +12,7 @@ mod common;
 use common::{assert_identical, reference, Outcome};
 use kvsched_engine::{
     ChunkPolicy, Chunking, Completion, Conversation, Engine, EngineConfig, EngineStats, KvExtent,
-    Message, Model, PromptLookup, Sampler, SchedulerConfig,
+    KvTransfer, Message, Model, PromptLookup, Sampler, SchedulerConfig,
 };
 
 /// New tokens a request generates at most.
@@ -210,5 +211,115 @@ fn speculative_decoding_with_prompt_lookup_drafts() {
         if host > 0 {
             assert!(s.suspensions > 0, "requests are suspended between drafts");
         }
+    }
+}
+
+/// Runs `prompts` disaggregated: context-only requests prefilled on `pre`, whose KV pages are
+/// exported, their sends ended, and submitted to `dec`, which receives them and decodes.
+/// Completions of `dec`, in prompt order.
+fn serve_disaggregated(
+    pre: &mut Engine<'_>,
+    dec: &mut Engine<'_>,
+    prompts: &[Vec<u32>],
+) -> Vec<Completion> {
+    let mut order = Vec::new();
+    let ids: Vec<u64> = prompts
+        .iter()
+        .map(|p| pre.submit_context_only(p, None, Sampler::greedy()).unwrap())
+        .collect();
+    let mut done = Vec::new();
+    while !(pre.is_empty() && dec.is_empty()) {
+        if !pre.is_empty() {
+            assert!(
+                pre.step().unwrap().is_empty(),
+                "nothing completes on the prefill side"
+            );
+        }
+        for id in pre.sends() {
+            let kv = pre.export_kv(id).unwrap();
+            pre.end_send(id, true).unwrap();
+            assert!(pre.export_kv(id).is_err(), "a send ends once");
+            let d = dec.submit_transferred(kv, NEW).unwrap();
+            order.push((d, ids.iter().position(|&i| i == id).unwrap()));
+        }
+        if !dec.is_empty() {
+            done.extend(dec.step().unwrap());
+        }
+        assert!(dec.stats().steps < 2000, "the loop drains");
+    }
+    order.sort_unstable();
+    done.sort_by_key(|c| c.id);
+    let mut by_prompt: Vec<Option<Completion>> = vec![None; prompts.len()];
+    for ((d, i), c) in order.into_iter().zip(done) {
+        assert_eq!(c.id, d);
+        by_prompt[i] = Some(c);
+    }
+    by_prompt.into_iter().map(Option::unwrap).collect()
+}
+
+/// Disaggregated serving: a prefill engine computes each prompt's KV and first token, its pages are
+/// copied into a decode engine's store through the transfer arrows (send: context-only, sending,
+/// end_send; receive: DISAGG_GENERATION_INIT, start_receive, end_receive) and decoded there, with
+/// and without prompt-lookup drafts on the decode side. Free pages hold NaN, so a page the copy
+/// missed shows up as a wrong token; every request equals its solo run.
+#[test]
+fn disaggregated_prefill_and_decode_engines() {
+    let Some(model) = common::model() else { return };
+    let tok = model.tokenizer();
+    let mut prompts: Vec<Vec<u32>> = CHATS
+        .iter()
+        .map(|(q, _)| tok.encode_chat(&[Message::user(*q)], true).unwrap())
+        .collect();
+    prompts.push(tok.encode_chat(&[Message::user(REPEATS[1])], true).unwrap());
+    for speculative in [None, Some(PromptLookup::default())] {
+        let what = if speculative.is_some() {
+            "with drafts"
+        } else {
+            "plain"
+        };
+        let mut pre = Engine::new(model, config(64, 0)).unwrap();
+        let mut cfg = config(96, 0);
+        cfg.speculative = speculative;
+        let mut dec = Engine::new(model, cfg).unwrap();
+        let got = serve_disaggregated(&mut pre, &mut dec, &prompts);
+        let (p, d) = (pre.stats(), dec.stats());
+        summary(
+            &format!("disaggregated prefill ({what})"),
+            prompts.len(),
+            &p,
+        );
+        summary(&format!("disaggregated decode ({what})"), prompts.len(), &d);
+        eprintln!(
+            "disaggregated ({what}): {} sent, {} received, {} decode-side prefill tokens, {} drafts \
+             accepted, {} rejected",
+            p.kv_sent, d.kv_received, d.prefill_tokens, d.drafts_accepted, d.drafts_rejected
+        );
+        assert_solo(model, &format!("disaggregated ({what})"), &prompts, &got);
+        let n = prompts.len() as u64;
+        assert_eq!(
+            (p.kv_sent, d.kv_received),
+            (n, n),
+            "every prompt's KV moved"
+        );
+        assert_eq!(p.tokens, n, "the prefill side samples each first token");
+        assert!(
+            p.prefill_tokens > 0 && d.prefill_tokens == 0,
+            "prompts are computed once"
+        );
+        if speculative.is_some() {
+            assert!(d.drafts_accepted > 0, "drafts are kept on the decode side");
+        }
+        assert!(pre.end_send(u64::MAX, true).is_err(), "no such send");
+        let short = KvTransfer {
+            prompt: prompts[0].clone(),
+            first: 0,
+            logits: Vec::new(),
+            sampler: Sampler::greedy(),
+            adapter: None,
+            tokens_per_block: TPB,
+            pages: Vec::new(),
+        };
+        assert!(dec.submit_transferred(short, NEW).is_err(), "pages missing");
+        assert!(dec.is_empty(), "a refused transfer queues nothing");
     }
 }

@@ -30,6 +30,7 @@ impl Engine<'_> {
         self.stats.recomputes += self.out.recompute_paused().len() as u64;
         self.apply_moves()?;
         self.apply_adapters()?;
+        self.receive_transfers()?;
         let staged = self
             .kv_pages
             .stage_tables(self.sched.kv(), &self.out, &mut self.kv)?;
@@ -244,8 +245,14 @@ impl Engine<'_> {
                 live.computed = r.start + r.len;
                 continue;
             };
+            // A context-only request stays, sending its KV, until its send ends.
             if let Some(how) = self.take_tokens(i, r, logits)? {
-                done.push(self.finish(r.slot, how)?);
+                if !self.live[usize::from(r.slot)]
+                    .as_ref()
+                    .is_some_and(|l| l.context_only)
+                {
+                    done.push(self.finish(r.slot, how)?);
+                }
             }
         }
         Ok(done)

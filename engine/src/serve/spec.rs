@@ -17,7 +17,8 @@ impl Engine<'_> {
         };
         let table = self.cfg.max_blocks as usize * self.cfg.tokens_per_block as usize;
         for live in self.live.iter_mut().flatten() {
-            let decoding = live.computed > 0 && live.computed + 1 == live.tokens.len();
+            let decoding =
+                !live.context_only && live.computed > 0 && live.computed + 1 == live.tokens.len();
             let spec = self.sched.get(live.handle)?.spec();
             let (now, whole) = (
                 spec.draft,
