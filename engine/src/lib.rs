@@ -33,6 +33,8 @@
 //! ```
 #![deny(missing_docs)]
 
+mod conversation;
+mod draft;
 mod error;
 mod gguf;
 mod kv;
@@ -45,6 +47,8 @@ mod serve;
 mod step;
 mod tokenizer;
 
+pub use conversation::Conversation;
+pub use draft::{accepted, PromptLookup};
 pub use error::{EngineError, Limit, Refusal, Result};
 pub use gguf::ModelConfig;
 pub use kv::KvLayout;
@@ -54,7 +58,8 @@ pub use model::{Model, Weight};
 pub use reference::Reference;
 pub use sample::Sampler;
 pub use serve::{
-    block_hashes, Completion, Engine, EngineConfig, EngineStats, Finish, MAX_ADAPTERS, MAX_REQUESTS,
+    block_hashes, Completion, Engine, EngineConfig, EngineStats, Finish, KvExtent, KvTransfer,
+    MAX_ADAPTERS, MAX_REQUESTS,
 };
 pub use step::{Batch, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};

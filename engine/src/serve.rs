@@ -38,10 +38,12 @@ use kvsched_core::{AdapterPool, Config, KvPool, KvPoolConfig, Phase, SchedulerOu
 use kvsched_gpu::{AdapterSlots, BlockTableShape, HostAdapterStore, HostKvStore, KvPages};
 use kvsched_gpu::{MemError, PoolShape};
 
+use crate::draft::PromptLookup;
 use crate::error::{EngineError, Limit, Refusal, Result};
 use crate::lora::Lora;
 use crate::model::Model;
 use crate::sample::Sampler;
+pub use disagg::KvTransfer;
 
 /// Requests the engine holds at once (its scheduler's table).
 pub const MAX_REQUESTS: usize = 32;
@@ -78,6 +80,12 @@ pub struct EngineConfig {
     pub poison: bool,
     /// Keep the logits each sampled token was drawn from in its [`Completion`] (for tests).
     pub keep_logits: bool,
+    /// Speculative decoding with prompt-lookup drafts for greedy requests: each step a decoding
+    /// request proposes draft tokens from its own tokens ([`PromptLookup::propose`]), submitted as
+    /// its `RequestSpec::draft`; the model verifies them in one row of 1 + drafts tokens, the
+    /// longest prefix matching its greedy tokens is kept with the token after it, and the rejected
+    /// positions are rewound in the KV pool ([`Scheduler::rewind`]). `None`: no drafts.
+    pub speculative: Option<PromptLookup>,
 }
 
 impl Default for EngineConfig {
@@ -97,6 +105,7 @@ impl Default for EngineConfig {
             adapter_host_pages: 64,
             poison: false,
             keep_logits: false,
+            speculative: None,
         }
     }
 }
@@ -161,6 +170,25 @@ pub struct EngineStats {
     pub adapter_loads: u64,
     /// Adapters evicted from the device.
     pub adapter_evictions: u64,
+    /// Draft tokens verified by the model (speculative decoding).
+    pub drafts_proposed: u64,
+    /// Of those, the ones its greedy tokens confirmed (kept).
+    pub drafts_accepted: u64,
+    /// Of those, the ones rejected (their KV positions rewound).
+    pub drafts_rejected: u64,
+    /// Context-only requests whose KV send ended (disaggregated serving, prefill side).
+    pub kv_sent: u64,
+    /// Transferred requests whose KV was received into this engine's pages (decode side).
+    pub kv_received: u64,
+}
+
+/// Where a request's KV stands ([`Engine::kv_extent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvExtent {
+    /// Positions its KV holds (computed by the model or reused from the prefix cache).
+    pub computed: usize,
+    /// Entries of its page table in the KV pool (either tier).
+    pub pages: usize,
 }
 
 /// A request the engine holds.
@@ -177,6 +205,12 @@ struct Live {
     adapter: Option<u64>,
     sampler: Sampler,
     logits: Vec<Vec<f32>>,
+    /// The draft tokens proposed for this step (speculative decoding).
+    draft: Vec<u32>,
+    /// A context-only request (disaggregated serving: its KV is sent once its prompt is computed).
+    context_only: bool,
+    /// A transferred request's prompt pages, until they are written into its pages.
+    incoming: Option<Vec<Vec<u8>>>,
 }
 
 impl Live {
@@ -252,7 +286,9 @@ impl std::fmt::Debug for Engine<'_> {
     }
 }
 
+mod disagg;
 mod run;
+mod spec;
 
 impl<'m> Engine<'m> {
     /// An engine serving `model` with `config`: its KV store is layer-major
@@ -328,6 +364,16 @@ impl<'m> Engine<'m> {
         s
     }
 
+    /// Where request `id`'s KV stands: positions computed and page-table entries; `None` once it
+    /// finished, or for an unknown id.
+    pub fn kv_extent(&self, id: u64) -> Option<KvExtent> {
+        let live = self.live.iter().flatten().find(|l| l.id == id)?;
+        Some(KvExtent {
+            computed: live.computed,
+            pages: self.sched.kv().table(live.handle.index()).len(),
+        })
+    }
+
     /// Requests submitted and not finished.
     pub fn len(&self) -> usize {
         self.sched.len()
@@ -388,28 +434,17 @@ impl<'m> Engine<'m> {
         sampler: Sampler,
     ) -> Result<u64> {
         self.check_request(prompt, max_new_tokens, adapter)?;
-        let id = self.next_id;
-        let mut spec = RequestSpec::new(id, Phase::ContextInit, prompt.len() as u32);
+        let mut spec = RequestSpec::new(self.next_id, Phase::ContextInit, prompt.len() as u32);
         spec.max_new_tokens = max_new_tokens as u32;
         spec.lora = adapter.map(TaskId);
-        let hashes = block_hashes(prompt, self.cfg.tokens_per_block as usize);
-        let handle = self
-            .sched
-            .submit_with_prefix(spec, 0, &hashes)
-            .map_err(Refusal::Scheduler)?;
-        self.next_id += 1;
-        self.live[usize::from(handle.index())] = Some(Live {
-            handle,
-            id,
-            tokens: prompt.to_vec(),
-            prompt: prompt.len(),
-            max_new: max_new_tokens,
-            computed: 0,
+        self.enqueue(
+            spec,
+            prompt.to_vec(),
+            max_new_tokens,
             adapter,
             sampler,
-            logits: Vec::new(),
-        });
-        Ok(id)
+            None,
+        )
     }
 
     fn check_request(&self, prompt: &[u32], max_new: usize, adapter: Option<u64>) -> Result<()> {
@@ -455,6 +490,9 @@ fn check_config(model: &Model, cfg: &EngineConfig) -> Result<()> {
     }
     if cfg.scheduler.max_num_requests == 0 {
         return bad("max_num_requests must be at least 1".into());
+    }
+    if cfg.speculative.is_some_and(|l| !l.is_valid()) {
+        return bad("prompt lookup needs 1 <= min_ngram <= max_ngram and max_draft >= 1".into());
     }
     if cfg.adapter_page_bytes == 0 {
         return bad("adapter pages must hold at least one byte".into());

@@ -54,19 +54,33 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// The logits a step returned: one vocabulary-wide row for each sequence that asked.
+/// The logits a step returned: vocabulary-wide rows for each sequence that asked (its last token's
+/// with [`Model::step`]; its last few tokens' with [`Model::step_with_logits`]).
 #[derive(Clone, Debug)]
 pub struct Logits {
     vocab: usize,
     data: Vec<f32>,
-    rows: Vec<Option<usize>>,
+    /// Per sequence: its first row and its number of rows.
+    spans: Vec<(usize, usize)>,
 }
 
 impl Logits {
-    /// The logits of sequence `index` of the batch (`None` when it did not ask for them).
+    /// The logits of sequence `index`'s last token (`None` when it did not ask for them).
     pub fn get(&self, index: usize) -> Option<&[f32]> {
-        let r = (*self.rows.get(index)?)?;
-        Some(&self.data[r * self.vocab..(r + 1) * self.vocab])
+        let &(_, n) = self.spans.get(index)?;
+        n.checked_sub(1).and_then(|last| self.row(index, last))
+    }
+
+    /// Rows sequence `index` asked for (0 for none, or an index outside the batch).
+    pub fn count(&self, index: usize) -> usize {
+        self.spans.get(index).map_or(0, |s| s.1)
+    }
+
+    /// Row `j` of sequence `index`: the logits of its `count - j`-th last token (`None` past
+    /// [`Logits::count`]).
+    pub fn row(&self, index: usize, j: usize) -> Option<&[f32]> {
+        let &(first, n) = self.spans.get(index)?;
+        (j < n).then(|| &self.data[(first + j) * self.vocab..(first + j + 1) * self.vocab])
     }
 
     /// The greedy token of sequence `index`.
@@ -119,6 +133,25 @@ fn refuse<T>(why: String) -> Result<T> {
     Err(EngineError::Batch(why))
 }
 
+/// One logit count per sequence, none above its token count.
+fn check_last(batch: &Batch<'_>, last: &[usize]) -> Result<()> {
+    if last.len() != batch.sequences.len() {
+        return refuse(format!(
+            "{} logit counts for {} sequences",
+            last.len(),
+            batch.sequences.len()
+        ));
+    }
+    if let Some(i) = (0..last.len()).find(|&i| last[i] > batch.sequences[i].tokens.len()) {
+        return refuse(format!(
+            "sequence {i}: {} logit rows of {} tokens",
+            last[i],
+            batch.sequences[i].tokens.len()
+        ));
+    }
+    Ok(())
+}
+
 impl Model {
     /// Runs one step over `batch`: the projections and MLP over all rows at once, rope at each
     /// row's position, and attention of each row over its sequence's positions, reading the past
@@ -137,13 +170,33 @@ impl Model {
         kv: &mut HostKvStore,
         adapters: Option<&dyn PageStore>,
     ) -> Result<Logits> {
+        let last: Vec<usize> = batch
+            .sequences
+            .iter()
+            .map(|s| usize::from(s.logits))
+            .collect();
+        self.step_with_logits(batch, kv, adapters, &last)
+    }
+
+    /// [`Model::step`], returning the logits of the last `last[i]` tokens of sequence `i` (0: none;
+    /// each sequence's `logits` flag is not looked at): what verifying draft tokens needs, the
+    /// logits after every draft position. Refused as [`Model::step`], and when `last` does not have
+    /// one entry per sequence or asks for more rows than a sequence has tokens.
+    pub fn step_with_logits(
+        &self,
+        batch: &Batch<'_>,
+        kv: &mut HostKvStore,
+        adapters: Option<&dyn PageStore>,
+        last: &[usize],
+    ) -> Result<Logits> {
         let layout = KvLayout::of_shape(self.config(), kv.shape())?;
         self.check(batch, &layout, kv.shape().gpu_pages, adapters)?;
+        check_last(batch, last)?;
         let mut tokens = Vec::with_capacity(batch.rows());
         let mut spans = Vec::with_capacity(batch.sequences.len());
         let mut loras: Vec<Lora> = Vec::new();
         let mut lora_of: HashMap<&[u32], usize> = HashMap::new();
-        let mut rows = vec![None; batch.sequences.len()];
+        let mut rows = vec![(0, 0); batch.sequences.len()];
         let mut logit_rows = Vec::new();
         let mut buf = Vec::new();
         for (i, s) in batch.sequences.iter().enumerate() {
@@ -165,10 +218,8 @@ impl Model {
                 adapter,
             });
             tokens.extend_from_slice(s.tokens);
-            if s.logits {
-                rows[i] = Some(logit_rows.len());
-                logit_rows.push(tokens.len() - 1);
-            }
+            rows[i] = (logit_rows.len(), last[i]);
+            logit_rows.extend(tokens.len() - last[i]..tokens.len());
         }
         let mut ctx = Paged {
             store: kv,
@@ -186,7 +237,7 @@ impl Model {
         Ok(Logits {
             vocab: self.config().vocab,
             data,
-            rows,
+            spans: rows,
         })
     }
 

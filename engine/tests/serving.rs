@@ -1,7 +1,7 @@
 //! The serving engine's edges: requests refused at submission with the limit named, a bad
 //! configuration refused before anything is allocated, a seeded sampler identical to the same
 //! sampler over the reference, and a randomized run over pool sizes, budgets, chunking, prefix
-//! caching, arrival orders and adapters (`KVSCHED_ENGINE_CASES` cases, default 2), each request
+//! caching, arrival orders, adapters and prompt-lookup drafts (`KVSCHED_ENGINE_CASES` cases, default 2), each request
 //! identical to its solo run.
 
 mod common;
@@ -9,7 +9,7 @@ mod common;
 use common::{assert_identical, reference, Outcome, Rng};
 use kvsched_engine::{
     ChunkPolicy, Chunking, Engine, EngineConfig, EngineError, Limit, Lora, Message, Model,
-    Reference, Refusal, Sampler, SchedulerConfig,
+    PromptLookup, Reference, Refusal, Sampler, SchedulerConfig,
 };
 
 fn small(max_blocks: u32) -> EngineConfig {
@@ -172,6 +172,12 @@ fn random_config(model: &Model, rng: &mut Rng, longest: usize) -> EngineConfig {
         chunking,
         ..EngineConfig::default().scheduler
     };
+    // Half the cases decode with prompt-lookup drafts of random n-gram and draft lengths.
+    let speculative = (rng.below(2) == 0).then(|| PromptLookup {
+        max_ngram: 1 + rng.below(3),
+        min_ngram: 1,
+        max_draft: 1 + rng.below(5),
+    });
     let lora_pages = Lora::seeded(model.config(), 8, 16.0, 0.1, 1).pages(256 * 1024) as u32;
     EngineConfig {
         scheduler,
@@ -184,6 +190,7 @@ fn random_config(model: &Model, rng: &mut Rng, longest: usize) -> EngineConfig {
         adapter_host_pages: lora_pages * 2,
         poison: true,
         keep_logits: true,
+        speculative,
         ..EngineConfig::default()
     }
 }
@@ -233,8 +240,15 @@ fn random_case(model: &Model, rng: &mut Rng, case: u64) {
     let s = engine.stats();
     eprintln!(
         "case {case}: {n} requests, {} tokens, {} suspensions ({} evictions), {} recomputes, \
-         {} prefix-reused tokens, {} adapter loads; {cfg:?}",
-        s.tokens, s.suspensions, s.evictions, s.recomputes, s.prefix_reused_tokens, s.adapter_loads
+         {} prefix-reused tokens, {} adapter loads, drafts {} accepted {} rejected; {cfg:?}",
+        s.tokens,
+        s.suspensions,
+        s.evictions,
+        s.recomputes,
+        s.prefix_reused_tokens,
+        s.adapter_loads,
+        s.drafts_accepted,
+        s.drafts_rejected
     );
     assert_eq!(done.len(), n, "case {case}: every request finished");
     for (i, (prompt, adapter)) in reqs.iter().enumerate() {

@@ -20,6 +20,7 @@ impl Engine<'_> {
     /// scheduled batch, sampling. Returns the requests that finished in it (removed from the
     /// engine).
     pub fn step(&mut self) -> Result<Vec<Completion>> {
+        self.propose_drafts()?;
         self.sched.schedule(&mut self.out)?;
         self.sched.ensure_batch(&mut self.out)?;
         self.stats.steps += 1;
@@ -29,6 +30,7 @@ impl Engine<'_> {
         self.stats.recomputes += self.out.recompute_paused().len() as u64;
         self.apply_moves()?;
         self.apply_adapters()?;
+        self.receive_transfers()?;
         let staged = self
             .kv_pages
             .stage_tables(self.sched.kv(), &self.out, &mut self.kv)?;
@@ -156,10 +158,15 @@ impl Engine<'_> {
                     format!("a decode step with {c} of {t} tokens computed"),
                 );
             }
+            let drafts = self.sched.get(l.handle())?.spec().draft as usize;
+            if drafts != live.draft.len() {
+                let d = live.draft.len();
+                return lost(live, format!("{drafts} drafts scheduled, {d} proposed"));
+            }
             rows.push(Row {
                 slot: l.slot(),
                 start: live.tokens.len() - 1,
-                len: 1,
+                len: 1 + drafts,
                 logits: true,
                 task: l.task_slot(),
                 context: false,
@@ -178,13 +185,23 @@ impl Engine<'_> {
         for &p in tables.iter().flatten() {
             self.kv_dirty.gpu[p as usize] = true;
         }
+        let mut inputs = Vec::with_capacity(rows.len());
+        for r in rows {
+            let live = self.live[usize::from(r.slot)]
+                .as_ref()
+                .ok_or_else(|| EngineError::Batch(format!("slot {} is empty", r.slot)))?;
+            // A context chunk's tokens; a generation step's last token, then its drafts.
+            let mut input = live.tokens[r.start..(r.start + r.len).min(live.tokens.len())].to_vec();
+            input.extend_from_slice(if r.context { &[] } else { &live.draft });
+            inputs.push(input);
+        }
         let mut batch = Batch::new();
-        for (r, pages) in rows.iter().zip(&tables) {
+        for ((r, pages), input) in rows.iter().zip(&tables).zip(&inputs) {
             let live = self.live[usize::from(r.slot)]
                 .as_ref()
                 .ok_or_else(|| EngineError::Batch(format!("slot {} is empty", r.slot)))?;
             batch.push(Sequence {
-                tokens: &live.tokens[r.start..r.start + r.len],
+                tokens: input,
                 start: r.start,
                 pages,
                 logits: r.logits,
@@ -192,7 +209,19 @@ impl Engine<'_> {
             });
         }
         let adapters: &dyn PageStore = &self.adapters;
-        let logits = self.model.step(&batch, &mut self.kv, Some(adapters))?;
+        let last: Vec<usize> = rows
+            .iter()
+            .map(|r| {
+                if r.context {
+                    usize::from(r.logits)
+                } else {
+                    r.len
+                }
+            })
+            .collect();
+        let logits = self
+            .model
+            .step_with_logits(&batch, &mut self.kv, Some(adapters), &last)?;
         self.stats.model_steps += 1;
         self.stats.largest_batch = self.stats.largest_batch.max(rows.len() as u64);
         Ok(logits)
@@ -212,20 +241,18 @@ impl Engine<'_> {
                 self.stats.prefill_tokens += r.len as u64;
                 self.stats.context_chunks += 1;
             }
-            live.computed = r.start + r.len;
-            let Some(row) = logits.and_then(|l| l.get(i)) else {
+            let Some(logits) = logits.filter(|l| l.count(i) > 0) else {
+                live.computed = r.start + r.len;
                 continue;
             };
-            let token = live.sampler.sample(row);
-            live.tokens.push(token);
-            if self.cfg.keep_logits {
-                live.logits.push(row.to_vec());
-            }
-            self.stats.tokens += 1;
-            let stop = live.sampler.stops() && self.model.tokenizer().is_stop(token);
-            if stop || live.generated() >= live.max_new {
-                let how = if stop { Finish::Stop } else { Finish::Length };
-                done.push(self.finish(r.slot, how)?);
+            // A context-only request stays, sending its KV, until its send ends.
+            if let Some(how) = self.take_tokens(i, r, logits)? {
+                if !self.live[usize::from(r.slot)]
+                    .as_ref()
+                    .is_some_and(|l| l.context_only)
+                {
+                    done.push(self.finish(r.slot, how)?);
+                }
             }
         }
         Ok(done)
@@ -258,11 +285,13 @@ impl Engine<'_> {
                 continue;
             };
             live.computed = 0;
+            live.draft.clear();
             let prompt = live.tokens.len() as u32;
             let remaining = (live.max_new - live.generated()) as u32;
             self.sched.update(live.handle, |s| {
                 s.prompt = prompt;
                 s.max_new_tokens = remaining;
+                s.draft = 0;
             })?;
         }
         Ok(())
