@@ -161,6 +161,13 @@ pub struct EngineStats {
     pub adapter_loads: u64,
     /// Adapters evicted from the device.
     pub adapter_evictions: u64,
+    /// Nanoseconds in the scheduler's calls of a step (`schedule`, `ensure_batch`, `take_moves`,
+    /// `complete_step`), summed over all steps.
+    pub scheduler_ns: u64,
+    /// Nanoseconds in [`Model::step`], summed over all steps.
+    pub model_ns: u64,
+    /// Nanoseconds in [`Engine::step`] as a whole, summed over all steps.
+    pub step_ns: u64,
 }
 
 /// A request the engine holds.
