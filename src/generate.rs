@@ -118,7 +118,11 @@ fn run(a: &GenerateArgs) -> Result<(), Failure> {
     let secs = started.elapsed().as_secs_f64();
     let tok = model.tokenizer();
     for (i, (text, tokens)) in texts.iter().zip(&completions).enumerate() {
-        let body: Vec<u32> = tokens.iter().copied().filter(|&t| !tok.is_stop(t)).collect();
+        let body: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|&t| !tok.is_stop(t))
+            .collect();
         let out = tok.decode(&body).map_err(|e| failed(&e))?;
         println!("--- {}: {text}\n{}", i + 1, out.trim());
     }

@@ -17,8 +17,7 @@ fn model_path() -> Option<PathBuf> {
             let cache = std::env::var_os("KVSCHED_MODEL_CACHE")
                 .map(PathBuf::from)
                 .or_else(|| {
-                    std::env::var_os("HOME")
-                        .map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
                 })
                 .unwrap_or_else(|| PathBuf::from(".cache/kvsched/models"));
             cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -129,6 +128,9 @@ fn bad_input_is_one_line_and_a_failure() {
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("exceed the limit of 2048 tokens"), "{stderr}");
+    assert!(
+        stderr.contains("exceed the limit of 2048 tokens"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
