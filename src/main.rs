@@ -1,5 +1,5 @@
-//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `cost`. The work is the library crates'
-//! (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`); this binary parses the arguments, words their
+//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `cost`, `generate`. The work is the
+//! library crates' (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`, `kvsched-engine`); this binary parses the arguments, words their
 //! errors in terms of its flags, and prints.
 
 use std::path::PathBuf;
@@ -8,6 +8,7 @@ use std::process::ExitCode;
 mod args;
 mod bench;
 mod cost;
+mod generate;
 mod simulate;
 
 /// Counts the process's heap allocations so `kvsched bench` can report those of its timed iterations.
@@ -19,7 +20,9 @@ commands:
   simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
   conformance PATH...      run scenario files (files or folders of *.json); prints `N passed, M failed`
   bench [options]          measure the scheduling pass (see `kvsched bench --help`)
-  cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)";
+  cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)
+  generate --model FILE PROMPT...
+                           serve chat prompts with a real model on the real scheduler (see `kvsched generate --help`)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::cli(&args[1..]),
         Some("simulate") => simulate::main(&args[1..]),
         Some("cost") => cost::cli(&args[1..]),
+        Some("generate") => generate::cli(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -180,6 +180,13 @@ pub struct EngineStats {
     pub kv_sent: u64,
     /// Transferred requests whose KV was received into this engine's pages (decode side).
     pub kv_received: u64,
+    /// Nanoseconds in the scheduler's calls of a step (`schedule`, `ensure_batch`, `take_moves`,
+    /// `complete_step`), summed over all steps.
+    pub scheduler_ns: u64,
+    /// Nanoseconds in [`Model::step`], summed over all steps.
+    pub model_ns: u64,
+    /// Nanoseconds in [`Engine::step`] as a whole, summed over all steps.
+    pub step_ns: u64,
 }
 
 /// Where a request's KV stands ([`Engine::kv_extent`]).

@@ -11,6 +11,7 @@ use kvsched_core::ids::TaskSlot;
 use kvsched_core::kv::Tier;
 use kvsched_gpu::{AdapterSlots, PageStore};
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// Consecutive steps without a model step after which [`Engine::run`] gives up.
 const STALL_STEPS: u32 = 2000;
@@ -20,9 +21,12 @@ impl Engine<'_> {
     /// scheduled batch, sampling. Returns the requests that finished in it (removed from the
     /// engine).
     pub fn step(&mut self) -> Result<Vec<Completion>> {
+        let started = Instant::now();
         self.propose_drafts()?;
+        let scheduling = Instant::now();
         self.sched.schedule(&mut self.out)?;
         self.sched.ensure_batch(&mut self.out)?;
+        self.stats.scheduler_ns += nanos(scheduling);
         self.stats.steps += 1;
         let pass = self.sched.last_pass();
         self.stats.preemptions += u64::from(pass.preemptions);
@@ -41,12 +45,15 @@ impl Engine<'_> {
         } else {
             Some(self.run_batch(&rows)?)
         };
+        let completing = Instant::now();
         self.sched.complete_step(&self.out)?;
+        self.stats.scheduler_ns += nanos(completing);
         let done = self.advance(&rows, logits.as_ref())?;
         self.replay_recomputed()?;
         if self.cfg.poison {
             self.poison()?;
         }
+        self.stats.step_ns += nanos(started);
         Ok(done)
     }
 
@@ -73,9 +80,10 @@ impl Engine<'_> {
 
     /// The KV move log into the host store (offloads, reloads).
     fn apply_moves(&mut self) -> Result<()> {
-        let moved = self
-            .kv_pages
-            .apply_moves(self.sched.take_moves(), &mut self.kv)?;
+        let taking = Instant::now();
+        let moves = self.sched.take_moves();
+        self.stats.scheduler_ns += nanos(taking);
+        let moved = self.kv_pages.apply_moves(moves, &mut self.kv)?;
         moved.event.wait()?;
         for m in self.kv_pages.last_log() {
             self.kv_dirty.tier(m.from.other())[m.dst as usize] = true;
@@ -219,9 +227,11 @@ impl Engine<'_> {
                 }
             })
             .collect();
+        let stepping = Instant::now();
         let logits = self
             .model
             .step_with_logits(&batch, &mut self.kv, Some(adapters), &last)?;
+        self.stats.model_ns += nanos(stepping);
         self.stats.model_steps += 1;
         self.stats.largest_batch = self.stats.largest_batch.max(rows.len() as u64);
         Ok(logits)
@@ -361,6 +371,11 @@ fn adapter_pages<'s>(
             live.id
         ))
     })
+}
+
+/// Nanoseconds since `since` (saturating at `u64::MAX`).
+fn nanos(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Writes NaN over every page not `used` that is `dirty`; used pages become dirty.
