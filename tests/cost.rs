@@ -191,3 +191,52 @@ fn a_fit_prints_flags_that_reproduce_it() {
         "{err}"
     );
 }
+
+/// The CPU preset is the fit of the CPU engine's measured steps: it reproduces them within the
+/// targets, and fitting them again gives its terms back.
+#[test]
+fn the_cpu_preset_is_the_fit_of_the_cpu_engines_steps() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/measurements/cpu/smollm2-135m-steps.jsonl"
+    );
+    let out = kvsched(&[
+        "cost",
+        "--engine",
+        "cpu-smollm2-135m",
+        "--json",
+        "--points",
+        file,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["points"].as_array().unwrap().len() >= 14);
+    let (median, max) = (
+        v["median_error"].as_f64().unwrap(),
+        v["max_error"].as_f64().unwrap(),
+    );
+    assert!(median <= 0.10 && max <= 0.25, "median {median}, max {max}");
+    let out = kvsched(&["cost", "--fit", file]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let flags: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    let preset = kvsched_sim::CostModel::cpu_smollm2_135m(16);
+    let terms = [
+        preset.step_us,
+        preset.prefill_us_per_token,
+        preset.decode_us_per_request,
+        preset.decode_us_per_cached_token,
+        preset.attention_us_per_pair,
+    ];
+    for (pair, want) in flags.chunks(2).zip(terms) {
+        let got: f64 = pair[1].parse().unwrap();
+        assert!(
+            (got - want).abs() <= 1e-4 * want,
+            "{} {got}, preset {want}",
+            pair[0]
+        );
+    }
+}

@@ -49,14 +49,25 @@ fn main() {
     let threads = kvsched_engine::init_threads(env("KVSCHED_SIMCHECK_THREADS", 1));
     let model = Model::load(&path).expect("the model loads");
     let points = measure_points(&model);
-    let out = std::env::var("KVSCHED_SIMCHECK_POINTS")
-        .unwrap_or_else(|_| "target/simcheck-points.jsonl".to_owned());
+    let out = std::env::var("KVSCHED_SIMCHECK_POINTS").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/simcheck-points.jsonl"
+        )
+        .to_owned()
+    });
     write_points(&out, &points, &model, threads);
-    let cost = kvsched_sim::fit::fit(&points, &CostModel::LEGACY).expect("a fit");
+    let copy_us = page_copy_us(&model);
+    let base = CostModel {
+        page_copy_us: copy_us,
+        ..CostModel::LEGACY
+    };
+    let cost = kvsched_sim::fit::fit(&points, &base).expect("a fit");
     let fit = kvsched_sim::cost::FitError::of(&cost, &points);
     println!(
         "{} points ({out}), fitted: floor {:.1} us, prefill token {:.2} us, decode request {:.2} us, \
-         cached token {:.4} us, attention pair {:.5} us; median error {:.1} %, largest {:.1} %",
+         cached token {:.4} us, attention pair {:.5} us; median error {:.1} %, largest {:.1} %; \
+         a {TOKENS_PER_BLOCK}-token page copied between tiers in {copy_us:.1} us",
         points.len(),
         cost.step_us,
         cost.prefill_us_per_token,
@@ -105,64 +116,103 @@ fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
 /// Step times: prefills of T tokens, decodes of B requests at context C, and mixed steps (a chunk
 /// after prior context beside decodes), each the median of a few runs.
 fn measure_points(model: &Model) -> Vec<MeasuredStep> {
+    const SEQS: usize = 17;
     let layout = model.kv_layout(TOKENS_PER_BLOCK as usize);
     let per_seq = layout.pages_for(640);
-    let seqs = 9;
     let mut kv = HostKvStore::new(
-        layout.pool_shape((seqs * per_seq) as u32, 0),
-        BlockTableShape::new(seqs as u32, per_seq as u32),
+        layout.pool_shape((SEQS * per_seq) as u32, 0),
+        BlockTableShape::new(SEQS as u32, per_seq as u32),
     )
     .expect("a KV store");
-    let tables: Vec<Vec<u32>> = (0..seqs)
+    let tables: Vec<Vec<u32>> = (0..SEQS)
         .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
         .collect();
-    // Every sequence's first 512 positions, computed once.
+    // The decoding sequences' first 512 positions, computed once; the last table takes the chunks.
     let ctx = tokens(7, 512);
-    for t in &tables {
+    for t in &tables[..SEQS - 1] {
         step(model, &mut kv, &[(&ctx, 0, t)]);
     }
+    let chunks = &tables[SEQS - 1];
     let mut points = Vec::new();
-    let mut push = |batch, context, tokens, prior, ms| {
+    let mut push = |batch: usize, context: usize, tokens: usize, prior: usize, ms| {
         points.push(MeasuredStep {
             kind: MeasuredKind::Step,
-            batch,
-            context,
-            tokens,
-            chunk_prior_context: prior,
+            batch: batch as u64,
+            context: context as u64,
+            tokens: tokens as u64,
+            chunk_prior_context: prior as u64,
             ms_median: ms,
         });
     };
-    for t in [16usize, 32, 64, 128, 256] {
+    for t in [16, 32, 64, 128, 256] {
         let p = tokens(t as u64, t);
-        let ms = median_ms(3, || step(model, &mut kv, &[(&p, 0, &tables[8])]));
-        push(0, 0, t as u64, 0, ms);
+        push(
+            0,
+            0,
+            t,
+            0,
+            median_ms(3, || step(model, &mut kv, &[(&p, 0, chunks)])),
+        );
     }
     let one = [ctx[0]];
-    for (b, c) in [
-        (1usize, 64usize),
+    let decodes = [
+        (1, 64),
         (1, 512),
         (4, 64),
         (4, 256),
         (8, 128),
         (8, 512),
-    ] {
+        (16, 128),
+        (16, 256),
+    ];
+    for (b, c) in decodes {
         let rows: Vec<_> = tables[..b].iter().map(|t| (&one[..], c, t)).collect();
-        push(
-            b as u64,
-            c as u64,
-            0,
-            0,
-            median_ms(5, || step(model, &mut kv, &rows)),
-        );
+        push(b, c, 0, 0, median_ms(5, || step(model, &mut kv, &rows)));
     }
-    for (chunk, prior, b) in [(64usize, 0usize, 4usize), (64, 256, 4), (32, 128, 8)] {
+    for (chunk, prior, b) in [
+        (64, 0, 4),
+        (64, 256, 4),
+        (32, 128, 8),
+        (64, 0, 12),
+        (64, 128, 15),
+    ] {
         let p = tokens(chunk as u64 + 1, chunk);
         let mut rows: Vec<_> = tables[..b].iter().map(|t| (&one[..], 256, t)).collect();
-        rows.push((&p, prior, &tables[8]));
-        let ms = median_ms(3, || step(model, &mut kv, &rows));
-        push(b as u64, 256, chunk as u64, prior as u64, ms);
+        rows.push((&p, prior, chunks));
+        push(
+            b,
+            256,
+            chunk,
+            prior,
+            median_ms(3, || step(model, &mut kv, &rows)),
+        );
     }
     points
+}
+
+/// Microseconds to move one KV page between the host store's tiers (the median of 5 batches of 64
+/// pages, GPU tier to host tier: the suspend copy of the CPU engine).
+fn page_copy_us(model: &Model) -> f64 {
+    use kvsched_core::kv::{PageMove, Tier};
+    use kvsched_gpu::KvMemory;
+    let layout = model.kv_layout(TOKENS_PER_BLOCK as usize);
+    let mut kv = HostKvStore::new(layout.pool_shape(64, 64), BlockTableShape::new(1, 64))
+        .expect("a KV store");
+    let moves: Vec<PageMove> = (0..64)
+        .map(|p| PageMove {
+            request: kvsched_core::ids::RequestId(1),
+            from: Tier::Gpu,
+            src: p,
+            dst: 63 - p,
+        })
+        .collect();
+    let ms = median_ms(5, || {
+        kv.offload(&moves)
+            .expect("an offload")
+            .wait()
+            .expect("done");
+    });
+    ms * 1000.0 / 64.0
 }
 
 /// One forward step over `(tokens, start, pages)` rows.
@@ -245,6 +295,7 @@ struct Latencies {
     ttft: Vec<f64>,
     tpot: Vec<f64>,
     seconds: f64,
+    stats: kvsched_engine::EngineStats,
 }
 
 /// The trace on the real engine, in wall-clock time: a request is submitted when its arrival time
@@ -290,7 +341,13 @@ fn replay(model: &Model, w: &Workload) -> Latencies {
         }
         live.retain(|(id, _)| done.iter().all(|c| c.id != *id));
     }
-    latencies(w, &first, &last, start.elapsed().as_secs_f64())
+    latencies(
+        w,
+        &first,
+        &last,
+        start.elapsed().as_secs_f64(),
+        engine.stats(),
+    )
 }
 
 fn submit(engine: &mut Engine<'_>, a: &Arrival, i: usize) -> u64 {
@@ -301,7 +358,13 @@ fn submit(engine: &mut Engine<'_>, a: &Arrival, i: usize) -> u64 {
         .expect("a trace request fits the engine")
 }
 
-fn latencies(w: &Workload, first: &[Option<f64>], last: &[f64], seconds: f64) -> Latencies {
+fn latencies(
+    w: &Workload,
+    first: &[Option<f64>],
+    last: &[f64],
+    seconds: f64,
+    stats: kvsched_engine::EngineStats,
+) -> Latencies {
     let mut ttft = Vec::new();
     let mut tpot = Vec::new();
     for (i, a) in w.arrivals.iter().enumerate() {
@@ -317,6 +380,7 @@ fn latencies(w: &Workload, first: &[Option<f64>], last: &[f64], seconds: f64) ->
         ttft,
         tpot,
         seconds,
+        stats,
     }
 }
 
@@ -364,4 +428,15 @@ fn report(w: &Workload, real: &Latencies, sim: &kvsched_sim::Report, threads: us
     println!("|---|---|---|---|");
     row("TTFT ms", median(&real.ttft), sim.ttft_ms.p50);
     row("TPOT ms", median(&real.tpot), sim.tpot_ms.p50);
+    let s = &real.stats;
+    let ms = |ns: u64| ns as f64 / 1e6 / s.model_steps.max(1) as f64;
+    println!(
+        "\nengine: {} model steps, {:.2} ms a step, {:.2} ms of it in the model, {:.3} ms in the \
+         scheduler ({:.3} % of step time)",
+        s.model_steps,
+        ms(s.step_ns),
+        ms(s.model_ns),
+        ms(s.scheduler_ns),
+        100.0 * s.scheduler_ns as f64 / s.step_ns.max(1) as f64
+    );
 }

@@ -57,6 +57,23 @@ impl CostModel {
         }
     }
 
+    /// Fitted to this project's CPU engine (`kvsched-engine`: SmolLM2-135M-Instruct in Q8_0, one
+    /// candle thread, the 2-core CI machine kind) by `kvsched cost --fit` on
+    /// `data/measurements/cpu/smollm2-135m-steps.jsonl` (measured by `engine/benches/simcheck.rs`). A
+    /// KV page copy is the measured 6.85 µs a token (a 16-token page of 720 KiB in 109.6 µs, host
+    /// memory to host memory); adapter loads keep the legacy 50 µs a page (not measured).
+    pub fn cpu_smollm2_135m(tokens_per_block: u32) -> Self {
+        Self {
+            step_us: 14_608.75,
+            prefill_us_per_token: 1_849.81,
+            decode_us_per_request: 2_494.52,
+            decode_us_per_cached_token: 11.2993,
+            attention_us_per_pair: 5.547_41,
+            adapter_load_us_per_page: Self::LEGACY.adapter_load_us_per_page,
+            page_copy_us: 109.6 / 16.0 * f64::from(tokens_per_block),
+        }
+    }
+
     /// Simulated microseconds of one step.
     pub fn step_us(&self, w: &StepWork) -> f64 {
         self.step_us
@@ -211,6 +228,8 @@ pub enum Engine {
     Legacy,
     /// [`CostModel::h200_llama3_8b`].
     H200Llama3_8b,
+    /// [`CostModel::cpu_smollm2_135m`].
+    CpuSmollm2_135m,
 }
 
 impl Engine {
@@ -218,7 +237,7 @@ impl Engine {
     pub const DEFAULT: Self = Self::H200Llama3_8b;
 
     /// Every engine's name, for help texts and errors.
-    pub const NAMES: &'static str = "legacy|h200-llama3-8b";
+    pub const NAMES: &'static str = "legacy|h200-llama3-8b|cpu-smollm2-135m";
 
     /// The engine called `name`.
     ///
@@ -229,6 +248,7 @@ impl Engine {
         match name {
             "legacy" => Ok(Self::Legacy),
             "h200-llama3-8b" => Ok(Self::H200Llama3_8b),
+            "cpu-smollm2-135m" => Ok(Self::CpuSmollm2_135m),
             other => Err(UnknownEngine(other.to_owned())),
         }
     }
@@ -237,7 +257,7 @@ impl Engine {
     /// overrides it).
     pub fn kv_gpu_pages(self, tokens_per_block: u32) -> Option<u32> {
         match self {
-            Self::Legacy => None,
+            Self::Legacy | Self::CpuSmollm2_135m => None,
             Self::H200Llama3_8b => Some(h200_llama3_8b_kv_pages(tokens_per_block)),
         }
     }
@@ -247,6 +267,7 @@ impl Engine {
         match self {
             Self::Legacy => CostModel::LEGACY,
             Self::H200Llama3_8b => CostModel::h200_llama3_8b(tokens_per_block),
+            Self::CpuSmollm2_135m => CostModel::cpu_smollm2_135m(tokens_per_block),
         }
     }
 }
@@ -281,6 +302,7 @@ impl fmt::Display for Engine {
         f.write_str(match self {
             Self::Legacy => "legacy",
             Self::H200Llama3_8b => "h200-llama3-8b",
+            Self::CpuSmollm2_135m => "cpu-smollm2-135m",
         })
     }
 }
