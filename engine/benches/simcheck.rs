@@ -115,8 +115,12 @@ fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
 
 /// Step times: prefills of T tokens, decodes of B requests at context C, and mixed steps (a chunk
 /// after prior context beside decodes), each the median of a few runs.
-fn measure_points(model: &Model) -> Vec<MeasuredStep> {
-    const SEQS: usize = 17;
+/// Sequences of the measuring store: 16 decoding ones and one for the chunks.
+const SEQS: usize = 17;
+
+/// A KV store of [`SEQS`] sequences of 640 positions, each of the first 16 holding 512 positions of
+/// `ctx` (computed once); and the page tables.
+fn measuring_store(model: &Model, ctx: &[u32]) -> (HostKvStore, Vec<Vec<u32>>) {
     let layout = model.kv_layout(TOKENS_PER_BLOCK as usize);
     let per_seq = layout.pages_for(640);
     let mut kv = HostKvStore::new(
@@ -127,11 +131,15 @@ fn measure_points(model: &Model) -> Vec<MeasuredStep> {
     let tables: Vec<Vec<u32>> = (0..SEQS)
         .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
         .collect();
-    // The decoding sequences' first 512 positions, computed once; the last table takes the chunks.
-    let ctx = tokens(7, 512);
     for t in &tables[..SEQS - 1] {
-        step(model, &mut kv, &[(&ctx, 0, t)]);
+        step(model, &mut kv, &[(ctx, 0, t)]);
     }
+    (kv, tables)
+}
+
+fn measure_points(model: &Model) -> Vec<MeasuredStep> {
+    let ctx = tokens(7, 512);
+    let (mut kv, tables) = measuring_store(model, &ctx);
     let chunks = &tables[SEQS - 1];
     let mut points = Vec::new();
     let mut push = |batch: usize, context: usize, tokens: usize, prior: usize, ms| {

@@ -313,6 +313,34 @@ impl Model {
         }
     }
 
+    /// Block `l`'s LoRA deltas on the q, k and v rows of each span with an adapter (its input rows
+    /// `xn`), then rope at each row's position on q and k.
+    fn adapt_and_rotate(
+        &self,
+        l: usize,
+        spans: &[Span],
+        adapters: &[Lora],
+        xn: &[f32],
+        (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
+    ) {
+        let (e, kvd) = (self.config.embedding, self.config.kv_dim());
+        for span in spans {
+            if let Some(a) = span.adapter {
+                for r in span.row0..span.row0 + span.len {
+                    let xr = &xn[r * e..(r + 1) * e];
+                    adapters[a].apply(l, Projection::Q, xr, &mut q[r * e..(r + 1) * e]);
+                    adapters[a].apply(l, Projection::K, xr, &mut k[r * kvd..(r + 1) * kvd]);
+                    adapters[a].apply(l, Projection::V, xr, &mut v[r * kvd..(r + 1) * kvd]);
+                }
+            }
+            for i in 0..span.len {
+                let (r, pos) = (span.row0 + i, span.start + i);
+                self.rope.apply(&mut q[r * e..(r + 1) * e], pos);
+                self.rope.apply(&mut k[r * kvd..(r + 1) * kvd], pos);
+            }
+        }
+    }
+
     /// The forward pass over `tokens` (the spans' rows, in order): embeddings, then per block the
     /// projections and MLP over all rows at once (candle's Q8_0 matmuls, row-invariant), rope at
     /// each row's position, LoRA per span and attention per row through `ctx`; returns the logits
@@ -340,21 +368,7 @@ impl Model {
             rms_norm(&x, &b.attn_norm, c.rms_eps, &mut xn);
             let qkv = b.qkv.forward(&xn)?;
             let (mut q, mut k, mut v) = split3(&qkv, e, kvd);
-            for span in spans {
-                if let Some(a) = span.adapter {
-                    for r in span.row0..span.row0 + span.len {
-                        let xr = &xn[r * e..(r + 1) * e];
-                        adapters[a].apply(l, Projection::Q, xr, &mut q[r * e..(r + 1) * e]);
-                        adapters[a].apply(l, Projection::K, xr, &mut k[r * kvd..(r + 1) * kvd]);
-                        adapters[a].apply(l, Projection::V, xr, &mut v[r * kvd..(r + 1) * kvd]);
-                    }
-                }
-                for i in 0..span.len {
-                    let (r, pos) = (span.row0 + i, span.start + i);
-                    self.rope.apply(&mut q[r * e..(r + 1) * e], pos);
-                    self.rope.apply(&mut k[r * kvd..(r + 1) * kvd], pos);
-                }
-            }
+            self.adapt_and_rotate(l, spans, adapters, &xn, (&mut q, &mut k, &mut v));
             for (s, span) in spans.iter().enumerate() {
                 let rows = span.row0..span.row0 + span.len;
                 let (new_k, new_v) = (

@@ -293,22 +293,7 @@ impl Model {
                     return refuse(format!("page {p} is written by sequences {j} and {i}"));
                 }
             }
-            if s.adapter.is_some() && adapters.is_none() {
-                return refuse(format!(
-                    "sequence {i} has an adapter but no adapter store was given"
-                ));
-            }
-            if let (Some(pages), Some(store)) = (s.adapter, adapters) {
-                let n = store.shape().gpu_pages;
-                if pages.is_empty() {
-                    return refuse(format!("sequence {i}: its adapter has no pages"));
-                }
-                if let Some(p) = pages.iter().find(|&&p| p >= n) {
-                    return refuse(format!(
-                        "sequence {i}: adapter page {p} is outside the {n} device pages"
-                    ));
-                }
-            }
+            check_adapter(i, s, adapters)?;
         }
         for (i, s) in batch.sequences.iter().enumerate() {
             let used = layout.pages_for(s.start + s.tokens.len());
@@ -324,4 +309,25 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Sequence `i`'s adapter pages: an adapter store is given, and its pages are in its device tier.
+fn check_adapter(i: usize, s: &Sequence<'_>, adapters: Option<&dyn PageStore>) -> Result<()> {
+    if s.adapter.is_some() && adapters.is_none() {
+        return refuse(format!(
+            "sequence {i} has an adapter but no adapter store was given"
+        ));
+    }
+    if let (Some(pages), Some(store)) = (s.adapter, adapters) {
+        let n = store.shape().gpu_pages;
+        if pages.is_empty() {
+            return refuse(format!("sequence {i}: its adapter has no pages"));
+        }
+        if let Some(p) = pages.iter().find(|&&p| p >= n) {
+            return refuse(format!(
+                "sequence {i}: adapter page {p} is outside the {n} device pages"
+            ));
+        }
+    }
+    Ok(())
 }

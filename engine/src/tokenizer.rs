@@ -91,42 +91,9 @@ impl Tokenizer {
                 "tokenizer model {model:?} (only the byte-level BPE \"gpt2\" is supported)"
             )));
         }
-        let tokens: Vec<String> = g
-            .array("tokenizer.ggml.tokens")?
-            .iter()
-            .map(|v| match v {
-                Value::String(s) => Ok(s.clone()),
-                _ => Err(g.corrupt("tokenizer.ggml.tokens holds a value that is not a string")),
-            })
-            .collect::<Result<_>>()?;
-        let merges: Vec<(String, String)> = g
-            .array("tokenizer.ggml.merges")?
-            .iter()
-            .map(|v| match v {
-                Value::String(s) => s
-                    .split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| g.corrupt(format!("merge {s:?} is not two tokens"))),
-                _ => Err(g.corrupt("tokenizer.ggml.merges holds a value that is not a string")),
-            })
-            .collect::<Result<_>>()?;
-        let types: Vec<i32> = match g.content.metadata.get("tokenizer.ggml.token_type") {
-            Some(Value::Array(values)) => values
-                .iter()
-                .map(|v| {
-                    v.to_i32()
-                        .map_err(|_| g.corrupt("a token type is not an i32"))
-                })
-                .collect::<Result<_>>()?,
-            _ => vec![1; tokens.len()],
-        };
-        if types.len() != tokens.len() {
-            return Err(g.corrupt(format!(
-                "{} token types for {} tokens",
-                types.len(),
-                tokens.len()
-            )));
-        }
+        let tokens = strings(g, "tokenizer.ggml.tokens")?;
+        let merges = merges(g)?;
+        let types = token_types(g, tokens.len())?;
         let id = |key: &str| -> Result<Option<u32>> {
             if !g.content.metadata.contains_key(key) {
                 return Ok(None);
@@ -147,33 +114,10 @@ impl Tokenizer {
         if add_bos {
             return Err(g.unsupported("tokenizer.ggml.add_bos_token is true"));
         }
-        let mut vocab = ahash::AHashMap::with_capacity(tokens.len());
-        for (i, token) in tokens.iter().enumerate() {
-            if vocab.insert(token.clone(), i as u32).is_some() {
-                return Err(g.corrupt(format!("token {token:?} appears twice in the vocabulary")));
-            }
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| g.corrupt(format!("the BPE merges do not fit the vocabulary: {e}")))?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        let pre: Vec<PreTokenizerWrapper> = vec![
-            Digits::new(true).into(),
-            ByteLevel::new(false, true, true).into(),
-        ];
-        inner.with_pre_tokenizer(Some(Sequence::new(pre)));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
         let special: Vec<u32> = (0..tokens.len() as u32)
             .filter(|&i| types[i as usize] == CONTROL)
             .collect();
-        inner
-            .add_special_tokens(
-                special
-                    .iter()
-                    .map(|&i| AddedToken::from(tokens[i as usize].clone(), true)),
-            )
-            .map_err(tok_err)?;
+        let inner = byte_level_bpe(g, &tokens, merges, &special)?;
         let mut stop = vec![eos];
         for name in ["<|im_end|>", "<|endoftext|>"] {
             if let Some(&i) = special.iter().find(|&&i| tokens[i as usize] == name) {
@@ -289,4 +233,80 @@ impl Tokenizer {
     ) -> Result<Vec<u32>> {
         self.encode(&self.render_chat(messages, add_generation_prompt)?)
     }
+}
+
+/// The metadata array `key`, every value a string.
+fn strings(g: &Gguf, key: &str) -> Result<Vec<String>> {
+    g.array(key)?
+        .iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s.clone()),
+            _ => Err(g.corrupt(format!("{key} holds a value that is not a string"))),
+        })
+        .collect()
+}
+
+/// The BPE merges: pairs of tokens, each written `a b`.
+fn merges(g: &Gguf) -> Result<Vec<(String, String)>> {
+    strings(g, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|s| {
+            s.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| g.corrupt(format!("merge {s:?} is not two tokens")))
+        })
+        .collect()
+}
+
+/// Each token's type (all normal when the file says nothing), one per token.
+fn token_types(g: &Gguf, tokens: usize) -> Result<Vec<i32>> {
+    let types: Vec<i32> = match g.content.metadata.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(values)) => values
+            .iter()
+            .map(|v| {
+                v.to_i32()
+                    .map_err(|_| g.corrupt("a token type is not an i32"))
+            })
+            .collect::<Result<_>>()?,
+        _ => vec![1; tokens],
+    };
+    if types.len() != tokens {
+        return Err(g.corrupt(format!("{} token types for {tokens} tokens", types.len())));
+    }
+    Ok(types)
+}
+
+/// The byte-level BPE over `tokens` and `merges`: digits one by one, no prefix space, the
+/// `special` (control) tokens recognised whole.
+fn byte_level_bpe(
+    g: &Gguf,
+    tokens: &[String],
+    merges: Vec<(String, String)>,
+    special: &[u32],
+) -> Result<tokenizers::Tokenizer> {
+    let mut vocab = ahash::AHashMap::with_capacity(tokens.len());
+    for (i, token) in tokens.iter().enumerate() {
+        if vocab.insert(token.clone(), i as u32).is_some() {
+            return Err(g.corrupt(format!("token {token:?} appears twice in the vocabulary")));
+        }
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| g.corrupt(format!("the BPE merges do not fit the vocabulary: {e}")))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let pre: Vec<PreTokenizerWrapper> = vec![
+        Digits::new(true).into(),
+        ByteLevel::new(false, true, true).into(),
+    ];
+    inner.with_pre_tokenizer(Some(Sequence::new(pre)));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    inner
+        .add_special_tokens(
+            special
+                .iter()
+                .map(|&i| AddedToken::from(tokens[i as usize].clone(), true)),
+        )
+        .map_err(tok_err)?;
+    Ok(inner)
 }
