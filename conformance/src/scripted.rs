@@ -335,6 +335,7 @@ impl KvBackend for ScriptedKv {
             tier_below_gpu: st.tier_below_gpu,
             can_evict: st.can_evict,
             max_tokens_per_request: u64::MAX,
+            slots: u32::MAX,
         })
     }
     fn cache(&self, r: KvRef) -> CacheState {

@@ -153,6 +153,9 @@ pub struct KvLimits {
     pub can_evict: bool,
     /// Most tokens one request can ever hold (admission refuses larger requests).
     pub max_tokens_per_request: u64,
+    /// Requests the backend keeps caches for: every [`KvRef::slot`] it is asked about is below it
+    /// (`u32::MAX`: as many as the scheduler's table). The scheduler refuses a submission past it.
+    pub slots: u32,
 }
 
 /// The KV manager operations every backend has — what the scheduling pass calls on every pool (spec

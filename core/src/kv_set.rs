@@ -179,14 +179,19 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
     /// draft pool without one keeps its pages held, so preemption must stay possible.
     fn limits(&self) -> KvLimits {
         let t = self.target.limits();
+        let cross = self.cross.as_ref().map_or(u32::MAX, |x| x.limits().slots);
         match &self.draft {
-            None => t,
+            None => KvLimits {
+                slots: t.slots.min(cross),
+                ..t
+            },
             Some((_, d)) => {
                 let d = d.limits();
                 KvLimits {
                     tier_below_gpu: t.tier_below_gpu && d.tier_below_gpu,
                     can_evict: t.can_evict && d.can_evict,
                     max_tokens_per_request: t.max_tokens_per_request.min(d.max_tokens_per_request),
+                    slots: t.slots.min(d.slots).min(cross),
                 }
             }
         }

@@ -834,3 +834,41 @@ fn unified_paging_refuses_a_lora_request_that_cannot_fit_beside_its_adapter() {
     lora.prompt = 20;
     s.submit(lora).unwrap();
 }
+
+/// A KV backend with fewer request slots than the scheduler's table: a submission past its slots is
+/// refused (the capacity named is the backend's) and changes nothing, and once a request leaves, the
+/// next one is accepted and scheduled. (Before, the table accepted it into a slot the pool does not
+/// have: it was never scheduled, and the pool's `table` of that slot panicked.)
+#[test]
+fn a_submission_past_the_backends_slots_is_refused() {
+    let adapters = AdapterPool::<T>::new(4, 4).unwrap();
+    let pool = owned(KvPoolConfig { slots: 2, ..POOL });
+    let mut s: Sched<'_> = Scheduler::new(Config::default(), pool, adapters).unwrap();
+    let a = s
+        .submit(RequestSpec::new(1, Phase::ContextInit, 4))
+        .unwrap();
+    s.submit(RequestSpec::new(2, Phase::ContextInit, 4))
+        .unwrap();
+    let before = snap(&s);
+    assert_eq!(
+        s.submit(RequestSpec::new(3, Phase::ContextInit, 4)),
+        Err(Error::CapacityExhausted {
+            what: "request table",
+            capacity: 2
+        })
+    );
+    assert_eq!(snap(&s), before, "a refused submission changes nothing");
+    s.remove(a).unwrap();
+    let c = s
+        .submit(RequestSpec::new(3, Phase::ContextInit, 4))
+        .unwrap();
+    assert!(c.index() < 2, "the new request takes a slot the pool has");
+    let mut out = Out::new();
+    s.schedule(&mut out).unwrap();
+    let ids: Vec<u16> = out.context().iter().map(|c| c.listed.slot()).collect();
+    assert!(
+        ids.contains(&c.index()),
+        "the accepted request is scheduled: {ids:?}"
+    );
+    assert_eq!(s.kv().table(c.index()).len(), 1);
+}

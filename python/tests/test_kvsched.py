@@ -191,3 +191,25 @@ def test_the_reference_shaped_shim_returns_the_engines_own_objects():
     for r in reqs:
         shim.finish(r)
     assert len(shim.scheduler) == 0
+
+
+def test_a_submission_past_max_requests_is_refused_and_a_freed_slot_is_reused():
+    """`max_requests` is the number of requests the scheduler holds: a fifth submit with 4 is a
+    CapacityError (it used to be accepted into a slot the KV pool does not have, never scheduled,
+    and `page_table` of it panicked); after one finishes, the next submit is accepted and runs."""
+    s = small(max_requests=4, prefix_cache=False)
+    for i in range(4):
+        s.submit(i, 16, max_new_tokens=2)
+    with pytest.raises(kvsched.CapacityError, match="request table"):
+        s.submit(4, 16, max_new_tokens=2)
+    assert len(s) == 4
+    out = s.schedule()
+    s.ensure_batch()
+    s.take_moves()
+    s.complete_step()
+    assert sorted(e.id for e in out.context) == [0, 1, 2, 3]
+    s.finish(0)
+    s.submit(4, 16, max_new_tokens=2)
+    assert s.page_table(4) == [], "no pages before its first chunk"
+    passes, produced = run_to_completion(s, 2)
+    assert produced.get(4) == 2, produced

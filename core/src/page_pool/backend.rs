@@ -69,6 +69,7 @@ impl<B: Buffers> KvBackend for KvPool<'_, B> {
             can_evict: self.cfg.host_pages > 0,
             max_tokens_per_request: u64::from(self.cfg.max_blocks.min(self.cfg.gpu_pages))
                 * u64::from(self.cfg.tokens_per_block),
+            slots: self.cfg.slots,
         }
     }
 

@@ -334,17 +334,19 @@ impl<const N: usize, S: Storage> Table<N, S> {
     }
 
     /// Inserts a waiting request; its slot and version are known before the request is built.
+    /// Refused when the table is full or its next slot is not below `slots` (the KV backend's).
     pub(crate) fn insert(
         &mut self,
         spec: RequestSpec,
         task: Option<TaskRef>,
+        slots: u32,
     ) -> Result<Handle, Error> {
         let full = Error::CapacityExhausted {
             what: "request table",
-            capacity: u32_of(N),
+            capacity: u32_of(N).min(slots),
         };
         let next = match self.records.vacancy() {
-            Some(next) if !self.is_full() => next,
+            Some(next) if !self.is_full() && u32::from(next.index()) < slots => next,
             _ => return Err(full),
         };
         let place = Place {

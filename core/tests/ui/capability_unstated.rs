@@ -33,6 +33,7 @@ impl KvBackend for Pool {
             tier_below_gpu: false,
             can_evict: false,
             max_tokens_per_request: u64::MAX,
+            slots: u32::MAX,
         }
     }
     fn cache(&self, _: KvRef) -> CacheState {
