@@ -1,7 +1,8 @@
 //! Builds the `kvsched._native` extension (this package's cdylib), lays it out as the `kvsched`
 //! package beside `python/kvsched/`, and runs the pytest suite (`python/tests/test_*.py`) and the
-//! example (`examples/python/replay.py`) against it with the system's `python3`. pytest is installed
-//! with pip when missing.
+//! example (`examples/python/replay.py`) against it, in a virtualenv under the build folder
+//! (`target/tmp/pytest-venv`, made from `python3` or `$PYTHON` and kept between runs) into which
+//! pytest is installed when missing: never into the system Python.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -10,8 +11,24 @@ use std::process::Command;
 #[path = "../../capi/tests/support/build.rs"]
 mod build;
 
+/// The virtualenv's interpreter, the virtualenv made first when it is not there.
 fn python() -> Command {
-    Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pytest-venv");
+    let bin = venv.join("bin/python");
+    if !bin.exists() {
+        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let status = Command::new(&base)
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("run python3 -m venv");
+        assert!(
+            status.success(),
+            "`{base} -m venv {}` failed",
+            venv.display()
+        );
+    }
+    Command::new(bin)
 }
 
 /// The built extension, laid out as an importable package; returns the folder to put on `PYTHONPATH`.
@@ -45,7 +62,7 @@ fn ensure_pytest() {
     }
     assert!(
         has(&mut python()),
-        "pytest is missing and `python3 -m pip install pytest` did not install it"
+        "pytest is missing from the test virtualenv and `pip install pytest` did not install it"
     );
 }
 
