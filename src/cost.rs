@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use kvsched_sim::cost::{
-    read_points, BadCost, CostModel, Engine, FitError, MeasuredKind, MeasuredStep, StepWork,
-    MASKED_STEP_US, MASKED_US_PER_PAIR,
+    read_points, BadCost, CostModel, CostTerm, Engine, FitError, MeasuredKind, MeasuredStep,
+    StepWork, MASKED_STEP_US, MASKED_US_PER_PAIR,
 };
 use kvsched_sim::SimOptions;
 
@@ -201,17 +201,13 @@ fn read_all(files: &[String]) -> Result<Vec<MeasuredStep>, String> {
     Ok(all)
 }
 
-/// The flags that set a fitted model's five fitted terms.
+/// The flags that set a fitted model's five fitted terms (the first five of [`CostTerm::ALL`]).
 fn fitted_flags(m: &CostModel) -> String {
-    format!(
-        "--step-us {:.6} --prefill-us-per-token {:.6} --decode-us-per-request {:.6} \
-         --decode-us-per-cached-token {:.6} --attention-us-per-pair {:.6}",
-        m.step_us,
-        m.prefill_us_per_token,
-        m.decode_us_per_request,
-        m.decode_us_per_cached_token,
-        m.attention_us_per_pair
-    )
+    let flags: Vec<String> = CostTerm::ALL[..5]
+        .iter()
+        .map(|&t| format!("--{} {:.6}", t.name().replace('_', "-"), m.term(t)))
+        .collect();
+    flags.join(" ")
 }
 
 /// One step's predicted time: `12.345 ms (engine)`, or `{"step_ms": …}`.

@@ -25,12 +25,6 @@ impl TaskSlot {
     pub const fn index(self) -> usize {
         self.0 as usize
     }
-
-    /// Whether this names a slot of the task table (neither mark).
-    #[inline(always)]
-    pub const fn is_slot(self) -> bool {
-        self.0 < Self::UNCACHED.0
-    }
 }
 
 impl From<TaskSlot> for usize {

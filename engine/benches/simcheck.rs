@@ -88,15 +88,8 @@ fn main() {
 
 /// Deterministic prompt tokens (ids the tokenizer produces for ordinary text live below 49k).
 fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 40_000) as u32 + 100
-        })
-        .collect()
+    let mut rng = common::Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    (0..n).map(|_| rng.below(40_000) as u32 + 100).collect()
 }
 
 /// The median of `reps` timings of `f`, in milliseconds.

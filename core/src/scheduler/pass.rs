@@ -85,14 +85,6 @@ impl Mark {
     }
 }
 
-impl core::ops::BitOr for Mark {
-    type Output = Mark;
-    #[inline(always)]
-    fn bitor(self, other: Mark) -> Mark {
-        self.with(other)
-    }
-}
-
 /// A deferred context or encoder request: its arrival index and, under EQUAL_PROGRESS, its planned
 /// chunk.
 #[derive(Debug, Clone, Copy, Default)]
