@@ -380,8 +380,7 @@ fn nanos(since: Instant) -> u64 {
 
 /// Writes NaN over every page not `used` that is `dirty`; used pages become dirty.
 fn fill_free(store: &mut dyn PageStore, dirty: &mut Dirty, used: &mut Dirty) -> Result<()> {
-    let nan = f32::NAN.to_le_bytes().repeat(store.shape().page_bytes / 4);
-    let mut page = nan.clone();
+    let mut page = f32::NAN.to_le_bytes().repeat(store.shape().page_bytes / 4);
     page.resize(store.shape().page_bytes, 0xff);
     for tier in [Tier::Gpu, Tier::Host] {
         let (d, u) = (dirty.tier(tier), used.tier(tier));
