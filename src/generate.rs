@@ -186,34 +186,31 @@ fn encode(model: &Model, a: &GenerateArgs, texts: &[String]) -> Result<Vec<Vec<u
         .collect()
 }
 
-/// Submits the requests (as many at a time as the engine holds) and steps until all finished;
-/// returns each one's generated tokens in submission order.
+/// Submits the requests (as many at a time as the engine holds, the next one as soon as a slot is
+/// free) and steps until all finished; returns each one's generated tokens in submission order.
 fn serve(
     engine: &mut Engine<'_>,
     a: &GenerateArgs,
     requests: &[Vec<u32>],
 ) -> Result<Vec<Vec<u32>>, Failure> {
     let mut ids = Vec::with_capacity(requests.len());
-    let mut done = std::collections::HashMap::new();
     let mut next = 0;
-    while next < requests.len() || !engine.is_empty() {
+    let finished = engine.run_with(|engine| {
         while next < requests.len() && engine.len() < MAX_REQUESTS {
             let adapter = (!a.adapters.is_empty()).then(|| a.adapters[next % a.adapters.len()]);
-            let id = engine
-                .submit(
-                    &requests[next],
-                    a.max_new_tokens as usize,
-                    adapter,
-                    Sampler::greedy(),
-                )
-                .map_err(|e| bad(format!("prompt {}: {e}", next + 1)))?;
-            ids.push(id);
+            let new = a.max_new_tokens as usize;
+            ids.push(engine.submit(&requests[next], new, adapter, Sampler::greedy())?);
             next += 1;
         }
-        for c in engine.run().map_err(|e| failed(&e))? {
-            done.insert(c.id, c.tokens);
+        Ok(())
+    });
+    let mut done: std::collections::HashMap<u64, Vec<u32>> = match finished {
+        Ok(all) => all.into_iter().map(|c| (c.id, c.tokens)).collect(),
+        Err(e @ kvsched_engine::EngineError::Refused(_)) => {
+            return Err(bad(format!("prompt {}: {e}", next + 1)))
         }
-    }
+        Err(e) => return Err(failed(&e)),
+    };
     Ok(ids
         .iter()
         .map(|id| done.remove(id).unwrap_or_default())

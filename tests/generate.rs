@@ -5,35 +5,15 @@
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "../engine/tests/common/mod.rs"]
+mod common;
 use cli::{kvsched, tmp};
 
-use std::io::Write;
 use std::path::PathBuf;
 
-/// The test model: `KVSCHED_MODEL`, else the fetch script's cache path.
+/// The test model, found (or skipped, or failed under CI) as the engine's own tests find it.
 fn model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("KVSCHED_MODEL").map_or_else(
-        || {
-            let cache = std::env::var_os("KVSCHED_MODEL_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
-                })
-                .unwrap_or_else(|| PathBuf::from(".cache/kvsched/models"));
-            cache.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        },
-        PathBuf::from,
-    );
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "the test model {} is missing (CI must run scripts/fetch-model.sh first)",
-        path.display()
-    );
-    let _ = writeln!(std::io::stderr(), "skipped: run scripts/fetch-model.sh");
-    None
+    common::model_path()
 }
 
 fn text(out: &std::process::Output) -> (String, String) {
@@ -133,4 +113,29 @@ fn bad_input_is_one_line_and_a_failure() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// More prompts than the engine holds (32): every one is answered, in submission order (the ones
+/// past 32 are submitted as slots free up, through `Engine::run_with`).
+#[test]
+fn more_prompts_than_the_engine_holds_are_all_served() {
+    let Some(model) = model_path() else {
+        return;
+    };
+    let prompts = tmp("many.txt");
+    let lines: Vec<String> = (1..=34).map(|i| format!("Say the number {i}.")).collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let out = kvsched(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--max-new-tokens",
+        "2",
+        "--prompts-file",
+        prompts.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("--- 34: Say the number 34."), "{stdout}");
+    assert!(stdout.contains("requests 34,"), "{stdout}");
 }

@@ -60,9 +60,23 @@ impl Engine<'_> {
     /// Steps until every request finished; returns their completions in id order. Fails with the
     /// scheduler's deadlock error, or [`EngineError::Stalled`] after many steps without work.
     pub fn run(&mut self) -> Result<Vec<Completion>> {
+        self.run_with(|_| Ok(()))
+    }
+
+    /// [`Engine::run`], calling `refill` before every step (and stopping once the engine is empty
+    /// after it): a caller with more requests than the engine holds submits them as slots free up.
+    /// An error of `refill` ends the run with it.
+    pub fn run_with(
+        &mut self,
+        mut refill: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<Vec<Completion>> {
         let mut all = Vec::new();
         let mut idle = 0;
-        while !self.is_empty() {
+        loop {
+            refill(self)?;
+            if self.is_empty() {
+                break;
+            }
             let before = self.stats.model_steps;
             all.extend(self.step()?);
             idle = if self.stats.model_steps == before {
