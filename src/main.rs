@@ -1,5 +1,5 @@
-//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `cost`, `generate`. The work is the
-//! library crates' (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`, `kvsched-engine`); this binary parses the arguments, words their
+//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `cost`, `generate`, `serve`. The work is the
+//! library crates' (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`, `kvsched-engine`, `kvsched-server`); this binary parses the arguments, words their
 //! errors in terms of its flags, and prints.
 
 use std::path::PathBuf;
@@ -22,7 +22,8 @@ commands:
   bench [options]          measure the scheduling pass (see `kvsched bench --help`)
   cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)
   generate --model FILE PROMPT...
-                           serve chat prompts with a real model on the real scheduler (see `kvsched generate --help`)";
+                           serve chat prompts with a real model on the real scheduler (see `kvsched generate --help`)
+  serve --model FILE       an OpenAI-compatible HTTP server on the engine (see `kvsched serve --help`)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
         Some("simulate") => simulate::main(&args[1..]),
         Some("cost") => cost::cli(&args[1..]),
         Some("generate") => generate::cli(&args[1..]),
+        Some("serve") => kvsched_server::cli(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{USAGE}");
             ExitCode::SUCCESS

@@ -58,8 +58,8 @@ pub use model::{Model, Weight};
 pub use reference::Reference;
 pub use sample::Sampler;
 pub use serve::{
-    block_hashes, Completion, Engine, EngineConfig, EngineStats, Finish, KvExtent, KvTransfer,
-    MAX_ADAPTERS, MAX_REQUESTS,
+    block_hashes, Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, KvExtent,
+    KvTransfer, MAX_ADAPTERS, MAX_REQUESTS,
 };
 pub use step::{Batch, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};

@@ -43,6 +43,7 @@ use crate::error::{EngineError, Limit, Refusal, Result};
 use crate::lora::Lora;
 use crate::model::Model;
 use crate::sample::Sampler;
+pub use control::EngineLoad;
 pub use disagg::KvTransfer;
 
 /// Requests the engine holds at once (its scheduler's table).
@@ -143,6 +144,8 @@ pub struct EngineStats {
     pub model_steps: u64,
     /// Requests finished.
     pub finished: u64,
+    /// Requests cancelled before they finished ([`Engine::cancel`]).
+    pub cancelled: u64,
     /// Tokens generated (sampled).
     pub tokens: u64,
     /// Context chunks run (a prompt prefilled in several chunks counts each).
@@ -293,6 +296,7 @@ impl std::fmt::Debug for Engine<'_> {
     }
 }
 
+mod control;
 mod disagg;
 mod run;
 mod spec;

@@ -1,0 +1,86 @@
+//! What a front end (the HTTP server) needs between steps: a request's tokens so far, cancelling a
+//! request whose client went away, and where the engine's requests and pages stand.
+
+use kvsched_core::kv::Tier;
+
+use super::Engine;
+use crate::error::Result;
+
+/// Where the engine's requests and KV pages stand ([`Engine::load`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineLoad {
+    /// Requests whose KV is on the GPU tier (they run when the pass schedules them).
+    pub running: usize,
+    /// Requests held but not on the GPU: waiting for their first chunk, suspended on the host tier,
+    /// or waiting to replay their prefill.
+    pub waiting: usize,
+    /// GPU-tier KV pages in all.
+    pub gpu_pages: u32,
+    /// Of those, pages a request holds (neither free nor an idle prefix-cache block).
+    pub gpu_used: u32,
+    /// Host-tier KV pages in all.
+    pub host_pages: u32,
+    /// Of those, pages a request holds.
+    pub host_used: u32,
+    /// Idle prefix-cache blocks on the GPU tier (reusable by a later prompt, reclaimable).
+    pub gpu_cached: u32,
+}
+
+impl Engine<'_> {
+    /// The tokens request `id` has generated so far (a stop token included); `None` once it
+    /// finished, or for an unknown id.
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        let live = self.live.iter().flatten().find(|l| l.id == id)?;
+        Some(&live.tokens[live.prompt..])
+    }
+
+    /// Cancels request `id` between steps (its client went away): the scheduler removes it, so its
+    /// KV pages are freed and its adapter lease returned. `Ok(false)` for an unknown or finished id.
+    /// Refused (`Scheduler`) for a context-only request whose KV send has not ended.
+    pub fn cancel(&mut self, id: u64) -> Result<bool> {
+        let Some(slot) = self
+            .live
+            .iter()
+            .position(|l| l.as_ref().is_some_and(|l| l.id == id))
+        else {
+            return Ok(false);
+        };
+        let handle = self.live[slot].as_ref().map(|l| l.handle);
+        if let Some(handle) = handle {
+            self.sched.remove(handle)?;
+            self.live[slot] = None;
+            self.stats.cancelled += 1;
+        }
+        Ok(true)
+    }
+
+    /// Where the requests and the KV pages stand now.
+    pub fn load(&self) -> EngineLoad {
+        let kv = self.sched.kv();
+        let cfg = kv.config();
+        let mut load = EngineLoad {
+            gpu_pages: cfg.gpu_pages,
+            host_pages: cfg.host_pages,
+            gpu_cached: kv.idle_pages(Tier::Gpu),
+            ..EngineLoad::default()
+        };
+        load.gpu_used = cfg
+            .gpu_pages
+            .saturating_sub(kv.gpu_free() + load.gpu_cached);
+        load.host_used = cfg
+            .host_pages
+            .saturating_sub(kv.host_free() + kv.idle_pages(Tier::Host));
+        for live in self.live.iter().flatten() {
+            let on_gpu = self
+                .sched
+                .get(live.handle)
+                .is_ok_and(|e| e.ownership().on_gpu());
+            if on_gpu {
+                load.running += 1;
+            } else {
+                load.waiting += 1;
+            }
+        }
+        load
+    }
+}

@@ -1,0 +1,184 @@
+//! `kvsched serve`'s command line: the flags, the model loaded, the server started, SIGTERM and
+//! Ctrl-C turned into a graceful shutdown.
+
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvsched_engine::{EngineConfig, Model, MAX_ADAPTERS, MAX_REQUESTS};
+
+use crate::{ServeConfig, Server};
+
+/// `kvsched serve`'s options.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kvsched serve",
+    about = "Serves a GGUF llama model over an OpenAI-compatible HTTP API, on the CPU engine and the real scheduler.",
+    long_about = "Serves a GGUF llama model over an OpenAI-compatible HTTP API (POST /v1/completions, \
+        POST /v1/chat/completions with stream: true as server-sent events, GET /v1/models, GET /health, \
+        GET /metrics in the Prometheus format), on kvsched-engine and the real scheduler with a prefix cache. \
+        Prints `kvsched serve: listening on http://ADDR` once ready. SIGTERM or Ctrl-C: new requests get \
+        503, in-flight ones run on for --shutdown-timeout seconds and are then aborted; exit status 0."
+)]
+struct ServeArgs {
+    /// The GGUF model file (scripts/fetch-model.sh fetches the test model and prints its path).
+    #[arg(long, value_name = "FILE")]
+    model: PathBuf,
+    /// A LoRA adapter, a Hugging Face PEFT directory (adapter_config.json and
+    /// adapter_model.safetensors), served as model NAME (repeatable, at most 8).
+    #[arg(long = "adapter", value_name = "NAME=PATH", value_parser = named_path)]
+    adapters: Vec<(String, PathBuf)>,
+    /// The base model's name in the API (default: the model file's name without .gguf).
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// The port (0: any free port; the line printed once ready says which).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Requests that may wait for the engine (beyond the ones it holds); past it, 429.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_queue: usize,
+    /// Seconds in-flight requests may run on after SIGTERM before they are aborted.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// Requests the engine runs at once (at most 32).
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_REQUESTS as i64))]
+    max_num_seqs: u32,
+    /// The longest request, prompt and completion, in tokens.
+    #[arg(long, value_name = "TOKENS", default_value_t = 2048)]
+    max_model_len: u32,
+    /// Positions a KV page holds.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    tokens_per_block: u32,
+    /// GPU-tier KV pages (the pages attention reads; 46 KB a position for the test model).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    kv_pages: u32,
+    /// Host-tier KV pages (suspended requests' KV); 0: recompute instead.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    kv_host_pages: u32,
+    /// No prefix cache.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// candle's CPU threads (its pool busy-waits: on contended cores 1 is fastest).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
+}
+
+fn named_path(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!("{s:?} is not NAME=PATH")),
+    }
+}
+
+impl ServeArgs {
+    fn config(&self) -> Result<ServeConfig, String> {
+        if self.adapters.len() > MAX_ADAPTERS {
+            return Err(format!(
+                "{} adapters given; at most {MAX_ADAPTERS}",
+                self.adapters.len()
+            ));
+        }
+        if self.tokens_per_block == 0 || self.max_model_len < self.tokens_per_block {
+            return Err(
+                "--max-model-len must be at least --tokens-per-block, which must be at least 1"
+                    .into(),
+            );
+        }
+        let max_blocks = self.max_model_len.div_ceil(self.tokens_per_block);
+        if self.kv_pages < max_blocks {
+            return Err(format!(
+                "--kv-pages {} cannot hold one request of --max-model-len {} ({max_blocks} pages)",
+                self.kv_pages, self.max_model_len
+            ));
+        }
+        if !(self.shutdown_timeout.is_finite() && self.shutdown_timeout >= 0.0) {
+            return Err("--shutdown-timeout must be a number of seconds".into());
+        }
+        let mut engine = EngineConfig {
+            tokens_per_block: self.tokens_per_block,
+            gpu_pages: self.kv_pages,
+            host_pages: self.kv_host_pages,
+            max_blocks,
+            prefix_cache: !self.no_prefix_cache,
+            ..EngineConfig::default()
+        };
+        engine.scheduler.max_num_requests = self.max_num_seqs;
+        let name = self.served_model_name.clone().unwrap_or_else(|| {
+            self.model
+                .file_stem()
+                .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+        });
+        Ok(ServeConfig {
+            served_model_name: name,
+            adapters: self.adapters.clone(),
+            addr: SocketAddr::new(self.host, self.port),
+            max_queue: self.max_queue,
+            shutdown_timeout: Duration::from_secs_f64(self.shutdown_timeout),
+            engine,
+        })
+    }
+}
+
+/// `kvsched serve`: see `kvsched serve --help`. Exit status 0 after a shutdown, 2 for bad flags or
+/// a model or adapter that does not load, 1 when the server fails.
+pub fn cli(args: &[String]) -> ExitCode {
+    let parsed = <ServeArgs as clap::Parser>::try_parse_from(
+        std::iter::once("kvsched serve".to_string()).chain(args.iter().cloned()),
+    );
+    let a = match parsed {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let config = match a.config() {
+        Ok(c) => c,
+        Err(e) => return fail(&e, 2),
+    };
+    kvsched_engine::init_threads(usize::from(a.threads));
+    let model = match Model::load(&a.model) {
+        Ok(m) => Arc::new(m),
+        Err(e) => return fail(&e.to_string(), 2),
+    };
+    match run(model, &config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e, 1),
+    }
+}
+
+fn fail(message: &str, code: u8) -> ExitCode {
+    eprintln!("kvsched serve: {message}");
+    ExitCode::from(code)
+}
+
+fn run(model: Arc<Model>, config: &ServeConfig) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+        let server = Server::start(model, config)?;
+        println!("kvsched serve: listening on http://{}", server.addr());
+        let _ = std::io::stdout().flush();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        eprintln!(
+            "kvsched serve: shutting down (in-flight requests have {:.1} s)",
+            config.shutdown_timeout.as_secs_f64()
+        );
+        server.shutdown().map_err(|e| e.to_string())
+    })
+}

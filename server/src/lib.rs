@@ -1,0 +1,205 @@
+//! `kvsched serve`: an OpenAI-compatible HTTP server over the kvsched-engine serving loop.
+//!
+//! ```text
+//!   clients ──HTTP──▶ axum routes (tokio, one thread)          engine thread
+//!                     parse · tokenize · check ──Job──▶ bounded queue ──▶ Engine::submit
+//!                     SSE / JSON ◀──Event (tokens, end)────────────────── Engine::step
+//!                     a dropped handler closes its channel ─────────────▶ Engine::cancel
+//! ```
+//!
+//! - [`api`]: the requests, read field by field (every refusal names its field);
+//! - [`routes`]: the endpoints, the streams, the latencies;
+//! - [`worker`]: the engine thread and its queue (past its depth a request is refused with 429);
+//! - [`text`]: detokenizing as tokens arrive, stop strings;
+//! - [`metrics`]: `/metrics` in the Prometheus text format, vLLM's names;
+//! - [`error`]: the OpenAI error shape.
+//!
+//! Shutdown (SIGTERM or Ctrl-C for the command, [`Server::shutdown`] in process): new requests get
+//! 503, the listener closes, in-flight requests run on until the deadline, then are aborted
+//! (`finish_reason: "abort"`), and the process exits 0.
+
+#![deny(missing_docs)]
+
+pub mod api;
+mod cli;
+pub mod error;
+pub mod metrics;
+pub mod routes;
+pub mod text;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvsched_engine::{EngineConfig, Lora, Model};
+
+pub use cli::cli;
+use routes::AppState;
+
+/// How a server is set up.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The base model's name in the API (`model` field, `/v1/models`).
+    pub served_model_name: String,
+    /// Adapters: the name a request's `model` selects each by, and its PEFT directory (or its
+    /// `adapter_model.safetensors`).
+    pub adapters: Vec<(String, PathBuf)>,
+    /// Where to listen (port 0: any free port).
+    pub addr: SocketAddr,
+    /// Requests that may wait for the engine; past it, 429.
+    pub max_queue: usize,
+    /// How long in-flight requests may run on after shutdown begins.
+    pub shutdown_timeout: Duration,
+    /// The engine.
+    pub engine: EngineConfig,
+}
+
+/// A running server (in process): its address; stops on [`Server::shutdown`] or when dropped.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    trigger: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Server {
+    /// Starts serving `model` as `config` says, on a thread of its own; returns once it listens.
+    pub fn start(model: Arc<Model>, config: &ServeConfig) -> Result<Self, String> {
+        let state = state(model, config)?;
+        let listener = std::net::TcpListener::bind(config.addr)
+            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
+        let (trigger, stop) = tokio::sync::oneshot::channel::<()>();
+        let deadline = config.shutdown_timeout;
+        let thread = std::thread::Builder::new()
+            .name("kvsched-http".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    serve(
+                        listener,
+                        state,
+                        async { stop.await.unwrap_or(()) },
+                        deadline,
+                    )
+                    .await
+                })
+            })
+            .map_err(|e| format!("cannot start the server thread: {e}"))?;
+        Ok(Self {
+            addr,
+            trigger: Some(trigger),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Begins shutdown and waits until the server stopped.
+    pub fn shutdown(mut self) -> std::io::Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> std::io::Result<()> {
+        if let Some(t) = self.trigger.take() {
+            let _ = t.send(());
+        }
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the server thread panicked")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// The routes' state: the engine thread started, the adapters loaded and registered.
+fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, String> {
+    let mut adapters = Vec::new();
+    let mut names = Vec::new();
+    for (i, (name, path)) in config.adapters.iter().enumerate() {
+        if *name == config.served_model_name || names.iter().any(|(n, _)| n == name) {
+            return Err(format!("adapter name {name:?} is used twice"));
+        }
+        let lora = Lora::load_peft(model.config(), path)
+            .map_err(|e| format!("--adapter {name}={}: {e}", path.display()))?;
+        let id = i as u64 + 1;
+        adapters.push((id, lora));
+        names.push((name.clone(), id));
+    }
+    let engine = config.engine;
+    let max_model_len = (engine.max_blocks as usize * engine.tokens_per_block as usize)
+        .min(model.config().context_length);
+    let worker = worker::Worker::start(Arc::clone(&model), engine, adapters, config.max_queue)?;
+    Ok(Arc::new(AppState {
+        model,
+        base: config.served_model_name.clone(),
+        adapters: names,
+        worker,
+        metrics: metrics::Metrics::new(&config.served_model_name),
+        max_model_len,
+        draining: AtomicBool::new(false),
+        next: AtomicU64::new(1),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    }))
+}
+
+/// Serves on `listener` until `trigger`; then drains: 503 to new requests, in-flight ones run on
+/// until `deadline`, then are aborted; returns once every connection closed (or a grace period
+/// past the deadline) and the engine thread stopped.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    trigger: impl std::future::Future<Output = ()> + Send + 'static,
+    deadline: Duration,
+) -> std::io::Result<()> {
+    let (begun, mut shutting) = tokio::sync::watch::channel(false);
+    let drain_state = Arc::clone(&state);
+    let graceful = async move {
+        trigger.await;
+        drain_state.draining.store(true, Ordering::SeqCst);
+        let _ = begun.send(true);
+        let aborting = Arc::clone(&drain_state);
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            aborting.worker.abort();
+        });
+    };
+    let app = routes::router(Arc::clone(&state));
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let hard_stop = async move {
+        let _ = shutting.wait_for(|&b| b).await;
+        tokio::time::sleep(deadline + Duration::from_secs(5)).await;
+    };
+    tokio::select! {
+        r = server => r?,
+        () = hard_stop => eprintln!("kvsched serve: connections still open past the deadline; stopping"),
+    }
+    state.worker.abort();
+    let worker_state = Arc::clone(&state);
+    tokio::task::spawn_blocking(move || worker_state.worker.stop())
+        .await
+        .map_err(std::io::Error::other)?;
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! A request's text as its tokens arrive: the part that is safe to send now (no half of a UTF-8
+//! character, nothing that may turn out to begin a stop string), and where a stop string ends it.
+//!
+//! Special tokens (the model's stop tokens, chat markers) are left out of the text, as vLLM's
+//! `skip_special_tokens` does. Stop strings are matched over the whole text, so one split across
+//! tokens is found, and the text ends before it (the stop string is not sent). While streaming, the
+//! last `longest stop − 1` bytes are held back until the next token shows they are not the start of
+//! a stop string, so the streamed text is always exactly the non-streamed one.
+
+use kvsched_engine::{Result, Tokenizer};
+
+/// The text of one request's tokens.
+#[derive(Debug, Clone)]
+pub struct TextStream {
+    /// The tokens that make text (special tokens left out).
+    body: Vec<u32>,
+    /// Bytes of the text sent so far.
+    sent: usize,
+    stops: Vec<String>,
+    /// Bytes held back while streaming (the longest stop string's length minus one).
+    hold: usize,
+    stopped: bool,
+}
+
+/// What [`TextStream::push`] released.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Piece {
+    /// Text to send now (may be empty).
+    pub text: String,
+    /// A stop string was generated: the text ended before it, and the request is over.
+    pub stopped: bool,
+}
+
+impl TextStream {
+    /// A stream ending at the first of `stops`.
+    pub fn new(stops: Vec<String>) -> Self {
+        let hold = stops.iter().map(String::len).max().unwrap_or(1) - 1;
+        Self {
+            body: Vec::new(),
+            sent: 0,
+            stops,
+            hold,
+            stopped: false,
+        }
+    }
+
+    /// Adds `tokens` (generated, in order); `last` when no more will come. Returns the text that
+    /// can be sent now. After a stop string nothing more is released.
+    pub fn push(&mut self, tok: &Tokenizer, tokens: &[u32], last: bool) -> Result<Piece> {
+        if self.stopped {
+            return Ok(Piece {
+                text: String::new(),
+                stopped: true,
+            });
+        }
+        let special = tok.special_tokens();
+        self.body
+            .extend(tokens.iter().filter(|t| special.binary_search(t).is_err()));
+        let full = tok.decode(&self.body)?;
+        if let Some(at) = self.first_stop(&full) {
+            self.stopped = true;
+            let text = full.get(self.sent..at).unwrap_or_default().to_string();
+            self.sent = at;
+            return Ok(Piece {
+                text,
+                stopped: true,
+            });
+        }
+        let mut end = full.len();
+        if !last {
+            // A character split across tokens decodes as U+FFFD until its last byte arrives.
+            end = full
+                .trim_end_matches('\u{FFFD}')
+                .len()
+                .saturating_sub(self.hold);
+            while !full.is_char_boundary(end) {
+                end -= 1;
+            }
+        }
+        let text = full
+            .get(self.sent..end.max(self.sent))
+            .unwrap_or_default()
+            .to_string();
+        self.sent = end.max(self.sent);
+        Ok(Piece {
+            text,
+            stopped: false,
+        })
+    }
+
+    /// Where the first stop string begins in `full`, if one is there.
+    fn first_stop(&self, full: &str) -> Option<usize> {
+        let from = self.sent.saturating_sub(self.hold).min(full.len());
+        let from = (0..=from).rev().find(|&i| full.is_char_boundary(i))?;
+        self.stops
+            .iter()
+            .filter_map(|s| full[from..].find(s.as_str()).map(|i| from + i))
+            .min()
+    }
+}

@@ -1,0 +1,364 @@
+//! The engine's thread: it owns the [`Engine`], takes requests from a bounded queue while the
+//! engine holds fewer than its scheduler's `max_num_requests`, steps, and sends each request's new tokens to its handler. A handler that went away
+//! (its client disconnected, or a stop string ended its text) closes its channel; the next step
+//! cancels its request, so the scheduler frees its pages and returns its adapter lease.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvsched_engine::{Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sampler};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// How long an idle engine thread waits for a request before it looks at its flags again.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The model's stop token (or a stop string).
+    Stop,
+    /// `max_tokens` tokens.
+    Length,
+    /// The server aborted it (shutting down past its deadline).
+    Abort,
+}
+
+impl End {
+    /// The OpenAI `finish_reason`.
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+/// What the engine thread tells a request's handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Tokens generated since the last event.
+    Tokens(Vec<u32>),
+    /// The request is over.
+    Done(End),
+    /// The engine refused or failed the request.
+    Failed(String),
+}
+
+/// A request for the engine thread.
+#[derive(Debug)]
+pub struct Job {
+    /// Prompt tokens.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_new: usize,
+    /// The adapter (its engine id), or the base model.
+    pub adapter: Option<u64>,
+    /// How tokens are picked.
+    pub sampler: Sampler,
+    /// Where its events go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine thread last saw, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Snapshot {
+    /// Requests and pages.
+    pub load: EngineLoad,
+    /// The engine's counters.
+    pub stats: EngineStats,
+    /// Prompt tokens submitted (the prefix cache's lookups).
+    pub prompt_tokens: u64,
+}
+
+/// State the engine thread shares with the handlers.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Jobs in the queue, not yet in the engine.
+    pub queued: AtomicUsize,
+    /// Abort every request now (shutdown past its deadline).
+    pub abort: AtomicBool,
+    /// Stop once the queue and the engine are empty.
+    pub stop: AtomicBool,
+    /// The latest snapshot.
+    pub snapshot: Mutex<Snapshot>,
+}
+
+/// The handle to the engine thread.
+#[derive(Debug)]
+pub struct Worker {
+    queue: SyncSender<Job>,
+    /// Shared with the thread.
+    pub shared: Arc<Shared>,
+    depth: usize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Why [`Worker::submit`] refused a job.
+#[derive(Debug)]
+pub enum Refused {
+    /// The queue holds its depth already.
+    Full(usize),
+    /// The engine thread is gone.
+    Gone,
+}
+
+impl Worker {
+    /// Starts the engine thread over `model` with `config` and `adapters` (engine id, weights),
+    /// behind a queue of `depth` jobs. Fails if the engine refuses the configuration or an adapter.
+    pub fn start(
+        model: Arc<Model>,
+        config: EngineConfig,
+        adapters: Vec<(u64, Lora)>,
+        depth: usize,
+    ) -> Result<Self, String> {
+        let (queue, jobs) = std::sync::mpsc::sync_channel(depth);
+        let (ready, started) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("kvsched-engine".into())
+            .spawn(move || {
+                let engine = Engine::new(&model, config).and_then(|mut e| {
+                    for (id, lora) in &adapters {
+                        e.register_adapter(*id, lora)?;
+                    }
+                    Ok(e)
+                });
+                match engine {
+                    Ok(engine) => {
+                        let _ = ready.send(Ok(()));
+                        Loop::new(engine, jobs, thread_shared).run();
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e.to_string()));
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        started
+            .recv()
+            .map_err(|_| "the engine thread stopped while starting".to_string())??;
+        Ok(Self {
+            queue,
+            shared,
+            depth,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Queues `job`; refused when the queue is full (overload) or the engine thread is gone.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(match e {
+                    TrySendError::Full(_) => Refused::Full(self.depth),
+                    TrySendError::Disconnected(_) => Refused::Gone,
+                })
+            }
+        }
+    }
+
+    /// Tells the thread to stop once idle and waits for it.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// Aborts every request now: each handler gets [`End::Abort`].
+    pub fn abort(&self) {
+        self.shared.abort.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.abort();
+        self.stop();
+    }
+}
+
+/// A request in the engine: where its events go and how many of its tokens were sent.
+struct Live {
+    events: UnboundedSender<Event>,
+    sent: usize,
+}
+
+/// The engine thread's loop.
+struct Loop<'m> {
+    engine: Engine<'m>,
+    jobs: Receiver<Job>,
+    shared: Arc<Shared>,
+    live: HashMap<u64, Live>,
+    prompt_tokens: u64,
+}
+
+impl<'m> Loop<'m> {
+    fn new(engine: Engine<'m>, jobs: Receiver<Job>, shared: Arc<Shared>) -> Self {
+        Self {
+            engine,
+            jobs,
+            shared,
+            live: HashMap::new(),
+            prompt_tokens: 0,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            if self.shared.abort.load(Ordering::SeqCst) {
+                self.abort_all();
+            }
+            if !self.admit() {
+                return;
+            }
+            if self.engine.is_empty() {
+                if self.shared.stop.load(Ordering::SeqCst)
+                    && self.shared.queued.load(Ordering::SeqCst) == 0
+                {
+                    return;
+                }
+                continue;
+            }
+            match self.engine.step() {
+                Ok(done) => self.send(&done),
+                Err(e) => self.fail_all(&e.to_string()),
+            }
+            self.cancel_closed();
+            self.publish();
+        }
+    }
+
+    /// Moves jobs from the queue into the engine while it has room; waits a little when the
+    /// engine is idle. `false` once every sender is gone and nothing is left.
+    fn admit(&mut self) -> bool {
+        let room = self.engine.config().scheduler.max_num_requests as usize;
+        while self.engine.len() < room {
+            let job = if self.engine.is_empty() {
+                match self.jobs.recv_timeout(IDLE_POLL) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match self.jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => return true,
+                }
+            };
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            self.start(job);
+        }
+        true
+    }
+
+    fn start(&mut self, job: Job) {
+        if job.events.is_closed() {
+            return;
+        }
+        if self.shared.abort.load(Ordering::SeqCst) {
+            let _ = job.events.send(Event::Done(End::Abort));
+            return;
+        }
+        match self
+            .engine
+            .submit(&job.prompt, job.max_new, job.adapter, job.sampler)
+        {
+            Ok(id) => {
+                self.prompt_tokens += job.prompt.len() as u64;
+                self.live.insert(
+                    id,
+                    Live {
+                        events: job.events,
+                        sent: 0,
+                    },
+                );
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+            }
+        }
+    }
+
+    /// New tokens to every running request; the finished ones' last tokens and their end.
+    fn send(&mut self, done: &[kvsched_engine::Completion]) {
+        for (&id, live) in &mut self.live {
+            if let Some(tokens) = self.engine.tokens(id) {
+                if tokens.len() > live.sent {
+                    let _ = live
+                        .events
+                        .send(Event::Tokens(tokens[live.sent..].to_vec()));
+                    live.sent = tokens.len();
+                }
+            }
+        }
+        for c in done {
+            if let Some(live) = self.live.remove(&c.id) {
+                if c.tokens.len() > live.sent {
+                    let _ = live
+                        .events
+                        .send(Event::Tokens(c.tokens[live.sent..].to_vec()));
+                }
+                let end = match c.finish {
+                    Finish::Stop => End::Stop,
+                    Finish::Length => End::Length,
+                };
+                let _ = live.events.send(Event::Done(end));
+            }
+        }
+    }
+
+    /// Cancels the requests whose handler went away.
+    fn cancel_closed(&mut self) {
+        let closed: Vec<u64> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in closed {
+            self.live.remove(&id);
+            if let Err(e) = self.engine.cancel(id) {
+                eprintln!("kvsched serve: cancelling request {id}: {e}");
+            }
+        }
+    }
+
+    fn abort_all(&mut self) {
+        for (id, live) in std::mem::take(&mut self.live) {
+            let _ = live.events.send(Event::Done(End::Abort));
+            let _ = self.engine.cancel(id);
+        }
+        self.publish();
+    }
+
+    /// A failed step fails every request in it (the engine's state is not trusted after it).
+    fn fail_all(&mut self, why: &str) {
+        eprintln!("kvsched serve: the engine failed a step: {why}");
+        for (id, live) in std::mem::take(&mut self.live) {
+            let _ = live.events.send(Event::Failed(why.to_string()));
+            let _ = self.engine.cancel(id);
+        }
+    }
+
+    fn publish(&self) {
+        let snapshot = Snapshot {
+            load: self.engine.load(),
+            stats: self.engine.stats(),
+            prompt_tokens: self.prompt_tokens,
+        };
+        if let Ok(mut s) = self.shared.snapshot.lock() {
+            *s = snapshot;
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The official `openai` Python client (pinned, installed into a virtualenv under the build folder,
+//! never into the system Python) against a server started in process: completions and chat, whole
+//! and streamed, an adapter as `model`, stop sequences, seeds, and the client's typed errors
+//! (server/tests/python/openai_client.py).
+
+#[path = "support/serve.rs"]
+mod serve;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The client's version (its wheel from PyPI).
+const OPENAI: &str = "openai==3.57.0";
+
+/// The virtualenv's interpreter, with the client installed; made first when it is not there.
+fn python() -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
+    let bin = venv.join("bin/python");
+    if !bin.exists() {
+        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let ok = Command::new(&base).args(["-m", "venv"]).arg(&venv).status();
+        assert!(
+            ok.is_ok_and(|s| s.success()),
+            "`{base} -m venv {}` failed",
+            venv.display()
+        );
+    }
+    let has = Command::new(&bin)
+        .args([
+            "-c",
+            &format!(
+                "import openai, sys; sys.exit(openai.__version__ != {:?})",
+                &OPENAI[8..]
+            ),
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        let ok = Command::new(&bin)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                OPENAI,
+            ])
+            .status();
+        assert!(
+            ok.is_ok_and(|s| s.success()),
+            "`pip install {OPENAI}` into {} failed",
+            venv.display()
+        );
+    }
+    bin
+}
+
+#[test]
+fn the_openai_client_completes_chats_streams_and_reads_errors() {
+    let Some(m) = serve::model() else { return };
+    let (_, dir) = serve::peft_adapter(&m, 21);
+    let mut cfg = serve::config();
+    cfg.adapters = vec![("tuned".into(), dir)];
+    let server = serve::start(&m, &cfg);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .env("KVSCHED_URL", format!("http://{}", server.addr()))
+        .env("KVSCHED_BASE", serve::BASE)
+        .env("KVSCHED_ADAPTER", "tuned")
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .expect("run the client script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("8 checks passed"), "{stdout}\n{stderr}");
+}
