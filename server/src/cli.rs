@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched_engine::{EngineConfig, Model, MAX_ADAPTERS, MAX_REQUESTS};
+use kvsched_engine::{Model, MAX_ADAPTERS, MAX_REQUESTS};
 
 use crate::{ServeConfig, Server};
 
@@ -52,6 +52,9 @@ struct ServeArgs {
     /// The longest request, prompt and completion, in tokens.
     #[arg(long, value_name = "TOKENS", default_value_t = 2048)]
     max_model_len: u32,
+    /// Tokens one step computes at most (a prompt is prefilled in chunks within it).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_num_batched_tokens: u32,
     /// Positions a KV page holds.
     #[arg(long, value_name = "N", default_value_t = 16)]
     tokens_per_block: u32,
@@ -93,6 +96,9 @@ impl ServeArgs {
             );
         }
         let max_blocks = self.max_model_len.div_ceil(self.tokens_per_block);
+        if self.max_num_batched_tokens < self.tokens_per_block {
+            return Err("--max-num-batched-tokens must be at least --tokens-per-block".into());
+        }
         if self.kv_pages < max_blocks {
             return Err(format!(
                 "--kv-pages {} cannot hold one request of --max-model-len {} ({max_blocks} pages)",
@@ -102,15 +108,12 @@ impl ServeArgs {
         if !(self.shutdown_timeout.is_finite() && self.shutdown_timeout >= 0.0) {
             return Err("--shutdown-timeout must be a number of seconds".into());
         }
-        let mut engine = EngineConfig {
-            tokens_per_block: self.tokens_per_block,
-            gpu_pages: self.kv_pages,
-            host_pages: self.kv_host_pages,
-            max_blocks,
-            prefix_cache: !self.no_prefix_cache,
-            ..EngineConfig::default()
-        };
+        let mut engine =
+            ServeConfig::engine(self.max_model_len, self.tokens_per_block, self.kv_pages);
+        engine.host_pages = self.kv_host_pages;
+        engine.prefix_cache = !self.no_prefix_cache;
         engine.scheduler.max_num_requests = self.max_num_seqs;
+        engine.scheduler.max_num_tokens = Some(self.max_num_batched_tokens);
         let name = self.served_model_name.clone().unwrap_or_else(|| {
             self.model
                 .file_stem()

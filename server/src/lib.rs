@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvsched_engine::{EngineConfig, Lora, Model};
+use axum::serve::ListenerExt as _;
+use kvsched_engine::{ChunkPolicy, Chunking, EngineConfig, Lora, Model};
 
 pub use cli::cli;
 use routes::AppState;
@@ -55,6 +56,44 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// The engine.
     pub engine: EngineConfig,
+}
+
+impl Default for ServeConfig {
+    /// `kvsched serve`'s defaults: 127.0.0.1:8000, a queue of 64, 30 s to drain, and
+    /// [`ServeConfig::engine`]'s engine with 2,048-token requests on 512 pages of 16 positions.
+    fn default() -> Self {
+        Self {
+            served_model_name: "model".into(),
+            adapters: Vec::new(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            max_queue: 64,
+            shutdown_timeout: Duration::from_secs(30),
+            engine: Self::engine(2048, 16, 512),
+        }
+    }
+}
+
+impl ServeConfig {
+    /// A serving engine for requests of up to `max_model_len` tokens on `gpu_pages` KV pages of
+    /// `tokens_per_block` positions: chunked prefill (first come, first served, in chunks of whole
+    /// pages) within a budget of 512 tokens a step, so a long prompt never stalls the decoding
+    /// requests for long; 32 requests at once; a prefix cache; no host tier.
+    pub fn engine(max_model_len: u32, tokens_per_block: u32, gpu_pages: u32) -> EngineConfig {
+        let mut engine = EngineConfig {
+            tokens_per_block,
+            gpu_pages,
+            max_blocks: max_model_len.div_ceil(tokens_per_block.max(1)),
+            prefix_cache: true,
+            ..EngineConfig::default()
+        };
+        engine.scheduler.max_num_tokens = Some(512);
+        engine.scheduler.max_context_length = None;
+        engine.scheduler.chunking = Some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: tokens_per_block,
+        });
+        engine
+    }
 }
 
 /// A running server (in process): its address; stops on [`Server::shutdown`] or when dropped.
@@ -187,6 +226,11 @@ async fn serve(
         });
     };
     let app = routes::router(Arc::clone(&state));
+    // Each streamed chunk leaves at once: without TCP_NODELAY, Nagle's algorithm holds a small
+    // write until the peer acknowledges the last one (a delayed ACK, tens of milliseconds).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
     let hard_stop = async move {
         let _ = shutting.wait_for(|&b| b).await;

@@ -15,6 +15,9 @@ use tokio::sync::mpsc::UnboundedSender;
 
 /// How long an idle engine thread waits for a request before it looks at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
+/// Consecutive steps without a model step after which every request held is failed (a request the
+/// pass can never schedule must not hang its client, nor the others, forever).
+const STALL_STEPS: u32 = 2000;
 
 /// Why a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +204,8 @@ struct Loop<'m> {
     shared: Arc<Shared>,
     live: HashMap<u64, Live>,
     prompt_tokens: u64,
+    /// Consecutive steps that ran no model step.
+    stalled: u32,
 }
 
 impl<'m> Loop<'m> {
@@ -211,6 +216,7 @@ impl<'m> Loop<'m> {
             shared,
             live: HashMap::new(),
             prompt_tokens: 0,
+            stalled: 0,
         }
     }
 
@@ -230,9 +236,20 @@ impl<'m> Loop<'m> {
                 }
                 continue;
             }
+            let before = self.engine.stats().model_steps;
             match self.engine.step() {
                 Ok(done) => self.send(&done),
                 Err(e) => self.fail_all(&e.to_string()),
+            }
+            self.stalled = if self.engine.stats().model_steps == before {
+                self.stalled + 1
+            } else {
+                0
+            };
+            if self.stalled == STALL_STEPS {
+                self.fail_all(&format!(
+                    "the scheduler ran no request for {STALL_STEPS} steps"
+                ));
             }
             self.cancel_closed();
             self.publish();

@@ -445,3 +445,22 @@ fn each_malformed_request_gets_a_400_naming_its_field() {
     );
     assert_eq!(metric(&text, "vllm:num_requests_running", ""), 0.0);
 }
+
+#[test]
+fn a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks() {
+    let Some(m) = model() else { return };
+    let server = start(&m, &config());
+    let prompt: Vec<u32> = m
+        .tokenizer()
+        .encode(&"The quick brown fox jumps over the lazy dog. ".repeat(120))
+        .unwrap();
+    assert!(prompt.len() > 1024, "{} tokens", prompt.len());
+    let want = text_of(&m, &in_process(&m, &prompt, 4, None));
+    let r = post(
+        server.addr(),
+        "/v1/completions",
+        &completion(BASE, &json!(prompt), 4, false),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], want.as_str());
+}

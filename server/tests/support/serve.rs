@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use kvsched_engine::{Engine, EngineConfig, Lora, Model, Sampler};
+use kvsched_engine::{Engine, Lora, Model, Sampler};
 use kvsched_server::{ServeConfig, Server};
 
 #[path = "../../../engine/tests/common/mod.rs"]
@@ -31,14 +31,10 @@ pub const BASE: &str = "smollm2";
 pub fn config() -> ServeConfig {
     ServeConfig {
         served_model_name: BASE.into(),
-        adapters: Vec::new(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         max_queue: 16,
         shutdown_timeout: Duration::from_secs(2),
-        engine: EngineConfig {
-            prefix_cache: true,
-            ..EngineConfig::default()
-        },
+        ..ServeConfig::default()
     }
 }
 
@@ -63,10 +59,11 @@ pub fn peft_adapter(model: &Model, seed: u64) -> (Lora, PathBuf) {
     (lora, dir)
 }
 
-/// `prompt`'s greedy completion of `max_new` tokens run in process on a fresh engine (the
-/// adapter, if given, registered as id 1): the generated tokens, a stop token included.
+/// `prompt`'s greedy completion of `max_new` tokens run in process on a fresh engine of the test
+/// server's configuration (the adapter, if given, registered as id 1): the generated tokens, a stop
+/// token included.
 pub fn in_process(model: &Model, prompt: &[u32], max_new: usize, lora: Option<&Lora>) -> Vec<u32> {
-    let mut engine = Engine::new(model, EngineConfig::default()).expect("an engine");
+    let mut engine = Engine::new(model, config().engine).expect("an engine");
     if let Some(l) = lora {
         engine.register_adapter(1, l).expect("register the adapter");
     }
