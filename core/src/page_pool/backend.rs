@@ -281,9 +281,12 @@ impl<B: Buffers> PairedPool for KvPool<'_, B> {
     fn resume_blocked(&self, r: KvRef) -> bool {
         self.slot(r).is_some_and(|i| {
             let s = self.seqs[i];
-            let base = self.row(i);
-            let row = &self.tables[base..base + s.blocks as usize];
-            let down = u32_of(row.iter().filter(|&&e| e & super::HOST != 0).count());
+            let down = u32_of(
+                self.row_entries(i, &s)
+                    .iter()
+                    .filter(|&&e| e & super::HOST != 0)
+                    .count(),
+            );
             s.state == SeqState::Suspended && (down > self.gpu_available() || !self.log_room(down))
         })
     }

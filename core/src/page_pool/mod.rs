@@ -51,6 +51,10 @@ use prefix::Prefix;
 /// The tag of a host page in a table entry.
 pub const HOST: u32 = 1 << 31;
 
+/// A table entry whose block a sliding window gave up ([`KvPool::release_window`]): no page. Only the
+/// leading [`Seq::released`] entries of a row hold it.
+pub const NO_PAGE: u32 = u32::MAX;
+
 /// The tier and page id of a table entry.
 pub const fn page_of(entry: u32) -> (Tier, u32) {
     if entry & HOST != 0 {
@@ -83,8 +87,11 @@ pub struct Seq {
     pub state: SeqState,
     /// Capacity in tokens.
     pub capacity: u32,
-    /// Pages in the table.
+    /// Pages in the table (released ones included).
     pub blocks: u32,
+    /// Leading blocks a sliding window gave up: their entries are [`NO_PAGE`], the row's pages are
+    /// blocks `released..blocks` (0 for a full-attention pool).
+    pub released: u32,
     /// Growth of the last `try_allocate_generation` (for revert).
     pub last_grow: u32,
     /// The request's prefix root (adapter identity and salt), set with its block hashes.
@@ -338,11 +345,23 @@ impl<B: Buffers> KvPool<'_, B> {
     pub fn seq(&self, slot: u16) -> Seq {
         self.seqs.get(slot as usize).copied().unwrap_or_default()
     }
-    /// A slot's page table: GPU page ids, and host page ids tagged [`HOST`] ([`page_of`]).
+    /// A slot's page table: GPU page ids, and host page ids tagged [`HOST`] ([`page_of`]); the first
+    /// [`Seq::released`] entries are [`NO_PAGE`].
     pub fn table(&self, slot: u16) -> &[u32] {
         let s = self.seq(slot);
         let base = slot as usize * self.cfg.max_blocks as usize;
         &self.tables[base..base + s.blocks as usize]
+    }
+
+    /// Sliding-window attention: gives request `r`'s blocks wholly before position `keep_from` up (a
+    /// committed block stays in the prefix cache, idle; another page is freed); their entries become
+    /// [`NO_PAGE`]. For an active row only (elsewhere a no-op, as is a `keep_from` that leaves no
+    /// whole block behind it). A window's row keeps about `window / tokens_per_block + 1` pages.
+    pub fn release_window(&mut self, r: crate::kv::KvRef, keep_from: u32) {
+        let Some(i) = self.slot(r) else { return };
+        if self.seqs[i].state == SeqState::Active {
+            self.release_window_row(i, keep_from);
+        }
     }
 
     /// A fingerprint of the whole pool state: geometry, both free stacks (whole buffers, so a page that
@@ -389,6 +408,7 @@ impl<B: Buffers> KvPool<'_, B> {
                 continue;
             }
             if s.blocks > self.cfg.max_blocks
+                || s.released > s.blocks
                 || s.blocks < blocks_for(s.capacity, self.cfg.tokens_per_block)
             {
                 return false;
@@ -524,14 +544,15 @@ impl<B: Buffers> KvPool<'_, B> {
             )
     }
 
+    /// A row's entries that name pages (those a sliding window released left out).
     fn row_entries(&self, slot: usize, s: &Seq) -> &[u32] {
         let base = slot * self.cfg.max_blocks as usize;
-        let n = if s.state == SeqState::None {
-            0
+        let (from, to) = if s.state == SeqState::None {
+            (0, 0)
         } else {
-            s.blocks as usize
+            (s.released as usize, s.blocks as usize)
         };
-        &self.tables[base..base + n]
+        &self.tables[base + from..base + to]
     }
 
     fn tier_pages(&self, tier: Tier) -> u32 {

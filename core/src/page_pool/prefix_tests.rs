@@ -420,3 +420,37 @@ fn without_a_prefix_cache_nothing_is_shared() {
     let mut scratch = [0u32; 8];
     assert!(p.audit(&mut scratch));
 }
+
+#[test]
+fn a_window_release_keeps_committed_blocks_cached_and_the_audit_holds() {
+    let (mut b, mut c) = (Buf::new(), Cache::new());
+    let mut p = b.pool_with(0, 4, Some(&mut c));
+    computed(&mut p, 0, A, &[1, 2, 3], 14);
+    assert_eq!((p.gpu_free(), p.cached_pages(Tier::Gpu)), (4, 3));
+    p.release_window(r(0), 8);
+    assert_eq!(p.seq(0).released, 2);
+    assert_eq!(p.gpu_free(), 4, "committed blocks stay cached");
+    assert_eq!(p.idle_pages(Tier::Gpu), 2, "idle: no row references them");
+    assert!(audited(&p));
+    // A later request sharing the prefix still finds every block.
+    assert_eq!(admit(&mut p, 1, A, &[1, 2, 3], 14), 12);
+    assert!(audited(&p));
+    p.free(r(0));
+    p.free(r(1));
+    assert_eq!(p.gpu_free() + p.idle_pages(Tier::Gpu), 8);
+    assert!(audited(&p));
+}
+
+#[test]
+fn blocks_released_before_their_commit_are_skipped_by_it() {
+    let (mut b, mut c) = (Buf::new(), Cache::new());
+    let mut p = b.pool_with(0, 4, Some(&mut c));
+    admit(&mut p, 0, A, &[1, 2, 3], 14);
+    p.release_window(r(0), 8);
+    assert_eq!(p.gpu_free(), 6, "uncommitted pages are freed");
+    p.commit(r(0), 14);
+    assert_eq!(p.cached_pages(Tier::Gpu), 1, "only block 2 was there to commit");
+    assert_eq!(p.seq(0).committed, 3);
+    assert_eq!(p.seq(0).chain, chain(chain(chain(A, 1), 2), 3));
+    assert!(audited(&p));
+}

@@ -9,7 +9,7 @@
 use crate::ids::RequestId;
 use crate::kv::{ContextPrep, PageMove, Tier};
 
-use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST};
+use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST, NO_PAGE};
 use crate::kv::chain;
 use crate::narrow::u32_of;
 use crate::storage::Buffers;
@@ -210,7 +210,7 @@ impl<B: Buffers> KvPool<'_, B> {
     pub(super) fn release_from(&mut self, slot: usize, from_block: u32) {
         let s = self.seqs[slot];
         let base = self.row(slot);
-        for b in (from_block..s.blocks).rev() {
+        for b in (from_block.max(s.released)..s.blocks).rev() {
             let e = self.tables[base + b as usize];
             let free = self.prefix.as_mut().is_none_or(|p| p.release(e));
             if free {
@@ -219,10 +219,31 @@ impl<B: Buffers> KvPool<'_, B> {
         }
         let kept = from_block.min(s.blocks);
         self.seqs[slot].blocks = kept;
+        self.seqs[slot].released = s.released.min(kept);
         if s.committed > kept {
             self.seqs[slot].committed = kept;
             self.seqs[slot].chain = self.chain_to(slot, kept);
         }
+    }
+
+    /// A sliding window's release: the row's blocks wholly before position `keep_from` are given up,
+    /// oldest first (a committed one stays in the prefix cache as an idle block, another page goes back
+    /// to its free stack) and their entries become [`NO_PAGE`]. Nothing moves; nothing is logged.
+    pub(super) fn release_window_row(&mut self, slot: usize, keep_from: u32) {
+        let s = self.seqs[slot];
+        let upto = (keep_from / self.cfg.tokens_per_block).min(s.blocks);
+        if upto <= s.released {
+            return;
+        }
+        let base = self.row(slot);
+        for b in s.released..upto {
+            let e = self.tables[base + b as usize];
+            if self.prefix.as_mut().is_none_or(|p| p.release(e)) {
+                self.push_free(e);
+            }
+            self.tables[base + b as usize] = NO_PAGE;
+        }
+        self.seqs[slot].released = upto;
     }
 
     /// The key of block `k - 1` of the slot's prompt (its root for `k == 0`).
@@ -245,13 +266,14 @@ impl<B: Buffers> KvPool<'_, B> {
         self.stats.suspends += 1;
         self.seqs[slot].state = SeqState::Suspended;
         self.seqs[slot].last_grow = 0;
-        if s.blocks == 0 {
+        let live = s.blocks - s.released;
+        if live == 0 {
             return;
         }
-        let base = self.row(slot);
-        let n = s.blocks as usize;
+        let base = self.row(slot) + s.released as usize;
+        let n = live as usize;
         let Some(prefix) = self.prefix.as_ref() else {
-            if s.blocks > self.host_free_len || !self.log_room(s.blocks) {
+            if live > self.host_free_len || !self.log_room(live) {
                 self.stats.held_suspends += 1;
                 return;
             }
@@ -267,10 +289,10 @@ impl<B: Buffers> KvPool<'_, B> {
                 &mut self.moves[m..m + n],
                 who,
             );
-            self.host_free_len -= s.blocks;
-            self.gpu_free_len += s.blocks;
+            self.host_free_len -= live;
+            self.gpu_free_len += live;
             self.moves_len += n;
-            self.stats.pages_offloaded += u64::from(s.blocks);
+            self.stats.pages_offloaded += u64::from(live);
             return;
         };
         let row = &self.tables[base..base + n];
@@ -307,12 +329,13 @@ impl<B: Buffers> KvPool<'_, B> {
     pub(super) fn resume_row(&mut self, slot: usize, who: RequestId, extra: u32) -> bool {
         let s = self.seqs[slot];
         debug_assert!(matches!(s.state, SeqState::Suspended | SeqState::Claimed));
-        let base = self.row(slot);
-        let n = s.blocks as usize;
+        let live = s.blocks - s.released;
+        let base = self.row(slot) + s.released as usize;
+        let n = live as usize;
         let row = &self.tables[base..base + n];
         let down = match (&self.prefix, row.first()) {
             // Without a prefix cache a row is all on one tier.
-            (None, Some(&e)) if e & HOST != 0 => s.blocks,
+            (None, Some(&e)) if e & HOST != 0 => live,
             (None, _) => 0,
             (Some(_), _) => u32_of(row.iter().filter(|&&e| e & HOST != 0).count()),
         };
@@ -337,10 +360,10 @@ impl<B: Buffers> KvPool<'_, B> {
                 &mut self.moves[m..m + n],
                 who,
             );
-            self.gpu_free_len -= s.blocks;
-            self.host_free_len += s.blocks;
+            self.gpu_free_len -= live;
+            self.host_free_len += live;
             self.moves_len += n;
-            self.stats.pages_reloaded += u64::from(s.blocks);
+            self.stats.pages_reloaded += u64::from(live);
         } else {
             let mut left = down;
             for b in 0..n {
@@ -463,6 +486,10 @@ impl<B: Buffers> KvPool<'_, B> {
             .min(computed / self.cfg.tokens_per_block)
             .min(s.blocks);
         let (mut key, mut k) = (s.chain, s.committed);
+        if k < s.released {
+            // A sliding window gave those blocks up before they were committed.
+            (key, k) = (self.chain_to(slot, s.released), s.released);
+        }
         while k < upto {
             let e = self.tables[base + k as usize];
             if e & HOST != 0 {

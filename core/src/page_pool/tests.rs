@@ -105,3 +105,49 @@ fn the_resume_preview_blocks_only_a_suspended_cache_that_cannot_come_back() {
     assert!(!p.resume_blocked(r(0)), "the gate opens");
     assert!(p.check());
 }
+
+#[test]
+fn a_window_release_frees_the_leading_pages_and_the_rest_moves_as_usual() {
+    let mut b = Buf::new();
+    let mut p = pool(&mut b, true);
+    p.prepare_context(r(0), FIRST).unwrap();
+    assert!(p.resize_context(r(0), 16, true));
+    assert_eq!(p.gpu_free(), 4);
+    let fp = p.fingerprint();
+    p.release_window(r(0), 7);
+    assert_eq!(p.seq(0).released, 1, "only block 0 lies wholly before position 7");
+    p.release_window(r(0), 4);
+    assert_eq!(p.seq(0).released, 1, "a window never takes a block back");
+    assert_ne!(p.fingerprint(), fp);
+    p.release_window(r(0), 9);
+    assert_eq!(p.seq(0).released, 2);
+    assert_eq!(p.gpu_free(), 6, "two pages back");
+    assert_eq!(&p.table(0)[..2], &[NO_PAGE, NO_PAGE]);
+    assert!(p.check());
+    // Suspension moves only the pages the row still has; resumption brings them back.
+    p.suspend(r(0));
+    assert_eq!(p.take_moves().len(), 2);
+    assert_eq!((p.gpu_free(), p.host_free()), (8, 2));
+    assert!(p.check());
+    assert!(p.try_allocate_generation(r(0), 0));
+    assert_eq!(p.take_moves().len(), 2);
+    assert_eq!(&p.table(0)[..2], &[NO_PAGE, NO_PAGE]);
+    assert!(p.check());
+    p.free(r(0));
+    assert_eq!((p.gpu_free(), p.host_free()), (8, 4));
+    assert_eq!(p.seq(0).released, 0);
+    assert!(p.check());
+}
+
+#[test]
+fn a_window_release_of_an_inactive_row_changes_nothing() {
+    let mut b = Buf::new();
+    let mut p = pool(&mut b, false);
+    p.prepare_context(r(1), FIRST).unwrap();
+    assert!(p.resize_context(r(1), 16, true));
+    p.suspend(r(1));
+    let fp = p.fingerprint();
+    p.release_window(r(1), 16);
+    p.release_window(r(3), 16);
+    assert_eq!(p.fingerprint(), fp);
+}
