@@ -21,6 +21,7 @@
 //! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
 //!                    │ calls backends only through their contracts
 //! L2 mechanisms  page_pool/ (KvPool, borrowed or owned)  kv_set (draft/cross pairing)  adapter_pool
+//!                kv_groups (full-attention and sliding-window groups)
 //!                    │ implement
 //! L1 contracts   kv (KvBackend, PageMove, chain; kv/caps.rs: its capabilities)  adapter (PeftBackend)
 //!                connector (KvConnector)
@@ -36,7 +37,8 @@
 //!   [`kv::caps`]) and the page-move vocabulary; [`adapter`]: the PEFT backend contract;
 //!   [`connector`]: an external KV store as the scheduler sees it.
 //! - [`page_pool`]: the fixed-capacity two-tier page pool (optional prefix cache, unified adapter paging,
-//!   a KV connector); [`kv_set`]: draft and cross pools beside the target; [`adapter_pool`]: the
+//!   a KV connector); [`kv_set`]: draft and cross pools beside the target; [`kv_groups`]: a
+//!   hybrid-attention model's full-attention and sliding-window groups; [`adapter_pool`]: the
 //!   fixed-capacity adapter cache.
 //! - [`request`]: the type-state lifecycle; [`lease`]: adapter leases and the desk that mints them.
 //! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler
@@ -159,6 +161,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod ids;
 pub mod kv;
+pub mod kv_groups;
 pub mod kv_set;
 pub mod lease;
 pub mod output;

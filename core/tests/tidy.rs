@@ -30,7 +30,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("L1 contracts", &["kv", "adapter", "connector"]),
-    ("L2 mechanisms", &["page_pool", "kv_set", "adapter_pool"]),
+    (
+        "L2 mechanisms",
+        &["page_pool", "kv_set", "kv_groups", "adapter_pool"],
+    ),
     ("L3 lifecycle", &["request", "lease"]),
     (
         "L4 scheduler",

@@ -449,7 +449,11 @@ fn blocks_released_before_their_commit_are_skipped_by_it() {
     p.release_window(r(0), 8);
     assert_eq!(p.gpu_free(), 6, "uncommitted pages are freed");
     p.commit(r(0), 14);
-    assert_eq!(p.cached_pages(Tier::Gpu), 1, "only block 2 was there to commit");
+    assert_eq!(
+        p.cached_pages(Tier::Gpu),
+        1,
+        "only block 2 was there to commit"
+    );
     assert_eq!(p.seq(0).committed, 3);
     assert_eq!(p.seq(0).chain, chain(chain(chain(A, 1), 2), 3));
     assert!(audited(&p));

@@ -115,7 +115,11 @@ fn a_window_release_frees_the_leading_pages_and_the_rest_moves_as_usual() {
     assert_eq!(p.gpu_free(), 4);
     let fp = p.fingerprint();
     p.release_window(r(0), 7);
-    assert_eq!(p.seq(0).released, 1, "only block 0 lies wholly before position 7");
+    assert_eq!(
+        p.seq(0).released,
+        1,
+        "only block 0 lies wholly before position 7"
+    );
     p.release_window(r(0), 4);
     assert_eq!(p.seq(0).released, 1, "a window never takes a block back");
     assert_ne!(p.fingerprint(), fp);

@@ -344,3 +344,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         Ok(())
     }
 }
+
+/// A hybrid-attention model's scheduler: its KV groups' move logs.
+impl<B, P, const G: usize, const N: usize, const T: usize, S>
+    Scheduler<crate::kv_groups::KvGroups<'_, B, G>, P, N, T, S>
+where
+    B: crate::storage::Buffers,
+    P: PeftBackend,
+    S: Storage,
+{
+    /// The page moves KV group `g` logged since the last call, in order (group 0's are
+    /// [`Scheduler::take_moves`], which also settles the resumed requests: call it first); the engine
+    /// copies every group's before the step. Empty for a group that does not exist.
+    pub fn take_group_moves(&mut self, g: usize) -> &[PageMove] {
+        if g == 0 {
+            return self.take_moves();
+        }
+        self.kv.take_group_moves(g)
+    }
+}

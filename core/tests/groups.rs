@@ -1,0 +1,259 @@
+//! KV-cache groups (`kv_groups`): a full-attention group and a sliding-window group as one backend.
+//! Bad configurations are refused; a long request's window group stays within its window's pages
+//! through the whole scheduler; every operation acts on both groups, all or nothing; suspension and
+//! resumption move both groups' pages; a prefix hit is the depth both groups hold.
+
+use kvsched_core::adapter_pool::AdapterPool;
+use kvsched_core::kv::{ContextPrep, KvBackend, KvCaps, KvRef, PrefixReuse};
+use kvsched_core::kv_groups::{Attention, Group, KvGroups};
+use kvsched_core::output::SchedulerOutput;
+use kvsched_core::page_pool::{KvPool, KvPoolConfig, NO_PAGE};
+use kvsched_core::request::RequestSpec;
+use kvsched_core::scheduler::Scheduler;
+use kvsched_core::storage::Owned;
+use kvsched_core::{Config, Error, Phase, RequestId};
+
+type Groups = KvGroups<'static, Owned, 2>;
+
+const TPB: u32 = 16;
+const WINDOW: u32 = 64;
+
+fn cfg(gpu_pages: u32, host_pages: u32) -> KvPoolConfig {
+    KvPoolConfig {
+        tokens_per_block: TPB,
+        gpu_pages,
+        host_pages,
+        slots: 8,
+        max_blocks: 64,
+    }
+}
+
+fn pool(c: KvPoolConfig, prefix: bool) -> KvPool<'static, Owned> {
+    if prefix {
+        KvPool::owned_with_prefix_cache(c).unwrap()
+    } else {
+        KvPool::owned(c).unwrap()
+    }
+}
+
+/// A full group of `full` GPU pages and a window group of `window` (each with `host` host pages).
+fn groups(full: u32, window: u32, host: u32, prefix: bool) -> Groups {
+    KvGroups::new([
+        Group {
+            attention: Attention::Full,
+            pool: pool(cfg(full, host), prefix),
+        },
+        Group {
+            attention: Attention::Sliding { window: WINDOW },
+            pool: pool(cfg(window, host), prefix),
+        },
+    ])
+    .unwrap()
+}
+
+fn r(slot: u16) -> KvRef {
+    KvRef {
+        slot,
+        id: RequestId(u64::from(slot) + 10),
+    }
+}
+
+/// Pages group `g` holds for slot `slot` (its table less the released entries).
+fn held(k: &Groups, g: usize, slot: u16) -> usize {
+    k.groups()[g]
+        .pool
+        .table(slot)
+        .iter()
+        .filter(|&&e| e != NO_PAGE)
+        .count()
+}
+
+#[test]
+fn bad_group_lists_are_refused() {
+    let g = |attention, c| Group {
+        attention,
+        pool: pool(c, false),
+    };
+    let sliding = |window| Attention::Sliding { window };
+    let cases: Vec<(Result<Groups, Error>, &str)> = vec![
+        (
+            KvGroups::new([g(sliding(64), cfg(8, 0)), g(Attention::Full, cfg(8, 0))]),
+            "first KV group must be full",
+        ),
+        (
+            KvGroups::new([g(Attention::Full, cfg(8, 0)), g(sliding(0), cfg(8, 0))]),
+            "at least one position",
+        ),
+        (
+            KvGroups::new([
+                g(Attention::Full, cfg(8, 0)),
+                g(sliding(64 * 16 + 16), cfg(8, 0)),
+            ]),
+            "at most a request",
+        ),
+        (
+            KvGroups::new([g(Attention::Full, cfg(8, 0)), g(sliding(40), cfg(8, 0))]),
+            "whole number of pages",
+        ),
+        (
+            KvGroups::new([
+                g(Attention::Full, cfg(8, 0)),
+                g(
+                    sliding(64),
+                    KvPoolConfig {
+                        slots: 4,
+                        ..cfg(8, 0)
+                    },
+                ),
+            ]),
+            "same slots",
+        ),
+        (
+            KvGroups::new([
+                g(Attention::Full, cfg(8, 0)),
+                Group {
+                    attention: sliding(64),
+                    pool: pool(cfg(8, 0), true),
+                },
+            ]),
+            "every KV group has a prefix cache or none",
+        ),
+    ];
+    for (got, words) in cases {
+        match got {
+            Err(Error::Invalid(why)) => assert!(why.contains(words), "{why:?} vs {words:?}"),
+            other => panic!("{words}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_long_request_holds_its_window_in_the_window_group_through_the_scheduler() {
+    let adapters = AdapterPool::new(4, 8).unwrap();
+    let mut s: Scheduler<Groups, AdapterPool<4>, 8, 4> =
+        Scheduler::new(Config::default(), groups(64, 8, 0, false), adapters).unwrap();
+    let mut out = SchedulerOutput::<8>::new();
+    let mut spec = RequestSpec::new(1, Phase::ContextInit, 100);
+    spec.max_new_tokens = 800;
+    let h = s.submit(spec).unwrap();
+    // A decode step's query reads the window before it: W / page + 1 pages (the prompt's chunk held
+    // its own windows, 7 pages, until the first decode step).
+    let bound = (WINDOW / TPB + 1) as usize;
+    for step in 0..600 {
+        s.schedule(&mut out).unwrap();
+        s.ensure_batch(&mut out).unwrap();
+        let _ = s.take_moves();
+        assert!(s.take_group_moves(1).is_empty());
+        s.complete_step(&out).unwrap();
+        assert!(s.check() && s.kv().check(), "step {step}");
+        let tokens = s.kv().groups()[0].pool.seq(0).capacity;
+        assert_eq!(held(s.kv(), 0, 0), tokens.div_ceil(TPB) as usize);
+        let window = held(s.kv(), 1, 0);
+        assert!(step == 0 || window <= bound, "step {step}: {window} pages");
+    }
+    assert_eq!(s.kv().groups()[0].pool.seq(0).capacity, 100 + 599);
+    assert_eq!(held(s.kv(), 0, 0), 44, "the full group holds every block");
+    assert_eq!(
+        s.kv().groups()[1].pool.gpu_free(),
+        8 - held(s.kv(), 1, 0) as u32
+    );
+    s.remove(h).unwrap();
+    let g = s.kv().groups();
+    assert_eq!((g[0].pool.gpu_free(), g[1].pool.gpu_free()), (64, 8));
+}
+
+#[test]
+fn a_growth_one_group_refuses_changes_neither() {
+    // The window group has 4 pages: a 100-token prompt needs 7.
+    let mut k = groups(64, 4, 0, false);
+    assert_eq!(k.prepare_context(r(0), ContextPrep::first(100)), Some(0));
+    let before = k.groups()[0].pool.fingerprint();
+    assert!(!k.resize_context(r(0), 100, true));
+    assert!(
+        !k.cache(r(0)).is_active(),
+        "a refused first chunk is inactive"
+    );
+    assert_eq!(k.groups()[0].pool.gpu_free(), 64);
+    assert_ne!(k.groups()[0].pool.fingerprint(), before, "suspended");
+    // A decode step the window group cannot take leaves the full group's capacity as it was.
+    let mut k = groups(64, 5, 0, false);
+    k.prepare_context(r(1), ContextPrep::first(64)).unwrap();
+    assert!(k.resize_context(r(1), 64, true));
+    // Fill the window group: one more page is left, taken by request 2.
+    k.prepare_context(r(2), ContextPrep::first(16)).unwrap();
+    assert!(k.resize_context(r(2), 16, true));
+    assert_eq!(k.groups()[1].pool.gpu_free(), 0);
+    let (table, free) = (
+        k.groups()[0].pool.table(1).to_vec(),
+        k.groups()[0].pool.gpu_free(),
+    );
+    assert!(
+        !k.try_allocate_generation(r(1), 1),
+        "a new page in both groups"
+    );
+    let full = &k.groups()[0].pool;
+    assert_eq!(
+        (full.seq(1).capacity, full.table(1), full.gpu_free()),
+        (64, &table[..], free)
+    );
+    assert!(k.check());
+}
+
+#[test]
+fn suspension_and_resumption_move_both_groups() {
+    let mut k = groups(64, 8, 16, false);
+    k.prepare_context(r(0), ContextPrep::first(100)).unwrap();
+    assert!(k.resize_context(r(0), 100, true));
+    assert!(k.try_allocate_generation(r(0), 1));
+    // Block 0 and 1 lie wholly before position 100 − 64 + 1.
+    assert_eq!((held(&k, 0, 0), held(&k, 1, 0)), (7, 5));
+    k.suspend(r(0));
+    assert_eq!(k.take_moves().len(), 7);
+    assert_eq!(k.take_group_moves(1).len(), 5);
+    assert!(k.try_allocate_generation(r(0), 1));
+    assert_eq!(k.take_moves().len(), 7);
+    assert_eq!(k.take_group_moves(1).len(), 5);
+    assert!(k.check());
+    k.free(r(0));
+    let g = k.groups();
+    assert_eq!((g[0].pool.gpu_free(), g[1].pool.gpu_free()), (64, 8));
+}
+
+/// Hashes, prepares, resizes and commits a first chunk of `prompt` tokens; returns the reused tokens.
+fn computed(k: &mut Groups, slot: u16, hashes: &[u64], prompt: u32) -> u32 {
+    k.prefix().unwrap().set_prefix(r(slot), 7, hashes);
+    let reused = k
+        .prepare_context(r(slot), ContextPrep::first(prompt))
+        .unwrap();
+    assert!(k.resize_context(r(slot), prompt, true));
+    k.prefix().unwrap().commit(r(slot), prompt);
+    reused
+}
+
+#[test]
+fn a_prefix_hit_is_the_depth_every_group_holds() {
+    let hashes: Vec<u64> = (1..=6).collect();
+    let mut k = groups(64, 16, 0, true);
+    assert_eq!(computed(&mut k, 0, &hashes, 100), 0);
+    assert_eq!(
+        computed(&mut k, 1, &hashes, 100),
+        96,
+        "both groups hold the six blocks"
+    );
+    k.free(r(0));
+    k.free(r(1));
+    // Another prompt takes every window page: the window group's idle cached blocks are evicted,
+    // the full group keeps them.
+    let other: Vec<u64> = (100..116).collect();
+    computed(&mut k, 2, &other, 16 * 16);
+    k.free(r(2));
+    let probe = k.probe_context_reuse(r(3), ContextPrep::first(100));
+    assert_eq!(probe, Some(0), "the window group lost the prefix");
+    assert_eq!(computed(&mut k, 3, &hashes, 100), 0);
+    assert_eq!(
+        held(&k, 0, 3),
+        held(&k, 1, 3),
+        "both groups computed it anew"
+    );
+    assert!(k.check());
+}
