@@ -19,15 +19,16 @@
 //! query of the new tokens can read ([`KvPool::release_window`]): those wholly before
 //! `first new position − W + 1`.
 //!
-//! Prefix reuse: a first chunk reuses the depth every group can give it (the smallest of their
-//! probes), so the full-attention groups hold every block of the hit and each window group the blocks
-//! before it that its window needs; a window group's released blocks that were committed stay in its
-//! prefix cache, idle, so that a later request can still match them.
+//! No prefix cache yet: a window group's released blocks, kept in a prefix cache, would stay there
+//! (the cache evicts leaf first, and a released block is the parent of the request's later blocks),
+//! so the window would save nothing; and a hit would need the window group to hold the blocks of the
+//! last window before the hit point, which a leaf-first cache does not keep. Until a window-aware
+//! cache exists, [`KvGroups::new`] refuses pools with one, rather than serve hybrid models with
+//! prefix reuse that silently never hits.
 
 use crate::error::Error;
 use crate::kv::{
-    Absent, CacheState, ContextPrep, KvBackend, KvCaps, KvLimits, KvRef, PageMove, PairedPool,
-    PrefixCap, PrefixReuse, Reach,
+    Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PairedPool,
 };
 use crate::page_pool::KvPool;
 use crate::storage::{Borrowed, Buffers};
@@ -63,8 +64,8 @@ pub struct KvGroups<'a, B: Buffers = Borrowed<'a>, const G: usize = 2> {
 impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
     /// The groups as one backend. Refused (`Invalid`, nothing kept): no group, a first group that is
     /// not full attention, a window of 0, longer than a request or not a multiple of its pool's page,
-    /// pools of different slots, page sizes or request lengths, some pools with a prefix cache and
-    /// some without.
+    /// pools of different slots, page sizes or request lengths, a pool with a prefix cache (not yet
+    /// supported with groups: the module docs say why).
     pub fn new(groups: [Group<'a, B>; G]) -> Result<Self, Error> {
         let Some(first) = groups.first() else {
             return Err(Error::Invalid("KV groups need at least one group"));
@@ -75,7 +76,6 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
             ));
         }
         let lead = first.pool.config();
-        let prefix = first.pool.prefix_stats().is_some();
         for g in &groups {
             let c = g.pool.config();
             if c.slots != lead.slots
@@ -86,9 +86,9 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
                     "KV groups' pools must have the same slots, page size and request length",
                 ));
             }
-            if g.pool.prefix_stats().is_some() != prefix {
+            if g.pool.prefix_stats().is_some() {
                 return Err(Error::Invalid(
-                    "either every KV group has a prefix cache or none has",
+                    "KV groups do not take a prefix cache yet (a window's released blocks would stay cached)",
                 ));
             }
             if let Attention::Sliding { window } = g.attention {
@@ -156,28 +156,13 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
             }
         }
     }
-
-    /// The depth every group's prefix cache can give a first chunk (0 without prefix caches).
-    fn common_reuse(&self, r: KvRef, prep: ContextPrep) -> u32 {
-        self.groups
-            .iter()
-            .map(|g| {
-                g.pool
-                    .caps()
-                    .prefix
-                    .and_then(|p| p.probe_context_reuse(r, prep))
-                    .unwrap_or(0)
-            })
-            .min()
-            .unwrap_or(0)
-    }
 }
 
 impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
     type Draft = Absent;
     type Cross = Absent;
     type Transfers = Absent;
-    type Prefix = Self;
+    type Prefix = Absent;
     type Adapters = Absent;
 
     fn limits(&self) -> KvLimits {
@@ -204,14 +189,8 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
         if !fresh && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return None;
         }
-        let prep = if fresh && prep.first_chunk {
-            prep.limited(prep.reuse_limit.min(self.common_reuse(r, prep)))
-        } else {
-            prep
-        };
-        let mut reused = None;
         for i in 0..G {
-            let Some(n) = self.groups[i].pool.prepare_context(r, prep) else {
+            if self.groups[i].pool.prepare_context(r, prep).is_none() {
                 for g in &mut self.groups[..i] {
                     if fresh {
                         g.pool.free(r);
@@ -220,14 +199,10 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
                     }
                 }
                 return None;
-            };
-            debug_assert!(
-                reused.is_none_or(|m| m == n),
-                "every group reuses the common depth"
-            );
-            reused = Some(reused.map_or(n, |m: u32| m.min(n)));
+            }
         }
-        reused
+        // Without a prefix cache nothing is reused.
+        Some(0)
     }
 
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
@@ -306,45 +281,5 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
 
     fn take_moves(&mut self) -> &[PageMove] {
         self.groups[0].pool.take_moves()
-    }
-}
-
-/// The groups' prefix caches, as one (present while the pools have them: all or none).
-impl<'a, B: Buffers, const G: usize> Reach<KvGroups<'a, B, G>, PrefixCap> for KvGroups<'a, B, G> {
-    fn reach(k: &Self) -> Option<&Self> {
-        k.groups[0].pool.prefix_stats().is_some().then_some(k)
-    }
-    fn reach_mut(k: &mut Self) -> Option<&mut Self> {
-        if k.groups[0].pool.prefix_stats().is_some() {
-            Some(k)
-        } else {
-            None
-        }
-    }
-}
-
-impl<B: Buffers, const G: usize> PrefixReuse for KvGroups<'_, B, G> {
-    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
-        for g in &mut self.groups {
-            g.pool.set_prefix(r, root, hashes);
-        }
-    }
-
-    fn commit(&mut self, r: KvRef, computed: u32) {
-        for g in &mut self.groups {
-            g.pool.commit(r, computed);
-        }
-    }
-
-    fn all_blocks_reusable(&self) -> bool {
-        self.groups[0].pool.all_blocks_reusable()
-    }
-
-    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
-        self.groups[0].pool.probe_first_new_block(r, prep)
-    }
-
-    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        Some(self.common_reuse(r, prep).min(prep.reuse_limit))
     }
 }

@@ -1,10 +1,10 @@
 //! KV-cache groups (`kv_groups`): a full-attention group and a sliding-window group as one backend.
 //! Bad configurations are refused; a long request's window group stays within its window's pages
 //! through the whole scheduler; every operation acts on both groups, all or nothing; suspension and
-//! resumption move both groups' pages; a prefix hit is the depth both groups hold.
+//! resumption move both groups' pages.
 
 use kvsched_core::adapter_pool::AdapterPool;
-use kvsched_core::kv::{ContextPrep, KvBackend, KvCaps, KvRef, PrefixReuse};
+use kvsched_core::kv::{ContextPrep, KvBackend, KvRef};
 use kvsched_core::kv_groups::{Attention, Group, KvGroups};
 use kvsched_core::output::SchedulerOutput;
 use kvsched_core::page_pool::{KvPool, KvPoolConfig, NO_PAGE};
@@ -37,15 +37,15 @@ fn pool(c: KvPoolConfig, prefix: bool) -> KvPool<'static, Owned> {
 }
 
 /// A full group of `full` GPU pages and a window group of `window` (each with `host` host pages).
-fn groups(full: u32, window: u32, host: u32, prefix: bool) -> Groups {
+fn groups(full: u32, window: u32, host: u32) -> Groups {
     KvGroups::new([
         Group {
             attention: Attention::Full,
-            pool: pool(cfg(full, host), prefix),
+            pool: pool(cfg(full, host), false),
         },
         Group {
             attention: Attention::Sliding { window: WINDOW },
-            pool: pool(cfg(window, host), prefix),
+            pool: pool(cfg(window, host), false),
         },
     ])
     .unwrap()
@@ -116,7 +116,7 @@ fn bad_group_lists_are_refused() {
                     pool: pool(cfg(8, 0), true),
                 },
             ]),
-            "every KV group has a prefix cache or none",
+            "do not take a prefix cache yet",
         ),
     ];
     for (got, words) in cases {
@@ -131,7 +131,7 @@ fn bad_group_lists_are_refused() {
 fn a_long_request_holds_its_window_in_the_window_group_through_the_scheduler() {
     let adapters = AdapterPool::new(4, 8).unwrap();
     let mut s: Scheduler<Groups, AdapterPool<4>, 8, 4> =
-        Scheduler::new(Config::default(), groups(64, 8, 0, false), adapters).unwrap();
+        Scheduler::new(Config::default(), groups(64, 8, 0), adapters).unwrap();
     let mut out = SchedulerOutput::<8>::new();
     let mut spec = RequestSpec::new(1, Phase::ContextInit, 100);
     spec.max_new_tokens = 800;
@@ -165,7 +165,7 @@ fn a_long_request_holds_its_window_in_the_window_group_through_the_scheduler() {
 #[test]
 fn a_growth_one_group_refuses_changes_neither() {
     // The window group has 4 pages: a 100-token prompt needs 7.
-    let mut k = groups(64, 4, 0, false);
+    let mut k = groups(64, 4, 0);
     assert_eq!(k.prepare_context(r(0), ContextPrep::first(100)), Some(0));
     let before = k.groups()[0].pool.fingerprint();
     assert!(!k.resize_context(r(0), 100, true));
@@ -176,7 +176,7 @@ fn a_growth_one_group_refuses_changes_neither() {
     assert_eq!(k.groups()[0].pool.gpu_free(), 64);
     assert_ne!(k.groups()[0].pool.fingerprint(), before, "suspended");
     // A decode step the window group cannot take leaves the full group's capacity as it was.
-    let mut k = groups(64, 5, 0, false);
+    let mut k = groups(64, 5, 0);
     k.prepare_context(r(1), ContextPrep::first(64)).unwrap();
     assert!(k.resize_context(r(1), 64, true));
     // Fill the window group: one more page is left, taken by request 2.
@@ -201,7 +201,7 @@ fn a_growth_one_group_refuses_changes_neither() {
 
 #[test]
 fn suspension_and_resumption_move_both_groups() {
-    let mut k = groups(64, 8, 16, false);
+    let mut k = groups(64, 8, 16);
     k.prepare_context(r(0), ContextPrep::first(100)).unwrap();
     assert!(k.resize_context(r(0), 100, true));
     assert!(k.try_allocate_generation(r(0), 1));
@@ -217,43 +217,4 @@ fn suspension_and_resumption_move_both_groups() {
     k.free(r(0));
     let g = k.groups();
     assert_eq!((g[0].pool.gpu_free(), g[1].pool.gpu_free()), (64, 8));
-}
-
-/// Hashes, prepares, resizes and commits a first chunk of `prompt` tokens; returns the reused tokens.
-fn computed(k: &mut Groups, slot: u16, hashes: &[u64], prompt: u32) -> u32 {
-    k.prefix().unwrap().set_prefix(r(slot), 7, hashes);
-    let reused = k
-        .prepare_context(r(slot), ContextPrep::first(prompt))
-        .unwrap();
-    assert!(k.resize_context(r(slot), prompt, true));
-    k.prefix().unwrap().commit(r(slot), prompt);
-    reused
-}
-
-#[test]
-fn a_prefix_hit_is_the_depth_every_group_holds() {
-    let hashes: Vec<u64> = (1..=6).collect();
-    let mut k = groups(64, 16, 0, true);
-    assert_eq!(computed(&mut k, 0, &hashes, 100), 0);
-    assert_eq!(
-        computed(&mut k, 1, &hashes, 100),
-        96,
-        "both groups hold the six blocks"
-    );
-    k.free(r(0));
-    k.free(r(1));
-    // Another prompt takes every window page: the window group's idle cached blocks are evicted,
-    // the full group keeps them.
-    let other: Vec<u64> = (100..116).collect();
-    computed(&mut k, 2, &other, 16 * 16);
-    k.free(r(2));
-    let probe = k.probe_context_reuse(r(3), ContextPrep::first(100));
-    assert_eq!(probe, Some(0), "the window group lost the prefix");
-    assert_eq!(computed(&mut k, 3, &hashes, 100), 0);
-    assert_eq!(
-        held(&k, 0, 3),
-        held(&k, 1, 3),
-        "both groups computed it anew"
-    );
-    assert!(k.check());
 }
