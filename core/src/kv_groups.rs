@@ -223,7 +223,10 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
             if !self.groups[i].pool.resize_context(r, capacity, first_chunk) {
                 for g in &mut self.groups[..i] {
                     g.pool.revert_allocate_generation(r);
-                    if first_chunk {
+                }
+                if first_chunk {
+                    // A refused first chunk is inactive in every group, as in the one that refused it.
+                    for g in &mut self.groups {
                         g.pool.suspend(r);
                     }
                 }
@@ -250,6 +253,11 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
     }
 
     fn revert_allocate_generation(&mut self, r: KvRef) {
+        // The leader says whether the last growth stands: after a growth one group refused, the
+        // others were reverted and the refusing group's own record is an older growth's.
+        if self.groups[0].pool.seq(r.slot).last_grow == 0 {
+            return;
+        }
         for g in &mut self.groups {
             g.pool.revert_allocate_generation(r);
         }

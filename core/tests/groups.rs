@@ -218,3 +218,161 @@ fn suspension_and_resumption_move_both_groups() {
     let g = k.groups();
     assert_eq!((g[0].pool.gpu_free(), g[1].pool.gpu_free()), (64, 8));
 }
+
+mod random {
+    //! Random operation sequences on the backend, and random workloads through the scheduler: the
+    //! groups always agree (every slot's cache state and capacity the same in both, so no operation
+    //! left one group changed without the other), each pool's invariants hold, a window group never
+    //! holds more than its window needs after a decode step, and everything comes back at the end.
+    //! `KVSCHED_PROPTEST_CASES` sets the cases (default 64).
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("KVSCHED_PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64)
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Prepare(u16, u32),
+        Resize(u16, u32, bool),
+        Allocate(u16, u32),
+        Revert(u16),
+        Rewind(u16, u32),
+        Suspend(u16),
+        Free(u16),
+        Preempt(u16),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let slot = 0u16..4;
+        prop_oneof![
+            1 => (slot.clone(), 1u32..300).prop_map(|(s, p)| Op::Prepare(s, p)),
+            3 => (slot.clone(), 1u32..200, any::<bool>()).prop_map(|(s, t, f)| Op::Resize(s, t, f)),
+            4 => (slot.clone(), 1u32..4).prop_map(|(s, g)| Op::Allocate(s, g)),
+            1 => (slot.clone()).prop_map(Op::Revert),
+            1 => (slot.clone(), 1u32..3).prop_map(|(s, t)| Op::Rewind(s, t)),
+            1 => (slot.clone()).prop_map(Op::Suspend),
+            1 => (slot.clone()).prop_map(Op::Free),
+            1 => (slot).prop_map(Op::Preempt),
+        ]
+    }
+
+    fn apply(k: &mut Groups, op: Op) {
+        match op {
+            Op::Prepare(s, p) => {
+                let _ = k.prepare_context(r(s), ContextPrep::first(p));
+            }
+            Op::Resize(s, t, first) => {
+                let cap = k.groups()[0].pool.seq(s).capacity + t;
+                let _ = k.resize_context(r(s), cap, first);
+            }
+            Op::Allocate(s, g) => {
+                let _ = k.try_allocate_generation(r(s), g);
+            }
+            Op::Revert(s) => k.revert_allocate_generation(r(s)),
+            Op::Rewind(s, t) => k.rewind(r(s), t),
+            Op::Suspend(s) => k.suspend(r(s)),
+            Op::Free(s) => k.free(r(s)),
+            Op::Preempt(s) => k.preempt(r(s)),
+        }
+        let _ = k.take_moves();
+        let _ = k.take_group_moves(1);
+    }
+
+    /// The groups agree on every slot, and each pool's invariants hold.
+    fn agree(k: &Groups) -> Result<(), TestCaseError> {
+        prop_assert!(k.check(), "a pool's invariants");
+        let [full, window] = k.groups();
+        for s in 0..8u16 {
+            prop_assert_eq!(full.pool.cache(r(s)), window.pool.cache(r(s)), "slot {}", s);
+            prop_assert_eq!(
+                full.pool.seq(s).capacity,
+                window.pool.seq(s).capacity,
+                "slot {}",
+                s
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_groups_agree_after_every_operation(
+            full in 4u32..40,
+            window in 5u32..16,
+            host in prop::bool::ANY,
+            ops in prop::collection::vec(op(), 1..200),
+        ) {
+            let mut k = groups(full, window, if host { 16 } else { 0 });
+            for op in ops {
+                apply(&mut k, op);
+                agree(&k).map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
+            }
+            for s in 0..4 {
+                k.free(r(s));
+            }
+            let [f, w] = k.groups();
+            prop_assert_eq!((f.pool.gpu_free(), w.pool.gpu_free()), (full, window));
+        }
+
+        #[test]
+        fn random_workloads_run_with_the_window_held(
+            window_pages in 7u32..16,
+            prompts in prop::collection::vec((1u32..120, 1u32..300), 1..6),
+            budget in 64u32..512,
+        ) {
+            let adapters = AdapterPool::new(4, 8).unwrap();
+            let cfg = Config { max_num_tokens: Some(budget), ..Config::default() };
+            let mut s: Scheduler<Groups, AdapterPool<4>, 8, 4> =
+                Scheduler::new(cfg, groups(64, window_pages, 0), adapters).unwrap();
+            let mut out = SchedulerOutput::<8>::new();
+            let mut handles = Vec::new();
+            for (i, &(prompt, out_len)) in prompts.iter().enumerate() {
+                let mut spec = RequestSpec::new(i as u64, Phase::ContextInit, prompt.min(budget));
+                spec.max_new_tokens = out_len;
+                handles.push((s.submit(spec).unwrap(), prompt.min(budget) + out_len));
+            }
+            for _ in 0..1500 {
+                if handles.is_empty() {
+                    break;
+                }
+                match s.schedule(&mut out) {
+                    Ok(()) => {}
+                    Err(Error::Deadlock { .. }) => break,
+                    Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+                }
+                s.ensure_batch(&mut out).unwrap();
+                let _ = s.take_moves();
+                let _ = s.take_group_moves(1);
+                s.complete_step(&out).unwrap();
+                prop_assert!(s.check() && s.kv().check());
+                agree(s.kv())?;
+                // A decoding request's window group holds its window and the page being written.
+                for g in out.generation() {
+                    let slot = g.slot();
+                    prop_assert!(held(s.kv(), 1, slot) <= (WINDOW / TPB + 1) as usize);
+                }
+                // Finished requests leave (the engine's part).
+                handles.retain(|&(h, total)| {
+                    let done = s.kv().groups()[0].pool.seq(h.index()).capacity >= total;
+                    if done {
+                        s.remove(h).unwrap();
+                    }
+                    !done
+                });
+            }
+            for (h, _) in handles {
+                s.remove(h).unwrap();
+            }
+            let g = s.kv().groups();
+            prop_assert_eq!((g[0].pool.gpu_free(), g[1].pool.gpu_free()), (64, window_pages));
+        }
+    }
+}
