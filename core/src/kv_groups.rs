@@ -15,9 +15,11 @@
 //! limits, its move log is [`KvBackend::take_moves`] (the others' are [`KvGroups::take_group_moves`]).
 //! Every operation acts on all groups of a request together, all or nothing: a growth one group
 //! refuses is reverted in the others (a cache the operation resumed is suspended again), a first chunk
-//! one group cannot prepare is freed in all. After a growth, each window group releases the blocks no
-//! query of the new tokens can read ([`KvPool::release_window`]): those wholly before
-//! `first new position − W + 1`.
+//! one group cannot prepare is freed in all. Before a growth (and again after it, for a cache the
+//! growth resumed), each window group gives up the blocks no query from the first new position on can
+//! read ([`KvPool::release_window`]): those wholly before `first new position − W + 1`. That release
+//! stands even when the growth is refused (no later query could read those blocks either), and it
+//! frees the pages the growth takes: a long prompt's chunks hold about (W + chunk) / page + 1.
 //!
 //! No prefix cache yet: a window group's released blocks, kept in a prefix cache, would stay there
 //! (the cache evicts leaf first, and a released block is the parent of the request's later blocks),
@@ -219,6 +221,7 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         let before = self.capacity(r);
+        self.release_windows(r, before);
         for i in 0..G {
             if !self.groups[i].pool.resize_context(r, capacity, first_chunk) {
                 for g in &mut self.groups[..i] {
@@ -242,6 +245,7 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
         if resumed && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return false;
         }
+        self.release_windows(r, before);
         for i in 0..G {
             if !self.groups[i].pool.try_allocate_generation(r, grow) {
                 self.undo_growth(r, i, resumed);

@@ -376,3 +376,88 @@ mod random {
         }
     }
 }
+
+/// Gemma 3 270M's geometry: 18 layers (every sixth global), one KV head of 256, a 512-token window;
+/// f32 K and V, as kvsched-engine keeps them.
+const GEMMA_LAYERS: u64 = 18;
+const GEMMA_GLOBAL: u64 = 3;
+const GEMMA_KV_BYTES_PER_LAYER: u64 = 2 * 256 * 4;
+
+/// One request of `len` prompt tokens prefilled in 512-token chunks, then 8 decode steps, on pools of
+/// 16-token pages with a 512-token window: the pages it holds in each group.
+fn pages_held(len: u32) -> (usize, usize) {
+    let blocks = len.div_ceil(16) + 8;
+    let c = |gpu_pages| KvPoolConfig {
+        tokens_per_block: 16,
+        gpu_pages,
+        host_pages: 0,
+        slots: 2,
+        max_blocks: blocks,
+    };
+    let k = KvGroups::new([
+        Group {
+            attention: Attention::Full,
+            pool: KvPool::owned(c(blocks)).unwrap(),
+        },
+        Group {
+            attention: Attention::Sliding { window: 512 },
+            pool: KvPool::owned(c(80)).unwrap(),
+        },
+    ])
+    .unwrap();
+    let cfg = Config {
+        max_num_tokens: Some(512),
+        max_context_length: None,
+        chunking: Some(kvsched_core::Chunking {
+            policy: kvsched_core::ChunkPolicy::FirstComeFirstServed,
+            unit: 16,
+        }),
+        ..Config::default()
+    };
+    let mut s: Scheduler<KvGroups<'static, Owned, 2>, AdapterPool<4>, 2, 4> =
+        Scheduler::new(cfg, k, AdapterPool::new(4, 8).unwrap()).unwrap();
+    let mut out = SchedulerOutput::<2>::new();
+    let mut spec = RequestSpec::new(1, Phase::ContextInit, len);
+    spec.max_new_tokens = 8;
+    s.submit(spec).unwrap();
+    let mut decodes = 0;
+    while decodes < 8 {
+        s.schedule(&mut out).unwrap();
+        decodes += out.generation().len();
+        s.ensure_batch(&mut out).unwrap();
+        let _ = s.take_moves();
+        let _ = s.take_group_moves(1);
+        s.complete_step(&out).unwrap();
+    }
+    assert!(s.check() && s.kv().check());
+    (held(s.kv(), 0, 0), held(s.kv(), 1, 0))
+}
+
+#[test]
+fn pages_held_at_long_context_full_only_against_grouped() {
+    println!("| context | full-only pages | grouped: full + window pages | KV MiB full-only / grouped | saved |");
+    println!("|---|---|---|---|---|");
+    for len in [1024u32, 4096, 16_384, 32_768] {
+        let (full, window) = pages_held(len);
+        assert_eq!(
+            full,
+            (len + 8).div_ceil(16) as usize,
+            "the full group holds every block"
+        );
+        assert!(
+            window <= 512 / 16 + 1,
+            "{len}: the window group holds {window} pages"
+        );
+        let page = |layers: u64| 16 * layers * GEMMA_KV_BYTES_PER_LAYER;
+        let only = full as u64 * page(GEMMA_LAYERS);
+        let grouped =
+            full as u64 * page(GEMMA_GLOBAL) + window as u64 * page(GEMMA_LAYERS - GEMMA_GLOBAL);
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        println!(
+            "| {len} | {full} | {full} + {window} | {:.1} / {:.1} | {:.1}x |",
+            mib(only),
+            mib(grouped),
+            only as f64 / grouped as f64
+        );
+    }
+}
