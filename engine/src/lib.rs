@@ -25,7 +25,14 @@
 //! let mut kv = HostKvStore::new(layout.pool_shape(64, 0), BlockTableShape::new(1, 64))?;
 //! let pages: Vec<u32> = (0..layout.pages_for(prompt.len() + 1) as u32).collect();
 //! let mut batch = Batch::new();
-//! batch.push(Sequence { tokens: &prompt, start: 0, pages: &pages, logits: true, adapter: None });
+//! batch.push(Sequence {
+//!     tokens: &prompt,
+//!     start: 0,
+//!     pages: &pages,
+//!     local_pages: None,
+//!     logits: true,
+//!     adapter: None,
+//! });
 //! let logits = model.step(&batch, &mut kv, None)?;
 //! let next = logits.argmax(0).unwrap();
 //! println!("{}", model.tokenizer().decode(&[next])?);
@@ -50,7 +57,7 @@ mod tokenizer;
 pub use conversation::Conversation;
 pub use draft::{accepted, PromptLookup};
 pub use error::{EngineError, Limit, Refusal, Result};
-pub use gguf::ModelConfig;
+pub use gguf::{GemmaConfig, ModelConfig};
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};
 pub use math::argmax;

@@ -173,6 +173,7 @@ fn seq<'a>(tokens: &'a [u32], start: usize, pages: &'a [u32]) -> Sequence<'a> {
         tokens,
         start,
         pages,
+        local_pages: None,
         logits: true,
         adapter: None,
     }
