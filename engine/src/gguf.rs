@@ -387,36 +387,7 @@ impl Gguf {
     /// Every tensor the model reads: present, of a supported type, of the expected shape, and
     /// inside the file.
     fn check_tensors(&self, c: &ModelConfig) -> Result<()> {
-        let (e, f, kv, q) = (c.embedding, c.feed_forward, c.kv_dim(), c.q_dim());
-        let mut expected: Vec<(String, Vec<usize>)> = vec![
-            ("token_embd.weight".into(), vec![c.vocab, e]),
-            ("output_norm.weight".into(), vec![e]),
-        ];
-        if !c.tied_embeddings {
-            expected.push(("output.weight".into(), vec![c.vocab, e]));
-        }
-        for b in 0..c.blocks {
-            let t = |name: &str| format!("blk.{b}.{name}.weight");
-            expected.extend([
-                (t("attn_norm"), vec![e]),
-                (t("attn_q"), vec![q, e]),
-                (t("attn_k"), vec![kv, e]),
-                (t("attn_v"), vec![kv, e]),
-                (t("attn_output"), vec![e, q]),
-                (t("ffn_norm"), vec![e]),
-                (t("ffn_gate"), vec![f, e]),
-                (t("ffn_up"), vec![f, e]),
-                (t("ffn_down"), vec![e, f]),
-            ]);
-            if c.gemma.is_some() {
-                expected.extend([
-                    (t("attn_q_norm"), vec![c.head_dim]),
-                    (t("attn_k_norm"), vec![c.head_dim]),
-                    (t("post_attention_norm"), vec![e]),
-                    (t("post_ffw_norm"), vec![e]),
-                ]);
-            }
-        }
+        let expected = expected_tensors(c);
         let file_len = self
             .file
             .metadata()
@@ -468,4 +439,39 @@ impl Gguf {
 /// The first line of a message (candle's errors may carry a backtrace).
 fn one_line(message: &str) -> String {
     message.lines().next().unwrap_or(message).trim().to_string()
+}
+
+/// Every tensor the model `c` reads, with its shape (outputs, inputs).
+fn expected_tensors(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (e, f, kv, q) = (c.embedding, c.feed_forward, c.kv_dim(), c.q_dim());
+    let mut expected: Vec<(String, Vec<usize>)> = vec![
+        ("token_embd.weight".into(), vec![c.vocab, e]),
+        ("output_norm.weight".into(), vec![e]),
+    ];
+    if !c.tied_embeddings {
+        expected.push(("output.weight".into(), vec![c.vocab, e]));
+    }
+    for b in 0..c.blocks {
+        let t = |name: &str| format!("blk.{b}.{name}.weight");
+        expected.extend([
+            (t("attn_norm"), vec![e]),
+            (t("attn_q"), vec![q, e]),
+            (t("attn_k"), vec![kv, e]),
+            (t("attn_v"), vec![kv, e]),
+            (t("attn_output"), vec![e, q]),
+            (t("ffn_norm"), vec![e]),
+            (t("ffn_gate"), vec![f, e]),
+            (t("ffn_up"), vec![f, e]),
+            (t("ffn_down"), vec![e, f]),
+        ]);
+        if c.gemma.is_some() {
+            expected.extend([
+                (t("attn_q_norm"), vec![c.head_dim]),
+                (t("attn_k_norm"), vec![c.head_dim]),
+                (t("post_attention_norm"), vec![e]),
+                (t("post_ffw_norm"), vec![e]),
+            ]);
+        }
+    }
+    expected
 }

@@ -672,7 +672,10 @@ impl Lora {
             // The q and k rows are permuted into llama's interleaved rope order below.
             return Err(refuse(
                 path,
-                format_args!("PEFT adapters are read for llama models, not {}", config.architecture),
+                format_args!(
+                    "PEFT adapters are read for llama models, not {}",
+                    config.architecture
+                ),
             ));
         }
         let bytes = read_file(&weights_file)?;

@@ -258,7 +258,10 @@ mod tests {
             scale: 1.0,
         };
         // Positions 10..13; the query attends to 12 only: its value, whatever the others hold.
-        let (k, v) = ([0.0, 0.0, f32::NAN, 1.0, 0.5, 0.5], [f32::NAN, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        let (k, v) = (
+            [0.0, 0.0, f32::NAN, 1.0, 0.5, 0.5],
+            [f32::NAN, 1.0, 2.0, 3.0, 4.0, 5.0],
+        );
         let mut out = [0.0; 2];
         let past = Past {
             k: &k,

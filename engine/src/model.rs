@@ -212,7 +212,10 @@ impl Model {
         };
         let (hd, n) = (config.head_dim, config.context_length);
         let (rope, local_rope) = match &config.gemma {
-            None => (Rope::new(hd, config.rope_base, n, RopeStyle::Interleaved), None),
+            None => (
+                Rope::new(hd, config.rope_base, n, RopeStyle::Interleaved),
+                None,
+            ),
             Some(gm) => (
                 Rope::new(hd, config.rope_base, n, RopeStyle::Halves),
                 Some(Rope::new(hd, gm.local_rope_base, n, RopeStyle::Halves)),
@@ -368,7 +371,11 @@ impl Model {
         xn: &[f32],
         (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
     ) {
-        let (e, qd, kvd) = (self.config.embedding, self.config.q_dim(), self.config.kv_dim());
+        let (e, qd, kvd) = (
+            self.config.embedding,
+            self.config.q_dim(),
+            self.config.kv_dim(),
+        );
         for span in spans {
             if let Some(a) = span.adapter {
                 for r in span.row0..span.row0 + span.len {
@@ -435,7 +442,13 @@ impl Model {
                     base,
                     range: (c.window_start(l, pos), pos + 1),
                 };
-                attend(heads, &q[r * qd..(r + 1) * qd], past, &mut scores, &mut att[r * qd..(r + 1) * qd]);
+                attend(
+                    heads,
+                    &q[r * qd..(r + 1) * qd],
+                    past,
+                    &mut scores,
+                    &mut att[r * qd..(r + 1) * qd],
+                );
             }
         }
         let mut o = b.o.forward(&att)?;
@@ -497,7 +510,9 @@ impl Model {
         let mut x: Vec<f32> = self.embed.embedding(&ids)?.flatten_all()?.to_vec1()?;
         if c.gemma.is_some() {
             let scale = (e as f32).sqrt();
-            x.iter_mut().for_each(|xi| *xi *= scale);
+            for xi in &mut x {
+                *xi *= scale;
+            }
         }
         let mut step = StepKv {
             k: Vec::with_capacity(c.blocks),

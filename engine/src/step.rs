@@ -9,7 +9,7 @@ use kvsched_gpu::{HostKvStore, PageStore, Tier};
 use crate::error::{EngineError, Result};
 use crate::kv::{gather, scatter, KvLayout};
 use crate::lora::Lora;
-use crate::model::{Context, Model, Span};
+use crate::model::{Context, Model, Span, StepKv};
 
 /// One sequence's part of a step: a prefill chunk (several tokens) or a decode token.
 #[derive(Clone, Copy, Debug)]
@@ -248,28 +248,16 @@ impl Model {
         let local: Vec<bool> = (0..layout.layers)
             .map(|l| self.config().window(l).is_some())
             .collect();
-        let (global_layers, local_layers): (Vec<usize>, Vec<usize>) =
-            (0..layout.layers).partition(|&l| !local[l]);
-        let all: Vec<usize> = (0..layout.layers).collect();
         let mut ctx = Paged {
             store: kv,
             layout,
             batch,
-            local,
+            local: local.clone(),
             k: Vec::new(),
             v: Vec::new(),
         };
         let (data, step) = self.forward(&tokens, &spans, &loras, &mut ctx, &logit_rows)?;
-        for (s, span) in batch.sequences.iter().zip(&spans) {
-            let rows = (s.start, span.len, span.row0);
-            let (k, v) = (&step.k, &step.v);
-            if let Some(table) = s.local_pages {
-                scatter(kv, &layout, s.pages, &global_layers, rows, k, v, &mut buf)?;
-                scatter(kv, &layout, table, &local_layers, rows, k, v, &mut buf)?;
-            } else {
-                scatter(kv, &layout, s.pages, &all, rows, k, v, &mut buf)?;
-            }
-        }
+        write_kv(kv, &layout, (batch, &spans), &step, &local, &mut buf)?;
         Ok(Logits {
             vocab: self.config().vocab,
             data,
@@ -377,6 +365,32 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Writes the step's new keys and values into each sequence's pages: every layer's into its table,
+/// or, for a sequence with a local table, the local layers' (`local[l]`) into that.
+fn write_kv(
+    kv: &mut HostKvStore,
+    layout: &KvLayout,
+    (batch, spans): (&Batch<'_>, &[Span]),
+    step: &StepKv,
+    local: &[bool],
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let (global_layers, local_layers): (Vec<usize>, Vec<usize>) =
+        (0..layout.layers).partition(|&l| !local[l]);
+    let all: Vec<usize> = (0..layout.layers).collect();
+    for (s, span) in batch.sequences.iter().zip(spans) {
+        let rows = (s.start, span.len, span.row0);
+        let (k, v) = (&step.k, &step.v);
+        if let Some(table) = s.local_pages {
+            scatter(kv, layout, s.pages, &global_layers, rows, k, v, buf)?;
+            scatter(kv, layout, table, &local_layers, rows, k, v, buf)?;
+        } else {
+            scatter(kv, layout, s.pages, &all, rows, k, v, buf)?;
+        }
+    }
+    Ok(())
 }
 
 /// Sequence `i`'s adapter pages: an adapter store is given, and its pages are in its device tier.

@@ -11,8 +11,8 @@ use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::normalizers::replace::Replace;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -400,7 +400,10 @@ fn scores(g: &Gguf, tokens: usize) -> Result<Vec<f32>> {
     let scores: Vec<f32> = g
         .array(key)?
         .iter()
-        .map(|v| v.to_f32().map_err(|_| g.corrupt(format!("{key} holds a value that is not an f32"))))
+        .map(|v| {
+            v.to_f32()
+                .map_err(|_| g.corrupt(format!("{key} holds a value that is not an f32")))
+        })
         .collect::<Result<_>>()?;
     if scores.len() != tokens {
         return Err(g.corrupt(format!("{} scores for {tokens} tokens", scores.len())));
