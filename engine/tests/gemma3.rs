@@ -451,3 +451,44 @@ fn release_before(
         }
     }
 }
+
+/// A local table is checked from the window of the chunk's first token on, and only there.
+#[test]
+fn a_local_table_is_checked_from_its_window_on() {
+    use kvsched_engine::{Batch, BlockTableShape, HostKvStore, Sequence};
+    let Some(m) = model() else { return };
+    let layout = m.kv_layout(TPB);
+    let mut kv = HostKvStore::new(layout.pool_shape(80, 0), BlockTableShape::new(1, 80)).unwrap();
+    let pages: Vec<u32> = (0..40).collect();
+    let r = Sequence::RELEASED;
+    // Position 600 sees 89..=600: entries 0..5 (positions 0..80) are before its window, 5 is in
+    // it; 601 positions use 38 entries.
+    let released: Vec<u32> = [r; 5].into_iter().chain(40..75).collect();
+    let in_window: Vec<u32> = [r; 6].into_iter().chain(40..74).collect();
+    let shared: Vec<u32> = [r; 5].into_iter().chain(37..72).collect();
+    let short: Vec<u32> = [r; 5].into_iter().chain(40..70).collect();
+    let token = [7u32];
+    for (local, says) in [
+        (&in_window, Some("outside the 80 GPU pages")),
+        (&shared, Some("page 37 appears twice")),
+        (&short, Some("the local table has 35")),
+        (&released, None),
+    ] {
+        let mut batch = Batch::new();
+        batch.push(Sequence {
+            tokens: &token,
+            start: 600,
+            pages: &pages,
+            local_pages: Some(local),
+            logits: true,
+            adapter: None,
+        });
+        match (m.step(&batch, &mut kv, None), says) {
+            (Err(e), Some(says)) => {
+                assert!(e.to_string().contains(says), "{e} (expected {says:?})");
+            }
+            (Ok(_), None) => {}
+            (got, _) => panic!("{says:?}: {got:?}"),
+        }
+    }
+}
