@@ -84,6 +84,7 @@ fn bench(c: &mut Criterion, model: &Model, threads: usize) {
             tokens: &prompt,
             start: 0,
             pages: table,
+            local_pages: None,
             logits: false,
             adapter: None,
         });
@@ -107,6 +108,7 @@ fn bench(c: &mut Criterion, model: &Model, threads: usize) {
                         tokens: &next,
                         start: CONTEXT,
                         pages: table,
+                        local_pages: None,
                         logits: true,
                         adapter: None,
                     });
@@ -124,6 +126,7 @@ fn bench(c: &mut Criterion, model: &Model, threads: usize) {
                 tokens: &long,
                 start: 0,
                 pages: &tables[0],
+                local_pages: None,
                 logits: true,
                 adapter: None,
             });

@@ -224,6 +224,7 @@ fn step(model: &Model, kv: &mut HostKvStore, rows: &[(&[u32], usize, &Vec<u32>)]
             tokens,
             start,
             pages,
+            local_pages: None,
             logits: true,
             adapter: None,
         });

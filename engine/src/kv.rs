@@ -109,21 +109,23 @@ pub(crate) fn write_f32(out: &mut [u8], values: &[f32]) {
     }
 }
 
-/// Appends to `k` and `v` the keys and values of positions `0..positions` of `layer`, read from
-/// the GPU tier of `store` through `table` (page ids, in position order), in position order.
+/// Appends to `k` and `v` the keys and values of `layer` at positions `first * tokens_per_block`
+/// up to `positions`, read from the GPU tier of `store` through `table` (page ids, in position
+/// order; its entries before `first` are not looked at), in position order.
 pub(crate) fn gather(
     store: &HostKvStore,
     layout: &KvLayout,
     table: &[u32],
     layer: usize,
-    positions: usize,
+    (first, positions): (usize, usize),
     k: &mut Vec<f32>,
     v: &mut Vec<f32>,
 ) -> Result<()> {
     let memory = store.tier_memory(Tier::Gpu);
     let shape = store.shape();
     let (tpb, slot) = (layout.tokens_per_block, layout.slot_bytes());
-    for (i, &page) in table.iter().enumerate().take(layout.pages_for(positions)) {
+    let used = layout.pages_for(positions);
+    for (i, &page) in table.iter().enumerate().take(used).skip(first) {
         let piece = shape
             .page_pieces(Tier::Gpu, page)?
             .nth(layer)
@@ -136,17 +138,16 @@ pub(crate) fn gather(
     Ok(())
 }
 
-/// Writes the keys and values of positions `start..start + rows` (`k[layer]` and `v[layer]` hold
-/// `rows * kv_dim` values each, from row `row0`) into the pages of `table`, one read-modify-write
-/// of each page touched.
+/// Writes the keys and values of `layers` at positions `start..start + rows` (`k[layer]` and
+/// `v[layer]` hold `rows * kv_dim` values each, from row `row0`) into the pages of `table`, one
+/// read-modify-write of each page touched (the other layers' pieces are left as they are).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scatter(
     store: &mut HostKvStore,
     layout: &KvLayout,
     table: &[u32],
-    start: usize,
-    rows: usize,
-    row0: usize,
+    layers: &[usize],
+    (start, rows, row0): (usize, usize, usize),
     k: &[Vec<f32>],
     v: &[Vec<f32>],
     page: &mut Vec<u8>,
@@ -167,7 +168,7 @@ pub(crate) fn scatter(
         store.read_page(Tier::Gpu, id, page)?;
         for p in pos..upto {
             let (j, row) = (p - index * tpb, row0 + p - start);
-            for layer in 0..layout.layers {
+            for &layer in layers {
                 let base = layer * piece;
                 let kb = base + j * slot;
                 let vb = base + (tpb + j) * slot;

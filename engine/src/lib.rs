@@ -1,15 +1,20 @@
-//! A CPU engine for kvsched: a GGUF llama model run through candle, whose attention reads the KV
-//! cache from the pages of kvsched-gpu's host store.
+//! A CPU engine for kvsched: a GGUF llama or Gemma 3 model run through candle, whose attention
+//! reads the KV cache from the pages of kvsched-gpu's host store.
 //!
 //! - [`Model::load`] checks a GGUF file (architecture, hyper-parameters, every tensor's type,
 //!   shape and extent; a one-line [`EngineError`] naming the file) and loads it, re-quantizing its
 //!   matrices to Q8_0: candle's Q8_0 matmuls give every row the same bits whatever the batch.
-//! - [`Tokenizer`] is built from the file's metadata: byte-level BPE, digits one by one, no prefix
-//!   space, control tokens special, the chat template rendered ([`Tokenizer::encode_chat`]).
+//!   Gemma 3 ([`GemmaConfig`]) adds per-head q/k norms, post-norms, GeGLU, and sliding-window
+//!   attention on five layers of six.
+//! - [`Tokenizer`] is built from the file's metadata: byte-level BPE (digits one by one, no prefix
+//!   space) or SentencePiece's BPE (merges by score, byte fallback), control tokens special, the
+//!   chat template rendered ([`Tokenizer::encode_chat`]).
 //! - [`Model::step`] runs a packed [`Batch`] of prefill chunks and decode tokens of several
 //!   sequences. Attention is a hand-written loop per row over its sequence's pages ([`KvLayout`])
 //!   in position order, so a sequence's logits are bit-identical however it was chunked, batched
-//!   or placed in pages. LoRA adapters ([`Lora`]) are read from an adapter store's pages.
+//!   or placed in pages; a sliding-window layer reads no page wholly before its window, and may
+//!   have a page table of its own ([`Sequence::local_pages`]). LoRA adapters ([`Lora`]) are read
+//!   from an adapter store's pages.
 //! - [`Reference`] runs one request alone, whole prompt, contiguous cache: what identity tests
 //!   compare the paged step against.
 //!
@@ -25,7 +30,14 @@
 //! let mut kv = HostKvStore::new(layout.pool_shape(64, 0), BlockTableShape::new(1, 64))?;
 //! let pages: Vec<u32> = (0..layout.pages_for(prompt.len() + 1) as u32).collect();
 //! let mut batch = Batch::new();
-//! batch.push(Sequence { tokens: &prompt, start: 0, pages: &pages, logits: true, adapter: None });
+//! batch.push(Sequence {
+//!     tokens: &prompt,
+//!     start: 0,
+//!     pages: &pages,
+//!     local_pages: None,
+//!     logits: true,
+//!     adapter: None,
+//! });
 //! let logits = model.step(&batch, &mut kv, None)?;
 //! let next = logits.argmax(0).unwrap();
 //! println!("{}", model.tokenizer().decode(&[next])?);
@@ -50,7 +62,7 @@ mod tokenizer;
 pub use conversation::Conversation;
 pub use draft::{accepted, PromptLookup};
 pub use error::{EngineError, Limit, Refusal, Result};
-pub use gguf::ModelConfig;
+pub use gguf::{GemmaConfig, ModelConfig};
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};
 pub use math::argmax;

@@ -56,7 +56,8 @@ impl Projection {
     /// (in, out) widths of this projection in `config`.
     pub fn dims(self, config: &ModelConfig) -> (usize, usize) {
         match self {
-            Self::Q | Self::O => (config.embedding, config.embedding),
+            Self::Q => (config.embedding, config.q_dim()),
+            Self::O => (config.q_dim(), config.embedding),
             Self::K | Self::V => (config.embedding, config.kv_dim()),
         }
     }
@@ -667,6 +668,16 @@ impl Lora {
     /// `base_model_name_or_path` is not checked.
     pub fn load_peft(config: &ModelConfig, path: &Path) -> Result<Self> {
         let (config_file, weights_file) = peft_files(path);
+        if config.architecture != "llama" {
+            // The q and k rows are permuted into llama's interleaved rope order below.
+            return Err(refuse(
+                path,
+                format_args!(
+                    "PEFT adapters are read for llama models, not {}",
+                    config.architecture
+                ),
+            ));
+        }
         let bytes = read_file(&weights_file)?;
         let peft = PeftConfig::parse(&config_file, &read_file(&config_file)?)?;
         let tensors = SafeTensors::deserialize(&bytes)

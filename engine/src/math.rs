@@ -51,16 +51,49 @@ pub(crate) fn swiglu(rows: &mut [f32], width: usize) -> &[f32] {
     &rows[..n * width]
 }
 
+/// GeGLU: `gelu(gate) * up` of rows `[gate | up]` (`2 * width` wide), GELU in its tanh
+/// approximation (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, Gemma's
+/// `gelu_pytorch_tanh`), element by element, packed into the front of `rows`; returns that front.
+pub(crate) fn geglu(rows: &mut [f32], width: usize) -> &[f32] {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let n = rows.len() / (2 * width);
+    for r in 0..n {
+        for i in 0..width {
+            let (g, u) = (rows[r * 2 * width + i], rows[r * 2 * width + width + i]);
+            let gelu = 0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g)).tanh());
+            rows[r * width + i] = gelu * u;
+        }
+    }
+    &rows[..n * width]
+}
+
+/// Soft-capping: each logit `x` becomes `cap * tanh(x / cap)`.
+pub(crate) fn soft_cap(logits: &mut [f32], cap: f32) {
+    for x in logits {
+        *x = cap * (*x / cap).tanh();
+    }
+}
+
+/// Which elements of a head rope rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])`: GGUF's llama order (the converter permuted the rows).
+    Interleaved,
+    /// The halves `(x[i], x[i + head_dim/2])`: NeoX's and Hugging Face's order, Gemma's in GGUF.
+    Halves,
+}
+
 /// Cosines and sines of the rotary embedding for every position of the context.
 #[derive(Debug)]
 pub(crate) struct Rope {
     half: usize,
+    style: RopeStyle,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
 
 impl Rope {
-    pub(crate) fn new(head_dim: usize, base: f32, positions: usize) -> Self {
+    pub(crate) fn new(head_dim: usize, base: f32, positions: usize, style: RopeStyle) -> Self {
         let half = head_dim / 2;
         let theta: Vec<f32> = (0..half)
             .map(|i| 1.0 / base.powf((2 * i) as f32 / head_dim as f32))
@@ -74,56 +107,76 @@ impl Rope {
                 sin.push(angle.sin());
             }
         }
-        Self { half, cos, sin }
+        Self {
+            half,
+            style,
+            cos,
+            sin,
+        }
     }
 
-    /// Rotates the adjacent pairs `(x[2i], x[2i+1])` of each head of `x` (GGUF's llama order) by
-    /// position `pos`.
+    /// Rotates the pairs of each head of `x` (in the rope's [`RopeStyle`]) by position `pos`.
     pub(crate) fn apply(&self, x: &mut [f32], pos: usize) {
         let (cos, sin) = (
             &self.cos[pos * self.half..(pos + 1) * self.half],
             &self.sin[pos * self.half..(pos + 1) * self.half],
         );
         for head in x.chunks_exact_mut(2 * self.half) {
-            for (i, pair) in head.chunks_exact_mut(2).enumerate() {
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * cos[i] - b * sin[i];
-                pair[1] = a * sin[i] + b * cos[i];
+            match self.style {
+                RopeStyle::Interleaved => {
+                    for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * cos[i] - b * sin[i];
+                        pair[1] = a * sin[i] + b * cos[i];
+                    }
+                }
+                RopeStyle::Halves => {
+                    let (lo, hi) = head.split_at_mut(self.half);
+                    for (i, (a, b)) in lo.iter_mut().zip(hi.iter_mut()).enumerate() {
+                        let (x1, x2) = (*a, *b);
+                        *a = x1 * cos[i] - x2 * sin[i];
+                        *b = x1 * sin[i] + x2 * cos[i];
+                    }
+                }
             }
         }
     }
 }
 
-/// The attention shape: query heads, KV heads, head width.
+/// The attention shape: query heads, KV heads, head width, and the factor on scores.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Heads {
     pub(crate) heads: usize,
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
+    pub(crate) scale: f32,
 }
 
-/// Causal attention of one query row over positions `0..n` of `k` and `v` (`n * kv_heads *
-/// head_dim` values each, position-major), into `out` (`heads * head_dim`). Scores, the softmax and
-/// the weighted sum of values run over positions in order.
-pub(crate) fn attend(
-    h: Heads,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+/// Keys and values of consecutive positions from `base` (`kv_heads * head_dim` values a position
+/// each, position-major), and the positions `range` of them that a query attends to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Past<'a> {
+    pub(crate) k: &'a [f32],
+    pub(crate) v: &'a [f32],
+    pub(crate) base: usize,
+    pub(crate) range: (usize, usize),
+}
+
+/// Causal attention of one query row over positions `past.range` (from `lo` up to, not
+/// including, `hi`) into `out` (`heads * head_dim`). Scores, the softmax and the weighted sum of
+/// values run over positions in order.
+pub(crate) fn attend(h: Heads, q: &[f32], past: Past<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     let (hd, kvd) = (h.head_dim, h.kv_heads * h.head_dim);
     let group = h.heads / h.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let (k, v) = (past.k, past.v);
+    let (lo, hi) = (past.range.0 - past.base, past.range.1 - past.base);
     for head in 0..h.heads {
         let g = head / group;
         let qh = &q[head * hd..(head + 1) * hd];
         scores.clear();
         let mut max = f32::NEG_INFINITY;
-        for t in 0..n {
-            let s = dot(qh, &k[t * kvd + g * hd..t * kvd + (g + 1) * hd]) * scale;
+        for t in lo..hi {
+            let s = dot(qh, &k[t * kvd + g * hd..t * kvd + (g + 1) * hd]) * h.scale;
             max = max.max(s);
             scores.push(s);
         }
@@ -134,7 +187,7 @@ pub(crate) fn attend(
         }
         let oh = &mut out[head * hd..(head + 1) * hd];
         oh.fill(0.0);
-        for (t, &p) in scores.iter().enumerate() {
+        for (t, &p) in (lo..hi).zip(scores.iter()) {
             let vt = &v[t * kvd + g * hd..t * kvd + (g + 1) * hd];
             for (o, x) in oh.iter_mut().zip(vt) {
                 *o += p * x;
@@ -182,10 +235,56 @@ mod tests {
             heads: 2,
             kv_heads: 1,
             head_dim: 2,
+            scale: 1.0 / 2f32.sqrt(),
         };
         let (q, k, v) = ([1.0, 2.0, 3.0, 4.0], [0.5, 0.5], [7.0, -7.0]);
         let mut out = [0.0; 4];
-        attend(h, &q, &k, &v, 1, &mut Vec::new(), &mut out);
+        let past = Past {
+            k: &k,
+            v: &v,
+            base: 0,
+            range: (0, 1),
+        };
+        attend(h, &q, past, &mut Vec::new(), &mut out);
         assert_eq!(out, [7.0, -7.0, 7.0, -7.0]);
+    }
+
+    #[test]
+    fn a_window_sees_only_its_positions() {
+        let h = Heads {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 2,
+            scale: 1.0,
+        };
+        // Positions 10..13; the query attends to 12 only: its value, whatever the others hold.
+        let (k, v) = (
+            [0.0, 0.0, f32::NAN, 1.0, 0.5, 0.5],
+            [f32::NAN, 1.0, 2.0, 3.0, 4.0, 5.0],
+        );
+        let mut out = [0.0; 2];
+        let past = Past {
+            k: &k,
+            v: &v,
+            base: 10,
+            range: (12, 13),
+        };
+        attend(h, &[1.0, 1.0], past, &mut Vec::new(), &mut out);
+        assert_eq!(out, [4.0, 5.0]);
+    }
+
+    #[test]
+    fn the_two_rope_styles_rotate_their_pairs() {
+        let (il, hv) = (
+            Rope::new(4, 10_000.0, 2, RopeStyle::Interleaved),
+            Rope::new(4, 10_000.0, 2, RopeStyle::Halves),
+        );
+        let (c, s) = (1f32.cos(), 1f32.sin());
+        let mut a = [1.0, 2.0, 0.0, 0.0];
+        il.apply(&mut a, 1);
+        assert_eq!(a[..2], [c - 2.0 * s, s + 2.0 * c]);
+        let mut b = [1.0, 0.0, 2.0, 0.0];
+        hv.apply(&mut b, 1);
+        assert_eq!([b[0], b[2]], [c - 2.0 * s, s + 2.0 * c]);
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::gguf::{Gguf, ModelConfig};
 use crate::kv::KvLayout;
 use crate::lora::{Lora, Projection};
-use crate::math::{attend, rms_norm, swiglu, Heads, Rope};
+use crate::math::{attend, geglu, rms_norm, soft_cap, swiglu, Heads, Past, Rope, RopeStyle};
 use crate::tokenizer::Tokenizer;
 
 /// A weight matrix of the model as the forward pass multiplies by it, for [`Model::linear`].
@@ -110,9 +110,19 @@ struct Block {
     ffn_norm: Vec<f32>,
     gate_up: Linear,
     down: Linear,
+    gemma: Option<GemmaNorms>,
 }
 
-/// A llama model loaded for the CPU: its configuration, tokenizer and Q8_0 weights.
+/// A Gemma 3 block's further norms: per query and key head (before rope), and on the attention's
+/// and the feed-forward network's outputs (before the residual).
+struct GemmaNorms {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    post_attention: Vec<f32>,
+    post_ffw: Vec<f32>,
+}
+
+/// A llama or Gemma 3 model loaded for the CPU: its configuration, tokenizer and Q8_0 weights.
 pub struct Model {
     path: PathBuf,
     config: ModelConfig,
@@ -122,6 +132,8 @@ pub struct Model {
     output_norm: Vec<f32>,
     output: Linear,
     rope: Rope,
+    /// The local (sliding-window) layers' rope, when its base differs (Gemma 3).
+    local_rope: Option<Rope>,
 }
 
 impl std::fmt::Debug for Model {
@@ -145,15 +157,18 @@ pub(crate) struct Span {
 
 /// Where a forward pass finds the keys and values a span attends over.
 pub(crate) trait Context {
-    /// The keys and values of positions `0..start + len` of span `span` at `layer`, position-major,
-    /// given the span's new rows (`new_k`, `new_v`: positions `start..start + len`).
+    /// The keys and values of span `span` at `layer`, position-major, from a position `base` at
+    /// or before `from` up to `start + len`, given the span's new rows (`new_k`, `new_v`:
+    /// positions `start..start + len`); returns `(base, keys, values)`. Positions before `from`
+    /// are attended to by no row of the span (a sliding window), so need not be read.
     fn context(
         &mut self,
         span: usize,
         layer: usize,
+        from: usize,
         new_k: &[f32],
         new_v: &[f32],
-    ) -> Result<(&[f32], &[f32])>;
+    ) -> Result<(usize, &[f32], &[f32])>;
 }
 
 /// The keys and values a forward pass computed: per layer, `rows * kv_dim` values.
@@ -188,30 +203,58 @@ impl Model {
         let embed = Arc::new(Self::q8(&mut g, "token_embd.weight")?);
         let mut blocks = Vec::with_capacity(config.blocks);
         for b in 0..config.blocks {
-            let name = |t: &str| format!("blk.{b}.{t}.weight");
-            blocks.push(Block {
-                attn_norm: Self::vector(&mut g, &name("attn_norm"))?,
-                qkv: Self::stacked(&mut g, &[name("attn_q"), name("attn_k"), name("attn_v")])?,
-                o: Self::linear_of(&mut g, &name("attn_output"))?,
-                ffn_norm: Self::vector(&mut g, &name("ffn_norm"))?,
-                gate_up: Self::stacked(&mut g, &[name("ffn_gate"), name("ffn_up")])?,
-                down: Self::linear_of(&mut g, &name("ffn_down"))?,
-            });
+            blocks.push(Self::block(&mut g, b, config.gemma.is_some())?);
         }
         let output = if config.tied_embeddings {
             Linear::new(Self::q8(&mut g, "token_embd.weight")?)?
         } else {
             Self::linear_of(&mut g, "output.weight")?
         };
+        let (hd, n) = (config.head_dim, config.context_length);
+        let (rope, local_rope) = match &config.gemma {
+            None => (
+                Rope::new(hd, config.rope_base, n, RopeStyle::Interleaved),
+                None,
+            ),
+            Some(gm) => (
+                Rope::new(hd, config.rope_base, n, RopeStyle::Halves),
+                Some(Rope::new(hd, gm.local_rope_base, n, RopeStyle::Halves)),
+            ),
+        };
         Ok(Self {
             output_norm: Self::vector(&mut g, "output_norm.weight")?,
-            rope: Rope::new(config.head_dim, config.rope_base, config.context_length),
+            rope,
+            local_rope,
             path: g.path.clone(),
             config,
             tokenizer,
             embed,
             blocks,
             output,
+        })
+    }
+
+    /// Block `b`'s weights, with Gemma 3's further norms when `gemma`.
+    fn block(g: &mut Gguf, b: usize, gemma: bool) -> Result<Block> {
+        let name = |t: &str| format!("blk.{b}.{t}.weight");
+        let norms = if gemma {
+            Some(GemmaNorms {
+                q: Self::vector(g, &name("attn_q_norm"))?,
+                k: Self::vector(g, &name("attn_k_norm"))?,
+                post_attention: Self::vector(g, &name("post_attention_norm"))?,
+                post_ffw: Self::vector(g, &name("post_ffw_norm"))?,
+            })
+        } else {
+            None
+        };
+        Ok(Block {
+            attn_norm: Self::vector(g, &name("attn_norm"))?,
+            qkv: Self::stacked(g, &[name("attn_q"), name("attn_k"), name("attn_v")])?,
+            o: Self::linear_of(g, &name("attn_output"))?,
+            ffn_norm: Self::vector(g, &name("ffn_norm"))?,
+            gate_up: Self::stacked(g, &[name("ffn_gate"), name("ffn_up")])?,
+            down: Self::linear_of(g, &name("ffn_down"))?,
+            gemma: norms,
         })
     }
 
@@ -306,16 +349,21 @@ impl Model {
     }
 
     pub(crate) fn heads(&self) -> Heads {
+        let c = &self.config;
         Heads {
-            heads: self.config.heads,
-            kv_heads: self.config.kv_heads,
-            head_dim: self.config.head_dim,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: c
+                .gemma
+                .as_ref()
+                .map_or_else(|| 1.0 / (c.head_dim as f32).sqrt(), |g| g.attention_scale),
         }
     }
 
     /// Block `l`'s LoRA deltas on the q, k and v rows of each span with an adapter (its input rows
-    /// `xn`), then rope at each row's position on q and k.
-    fn adapt_and_rotate(
+    /// `xn`).
+    fn adapt(
         &self,
         l: usize,
         spans: &[Span],
@@ -323,28 +371,131 @@ impl Model {
         xn: &[f32],
         (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
     ) {
-        let (e, kvd) = (self.config.embedding, self.config.kv_dim());
+        let (e, qd, kvd) = (
+            self.config.embedding,
+            self.config.q_dim(),
+            self.config.kv_dim(),
+        );
         for span in spans {
             if let Some(a) = span.adapter {
                 for r in span.row0..span.row0 + span.len {
                     let xr = &xn[r * e..(r + 1) * e];
-                    adapters[a].apply(l, Projection::Q, xr, &mut q[r * e..(r + 1) * e]);
+                    adapters[a].apply(l, Projection::Q, xr, &mut q[r * qd..(r + 1) * qd]);
                     adapters[a].apply(l, Projection::K, xr, &mut k[r * kvd..(r + 1) * kvd]);
                     adapters[a].apply(l, Projection::V, xr, &mut v[r * kvd..(r + 1) * kvd]);
                 }
             }
+        }
+    }
+
+    /// Rope at each row's position on q and k of block `l` (the local rope on a local layer).
+    fn rotate(&self, l: usize, spans: &[Span], q: &mut [f32], k: &mut [f32]) {
+        let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
+        let rope = match (&self.local_rope, self.config.window(l)) {
+            (Some(local), Some(_)) => local,
+            _ => &self.rope,
+        };
+        for span in spans {
             for i in 0..span.len {
                 let (r, pos) = (span.row0 + i, span.start + i);
-                self.rope.apply(&mut q[r * e..(r + 1) * e], pos);
-                self.rope.apply(&mut k[r * kvd..(r + 1) * kvd], pos);
+                rope.apply(&mut q[r * qd..(r + 1) * qd], pos);
+                rope.apply(&mut k[r * kvd..(r + 1) * kvd], pos);
             }
         }
     }
 
-    /// The forward pass over `tokens` (the spans' rows, in order): embeddings, then per block the
-    /// projections and MLP over all rows at once (candle's Q8_0 matmuls, row-invariant), rope at
-    /// each row's position, LoRA per span and attention per row through `ctx`; returns the logits
-    /// of `logit_rows` (`logit_rows.len() * vocab`) and the keys and values computed.
+    /// Block `l`'s attention, from its input rows `xn` to its output projection (LoRA included):
+    /// q, k and v, Gemma's per-head norms, rope, and each row's attention over its sequence's
+    /// positions in its window through `ctx`. The new keys and values are pushed onto `step`.
+    fn attention(
+        &self,
+        l: usize,
+        (spans, adapters): (&[Span], &[Lora]),
+        xn: &[f32],
+        ctx: &mut dyn Context,
+        step: &mut StepKv,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (qd, kvd, b) = (c.q_dim(), c.kv_dim(), &self.blocks[l]);
+        let qkv = b.qkv.forward(xn)?;
+        let (mut q, mut k, mut v) = split3(&qkv, qd, kvd);
+        self.adapt(l, spans, adapters, xn, (&mut q, &mut k, &mut v));
+        if let Some(g) = &b.gemma {
+            let mut normed = Vec::new();
+            rms_norm(&q, &g.q, c.rms_eps, &mut normed);
+            q.copy_from_slice(&normed);
+            rms_norm(&k, &g.k, c.rms_eps, &mut normed);
+            k.copy_from_slice(&normed);
+        }
+        self.rotate(l, spans, &mut q, &mut k);
+        let (heads, mut scores) = (self.heads(), Vec::new());
+        let mut att = vec![0f32; xn.len() / c.embedding * qd];
+        for (s, span) in spans.iter().enumerate() {
+            let rows = span.row0 * kvd..(span.row0 + span.len) * kvd;
+            let from = c.window_start(l, span.start);
+            let (base, kc, vc) = ctx.context(s, l, from, &k[rows.clone()], &v[rows])?;
+            for i in 0..span.len {
+                let (r, pos) = (span.row0 + i, span.start + i);
+                let past = Past {
+                    k: kc,
+                    v: vc,
+                    base,
+                    range: (c.window_start(l, pos), pos + 1),
+                };
+                attend(
+                    heads,
+                    &q[r * qd..(r + 1) * qd],
+                    past,
+                    &mut scores,
+                    &mut att[r * qd..(r + 1) * qd],
+                );
+            }
+        }
+        let mut o = b.o.forward(&att)?;
+        for span in spans {
+            if let Some(a) = span.adapter {
+                for r in span.row0..span.row0 + span.len {
+                    let (ar, e) = (&att[r * qd..(r + 1) * qd], c.embedding);
+                    adapters[a].apply(l, Projection::O, ar, &mut o[r * e..(r + 1) * e]);
+                }
+            }
+        }
+        step.k.push(k);
+        step.v.push(v);
+        Ok(o)
+    }
+
+    /// Block `l`'s feed-forward network on its input rows `xn`: SwiGLU (llama) or GeGLU (Gemma).
+    fn feed_forward(&self, l: usize, xn: &[f32]) -> Result<Vec<f32>> {
+        let (b, f) = (&self.blocks[l], self.config.feed_forward);
+        let mut gate_up = b.gate_up.forward(xn)?;
+        let hidden = if b.gemma.is_some() {
+            geglu(&mut gate_up, f)
+        } else {
+            swiglu(&mut gate_up, f)
+        };
+        b.down.forward(hidden)
+    }
+
+    /// `x += out`, `out` RMS-normed by `post` first when given (Gemma's post-norms).
+    fn residual(&self, x: &mut [f32], out: &[f32], post: Option<&[f32]>, buf: &mut Vec<f32>) {
+        let out = match post {
+            Some(w) => {
+                rms_norm(out, w, self.config.rms_eps, buf);
+                buf.as_slice()
+            }
+            None => out,
+        };
+        for (xi, oi) in x.iter_mut().zip(out) {
+            *xi += oi;
+        }
+    }
+
+    /// The forward pass over `tokens` (the spans' rows, in order): embeddings (scaled by
+    /// `sqrt(embedding)` for Gemma), then per block the projections and MLP over all rows at once
+    /// (candle's Q8_0 matmuls, row-invariant), rope at each row's position, LoRA per span and
+    /// attention per row through `ctx`; returns the logits of `logit_rows` (`logit_rows.len() *
+    /// vocab`, soft-capped when the model says so) and the keys and values computed.
     pub(crate) fn forward(
         &self,
         tokens: &[u32],
@@ -354,56 +505,29 @@ impl Model {
         logit_rows: &[usize],
     ) -> Result<(Vec<f32>, StepKv)> {
         let c = &self.config;
-        let (e, kvd, rows) = (c.embedding, c.kv_dim(), tokens.len());
+        let (e, rows) = (c.embedding, tokens.len());
         let ids = Tensor::from_slice(tokens, rows, &Device::Cpu)?;
         let mut x: Vec<f32> = self.embed.embedding(&ids)?.flatten_all()?.to_vec1()?;
+        if c.gemma.is_some() {
+            let scale = (e as f32).sqrt();
+            for xi in &mut x {
+                *xi *= scale;
+            }
+        }
         let mut step = StepKv {
             k: Vec::with_capacity(c.blocks),
             v: Vec::with_capacity(c.blocks),
         };
-        let (mut xn, mut scores) = (Vec::new(), Vec::new());
-        let mut att = vec![0f32; rows * e];
-        let heads = self.heads();
+        let (mut xn, mut buf) = (Vec::new(), Vec::new());
         for (l, b) in self.blocks.iter().enumerate() {
+            let post = b.gemma.as_ref();
             rms_norm(&x, &b.attn_norm, c.rms_eps, &mut xn);
-            let qkv = b.qkv.forward(&xn)?;
-            let (mut q, mut k, mut v) = split3(&qkv, e, kvd);
-            self.adapt_and_rotate(l, spans, adapters, &xn, (&mut q, &mut k, &mut v));
-            for (s, span) in spans.iter().enumerate() {
-                let rows = span.row0..span.row0 + span.len;
-                let (new_k, new_v) = (
-                    &k[rows.start * kvd..rows.end * kvd],
-                    &v[rows.start * kvd..rows.end * kvd],
-                );
-                let (kc, vc) = ctx.context(s, l, new_k, new_v)?;
-                for i in 0..span.len {
-                    let r = span.row0 + i;
-                    let n = span.start + i + 1;
-                    let out = &mut att[r * e..(r + 1) * e];
-                    attend(heads, &q[r * e..(r + 1) * e], kc, vc, n, &mut scores, out);
-                }
-            }
-            let mut o = b.o.forward(&att)?;
-            for span in spans {
-                if let Some(a) = span.adapter {
-                    for r in span.row0..span.row0 + span.len {
-                        let ar = &att[r * e..(r + 1) * e];
-                        adapters[a].apply(l, Projection::O, ar, &mut o[r * e..(r + 1) * e]);
-                    }
-                }
-            }
-            for (xi, oi) in x.iter_mut().zip(&o) {
-                *xi += oi;
-            }
+            let o = self.attention(l, (spans, adapters), &xn, ctx, &mut step)?;
+            let post_attention = post.map(|g| g.post_attention.as_slice());
+            self.residual(&mut x, &o, post_attention, &mut buf);
             rms_norm(&x, &b.ffn_norm, c.rms_eps, &mut xn);
-            let mut gate_up = b.gate_up.forward(&xn)?;
-            let hidden = swiglu(&mut gate_up, c.feed_forward);
-            let down = b.down.forward(hidden)?;
-            for (xi, di) in x.iter_mut().zip(&down) {
-                *xi += di;
-            }
-            step.k.push(k);
-            step.v.push(v);
+            let down = self.feed_forward(l, &xn)?;
+            self.residual(&mut x, &down, post.map(|g| g.post_ffw.as_slice()), &mut buf);
         }
         if logit_rows.is_empty() {
             return Ok((Vec::new(), step));
@@ -413,11 +537,15 @@ impl Model {
             last.extend_from_slice(&x[r * e..(r + 1) * e]);
         }
         rms_norm(&last, &self.output_norm, c.rms_eps, &mut xn);
-        Ok((self.output.forward(&xn)?, step))
+        let mut logits = self.output.forward(&xn)?;
+        if let Some(cap) = c.gemma.as_ref().and_then(|g| g.final_softcap) {
+            soft_cap(&mut logits, cap);
+        }
+        Ok((logits, step))
     }
 }
 
-/// Rows of `[q | k | v]` (`e + 2 kvd` wide) split into rows of q, of k and of v.
+/// Rows of `[q | k | v]` (`e + 2 kvd` wide) split into rows of q (`e` wide), of k and of v.
 fn split3(qkv: &[f32], e: usize, kvd: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = qkv.len() / (e + 2 * kvd);
     let (mut q, mut k, mut v) = (

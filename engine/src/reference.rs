@@ -20,14 +20,15 @@ impl Context for Cache {
         &mut self,
         _span: usize,
         layer: usize,
+        _from: usize,
         new_k: &[f32],
         new_v: &[f32],
-    ) -> Result<(&[f32], &[f32])> {
+    ) -> Result<(usize, &[f32], &[f32])> {
         let at = self.len * self.kv_dim;
         let end = at + new_k.len();
         self.k[layer][at..end].copy_from_slice(new_k);
         self.v[layer][at..end].copy_from_slice(new_v);
-        Ok((&self.k[layer][..end], &self.v[layer][..end]))
+        Ok((0, &self.k[layer][..end], &self.v[layer][..end]))
     }
 }
 

@@ -9,7 +9,7 @@ use kvsched_gpu::{HostKvStore, PageStore, Tier};
 use crate::error::{EngineError, Result};
 use crate::kv::{gather, scatter, KvLayout};
 use crate::lora::Lora;
-use crate::model::{Context, Model, Span};
+use crate::model::{Context, Model, Span, StepKv};
 
 /// One sequence's part of a step: a prefill chunk (several tokens) or a decode token.
 #[derive(Clone, Copy, Debug)]
@@ -22,11 +22,27 @@ pub struct Sequence<'a> {
     /// `p / tokens_per_block`. It must cover `start + tokens.len()` positions; entries past that
     /// are not looked at.
     pub pages: &'a [u32],
+    /// The page table of the model's local (sliding-window) layers, when they have one of their
+    /// own: those layers' keys and values are then read from and written to these pages (their
+    /// pieces of them), the global layers' to `pages`. `None`: every layer uses `pages`.
+    ///
+    /// Entries wholly before the window of the chunk's first token (entry `i` when
+    /// `(i + 1) * tokens_per_block <= start + 1 - sliding_window`) are never read or checked: a
+    /// freed page's entry may hold anything, e.g. [`Sequence::RELEASED`]. The same holds for the
+    /// local layers' pieces of `pages` when this is `None`: a local layer reads no page that
+    /// holds only positions before its window.
+    pub local_pages: Option<&'a [u32]>,
     /// Whether the step returns the logits of the chunk's last token.
     pub logits: bool,
     /// The sequence's LoRA adapter: the GPU (device) pages of the adapter store that hold its
     /// weights, in weight order ([`crate::Lora`]'s format); `None` for the base model.
     pub adapter: Option<&'a [u32]>,
+}
+
+impl Sequence<'_> {
+    /// A page table entry whose page was released (it is never read): what a local table holds
+    /// for blocks wholly before the window.
+    pub const RELEASED: u32 = u32::MAX;
 }
 
 /// The sequences of one step, in row order.
@@ -99,6 +115,8 @@ struct Paged<'s> {
     store: &'s HostKvStore,
     layout: KvLayout,
     batch: &'s Batch<'s>,
+    /// Per layer, whether it is a local (sliding-window) layer.
+    local: Vec<bool>,
     k: Vec<f32>,
     v: Vec<f32>,
 }
@@ -108,24 +126,30 @@ impl Context for Paged<'_> {
         &mut self,
         span: usize,
         layer: usize,
+        from: usize,
         new_k: &[f32],
         new_v: &[f32],
-    ) -> Result<(&[f32], &[f32])> {
+    ) -> Result<(usize, &[f32], &[f32])> {
         let s = &self.batch.sequences[span];
+        let table = match (s.local_pages, self.local[layer]) {
+            (Some(local), true) => local,
+            _ => s.pages,
+        };
         self.k.clear();
         self.v.clear();
+        let first = from / self.layout.tokens_per_block;
         gather(
             self.store,
             &self.layout,
-            s.pages,
+            table,
             layer,
-            s.start,
+            (first, s.start),
             &mut self.k,
             &mut self.v,
         )?;
         self.k.extend_from_slice(new_k);
         self.v.extend_from_slice(new_v);
-        Ok((&self.k, &self.v))
+        Ok((first * self.layout.tokens_per_block, &self.k, &self.v))
     }
 }
 
@@ -221,19 +245,19 @@ impl Model {
             rows[i] = (logit_rows.len(), last[i]);
             logit_rows.extend(tokens.len() - last[i]..tokens.len());
         }
+        let local: Vec<bool> = (0..layout.layers)
+            .map(|l| self.config().window(l).is_some())
+            .collect();
         let mut ctx = Paged {
             store: kv,
             layout,
             batch,
+            local: local.clone(),
             k: Vec::new(),
             v: Vec::new(),
         };
         let (data, step) = self.forward(&tokens, &spans, &loras, &mut ctx, &logit_rows)?;
-        for (s, span) in batch.sequences.iter().zip(&spans) {
-            scatter(
-                kv, &layout, s.pages, s.start, span.len, span.row0, &step.k, &step.v, &mut buf,
-            )?;
-        }
+        write_kv(kv, &layout, (batch, &spans), &step, &local, &mut buf)?;
         Ok(Logits {
             vocab: self.config().vocab,
             data,
@@ -252,6 +276,7 @@ impl Model {
         if batch.sequences.is_empty() {
             return refuse("no sequences".into());
         }
+        let mut entries = Vec::with_capacity(batch.sequences.len());
         let mut written: HashMap<u32, usize> = HashMap::new();
         for (i, s) in batch.sequences.iter().enumerate() {
             let end = s.start + s.tokens.len();
@@ -270,45 +295,102 @@ impl Model {
                     c.context_length
                 ));
             }
-            let used = layout.pages_for(end);
-            if s.pages.len() < used {
-                return refuse(format!(
-                    "sequence {i}: {end} positions need {used} pages of {}, the table has {}",
-                    layout.tokens_per_block,
-                    s.pages.len()
-                ));
-            }
-            let table = &s.pages[..used];
-            if let Some(p) = table.iter().find(|&&p| p >= gpu_pages) {
-                return refuse(format!(
-                    "sequence {i}: page {p} is outside the {gpu_pages} GPU pages"
-                ));
-            }
-            let mut seen = std::collections::HashSet::with_capacity(used);
-            if let Some(p) = table.iter().find(|&&p| !seen.insert(p)) {
-                return refuse(format!("sequence {i}: page {p} appears twice in its table"));
-            }
-            for &p in &table[s.start / layout.tokens_per_block..] {
-                if let Some(j) = written.insert(p, i) {
-                    return refuse(format!("page {p} is written by sequences {j} and {i}"));
+            let mine = self.table_entries(i, s, layout, gpu_pages)?;
+            for &(p, writes) in &mine {
+                if writes {
+                    if let Some(j) = written.insert(p, i) {
+                        return refuse(format!("page {p} is written by sequences {j} and {i}"));
+                    }
                 }
             }
             check_adapter(i, s, adapters)?;
+            entries.push(mine);
         }
-        for (i, s) in batch.sequences.iter().enumerate() {
-            let used = layout.pages_for(s.start + s.tokens.len());
-            if let Some(p) = s.pages[..used]
+        for (i, mine) in entries.iter().enumerate() {
+            if let Some(&(p, _)) = mine
                 .iter()
-                .find(|p| written.get(p).is_some_and(|&w| w != i))
+                .find(|(p, _)| written.get(p).is_some_and(|&w| w != i))
             {
                 return refuse(format!(
                     "page {p} is in sequence {i}'s table and written by sequence {}",
-                    written[p]
+                    written[&p]
                 ));
             }
         }
         Ok(())
     }
+
+    /// The pages sequence `i`'s step touches, each with whether the step writes it: the entries
+    /// of its table (and of its local table, from the window of its first token on) up to its
+    /// last position, checked in range, each page once.
+    fn table_entries(
+        &self,
+        i: usize,
+        s: &Sequence<'_>,
+        layout: &KvLayout,
+        gpu_pages: u32,
+    ) -> Result<Vec<(u32, bool)>> {
+        let (tpb, end) = (layout.tokens_per_block, s.start + s.tokens.len());
+        let used = layout.pages_for(end);
+        let mut tables = vec![("", s.pages, 0)];
+        if let Some(local) = s.local_pages {
+            let Some(w) = (0..layout.layers).find_map(|l| self.config().window(l)) else {
+                return refuse(format!(
+                    "sequence {i} has a local page table, the model has no sliding-window layer"
+                ));
+            };
+            tables.push(("local ", local, (s.start + 1).saturating_sub(w) / tpb));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(2 * used);
+        let mut out = Vec::with_capacity(2 * used);
+        for (what, table, first) in tables {
+            if table.len() < used {
+                return refuse(format!(
+                    "sequence {i}: {end} positions need {used} pages of {tpb}, the {what}table \
+                     has {}",
+                    table.len()
+                ));
+            }
+            for (e, &p) in table.iter().enumerate().take(used).skip(first) {
+                if p >= gpu_pages {
+                    return refuse(format!(
+                        "sequence {i}: page {p} is outside the {gpu_pages} GPU pages"
+                    ));
+                }
+                if !seen.insert(p) {
+                    return refuse(format!("sequence {i}: page {p} appears twice in its table"));
+                }
+                out.push((p, e >= s.start / tpb));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Writes the step's new keys and values into each sequence's pages: every layer's into its table,
+/// or, for a sequence with a local table, the local layers' (`local[l]`) into that.
+fn write_kv(
+    kv: &mut HostKvStore,
+    layout: &KvLayout,
+    (batch, spans): (&Batch<'_>, &[Span]),
+    step: &StepKv,
+    local: &[bool],
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let (global_layers, local_layers): (Vec<usize>, Vec<usize>) =
+        (0..layout.layers).partition(|&l| !local[l]);
+    let all: Vec<usize> = (0..layout.layers).collect();
+    for (s, span) in batch.sequences.iter().zip(spans) {
+        let rows = (s.start, span.len, span.row0);
+        let (k, v) = (&step.k, &step.v);
+        if let Some(table) = s.local_pages {
+            scatter(kv, layout, s.pages, &global_layers, rows, k, v, buf)?;
+            scatter(kv, layout, table, &local_layers, rows, k, v, buf)?;
+        } else {
+            scatter(kv, layout, s.pages, &all, rows, k, v, buf)?;
+        }
+    }
+    Ok(())
 }
 
 /// Sequence `i`'s adapter pages: an adapter store is given, and its pages are in its device tier.

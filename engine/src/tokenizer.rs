@@ -1,13 +1,18 @@
 //! The tokenizer, built from the GGUF metadata alone: a byte-level BPE over the file's vocabulary
-//! and merges (digits split one by one, no prefix space), its control tokens as special tokens,
-//! and the chat template the file carries.
+//! and merges (digits split one by one, no prefix space; `tokenizer.ggml.model` `gpt2`), or a
+//! SentencePiece BPE over its pieces and scores (`llama`, as Gemma's files have it), its control
+//! tokens as special tokens, and the chat template the file carries.
 
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
 use serde::Serialize;
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -17,8 +22,39 @@ use tokenizers::AddedToken;
 use crate::error::{EngineError, Result};
 use crate::gguf::Gguf;
 
+/// GGUF token type of a normal token (a piece of the text).
+const NORMAL: i32 = 1;
 /// GGUF token type of a control token (`<|im_start|>`, `<|endoftext|>`, ...).
 const CONTROL: i32 = 3;
+/// GGUF token type of a user-defined token (Gemma's runs of newlines, spaces and tabs, ...):
+/// always matched whole in the text, as llama.cpp does.
+const USER_DEFINED: i32 = 4;
+
+/// SentencePiece's spelling of a space.
+const SPACE: &str = "\u{2581}";
+
+/// Gemma's turn format, for a Gemma file without a template of its own: a system message is put
+/// in front of the first user turn, `assistant` is called `model`.
+const GEMMA_TEMPLATE: &str = "{{ bos_token }}
+{%- if messages and messages[0].role == 'system' -%}
+{%- set system = messages[0].content + '\n\n' -%}
+{%- set turns = messages[1:] -%}
+{%- else -%}
+{%- set system = '' -%}
+{%- set turns = messages -%}
+{%- endif -%}
+{%- for m in turns -%}
+{%- if m.role == 'system' -%}
+{{ raise_exception('a system message must come first') }}
+{%- endif -%}
+<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}
+{{ (system if loop.first else '') + m.content | trim }}<end_of_turn>
+{{ '' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<start_of_turn>model
+{{ '' }}
+{%- endif -%}";
 
 /// One chat message: a role (`system`, `user`, `assistant`) and its text.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -49,17 +85,23 @@ impl Message {
     }
 }
 
-/// A byte-level BPE tokenizer built from a GGUF file's `tokenizer.ggml.*` metadata.
+/// A tokenizer built from a GGUF file's `tokenizer.ggml.*` metadata.
 ///
-/// Text is split into digits one by one and GPT-2's byte-level pieces (no space is added in front
-/// of the text), so [`Tokenizer::decode`] of [`Tokenizer::encode`] gives the text back exactly. The
-/// file's control tokens are special tokens: they are matched whole in the text and never split.
+/// For `tokenizer.ggml.model` `gpt2` (SmolLM2), a byte-level BPE: text is split into digits one
+/// by one and GPT-2's byte-level pieces (no space is added in front of the text). For `llama`
+/// (Gemma's SentencePiece), a BPE over the pieces whose merges are the file's scores (every split
+/// of a piece into two pieces, the higher-scored piece merged first, as SentencePiece and
+/// llama.cpp merge), spaces spelt `▁`, characters outside the vocabulary as their UTF-8 bytes
+/// (`<0xNN>`), no space added in front. Either way [`Tokenizer::decode`] of
+/// [`Tokenizer::encode`] gives the text back exactly. The file's control tokens are special
+/// tokens, and its user-defined tokens are matched whole in the text too.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     tokens: Vec<String>,
     special: Vec<u32>,
     eos: u32,
     bos: Option<u32>,
+    add_bos: bool,
     stop: Vec<u32>,
     chat_template: Option<String>,
 }
@@ -86,14 +128,52 @@ impl Tokenizer {
 
     pub(crate) fn from_gguf(g: &Gguf) -> Result<Self> {
         let model = g.string("tokenizer.ggml.model")?;
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(g.unsupported(format!(
-                "tokenizer model {model:?} (only the byte-level BPE \"gpt2\" is supported)"
+                "tokenizer model {model:?} (supported: the byte-level BPE \"gpt2\", \
+                 SentencePiece's \"llama\")"
             )));
         }
         let tokens = strings(g, "tokenizer.ggml.tokens")?;
-        let merges = merges(g)?;
         let types = token_types(g, tokens.len())?;
+        let (eos, bos, add_bos) = Self::ids(g, &tokens)?;
+        let special: Vec<u32> = (0..tokens.len() as u32)
+            .filter(|&i| types[i as usize] == CONTROL)
+            .collect();
+        let inner = if model == "gpt2" {
+            byte_level_bpe(g, &tokens, merges(g)?, &special)?
+        } else {
+            sentencepiece_bpe(g, &tokens, &types)?
+        };
+        let mut stop = vec![eos];
+        for name in ["<|im_end|>", "<|endoftext|>", "<end_of_turn>"] {
+            if let Some(&i) = special.iter().find(|&&i| tokens[i as usize] == name) {
+                if !stop.contains(&i) {
+                    stop.push(i);
+                }
+            }
+        }
+        let gemma_turns = ["<start_of_turn>", "<end_of_turn>"]
+            .iter()
+            .all(|t| special.iter().any(|&i| tokens[i as usize] == *t));
+        let chat_template = match g.content.metadata.get("tokenizer.chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => (model == "llama" && gemma_turns).then(|| GEMMA_TEMPLATE.to_string()),
+        };
+        Ok(Self {
+            inner,
+            tokens,
+            special,
+            eos,
+            bos,
+            add_bos,
+            stop,
+            chat_template,
+        })
+    }
+
+    /// The EOS and BOS tokens and whether a BOS token starts every encoding.
+    fn ids(g: &Gguf, tokens: &[String]) -> Result<(u32, Option<u32>, bool)> {
         let id = |key: &str| -> Result<Option<u32>> {
             if !g.content.metadata.contains_key(key) {
                 return Ok(None);
@@ -111,38 +191,32 @@ impl Tokenizer {
             g.content.metadata.get("tokenizer.ggml.add_bos_token"),
             Some(Value::Bool(true))
         );
-        if add_bos {
-            return Err(g.unsupported("tokenizer.ggml.add_bos_token is true"));
+        if add_bos && bos.is_none() {
+            return Err(g.corrupt(
+                "tokenizer.ggml.add_bos_token is true and tokenizer.ggml.bos_token_id is missing",
+            ));
         }
-        let special: Vec<u32> = (0..tokens.len() as u32)
-            .filter(|&i| types[i as usize] == CONTROL)
-            .collect();
-        let inner = byte_level_bpe(g, &tokens, merges, &special)?;
-        let mut stop = vec![eos];
-        for name in ["<|im_end|>", "<|endoftext|>"] {
-            if let Some(&i) = special.iter().find(|&&i| tokens[i as usize] == name) {
-                if !stop.contains(&i) {
-                    stop.push(i);
-                }
-            }
-        }
-        let chat_template = match g.content.metadata.get("tokenizer.chat_template") {
-            Some(Value::String(s)) => Some(s.clone()),
-            _ => None,
-        };
-        Ok(Self {
-            inner,
-            tokens,
-            special,
-            eos,
-            bos,
-            stop,
-            chat_template,
-        })
+        Ok((eos, bos, add_bos))
     }
 
-    /// The token ids of `text`; special tokens written in the text are recognised whole.
+    /// The token ids of `text`, with the BOS token in front when the file says so
+    /// ([`Tokenizer::adds_bos`]); special tokens written in the text are recognised whole.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode_text(text)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            ids.insert(0, bos);
+        }
+        Ok(ids)
+    }
+
+    /// Whether [`Tokenizer::encode`] puts the BOS token in front (`tokenizer.ggml.add_bos_token`).
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The token ids of `text` alone, no BOS token added; special tokens written in the text are
+    /// recognised whole.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self.inner.encode_fast(text, false).map_err(tok_err)?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -188,12 +262,14 @@ impl Tokenizer {
         self.bos
     }
 
-    /// Whether generation stops at `id`: the EOS token, `<|im_end|>` or `<|endoftext|>`.
+    /// Whether generation stops at `id`: the EOS token, `<|im_end|>`, `<|endoftext|>` or
+    /// `<end_of_turn>`.
     pub fn is_stop(&self, id: u32) -> bool {
         self.stop.contains(&id)
     }
 
-    /// The chat template from the metadata (`tokenizer.chat_template`), if any.
+    /// The chat template from the metadata (`tokenizer.chat_template`); for a SentencePiece file
+    /// without one whose vocabulary has `<start_of_turn>` and `<end_of_turn>`, Gemma's turn format.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }
@@ -225,13 +301,20 @@ impl Tokenizer {
             .map_err(|e| EngineError::Template(e.to_string()))
     }
 
-    /// The token ids of `messages` in the chat template.
+    /// The token ids of `messages` in the chat template; the BOS token in front when the file
+    /// says so, once (a template that writes `bos_token` already has it).
     pub fn encode_chat(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>> {
-        self.encode(&self.render_chat(messages, add_generation_prompt)?)
+        let mut ids = self.encode_text(&self.render_chat(messages, add_generation_prompt)?)?;
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
     }
 }
 
@@ -308,5 +391,98 @@ fn byte_level_bpe(
                 .map(|&i| AddedToken::from(tokens[i as usize].clone(), true)),
         )
         .map_err(tok_err)?;
+    Ok(inner)
+}
+
+/// The metadata array `tokenizer.ggml.scores`, one per token.
+fn scores(g: &Gguf, tokens: usize) -> Result<Vec<f32>> {
+    let key = "tokenizer.ggml.scores";
+    let scores: Vec<f32> = g
+        .array(key)?
+        .iter()
+        .map(|v| {
+            v.to_f32()
+                .map_err(|_| g.corrupt(format!("{key} holds a value that is not an f32")))
+        })
+        .collect::<Result<_>>()?;
+    if scores.len() != tokens {
+        return Err(g.corrupt(format!("{} scores for {tokens} tokens", scores.len())));
+    }
+    Ok(scores)
+}
+
+/// SentencePiece's BPE as merges: every split of a normal piece into two normal pieces, the
+/// pieces in order of their score (highest first, ties by id), each piece's splits left to right.
+fn sentencepiece_merges(
+    tokens: &[String],
+    types: &[i32],
+    scores: &[f32],
+    vocab: &ahash::AHashMap<String, u32>,
+) -> Vec<(String, String)> {
+    let normal = |t: &str| vocab.get(t).is_some_and(|&i| types[i as usize] == NORMAL);
+    let mut order: Vec<usize> = (0..tokens.len())
+        .filter(|&i| types[i] == NORMAL && tokens[i].chars().nth(1).is_some())
+        .collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let mut merges = Vec::with_capacity(2 * order.len());
+    for i in order {
+        let t = &tokens[i];
+        for (at, _) in t.char_indices().skip(1) {
+            let (a, b) = t.split_at(at);
+            if normal(a) && normal(b) {
+                merges.push((a.to_string(), b.to_string()));
+            }
+        }
+    }
+    merges
+}
+
+/// The SentencePiece BPE tokenizer of a `llama` tokenizer file: spaces as `▁` (none added in
+/// front), merges by score, byte fallback, control tokens special and user-defined tokens matched
+/// whole.
+fn sentencepiece_bpe(g: &Gguf, tokens: &[String], types: &[i32]) -> Result<tokenizers::Tokenizer> {
+    if !matches!(
+        g.content.metadata.get("tokenizer.ggml.add_space_prefix"),
+        Some(Value::Bool(false))
+    ) {
+        return Err(g.unsupported(
+            "a SentencePiece tokenizer that adds a space in front (tokenizer.ggml.add_space_prefix \
+             is not false)",
+        ));
+    }
+    let scores = scores(g, tokens.len())?;
+    let mut vocab = ahash::AHashMap::with_capacity(tokens.len());
+    for (i, token) in tokens.iter().enumerate() {
+        if vocab.insert(token.clone(), i as u32).is_some() {
+            return Err(g.corrupt(format!("token {token:?} appears twice in the vocabulary")));
+        }
+    }
+    if let Some(b) = (0..=255u8).find(|b| !vocab.contains_key(&format!("<0x{b:02X}>"))) {
+        return Err(g.corrupt(format!("the byte-fallback token <0x{b:02X}> is missing")));
+    }
+    let merges = sentencepiece_merges(tokens, types, &scores, &vocab);
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .build()
+        .map_err(|e| g.corrupt(format!("the SentencePiece pieces do not make a BPE: {e}")))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner
+        .with_normalizer(Some(Replace::new(" ", SPACE).map_err(tok_err)?))
+        .map_err(tok_err)?;
+    let decoders = vec![
+        Replace::new(SPACE, " ").map_err(tok_err)?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    inner.with_decoder(Some(DecoderSequence::new(decoders)));
+    let added = (0..tokens.len()).filter_map(|i| match types[i] {
+        CONTROL => Some(AddedToken::from(tokens[i].clone(), true)),
+        USER_DEFINED => Some(AddedToken::from(tokens[i].clone(), false).normalized(false)),
+        _ => None,
+    });
+    let (control, user): (Vec<AddedToken>, Vec<AddedToken>) = added.partition(|t| t.special);
+    inner.add_special_tokens(control).map_err(tok_err)?;
+    inner.add_tokens(user).map_err(tok_err)?;
     Ok(inner)
 }

@@ -1,5 +1,6 @@
 //! Bad input is a typed, one-line error naming the file, before any work: a missing path, a file
-//! that is not GGUF, a truncated GGUF, an unsupported architecture or quantization; and a batch the
+//! that is not GGUF, a truncated GGUF, an unsupported architecture or quantization, a Gemma 3 file
+//! missing a key or a tensor or beyond what the engine runs; and a batch the
 //! step cannot run is refused whole.
 
 mod common;
@@ -173,6 +174,7 @@ fn seq<'a>(tokens: &'a [u32], start: usize, pages: &'a [u32]) -> Sequence<'a> {
         tokens,
         start,
         pages,
+        local_pages: None,
         logits: true,
         adapter: None,
     }
@@ -203,6 +205,13 @@ fn a_batch_the_step_cannot_run_is_refused_whole() {
             vec![seq(&tokens, 8190, &[0; 513])],
             "exceed the context length",
         ),
+        (
+            vec![Sequence {
+                local_pages: Some(&[2, 3]),
+                ..seq(&tokens, 0, &[0, 1])
+            }],
+            "the model has no sliding-window layer",
+        ),
     ];
     for (sequences, says) in cases {
         let batch = Batch { sequences };
@@ -222,4 +231,113 @@ fn a_batch_the_step_cannot_run_is_refused_whole() {
     };
     let error = model.step(&batch, &mut wrong.unwrap(), None).unwrap_err();
     assert!(error.to_string().contains("layers a page"), "{error}");
+}
+
+/// An edit of a synthetic file's metadata and tensors.
+type Edit = Box<dyn FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, QTensor)>)>;
+
+/// A one-block Gemma 3 file (head width 64, 4 query heads on an embedding of 128), its metadata
+/// and tensors edited by `edit` before it is written.
+fn tiny_gemma3(
+    path: &Path,
+    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<(String, QTensor)>),
+) {
+    let (vocab, e, q, hd, ffn) = (8usize, 128usize, 256usize, 64usize, 256usize);
+    let t = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|i| ((i % 13) as f32 - 6.0) / 32.0).collect();
+        let dtype = if shape.len() == 1 {
+            GgmlDType::F32
+        } else {
+            GgmlDType::Q8_0
+        };
+        QTensor::quantize(&Tensor::from_vec(data, shape, &Device::Cpu).unwrap(), dtype).unwrap()
+    };
+    let mut tensors = vec![
+        ("token_embd.weight".to_string(), t(&[vocab, e])),
+        ("output_norm.weight".to_string(), t(&[e])),
+    ];
+    for (name, shape) in [
+        ("attn_norm", vec![e]),
+        ("attn_q", vec![q, e]),
+        ("attn_k", vec![hd, e]),
+        ("attn_v", vec![hd, e]),
+        ("attn_output", vec![e, q]),
+        ("attn_q_norm", vec![hd]),
+        ("attn_k_norm", vec![hd]),
+        ("post_attention_norm", vec![e]),
+        ("ffn_norm", vec![e]),
+        ("ffn_gate", vec![ffn, e]),
+        ("ffn_up", vec![ffn, e]),
+        ("ffn_down", vec![e, ffn]),
+        ("post_ffw_norm", vec![e]),
+    ] {
+        tensors.push((format!("blk.0.{name}.weight"), t(&shape)));
+    }
+    let mut metadata: Vec<(String, Value)> = [
+        ("general.architecture", Value::String("gemma3".into())),
+        ("gemma3.block_count", Value::U32(1)),
+        ("gemma3.embedding_length", Value::U32(e as u32)),
+        ("gemma3.feed_forward_length", Value::U32(ffn as u32)),
+        ("gemma3.attention.head_count", Value::U32(4)),
+        ("gemma3.attention.head_count_kv", Value::U32(1)),
+        ("gemma3.attention.key_length", Value::U32(hd as u32)),
+        ("gemma3.attention.value_length", Value::U32(hd as u32)),
+        ("gemma3.attention.sliding_window", Value::U32(16)),
+        ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("gemma3.context_length", Value::U32(64)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    edit(&mut metadata, &mut tensors);
+    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut file = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut file, &metadata, &tensors).unwrap();
+}
+
+#[test]
+fn gemma3_files_missing_or_beyond_what_the_engine_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-gemma3.gguf");
+    let cases: [(&str, Edit, bool); 4] = [
+        (
+            "metadata key gemma3.attention.sliding_window is missing",
+            Box::new(|m, _| m.retain(|(k, _)| k != "gemma3.attention.sliding_window")),
+            false,
+        ),
+        (
+            "gemma3.attn_logit_softcapping (Gemma 2's attention soft-capping)",
+            Box::new(|m, _| m.push(("gemma3.attn_logit_softcapping".into(), Value::F32(50.0)))),
+            true,
+        ),
+        (
+            "tensor blk.0.attn_q_norm.weight is missing",
+            Box::new(|_, t| t.retain(|(k, _)| k != "blk.0.attn_q_norm.weight")),
+            false,
+        ),
+        (
+            "head dimension 64 (values 32)",
+            Box::new(|m, _| {
+                m.retain(|(k, _)| k != "gemma3.attention.value_length");
+                m.push(("gemma3.attention.value_length".into(), Value::U32(32)));
+            }),
+            true,
+        ),
+    ];
+    for (says, edit, unsupported) in cases {
+        tiny_gemma3(&path, edit);
+        let error = Model::load(&path).unwrap_err();
+        if unsupported {
+            assert!(
+                matches!(error, EngineError::Unsupported { .. }),
+                "{error:?}"
+            );
+        } else {
+            assert!(matches!(error, EngineError::Corrupt { .. }), "{error:?}");
+        }
+        let message = assert_one_line_naming(&error, &path);
+        assert!(message.contains(says), "{message} (expected {says:?})");
+    }
 }

@@ -33,6 +33,7 @@ fn the_capital_of_france_is_paris() {
             tokens: &tokens,
             start,
             pages: &pages,
+            local_pages: None,
             logits: true,
             adapter: None,
         });

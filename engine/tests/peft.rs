@@ -29,6 +29,7 @@ fn smol() -> ModelConfig {
         context_length: 8192,
         vocab: 49152,
         tied_embeddings: true,
+        gemma: None,
     }
 }
 

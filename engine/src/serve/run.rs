@@ -226,6 +226,7 @@ impl Engine<'_> {
                 tokens: input,
                 start: r.start,
                 pages,
+                local_pages: None,
                 logits: r.logits,
                 adapter: adapter_pages(&self.tasks, &self.slots, live, r)?,
             });

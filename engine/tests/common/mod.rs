@@ -11,10 +11,23 @@ use kvsched_engine::Model;
 /// The model's file name in the fetch script's cache folder.
 const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Gemma 3 270M's file name in scripts/fetch-gemma3.sh's cache folder.
+const GEMMA3_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
 /// The test model: `KVSCHED_MODEL`, else the fetch script's cache path. When it is absent, a test
 /// fails under CI (`CI` set) and is skipped otherwise, saying how to fetch it.
 pub fn model_path() -> Option<PathBuf> {
-    let path = if let Some(p) = std::env::var_os("KVSCHED_MODEL") {
+    find_model("KVSCHED_MODEL", FILE, "scripts/fetch-model.sh")
+}
+
+/// Gemma 3 270M: `KVSCHED_GEMMA3`, else scripts/fetch-gemma3.sh's cache path; absent, a failure
+/// under CI and a skip otherwise.
+pub fn gemma3_path() -> Option<PathBuf> {
+    find_model("KVSCHED_GEMMA3", GEMMA3_FILE, "scripts/fetch-gemma3.sh")
+}
+
+fn find_model(var: &str, file: &str, script: &str) -> Option<PathBuf> {
+    let path = if let Some(p) = std::env::var_os(var) {
         PathBuf::from(p)
     } else {
         let cache = std::env::var_os("KVSCHED_MODEL_CACHE")
@@ -23,19 +36,27 @@ pub fn model_path() -> Option<PathBuf> {
                 std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvsched/models"))
             })
             .unwrap_or_else(|| PathBuf::from(".cache/kvsched/models"));
-        cache.join(FILE)
+        cache.join(file)
     };
     if path.is_file() {
         return Some(path);
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "the test model {} is missing (CI must run scripts/fetch-model.sh first)",
+        "the test model {} is missing (CI must run {script} first)",
         path.display()
     );
     // Straight to stderr, past the test harness's capture, so that a skip is seen.
-    let _ = writeln!(std::io::stderr(), "skipped: run scripts/fetch-model.sh");
+    let _ = writeln!(std::io::stderr(), "skipped: run {script}");
     None
+}
+
+/// Gemma 3 270M, loaded once per test binary, with candle on one thread.
+pub fn gemma3() -> Option<&'static Model> {
+    static MODEL: OnceLock<Model> = OnceLock::new();
+    let path = gemma3_path()?;
+    kvsched_engine::init_threads(1);
+    Some(MODEL.get_or_init(|| Model::load(&path).expect("Gemma 3 loads")))
 }
 
 /// The model, loaded once per test binary, with candle on one thread.
@@ -203,6 +224,7 @@ pub fn run_paged(
                 tokens: input,
                 start: pos[i],
                 pages: &tables[i],
+                local_pages: None,
                 logits: pos[i] + input.len() >= requests[i].prompt.len(),
                 adapter: requests[i].adapter.as_deref(),
             });
