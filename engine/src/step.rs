@@ -42,7 +42,7 @@ pub struct Sequence<'a> {
 impl Sequence<'_> {
     /// A page table entry whose page was released (it is never read): what a local table holds
     /// for blocks wholly before the window.
-    pub const RELEASED: u32 = u32::MAX;
+    pub const RELEASED: u32 = kvsched_core::page_pool::NO_PAGE;
 }
 
 /// The sequences of one step, in row order.
