@@ -34,7 +34,8 @@ use kvsched_core::page_pool::{page_of, HOST};
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::storage::{Boxed, Owned};
-use kvsched_core::{AdapterPool, Config, KvPool, KvPoolConfig, Phase, SchedulerOutput, TaskId};
+use kvsched_core::{AdapterPool, ChunkPolicy, Chunking, Config, KvPool, KvPoolConfig, Phase};
+use kvsched_core::{SchedulerOutput, TaskId};
 use kvsched_gpu::{AdapterSlots, BlockTableShape, HostAdapterStore, HostKvStore, KvPages};
 use kvsched_gpu::{MemError, PoolShape};
 
@@ -90,10 +91,19 @@ pub struct EngineConfig {
 }
 
 impl Default for EngineConfig {
+    /// 256 GPU pages of 16 positions, requests of up to 2,048 tokens, prompts prefilled in chunks of
+    /// a page (first come, first served) within the scheduler's 1,024-token step budget: the
+    /// scheduler's own default takes whole prompts only, up to 1,024 tokens, so a longer prompt would
+    /// never be scheduled.
     fn default() -> Self {
         Self {
             scheduler: Config {
                 max_num_requests: MAX_REQUESTS as u32,
+                max_context_length: None,
+                chunking: Some(Chunking {
+                    policy: ChunkPolicy::FirstComeFirstServed,
+                    unit: 16,
+                }),
                 ..Config::DEFAULT
             },
             tokens_per_block: 16,

@@ -46,3 +46,19 @@ fn a_request_ignoring_stop_runs_to_its_length_past_the_stop_token() {
     );
     assert!(seen[1] >= 1 && engine.generated(runs_on).is_none());
 }
+
+/// A prompt longer than one step's token budget is prefilled in chunks by the default configuration
+/// (the scheduler's own default takes whole prompts only up to 1,024 tokens, so a longer one was
+/// never scheduled and the loop reported a stall).
+#[test]
+fn the_default_engine_serves_a_prompt_longer_than_a_step() {
+    let Some(model) = common::model() else { return };
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(120);
+    let prompt = model.tokenizer().encode(&text).unwrap();
+    assert!(prompt.len() > 1024, "{} tokens", prompt.len());
+    let mut engine = Engine::new(model, EngineConfig::default()).unwrap();
+    engine.submit(&prompt, 2, None, Sampler::greedy()).unwrap();
+    let done = engine.run().expect("served, not stalled");
+    assert_eq!(done[0].tokens.len(), 2);
+    assert!(engine.stats().context_chunks > 1, "prefilled in chunks");
+}
