@@ -14,6 +14,12 @@ use kvsched_engine::{Result, Tokenizer};
 pub struct TextStream {
     /// The tokens that make text (special tokens left out).
     body: Vec<u32>,
+    /// The text of `body[..read]`: no half character in it (but at the end).
+    text: String,
+    /// Where the tokens decoded again for context begin, and where the new ones begin (vLLM's
+    /// incremental detokenizer: each push decodes a few tokens, not the whole body).
+    prefix: usize,
+    read: usize,
     /// Bytes of the text sent so far.
     sent: usize,
     stops: Vec<String>,
@@ -37,6 +43,9 @@ impl TextStream {
         let hold = stops.iter().map(String::len).max().unwrap_or(1) - 1;
         Self {
             body: Vec::new(),
+            text: String::new(),
+            prefix: 0,
+            read: 0,
             sent: 0,
             stops,
             hold,
@@ -56,28 +65,25 @@ impl TextStream {
         let special = tok.special_tokens();
         self.body
             .extend(tokens.iter().filter(|t| special.binary_search(t).is_err()));
-        let full = tok.decode(&self.body)?;
-        if let Some(at) = self.first_stop(&full) {
+        self.decode_new(tok, last)?;
+        if let Some(at) = self.first_stop() {
             self.stopped = true;
-            let text = full.get(self.sent..at).unwrap_or_default().to_string();
+            let text = self.text.get(self.sent..at).unwrap_or_default().to_string();
             self.sent = at;
             return Ok(Piece {
                 text,
                 stopped: true,
             });
         }
-        let mut end = full.len();
+        let mut end = self.text.len();
         if !last {
-            // A character split across tokens decodes as U+FFFD until its last byte arrives.
-            end = full
-                .trim_end_matches('\u{FFFD}')
-                .len()
-                .saturating_sub(self.hold);
-            while !full.is_char_boundary(end) {
+            end = end.saturating_sub(self.hold);
+            while !self.text.is_char_boundary(end) {
                 end -= 1;
             }
         }
-        let text = full
+        let text = self
+            .text
             .get(self.sent..end.max(self.sent))
             .unwrap_or_default()
             .to_string();
@@ -88,8 +94,31 @@ impl TextStream {
         })
     }
 
-    /// Where the first stop string begins in `full`, if one is there.
-    fn first_stop(&self, full: &str) -> Option<usize> {
+    /// Appends the text of the tokens past `read`, decoded after the few before them (a decoder's
+    /// output may depend on its context). A character split across tokens decodes as U+FFFD until its
+    /// last byte arrives: until then (or the end) nothing is appended.
+    fn decode_new(&mut self, tok: &Tokenizer, last: bool) -> Result<()> {
+        if self.read == self.body.len() {
+            return Ok(());
+        }
+        let before = tok.decode(&self.body[self.prefix..self.read])?;
+        let after = tok.decode(&self.body[self.prefix..])?;
+        if !last && (after.len() <= before.len() || after.ends_with('\u{FFFD}')) {
+            return Ok(());
+        }
+        match after.strip_prefix(before.as_str()) {
+            Some(new) => self.text.push_str(new),
+            // A decoder that rewrote the context: the whole text again (rare; never for byte-level
+            // BPE or SentencePiece's byte fallback).
+            None => self.text = tok.decode(&self.body)?,
+        }
+        (self.prefix, self.read) = (self.read, self.body.len());
+        Ok(())
+    }
+
+    /// Where the first stop string begins in the text, if one is there.
+    fn first_stop(&self) -> Option<usize> {
+        let full = self.text.as_str();
         let from = self.sent.saturating_sub(self.hold).min(full.len());
         let from = (0..=from).rev().find(|&i| full.is_char_boundary(i))?;
         self.stops
