@@ -71,7 +71,7 @@ pub use reference::Reference;
 pub use sample::Sampler;
 pub use serve::{
     block_hashes, Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, KvExtent,
-    KvTransfer, MAX_ADAPTERS, MAX_REQUESTS,
+    KvTransfer, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};

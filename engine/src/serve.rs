@@ -46,6 +46,7 @@ use crate::model::Model;
 use crate::sample::Sampler;
 pub use control::EngineLoad;
 pub use disagg::KvTransfer;
+pub use run::STALL_STEPS;
 
 /// Requests the engine holds at once (its scheduler's table).
 pub const MAX_REQUESTS: usize = 32;

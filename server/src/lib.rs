@@ -75,8 +75,8 @@ impl Default for ServeConfig {
 
 impl ServeConfig {
     /// A serving engine for requests of up to `max_model_len` tokens on `gpu_pages` KV pages of
-    /// `tokens_per_block` positions: chunked prefill (first come, first served, in chunks of whole
-    /// pages) within a budget of 512 tokens a step, so a long prompt never stalls the decoding
+    /// `tokens_per_block` positions: the engine's chunked prefill (first come, first served, in
+    /// chunks of whole pages) within a budget of 512 tokens a step, so a long prompt never stalls the decoding
     /// requests for long; 32 requests at once; a prefix cache; no host tier.
     pub fn engine(max_model_len: u32, tokens_per_block: u32, gpu_pages: u32) -> EngineConfig {
         let mut engine = EngineConfig {
@@ -87,7 +87,6 @@ impl ServeConfig {
             ..EngineConfig::default()
         };
         engine.scheduler.max_num_tokens = Some(512);
-        engine.scheduler.max_context_length = None;
         engine.scheduler.chunking = Some(Chunking {
             policy: ChunkPolicy::FirstComeFirstServed,
             unit: tokens_per_block,

@@ -10,14 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvsched_engine::{Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sampler};
+use kvsched_engine::{
+    Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sampler, STALL_STEPS,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// How long an idle engine thread waits for a request before it looks at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
-/// Consecutive steps without a model step after which every request held is failed (a request the
-/// pass can never schedule must not hang its client, nor the others, forever).
-const STALL_STEPS: u32 = 2000;
 
 /// Why a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,8 +13,9 @@ use kvsched_gpu::{AdapterSlots, PageStore};
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// Consecutive steps without a model step after which [`Engine::run`] gives up.
-const STALL_STEPS: u32 = 2000;
+/// Consecutive steps without a model step after which [`Engine::run`] gives up (and a serving loop
+/// of its own should too: a request the pass never schedules must not hang).
+pub const STALL_STEPS: u32 = 2000;
 
 impl Engine<'_> {
     /// Runs one iteration: the pass, the page moves and adapter plan, the model step over the
