@@ -336,6 +336,7 @@ impl KvBackend for ScriptedKv {
             can_evict: st.can_evict,
             max_tokens_per_request: u64::MAX,
             slots: u32::MAX,
+            sliding_windows: false,
         })
     }
     fn cache(&self, r: KvRef) -> CacheState {

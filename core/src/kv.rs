@@ -156,6 +156,10 @@ pub struct KvLimits {
     /// Requests the backend keeps caches for: every [`KvRef::slot`] it is asked about is below it
     /// (`u32::MAX`: as many as the scheduler's table). The scheduler refuses a submission past it.
     pub slots: u32,
+    /// A sliding-window group gives up the pages before a request's window by the capacity the
+    /// request grows from ([`crate::kv_groups::KvGroups`]), which must then be the tokens computed: the
+    /// scheduler refuses GUARANTEED_NO_EVICT, whose reservation runs the capacity ahead of them.
+    pub sliding_windows: bool,
 }
 
 /// The KV manager operations every backend has — what the scheduling pass calls on every pool (spec

@@ -21,18 +21,20 @@
 //! stands even when the growth is refused (no later query could read those blocks either), and it
 //! frees the pages the growth takes: a long prompt's chunks hold about (W + chunk) / page + 1.
 //!
-//! No prefix cache yet: a window group's released blocks, kept in a prefix cache, would stay there
-//! (the cache evicts leaf first, and a released block is the parent of the request's later blocks),
-//! so the window would save nothing; and a hit would need the window group to hold the blocks of the
-//! last window before the hit point, which a leaf-first cache does not keep. Until a window-aware
-//! cache exists, [`KvGroups::new`] refuses pools with one, rather than serve hybrid models with
-//! prefix reuse that silently never hits.
+//! **Prefix reuse across groups** (when every pool has a prefix cache, or none does): a hit is the
+//! longest prefix for which the full-attention groups hold every block and each window group the
+//! blocks of the last `W` tokens before the hit point (vLLM's hybrid manager's rule). A window
+//! group's cache evicts its idle blocks in LRU order whatever their children (its rows hold only
+//! their window, so a released block is idle at once and the window saves its page); it matches the
+//! window's blocks only ([`KvPool::set_window`] makes a pool's cache a window's). The prefix-aware
+//! probes answer with that hit too.
 
 use crate::error::Error;
 use crate::kv::{
-    Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PairedPool,
+    Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PairedPool, PrefixCap,
+    PrefixReuse, Reach,
 };
-use crate::page_pool::KvPool;
+use crate::page_pool::{KvPool, KvPoolConfig};
 use crate::storage::{Borrowed, Buffers};
 
 /// What a group's layers attend to.
@@ -66,9 +68,9 @@ pub struct KvGroups<'a, B: Buffers = Borrowed<'a>, const G: usize = 2> {
 impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
     /// The groups as one backend. Refused (`Invalid`, nothing kept): no group, a first group that is
     /// not full attention, a window of 0, longer than a request or not a multiple of its pool's page,
-    /// pools of different slots, page sizes or request lengths, a pool with a prefix cache (not yet
-    /// supported with groups: the module docs say why).
-    pub fn new(groups: [Group<'a, B>; G]) -> Result<Self, Error> {
+    /// pools of different slots, page sizes or request lengths, a prefix cache in some pools and not
+    /// in others, a pool with a KV connector or unified adapter paging (not supported with groups).
+    pub fn new(mut groups: [Group<'a, B>; G]) -> Result<Self, Error> {
         let Some(first) = groups.first() else {
             return Err(Error::Invalid("KV groups need at least one group"));
         };
@@ -77,38 +79,58 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
                 "the first KV group must be full attention (it leads the others)",
             ));
         }
-        let lead = first.pool.config();
+        let (lead, cached) = (first.pool.config(), first.pool.prefix_stats().is_some());
         for g in &groups {
-            let c = g.pool.config();
-            if c.slots != lead.slots
-                || c.tokens_per_block != lead.tokens_per_block
-                || c.max_blocks != lead.max_blocks
-            {
-                return Err(Error::Invalid(
-                    "KV groups' pools must have the same slots, page size and request length",
-                ));
-            }
-            if g.pool.prefix_stats().is_some() {
-                return Err(Error::Invalid(
-                    "KV groups do not take a prefix cache yet (a window's released blocks would stay cached)",
-                ));
-            }
-            if let Attention::Sliding { window } = g.attention {
-                if window == 0
-                    || u64::from(window) > u64::from(c.max_blocks) * u64::from(c.tokens_per_block)
-                {
-                    return Err(Error::Invalid(
-                        "a sliding window must hold at least one position and at most a request",
-                    ));
-                }
-                if window % c.tokens_per_block != 0 {
-                    return Err(Error::Invalid(
-                        "a sliding window must be a whole number of pages",
-                    ));
-                }
+            Self::validate(g, lead, cached)?;
+        }
+        for g in &mut groups {
+            if let (Attention::Sliding { window }, true) = (g.attention, cached) {
+                let set = g.pool.set_window(window / lead.tokens_per_block);
+                assert!(set, "a validated window pool has an empty prefix cache");
             }
         }
         Ok(Self { groups })
+    }
+
+    /// One group against the leader's geometry and prefix cache.
+    fn validate(g: &Group<'a, B>, lead: KvPoolConfig, cached: bool) -> Result<(), Error> {
+        let c = g.pool.config();
+        if c.slots != lead.slots
+            || c.tokens_per_block != lead.tokens_per_block
+            || c.max_blocks != lead.max_blocks
+        {
+            return Err(Error::Invalid(
+                "KV groups' pools must have the same slots, page size and request length",
+            ));
+        }
+        if g.pool.prefix_stats().is_some() != cached {
+            return Err(Error::Invalid(
+                "KV groups take a prefix cache in every pool or in none",
+            ));
+        }
+        if !g.pool.plain() {
+            return Err(Error::Invalid(
+                "KV groups do not take a KV connector or unified adapter paging",
+            ));
+        }
+        if g.pool.prefix_stats().is_some_and(|s| s.committed > 0) {
+            return Err(Error::Invalid("KV groups take empty prefix caches"));
+        }
+        if let Attention::Sliding { window } = g.attention {
+            if window == 0
+                || u64::from(window) > u64::from(c.max_blocks) * u64::from(c.tokens_per_block)
+            {
+                return Err(Error::Invalid(
+                    "a sliding window must hold at least one position and at most a request",
+                ));
+            }
+            if window % c.tokens_per_block != 0 {
+                return Err(Error::Invalid(
+                    "a sliding window must be a whole number of pages",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The groups, read-only (their pools' tables, counters and checks).
@@ -132,6 +154,26 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
 
     fn capacity(&self, r: KvRef) -> u32 {
         self.groups[0].pool.seq(r.slot).capacity
+    }
+
+    /// Side-effect free: the tokens a first chunk reuses across the groups, the longest prefix the
+    /// leader matches that every window group holds the last window of. A window group's hits are
+    /// not closed downward (its blocks may be cached further in and not before), so the candidate
+    /// shrinks until every group agrees.
+    fn hit(&self, r: KvRef, prep: ContextPrep) -> u32 {
+        let Some(mut m) = self.groups[0].pool.probe_context_reuse(r, prep) else {
+            return 0;
+        };
+        loop {
+            let agreed = self.groups[1..].iter().fold(m, |m, g| {
+                let limit = prep.limited(prep.reuse_limit.min(m));
+                g.pool.probe_context_reuse(r, limit).unwrap_or(0).min(m)
+            });
+            if agreed == m {
+                return m;
+            }
+            m = agreed;
+        }
     }
 
     /// After a growth from `before` tokens: each window group gives up what no new query reads.
@@ -164,7 +206,7 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
     type Draft = Absent;
     type Cross = Absent;
     type Transfers = Absent;
-    type Prefix = Absent;
+    type Prefix = Self;
     type Adapters = Absent;
 
     fn limits(&self) -> KvLimits {
@@ -173,6 +215,7 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
             let o = g.pool.limits();
             l.tier_below_gpu &= o.tier_below_gpu;
             l.can_evict &= o.can_evict;
+            l.sliding_windows |= matches!(g.attention, Attention::Sliding { .. });
             l.slots = l.slots.min(o.slots);
             // A window group holds only its window: its pages do not bound a request's length.
             if g.attention == Attention::Full {
@@ -191,8 +234,15 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
         if !fresh && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return None;
         }
+        let prep = if fresh && prep.first_chunk {
+            let m = self.hit(r, prep);
+            prep.limited(prep.reuse_limit.min(m))
+        } else {
+            prep
+        };
+        let mut reused = 0;
         for i in 0..G {
-            if self.groups[i].pool.prepare_context(r, prep).is_none() {
+            let Some(n) = self.groups[i].pool.prepare_context(r, prep) else {
                 for g in &mut self.groups[..i] {
                     if fresh {
                         g.pool.free(r);
@@ -201,10 +251,12 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
                     }
                 }
                 return None;
-            }
+            };
+            // Every group reuses the hit that all of them hold.
+            assert!(i == 0 || n == reused, "KV groups reuse one prefix");
+            reused = n;
         }
-        // Without a prefix cache nothing is reused.
-        Some(0)
+        Some(reused)
     }
 
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
@@ -293,5 +345,59 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
 
     fn take_moves(&mut self) -> &[PageMove] {
         self.groups[0].pool.take_moves()
+    }
+}
+
+/// The groups' prefix caches (present while the leader has one: then every pool has one).
+impl<'a, B: Buffers, const G: usize> Reach<KvGroups<'a, B, G>, PrefixCap> for KvGroups<'a, B, G> {
+    #[inline]
+    fn reach(k: &Self) -> Option<&Self> {
+        k.groups[0].pool.prefix_stats().is_some().then_some(k)
+    }
+    #[inline]
+    fn reach_mut(k: &mut Self) -> Option<&mut Self> {
+        if k.groups[0].pool.prefix_stats().is_some() {
+            Some(k)
+        } else {
+            None
+        }
+    }
+}
+
+/// Prefix reuse by the window rule ([the module docs](self)): hashes, roots and commits go to every
+/// group; the probes answer with the hit every group holds.
+impl<B: Buffers, const G: usize> PrefixReuse for KvGroups<'_, B, G> {
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        for g in &mut self.groups {
+            g.pool.set_prefix(r, root, hashes);
+        }
+    }
+
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        for g in &mut self.groups {
+            g.pool.commit(r, computed);
+        }
+    }
+
+    fn all_blocks_reusable(&self) -> bool {
+        self.groups[0].pool.all_blocks_reusable()
+    }
+
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        let lead = &self.groups[0].pool;
+        if !prep.first_chunk || G == 1 {
+            return lead.probe_first_new_block(r, prep);
+        }
+        // Where the window groups cut the leader's hit short, the first new block is the hit's end.
+        let m = self.hit(r, prep);
+        if Some(m) == lead.probe_context_reuse(r, prep) {
+            return lead.probe_first_new_block(r, prep);
+        }
+        lead.block_key(r.slot, m / lead.config().tokens_per_block)
+    }
+
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        self.groups[0].pool.probe_context_reuse(r, prep)?;
+        Some(self.hit(r, prep))
     }
 }

@@ -192,6 +192,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
                     can_evict: t.can_evict && d.can_evict,
                     max_tokens_per_request: t.max_tokens_per_request.min(d.max_tokens_per_request),
                     slots: t.slots.min(d.slots).min(cross),
+                    sliding_windows: t.sliding_windows || d.sliding_windows,
                 }
             }
         }

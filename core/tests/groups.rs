@@ -116,7 +116,7 @@ fn bad_group_lists_are_refused() {
                     pool: pool(cfg(8, 0), true),
                 },
             ]),
-            "do not take a prefix cache yet",
+            "every pool or in none",
         ),
     ];
     for (got, words) in cases {

@@ -287,3 +287,58 @@ fn a_refused_first_chunk_gives_its_matched_blocks_back() {
     let pages = s.kv().config().page_info_len();
     assert!(s.kv().audit(&mut vec![0; pages]));
 }
+
+/// A first chunk whose resize is refused after its match claimed a block on the host tier is
+/// suspended with its claim; another request that computed the same block then commits it. The pool
+/// took the claimed block over as if it were idle and panicked ("an idle host block"); the commit now
+/// stops at a block another row claimed and resumes once that row reloads it (found by the grouped
+/// prefix caches' random operations, issue 27).
+#[test]
+fn regression_a_commit_leaves_a_block_another_row_claimed_on_the_host() {
+    use kvsched_core::kv::{ContextPrep, KvBackend, KvRef, PrefixReuse};
+    let r = |slot: u16| KvRef {
+        slot,
+        id: kvsched_core::RequestId(u64::from(slot) + 10),
+    };
+    let mut k = KvPool::owned_with_prefix_cache(KvPoolConfig {
+        tokens_per_block: TPB,
+        gpu_pages: 4,
+        host_pages: 8,
+        slots: 4,
+        max_blocks: 8,
+    })
+    .unwrap();
+    k.set_prefix(r(1), 1, &[5]);
+    k.prepare_context(r(1), ContextPrep::first(17)).unwrap();
+    assert!(k.resize_context(r(1), 16, true));
+    k.commit(r(1), 16);
+    k.free(r(1));
+    // Another request takes every GPU page: the cached block goes down to the host tier.
+    k.set_prefix(r(3), 9, &[]);
+    k.prepare_context(r(3), ContextPrep::first(64)).unwrap();
+    assert!(k.resize_context(r(3), 64, true));
+    let _ = k.take_moves();
+    k.free(r(3));
+    // Slot 0 claims it and is suspended before its resize; slot 2 computes the block itself.
+    k.set_prefix(r(0), 1, &[5]);
+    assert_eq!(k.prepare_context(r(0), ContextPrep::first(17)), Some(16));
+    k.suspend(r(0));
+    k.set_prefix(r(2), 1, &[5]);
+    assert_eq!(k.prepare_context(r(2), ContextPrep::first(17)), Some(0));
+    assert!(k.resize_context(r(2), 17, true));
+    k.commit(r(2), 16);
+    assert!(k.check());
+    assert_eq!(
+        k.seq(2).committed,
+        0,
+        "the claimed block is slot 0's to reload"
+    );
+    // Slot 0 resumes (its claim reloads); slot 2's next commit shares the reloaded block.
+    assert_eq!(k.prepare_context(r(0), ContextPrep::first(17)), Some(0));
+    assert!(k.resize_context(r(0), 17, false));
+    let _ = k.take_moves();
+    k.commit(r(2), 16);
+    assert_eq!(k.seq(2).committed, 1);
+    assert_eq!(k.table(2)[0], k.table(0)[0]);
+    assert!(k.check());
+}

@@ -70,6 +70,7 @@ impl<B: Buffers> KvBackend for KvPool<'_, B> {
             max_tokens_per_request: u64::from(self.cfg.max_blocks.min(self.cfg.gpu_pages))
                 * u64::from(self.cfg.tokens_per_block),
             slots: self.cfg.slots,
+            sliding_windows: false,
         }
     }
 

@@ -35,6 +35,7 @@ mod owned;
 mod prefix;
 #[cfg(test)]
 mod prefix_tests;
+mod reuse;
 mod rows;
 #[cfg(test)]
 mod tests;

@@ -28,6 +28,12 @@
 //!    match stops at a host block another row claimed) and reloads before it runs;
 //! 6. a GPU block's cached parent is on the GPU.
 //!
+//! A sliding-window group's cache (`set_window`, `kv_groups`) differs: its rows hold only their window,
+//! so a block's parent may be released and evicted while the block is cached. Every idle block is a
+//! leaf there, evicted in LRU order whatever its children (an orphan stays matchable by its chained key:
+//! a window's hit needs only the blocks of the last window before the hit point), no child counts are
+//! kept, and invariants 3 and 6 are a full cache's only.
+//!
 //! The LRU lists (and the counts that decide a leaf) are in `prefix/lru.rs`.
 
 use super::HOST;
@@ -125,6 +131,9 @@ pub(super) struct Prefix<B: Buffers> {
     cached: [u32; 2],
     idle: [u32; 2],
     clock: u64,
+    /// A sliding window's pool: the blocks a query reads before its own (`window / tokens_per_block`),
+    /// 0 for full attention. In a window's pool blocks are evicted whatever their children (below).
+    window: u32,
     pub(super) stats: PrefixStats,
 }
 
@@ -147,8 +156,27 @@ impl<B: Buffers> Prefix<B> {
             cached: [0; 2],
             idle: [0; 2],
             clock: 0,
+            window: 0,
             stats: PrefixStats::default(),
         }
+    }
+
+    /// Makes this the cache of a sliding-window group reading `blocks` blocks before a query's own
+    /// (the window's release and hits are `KvGroups`'): every idle block is evictable, in LRU order,
+    /// whatever its children, since a window's hit needs only the last blocks before the hit point and
+    /// a row holds only its window's blocks. No child counts are kept (invariants 3 and 6 are a full
+    /// cache's). Set on an empty cache.
+    pub(super) fn set_window(&mut self, blocks: u32) {
+        assert!(
+            self.cached == [0; 2] && blocks > 0,
+            "a window is set on an empty cache"
+        );
+        self.window = blocks;
+    }
+
+    /// The blocks a window group's query reads before its own (0: full attention).
+    pub(super) fn window(&self) -> u32 {
+        self.window
     }
 
     /// The info index of a table entry (GPU page, or host page tagged [`HOST`]).
@@ -384,6 +412,9 @@ impl<B: Buffers> Prefix<B> {
     /// The block of `parent` gains (`+1`) or loses (`-1`) a child on the GPU, the count of all its
     /// children unchanged (a child moved between tiers).
     fn gpu_child(&mut self, parent: u64, sign: i32) {
+        if self.window > 0 {
+            return;
+        }
         if let Some(at) = self.parent_at(parent) {
             let p = &mut self.pages[at];
             p.gpu_children = p.gpu_children.wrapping_add_signed(sign);
@@ -444,6 +475,7 @@ impl<B: Buffers> Prefix<B> {
         self.index.hash(h);
         self.lru.hash(h);
         self.cached.hash(h);
+        self.window.hash(h);
         self.stats.hash(h);
     }
 
@@ -477,6 +509,7 @@ impl<B: Buffers> Prefix<B> {
                     return false;
                 }
                 if t == 0
+                    && self.window == 0
                     && self
                         .parent_at(p.parent)
                         .is_some_and(|q| u32_of(q) >= self.gpu_pages)
@@ -516,6 +549,12 @@ impl<B: Buffers> Prefix<B> {
     /// Invariant 3 with a count per page (`scratch`, one per page, overwritten): every cached page's
     /// `children` and `gpu_children` are the cached pages (on the GPU) whose parent is its key.
     pub(super) fn audit_children(&self, scratch: &mut [u32]) -> bool {
+        if self.window > 0 {
+            return self
+                .pages
+                .iter()
+                .all(|p| p.children == 0 && p.gpu_children == 0);
+        }
         for gpu_only in [false, true] {
             scratch.fill(0);
             for (at, p) in self.pages.iter().enumerate() {

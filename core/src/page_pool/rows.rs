@@ -1,13 +1,12 @@
 //! What the pool does to one row: pages taken (evicting cached blocks when none is free), released,
-//! moved down on suspension and up on resumption; and, with a prefix cache, a first chunk's prefix
-//! matched and a computed prefix committed.
+//! moved down on suspension and up on resumption (a prompt prefix's match and commit are `reuse.rs`).
 //!
 //! Every operation is all-or-nothing: what it needs (pages, room in the move log) is checked before
 //! anything changes, and an eviction it makes on the way frees the page it takes (an idle adapter's
 //! eviction frees all its pages).
 
 use crate::ids::RequestId;
-use crate::kv::{ContextPrep, PageMove, Tier};
+use crate::kv::{PageMove, Tier};
 
 use super::{blocks_for, page_of, KvPool, Seq, SeqState, HOST, NO_PAGE};
 use crate::kv::chain;
@@ -53,7 +52,7 @@ impl<B: Buffers> KvPool<'_, B> {
         self.host_free_len + self.prefix.as_ref().map_or(0, |p| p.evictable(Tier::Host))
     }
 
-    fn push_free(&mut self, entry: u32) {
+    pub(super) fn push_free(&mut self, entry: u32) {
         match page_of(entry) {
             (Tier::Gpu, p) => {
                 self.gpu_free[self.gpu_free_len as usize] = p;
@@ -247,7 +246,7 @@ impl<B: Buffers> KvPool<'_, B> {
     }
 
     /// The key of block `k - 1` of the slot's prompt (its root for `k == 0`).
-    fn chain_to(&self, slot: usize, k: u32) -> u64 {
+    pub(super) fn chain_to(&self, slot: usize, k: u32) -> u64 {
         let s = self.seqs[slot];
         let n = k.min(s.hashed) as usize;
         if n == 0 {
@@ -395,178 +394,6 @@ impl<B: Buffers> KvPool<'_, B> {
         }
         self.push_free(e);
         self.tables[at] = p;
-    }
-
-    /// A first chunk's new row matches its prompt's cached prefix, block by block from the root, up to
-    /// the prompt minus its last token and the draft lookahead: a block on the GPU is shared, one on the
-    /// host tier is claimed (the row becomes [`SeqState::Claimed`]; its first resize reloads it, so a
-    /// refused admission copies nothing) unless another row claimed it. Returns the reused tokens.
-    pub(super) fn match_prefix(&mut self, slot: usize, prep: ContextPrep) -> u32 {
-        if self.prefix.is_none() {
-            return 0;
-        }
-        let (s, tpb, base) = (self.seqs[slot], self.cfg.tokens_per_block, self.row(slot));
-        let limit = self.match_limit(slot, prep);
-        let (mut key, mut m, mut claimed) = (s.root, 0u32, false);
-        while m < limit {
-            let next = chain(key, self.hashes[base + m as usize]);
-            let Some(e) = self.prefix.as_ref().and_then(|p| p.lookup(next)) else {
-                break;
-            };
-            let Some(prefix) = self.prefix.as_mut() else {
-                break;
-            };
-            if e & HOST != 0 {
-                // Claimed, not copied: the resize that admits the chunk reloads it. One claim a block.
-                if prefix.info(e).refs() > 0 {
-                    break;
-                }
-                claimed = true;
-            } else {
-                prefix.stats.gpu_hits += 1;
-            }
-            prefix.acquire(e);
-            self.tables[base + m as usize] = e;
-            key = next;
-            m += 1;
-        }
-        let seq = &mut self.seqs[slot];
-        if claimed {
-            seq.state = SeqState::Claimed;
-        }
-        seq.blocks = m;
-        seq.capacity = m * tpb;
-        seq.committed = m;
-        seq.chain = key;
-        m * tpb
-    }
-
-    /// The most blocks a first chunk may match: its hashed blocks, short of the prompt's last token and
-    /// the draft lookahead, within the reuse limit and the page table.
-    pub(super) fn match_limit(&self, slot: usize, prep: ContextPrep) -> u32 {
-        let tpb = self.cfg.tokens_per_block;
-        self.seqs[slot]
-            .hashed
-            .min(prep.prompt.saturating_sub(1 + prep.lookahead) / tpb)
-            .min(prep.reuse_limit / tpb)
-            .min(self.cfg.max_blocks)
-    }
-
-    /// Side-effect free: the tokens [`KvPool::match_prefix`] would reuse now (0 for a slot that has a
-    /// cache: only a first chunk's new row matches).
-    pub(super) fn probe_reuse(&self, slot: usize, prep: ContextPrep) -> u32 {
-        let Some(prefix) = self.prefix.as_ref() else {
-            return 0;
-        };
-        let (s, base) = (self.seqs[slot], self.row(slot));
-        if s.state != SeqState::None {
-            return 0;
-        }
-        let (mut key, mut m) = (s.root, 0u32);
-        while m < self.match_limit(slot, prep) {
-            key = chain(key, self.hashes[base + m as usize]);
-            match prefix.lookup(key) {
-                Some(e) if e & HOST == 0 || prefix.info(e).refs() == 0 => m += 1,
-                _ => break,
-            }
-        }
-        m * self.cfg.tokens_per_block
-    }
-
-    /// Commits the row's prompt blocks computed so far (`computed` tokens) to the prefix cache, in order:
-    /// a block already cached on the GPU replaces the row's copy (shared, the copy freed); one cached on
-    /// the host tier is taken over by the row's copy; a new one is indexed.
-    pub(super) fn commit_row(&mut self, slot: usize, computed: u32) {
-        if self.prefix.is_none() {
-            return;
-        }
-        let (s, base) = (self.seqs[slot], self.row(slot));
-        let upto = s
-            .hashed
-            .min(computed / self.cfg.tokens_per_block)
-            .min(s.blocks);
-        let (mut key, mut k) = (s.chain, s.committed);
-        if k < s.released {
-            // A sliding window gave those blocks up before they were committed.
-            (key, k) = (self.chain_to(slot, s.released), s.released);
-        }
-        while k < upto {
-            let e = self.tables[base + k as usize];
-            if e & HOST != 0 {
-                break;
-            }
-            let next = chain(key, self.hashes[base + k as usize]);
-            let Some(prefix) = self.prefix.as_mut() else {
-                break;
-            };
-            match prefix.lookup(next) {
-                Some(other) if other == e => {}
-                Some(other) if other & HOST == 0 => {
-                    prefix.acquire(other);
-                    prefix.stats.deduplicated += 1;
-                    let freed = prefix.release(e);
-                    self.tables[base + k as usize] = other;
-                    if freed {
-                        self.push_free(e);
-                    }
-                }
-                Some(other) => {
-                    prefix.take_over(other, e);
-                    self.push_free(other);
-                }
-                None => prefix.commit(e, next, key),
-            }
-            key = next;
-            k += 1;
-        }
-        self.seqs[slot].committed = k;
-        self.seqs[slot].chain = key;
-    }
-
-    /// The key of the first block the request would newly contribute: for a first chunk the first block
-    /// of its prompt that is not cached (within the matchable part), for a later chunk the block at its
-    /// position. `None` without a hash for it, or without a prefix cache.
-    pub(super) fn probe_row(&self, slot: usize, prep: ContextPrep) -> Option<u64> {
-        let prefix = self.prefix.as_ref()?;
-        let (s, tpb, base) = (self.seqs[slot], self.cfg.tokens_per_block, self.row(slot));
-        let hashes = if s.hashed == 0 {
-            &[][..]
-        } else {
-            &self.hashes[base..base + s.hashed as usize]
-        };
-        if !prep.first_chunk {
-            let k = (prep.position / tpb) as usize;
-            return (k < hashes.len()).then(|| self.chain_to(slot, u32_of(k) + 1));
-        }
-        let limit = prep.prompt.saturating_sub(1 + prep.lookahead) / tpb;
-        let mut key = s.root;
-        for (k, &h) in hashes.iter().enumerate() {
-            key = chain(key, h);
-            if u32_of(k) >= limit || prefix.lookup(key).is_none() {
-                return Some(key);
-            }
-        }
-        None
-    }
-
-    /// Sets the slot's prompt block hashes and root (before it has a cache).
-    pub(super) fn set_prefix_row(&mut self, slot: usize, root: u64, hashes: &[u64]) {
-        let n = if self.prefix.is_some() {
-            hashes.len().min(self.cfg.max_blocks as usize)
-        } else {
-            0
-        };
-        if n > 0 {
-            let base = self.row(slot);
-            self.hashes[base..base + n].copy_from_slice(&hashes[..n]);
-        }
-        let s = &mut self.seqs[slot];
-        *s = Seq {
-            root,
-            hashed: u32_of(n),
-            chain: root,
-            ..Seq::default()
-        };
     }
 
     /// The slot loses its cache (its prompt's hashes and root stay, for a replay).

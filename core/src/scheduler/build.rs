@@ -27,14 +27,31 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
     /// the crate docs for where a scheduler may live). Refused for an invalid configuration.
     pub fn new(cfg: Config, kv: K, peft: P) -> Result<Self, Error> {
         cfg.validate()?;
+        fits(&cfg, &kv)?;
         Ok(Self::inline(cfg, kv, peft))
     }
+}
+
+/// What the configuration asks of the KV backend that it cannot give: GUARANTEED_NO_EVICT reserves a
+/// request's whole life at admission, so its capacity runs ahead of the tokens computed, and a backend
+/// that gives up a sliding window's pages by the capacity would give up pages the next queries read
+/// (per-group reservations are not yet: `docs/KV-GROUPS.md`).
+fn fits<K: KvBackend>(cfg: &Config, kv: &K) -> Result<(), Error> {
+    if cfg.policy == crate::config::CapacityPolicy::GuaranteedNoEvict && kv.limits().sliding_windows
+    {
+        return Err(Error::Invalid(
+            "GUARANTEED_NO_EVICT is not supported with sliding-window KV groups yet (use MAX_UTILIZATION)",
+        ));
+    }
+    Ok(())
 }
 
 impl<K, P, const N: usize, const T: usize> Scheduler<K, P, N, T> {
     /// [`Scheduler::new`] as a `const fn`, for a `static` (backends that are themselves
     /// const-constructible, such as [`crate::NoPeft`] or a const [`crate::AdapterPool`]). Panics on an
-    /// invalid configuration: a compile error where it initialises a `static`.
+    /// invalid configuration: a compile error where it initialises a `static`. A `const fn` cannot ask
+    /// the backend, so a backend the configuration does not fit ([`Scheduler::new`]'s refusal) is not
+    /// checked here: sliding-window KV groups, the one such backend, are not const-constructible.
     pub const fn new_const(cfg: Config, kv: K, peft: P) -> Self {
         assert!(
             cfg.validate().is_ok(),
@@ -69,6 +86,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// cannot have the memory.
     pub fn new_in(cfg: Config, kv: K, peft: P) -> Result<Self, Error> {
         cfg.validate()?;
+        fits(&cfg, &kv)?;
         Ok(Self {
             cfg,
             kv,

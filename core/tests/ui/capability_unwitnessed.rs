@@ -35,6 +35,7 @@ impl KvBackend for Pool {
             can_evict: false,
             max_tokens_per_request: u64::MAX,
             slots: u32::MAX,
+            sliding_windows: false,
         }
     }
     fn cache(&self, _: KvRef) -> CacheState {

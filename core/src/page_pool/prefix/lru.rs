@@ -23,7 +23,8 @@ impl Lru {
 }
 
 impl<B: Buffers> Prefix<B> {
-    /// A leaf of its tier: idle, with no child on the GPU (a GPU page) or none at all (a host page).
+    /// A leaf of its tier: idle, with no child on the GPU (a GPU page) or none at all (a host page);
+    /// in a window's cache, which counts no children, any idle block.
     pub(super) fn leaf(&self, at: usize) -> bool {
         let p = &self.pages[at];
         let children = if (u32_of(at)) < self.gpu_pages {
@@ -94,6 +95,9 @@ impl<B: Buffers> Prefix<B> {
 
     /// A cached child of the block of `parent` appears (`+1`) or goes (`-1`), on the GPU or not.
     pub(super) fn adopt(&mut self, parent: u64, gpu: bool, sign: i32) {
+        if self.window > 0 {
+            return;
+        }
         if let Some(at) = self.parent_at(parent) {
             let p = &mut self.pages[at];
             p.children = p.children.wrapping_add_signed(sign);
