@@ -15,11 +15,17 @@
 //! limits, its move log is [`KvBackend::take_moves`] (the others' are [`KvGroups::take_group_moves`]).
 //! Every operation acts on all groups of a request together, all or nothing: a growth one group
 //! refuses is reverted in the others (a cache the operation resumed is suspended again), a first chunk
-//! one group cannot prepare is freed in all. Before a growth (and again after it, for a cache the
-//! growth resumed), each window group gives up the blocks no query from the first new position on can
-//! read ([`KvPool::release_window`]): those wholly before `first new position − W + 1`. That release
-//! stands even when the growth is refused (no later query could read those blocks either), and it
-//! frees the pages the growth takes: a long prompt's chunks hold about (W + chunk) / page + 1.
+//! one group cannot prepare is freed in all. Each window group gives up the blocks no query from the
+//! first new position on can read ([`KvPool::release_window`]): those wholly before `first new
+//! position − W + 1`. For a later context chunk that position is the tokens computed, which its
+//! preparation names ([`ContextPrep::position`]): the window is released when the chunk is prepared
+//! (its capacity may be ahead of it: a chunk the pass rolls back after its resize keeps its growth).
+//! For a generation step it is the capacity the step grows from, released before the growth (and
+//! again after it, for a cache the growth resumed); that release stands even when the growth is
+//! refused (no later query could read those blocks either), and it frees the pages the growth
+//! takes. A long prompt's chunks hold about (W + chunk) / page + 1 pages. GUARANTEED_NO_EVICT, whose
+//! reservation runs a decoding request's capacity ahead of its tokens, is refused by the scheduler
+//! ([`KvLimits::sliding_windows`]).
 //!
 //! **Prefix reuse across groups** (when every pool has a prefix cache, or none does): a hit is the
 //! longest prefix for which the full-attention groups hold every block and each window group the
@@ -256,6 +262,11 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
             assert!(i == 0 || n == reused, "KV groups reuse one prefix");
             reused = n;
         }
+        if !fresh {
+            // A later chunk starts at the tokens computed (its capacity may be ahead of them: a chunk
+            // rolled back after its resize keeps its growth).
+            self.release_windows(r, prep.position);
+        }
         Some(reused)
     }
 
@@ -272,8 +283,7 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
     }
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
-        let before = self.capacity(r);
-        self.release_windows(r, before);
+        // The window was released where the chunk was prepared, at its true first position.
         for i in 0..G {
             if !self.groups[i].pool.resize_context(r, capacity, first_chunk) {
                 for g in &mut self.groups[..i] {
@@ -288,7 +298,6 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
                 return false;
             }
         }
-        self.release_windows(r, before);
         true
     }
 

@@ -67,8 +67,8 @@ fn hashes(family: u64, shared: u32, own: u64, n: u32) -> Vec<u64> {
         .collect()
 }
 
-/// Runs a request through prefill in 64-token chunks (each committed), as a scheduler does, then
-/// frees it.
+/// Runs a request through prefill in 64-token chunks (each prepared at its position, then committed),
+/// as a scheduler does, then frees it.
 fn run_and_free(k: &mut Groups, slot: u16, root: u64, h: &[u64], prompt: u32) {
     k.set_prefix(r(slot), root, h);
     let reused = k
@@ -76,6 +76,14 @@ fn run_and_free(k: &mut Groups, slot: u16, root: u64, h: &[u64], prompt: u32) {
         .unwrap();
     let mut done = reused;
     while done < prompt {
+        if done > reused {
+            let later = ContextPrep {
+                first_chunk: false,
+                position: done,
+                ..ContextPrep::first(prompt)
+            };
+            assert_eq!(k.prepare_context(r(slot), later), Some(0));
+        }
         let next = (done + 64).min(prompt);
         assert!(k.resize_context(r(slot), next, done == reused));
         k.commit(r(slot), next);
