@@ -61,7 +61,7 @@ mod tokenizer;
 
 pub use conversation::Conversation;
 pub use draft::{accepted, PromptLookup};
-pub use error::{EngineError, Limit, Refusal, Result};
+pub use error::{EngineError, Grouped, Limit, Refusal, Result};
 pub use gguf::{GemmaConfig, ModelConfig};
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};
