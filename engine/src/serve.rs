@@ -333,6 +333,8 @@ impl std::fmt::Debug for Engine<'_> {
 mod backend;
 mod control;
 mod disagg;
+#[cfg(test)]
+mod measure;
 mod run;
 mod spec;
 
