@@ -6,7 +6,8 @@
 //!
 //! 1. `schedule` and `ensure_batch` (the pass and the adapter plan);
 //! 2. the KV move log ([`KvPages::apply_moves`]: suspended requests' pages offloaded to the host
-//!    tier of the [`HostKvStore`](kvsched_gpu::HostKvStore), resumed ones' reloaded), then the adapters' host copies
+//!    tier of the [`HostKvStore`](kvsched_gpu::HostKvStore), resumed ones' reloaded; each KV
+//!    group's log into its own store), then the adapters' host copies
 //!    ([`AdapterSlots::apply_host_changes`]: weights written into the adapter store's host pages)
 //!    and the adapter plan ([`AdapterSlots::apply_plan`]: evictions, uploads into device pages),
 //!    and the block tables ([`KvPages::stage_tables`]);
@@ -28,11 +29,12 @@
 //!
 //! A hybrid-attention model (one whose configuration has sliding-window layers, e.g. Gemma 3) is
 //! served on kvsched-core's `KvGroups` unless [`EngineConfig::full_attention_only`]: group 0 holds
-//! the global layers' KV, group 1 the sliding-window layers', each in a [`HostKvStore`](kvsched_gpu::HostKvStore) of its own
-//! whose pages hold only that group's layers. The window group gives up a request's pages wholly
-//! before its window (their table entries become [`crate::Sequence::RELEASED`]), so a decoding
-//! request holds about `window / tokens_per_block + 1` pages there. Each group's page moves are
-//! applied to its own store, each group's block tables staged from its own pool. Not on groups yet
+//! the global layers' KV, group 1 the sliding-window layers', each in a
+//! [`HostKvStore`](kvsched_gpu::HostKvStore) of its own whose pages hold only that group's layers.
+//! The window group gives up a request's pages wholly before its window (their table entries
+//! become [`crate::Sequence::RELEASED`]), so a decoding request holds about
+//! `window / tokens_per_block + 1` pages there. Each group's page moves are applied to its own
+//! store, each group's block tables staged from its own pool. Not on groups yet
 //! (refused with [`EngineError::Grouped`]): the prefix cache (it needs kvsched-core's window-aware
 //! prefix cache), disaggregated transfers and speculative drafts.
 
@@ -55,6 +57,7 @@ use crate::error::{EngineError, Grouped, Limit, Refusal, Result};
 use crate::lora::Lora;
 use crate::model::Model;
 use crate::sample::Sampler;
+use backend::{GroupStore, Output, Sched};
 pub use control::EngineLoad;
 pub use disagg::KvTransfer;
 pub use run::STALL_STEPS;
@@ -63,8 +66,6 @@ pub use run::STALL_STEPS;
 pub const MAX_REQUESTS: usize = 32;
 /// Adapters the engine can register (its adapter cache's task slots).
 pub const MAX_ADAPTERS: usize = 8;
-
-use backend::{GroupStore, Output, Sched};
 
 /// How an [`Engine`] is built.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -114,7 +114,10 @@ fn run(context: usize, grouped: bool) -> Result<Held> {
 #[test]
 fn pages_and_bytes_at_long_context_full_only_against_grouped() {
     let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
-    println!("| context | full-only pages | grouped: full + window pages (window peak) | KV MiB full-only / grouped | saved |");
+    println!(
+        "| context | full-only pages | grouped: full + window pages (window peak) \
+         | KV MiB full-only / grouped | saved |"
+    );
     for context in [1024, 4096, 16_384, 32_768] {
         let full = run(context, false).unwrap();
         let grouped = run(context, true).unwrap();
