@@ -295,6 +295,43 @@ fn groups_refuse_what_they_do_not_do_yet() {
         "15 local layers a page"
     );
     assert_eq!(engine.kv_page_bytes(2), None);
+    // A grouped step needs every sequence's local table (the local layers' store has its own pages).
+    let layout = m.kv_layout(TPB as usize);
+    let store = |layers: usize| {
+        let shape = kvsched_engine::KvLayout::of_group(c, TPB as usize, layers).pool_shape(4, 0);
+        kvsched_engine::HostKvStore::new(shape, kvsched_engine::BlockTableShape::new(1, 4)).unwrap()
+    };
+    let (mut global, mut local) = (store(3), store(15));
+    let mut batch = kvsched_engine::Batch::new();
+    batch.push(kvsched_engine::Sequence {
+        tokens: &prompt,
+        start: 0,
+        pages: &[0],
+        local_pages: None,
+        logits: true,
+        adapter: None,
+    });
+    let kv = kvsched_engine::GroupedKv {
+        global: &mut global,
+        local: &mut local,
+    };
+    let e = m.step_grouped(&batch, kv, None, &[1]).unwrap_err();
+    assert!(e.to_string().contains("no local page table"), "{e}");
+    let mut whole = kvsched_engine::HostKvStore::new(
+        layout.pool_shape(4, 0),
+        kvsched_engine::BlockTableShape::new(1, 4),
+    )
+    .unwrap();
+    let kv = kvsched_engine::GroupedKv {
+        global: &mut whole,
+        local: &mut local,
+    };
+    batch.sequences[0].local_pages = Some(&[1]);
+    let e = m.step_grouped(&batch, kv, None, &[1]).unwrap_err();
+    assert!(
+        e.to_string().contains("layers a page"),
+        "a store of every layer: {e}"
+    );
 }
 
 /// Pages one request holds in each group, and their KV bytes, on the real engine: a prompt of
