@@ -22,6 +22,31 @@ impl std::fmt::Display for Limit {
     }
 }
 
+/// What an engine on KV groups (a hybrid-attention model: full attention and sliding-window
+/// layers) does not do yet ([`EngineError::Grouped`]). `EngineConfig::full_attention_only` serves
+/// the model with every layer in one pool, where all of them work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Grouped {
+    /// A prefix cache: KV groups need kvsched-core's window-aware prefix cache, not there yet.
+    PrefixCache,
+    /// Speculative decoding (draft tokens and their rewind).
+    Speculative,
+    /// Disaggregated serving: a context-only request or a transferred one (a transfer holds one
+    /// table's pages of every layer).
+    Disaggregated,
+}
+
+impl std::fmt::Display for Grouped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::PrefixCache => "a prefix cache (it needs the window-aware prefix cache)",
+            Self::Speculative => "speculative decoding",
+            Self::Disaggregated => "disaggregated serving (context-only and transferred requests)",
+        })
+    }
+}
+
 /// Why the engine refused a request at submission (nothing was queued).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -117,6 +142,12 @@ pub enum EngineError {
     /// A request refused at submission, naming the limit it exceeds.
     #[error("request refused: {0}")]
     Refused(#[from] Refusal),
+    /// Something an engine on KV groups does not do yet (nothing was queued or built).
+    #[error(
+        "not supported on KV groups (a model with sliding-window layers) yet: {0}; \
+         EngineConfig::full_attention_only serves it with one pool"
+    )]
+    Grouped(Grouped),
     /// The serving engine's configuration is not usable.
     #[error("engine configuration: {0}")]
     Config(String),

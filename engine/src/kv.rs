@@ -67,6 +67,16 @@ impl KvLayout {
         positions.div_ceil(self.tokens_per_block)
     }
 
+    /// The layout of one KV group's pages: `layers` of `config`'s layers a page (a hybrid model's
+    /// global layers, or its sliding-window ones, on KV groups), `tokens_per_block` positions.
+    pub fn of_group(config: &ModelConfig, tokens_per_block: usize, layers: usize) -> Self {
+        Self {
+            layers,
+            kv_dim: config.kv_dim(),
+            tokens_per_block,
+        }
+    }
+
     /// The layer-major pool shape for `gpu_pages` GPU pages and `host_pages` host pages.
     pub fn pool_shape(&self, gpu_pages: u32, host_pages: u32) -> PoolShape {
         PoolShape::new(self.page_bytes(), gpu_pages, host_pages).with_layers(self.layers as u32)
@@ -74,11 +84,21 @@ impl KvLayout {
 
     /// The layout a store of `shape` has for `config`, or why it does not fit the model.
     pub fn of_shape(config: &ModelConfig, shape: PoolShape) -> Result<Self> {
+        Self::of_group_shape(config, shape, config.blocks)
+    }
+
+    /// The layout a store of `shape` has for a group of `layers` of `config`'s layers, or why it
+    /// does not fit.
+    pub(crate) fn of_group_shape(
+        config: &ModelConfig,
+        shape: PoolShape,
+        layers: usize,
+    ) -> Result<Self> {
         let refuse = |why: String| Err(EngineError::Batch(format!("KV store: {why}")));
-        if shape.layers as usize != config.blocks {
+        if shape.layers as usize != layers {
             return refuse(format!(
-                "{} layers a page, the model has {} blocks",
-                shape.layers, config.blocks
+                "{} layers a page, the group has {layers}",
+                shape.layers
             ));
         }
         let per_slot = 2 * config.kv_dim() * F32;
@@ -89,7 +109,7 @@ impl KvLayout {
                 "pieces of {piece} bytes are not whole positions of {per_slot} bytes"
             ));
         }
-        Ok(Self::new(config, piece / per_slot))
+        Ok(Self::of_group(config, piece / per_slot, layers))
     }
 }
 
@@ -138,15 +158,16 @@ pub(crate) fn gather(
     Ok(())
 }
 
-/// Writes the keys and values of `layers` at positions `start..start + rows` (`k[layer]` and
-/// `v[layer]` hold `rows * kv_dim` values each, from row `row0`) into the pages of `table`, one
-/// read-modify-write of each page touched (the other layers' pieces are left as they are).
+/// Writes the keys and values of `layers` at positions `start..start + rows` into the pages of
+/// `table`: each `(layer, piece)` is a model layer (`k[layer]` and `v[layer]` hold `rows * kv_dim`
+/// values each, from row `row0`) and the piece of the page that holds it. One read-modify-write of
+/// each page touched (the other pieces are left as they are).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scatter(
     store: &mut HostKvStore,
     layout: &KvLayout,
     table: &[u32],
-    layers: &[usize],
+    layers: &[(usize, usize)],
     (start, rows, row0): (usize, usize, usize),
     k: &[Vec<f32>],
     v: &[Vec<f32>],
@@ -168,8 +189,8 @@ pub(crate) fn scatter(
         store.read_page(Tier::Gpu, id, page)?;
         for p in pos..upto {
             let (j, row) = (p - index * tpb, row0 + p - start);
-            for &layer in layers {
-                let base = layer * piece;
+            for &(layer, at) in layers {
+                let base = at * piece;
                 let kb = base + j * slot;
                 let vb = base + (tpb + j) * slot;
                 write_f32(

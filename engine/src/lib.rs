@@ -61,7 +61,7 @@ mod tokenizer;
 
 pub use conversation::Conversation;
 pub use draft::{accepted, PromptLookup};
-pub use error::{EngineError, Limit, Refusal, Result};
+pub use error::{EngineError, Grouped, Limit, Refusal, Result};
 pub use gguf::{GemmaConfig, ModelConfig};
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};
@@ -73,7 +73,7 @@ pub use serve::{
     block_hashes, Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, KvExtent,
     KvTransfer, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
-pub use step::{Batch, Logits, Sequence};
+pub use step::{Batch, GroupedKv, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};
 
 /// The scheduler's configuration types and a request's lifecycle state, re-exported from

@@ -6,7 +6,8 @@
 //!
 //! 1. `schedule` and `ensure_batch` (the pass and the adapter plan);
 //! 2. the KV move log ([`KvPages::apply_moves`]: suspended requests' pages offloaded to the host
-//!    tier of the [`HostKvStore`], resumed ones' reloaded), then the adapters' host copies
+//!    tier of the [`HostKvStore`](kvsched_gpu::HostKvStore), resumed ones' reloaded; each KV
+//!    group's log into its own store), then the adapters' host copies
 //!    ([`AdapterSlots::apply_host_changes`]: weights written into the adapter store's host pages)
 //!    and the adapter plan ([`AdapterSlots::apply_plan`]: evictions, uploads into device pages),
 //!    and the block tables ([`KvPages::stage_tables`]);
@@ -23,6 +24,19 @@
 //! With [`EngineConfig::poison`] every free KV page (both tiers) and every free adapter page is
 //! filled with NaN after each step, so a step that reads a page it does not own shows up as a wrong
 //! token.
+//!
+//! # KV groups
+//!
+//! A hybrid-attention model (one whose configuration has sliding-window layers, e.g. Gemma 3) is
+//! served on kvsched-core's `KvGroups` unless [`EngineConfig::full_attention_only`]: group 0 holds
+//! the global layers' KV, group 1 the sliding-window layers', each in a
+//! [`HostKvStore`](kvsched_gpu::HostKvStore) of its own whose pages hold only that group's layers.
+//! The window group gives up a request's pages wholly before its window (their table entries
+//! become [`crate::Sequence::RELEASED`]), so a decoding request holds about
+//! `window / tokens_per_block + 1` pages there. Each group's page moves are applied to its own
+//! store, each group's block tables staged from its own pool. Not on groups yet
+//! (refused with [`EngineError::Grouped`]): the prefix cache (it needs kvsched-core's window-aware
+//! prefix cache), disaggregated transfers and speculative drafts.
 
 use std::collections::HashMap;
 
@@ -30,20 +44,20 @@ use kvsched_core::adapter::{HostChange, TaskRef};
 use kvsched_core::ids::TaskSlot;
 use kvsched_core::kv::{chain, Tier};
 use kvsched_core::output::Listed;
-use kvsched_core::page_pool::{page_of, HOST};
+use kvsched_core::page_pool::{page_of, HOST, NO_PAGE};
 use kvsched_core::request::{Ownership, RequestSpec};
-use kvsched_core::scheduler::{Handle, Scheduler};
-use kvsched_core::storage::{Boxed, Owned};
-use kvsched_core::{AdapterPool, ChunkPolicy, Chunking, Config, KvPool, KvPoolConfig, Phase};
+use kvsched_core::scheduler::Handle;
+use kvsched_core::{ChunkPolicy, Chunking, Config, Phase};
 use kvsched_core::{SchedulerOutput, TaskId};
-use kvsched_gpu::{AdapterSlots, BlockTableShape, HostAdapterStore, HostKvStore, KvPages};
+use kvsched_gpu::{AdapterSlots, HostAdapterStore, PageStore};
 use kvsched_gpu::{MemError, PoolShape};
 
 use crate::draft::PromptLookup;
-use crate::error::{EngineError, Limit, Refusal, Result};
+use crate::error::{EngineError, Grouped, Limit, Refusal, Result};
 use crate::lora::Lora;
 use crate::model::Model;
 use crate::sample::Sampler;
+use backend::{GroupStore, Output, Sched};
 pub use control::EngineLoad;
 pub use disagg::KvTransfer;
 pub use run::STALL_STEPS;
@@ -52,10 +66,6 @@ pub use run::STALL_STEPS;
 pub const MAX_REQUESTS: usize = 32;
 /// Adapters the engine can register (its adapter cache's task slots).
 pub const MAX_ADAPTERS: usize = 8;
-
-type Pool = KvPool<'static, Owned>;
-type Sched = Scheduler<Pool, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
-type Output = SchedulerOutput<MAX_REQUESTS, Boxed>;
 
 /// How an [`Engine`] is built.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,8 +97,18 @@ pub struct EngineConfig {
     /// request proposes draft tokens from its own tokens ([`PromptLookup::propose`]), submitted as
     /// its `RequestSpec::draft`; the model verifies them in one row of 1 + drafts tokens, the
     /// longest prefix matching its greedy tokens is kept with the token after it, and the rejected
-    /// positions are rewound in the KV pool ([`Scheduler::rewind`]). `None`: no drafts.
+    /// positions are rewound in the KV pool ([`kvsched_core::Scheduler::rewind`]). `None`: no
+    /// drafts. Full attention only (refused on KV groups).
     pub speculative: Option<PromptLookup>,
+    /// Serve a hybrid-attention model (sliding-window layers) with every layer's KV in one pool,
+    /// as full attention, instead of on KV groups (the module docs): what a model without
+    /// sliding-window layers always gets. For comparisons, and for what groups do not do yet.
+    pub full_attention_only: bool,
+    /// GPU-tier pages of the sliding-window group (KV group 1) of a grouped engine; `None`:
+    /// `gpu_pages`. A page of it holds the sliding-window layers' KV only.
+    pub window_gpu_pages: Option<u32>,
+    /// Host-tier pages of the sliding-window group; `None`: `host_pages`.
+    pub window_host_pages: Option<u32>,
 }
 
 impl Default for EngineConfig {
@@ -118,6 +138,9 @@ impl Default for EngineConfig {
             poison: false,
             keep_logits: false,
             speculative: None,
+            full_attention_only: false,
+            window_gpu_pages: None,
+            window_host_pages: None,
         }
     }
 }
@@ -208,7 +231,8 @@ pub struct EngineStats {
 pub struct KvExtent {
     /// Positions its KV holds (computed by the model or reused from the prefix cache).
     pub computed: usize,
-    /// Entries of its page table in the KV pool (either tier).
+    /// Entries of its page table in the KV pool (either tier); on KV groups, in group 0's (full
+    /// attention).
     pub pages: usize,
 }
 
@@ -281,9 +305,9 @@ pub struct Engine<'m> {
     cfg: EngineConfig,
     sched: Sched,
     out: Output,
-    kv: HostKvStore,
+    /// One per KV group (one for a full-only engine), in group order.
+    kv: Vec<GroupStore>,
     adapters: HostAdapterStore,
-    kv_pages: KvPages,
     slots: AdapterSlots,
     /// Adapter weights (the KVLR format) by task slot.
     weights: Vec<Vec<u8>>,
@@ -291,7 +315,6 @@ pub struct Engine<'m> {
     live: Vec<Option<Live>>,
     next_id: u64,
     stats: EngineStats,
-    kv_dirty: Dirty,
     adapter_dirty: Dirty,
     host_changes: Vec<(TaskRef, HostChange)>,
     evicted: Vec<TaskRef>,
@@ -302,43 +325,34 @@ impl std::fmt::Debug for Engine<'_> {
         f.debug_struct("Engine")
             .field("config", &self.cfg)
             .field("requests", &self.sched.len())
+            .field("kv_groups", &self.sched.groups())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
 }
 
+mod backend;
 mod control;
 mod disagg;
+#[cfg(test)]
+mod measure;
 mod run;
 mod spec;
 
 impl<'m> Engine<'m> {
     /// An engine serving `model` with `config`: its KV store is layer-major
-    /// ([`crate::KvLayout::pool_shape`]), one page of `tokens_per_block` positions for every layer.
-    /// Refused (`Config`, `Scheduler`, `Memory`) for a geometry the pool, the scheduler or the
-    /// stores refuse.
+    /// ([`crate::KvLayout::pool_shape`]), one page of `tokens_per_block` positions for every layer;
+    /// for a hybrid-attention model (unless [`EngineConfig::full_attention_only`]), one store per KV
+    /// group, a page of each holding its group's layers (the module docs). Refused (`Config`,
+    /// `Scheduler`, `Memory`) for a geometry the pools, the scheduler or the stores refuse, and
+    /// ([`EngineError::Grouped`]) for what KV groups do not do yet: a prefix cache, speculative
+    /// drafts.
     pub fn new(model: &'m Model, config: EngineConfig) -> Result<Self> {
         let mut cfg = config;
         cfg.scheduler.max_num_requests = cfg.scheduler.max_num_requests.min(MAX_REQUESTS as u32);
         check_config(model, &cfg)?;
-        let pool_cfg = KvPoolConfig {
-            tokens_per_block: cfg.tokens_per_block,
-            gpu_pages: cfg.gpu_pages,
-            host_pages: cfg.host_pages,
-            slots: MAX_REQUESTS as u32,
-            max_blocks: cfg.max_blocks,
-        };
-        let pool = if cfg.prefix_cache {
-            KvPool::owned_with_prefix_cache(pool_cfg)?
-        } else {
-            KvPool::owned(pool_cfg)?
-        };
-        let peft = AdapterPool::new(cfg.adapter_device_pages, cfg.adapter_host_pages)?;
-        let sched = Scheduler::boxed(cfg.scheduler, pool, peft)?;
-        let layout = model.kv_layout(cfg.tokens_per_block as usize);
-        let kv_shape = layout.pool_shape(cfg.gpu_pages, cfg.host_pages);
-        let tables = BlockTableShape::new(MAX_REQUESTS as u32, cfg.max_blocks);
-        let kv = HostKvStore::new(kv_shape, tables)?;
+        check_grouped(model, &cfg)?;
+        let (sched, kv) = backend::build(model.config(), &cfg)?;
         let adapter_shape = PoolShape::new(
             cfg.adapter_page_bytes,
             cfg.adapter_device_pages,
@@ -352,14 +366,12 @@ impl<'m> Engine<'m> {
             out: SchedulerOutput::new_in()?,
             kv,
             adapters,
-            kv_pages: KvPages::new(),
             slots: AdapterSlots::new(adapter_shape)?,
             weights: Vec::new(),
             tasks: HashMap::new(),
             live: (0..MAX_REQUESTS).map(|_| None).collect(),
             next_id: 1,
             stats: EngineStats::default(),
-            kv_dirty: Dirty::new(kv_shape),
             adapter_dirty: Dirty::new(adapter_shape),
             host_changes: Vec::with_capacity(MAX_ADAPTERS),
             evicted: Vec::with_capacity(MAX_ADAPTERS),
@@ -376,13 +388,19 @@ impl<'m> Engine<'m> {
         self.model
     }
 
-    /// What the engine did so far.
+    /// What the engine did so far. On KV groups, suspensions are group 0's (every group suspends
+    /// a request together) and the pages offloaded and reloaded are summed over the groups.
     pub fn stats(&self) -> EngineStats {
         let mut s = self.stats;
-        let kv = self.sched.kv().stats();
-        s.suspensions = kv.suspends;
-        s.pages_offloaded = kv.pages_offloaded;
-        s.pages_reloaded = kv.pages_reloaded;
+        s.suspensions = self.sched.leader().stats().suspends;
+        s.pages_offloaded = 0;
+        s.pages_reloaded = 0;
+        for g in 0..self.sched.groups() {
+            if let Some(kv) = self.sched.pool(g).map(kvsched_core::KvPool::stats) {
+                s.pages_offloaded += kv.pages_offloaded;
+                s.pages_reloaded += kv.pages_reloaded;
+            }
+        }
         s
     }
 
@@ -392,8 +410,28 @@ impl<'m> Engine<'m> {
         let live = self.live.iter().flatten().find(|l| l.id == id)?;
         Some(KvExtent {
             computed: live.computed,
-            pages: self.sched.kv().table(live.handle.index()).len(),
+            pages: self.sched.leader().table(live.handle.index()).len(),
         })
+    }
+
+    /// KV groups the engine's pages are in: 2 for a hybrid-attention model on groups (0 full
+    /// attention, 1 the sliding window), else 1.
+    pub fn kv_groups(&self) -> usize {
+        self.sched.groups()
+    }
+
+    /// Pages request `id` holds in KV group `group` (either tier; the window group's released
+    /// entries not counted); `None` once it finished, for an unknown id or group.
+    pub fn pages_held(&self, id: u64, group: usize) -> Option<usize> {
+        let live = self.live.iter().flatten().find(|l| l.id == id)?;
+        let table = self.sched.pool(group)?.table(live.handle.index());
+        Some(table.iter().filter(|&&e| e != NO_PAGE).count())
+    }
+
+    /// Bytes of one page of KV group `group` (its layers' keys and values of `tokens_per_block`
+    /// positions); `None` for an unknown group.
+    pub fn kv_page_bytes(&self, group: usize) -> Option<usize> {
+        self.kv.get(group).map(|g| g.kv.shape().page_bytes)
     }
 
     /// Requests submitted and not finished.
@@ -504,6 +542,26 @@ impl<'m> Engine<'m> {
     }
 }
 
+/// Whether `cfg` serves `model` on KV groups: it has sliding-window layers and full attention is
+/// not forced.
+fn grouped(c: &crate::gguf::ModelConfig, cfg: &EngineConfig) -> bool {
+    !cfg.full_attention_only && (0..c.blocks).any(|l| c.window(l).is_some())
+}
+
+/// What a grouped engine does not do yet ([`Grouped`]).
+fn check_grouped(model: &Model, cfg: &EngineConfig) -> Result<()> {
+    if !grouped(model.config(), cfg) {
+        return Ok(());
+    }
+    if cfg.prefix_cache {
+        return Err(EngineError::Grouped(Grouped::PrefixCache));
+    }
+    if cfg.speculative.is_some() {
+        return Err(EngineError::Grouped(Grouped::Speculative));
+    }
+    Ok(())
+}
+
 /// The engine's configuration checks (before anything is allocated).
 fn check_config(model: &Model, cfg: &EngineConfig) -> Result<()> {
     let bad = |why: String| Err(EngineError::Config(why));
@@ -552,12 +610,27 @@ fn gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
     table
         .iter()
         .map(|&e| match page_of(e) {
+            _ if e == NO_PAGE => Err(EngineError::Batch(format!(
+                "scheduled request in slot {slot} has a released entry in its table"
+            ))),
             (Tier::Gpu, p) => Ok(p),
             (Tier::Host, p) => Err(EngineError::Batch(format!(
                 "scheduled request in slot {slot} has host page {p} in its table"
             ))),
         })
         .collect()
+}
+
+/// GPU page ids of a sliding-window group's table: its released leading entries stay
+/// [`crate::Sequence::RELEASED`] (the step never reads them), every other entry on the GPU tier.
+fn window_gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
+    let released = table.iter().take_while(|&&e| e == NO_PAGE).count();
+    let mut pages = gpu_pages(&table[released..], slot)?;
+    pages.splice(
+        0..0,
+        std::iter::repeat_n(crate::Sequence::RELEASED, released),
+    );
+    Ok(pages)
 }
 
 /// A table entry naming `page` of `tier`.

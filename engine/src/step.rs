@@ -110,13 +110,33 @@ impl Logits {
     }
 }
 
+/// Where one layer's keys and values lie: its store (0; 1 for the local layers of a grouped step),
+/// its piece of that store's pages, and whether it reads a sequence's local table when it has one.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    store: usize,
+    piece: usize,
+    local: bool,
+}
+
+/// The KV stores of a step on a hybrid model's KV groups ([`Model::step_grouped`]): the global
+/// (full-attention) layers' keys and values in `global`'s pages, one piece per global layer in
+/// layer order, the local (sliding-window) layers' in `local`'s. Each sequence's `pages` name
+/// `global`'s pages, its `local_pages` (required) `local`'s.
+#[derive(Debug)]
+pub struct GroupedKv<'a> {
+    /// The store of the global layers (KV group 0).
+    pub global: &'a mut HostKvStore,
+    /// The store of the sliding-window layers (KV group 1).
+    pub local: &'a mut HostKvStore,
+}
+
 /// The paged context: past keys and values gathered from the pages, the step's own appended.
 struct Paged<'s> {
-    store: &'s HostKvStore,
-    layout: KvLayout,
+    stores: Vec<&'s HostKvStore>,
+    layouts: Vec<KvLayout>,
     batch: &'s Batch<'s>,
-    /// Per layer, whether it is a local (sliding-window) layer.
-    local: Vec<bool>,
+    places: &'s [Place],
     k: Vec<f32>,
     v: Vec<f32>,
 }
@@ -131,25 +151,27 @@ impl Context for Paged<'_> {
         new_v: &[f32],
     ) -> Result<(usize, &[f32], &[f32])> {
         let s = &self.batch.sequences[span];
-        let table = match (s.local_pages, self.local[layer]) {
+        let place = self.places[layer];
+        let table = match (s.local_pages, place.local) {
             (Some(local), true) => local,
             _ => s.pages,
         };
+        let layout = &self.layouts[place.store];
         self.k.clear();
         self.v.clear();
-        let first = from / self.layout.tokens_per_block;
+        let first = from / layout.tokens_per_block;
         gather(
-            self.store,
-            &self.layout,
+            self.stores[place.store],
+            layout,
             table,
-            layer,
+            place.piece,
             (first, s.start),
             &mut self.k,
             &mut self.v,
         )?;
         self.k.extend_from_slice(new_k);
         self.v.extend_from_slice(new_v);
-        Ok((first * self.layout.tokens_per_block, &self.k, &self.v))
+        Ok((first * layout.tokens_per_block, &self.k, &self.v))
     }
 }
 
@@ -213,8 +235,68 @@ impl Model {
         adapters: Option<&dyn PageStore>,
         last: &[usize],
     ) -> Result<Logits> {
-        let layout = KvLayout::of_shape(self.config(), kv.shape())?;
-        self.check(batch, &layout, kv.shape().gpu_pages, adapters)?;
+        let places: Vec<Place> = (0..self.config().blocks)
+            .map(|l| Place {
+                store: 0,
+                piece: l,
+                local: self.config().window(l).is_some(),
+            })
+            .collect();
+        self.step_in(batch, &mut [kv], &places, adapters, last)
+    }
+
+    /// [`Model::step_with_logits`] on a hybrid model's KV groups: the global layers' keys and
+    /// values read from and written to `kv.global`'s pages through each sequence's `pages`, the
+    /// sliding-window layers' to `kv.local`'s through its `local_pages` (entries before the window
+    /// of the chunk's first token are never read: [`Sequence::RELEASED`] there). Refused as
+    /// [`Model::step_with_logits`], and for a model without sliding-window layers, a sequence
+    /// without a local table, stores whose pieces are not the groups' layers or whose pages hold
+    /// different numbers of positions.
+    pub fn step_grouped(
+        &self,
+        batch: &Batch<'_>,
+        kv: GroupedKv<'_>,
+        adapters: Option<&dyn PageStore>,
+        last: &[usize],
+    ) -> Result<Logits> {
+        let c = self.config();
+        if (0..c.blocks).all(|l| c.window(l).is_none()) {
+            return refuse("a grouped step needs a model with sliding-window layers".into());
+        }
+        if let Some(i) = batch.sequences.iter().position(|s| s.local_pages.is_none()) {
+            return refuse(format!(
+                "sequence {i} has no local page table (a grouped step reads the local layers' KV from \
+                 a store of its own)"
+            ));
+        }
+        let mut counts = [0; 2];
+        let places: Vec<Place> = (0..c.blocks)
+            .map(|l| {
+                let store = usize::from(c.window(l).is_some());
+                counts[store] += 1;
+                Place {
+                    store,
+                    piece: counts[store] - 1,
+                    local: store == 1,
+                }
+            })
+            .collect();
+        let GroupedKv { global, local } = kv;
+        self.step_in(batch, &mut [global, local], &places, adapters, last)
+    }
+
+    /// The step over `stores`, each layer's KV where `places` says.
+    fn step_in(
+        &self,
+        batch: &Batch<'_>,
+        stores: &mut [&mut HostKvStore],
+        places: &[Place],
+        adapters: Option<&dyn PageStore>,
+        last: &[usize],
+    ) -> Result<Logits> {
+        let layouts = store_layouts(self.config(), stores, places)?;
+        let gpu: Vec<u32> = stores.iter().map(|s| s.shape().gpu_pages).collect();
+        self.check(batch, (&layouts, &gpu, places), adapters)?;
         check_last(batch, last)?;
         let mut tokens = Vec::with_capacity(batch.rows());
         let mut spans = Vec::with_capacity(batch.sequences.len());
@@ -245,19 +327,16 @@ impl Model {
             rows[i] = (logit_rows.len(), last[i]);
             logit_rows.extend(tokens.len() - last[i]..tokens.len());
         }
-        let local: Vec<bool> = (0..layout.layers)
-            .map(|l| self.config().window(l).is_some())
-            .collect();
         let mut ctx = Paged {
-            store: kv,
-            layout,
+            stores: stores.iter().map(|s| &**s).collect(),
+            layouts: layouts.clone(),
             batch,
-            local: local.clone(),
+            places,
             k: Vec::new(),
             v: Vec::new(),
         };
         let (data, step) = self.forward(&tokens, &spans, &loras, &mut ctx, &logit_rows)?;
-        write_kv(kv, &layout, (batch, &spans), &step, &local, &mut buf)?;
+        write_kv(stores, &layouts, (batch, &spans), &step, places, &mut buf)?;
         Ok(Logits {
             vocab: self.config().vocab,
             data,
@@ -268,8 +347,7 @@ impl Model {
     fn check(
         &self,
         batch: &Batch<'_>,
-        layout: &KvLayout,
-        gpu_pages: u32,
+        stores: (&[KvLayout], &[u32], &[Place]),
         adapters: Option<&dyn PageStore>,
     ) -> Result<()> {
         let c = self.config();
@@ -277,7 +355,7 @@ impl Model {
             return refuse("no sequences".into());
         }
         let mut entries = Vec::with_capacity(batch.sequences.len());
-        let mut written: HashMap<u32, usize> = HashMap::new();
+        let mut written: HashMap<(usize, u32), usize> = HashMap::new();
         for (i, s) in batch.sequences.iter().enumerate() {
             let end = s.start + s.tokens.len();
             if s.tokens.is_empty() {
@@ -295,10 +373,11 @@ impl Model {
                     c.context_length
                 ));
             }
-            let mine = self.table_entries(i, s, layout, gpu_pages)?;
+            let mine = self.table_entries(i, s, stores)?;
             for &(p, writes) in &mine {
                 if writes {
                     if let Some(j) = written.insert(p, i) {
+                        let p = p.1;
                         return refuse(format!("page {p} is written by sequences {j} and {i}"));
                     }
                 }
@@ -312,38 +391,43 @@ impl Model {
                 .find(|(p, _)| written.get(p).is_some_and(|&w| w != i))
             {
                 return refuse(format!(
-                    "page {p} is in sequence {i}'s table and written by sequence {}",
-                    written[&p]
+                    "page {} is in sequence {i}'s table and written by sequence {}",
+                    p.1, written[&p]
                 ));
             }
         }
         Ok(())
     }
 
-    /// The pages sequence `i`'s step touches, each with whether the step writes it: the entries
-    /// of its table (and of its local table, from the window of its first token on) up to its
-    /// last position, checked in range, each page once.
+    /// The pages sequence `i`'s step touches, each as (store, page) with whether the step writes
+    /// it: the entries of its table (and of its local table, from the window of its first token
+    /// on) up to its last position, checked in range of their store, each page once.
     fn table_entries(
         &self,
         i: usize,
         s: &Sequence<'_>,
-        layout: &KvLayout,
-        gpu_pages: u32,
-    ) -> Result<Vec<(u32, bool)>> {
-        let (tpb, end) = (layout.tokens_per_block, s.start + s.tokens.len());
-        let used = layout.pages_for(end);
-        let mut tables = vec![("", s.pages, 0)];
+        (layouts, gpu, places): (&[KvLayout], &[u32], &[Place]),
+    ) -> Result<Vec<((usize, u32), bool)>> {
+        let (tpb, end) = (layouts[0].tokens_per_block, s.start + s.tokens.len());
+        let used = layouts[0].pages_for(end);
+        let mut tables = vec![("", s.pages, 0, 0)];
         if let Some(local) = s.local_pages {
-            let Some(w) = (0..layout.layers).find_map(|l| self.config().window(l)) else {
+            let Some(w) = (0..places.len()).find_map(|l| self.config().window(l)) else {
                 return refuse(format!(
                     "sequence {i} has a local page table, the model has no sliding-window layer"
                 ));
             };
-            tables.push(("local ", local, (s.start + 1).saturating_sub(w) / tpb));
+            let store = places.iter().find(|p| p.local).map_or(0, |p| p.store);
+            tables.push((
+                "local ",
+                local,
+                (s.start + 1).saturating_sub(w) / tpb,
+                store,
+            ));
         }
         let mut seen = std::collections::HashSet::with_capacity(2 * used);
         let mut out = Vec::with_capacity(2 * used);
-        for (what, table, first) in tables {
+        for (what, table, first, store) in tables {
             if table.len() < used {
                 return refuse(format!(
                     "sequence {i}: {end} positions need {used} pages of {tpb}, the {what}table \
@@ -351,43 +435,79 @@ impl Model {
                     table.len()
                 ));
             }
+            let gpu_pages = gpu[store];
             for (e, &p) in table.iter().enumerate().take(used).skip(first) {
                 if p >= gpu_pages {
                     return refuse(format!(
                         "sequence {i}: page {p} is outside the {gpu_pages} GPU pages"
                     ));
                 }
-                if !seen.insert(p) {
+                if !seen.insert((store, p)) {
                     return refuse(format!("sequence {i}: page {p} appears twice in its table"));
                 }
-                out.push((p, e >= s.start / tpb));
+                out.push(((store, p), e >= s.start / tpb));
             }
         }
         Ok(out)
     }
 }
 
-/// Writes the step's new keys and values into each sequence's pages: every layer's into its table,
-/// or, for a sequence with a local table, the local layers' (`local[l]`) into that.
+/// The layout of each store: as many pieces a page as `places` puts layers in it, pages of the
+/// same positions in all.
+fn store_layouts(
+    config: &crate::gguf::ModelConfig,
+    stores: &[&mut HostKvStore],
+    places: &[Place],
+) -> Result<Vec<KvLayout>> {
+    let layouts = stores
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let layers = places.iter().filter(|p| p.store == i).count();
+            KvLayout::of_group_shape(config, s.shape(), layers)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if layouts
+        .iter()
+        .any(|l| l.tokens_per_block != layouts[0].tokens_per_block)
+    {
+        return refuse("KV stores: the groups' pages hold different numbers of positions".into());
+    }
+    Ok(layouts)
+}
+
+/// Writes the step's new keys and values into each sequence's pages: each layer's into its store,
+/// through the sequence's local table for a local layer when it has one, else its table.
 fn write_kv(
-    kv: &mut HostKvStore,
-    layout: &KvLayout,
+    stores: &mut [&mut HostKvStore],
+    layouts: &[KvLayout],
     (batch, spans): (&Batch<'_>, &[Span]),
     step: &StepKv,
-    local: &[bool],
+    places: &[Place],
     buf: &mut Vec<u8>,
 ) -> Result<()> {
-    let (global_layers, local_layers): (Vec<usize>, Vec<usize>) =
-        (0..layout.layers).partition(|&l| !local[l]);
-    let all: Vec<usize> = (0..layout.layers).collect();
     for (s, span) in batch.sequences.iter().zip(spans) {
         let rows = (s.start, span.len, span.row0);
         let (k, v) = (&step.k, &step.v);
-        if let Some(table) = s.local_pages {
-            scatter(kv, layout, s.pages, &global_layers, rows, k, v, buf)?;
-            scatter(kv, layout, table, &local_layers, rows, k, v, buf)?;
-        } else {
-            scatter(kv, layout, s.pages, &all, rows, k, v, buf)?;
+        for (store, kv) in stores.iter_mut().enumerate() {
+            // The store's layers through the local table, then through the table.
+            for local in [true, false] {
+                let table = match (local, s.local_pages) {
+                    (true, Some(t)) => t,
+                    (true, None) => continue,
+                    (false, _) => s.pages,
+                };
+                let layers: Vec<(usize, usize)> = (0..places.len())
+                    .filter(|&l| {
+                        let p = places[l];
+                        p.store == store && (p.local && s.local_pages.is_some()) == local
+                    })
+                    .map(|l| (l, places[l].piece))
+                    .collect();
+                if !layers.is_empty() {
+                    scatter(kv, &layouts[store], table, &layers, rows, k, v, buf)?;
+                }
+            }
         }
     }
     Ok(())

@@ -4,6 +4,7 @@ use core::ops::Range;
 
 use cudarc::driver::CudaEvent;
 use kvsched_core::kv::{PageMove, Tier};
+use kvsched_core::page_pool::NO_PAGE;
 
 use crate::error::MemError;
 
@@ -170,7 +171,11 @@ impl BlockTableShape {
                 width: self.width,
             });
         }
-        match pages.iter().find(|&&page| page >= gpu_pages) {
+        // A sliding-window table's released entries name no page (encoded as the pad).
+        match pages
+            .iter()
+            .find(|&&page| page >= gpu_pages && page != NO_PAGE)
+        {
             Some(&page) => Err(MemError::PageOutOfRange {
                 tier: Tier::Gpu,
                 page,
@@ -198,11 +203,13 @@ impl BlockTableShape {
     }
 }
 
-/// Writes `pages` into `row` and pads the rest with [`BLOCK_TABLE_PAD`] (pages checked before).
+/// Writes `pages` into `row` and pads the rest with [`BLOCK_TABLE_PAD`] (pages checked before; a
+/// released entry, `NO_PAGE`, is written as the pad too).
 pub(crate) fn encode_row(row: &mut [i32], pages: &[u32]) {
     let (head, tail) = row.split_at_mut(pages.len());
     for (entry, &page) in head.iter_mut().zip(pages) {
-        // `check_row` bounded `page` by the GPU page count, which `validate` bounded by i32::MAX.
+        // `check_row` bounded `page` by the GPU page count, which `validate` bounded by i32::MAX,
+        // or it is `NO_PAGE`, which does not fit.
         *entry = i32::try_from(page).unwrap_or(BLOCK_TABLE_PAD);
     }
     tail.fill(BLOCK_TABLE_PAD);
@@ -460,7 +467,9 @@ pub trait KvMemory: PageStore {
     fn block_table_shape(&self) -> BlockTableShape;
 
     /// Writes one request's GPU page list into row `row` of the staging table, padded with
-    /// [`BLOCK_TABLE_PAD`]. Visible to kernels after [`KvMemory::upload_block_tables`].
+    /// [`BLOCK_TABLE_PAD`]. An entry a sliding window released
+    /// ([`NO_PAGE`](kvsched_core::page_pool::NO_PAGE)) is written as the pad. Visible to kernels
+    /// after [`KvMemory::upload_block_tables`].
     fn stage_block_table(&mut self, row: u32, pages: &[u32]) -> Result<(), MemError>;
 
     /// Starts uploading the first `rows` staged rows into the device block table.
@@ -696,6 +705,9 @@ mod tests {
         let mut row = [7; 4];
         encode_row(&mut row, &[3, 1]);
         assert_eq!(row, [3, 1, BLOCK_TABLE_PAD, BLOCK_TABLE_PAD]);
+        assert_eq!(shape.check_row(10, 0, &[NO_PAGE, 9]), Ok(()));
+        encode_row(&mut row, &[NO_PAGE, 1]);
+        assert_eq!(row, [BLOCK_TABLE_PAD, 1, BLOCK_TABLE_PAD, BLOCK_TABLE_PAD]);
         assert_eq!(shape.row_range(1), 4..8);
         assert_eq!(shape.prefix(2), Ok(8));
         assert_eq!(

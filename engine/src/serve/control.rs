@@ -6,7 +6,8 @@ use kvsched_core::kv::Tier;
 use super::Engine;
 use crate::error::Result;
 
-/// Where the engine's requests and KV pages stand ([`Engine::load`]).
+/// Where the engine's requests and KV pages stand ([`Engine::load`]). On KV groups the page
+/// counts are group 0's (full attention: the pages that grow with every request's context).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineLoad {
     /// Requests whose KV is on the GPU tier (they run when the pass schedules them).
@@ -56,7 +57,7 @@ impl Engine<'_> {
 
     /// Where the requests and the KV pages stand now.
     pub fn load(&self) -> EngineLoad {
-        let kv = self.sched.kv();
+        let kv = self.sched.leader();
         let cfg = kv.config();
         let mut load = EngineLoad {
             gpu_pages: cfg.gpu_pages,

@@ -11,6 +11,9 @@
 //!   prompt's pages and lists the request in `disagg`; the step then starts the receive, writes the
 //!   transferred pages into the pages its table names and ends the receive
 //!   (`DISAGG_GENERATION_TRANS_COMPLETE`, position = prompt); the next pass decodes it.
+//!
+//! Full attention only: an engine on KV groups refuses both ([`Grouped::Disaggregated`]), since a
+//! transfer is one table's pages of every layer.
 
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::TransferEnd;
@@ -18,7 +21,7 @@ use kvsched_core::{Phase, TaskId};
 use kvsched_gpu::{PageStore, Tier};
 
 use super::{block_hashes, gpu_pages, Engine, Live};
-use crate::error::{EngineError, Refusal, Result};
+use crate::error::{EngineError, Grouped, Refusal, Result};
 use crate::sample::Sampler;
 
 /// A prompt's KV on its way from a prefill engine to a decode engine ([`Engine::export_kv`]).
@@ -43,13 +46,14 @@ pub struct KvTransfer {
 impl Engine<'_> {
     /// Queues a context-only request of disaggregated serving: its prompt is prefilled here and its
     /// first token sampled; then it waits in [`Engine::sends`] for its KV to be sent. Refused as
-    /// [`Engine::submit`].
+    /// [`Engine::submit`], and on KV groups ([`EngineError::Grouped`]).
     pub fn submit_context_only(
         &mut self,
         prompt: &[u32],
         adapter: Option<u64>,
         sampler: Sampler,
     ) -> Result<u64> {
+        self.full_only()?;
         self.check_request(prompt, 1, adapter)?;
         let mut spec = RequestSpec::context_only(self.next_id, prompt.len() as u32);
         spec.max_new_tokens = 1;
@@ -72,13 +76,14 @@ impl Engine<'_> {
     pub fn export_kv(&self, id: u64) -> Result<KvTransfer> {
         let live = self.sending(id)?;
         let slot = live.handle.index();
-        let table = gpu_pages(self.sched.kv().table(slot), slot)?;
-        let bytes = self.kv.shape().page_bytes;
+        let table = gpu_pages(self.sched.leader().table(slot), slot)?;
+        let store = &self.kv[0].kv;
+        let bytes = store.shape().page_bytes;
         let used = (live.prompt).div_ceil(self.cfg.tokens_per_block as usize);
         let mut pages = Vec::with_capacity(used);
         for &p in table.iter().take(used) {
             let mut page = vec![0; bytes];
-            self.kv.read_page(Tier::Gpu, p, &mut page)?;
+            store.read_page(Tier::Gpu, p, &mut page)?;
             pages.push(page);
         }
         Ok(KvTransfer {
@@ -125,11 +130,13 @@ impl Engine<'_> {
 
     /// Queues a request whose prompt's KV was computed by a prefill engine: its pages are written
     /// into this engine's store when a pass prepares them, then it decodes up to `max_new_tokens`
-    /// tokens in all (the transferred first token counts). Refused as [`Engine::submit`], and
-    /// (`Refused`/`Config`) for a transfer of another page size or page count than this engine's.
+    /// tokens in all (the transferred first token counts). Refused as [`Engine::submit`],
+    /// (`Refused`/`Config`) for a transfer of another page size or page count than this engine's,
+    /// and on KV groups ([`EngineError::Grouped`]).
     pub fn submit_transferred(&mut self, kv: KvTransfer, max_new_tokens: usize) -> Result<u64> {
+        self.full_only()?;
         self.check_request(&kv.prompt, max_new_tokens, kv.adapter)?;
-        let bytes = self.kv.shape().page_bytes;
+        let bytes = self.kv[0].kv.shape().page_bytes;
         let tpb = self.cfg.tokens_per_block;
         let want = kv.prompt.len().div_ceil(tpb as usize);
         if kv.tokens_per_block != tpb
@@ -191,7 +198,7 @@ impl Engine<'_> {
                 continue;
             };
             self.sched.start_receive(l.handle())?;
-            let table = gpu_pages(self.sched.kv().table(l.slot()), l.slot())?;
+            let table = gpu_pages(self.sched.leader().table(l.slot()), l.slot())?;
             if table.len() < pages.len() {
                 return Err(EngineError::Batch(format!(
                     "request {}: {} pages prepared for {} transferred",
@@ -200,13 +207,22 @@ impl Engine<'_> {
                     pages.len()
                 )));
             }
+            let group = &mut self.kv[0];
             for (&p, bytes) in table.iter().zip(&pages) {
-                self.kv.write_page(Tier::Gpu, p, bytes)?;
-                self.kv_dirty.gpu[p as usize] = true;
+                group.kv.write_page(Tier::Gpu, p, bytes)?;
+                group.dirty.gpu[p as usize] = true;
             }
             self.sched.end_receive(l.handle(), TransferEnd::Delivered)?;
             live.computed = live.prompt;
             self.stats.kv_received += 1;
+        }
+        Ok(())
+    }
+
+    /// Refused on KV groups: disaggregated serving is full attention only.
+    fn full_only(&self) -> Result<()> {
+        if self.sched.grouped() {
+            return Err(EngineError::Grouped(Grouped::Disaggregated));
         }
         Ok(())
     }
@@ -227,7 +243,7 @@ impl Engine<'_> {
         let hashes = block_hashes(&tokens[..prompt], self.cfg.tokens_per_block as usize);
         let handle = self
             .sched
-            .submit_with_prefix(spec, 0, &hashes)
+            .submit_with_prefix(spec, &hashes)
             .map_err(Refusal::Scheduler)?;
         self.next_id += 1;
         self.live[usize::from(handle.index())] = Some(Live {

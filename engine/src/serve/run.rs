@@ -1,14 +1,15 @@
 //! One step of the serving loop (see the parent module's list), and the poisoning of free pages.
 
 use super::{
-    entry_of, gpu_pages, listed_live, weight_error, Completion, Dirty, Engine, Finish, Live, Row,
-    MAX_REQUESTS,
+    backend, entry_of, gpu_pages, listed_live, weight_error, window_gpu_pages, Completion, Dirty,
+    Engine, Finish, Live, Row, MAX_REQUESTS,
 };
 use crate::error::{EngineError, Result};
-use crate::step::{Batch, Logits, Sequence};
+use crate::step::{Batch, GroupedKv, Logits, Sequence};
 use kvsched_core::adapter::TaskRef;
 use kvsched_core::ids::TaskSlot;
 use kvsched_core::kv::Tier;
+use kvsched_core::page_pool::NO_PAGE;
 use kvsched_gpu::{AdapterSlots, PageStore};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -36,10 +37,7 @@ impl Engine<'_> {
         self.apply_moves()?;
         self.apply_adapters()?;
         self.receive_transfers()?;
-        let staged = self
-            .kv_pages
-            .stage_tables(self.sched.kv(), &self.out, &mut self.kv)?;
-        staged.event.wait()?;
+        self.stage_tables()?;
         let rows = self.rows()?;
         let logits = if rows.is_empty() {
             None
@@ -93,17 +91,14 @@ impl Engine<'_> {
         Ok(all)
     }
 
-    /// The KV move log into the host store (offloads, reloads).
+    /// Each KV group's move log into its host store, then its block tables.
     fn apply_moves(&mut self) -> Result<()> {
-        let taking = Instant::now();
-        let moves = self.sched.take_moves();
-        self.stats.scheduler_ns += nanos(taking);
-        let moved = self.kv_pages.apply_moves(moves, &mut self.kv)?;
-        moved.event.wait()?;
-        for m in self.kv_pages.last_log() {
-            self.kv_dirty.tier(m.from.other())[m.dst as usize] = true;
-        }
+        self.stats.scheduler_ns += backend::apply_moves(&mut self.sched, &mut self.kv)?;
         Ok(())
+    }
+
+    fn stage_tables(&mut self) -> Result<()> {
+        backend::stage_tables(&self.sched, &self.out, &mut self.kv)
     }
 
     /// The adapters' host copies, then the adapter plan (evictions, uploads to device pages).
@@ -130,7 +125,7 @@ impl Engine<'_> {
         self.sched.take_adapter_evictions(|task| evicted.push(task));
         let uploads = self.slots.apply_plan(
             &mut self.adapters,
-            self.sched.adapters().backend(),
+            self.sched.adapters(),
             &self.evicted,
             &self.out,
         )?;
@@ -198,16 +193,33 @@ impl Engine<'_> {
         Ok(rows)
     }
 
-    /// The model step over the rows.
-    fn run_batch(&mut self, rows: &[Row]) -> Result<Logits> {
-        let pool = self.sched.kv();
+    /// Each row's GPU pages in KV group `g` (a window group's released entries as
+    /// [`Sequence::RELEASED`]), marked dirty in its store.
+    fn row_tables(&mut self, rows: &[Row], g: usize) -> Result<Vec<Vec<u32>>> {
+        let pool = self
+            .sched
+            .pool(g)
+            .ok_or_else(|| EngineError::Batch(format!("no KV group {g}")))?;
+        let of = if g == 0 { gpu_pages } else { window_gpu_pages };
         let tables = rows
             .iter()
-            .map(|r| gpu_pages(pool.table(r.slot), r.slot))
+            .map(|r| of(pool.table(r.slot), r.slot))
             .collect::<Result<Vec<_>>>()?;
-        for &p in tables.iter().flatten() {
-            self.kv_dirty.gpu[p as usize] = true;
+        let dirty = &mut self.kv[g].dirty;
+        for &p in tables.iter().flatten().filter(|&&p| p != NO_PAGE) {
+            dirty.gpu[p as usize] = true;
         }
+        Ok(tables)
+    }
+
+    /// The model step over the rows.
+    fn run_batch(&mut self, rows: &[Row]) -> Result<Logits> {
+        let tables = self.row_tables(rows, 0)?;
+        let locals = if self.sched.grouped() {
+            self.row_tables(rows, 1)?
+        } else {
+            Vec::new()
+        };
         let mut inputs = Vec::with_capacity(rows.len());
         for r in rows {
             let live = self.live[usize::from(r.slot)]
@@ -219,7 +231,7 @@ impl Engine<'_> {
             inputs.push(input);
         }
         let mut batch = Batch::new();
-        for ((r, pages), input) in rows.iter().zip(&tables).zip(&inputs) {
+        for (i, ((r, pages), input)) in rows.iter().zip(&tables).zip(&inputs).enumerate() {
             let live = self.live[usize::from(r.slot)]
                 .as_ref()
                 .ok_or_else(|| EngineError::Batch(format!("slot {} is empty", r.slot)))?;
@@ -227,7 +239,7 @@ impl Engine<'_> {
                 tokens: input,
                 start: r.start,
                 pages,
-                local_pages: None,
+                local_pages: locals.get(i).map(Vec::as_slice),
                 logits: r.logits,
                 adapter: adapter_pages(&self.tasks, &self.slots, live, r)?,
             });
@@ -244,9 +256,19 @@ impl Engine<'_> {
             })
             .collect();
         let stepping = Instant::now();
-        let logits = self
-            .model
-            .step_with_logits(&batch, &mut self.kv, Some(adapters), &last)?;
+        let logits = match self.kv.as_mut_slice() {
+            [one] => self
+                .model
+                .step_with_logits(&batch, &mut one.kv, Some(adapters), &last)?,
+            [global, local] => {
+                let kv = GroupedKv {
+                    global: &mut global.kv,
+                    local: &mut local.kv,
+                };
+                self.model.step_grouped(&batch, kv, Some(adapters), &last)?
+            }
+            _ => return Err(EngineError::Batch("no KV store".into())),
+        };
         self.stats.model_ns += nanos(stepping);
         self.stats.model_steps += 1;
         self.stats.largest_batch = self.stats.largest_batch.max(rows.len() as u64);
@@ -323,29 +345,34 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Fills every free page that may hold data with NaN: KV pages on both tiers that no table
-    /// names and no prefix-cache entry keeps, adapter pages no resident adapter or host copy has.
+    /// Fills every free page that may hold data with NaN: KV pages on both tiers of every group
+    /// that no table names and no prefix-cache entry keeps, adapter pages no resident adapter or
+    /// host copy has.
     fn poison(&mut self) -> Result<()> {
-        let pool = self.sched.kv();
-        let shape = self.kv.shape();
-        let mut used = Dirty {
-            gpu: vec![false; shape.gpu_pages as usize],
-            host: vec![false; shape.host_pages as usize],
-        };
-        for slot in 0..MAX_REQUESTS as u16 {
-            for &e in pool.table(slot) {
-                let (tier, page) = kvsched_core::page_pool::page_of(e);
-                used.tier(tier)[page as usize] = true;
+        for (g, group) in self.kv.iter_mut().enumerate() {
+            let Some(pool) = self.sched.pool(g) else {
+                continue;
+            };
+            let shape = group.kv.shape();
+            let mut used = Dirty {
+                gpu: vec![false; shape.gpu_pages as usize],
+                host: vec![false; shape.host_pages as usize],
+            };
+            for slot in 0..MAX_REQUESTS as u16 {
+                for &e in pool.table(slot).iter().filter(|&&e| e != NO_PAGE) {
+                    let (tier, page) = kvsched_core::page_pool::page_of(e);
+                    used.tier(tier)[page as usize] = true;
+                }
             }
-        }
-        for tier in [Tier::Gpu, Tier::Host] {
-            let flags = used.tier(tier);
-            for (page, u) in flags.iter_mut().enumerate() {
-                let info = pool.page_info(entry_of(tier, page as u32));
-                *u |= info.is_some_and(|i| i.cached() || i.refs() > 0 || i.holds() > 0);
+            for tier in [Tier::Gpu, Tier::Host] {
+                let flags = used.tier(tier);
+                for (page, u) in flags.iter_mut().enumerate() {
+                    let info = pool.page_info(entry_of(tier, page as u32));
+                    *u |= info.is_some_and(|i| i.cached() || i.refs() > 0 || i.holds() > 0);
+                }
             }
+            fill_free(&mut group.kv, &mut group.dirty, &mut used)?;
         }
-        fill_free(&mut self.kv, &mut self.kv_dirty, &mut used)?;
         let shape = self.adapters.shape();
         let mut used = Dirty {
             gpu: vec![false; shape.gpu_pages as usize],
