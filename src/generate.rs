@@ -104,8 +104,6 @@ fn run(a: &GenerateArgs) -> Result<(), Failure> {
         gpu_pages: GPU_PAGES,
         max_blocks: MAX_BLOCKS,
         prefix_cache: true,
-        // KV groups (a hybrid-attention model's sliding window) take no prefix cache yet.
-        full_attention_only: true,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(&model, config).map_err(|e| failed(&e))?;

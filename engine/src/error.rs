@@ -28,8 +28,6 @@ impl std::fmt::Display for Limit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Grouped {
-    /// A prefix cache: KV groups need kvsched-core's window-aware prefix cache, not there yet.
-    PrefixCache,
     /// Speculative decoding (draft tokens and their rewind).
     Speculative,
     /// Disaggregated serving: a context-only request or a transferred one (a transfer holds one
@@ -40,7 +38,6 @@ pub enum Grouped {
 impl std::fmt::Display for Grouped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Self::PrefixCache => "a prefix cache (it needs the window-aware prefix cache)",
             Self::Speculative => "speculative decoding",
             Self::Disaggregated => "disaggregated serving (context-only and transferred requests)",
         })

@@ -34,9 +34,10 @@
 //! The window group gives up a request's pages wholly before its window (their table entries
 //! become [`crate::Sequence::RELEASED`]), so a decoding request holds about
 //! `window / tokens_per_block + 1` pages there. Each group's page moves are applied to its own
-//! store, each group's block tables staged from its own pool. Not on groups yet
-//! (refused with [`EngineError::Grouped`]): the prefix cache (it needs kvsched-core's window-aware
-//! prefix cache), disaggregated transfers and speculative drafts.
+//! store, each group's block tables staged from its own pool. With the prefix cache, a hit is the
+//! longest prefix whose blocks the full group holds and whose last window the window group holds
+//! (kvsched-core's window rule). Not on groups yet (refused with [`EngineError::Grouped`]):
+//! disaggregated transfers and speculative drafts.
 
 use std::collections::HashMap;
 
@@ -345,8 +346,7 @@ impl<'m> Engine<'m> {
     /// for a hybrid-attention model (unless [`EngineConfig::full_attention_only`]), one store per KV
     /// group, a page of each holding its group's layers (the module docs). Refused (`Config`,
     /// `Scheduler`, `Memory`) for a geometry the pools, the scheduler or the stores refuse, and
-    /// ([`EngineError::Grouped`]) for what KV groups do not do yet: a prefix cache, speculative
-    /// drafts.
+    /// ([`EngineError::Grouped`]) for what KV groups do not do yet: speculative drafts.
     pub fn new(model: &'m Model, config: EngineConfig) -> Result<Self> {
         let mut cfg = config;
         cfg.scheduler.max_num_requests = cfg.scheduler.max_num_requests.min(MAX_REQUESTS as u32);
@@ -552,9 +552,6 @@ fn grouped(c: &crate::gguf::ModelConfig, cfg: &EngineConfig) -> bool {
 fn check_grouped(model: &Model, cfg: &EngineConfig) -> Result<()> {
     if !grouped(model.config(), cfg) {
         return Ok(());
-    }
-    if cfg.prefix_cache {
-        return Err(EngineError::Grouped(Grouped::PrefixCache));
     }
     if cfg.speculative.is_some() {
         return Err(EngineError::Grouped(Grouped::Speculative));

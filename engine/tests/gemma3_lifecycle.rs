@@ -265,18 +265,12 @@ fn groups_refuse_what_they_do_not_do_yet() {
         other => panic!("{other}"),
     };
     let mut cfg = config(136, 64, 0);
-    cfg.prefix_cache = true;
+    cfg.speculative = Some(PromptLookup::default());
     let e = Engine::new(m, cfg).unwrap_err();
     assert!(e.to_string().contains("full_attention_only"), "{e}");
-    assert_eq!(grouped(e), Grouped::PrefixCache);
+    assert_eq!(grouped(e), Grouped::Speculative);
     cfg.full_attention_only = true;
     assert_eq!(Engine::new(m, cfg).unwrap().kv_groups(), 1);
-    let mut cfg = config(136, 64, 0);
-    cfg.speculative = Some(PromptLookup::default());
-    assert_eq!(
-        grouped(Engine::new(m, cfg).unwrap_err()),
-        Grouped::Speculative
-    );
     let mut engine = Engine::new(m, config(136, 64, 0)).unwrap();
     let prompt = [2, 100, 200];
     let e = engine.submit_context_only(&prompt, None, Sampler::greedy());
@@ -405,4 +399,62 @@ fn pages_and_bytes_on_the_real_engine() {
             started.elapsed().as_secs_f64()
         );
     }
+}
+
+/// Runs `prompt` alone on `engine` to its end.
+fn run_one(engine: &mut Engine<'_>, prompt: &[u32]) -> Completion {
+    let id = engine.submit(prompt, NEW, None, Sampler::greedy()).unwrap();
+    let mut done = Vec::new();
+    while !engine.is_empty() {
+        done.extend(engine.step().unwrap());
+        assert!(engine.stats().steps < 5000, "the loop drains");
+    }
+    let c = done.pop().expect("the request finished");
+    assert_eq!(c.id, id);
+    c
+}
+
+/// Prefix reuse on KV groups: a long prompt runs, then prompts sharing its first 576 and 300
+/// tokens reuse 36 and 18 blocks (the full group every block, the window group the last window
+/// before the hit: blocks 4..36, and all 18), and each completion equals its prompt run alone,
+/// logits bit for bit, with NaN in every free page. The first new query of the 576-token hit reads
+/// from position 65, inside a page: the window's first block is read from its second position on.
+#[test]
+fn prefix_hits_on_groups_reuse_the_last_window() {
+    let Some(m) = common::gemma3() else { return };
+    let started = Instant::now();
+    let mut cfg = config(136, 160, 0);
+    cfg.prefix_cache = true;
+    let mut engine = Engine::new(m, cfg).unwrap();
+    assert_eq!(engine.kv_groups(), 2);
+    let (first, _) = &cases(m)[2];
+    assert!(first.len() > 576, "{} tokens", first.len());
+    let c = run_one(&mut engine, first);
+    assert_eq!(engine.stats().prefix_reused_tokens, 0);
+    let tail = long_prompt(m, 60, 29);
+    for shared in [576usize, 300] {
+        let mut prompt = first[..shared].to_vec();
+        prompt.extend_from_slice(&tail[1..]);
+        let want = reference(m, &prompt, NEW, None);
+        let before = engine.stats().prefix_reused_tokens;
+        let got = run_one(&mut engine, &prompt);
+        let reused = engine.stats().prefix_reused_tokens - before;
+        let blocks = shared / TPB as usize;
+        assert_eq!(
+            reused as usize,
+            blocks * TPB as usize,
+            "{shared} shared tokens"
+        );
+        let outcome = Outcome {
+            tokens: got.tokens,
+            logits: got.logits,
+        };
+        assert_identical(&format!("a {shared}-token prefix hit"), &outcome, &want);
+    }
+    assert!(!c.tokens.is_empty());
+    eprintln!(
+        "prefix hits on groups: {} prefill tokens, {:.1} s",
+        engine.stats().prefill_tokens,
+        started.elapsed().as_secs_f64()
+    );
 }

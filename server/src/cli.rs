@@ -112,8 +112,6 @@ impl ServeArgs {
             ServeConfig::engine(self.max_model_len, self.tokens_per_block, self.kv_pages);
         engine.host_pages = self.kv_host_pages;
         engine.prefix_cache = !self.no_prefix_cache;
-        // KV groups (a hybrid-attention model's sliding window) take no prefix cache yet.
-        engine.full_attention_only = engine.prefix_cache;
         engine.scheduler.max_num_requests = self.max_num_seqs;
         engine.scheduler.max_num_tokens = Some(self.max_num_batched_tokens);
         let name = self.served_model_name.clone().unwrap_or_else(|| {

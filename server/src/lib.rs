@@ -77,16 +77,14 @@ impl ServeConfig {
     /// A serving engine for requests of up to `max_model_len` tokens on `gpu_pages` KV pages of
     /// `tokens_per_block` positions: the engine's chunked prefill (first come, first served, in
     /// chunks of whole pages) within a budget of 512 tokens a step, so a long prompt never stalls the decoding
-    /// requests for long; 32 requests at once; a prefix cache; no host tier. With the prefix cache,
-    /// a hybrid-attention model (Gemma 3) is served as full attention: the engine's KV groups take
-    /// no prefix cache yet.
+    /// requests for long; 32 requests at once; a prefix cache; no host tier. A hybrid-attention
+    /// model (Gemma 3) is served on the engine's KV groups, with the prefix cache too.
     pub fn engine(max_model_len: u32, tokens_per_block: u32, gpu_pages: u32) -> EngineConfig {
         let mut engine = EngineConfig {
             tokens_per_block,
             gpu_pages,
             max_blocks: max_model_len.div_ceil(tokens_per_block.max(1)),
             prefix_cache: true,
-            full_attention_only: true,
             ..EngineConfig::default()
         };
         engine.scheduler.max_num_tokens = Some(512);

@@ -7,11 +7,10 @@
 //! makes, so that the serving loop is written once. Everything a group needs of its own — its store,
 //! its move binding, its poison flags — is a [`GroupStore`], indexed by the group.
 //!
-//! Prefix reuse on groups waits for the window-aware prefix cache in kvsched-core: [`KvGroups`]
-//! refuses a pool with a prefix cache today. The block hashes and root are already set for every
-//! request through the scheduler's `PrefixReuse` capability ([`Scheduler::submit_with_prefix`]), so
-//! enabling it is building the groups' pools with their caches ([`group_pools`]) and lifting the
-//! refusal in [`super::check_grouped`].
+//! Prefix reuse on groups is kvsched-core's window rule: a hit is the longest prefix whose blocks the
+//! full group holds and whose last window the window group holds (every pool has a cache, built in
+//! [`group_pools`]); the block hashes and root go to both through the scheduler's `PrefixReuse`
+//! capability ([`Scheduler::submit_with_prefix`]), as for one pool.
 
 use kvsched_core::adapter::{HostChange, TaskRef};
 use kvsched_core::kv::PageMove;
@@ -232,12 +231,19 @@ fn pool_configs(cfg: &EngineConfig, groups: usize) -> Vec<KvPoolConfig> {
         .collect()
 }
 
-/// The groups' pools: without a prefix cache (KV groups take none yet; with the window-aware
-/// cache, `KvPool::owned_with_prefix_cache` here when `cfg.prefix_cache`).
+/// The groups' pools, each with a prefix cache when `cfg.prefix_cache` (KV groups take one in every
+/// pool or in none).
 fn group_pools(cfg: &EngineConfig) -> Result<[Pool; 2]> {
     let [full, window] = <[KvPoolConfig; 2]>::try_from(pool_configs(cfg, 2))
         .map_err(|_| EngineError::Config("two KV groups".into()))?;
-    Ok([KvPool::owned(full)?, KvPool::owned(window)?])
+    let pool = |c| {
+        if cfg.prefix_cache {
+            KvPool::owned_with_prefix_cache(c)
+        } else {
+            KvPool::owned(c)
+        }
+    };
+    Ok([pool(full)?, pool(window)?])
 }
 
 /// The scheduler and one store per group for a model of configuration `model` under `cfg`
