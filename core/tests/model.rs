@@ -787,9 +787,12 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
 /// Three requests that each fit alone, two of them on adapters (3 and 5 pages) that do not fit the
 /// 6-page device cache together, under MAX_UTILIZATION with recompute pause and no host tier (where
 /// progress is guaranteed): the passes stall and report `Error::Deadlock` after 59 passes with two
-/// requests left, on the plain pool as on KV groups. Found by
-/// `grouped_every_request_that_fits_alone_finishes` at 20,000 cases (twice); a liveness defect of the
-/// pass, not of KV groups, and not root-caused here.
+/// requests left, on the plain pool as on KV groups. EQUAL_PROGRESS's plan (`plan_equal_progress`)
+/// gives the first 8-token unit of the 12-token budget to the recompute-paused request on adapter 0,
+/// which the pass then skips (its adapter does not fit beside adapter 1, pinned by the lease holder
+/// mid-prefill); the lease holder is planned the 4 tokens left, less than a unit, and nothing runs
+/// again (FCFS, or a 13-token budget, finishes). Found by
+/// `grouped_every_request_that_fits_alone_finishes` at 20,000 cases (twice); the pass's, not KV groups'.
 #[test]
 #[ignore = "a liveness defect of the pass, open (testkit-groups report)"]
 fn regression_lora_requests_that_fit_alone_finish_under_recompute_pause() {
