@@ -3,8 +3,9 @@
 //! The operation harness shared by the core's model-based property tests (`core/tests/model.rs`) and the
 //! fuzz target (`fuzz/fuzz_targets/ops.rs`). It needs only `kvsched-core` (features `std` and `alloc`).
 //!
-//! A [`Harness`] drives a real [`Scheduler`] over the built-in [`KvPool`] and [`AdapterPool`], each wrapped
-//! in a fault-injecting backend ([`FaultKv`], [`FaultPeft`]) that refuses calls by a countdown schedule,
+//! A [`Harness`] drives a real [`Scheduler`] over the built-in [`KvPool`] (or [`KvGroups`] led by it:
+//! [`Setup::windows`]) and [`AdapterPool`], each wrapped in a fault-injecting backend ([`FaultKv`],
+//! [`FaultPeft`]) that refuses calls by a countdown schedule,
 //! and keeps a naive model next to it: the live requests in arrival order with their expected phase,
 //! position and output progress, and the ids that finished or were cancelled. Every [`Op`] is applied to
 //! both, and [`Harness::check`] then compares them and checks the invariants of DESIGN.md §7:
@@ -21,7 +22,11 @@
 //!   request is in two output lists, every listed request is in the state its list says;
 //! - deadlock detection fires only after `deadlock_threshold` stalled passes with work pending, never on an
 //!   idle pass;
-//! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints).
+//! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints);
+//! - with KV groups: every group's pool passes the audit, every group's cache state and capacity for a
+//!   request equal the leader's, no window group gave up a block the first query that may still run
+//!   reads, and right after a pass each scheduled request's window groups hold nothing wholly before
+//!   its step's window and at most `window / tpb + 1` pages plus what the step adds.
 //!
 //! Failures are returned as a [`Violation`] describing the broken invariant (the callers panic with it).
 #![deny(missing_docs)]
@@ -759,7 +764,7 @@ impl KvBackend for FaultKv<'_> {
     }
 }
 
-/// The wrapper as its capability `C` while the inner backend has `C` (`has`, read from its caps).
+/// The wrapper as a capability while the inner backend has it (`has`, read from its caps).
 fn reach_if<'k, 'a>(k: &'k FaultKv<'a>, has: bool) -> Option<&'k FaultKv<'a>> {
     has.then_some(k)
 }
