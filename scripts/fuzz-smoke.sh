@@ -2,7 +2,9 @@
 # fuzz-smoke.sh — a short, bounded run of the `ops` fuzz target (fuzz/fuzz_targets/ops.rs).
 #
 # The target decodes any byte string into a scheduler configuration and a sequence of operations
-# (submit, pass, complete, finish, cancel, in-flight marks, updates, injected KV and adapter faults),
+# (submit, pass, complete, finish, cancel, in-flight marks, updates, injected KV and adapter faults) on
+# the built-in pool or on KV groups (a full-attention group and 1 or 2 sliding-window groups; the seeds
+# seed-groups-* start there),
 # runs them against the real scheduler and the naive model of kvsched-testkit (testkit/src/lib.rs) — the
 # same harness as the property tests in core/tests/model.rs — and checks every invariant after every operation,
 # then that the remaining requests finish or a deadlock is reported. Any broken invariant, panic,

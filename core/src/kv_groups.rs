@@ -306,14 +306,21 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
         if resumed && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return false;
         }
-        self.release_windows(r, before);
+        // A step inside a reservation asks for no token: its capacity is not its position, and
+        // nothing is released (the window group holds the reservation, as the full group does).
+        let releases = grow > 0;
+        if releases {
+            self.release_windows(r, before);
+        }
         for i in 0..G {
             if !self.groups[i].pool.try_allocate_generation(r, grow) {
                 self.undo_growth(r, i, resumed);
                 return false;
             }
         }
-        self.release_windows(r, before);
+        if releases {
+            self.release_windows(r, before);
+        }
         true
     }
 

@@ -219,6 +219,68 @@ fn suspension_and_resumption_move_both_groups() {
     assert_eq!((g[0].pool.gpu_free(), g[1].pool.gpu_free()), (64, 8));
 }
 
+/// A reservation (GUARANTEED_NO_EVICT's, at the backend: the scheduler refuses the policy over
+/// sliding windows) resizes the first chunk to the whole request; a later chunk then resizes to the
+/// capacity it already has, and a decode step inside the reservation asks for no new token
+/// (`try_allocate_generation(r, 0)`). Both took the reserved capacity for the first new position and
+/// released the blocks the step's own queries read: the chunk at 32 reads from block 0, the decode
+/// step at 100 from 2, and 14 blocks were gone. A chunk's window is now released at its prepared
+/// position and a step of no token releases nothing. Found by the grouped model tests.
+#[test]
+fn regression_a_reservation_keeps_the_window_its_queries_read() {
+    let mut k = groups(64, 32, 0);
+    let prep = |position| ContextPrep {
+        first_chunk: position == 0,
+        position,
+        ..ContextPrep::first(100)
+    };
+    // A 100-token prompt with 200 output tokens reserved: 19 pages in each group.
+    assert_eq!(k.prepare_context(r(0), prep(0)), Some(0));
+    assert!(k.resize_context(r(0), 300, true), "the first chunk, 0..32");
+    assert_eq!(k.prepare_context(r(0), prep(32)), Some(0));
+    assert!(k.resize_context(r(0), 300, false), "the chunk 32..64");
+    // Its queries read from position 32 + 1 − 64: nothing may be released yet.
+    assert_eq!(k.groups()[1].pool.seq(0).released, 0, "a chunk's window");
+    assert_eq!(k.prepare_context(r(0), prep(64)), Some(0));
+    assert!(k.resize_context(r(0), 300, false), "the chunk 64..100");
+    // The first decode step writes position 100: its query reads from 37, in block 2.
+    assert!(k.try_allocate_generation(r(0), 0));
+    assert!(
+        k.groups()[1].pool.seq(0).released <= 2,
+        "a decode step's window"
+    );
+    assert!(k.check());
+}
+
+/// A later chunk whose resize the pass rolls back (its resumption's lease was refused: the cache is
+/// suspended again) keeps its growth, so the cache holds more than the chunk's position. The next
+/// attempt at the chunk grows from that capacity, which the window rule takes for the first new
+/// position: it released 4 blocks the chunk's queries read (they read from position 1).
+/// `ContextPrep::position` says where the chunk starts, and the window is now released there. Found
+/// by the grouped model tests at 20,000 cases (a LoRA request suspended mid-prefill, its lease
+/// refused on resumption).
+#[test]
+fn regression_a_rolled_back_chunk_keeps_the_window_its_next_attempt_reads() {
+    let mut k = groups(64, 16, 16);
+    let prep = |position| ContextPrep {
+        first_chunk: position == 0,
+        position,
+        ..ContextPrep::first(200)
+    };
+    assert_eq!(k.prepare_context(r(0), prep(0)), Some(0));
+    assert!(k.resize_context(r(0), 64, true), "the first chunk, 0..64");
+    k.suspend(r(0));
+    // The chunk 64..128, resumed and grown, then rolled back: suspended again, its growth kept.
+    assert_eq!(k.prepare_context(r(0), prep(64)), Some(0));
+    assert!(k.resize_context(r(0), 128, false));
+    k.suspend(r(0));
+    // The next attempt: its queries read from 64 + 1 − 64.
+    assert_eq!(k.prepare_context(r(0), prep(64)), Some(0));
+    assert!(k.resize_context(r(0), 128, false));
+    assert_eq!(k.groups()[1].pool.seq(0).released, 0, "the chunk's window");
+    assert!(k.check());
+}
+
 mod random {
     //! Random operation sequences on the backend, and random workloads through the scheduler: the
     //! groups always agree (every slot's cache state and capacity the same in both, so no operation

@@ -14,7 +14,9 @@
 
 use kvsched_testkit as harness;
 
-use harness::{run, Admission, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, N, T};
+use harness::{
+    run, Admission, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, WindowGroup, N, T,
+};
 use kvsched_core::error::Error;
 use kvsched_core::kv_set::DraftMode;
 use kvsched_core::phase::Phase;
@@ -122,6 +124,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 },
                 // Half the prefix configurations have a connector (a remote store of the families).
                 connector: prefix && deadlock_threshold % 2 == 0,
+                windows: Vec::new(),
             },
         )
 }
@@ -171,6 +174,39 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The configurations of `setups` on KV groups: a full-attention leader (the target pool) and one or
+/// two sliding-window groups (2 or 3 groups), windows of 1–3 pages so that releases happen, each
+/// window group's GPU pages between what one request can hold and the target's (smaller ones refuse
+/// growths the leader takes). What groups do not take is dropped (`Setup::with_groups`: the draft
+/// and cross pools, the connector, unified paging; the prefix cache until `KvGroups` takes one).
+fn grouped(setups: impl Strategy<Value = Setup>) -> impl Strategy<Value = Setup> {
+    setups.prop_flat_map(|s| {
+        let least = s.max_blocks.min(s.gpu_pages);
+        let group = (1u32..=3, least..=s.gpu_pages)
+            .prop_map(|(pages, gpu_pages)| WindowGroup { pages, gpu_pages });
+        prop::collection::vec(group, 1..=2).prop_map(move |w| s.clone().with_groups(w))
+    })
+}
+
+/// `s`, and where KV groups take it (`Setup::groups_allowed`), `s` on groups whose window pools have
+/// the target's GPU pages (they never refuse what the leader takes, so the test's figures hold): a
+/// 1-page and a 3-page window (2 groups), 1- and 2-page windows (3 groups).
+fn variants(s: Setup) -> Vec<Setup> {
+    let mut grouped = Vec::new();
+    if s.groups_allowed() {
+        let w = |pages| WindowGroup {
+            pages,
+            gpu_pages: s.gpu_pages,
+        };
+        for windows in [vec![w(1)], vec![w(3)], vec![w(1), w(2)]] {
+            grouped.push(s.clone().with_groups(windows));
+        }
+    }
+    let mut v = vec![s];
+    v.extend(grouped);
+    v
+}
+
 proptest! {
     #![proptest_config(pt_config())]
 
@@ -179,6 +215,16 @@ proptest! {
     #[test]
     fn invariants_hold_after_every_operation(
         setup in setup(),
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
+    }
+
+    /// The same on KV groups (`grouped`): the harness also audits every group's pool, checks that every
+    /// group agrees with the leader on every request, and holds each window group to its window rule.
+    #[test]
+    fn grouped_invariants_hold_after_every_operation(
+        setup in grouped(setup()),
         ops in prop::collection::vec(op(), 1..160),
     ) {
         run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
@@ -303,6 +349,49 @@ fn guaranteed(s: &Setup, reqs: &[Req]) -> bool {
     (s.no_evict || (s.recompute_pause && s.host_pages == 0)) && reqs.iter().all(fits_with_adapter)
 }
 
+/// Submits `reqs` to a fresh harness on `setup`, runs it to completion and drains it: every request
+/// finishes within `pass_bound`, or (only where progress is not guaranteed) a pass reports
+/// `Error::Deadlock`.
+fn fits_alone(setup: &Setup, reqs: &[Req]) -> Result<(), TestCaseError> {
+    let bound = pass_bound(reqs, setup);
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup.clone(), &mut mem).map_err(|e| TestCaseError::fail(e.0))?;
+    for r in reqs {
+        h.apply(&Op::Submit {
+            prompt: r.prompt,
+            out_len: r.out_len,
+            lora: r.lora,
+            draft: r.draft,
+            snap_every: r.snap_every,
+            duplicate: false,
+            family: r.family,
+            encoder: r.encoder,
+        })
+        .map_err(|e| TestCaseError::fail(e.0))?;
+    }
+    prop_assert_eq!(h.live(), reqs.len(), "every request was admitted");
+    match h
+        .run_to_completion(bound)
+        .map_err(|e| TestCaseError::fail(e.0))?
+    {
+        Done::Finished(passes) => prop_assert!(passes <= bound),
+        Done::Deadlock(passes) => prop_assert!(
+            !guaranteed(setup, reqs),
+            "deadlock after {} passes where progress is guaranteed",
+            passes
+        ),
+    }
+    h.drain().map_err(|e| TestCaseError::fail(e.0))?;
+    Ok(())
+}
+
+fn grouped_with_reqs() -> impl Strategy<Value = (Setup, Vec<Req>)> {
+    grouped(live_setup()).prop_flat_map(|s| {
+        let reqs = live_reqs(&s);
+        (Just(s), reqs)
+    })
+}
+
 proptest! {
     #![proptest_config(pt_config())]
 
@@ -311,31 +400,13 @@ proptest! {
     /// livelock past the bound.
     #[test]
     fn every_request_that_fits_alone_finishes((setup, reqs) in with_reqs()) {
-        let bound = pass_bound(&reqs, &setup);
-        let mut mem = setup.memory();
-        let mut h = Harness::new(setup.clone(), &mut mem).map_err(|e| TestCaseError::fail(e.0))?;
-        for r in &reqs {
-            h.apply(&Op::Submit {
-                prompt: r.prompt,
-                out_len: r.out_len,
-                lora: r.lora,
-                draft: r.draft,
-                snap_every: r.snap_every,
-                duplicate: false,
-                family: r.family,
-                encoder: r.encoder,
-            })
-            .map_err(|e| TestCaseError::fail(e.0))?;
-        }
-        prop_assert_eq!(h.live(), reqs.len(), "every request was admitted");
-        match h.run_to_completion(bound).map_err(|e| TestCaseError::fail(e.0))? {
-            Done::Finished(passes) => prop_assert!(passes <= bound),
-            Done::Deadlock(passes) => prop_assert!(
-                !guaranteed(&setup, &reqs),
-                "deadlock after {} passes where progress is guaranteed", passes
-            ),
-        }
-        h.drain().map_err(|e| TestCaseError::fail(e.0))?;
+        fits_alone(&setup, &reqs)?;
+    }
+
+    /// The same on KV groups (`grouped`), with the harness's per-group checks after every operation.
+    #[test]
+    fn grouped_every_request_that_fits_alone_finishes((setup, reqs) in grouped_with_reqs()) {
+        fits_alone(&setup, &reqs)?;
     }
 }
 
@@ -368,6 +439,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         cross: false,
         admission: Admission::Fcfs,
         connector: false,
+        windows: Vec::new(),
     }
 }
 
@@ -382,40 +454,42 @@ fn submit(h: &mut Harness<'_>, prompt: u32, out_len: u32) {
 fn deadlock_fires_when_the_pool_is_truly_too_small() {
     let setup = base(8, 0);
     let threshold = setup.deadlock_threshold;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    // 16 tokens = 4 pages each: together they fill the 8-page GPU tier.
-    submit(&mut h, 16, 12);
-    submit(&mut h, 16, 12);
-    let mut first = None;
-    for pass in 1..=40u32 {
-        h.pass().unwrap();
-        h.complete().unwrap();
-        if h.stats.deadlocks > 0 && first.is_none() {
-            first = Some(pass);
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        // 16 tokens = 4 pages each: together they fill the 8-page GPU tier.
+        submit(&mut h, 16, 12);
+        submit(&mut h, 16, 12);
+        let mut first = None;
+        for pass in 1..=40u32 {
+            h.pass().unwrap();
+            h.complete().unwrap();
+            if h.stats.deadlocks > 0 && first.is_none() {
+                first = Some(pass);
+            }
         }
+        let first = first.expect("deadlock detected");
+        assert!(h.stats.deadlocks >= 40 - u64::from(first), "keeps failing");
+        assert!(h.sched.stall_count() >= threshold);
+        let mut out = kvsched_core::SchedulerOutput::<N>::new();
+        match h.sched.schedule(&mut out) {
+            Err(Error::Deadlock { stalled, .. }) => assert!(stalled > threshold),
+            other => panic!("expected Error::Deadlock, got {other:?}"),
+        }
+        let msg = Error::Deadlock {
+            stalled: threshold,
+            connector: false,
+        }
+        .to_string();
+        assert!(
+            msg.contains("deadlock") && msg.contains("host cache tier"),
+            "{msg}"
+        );
+        // Removing one request breaks the deadlock: the other finishes.
+        h.apply(&Op::Cancel { pick: 1 }).unwrap();
+        assert!(matches!(h.run_to_completion(100), Ok(Done::Finished(_))));
+        assert_eq!(h.sched.stall_count(), 0);
     }
-    let first = first.expect("deadlock detected");
-    assert!(h.stats.deadlocks >= 40 - u64::from(first), "keeps failing");
-    assert!(h.sched.stall_count() >= threshold);
-    let mut out = kvsched_core::SchedulerOutput::<N>::new();
-    match h.sched.schedule(&mut out) {
-        Err(Error::Deadlock { stalled, .. }) => assert!(stalled > threshold),
-        other => panic!("expected Error::Deadlock, got {other:?}"),
-    }
-    let msg = Error::Deadlock {
-        stalled: threshold,
-        connector: false,
-    }
-    .to_string();
-    assert!(
-        msg.contains("deadlock") && msg.contains("host cache tier"),
-        "{msg}"
-    );
-    // Removing one request breaks the deadlock: the other finishes.
-    h.apply(&Op::Cancel { pick: 1 }).unwrap();
-    assert!(matches!(h.run_to_completion(100), Ok(Done::Finished(_))));
-    assert_eq!(h.sched.stall_count(), 0);
 }
 
 /// Deadlock detection counts exactly: with threshold k, passes 1..k-1 stall without an error.
@@ -425,25 +499,27 @@ fn deadlock_fires_after_exactly_threshold_stalled_passes() {
         let mut setup = base(4, 0);
         setup.deadlock_threshold = threshold;
         setup.max_num_tokens = Some(2); // a whole 4-token prompt never fits the budget
-        let mut mem = setup.memory();
-        let mut h = Harness::new(setup, &mut mem).unwrap();
-        submit(&mut h, 4, 1);
-        let mut out = kvsched_core::SchedulerOutput::<N>::new();
-        for pass in 1..threshold {
-            assert!(
-                h.sched.schedule(&mut out).is_ok(),
-                "pass {pass} of {threshold}"
+        for setup in variants(setup) {
+            let mut mem = setup.memory();
+            let mut h = Harness::new(setup, &mut mem).unwrap();
+            submit(&mut h, 4, 1);
+            let mut out = kvsched_core::SchedulerOutput::<N>::new();
+            for pass in 1..threshold {
+                assert!(
+                    h.sched.schedule(&mut out).is_ok(),
+                    "pass {pass} of {threshold}"
+                );
+                assert_eq!(h.sched.stall_count(), pass);
+            }
+            assert_eq!(
+                h.sched.schedule(&mut out),
+                Err(Error::Deadlock {
+                    stalled: threshold,
+                    connector: false,
+                })
             );
-            assert_eq!(h.sched.stall_count(), pass);
+            h.drain().unwrap();
         }
-        assert_eq!(
-            h.sched.schedule(&mut out),
-            Err(Error::Deadlock {
-                stalled: threshold,
-                connector: false,
-            })
-        );
-        h.drain().unwrap();
     }
 }
 
@@ -452,25 +528,27 @@ fn deadlock_fires_after_exactly_threshold_stalled_passes() {
 fn deadlock_never_fires_on_an_idle_pass() {
     let mut setup = base(8, 0);
     setup.deadlock_threshold = 1;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    for _ in 0..50 {
-        h.pass().unwrap();
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for _ in 0..50 {
+            h.pass().unwrap();
+        }
+        submit(&mut h, 8, 3);
+        h.apply(&Op::Inflight { pick: 0 }).unwrap();
+        for _ in 0..50 {
+            h.pass().unwrap();
+            h.complete().unwrap();
+        }
+        assert_eq!(h.stats.deadlocks, 0);
+        assert_eq!(h.sched.stall_count(), 0);
+        h.apply(&Op::Inflight { pick: 0 }).unwrap();
+        assert!(matches!(h.run_to_completion(20), Ok(Done::Finished(_))));
+        for _ in 0..50 {
+            h.pass().unwrap();
+        }
+        assert_eq!(h.stats.deadlocks, 0);
     }
-    submit(&mut h, 8, 3);
-    h.apply(&Op::Inflight { pick: 0 }).unwrap();
-    for _ in 0..50 {
-        h.pass().unwrap();
-        h.complete().unwrap();
-    }
-    assert_eq!(h.stats.deadlocks, 0);
-    assert_eq!(h.sched.stall_count(), 0);
-    h.apply(&Op::Inflight { pick: 0 }).unwrap();
-    assert!(matches!(h.run_to_completion(20), Ok(Done::Finished(_))));
-    for _ in 0..50 {
-        h.pass().unwrap();
-    }
-    assert_eq!(h.stats.deadlocks, 0);
 }
 
 /// Never on a merely slow pass: one token a pass through a long prompt (chunk unit 1, budget 1), and
@@ -482,40 +560,44 @@ fn deadlock_never_fires_on_a_slow_pass() {
     setup.unit = 1;
     setup.max_num_tokens = Some(1);
     setup.deadlock_threshold = 2;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    submit(&mut h, 24, 4);
-    submit(&mut h, 20, 4);
-    assert_eq!(h.live(), 2);
-    let Ok(Done::Finished(passes)) = h.run_to_completion(200) else {
-        panic!("did not finish");
-    };
-    assert!(passes >= 44 + 6, "one token a pass: {passes} passes");
-    assert_eq!(h.stats.deadlocks, 0);
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        submit(&mut h, 24, 4);
+        submit(&mut h, 20, 4);
+        assert_eq!(h.live(), 2);
+        let Ok(Done::Finished(passes)) = h.run_to_completion(200) else {
+            panic!("did not finish");
+        };
+        assert!(passes >= 44 + 6, "one token a pass: {passes} passes");
+        assert_eq!(h.stats.deadlocks, 0);
+    }
 
     // Stalls of threshold - 1 passes, then progress, repeated: never an error.
     let mut setup = base(16, 0);
     setup.deadlock_threshold = 3;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    submit(&mut h, 8, 20);
-    h.pass().unwrap();
-    h.complete().unwrap();
-    for _ in 0..10 {
-        h.apply(&Op::Inject {
-            fault: Fault::KvAllocate,
-            count: 2,
-            pool: 0,
-        })
-        .unwrap();
-        for _ in 0..3 {
-            h.pass().unwrap();
-            h.complete().unwrap();
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        submit(&mut h, 8, 20);
+        h.pass().unwrap();
+        h.complete().unwrap();
+        for _ in 0..10 {
+            h.apply(&Op::Inject {
+                fault: Fault::KvAllocate,
+                count: 2,
+                pool: 0,
+            })
+            .unwrap();
+            for _ in 0..3 {
+                h.pass().unwrap();
+                h.complete().unwrap();
+            }
+            assert_eq!(h.sched.stall_count(), 0, "the third pass made progress");
         }
-        assert_eq!(h.sched.stall_count(), 0, "the third pass made progress");
+        assert_eq!(h.stats.deadlocks, 0);
+        h.drain().unwrap();
     }
-    assert_eq!(h.stats.deadlocks, 0);
-    h.drain().unwrap();
 }
 
 /// The fuzz target's decoder turns any bytes into a valid run (the fuzz corpus seeds pass here too).
@@ -538,7 +620,16 @@ fn decoder_accepts_any_bytes() {
         for f in dir.flatten() {
             let data = std::fs::read(f.path()).unwrap();
             let (setup, ops) = harness::decode(&data);
-            run(setup, &ops).unwrap_or_else(|e| panic!("{}: {e}", f.path().display()));
+            let groups = setup.windows.len();
+            let stats = run(setup, &ops).unwrap_or_else(|e| panic!("{}: {e}", f.path().display()));
+            // The grouped seeds start the fuzz smoke on KV groups whose windows release blocks.
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with("seed-groups") {
+                assert!(
+                    groups > 0 && stats.released > 0,
+                    "{name}: {groups} {stats:?}"
+                );
+            }
         }
     }
 }
@@ -574,19 +665,21 @@ fn regression_complete_step_ignores_a_reused_slot() {
     setup.max_num_tokens = None;
     setup.max_num_requests = 2;
     let s = || sub(1, 1, None, 0);
-    replay(
-        setup,
-        &[
-            s(),
-            s(),
-            s(),
-            Op::Pass,
-            Op::Cancel { pick: 1 },
-            s(),
-            Op::Complete,
-            Op::Pass,
-        ],
-    );
+    for setup in variants(setup) {
+        replay(
+            setup,
+            &[
+                s(),
+                s(),
+                s(),
+                Op::Pass,
+                Op::Cancel { pick: 1 },
+                s(),
+                Op::Complete,
+                Op::Pass,
+            ],
+        );
+    }
 }
 
 /// GUARANTEED_NO_EVICT reserved prompt + max_new_tokens at admission, then every decode step grew the
@@ -597,11 +690,13 @@ fn regression_no_evict_decode_uses_the_reservation() {
     setup.tokens_per_block = 1;
     setup.max_blocks = 4;
     setup.no_evict = true;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    submit(&mut h, 1, 3); // 1 + 3 = 4 tokens = the whole page table
-    assert_eq!(h.run_to_completion(20), Ok(Done::Finished(3)));
-    h.drain().unwrap();
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        submit(&mut h, 1, 3); // 1 + 3 = 4 tokens = the whole page table
+        assert_eq!(h.run_to_completion(20), Ok(Done::Finished(3)));
+        h.drain().unwrap();
+    }
 }
 
 /// Without a lower tier a self-evicted generation request keeps its pages HELD; context-side
@@ -617,13 +712,15 @@ fn regression_held_suspended_request_can_be_preempted() {
     setup.recompute_pause = true;
     setup.max_num_tokens = Some(26);
     setup.max_num_requests = 2;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    h.apply(&sub(4, 1, None, 3)).unwrap();
-    h.apply(&sub(3, 2, None, 3)).unwrap();
-    assert!(matches!(h.run_to_completion(50), Ok(Done::Finished(_))));
-    assert_eq!(h.stats.deadlocks, 0);
-    h.drain().unwrap();
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        h.apply(&sub(4, 1, None, 3)).unwrap();
+        h.apply(&sub(3, 2, None, 3)).unwrap();
+        assert!(matches!(h.run_to_completion(50), Ok(Done::Finished(_))));
+        assert_eq!(h.stats.deadlocks, 0);
+        h.drain().unwrap();
+    }
 }
 
 /// A preempted request kept its cross cache: the cross pages it held belonged to nobody (it owns no KV
@@ -671,17 +768,48 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
     setup.max_num_tokens = Some(24);
     setup.max_num_requests = 3;
     setup.peft = Some(split_peft(8, 2, &[1, 2]));
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for op in [
+            sub(3, 2, None, 0),
+            sub(4, 1, Some(0), 0),
+            sub(4, 1, None, 1),
+            sub(3, 1, Some(1), 1),
+        ] {
+            h.apply(&op).unwrap();
+        }
+        assert!(matches!(h.run_to_completion(60), Ok(Done::Finished(_))));
+        h.drain().unwrap();
+    }
+}
+
+/// Three requests that each fit alone, two of them on adapters (3 and 5 pages) that do not fit the
+/// 6-page device cache together, under MAX_UTILIZATION with recompute pause and no host tier (where
+/// progress is guaranteed): the passes stall and report `Error::Deadlock` after 59 passes with two
+/// requests left, on the plain pool as on KV groups. EQUAL_PROGRESS's plan (`plan_equal_progress`)
+/// gives the first 8-token unit of the 12-token budget to the recompute-paused request on adapter 0,
+/// which the pass then skips (its adapter does not fit beside adapter 1, pinned by the lease holder
+/// mid-prefill); the lease holder is planned the 4 tokens left, less than a unit, and nothing runs
+/// again (FCFS, or a 13-token budget, finishes). Found by
+/// `grouped_every_request_that_fits_alone_finishes` at 20,000 cases (twice); the pass's, not KV groups'.
+#[test]
+#[ignore = "a liveness defect of the pass, open (testkit-groups report)"]
+fn regression_lora_requests_that_fit_alone_finish_under_recompute_pause() {
+    let mut setup = base(6, 0);
+    setup.max_blocks = 13;
+    setup.chunk = Chunk::Equal;
+    setup.unit = 8;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(12);
+    setup.peft = Some(split_peft(6, 11, &[3, 5]));
+    setup.deadlock_threshold = 50;
     let mut mem = setup.memory();
     let mut h = Harness::new(setup, &mut mem).unwrap();
-    for op in [
-        sub(3, 2, None, 0),
-        sub(4, 1, Some(0), 0),
-        sub(4, 1, None, 1),
-        sub(3, 1, Some(1), 1),
-    ] {
-        h.apply(&op).unwrap();
+    for (prompt, out_len, lora) in [(1, 9, None), (13, 5, Some(0)), (13, 1, Some(1))] {
+        h.apply(&sub(prompt, out_len, lora, 0)).unwrap();
     }
-    assert!(matches!(h.run_to_completion(60), Ok(Done::Finished(_))));
+    assert!(matches!(h.run_to_completion(500), Ok(Done::Finished(_))));
     h.drain().unwrap();
 }
 
@@ -707,8 +835,33 @@ fn prompt_families_reuse_blocks_under_the_model() {
         ops.push(Op::Pass);
         ops.push(Op::Complete);
     }
-    let stats = replay(setup, &ops);
-    assert!(stats.reused >= 8 * 4, "reused {} tokens", stats.reused);
+    for setup in variants(setup) {
+        let stats = replay(setup, &ops);
+        assert!(stats.reused >= 8 * 4, "reused {} tokens", stats.reused);
+    }
+}
+
+/// KV groups under the model: requests whose output outgrows the window decode on with their window
+/// groups' leading blocks released (the harness checks each step's windows), through suspension and
+/// replay, with 2 and 3 groups.
+#[test]
+fn windows_release_blocks_under_the_model() {
+    let mut setup = base(24, 0);
+    setup.recompute_pause = true;
+    setup.chunk = Chunk::Fcfs;
+    setup.unit = 4;
+    for setup in variants(setup).into_iter().skip(1) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for k in 0..8u32 {
+            submit(&mut h, 6 + k % 4, 20);
+            h.apply(&Op::Pass).unwrap();
+        }
+        assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
+        assert!(h.stats.released >= 8, "{:?}", h.stats);
+        assert!(h.stats.recomputed > 0, "the pool was under pressure");
+        h.drain().unwrap();
+    }
 }
 
 /// Unified paging under the model: adapters take KV pages while their requests run, idle ones give
@@ -754,7 +907,7 @@ fn unified_paging_shares_the_pages_under_the_model() {
         }
     }
     assert!(matches!(h.run_to_completion(4000), Ok(Done::Finished(_))));
-    let (placed, evicted) = h.sched.kv().target().inner.adapter_stats();
+    let (placed, evicted) = h.sched.kv().target().inner.leader().adapter_stats();
     assert!(placed >= 4, "{placed} adapter placements");
     assert!(evicted >= 1, "{evicted} adapters gave their pages back");
     assert!(h.sched.kv().target().faults.injected.get() >= 1);
@@ -813,7 +966,14 @@ fn connector_loads_fail_hang_and_recover_under_the_model() {
         }
     }
     assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
-    let stats = h.sched.kv().target().inner.connector_stats().unwrap();
+    let stats = h
+        .sched
+        .kv()
+        .target()
+        .inner
+        .leader()
+        .connector_stats()
+        .unwrap();
     assert!(stats.loads >= 3, "{stats:?}");
     assert!(stats.failed >= 1 && stats.timed_out >= 1, "{stats:?}");
     assert!(stats.saves >= 3 && stats.saved_blocks > 0, "{stats:?}");
@@ -860,7 +1020,15 @@ fn regression_an_offloading_connector_under_pressure_never_stalls_silently() {
         h.stats.paused > 0,
         "the pool was under pressure: requests were offloaded"
     );
-    let loads = h.sched.kv().target().inner.connector_stats().unwrap().loads;
+    let loads = h
+        .sched
+        .kv()
+        .target()
+        .inner
+        .leader()
+        .connector_stats()
+        .unwrap()
+        .loads;
     assert!(
         loads > 0,
         "the connector served blocks the pool had evicted"
@@ -879,14 +1047,16 @@ fn regression_a_resumed_request_carries_nothing_from_its_suspended_life() {
     let mut setup = base(12, 24);
     setup.recompute_pause = false;
     setup.max_num_requests = 4;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    for k in 0..8u32 {
-        submit(&mut h, 8 + k % 3, 10);
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for k in 0..8u32 {
+            submit(&mut h, 8 + k % 3, 10);
+        }
+        assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
+        assert!(h.stats.paused >= 4 && h.stats.resumed >= 4, "{:?}", h.stats);
+        h.drain().unwrap();
     }
-    assert!(matches!(h.run_to_completion(2000), Ok(Done::Finished(_))));
-    assert!(h.stats.paused >= 4 && h.stats.resumed >= 4, "{:?}", h.stats);
-    h.drain().unwrap();
 }
 
 /// Disaggregated serving under the model: context-only requests send their KV when their prompt is
@@ -901,50 +1071,52 @@ fn disaggregated_requests_send_receive_and_recover_under_the_model() {
     setup.recompute_pause = true;
     setup.chunk = Chunk::Fcfs;
     setup.peft = Some(split_peft(2, 4, &[1, 1, 2]));
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    for k in 0..24u8 {
-        let lora = (k % 2 == 0).then_some(k % 3);
-        let op = match k % 3 {
-            0 => Op::Submit {
-                prompt: 9 + u32::from(k),
-                out_len: 3,
-                lora,
-                draft: 0,
-                snap_every: 0,
-                duplicate: false,
-                family: Some(1),
-                encoder: 0,
-            },
-            side => Op::Disagg {
-                prompt: 6 + u32::from(k),
-                out_len: 4,
-                lora,
-                generation: side == 2,
-            },
-        };
-        h.apply(&op).unwrap();
-        for op in [Op::Pass, Op::Complete] {
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for k in 0..24u8 {
+            let lora = (k % 2 == 0).then_some(k % 3);
+            let op = match k % 3 {
+                0 => Op::Submit {
+                    prompt: 9 + u32::from(k),
+                    out_len: 3,
+                    lora,
+                    draft: 0,
+                    snap_every: 0,
+                    duplicate: false,
+                    family: Some(1),
+                    encoder: 0,
+                },
+                side => Op::Disagg {
+                    prompt: 6 + u32::from(k),
+                    out_len: 4,
+                    lora,
+                    generation: side == 2,
+                },
+            };
             h.apply(&op).unwrap();
+            for op in [Op::Pass, Op::Complete] {
+                h.apply(&op).unwrap();
+            }
+            // Every fourth step ends the oldest transfer, alternately failed and delivered.
+            if k % 4 == 3 {
+                h.apply(&Op::EndTransfer {
+                    pick: 0,
+                    delivered: k % 8 == 3,
+                })
+                .unwrap();
+            }
         }
-        // Every fourth step ends the oldest transfer, alternately failed and delivered.
-        if k % 4 == 3 {
-            h.apply(&Op::EndTransfer {
-                pick: 0,
-                delivered: k % 8 == 3,
-            })
-            .unwrap();
-        }
+        assert!(matches!(h.run_to_completion(4000), Ok(Done::Finished(_))));
+        let t = h.sched.transfer_stats();
+        assert!(t.sent >= 6 && t.received >= 4, "{t:?}");
+        assert_eq!((t.sending, t.receiving), (0, 0));
+        assert_eq!(
+            h.stats.transfers,
+            t.sent + t.sends_failed + t.received + t.receives_failed
+        );
+        h.drain().unwrap();
     }
-    assert!(matches!(h.run_to_completion(4000), Ok(Done::Finished(_))));
-    let t = h.sched.transfer_stats();
-    assert!(t.sent >= 6 && t.received >= 4, "{t:?}");
-    assert_eq!((t.sending, t.receiving), (0, 0));
-    assert_eq!(
-        h.stats.transfers,
-        t.sent + t.sends_failed + t.received + t.receives_failed
-    );
-    h.drain().unwrap();
 }
 
 /// Difference 13: a disaggregated generation request whose adapter does not fit beside one pinned by a
@@ -957,51 +1129,54 @@ fn regression_a_disagg_peft_shortfall_does_not_starve_the_lease_holder_behind_it
     setup.chunk = Chunk::Fcfs;
     setup.max_num_tokens = Some(8);
     setup.peft = Some(split_peft(2, 4, &[2, 1]));
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    // Three requests without an adapter take at least 19 of the 24 pages and decode.
-    for _ in 0..3 {
-        submit(&mut h, 12, 16);
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        // Three requests without an adapter take at least 19 of the 24 pages and decode.
+        for _ in 0..3 {
+            submit(&mut h, 12, 16);
+        }
+        let prefilling = |h: &Harness<'_>| {
+            h.sched
+                .requests()
+                .any(|(_, e)| e.spec().phase == Phase::ContextInit)
+        };
+        while prefilling(&h) || h.sched.kv().target().inner.leader().gpu_free() > 5 {
+            h.apply(&Op::Pass).unwrap();
+            h.apply(&Op::Complete).unwrap();
+            assert!(h.live() == 3, "the three fill the pool before they finish");
+        }
+        // A disaggregated request on adapter 0 (both device pages) finds no room for its prompt's KV; a
+        // long prompt on adapter 1 (one page) behind it takes its first chunk and its lease.
+        h.apply(&Op::Disagg {
+            prompt: 28,
+            out_len: 2,
+            lora: Some(0),
+            generation: true,
+        })
+        .unwrap();
+        h.apply(&sub(24, 2, Some(1), 0)).unwrap();
+        let holds = |h: &Harness<'_>| {
+            let mut it = h
+                .sched
+                .requests()
+                .map(|(_, e)| (e.spec().phase, e.ownership()));
+            let waiting =
+                it.any(|(p, o)| p == Phase::DisaggGenerationInit && o == Ownership::Waiting);
+            let holder = h.sched.requests().any(|(_, e)| {
+                e.spec().phase == Phase::ContextInit && e.ownership() == Ownership::Active
+            });
+            waiting && holder
+        };
+        let mut passes = 0;
+        while !holds(&h) {
+            h.apply(&Op::Pass).unwrap();
+            h.apply(&Op::Complete).unwrap();
+            passes += 1;
+            assert!(passes < 20, "the lease holder never got its first chunk");
+        }
+        // From now on the disaggregated request's adapter does not fit beside the pinned one.
+        assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
+        h.drain().unwrap();
     }
-    let prefilling = |h: &Harness<'_>| {
-        h.sched
-            .requests()
-            .any(|(_, e)| e.spec().phase == Phase::ContextInit)
-    };
-    while prefilling(&h) || h.sched.kv().target().inner.gpu_free() > 5 {
-        h.apply(&Op::Pass).unwrap();
-        h.apply(&Op::Complete).unwrap();
-        assert!(h.live() == 3, "the three fill the pool before they finish");
-    }
-    // A disaggregated request on adapter 0 (both device pages) finds no room for its prompt's KV; a
-    // long prompt on adapter 1 (one page) behind it takes its first chunk and its lease.
-    h.apply(&Op::Disagg {
-        prompt: 28,
-        out_len: 2,
-        lora: Some(0),
-        generation: true,
-    })
-    .unwrap();
-    h.apply(&sub(24, 2, Some(1), 0)).unwrap();
-    let holds = |h: &Harness<'_>| {
-        let mut it = h
-            .sched
-            .requests()
-            .map(|(_, e)| (e.spec().phase, e.ownership()));
-        let waiting = it.any(|(p, o)| p == Phase::DisaggGenerationInit && o == Ownership::Waiting);
-        let holder = h.sched.requests().any(|(_, e)| {
-            e.spec().phase == Phase::ContextInit && e.ownership() == Ownership::Active
-        });
-        waiting && holder
-    };
-    let mut passes = 0;
-    while !holds(&h) {
-        h.apply(&Op::Pass).unwrap();
-        h.apply(&Op::Complete).unwrap();
-        passes += 1;
-        assert!(passes < 20, "the lease holder never got its first chunk");
-    }
-    // From now on the disaggregated request's adapter does not fit beside the pinned one.
-    assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
-    h.drain().unwrap();
 }

@@ -3,8 +3,9 @@
 //! The operation harness shared by the core's model-based property tests (`core/tests/model.rs`) and the
 //! fuzz target (`fuzz/fuzz_targets/ops.rs`). It needs only `kvsched-core` (features `std` and `alloc`).
 //!
-//! A [`Harness`] drives a real [`Scheduler`] over the built-in [`KvPool`] and [`AdapterPool`], each wrapped
-//! in a fault-injecting backend ([`FaultKv`], [`FaultPeft`]) that refuses calls by a countdown schedule,
+//! A [`Harness`] drives a real [`Scheduler`] over the built-in [`KvPool`] (or [`KvGroups`] led by it:
+//! [`Setup::windows`]) and [`AdapterPool`], each wrapped in a fault-injecting backend ([`FaultKv`],
+//! [`FaultPeft`]) that refuses calls by a countdown schedule,
 //! and keeps a naive model next to it: the live requests in arrival order with their expected phase,
 //! position and output progress, and the ids that finished or were cancelled. Every [`Op`] is applied to
 //! both, and [`Harness::check`] then compares them and checks the invariants of DESIGN.md §7:
@@ -21,7 +22,11 @@
 //!   request is in two output lists, every listed request is in the state its list says;
 //! - deadlock detection fires only after `deadlock_threshold` stalled passes with work pending, never on an
 //!   idle pass;
-//! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints).
+//! - a refused submission changes nothing (scheduler, KV pool and adapter cache fingerprints);
+//! - with KV groups: every group's pool passes the audit, every group's cache state and capacity for a
+//!   request equal the leader's, no window group gave up a block the first query that may still run
+//!   reads, and right after a pass each scheduled request's window groups hold nothing wholly before
+//!   its step's window and at most `window / tpb + 1` pages plus what the step adds.
 //!
 //! Failures are returned as a [`Violation`] describing the broken invariant (the callers panic with it).
 #![deny(missing_docs)]
@@ -38,8 +43,11 @@ use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId, TaskSlot};
 use kvsched_core::kv::{
     Absent, AdapterPaging, AdaptersCap, CacheState, ContextPrep, KvBackend, KvCaps, KvLimits,
-    KvRef, PairedPool, Pool, PrefixCap, Reach, Tier, TransfersCap,
+    KvRef, LoadChange, PageMove, PairedPool, Pool, PrefixCap, PrefixReuse, Reach, Tier, Transfers,
+    TransfersCap,
 };
+pub use kvsched_core::kv_groups::Attention;
+use kvsched_core::kv_groups::{Group, KvGroups};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
@@ -125,6 +133,19 @@ pub struct Setup {
     /// A KV connector on the target pool (with the prefix cache only): a remote store holding the
     /// prompt families' blocks.
     pub connector: bool,
+    /// KV groups: sliding-window groups beside the target pool, which then leads a
+    /// [`KvGroups`] as its full-attention group (empty: a plain pool; one: 2 groups; two: 3 groups).
+    /// Only where [`Setup::groups_allowed`].
+    pub windows: Vec<WindowGroup>,
+}
+
+/// A sliding-window KV group of a [`Setup`] (its pool has the target's geometry but its GPU pages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowGroup {
+    /// The window, in pages (`pages * tokens_per_block` positions; at most `max_blocks`).
+    pub pages: u32,
+    /// The group's GPU pages (its host tier is the target's).
+    pub gpu_pages: u32,
 }
 
 /// The KV memory of a [`Setup`]: how to build the target pool, and the draft and cross pools when
@@ -132,6 +153,7 @@ pub struct Setup {
 /// borrows.
 pub struct Memory {
     target: PoolSpec,
+    windows: Vec<(Attention, PoolSpec)>,
     draft: Option<PoolSpec>,
     cross: Option<PoolSpec>,
     store: Option<(Store, Vec<ConnectorSlot>, Vec<u32>)>,
@@ -294,8 +316,17 @@ impl Setup {
             unified: false,
         };
         let unified = self.peft.as_ref().is_some_and(|p| p.unified);
+        let windows = self.windows.iter().map(|w| {
+            let cfg = KvPoolConfig {
+                gpu_pages: w.gpu_pages,
+                ..self.pool()
+            };
+            let window = w.pages * self.tokens_per_block;
+            (Attention::Sliding { window }, PoolSpec { cfg, ..one })
+        });
         Memory {
             target: PoolSpec { unified, ..one },
+            windows: windows.collect(),
             draft: self.draft.map(|_| one),
             cross: self.cross.then_some(PoolSpec {
                 prefix: false,
@@ -305,6 +336,59 @@ impl Setup {
                 let saves = vec![0; self.pool().table_len()];
                 (Store::default(), vec![ConnectorSlot::default(); N], saves)
             }),
+        }
+    }
+
+    /// Whether this configuration may have KV groups ([`Setup::windows`]): what [`KvGroups`] takes —
+    /// no draft or cross pool, no connector, no unified paging (its capabilities are `Absent`), a
+    /// prefix cache only once it takes one ([`groups_take_prefix`]), and not GUARANTEED_NO_EVICT (the
+    /// scheduler refuses it over sliding windows: its reservation runs a decoding request's capacity
+    /// ahead of its tokens, `guaranteed_no_evict_over_sliding_windows_is_refused` in
+    /// `core/tests/groups_prefix.rs`).
+    pub fn groups_allowed(&self) -> bool {
+        let unified = self.peft.as_ref().is_some_and(|p| p.unified);
+        self.draft.is_none()
+            && !self.cross
+            && !self.connector
+            && !unified
+            && (!self.prefix || groups_take_prefix())
+            && !self.no_evict
+    }
+
+    /// This configuration on KV groups: the target leads, a sliding-window group per entry of
+    /// `windows` follows (each window capped at `max_blocks` pages). What groups do not take is dropped
+    /// ([`Setup::groups_allowed`]): the draft and cross pools, the connector, unified paging (the
+    /// tasks then capped by the adapter cache's device pages), the prefix cache until groups take one,
+    /// and GUARANTEED_NO_EVICT (for MAX_UTILIZATION).
+    pub fn with_groups(mut self, windows: Vec<WindowGroup>) -> Self {
+        self.no_evict = false;
+        self.draft = None;
+        self.cross = false;
+        self.connector = false;
+        self.prefix &= groups_take_prefix();
+        if let Some(p) = self.peft.as_mut().filter(|p| p.unified) {
+            p.unified = false;
+            let cap = p.device_pages.min(p.host_pages);
+            for t in &mut p.task_pages {
+                *t = (*t).min(cap);
+            }
+        }
+        let max_blocks = self.max_blocks;
+        self.windows = windows
+            .into_iter()
+            .map(|w| WindowGroup {
+                pages: w.pages.clamp(1, max_blocks),
+                ..w
+            })
+            .collect();
+        self
+    }
+
+    /// The GPU pages of KV group `g` (0: the target's).
+    pub fn group_gpu_pages(&self, g: usize) -> u32 {
+        match g.checked_sub(1) {
+            Some(w) => self.windows[w].gpu_pages,
+            None => self.gpu_pages,
         }
     }
 
@@ -323,6 +407,37 @@ impl Setup {
     pub fn tasks(&self) -> usize {
         self.peft.as_ref().map_or(0, |p| p.task_pages.len())
     }
+}
+
+/// Whether [`KvGroups::new`] takes pools with a prefix cache (asked once, of two small pools). Until
+/// it does, [`Setup::groups_allowed`] leaves prefix configurations without KV groups; from then on
+/// they get them, with nothing here to change.
+pub fn groups_take_prefix() -> bool {
+    static TAKES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TAKES.get_or_init(|| {
+        let cfg = KvPoolConfig {
+            tokens_per_block: 2,
+            gpu_pages: 4,
+            host_pages: 0,
+            slots: 2,
+            max_blocks: 4,
+        };
+        let pool = || KvPool::owned_with_prefix_cache(cfg);
+        let (Ok(full), Ok(window)) = (pool(), pool()) else {
+            return false;
+        };
+        KvGroups::new([
+            Group {
+                attention: Attention::Full,
+                pool: full,
+            },
+            Group {
+                attention: Attention::Sliding { window: 2 },
+                pool: window,
+            },
+        ])
+        .is_ok()
+    })
 }
 
 /// Which backend call a fault refuses.
@@ -469,153 +584,291 @@ impl Faults {
     }
 }
 
-/// The KV pool behind a fault schedule. Refusals honour the backend contract: nothing changes, except
-/// that a refused first-chunk resize leaves the cache inactive (as the pool itself does).
+/// What a [`FaultKv`] wraps: the built-in pool, or one pool per KV group (a hybrid-attention model's
+/// caches: the first group full attention, the others sliding windows).
+#[derive(Debug)]
+pub enum KvInner<'a> {
+    /// One pool.
+    Pool(Box<KvPool<'a, Owned>>),
+    /// A full-attention group and a sliding-window group.
+    Two(Box<KvGroups<'a, Owned, 2>>),
+    /// A full-attention group and two sliding-window groups.
+    Three(Box<KvGroups<'a, Owned, 3>>),
+}
+
+/// `$body` with `$k` bound to the backend inside a [`KvInner`] (by reference, as `$inner` is).
+macro_rules! each {
+    ($inner:expr, $k:ident => $body:expr) => {
+        match $inner {
+            KvInner::Pool($k) => $body,
+            KvInner::Two($k) => $body,
+            KvInner::Three($k) => $body,
+        }
+    };
+}
+
+/// Group 0's page moves, the other groups' drained first (the engine copies every group's before
+/// the step; the harness follows no move).
+fn leader_moves<'k, const G: usize>(k: &'k mut KvGroups<'_, Owned, G>) -> &'k [PageMove] {
+    for g in 1..G {
+        let _ = k.take_group_moves(g);
+    }
+    k.take_moves()
+}
+
+impl<'a> KvInner<'a> {
+    /// The target pool alone (`windows` empty), or it leading a group per window.
+    fn build(target: PoolSpec, windows: &[(Attention, PoolSpec)]) -> Result<Self, Error> {
+        let group = |attention, spec: PoolSpec| -> Result<Group<'a, Owned>, Error> {
+            Ok(Group {
+                attention,
+                pool: spec.build()?,
+            })
+        };
+        let full = group(Attention::Full, target)?;
+        Ok(match windows {
+            [] => Self::Pool(Box::new(full.pool)),
+            [(a, w)] => Self::Two(Box::new(KvGroups::new([full, group(*a, *w)?])?)),
+            [(a, w), (b, x)] => {
+                let groups = [full, group(*a, *w)?, group(*b, *x)?];
+                Self::Three(Box::new(KvGroups::new(groups)?))
+            }
+            _ => return Err(Error::Invalid("the harness builds at most 3 KV groups")),
+        })
+    }
+
+    /// Every group with its pool, the leader first (a plain pool: itself, as full attention).
+    pub fn groups(&self) -> Vec<(Attention, &KvPool<'a, Owned>)> {
+        match self {
+            Self::Pool(p) => vec![(Attention::Full, &**p)],
+            Self::Two(k) => k.groups().iter().map(|g| (g.attention, &g.pool)).collect(),
+            Self::Three(k) => k.groups().iter().map(|g| (g.attention, &g.pool)).collect(),
+        }
+    }
+
+    /// The pool of the request's full-attention KV: the plain pool, or group 0.
+    pub fn leader(&self) -> &KvPool<'a, Owned> {
+        match self {
+            Self::Pool(p) => p,
+            Self::Two(k) => &k.groups()[0].pool,
+            Self::Three(k) => &k.groups()[0].pool,
+        }
+    }
+
+    /// The plain pool (`None` with groups, which only lend their pools out read-only).
+    pub fn pool_mut(&mut self) -> Option<&mut KvPool<'a, Owned>> {
+        match self {
+            Self::Pool(p) => Some(p.as_mut()),
+            _ => None,
+        }
+    }
+
+    fn paired(&mut self) -> &mut KvPool<'a, Owned> {
+        self.pool_mut()
+            .expect("a plain pool's call: KV groups get no draft pool nor unified paging here")
+    }
+}
+
+/// A KV backend behind a fault schedule: the built-in pool or KV groups ([`KvInner`]). Refusals honour
+/// the backend contract: nothing changes, except that a refused first-chunk resize leaves the cache
+/// inactive (as the pool and the groups do themselves).
 #[derive(Debug)]
 pub struct FaultKv<'a> {
-    /// The pool.
-    pub inner: KvPool<'a, Owned>,
+    /// The pool or the groups.
+    pub inner: KvInner<'a>,
     /// The schedule.
     pub faults: Faults,
 }
 
-/// The pool's capabilities are the pool's (its prefix cache and connector are reached as they are),
-/// except unified paging, whose pins the schedule refuses.
-impl<'a> KvBackend for FaultKv<'a> {
+impl FaultKv<'_> {
+    /// Unified adapter paging is on (a pool's only: groups have no adapter capability).
+    pub fn unified(&self) -> bool {
+        each!(&self.inner, k => k.caps().adapters.is_some())
+    }
+}
+
+/// The inner backend's capabilities are the wrapper's own, each forwarded while the inner one has it
+/// (a pool's prefix cache and connector as they are; groups have none of them today, and get them
+/// here as soon as they do), except that unified paging's pins go through the schedule.
+impl KvBackend for FaultKv<'_> {
     type Draft = Absent;
     type Cross = Absent;
-    type Transfers = KvPool<'a, Owned>;
-    type Prefix = KvPool<'a, Owned>;
+    type Transfers = Self;
+    type Prefix = Self;
     type Adapters = Self;
 
     fn limits(&self) -> KvLimits {
-        self.inner.limits()
+        each!(&self.inner, k => k.limits())
     }
     fn cache(&self, r: KvRef) -> CacheState {
-        self.inner.cache(r)
+        each!(&self.inner, k => k.cache(r))
     }
     fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         if self.faults.fire(Fault::KvPrepare) {
             return None;
         }
-        self.inner.prepare_context(r, prep)
+        each!(&mut self.inner, k => k.prepare_context(r, prep))
     }
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
-        self.inner.prepare_disagg_gen_init(r, capacity)
+        each!(&mut self.inner, k => k.prepare_disagg_gen_init(r, capacity))
     }
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         if self.faults.fire(Fault::KvResize) {
             if first_chunk {
-                self.inner.suspend(r);
+                each!(&mut self.inner, k => k.suspend(r));
             }
             return false;
         }
-        self.inner.resize_context(r, capacity, first_chunk)
+        each!(&mut self.inner, k => k.resize_context(r, capacity, first_chunk))
     }
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
         if self.faults.fire(Fault::KvAllocate) {
             return false;
         }
-        self.inner.try_allocate_generation(r, grow)
+        each!(&mut self.inner, k => k.try_allocate_generation(r, grow))
     }
     fn revert_allocate_generation(&mut self, r: KvRef) {
-        self.inner.revert_allocate_generation(r);
+        each!(&mut self.inner, k => k.revert_allocate_generation(r));
     }
     fn rewind(&mut self, r: KvRef, tokens: u32) {
-        self.inner.rewind(r, tokens);
+        each!(&mut self.inner, k => k.rewind(r, tokens));
     }
     fn suspend(&mut self, r: KvRef) {
-        self.inner.suspend(r);
+        each!(&mut self.inner, k => k.suspend(r));
     }
     fn free(&mut self, r: KvRef) {
-        self.inner.free(r);
+        each!(&mut self.inner, k => k.free(r));
     }
     fn preempt(&mut self, r: KvRef) {
-        self.inner.preempt(r);
+        each!(&mut self.inner, k => k.preempt(r));
     }
-    fn take_moves(&mut self) -> &[kvsched_core::kv::PageMove] {
-        self.inner.take_moves()
-    }
-}
-
-/// The pool's connector, reached as the pool reaches it.
-impl<'a> Reach<FaultKv<'a>, TransfersCap> for KvPool<'a, Owned> {
-    fn reach<'k>(k: &'k FaultKv<'a>) -> Option<&'k Self> {
-        k.inner.caps().transfers
-    }
-    fn reach_mut<'k>(k: &'k mut FaultKv<'a>) -> Option<&'k mut Self> {
-        k.inner.transfers()
+    fn take_moves(&mut self) -> &[PageMove] {
+        match &mut self.inner {
+            KvInner::Pool(p) => p.take_moves(),
+            KvInner::Two(k) => leader_moves(k.as_mut()),
+            KvInner::Three(k) => leader_moves(k.as_mut()),
+        }
     }
 }
 
-/// The pool's prefix cache, reached as the pool reaches it.
-impl<'a> Reach<FaultKv<'a>, PrefixCap> for KvPool<'a, Owned> {
+/// The wrapper as a capability while the inner backend has it (`has`, read from its caps).
+fn reach_if<'k, 'a>(k: &'k FaultKv<'a>, has: bool) -> Option<&'k FaultKv<'a>> {
+    has.then_some(k)
+}
+
+/// The inner backend's connector and transfers, while it has them.
+impl<'a> Reach<FaultKv<'a>, TransfersCap> for FaultKv<'a> {
     fn reach<'k>(k: &'k FaultKv<'a>) -> Option<&'k Self> {
-        k.inner.caps().prefix
+        reach_if(k, each!(&k.inner, x => x.caps().transfers.is_some()))
     }
     fn reach_mut<'k>(k: &'k mut FaultKv<'a>) -> Option<&'k mut Self> {
-        k.inner.prefix()
+        let has = <Self as Reach<Self, TransfersCap>>::reach(k).is_some();
+        has.then_some(k)
+    }
+}
+
+/// The inner backend's prefix cache, while it has one.
+impl<'a> Reach<FaultKv<'a>, PrefixCap> for FaultKv<'a> {
+    fn reach<'k>(k: &'k FaultKv<'a>) -> Option<&'k Self> {
+        reach_if(k, each!(&k.inner, x => x.caps().prefix.is_some()))
+    }
+    fn reach_mut<'k>(k: &'k mut FaultKv<'a>) -> Option<&'k mut Self> {
+        let has = <Self as Reach<Self, PrefixCap>>::reach(k).is_some();
+        has.then_some(k)
     }
 }
 
 /// Unified paging while the pool has it, with the schedule between the pass and the pins.
 impl<'a> Reach<FaultKv<'a>, AdaptersCap> for FaultKv<'a> {
-    fn reach(k: &Self) -> Option<&Self> {
-        k.inner.caps().adapters.is_some().then_some(k)
+    fn reach<'k>(k: &'k FaultKv<'a>) -> Option<&'k Self> {
+        reach_if(k, k.unified())
     }
-    fn reach_mut(k: &mut Self) -> Option<&mut Self> {
-        if k.inner.adapters().is_some() {
-            Some(k)
-        } else {
-            None
-        }
+    fn reach_mut<'k>(k: &'k mut FaultKv<'a>) -> Option<&'k mut Self> {
+        let has = k.unified();
+        has.then_some(k)
     }
 }
 
-/// Mirror admission is refused like a generation step's allocation.
+/// The inner connector's loads and sends.
+impl Transfers for FaultKv<'_> {
+    fn take_load_changes(&mut self, f: &mut dyn FnMut(u16, LoadChange)) {
+        each!(&mut self.inner, k => if let Some(t) = k.transfers() {
+            t.take_load_changes(f);
+        });
+    }
+    fn sends_in_flight(&self) -> bool {
+        each!(&self.inner, k => k.caps().transfers.is_some_and(Transfers::sends_in_flight))
+    }
+}
+
+/// The inner prefix cache.
+impl PrefixReuse for FaultKv<'_> {
+    fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
+        each!(&mut self.inner, k => if let Some(p) = k.prefix() {
+            p.set_prefix(r, root, hashes);
+        });
+    }
+    fn commit(&mut self, r: KvRef, computed: u32) {
+        each!(&mut self.inner, k => if let Some(p) = k.prefix() {
+            p.commit(r, computed);
+        });
+    }
+    fn all_blocks_reusable(&self) -> bool {
+        each!(&self.inner, k => k.caps().prefix.is_some_and(PrefixReuse::all_blocks_reusable))
+    }
+    fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
+        each!(&self.inner, k => k.caps().prefix?.probe_first_new_block(r, prep))
+    }
+    fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        each!(&self.inner, k => k.caps().prefix?.probe_context_reuse(r, prep))
+    }
+}
+
+/// Mirror admission is refused like a generation step's allocation (a plain pool's only: the harness
+/// pairs no draft pool with groups).
 impl PairedPool for FaultKv<'_> {
     fn revert_allocate_context(&mut self, r: KvRef) -> bool {
-        self.inner.revert_allocate_context(r)
+        self.inner.paired().revert_allocate_context(r)
     }
     fn admit_mirror(&mut self, r: KvRef) -> bool {
         if self.faults.fire(Fault::KvAllocate) {
             return false;
         }
-        self.inner.admit_mirror(r)
+        self.inner.paired().admit_mirror(r)
     }
     fn resume_blocked(&self, r: KvRef) -> bool {
-        self.inner.resume_blocked(r)
+        self.inner.groups().iter().any(|(_, p)| p.resume_blocked(r))
     }
 }
 
-/// Unified paging: a pin may be refused.
+/// Unified paging (a plain pool's): a pin may be refused.
 impl AdapterPaging for FaultKv<'_> {
     fn max_tokens_beside_adapter(&self, pages: u32) -> u64 {
-        self.inner.max_tokens_beside_adapter(pages)
+        self.inner.leader().max_tokens_beside_adapter(pages)
     }
     fn can_pin_adapter(&self, task: TaskSlot, pages: u32) -> bool {
-        self.inner.can_pin_adapter(task, pages)
+        self.inner.leader().can_pin_adapter(task, pages)
     }
     fn pin_adapter(&mut self, who: RequestId, task: TaskSlot, pages: u32) -> bool {
         if self.faults.fire(Fault::KvPin) {
             return false;
         }
-        self.inner.pin_adapter(who, task, pages)
+        self.inner.paired().pin_adapter(who, task, pages)
     }
     fn unpin_adapter(&mut self, task: TaskSlot) {
-        self.inner.unpin_adapter(task);
+        self.inner.paired().unpin_adapter(task);
     }
     fn drop_adapter(&mut self, task: TaskSlot) {
-        self.inner.drop_adapter(task);
+        self.inner.paired().drop_adapter(task);
     }
     fn adapter_pins(&self, task: TaskSlot) -> Option<u32> {
-        self.inner.adapter_pins(task)
+        self.inner.leader().adapter_pins(task)
     }
     fn take_adapter_placements(&mut self, f: &mut dyn FnMut(TaskSlot)) {
-        AdapterPaging::take_adapter_placements(&mut self.inner, f);
+        AdapterPaging::take_adapter_placements(self.inner.paired(), f);
     }
     fn take_adapter_evictions(&mut self, f: &mut dyn FnMut(TaskSlot)) {
-        AdapterPaging::take_adapter_evictions(&mut self.inner, f);
+        AdapterPaging::take_adapter_evictions(self.inner.paired(), f);
     }
 }
 
@@ -835,6 +1088,12 @@ struct Live {
     loading: bool,
     /// Context-only (disaggregated serving): it sends its KV when its prompt is computed.
     context_only: bool,
+    /// The first query that may still run: the first position of the step in flight (a chunk's
+    /// start, a decode step's first token), else where its next step starts. No window group may
+    /// have given up a block that query reads.
+    step_start: u32,
+    /// The positions its scheduled steps write: where its next step starts.
+    frontier: u32,
 }
 
 /// Counters of what a run exercised.
@@ -864,6 +1123,9 @@ pub struct Stats {
     pub reused: u64,
     /// Transfers ended (sends and receives, delivered or failed).
     pub transfers: u64,
+    /// Blocks the scheduled steps' requests had released in their window groups (summed over steps
+    /// and groups: that releases happen).
+    pub released: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -908,12 +1170,23 @@ pub fn pools<'s, 'a>(s: &'s Sched<'a>) -> impl Iterator<Item = (&'static str, &'
         .chain(kv.cross_pool().map(|x| ("cross", x)))
 }
 
-/// A combined fingerprint of the scheduler, its KV pools and its adapter cache.
-pub fn fingerprint(s: &Sched<'_>) -> (u64, Vec<(u64, Faults)>, Option<AdapterPool<T>>, Faults) {
+/// What [`fingerprint`] returns: the scheduler's, every pool's groups' with its fault schedule, the
+/// adapter cache and its schedule.
+pub type Fingerprint = (u64, Vec<(Vec<u64>, Faults)>, Option<AdapterPool<T>>, Faults);
+
+/// A combined fingerprint of the scheduler, its KV pools (every group's) and its adapter cache.
+pub fn fingerprint(s: &Sched<'_>) -> Fingerprint {
+    let groups = |p: &FaultKv<'_>| {
+        p.inner
+            .groups()
+            .iter()
+            .map(|(_, g)| g.fingerprint())
+            .collect()
+    };
     (
         s.fingerprint(),
         pools(s)
-            .map(|(_, p)| (p.inner.fingerprint(), p.faults.clone()))
+            .map(|(_, p)| (groups(p), p.faults.clone()))
             .collect(),
         s.adapters().backend().inner.clone(),
         s.adapters().backend().faults.clone(),
@@ -925,27 +1198,17 @@ impl<'a> Harness<'a> {
     pub fn new(setup: Setup, mem: &'a mut Memory) -> Result<Self, Violation> {
         let faulty = |m: PoolSpec| -> Result<FaultKv<'a>, Violation> {
             Ok(FaultKv {
-                inner: m.build().map_err(|e| format!("pool: {e}"))?,
+                inner: KvInner::Pool(Box::new(m.build().map_err(|e| format!("pool: {e}"))?)),
                 faults: Faults::default(),
             })
         };
-        let mut target = faulty(mem.target)?;
-        let store_faults = match mem.store.as_mut() {
-            Some((store, slots, saves)) => {
-                let faults = store.faults.clone();
-                target
-                    .inner
-                    .attach_connector(store, slots, saves, LOAD_TIMEOUT)
-                    .map_err(|e| format!("connector: {e}"))?;
-                Some(faults)
-            }
-            None => None,
-        };
-        let draft = match (setup.draft, mem.draft) {
+        let (draft, cross) = (mem.draft, mem.cross);
+        let (target, store_faults) = Self::target(&setup, mem)?;
+        let draft = match (setup.draft, draft) {
             (Some(mode), Some(m)) => Some((mode, faulty(m)?)),
             _ => None,
         };
-        let cross = match mem.cross {
+        let cross = match cross {
             Some(m) => Some(faulty(m)?),
             None => None,
         };
@@ -988,6 +1251,32 @@ impl<'a> Harness<'a> {
             host_copies: BTreeSet::new(),
             store_faults,
         })
+    }
+
+    /// The target backend of `mem` (the pool, or KV groups led by it) with the connector's store
+    /// attached, and the store's fault schedule.
+    fn target(
+        setup: &Setup,
+        mem: &'a mut Memory,
+    ) -> Result<(FaultKv<'a>, Option<std::rc::Rc<Faults>>), Violation> {
+        if !setup.windows.is_empty() && !setup.groups_allowed() {
+            return Err("KV groups in a configuration they do not take".into());
+        }
+        let mut target = FaultKv {
+            inner: KvInner::build(mem.target, &mem.windows).map_err(|e| format!("KV: {e}"))?,
+            faults: Faults::default(),
+        };
+        let Some((store, slots, saves)) = mem.store.as_mut() else {
+            return Ok((target, None));
+        };
+        let faults = store.faults.clone();
+        target
+            .inner
+            .pool_mut()
+            .ok_or("a connector on KV groups")?
+            .attach_connector(store, slots, saves, LOAD_TIMEOUT)
+            .map_err(|e| format!("connector: {e}"))?;
+        Ok((target, Some(faults)))
     }
 
     /// Live requests (model).
@@ -1253,6 +1542,8 @@ impl<'a> Harness<'a> {
                     inflight: false,
                     loading: false,
                     context_only: s.context_only,
+                    step_start: 0,
+                    frontier: 0,
                 });
                 Ok(())
             }
@@ -1319,7 +1610,7 @@ impl<'a> Harness<'a> {
         if self.sched.remove(l.handle).err() != Some(Error::StaleHandle) {
             return Err(format!("second remove of {} was not StaleHandle", l.id).into());
         }
-        if self.sched.kv().target().inner.seq(slot).state != SeqState::None {
+        if self.holds_kv(slot) {
             return Err(format!("removed request {} left KV in slot {slot}", l.id).into());
         }
         if finished {
@@ -1355,7 +1646,7 @@ impl<'a> Harness<'a> {
                 if spec.id.0 != l.id || self.sched.get(l.handle).is_ok() {
                     return Err(format!("end_send {}: not removed", l.id).into());
                 }
-                if self.sched.kv().target().inner.seq(l.handle.index()).state != SeqState::None {
+                if self.holds_kv(l.handle.index()) {
                     return Err(format!("sent request {} left KV behind", l.id).into());
                 }
                 self.live.remove(i);
@@ -1377,6 +1668,9 @@ impl<'a> Harness<'a> {
                     (m.phase, m.position, m.produced) = (Phase::ContextInit, 0, 0);
                 }
                 m.steps = 0;
+                if !delivered {
+                    (m.step_start, m.frontier) = (0, 0);
+                }
             }
             _ => {
                 let send = self.sched.end_send(l.handle, how);
@@ -1525,13 +1819,7 @@ impl<'a> Harness<'a> {
                 l.phase = Phase::DisaggGenerationTransInProgress;
             }
         }
-        for rid in recomputed {
-            if let Some(l) = self.live.iter_mut().find(|l| Some(l.id) == rid) {
-                l.phase = Phase::ContextInit;
-                l.position = 0;
-                l.steps = 0;
-            }
-        }
+        self.ran(&recomputed);
         while let Some(i) = self
             .live
             .iter()
@@ -1540,6 +1828,18 @@ impl<'a> Harness<'a> {
             self.remove(i, true)?;
         }
         Ok(())
+    }
+
+    /// The step ran: recompute-paused requests (`recomputed`) replay from the start, and every
+    /// request's next query is where its next step starts.
+    fn ran(&mut self, recomputed: &[Option<u64>]) {
+        for l in &mut self.live {
+            if recomputed.contains(&Some(l.id)) {
+                l.phase = Phase::ContextInit;
+                (l.position, l.steps, l.frontier) = (0, 0, 0);
+            }
+            l.step_start = l.frontier;
+        }
     }
 
     /// Passes and completions until every request finished ([`Done::Finished`]) or a pass reports
@@ -1637,25 +1937,48 @@ impl<'a> Harness<'a> {
             }
         }
         // The KV holds what the step writes.
-        let kv_tokens = s.kv().target().inner.seq(l.slot()).capacity;
-        let needed = match name {
-            "generation" => {
-                let m = self.live.iter_mut().find(|m| m.id == id);
-                let m = m.ok_or(format!("generation: {id} not in the model"))?;
-                m.steps += 1;
-                m.prompt + m.steps
-            }
-            "context" => e.spec().position + chunk,
-            "disagg" => e.spec().prompt,
-            _ => 0,
-        };
+        let kv_tokens = s.kv().target().inner.leader().seq(l.slot()).capacity;
+        let needed = Self::needed(&mut self.live, name, e.spec(), chunk)?;
         if kv_tokens < needed {
             return Err(format!(
                 "{name}: request {id} needs {needed} KV tokens, its cache holds {kv_tokens}"
             )
             .into());
         }
-        entry_tokens(name, e.spec(), chunk, last, batch)
+        entry_tokens(name, e.spec(), chunk, last, batch)?;
+        let (position, draft) = (e.spec().position, e.spec().draft);
+        match name {
+            "context" => self.stepped(r, Some(position), chunk + if last { draft } else { 0 }),
+            "generation" => self.stepped(r, None, 1 + draft),
+            _ => Ok(()),
+        }
+    }
+
+    /// The KV tokens a listed request's step needs (`name`: its list; `chunk`: a context chunk's
+    /// tokens); the model counts a decode step, and a prepared disaggregated request's next step
+    /// starts past the prompt (and the drafts' room) its transfer brings.
+    fn needed(
+        live: &mut [Live],
+        name: &str,
+        spec: &RequestSpec,
+        chunk: u32,
+    ) -> Result<u32, Violation> {
+        let id = spec.id.0;
+        if !matches!(name, "generation" | "disagg") {
+            return Ok(if name == "context" {
+                spec.position + chunk
+            } else {
+                0
+            });
+        }
+        let m = live.iter_mut().find(|m| m.id == id);
+        let m = m.ok_or(format!("{name}: {id} not in the model"))?;
+        if name == "generation" {
+            m.steps += 1;
+            return Ok(m.prompt + m.steps);
+        }
+        (m.step_start, m.frontier) = (spec.prompt + spec.draft, spec.prompt + spec.draft);
+        Ok(spec.prompt)
     }
 
     /// The batch's tokens and requests within the budgets.
@@ -1696,11 +2019,11 @@ impl<'a> Harness<'a> {
         if plan != tasks {
             return Err(format!("adapter plan {plan:?} but the batch uses {tasks:?}").into());
         }
-        let unified = s.kv().target().inner.caps().adapters.is_some();
+        let unified = s.kv().target().unified();
         if let (true, Some(_)) = (unified, &s.adapters().backend().inner) {
             // Unified paging: every planned adapter is resident in the KV pool, pinned by its leases.
             for t in &plan {
-                let a = s.kv().target().inner.adapter(t.slot);
+                let a = s.kv().target().inner.leader().adapter(t.slot);
                 if !a.is_some_and(|a| a.resident() && a.pins() > 0) {
                     return Err(format!("task {} not pinned in the KV pool: {a:?}", t.id.0).into());
                 }
@@ -1811,14 +2134,13 @@ impl<'a> Harness<'a> {
     pub fn check(&self) -> Result<(), Violation> {
         let s = &self.sched;
         for (role, p) in pools(s) {
-            if !p
-                .inner
-                .audit(&mut vec![0; p.inner.config().page_info_len()])
-            {
-                return Err(format!(
-                    "{role} KV pool audit failed (page conservation, reference counts, prefix cache)"
-                )
-                .into());
+            for (g, (_, pool)) in p.inner.groups().into_iter().enumerate() {
+                if !pool.audit(&mut vec![0; pool.config().page_info_len()]) {
+                    return Err(format!(
+                        "{role} KV pool (group {g}) audit failed (page conservation, reference counts, prefix cache)"
+                    )
+                    .into());
+                }
             }
         }
         self.check_pairing()?;
@@ -1875,6 +2197,11 @@ impl<'a> Harness<'a> {
                 return Err(format!("request {}: pending-load mark lost", l.id).into());
             }
             self.check_residency(h, e.ownership(), sp, pending_reset)?;
+            let r = KvRef {
+                slot: h.index(),
+                id: sp.id,
+            };
+            self.check_groups(l, r, false)?;
             if let Some(t) = e.task() {
                 match e.ownership() {
                     Ownership::Active | Ownership::Resumed => active[t.slot.index()] += 1,
@@ -1884,6 +2211,71 @@ impl<'a> Harness<'a> {
             }
         }
         Ok((active, paused))
+    }
+
+    /// Request `r` was scheduled a step writing `written` positions (from `start` for a context chunk,
+    /// else from where its last step ended): the model follows it, and its window groups hold exactly
+    /// that step's windows.
+    fn stepped(&mut self, r: KvRef, start: Option<u32>, written: u32) -> Result<(), Violation> {
+        let m = self.live.iter_mut().find(|m| m.id == r.id.0);
+        let m = m.ok_or(format!("request {} not in the model", r.id.0))?;
+        m.step_start = start.unwrap_or(m.frontier);
+        m.frontier = m.step_start + written;
+        let m = m.clone();
+        self.check_groups(&m, r, true)?;
+        let groups = self.sched.kv().target().inner.groups();
+        let released: u32 = groups
+            .iter()
+            .skip(1)
+            .map(|(_, g)| g.seq(r.slot).released)
+            .sum();
+        self.stats.released += u64::from(released);
+        Ok(())
+    }
+
+    /// Request `r`'s KV groups agree with the leader (cache state and capacity in every group), and
+    /// each sliding-window group keeps its window rule: it never gave up a block the first query that
+    /// may still run reads; right after a pass that scheduled a step (`scheduled`), it holds
+    /// nothing wholly before that query's window, and at most `window / tpb + 1` pages plus what the
+    /// step adds (not under GUARANTEED_NO_EVICT, whose reservation holds the whole request).
+    fn check_groups(&self, l: &Live, r: KvRef, scheduled: bool) -> Result<(), Violation> {
+        let groups = self.sched.kv().target().inner.groups();
+        let (_, lead) = groups[0];
+        let (state, seq) = (lead.cache(r), lead.seq(r.slot));
+        let tpb = self.setup.tokens_per_block;
+        for (g, &(attention, pool)) in groups.iter().enumerate().skip(1) {
+            let s = pool.seq(r.slot);
+            if pool.cache(r) != state || s.capacity != seq.capacity {
+                return Err(format!(
+                    "request {}: group {g} {:?} of {} tokens, the leader {state:?} of {}",
+                    l.id,
+                    pool.cache(r),
+                    s.capacity,
+                    seq.capacity
+                )
+                .into());
+            }
+            let Attention::Sliding { window } = attention else {
+                continue;
+            };
+            if !state.exists() {
+                continue;
+            }
+            // The blocks wholly before the window of the step's first query.
+            let outside = (l.step_start + 1).saturating_sub(window) / tpb;
+            let held = s.blocks - s.released;
+            let bound =
+                window / tpb + 1 + s.capacity.saturating_sub(l.step_start + 1).div_ceil(tpb);
+            let kept = scheduled && !self.setup.no_evict && (s.released < outside || held > bound);
+            if s.released > outside || kept {
+                return Err(format!(
+                    "request {}: window group {g} (window {window}) released {} of {} blocks, holds {held} (bound {bound}); its step's first query at {} reads from block {outside}",
+                    l.id, s.released, s.blocks, l.step_start
+                )
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// A request's ownership follows its target cache (a cross cache may outlive a preemption).
@@ -1898,7 +2290,7 @@ impl<'a> Harness<'a> {
             slot: h.index(),
             id: sp.id,
         };
-        let pool = &self.sched.kv().target().inner;
+        let pool = self.sched.kv().target().inner.leader();
         let (has, act) = (pool.cache(r).exists(), pool.cache(r).is_active());
         let ok = match own {
             Ownership::Waiting => {
@@ -1960,7 +2352,7 @@ impl<'a> Harness<'a> {
                 .into());
             }
             // Unified paging: the KV pool's pins on the adapter are its leases.
-            if let Some(a) = s.kv().target().inner.adapter(TaskSlot(i as u16)) {
+            if let Some(a) = s.kv().target().inner.leader().adapter(TaskSlot(i as u16)) {
                 if a.pins() != leases || (leases > 0 && !a.resident()) {
                     return Err(format!(
                         "task {}: {leases} leases, {} pins in the KV pool (resident {})",
@@ -2017,7 +2409,39 @@ impl<'a> Harness<'a> {
         self.run_to_completion(64 + 16 * work)
     }
 
-    /// Removes every live request (the end of a run): afterwards both pools must be empty.
+    /// With no request, pool `role` (group `g`) holds only free pages, cached blocks and idle adapters.
+    fn check_empty(&self, role: &str, g: usize, pool: &KvPool<'_, Owned>) -> Result<(), Violation> {
+        let (adapters, idle) = pool.adapter_usage();
+        if adapters != idle {
+            return Err(format!(
+                "{role} pool: {} adapter pages pinned with no request",
+                adapters - idle
+            )
+            .into());
+        }
+        let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu) + adapters;
+        let host = pool.host_free() + pool.cached_pages(Tier::Host);
+        let want = self.setup.group_gpu_pages(g);
+        if gpu != want || host != self.setup.host_pages {
+            return Err(format!(
+                "{role} pool (group {g}) pages leaked: {gpu} of {want} GPU and {host} of {} host pages free or cached with no request",
+                self.setup.host_pages
+            ).into());
+        }
+        Ok(())
+    }
+
+    /// Slot `slot` has KV in some group of some pool.
+    fn holds_kv(&self, slot: u16) -> bool {
+        pools(&self.sched).any(|(_, p)| {
+            p.inner
+                .groups()
+                .iter()
+                .any(|(_, g)| g.seq(slot).state != SeqState::None)
+        })
+    }
+
+    /// Removes every live request (the end of a run): afterwards every pool must be empty.
     pub fn drain(&mut self) -> Result<(), Violation> {
         while !self.live.is_empty() {
             self.remove(0, false)?;
@@ -2026,22 +2450,8 @@ impl<'a> Harness<'a> {
         // With no request, every page is free, holds a cached block nobody references (the audit
         // of `check` has counted the references: none) or an idle adapter (unified paging).
         for (role, p) in pools(&self.sched) {
-            let pool = &p.inner;
-            let (adapters, idle) = pool.adapter_usage();
-            if adapters != idle {
-                return Err(format!(
-                    "{role} pool: {} adapter pages pinned with no request",
-                    adapters - idle
-                )
-                .into());
-            }
-            let gpu = pool.gpu_free() + pool.cached_pages(Tier::Gpu) + adapters;
-            let host = pool.host_free() + pool.cached_pages(Tier::Host);
-            if gpu != self.setup.gpu_pages || host != self.setup.host_pages {
-                return Err(format!(
-                    "{role} pool pages leaked: {gpu} of {} GPU and {host} of {} host pages free or cached with no request",
-                    self.setup.gpu_pages, self.setup.host_pages
-                ).into());
+            for (g, (_, pool)) in p.inner.groups().into_iter().enumerate() {
+                self.check_empty(role, g, pool)?;
             }
         }
         if let Some(c) = &self.sched.adapters().backend().inner {
@@ -2092,7 +2502,7 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
     let max_num_requests = u32::from(r.byte() % 12);
     let peft = decode_peft(r, gpu_pages);
     let deadlock_threshold = 1 + u32::from(r.byte() % 16);
-    Setup {
+    let mut setup = Setup {
         gpu_pages,
         host_pages,
         tokens_per_block,
@@ -2120,7 +2530,32 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
             },
         },
         connector: prefix && deadlock_threshold % 2 == 0,
+        windows: Vec::new(),
+    };
+    // Draft bits 3 (no draft pool): KV groups.
+    if (mode >> 5) & 3 == 3 {
+        decode_groups(r, &mut setup);
     }
+    setup
+}
+
+/// KV groups for a decoded setup, from one more byte: 2 or 3 groups, windows of 1–3 pages, each
+/// window group's GPU pages either what one request can hold or the target's; the setup drops what
+/// groups do not take ([`Setup::with_groups`]).
+fn decode_groups(r: &mut Bytes<'_>, s: &mut Setup) {
+    let g = r.byte();
+    let least = s.max_blocks.min(s.gpu_pages);
+    let count = 1 + usize::from(g & 1);
+    let windows = (0..count)
+        .map(|i| {
+            let bits = g >> (1 + 3 * i);
+            WindowGroup {
+                pages: 1 + u32::from(bits % 3),
+                gpu_pages: if bits & 4 == 0 { least } else { s.gpu_pages },
+            }
+        })
+        .collect();
+    *s = s.clone().with_groups(windows);
 }
 
 /// The adapter cache of a decoded setup (with unified paging a task's pages are capped by `gpu_pages`).

@@ -6,6 +6,7 @@ use crate::kv::{chain, ContextPrep};
 use crate::narrow::u32_of;
 use crate::storage::Buffers;
 
+use super::prefix::Prefix;
 use super::{KvPool, Seq, SeqState, Tier, HOST, NO_PAGE};
 
 impl<B: Buffers> KvPool<'_, B> {
@@ -81,9 +82,17 @@ impl<B: Buffers> KvPool<'_, B> {
         m * tpb
     }
 
-    /// A window's cache: the most blocks `m ≤ limit` of the slot's prompt a first chunk can reuse,
-    /// blocks `m − window .. m` (all of them for `m ≤ window`) cached and claimable; one lookup a
-    /// block.
+    /// The first block a query at the hit point of `m` blocks reads, with a window of `w` blocks: the
+    /// window rule's release (`KvPool::release_window`) at the first new position `m · tpb`.
+    fn window_from(&self, w: u32, m: u32) -> u32 {
+        let tpb = self.cfg.tokens_per_block;
+        (m * tpb + 1).saturating_sub(w * tpb) / tpb
+    }
+
+    /// A window's cache: the most blocks `m ≤ limit` of the slot's prompt a first chunk can reuse, the
+    /// blocks its first new query reads (from [`KvPool::window_from`] to `m`: the last `window`
+    /// blocks, one fewer with one-token pages, all of them near the start) cached and claimable; one
+    /// lookup a block.
     #[cold]
     #[inline(never)]
     fn window_hit(&self, slot: usize, limit: u32) -> u32 {
@@ -98,7 +107,7 @@ impl<B: Buffers> KvPool<'_, B> {
                 .lookup(key)
                 .is_some_and(|e| e & HOST == 0 || prefix.info(e).refs() == 0);
             run = if there { run + 1 } else { 0 };
-            if run >= w.min(k + 1) {
+            if run >= k + 1 - self.window_from(w, k + 1) {
                 best = k + 1;
             }
         }
@@ -113,10 +122,11 @@ impl<B: Buffers> KvPool<'_, B> {
     fn match_window(&mut self, slot: usize, limit: u32) -> u32 {
         let m = self.window_hit(slot, limit);
         let (s, base) = (self.seqs[slot], self.row(slot));
+        let w = self.prefix.as_ref().map_or(0, Prefix::window);
+        let from = self.window_from(w, m);
         let Some(prefix) = self.prefix.as_mut() else {
             return 0;
         };
-        let from = m - m.min(prefix.window());
         let (mut key, mut claimed) = (s.root, false);
         for k in 0..m as usize {
             key = chain(key, self.hashes[base + k]);
