@@ -419,6 +419,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         route: a.cluster.route.route(),
         remote_store: a.cluster.remote_store,
         disagg: a.cluster.disagg,
+        kv_groups: None,
         cost: a.cost.model(tpb)?,
         engine: a.cost.engine,
         slo_ttft_ms: a.slo.slo_ttft_ms,

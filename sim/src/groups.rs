@@ -260,50 +260,60 @@ impl LayerPattern {
     }
 
     /// The pools `layout` gets from `budget` bytes, sized for requests of `context` tokens in pages
-    /// of `tokens_per_block` (a divisor of the window).
+    /// of `tokens_per_block` (a divisor of the window), prefilled in chunks of at most `step_tokens`
+    /// together in a step.
     ///
-    /// Full-only: one pool of pages holding every layer's KV. Grouped: the budget is split between
-    /// the groups in proportion to what one request of `context` tokens holds in each (its
-    /// `context / tokens_per_block` pages in the full group, `min(that, window / tokens_per_block + 1)`
-    /// in the window group, at each group's bytes per page), so both pools run out at the same number
-    /// of requests. TensorRT-LLM's variable-window manager shares its memory between window sizes the
+    /// Full-only: one pool of pages holding every layer's KV. Grouped, beyond the window: the window
+    /// group first gets the pages of one step's chunks (`step_tokens / tokens_per_block`: a prefilling
+    /// request holds its window and its chunk there), then the rest of the budget is split between the
+    /// groups in proportion to what one decoding request of `context` tokens holds in each (its
+    /// `context / tokens_per_block` pages in the full group, `window / tokens_per_block + 1` in the
+    /// window group, at each group's bytes per page), so both pools run out at the same number of
+    /// requests. TensorRT-LLM's variable-window manager shares its memory between window sizes the
     /// same way (`calculateWindowSizeToShare`: each window's layers × cache bytes per token × window,
     /// full attention's window being the engine's longest request); here the longest request is
-    /// `context`, and a window group's window is its pages of a decoding request. At a context within
-    /// the window both groups get the full-only pool's pages.
-    pub fn size(&self, layout: Layout, budget: f64, tokens_per_block: u32, context: u32) -> Sizing {
+    /// `context`. Within the window both groups get the full-only pool's pages.
+    pub fn size(
+        &self,
+        layout: Layout,
+        budget: f64,
+        tokens_per_block: u32,
+        context: u32,
+        step_tokens: u32,
+    ) -> Sizing {
         let tpb = u64::from(tokens_per_block.max(1));
         let need_full = u64::from(context).div_ceil(tpb).max(1);
+        let need_window = need_full.min(u64::from(self.window) / tpb + 1);
         let all_page = (self.full_bytes_per_token() + self.window_bytes_per_token()) * tpb;
         let pages = |x: f64| x.floor().clamp(0.0, f64::from(u32::MAX)) as u32;
-        if layout == Layout::FullOnly {
+        if layout == Layout::FullOnly || need_window == need_full {
             let full_pages = pages(budget / all_page as f64);
             return Sizing {
                 layout,
                 full_pages,
-                window_pages: 0,
+                window_pages: if layout == Layout::Grouped {
+                    full_pages
+                } else {
+                    0
+                },
                 fits: (u64::from(full_pages) / need_full) as u32,
             };
         }
-        let need_window = need_full.min(u64::from(self.window) / tpb + 1);
-        let (full_pages, window_pages) = if need_window == need_full {
-            (
-                pages(budget / all_page as f64),
-                pages(budget / all_page as f64),
-            )
-        } else {
-            let per_request = (need_full * self.full_bytes_per_token()
-                + need_window * self.window_bytes_per_token())
-                * tpb;
-            let n = budget / per_request as f64;
-            (pages(n * need_full as f64), pages(n * need_window as f64))
-        };
-        let fits = (u64::from(full_pages) / need_full).min(u64::from(window_pages) / need_window);
+        let chunks = u64::from(step_tokens).div_ceil(tpb);
+        let window_page = self.window_bytes_per_token() * tpb;
+        let rest = (budget - (chunks * window_page) as f64).max(0.0);
+        let per_request = need_full * self.full_bytes_per_token() * tpb + need_window * window_page;
+        let n = rest / per_request as f64;
+        let (full_pages, window_pages) = (
+            pages(n * need_full as f64),
+            pages(n * need_window as f64 + chunks as f64),
+        );
+        let windows = u64::from(window_pages).saturating_sub(chunks) / need_window;
         Sizing {
             layout,
             full_pages,
             window_pages,
-            fits: fits as u32,
+            fits: (u64::from(full_pages) / need_full).min(windows) as u32,
         }
     }
 }
@@ -379,7 +389,9 @@ impl GroupsSweep {
     pub fn options(&self, layout: Layout, context: u32) -> (SimOptions, Sizing) {
         let budget = self.pattern.h200_kv_budget_bytes();
         let tpb = self.base.tokens_per_block;
-        let sizing = self.pattern.size(layout, budget, tpb, context);
+        let sizing = self
+            .pattern
+            .size(layout, budget, tpb, context, self.base.max_tokens);
         let mut o = self.base.clone();
         o.kv_gpu_pages = sizing.full_pages;
         o.kv_groups = (layout == Layout::Grouped).then_some(KvGroupsOptions {
@@ -414,6 +426,7 @@ impl GroupsSweep {
             sizing,
             peak_batch: burst.samples.batch.iter().copied().fold(0.0, f64::max) as u32,
             burst_throughput_tok_s: burst.throughput_tok_s,
+            burst_recompute_pauses: burst.recompute_paused,
             report: paced,
         })
     }
@@ -456,6 +469,8 @@ pub struct GroupsPoint {
     pub peak_batch: u32,
     /// Generated tokens per second of that run.
     pub burst_throughput_tok_s: f64,
+    /// Requests that run recompute-paused (their prompt replayed later) to make room.
+    pub burst_recompute_pauses: u64,
     /// The run with arrivals at the sweep's rate (goodput, latencies).
     pub report: Report,
 }
@@ -489,10 +504,10 @@ pub enum GroupsSweepError {
 }
 
 /// The sweep's Markdown table: per context, each layout's pools, the requests that fit, the burst's
-/// peak batch and throughput, and the paced run's goodput.
+/// peak batch, recompute pauses and throughput, and the paced run's goodput.
 pub fn table(rows: &[GroupsRow]) -> String {
     let mut s = String::from(
-        "| context | GPU pages full-only / grouped (full + window) | requests that fit full-only / grouped | peak running batch full-only / grouped | burst throughput tok/s full-only / grouped | goodput req/s full-only / grouped (SLO met) |\n|---|---|---|---|---|---|\n",
+        "| context | GPU pages full-only / grouped (full + window) | requests that fit full-only / grouped | peak running batch full-only / grouped | recompute pauses full-only / grouped | burst throughput tok/s full-only / grouped | goodput req/s full-only / grouped (SLO met) |\n|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (f, g) = (&r.full_only, &r.grouped);
@@ -505,7 +520,7 @@ pub fn table(rows: &[GroupsRow]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} / {} + {} | {} / {} | {} / {} | {:.0} / {:.0} | {} / {} |",
+            "| {} | {} / {} + {} | {} / {} | {} / {} | {} / {} | {:.0} / {:.0} | {} / {} |",
             r.context,
             f.sizing.full_pages,
             g.sizing.full_pages,
@@ -514,6 +529,8 @@ pub fn table(rows: &[GroupsRow]) -> String {
             g.sizing.fits,
             f.peak_batch,
             g.peak_batch,
+            f.burst_recompute_pauses,
+            g.burst_recompute_pauses,
             f.burst_throughput_tok_s,
             g.burst_throughput_tok_s,
             goodput(f),
@@ -521,19 +538,4 @@ pub fn table(rows: &[GroupsRow]) -> String {
         );
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn print_sweep() {
-        let mut s = GroupsSweep::new(GEMMA3_27B);
-        s.requests = 64;
-        s.contexts = vec![512, 1024, 8192];
-        let t = std::time::Instant::now();
-        let rows = s.run().unwrap();
-        println!("{}{:?}", table(&rows), t.elapsed());
-    }
 }
