@@ -6,10 +6,11 @@
 //!
 //! A run on groups ([`SimOptions::kv_groups`]) is one engine: the KV pool of the options
 //! (`kv_gpu_pages`, `kv_host_pages`) is the full-attention group, the window group has pages of its
-//! own. Features the groups do not support yet are refused before the run
-//! ([`OptionsError::GroupsUnsupported`]): a prefix cache (the core refuses it with groups), speculative
-//! decoding's draft pool, a KV connector (`remote_store`), disaggregation, several replicas, unified
-//! adapter paging (the groups hold no adapter pages).
+//! own; with prefix reuse every group's pool has a prefix cache (a hit by the window rule:
+//! `docs/KV-GROUPS.md`). Features the groups do not support yet are refused before the run
+//! ([`OptionsError::GroupsUnsupported`]): GUARANTEED_NO_EVICT (the core refuses it over sliding
+//! windows), speculative decoding's draft pool, a KV connector (`remote_store`), disaggregation, several
+//! replicas, unified adapter paging (the groups hold no adapter pages).
 
 use std::fmt::{self, Write as _};
 
@@ -39,8 +40,9 @@ pub struct KvGroupsOptions {
 /// A feature KV groups do not support yet ([`OptionsError::GroupsUnsupported`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupsUnsupported {
-    /// `prefix_reuse`: the core refuses a prefix cache with groups (`docs/KV-GROUPS.md`).
-    PrefixReuse,
+    /// `policy` GUARANTEED_NO_EVICT: the core refuses it over sliding windows (no per-group
+    /// reservations yet, `docs/KV-GROUPS.md`).
+    GuaranteedNoEvict,
     /// `spec_decode`: a draft pool.
     SpecDecode,
     /// `remote_store`: a KV connector.
@@ -56,7 +58,7 @@ pub enum GroupsUnsupported {
 impl fmt::Display for GroupsUnsupported {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::PrefixReuse => "prefix reuse (a prefix cache)",
+            Self::GuaranteedNoEvict => "the guaranteed_no_evict policy",
             Self::SpecDecode => "speculative decoding (a draft pool)",
             Self::Connector => "a KV connector (a remote store)",
             Self::Disaggregation => "disaggregation",
@@ -75,7 +77,10 @@ pub(crate) fn check(
     max_blocks: u32,
 ) -> Result<u32, OptionsError> {
     let unsupported = [
-        (o.prefix_reuse, GroupsUnsupported::PrefixReuse),
+        (
+            o.policy == CapacityPolicy::GuaranteedNoEvict,
+            GroupsUnsupported::GuaranteedNoEvict,
+        ),
         (o.spec_decode.is_some(), GroupsUnsupported::SpecDecode),
         (o.remote_store.is_some(), GroupsUnsupported::Connector),
         (o.disagg.is_some(), GroupsUnsupported::Disaggregation),
@@ -108,7 +113,7 @@ pub(crate) fn check(
 }
 
 /// One engine on KV groups replaying `w`: the options' pool as the full-attention group, `g`'s as
-/// the window group.
+/// the window group, each with a prefix cache when the options reuse prefixes.
 pub(crate) fn engine(
     o: &SimOptions,
     g: &KvGroupsOptions,
@@ -121,14 +126,21 @@ pub(crate) fn engine(
         host_pages: g.window_host_pages,
         ..kv_cfg
     };
+    let pool = |cfg| {
+        if o.prefix_reuse {
+            KvPool::owned_with_prefix_cache(cfg)
+        } else {
+            KvPool::owned(cfg)
+        }
+    };
     let kv = KvGroups::new([
         Group {
             attention: Attention::Full,
-            pool: KvPool::owned(kv_cfg).map_err(opt)?,
+            pool: pool(kv_cfg).map_err(opt)?,
         },
         Group {
             attention: Attention::Sliding { window: g.window },
-            pool: KvPool::owned(window_cfg).map_err(opt)?,
+            pool: pool(window_cfg).map_err(opt)?,
         },
     ])
     .map_err(opt)?;
