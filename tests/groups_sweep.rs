@@ -65,3 +65,44 @@ fn bad_flags_are_refused() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--slo-tpot-ms"));
 }
+
+#[test]
+fn simulate_runs_on_kv_groups_and_words_their_refusals_by_flag() {
+    let out = kvsched(&[
+        "simulate",
+        "--limit",
+        "60",
+        "--kv-gpu-pages",
+        "4000",
+        "--kv-groups",
+        "1024:4000",
+        "--check",
+        "--no-progress",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("60 of 60"), "{text}");
+    for (extra, says) in [
+        (&["--kv-groups", "1000:4000"][..], "--tokens-per-block (32)"),
+        (&["--kv-groups", "1024:8"][..], "raise PAGES"),
+        (
+            &[
+                "--kv-groups",
+                "1024:4000",
+                "--policy",
+                "guaranteed_no_evict",
+            ][..],
+            "drop --policy guaranteed_no_evict",
+        ),
+        (&["--kv-groups", "1024"][..], "WINDOW:PAGES"),
+    ] {
+        let out = kvsched(&[&["simulate", "--limit", "10"][..], extra].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+}
