@@ -1,4 +1,4 @@
-//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `cost`, `generate`, `serve`. The work is the
+//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `groups-sweep`, `cost`, `generate`, `serve`. The work is the
 //! library crates' (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`, `kvsched-engine`, `kvsched-server`); this binary parses the arguments, words their
 //! errors in terms of its flags, and prints.
 
@@ -9,6 +9,7 @@ mod args;
 mod bench;
 mod cost;
 mod generate;
+mod groups;
 mod simulate;
 
 /// Counts the process's heap allocations so `kvsched bench` can report those of its timed iterations.
@@ -20,6 +21,7 @@ commands:
   simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
   conformance PATH...      run scenario files (files or folders of *.json); prints `N passed, M failed`
   bench [options]          measure the scheduling pass (see `kvsched bench --help`)
+  groups-sweep [options]   full-only against grouped KV over context lengths (see `kvsched groups-sweep --help`)
   cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)
   generate --model FILE PROMPT...
                            serve chat prompts with a real model on the real scheduler (see `kvsched generate --help`)
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::cli(&args[1..]),
         Some("simulate") => simulate::main(&args[1..]),
         Some("cost") => cost::cli(&args[1..]),
+        Some("groups-sweep") => groups::cli(&args[1..]),
         Some("generate") => generate::cli(&args[1..]),
         Some("serve") => kvsched_server::cli(&args[1..]),
         Some("-h" | "--help") | None => {

@@ -8,6 +8,7 @@ use clap::ArgAction;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking};
 use kvsched_sim::cluster::{RemoteStoreOptions, Route};
 use kvsched_sim::disagg::DisaggOptions;
+use kvsched_sim::groups::{GroupsUnsupported, KvGroupsOptions};
 use kvsched_sim::sweep::Sweep;
 use kvsched_sim::{run, OptionsError, Report, SimError, SimOptions, SpecDecode};
 use kvsched_workload::popularity::{AdapterRanks, PopularityLaw};
@@ -121,6 +122,11 @@ struct KvArgs {
     /// sessions over per-adapter system prompts (16-token blocks, see workload::sessions).
     #[arg(long = "no-prefix-reuse", action = ArgAction::SetFalse)]
     prefix_reuse: bool,
+    /// KV groups (a hybrid-attention model): the KV pool is the full-attention group, beside a
+    /// sliding-window group of WINDOW tokens (a multiple of --tokens-per-block) with PAGES GPU pages
+    /// and HOST_PAGES host pages (default 0); docs/KV-GROUPS.md.
+    #[arg(long, value_name = "WINDOW:PAGES[:HOST_PAGES]", value_parser = kv_groups)]
+    kv_groups: Option<KvGroupsOptions>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -342,6 +348,25 @@ fn synthetic(v: &str) -> Result<(f64, f64, f64), String> {
     Ok((f(0, 0.0)?, f(1, 1.0)?, f(2, 300.0)?))
 }
 
+fn kv_groups(v: &str) -> Result<KvGroupsOptions, String> {
+    let parts: Vec<&str> = v.split(':').collect();
+    let n = |k: usize| -> Result<u32, String> {
+        parts.get(k).map_or(Ok(0), |p| {
+            p.parse().map_err(|_| format!("{p:?} is not a number"))
+        })
+    };
+    if !(2..=3).contains(&parts.len()) {
+        return Err(format!(
+            "expected WINDOW:PAGES[:HOST_PAGES] (the sliding window's tokens, its group's GPU and host pages), got {v:?}"
+        ));
+    }
+    Ok(KvGroupsOptions {
+        window: n(0)?,
+        window_gpu_pages: n(1)?,
+        window_host_pages: n(2)?,
+    })
+}
+
 fn spec_decode(v: &str) -> Result<SpecDecode, String> {
     let (k, p) = v.split_once(':').ok_or_else(|| {
         format!("expected K:ACCEPT (draft tokens per step, acceptance probability), got {v:?}")
@@ -419,6 +444,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         route: a.cluster.route.route(),
         remote_store: a.cluster.remote_store,
         disagg: a.cluster.disagg,
+        kv_groups: kv.kv_groups,
         cost: a.cost.model(tpb)?,
         engine: a.cost.engine,
         slo_ttft_ms: a.slo.slo_ttft_ms,
@@ -526,6 +552,23 @@ fn options_message(e: &OptionsError) -> String {
             "the unified pool has too many pages: lower --kv-gpu-pages or --adapter-device-pages".into()
         }
         OptionsError::NoDecodeEngine => "--disagg needs a decode engine".into(),
+        OptionsError::GroupsUnsupported(f) => {
+            let flag = match f {
+                GroupsUnsupported::GuaranteedNoEvict => "--policy guaranteed_no_evict",
+                GroupsUnsupported::SpecDecode => "--spec-decode",
+                GroupsUnsupported::Connector => "--remote-store",
+                GroupsUnsupported::Disaggregation => "--disagg",
+                GroupsUnsupported::Replicas => "--replicas",
+                GroupsUnsupported::UnifiedAdapters => "--adapter-paging unified",
+            };
+            format!("--kv-groups does not support {f} yet: drop {flag} or --kv-groups")
+        }
+        OptionsError::GroupWindow { window, tokens_per_block } => format!(
+            "--kv-groups: a window of {window} tokens must be a positive multiple of --tokens-per-block ({tokens_per_block})"
+        ),
+        OptionsError::WindowPoolTooSmall { pages, needed } => format!(
+            "--kv-groups: the window group's {pages} GPU pages cannot hold one request's window and chunk ({needed} pages): raise PAGES or lower --max-tokens"
+        ),
         other => other.to_string(),
     }
 }

@@ -12,12 +12,14 @@
 //! [`OptionsError`]) and the binary words them in terms of its flags.
 #![deny(missing_docs)]
 
+mod backend;
 pub mod block_hashes;
 pub mod cluster;
 pub mod cost;
 pub mod disagg;
 pub mod fairness;
 pub mod fit;
+pub mod groups;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod report;
@@ -47,9 +49,10 @@ pub const MAX_LIVE: usize = 1024;
 /// Most adapters a simulation can use.
 pub const MAX_ADAPTERS: usize = 1024;
 
-/// The simulated engine's scheduler: its arrays on the heap (`Boxed`), so the value is small.
-type Sched<'a> =
-    Scheduler<KvSet<KvPool<'a, Owned>>, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS, Boxed>;
+/// The simulated engine's scheduler on KV backend `K`: its arrays on the heap (`Boxed`), so the value
+/// is small.
+type Sched<'a, K = backend::Target<'a>> =
+    Scheduler<K, AdapterPool<MAX_ADAPTERS>, MAX_LIVE, MAX_ADAPTERS, Boxed>;
 type Out = SchedulerOutput<MAX_LIVE, Boxed>;
 
 /// Adapter (multi-LoRA) settings.
@@ -136,6 +139,10 @@ pub struct SimOptions {
     /// Prefill/decode disaggregation (`--disagg P:D`): `P` prefill engines hand their requests' KV to
     /// `D` decode engines (instead of `replicas` mixed ones).
     pub disagg: Option<disagg::DisaggOptions>,
+    /// KV groups (`groups.rs`): the KV pool (`kv_gpu_pages`, `kv_host_pages`) is a hybrid-attention
+    /// model's full-attention group, beside a sliding-window group of its own pages (`None`: one pool,
+    /// every layer full attention).
+    pub kv_groups: Option<groups::KvGroupsOptions>,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -189,6 +196,7 @@ impl Default for SimOptions {
             route: cluster::Route::RoundRobin,
             remote_store: None,
             disagg: None,
+            kv_groups: None,
         }
     }
 }
@@ -357,6 +365,25 @@ pub enum OptionsError {
     /// Disaggregation without a decode engine.
     #[error("disaggregation needs a decode engine")]
     NoDecodeEngine,
+    /// KV groups with a feature they do not support yet.
+    #[error("KV groups do not support {0} yet")]
+    GroupsUnsupported(groups::GroupsUnsupported),
+    /// A sliding window of 0 tokens, or not a whole number of pages.
+    #[error("a sliding window of {window} tokens must be a positive multiple of tokens_per_block ({tokens_per_block})")]
+    GroupWindow {
+        /// The window.
+        window: u32,
+        /// Tokens per KV page.
+        tokens_per_block: u32,
+    },
+    /// The sliding-window group's GPU pages cannot hold one request's window and a chunk.
+    #[error("the sliding-window group's {pages} GPU pages cannot hold one request's window and chunk ({needed} pages)")]
+    WindowPoolTooSmall {
+        /// GPU pages of the window group.
+        pages: u32,
+        /// Pages the longest request needs there at once.
+        needed: u32,
+    },
 }
 
 /// One request as the engine tracks it.
@@ -406,7 +433,10 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
         .map(|a| a.prompt_tokens as u64 + a.output_tokens as u64 + drafts)
         .max()
         .unwrap_or(0);
-    let max_blocks = check_pools(o, longest, drafts)?;
+    let mut max_blocks = check_pools(o, longest, drafts)?;
+    if let Some(g) = &o.kv_groups {
+        max_blocks = groups::check(o, g, longest, max_blocks)?;
+    }
     let pages = adapter_pages(o)?;
     let gpu_pages = unified_gpu_pages(o, longest, &pages)?;
     let kv = KvPoolConfig {
@@ -556,12 +586,8 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.
-fn check_invariants(s: &Sched<'_>, out: &Out, o: &SimOptions) -> u64 {
-    let mut bad = 0;
-    let pools = std::iter::once(s.kv().target()).chain(s.kv().draft_pool().map(|(_, d)| d));
-    for p in pools {
-        bad += u64::from(!p.audit(&mut vec![0; p.config().page_info_len()]));
-    }
+fn check_invariants<'a, K: backend::SimKv<'a>>(s: &Sched<'a, K>, out: &Out, o: &SimOptions) -> u64 {
+    let mut bad = s.kv().audit_failures();
     let pool = s.adapters().backend();
     bad += u64::from(!pool.check());
     for (slot, t) in pool.tasks().iter().enumerate() {
@@ -606,6 +632,9 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     }
     if o.prefix_reuse && w.prefix_block_tokens.is_none() {
         kvsched_workload::sessions::assign_sessions(&mut w, o.seed);
+    }
+    if let Some(g) = &o.kv_groups {
+        return groups::engine(o, g, &w);
     }
     if o.replicas > 1 || o.remote_store.is_some() || o.disagg.is_some() {
         return cluster::run(o, &w);
@@ -700,34 +729,51 @@ impl Replica {
             None => None,
         };
         let kv = KvSet::with_pools(target, draft, None);
-        let (device, host) = (o.adapters.device_pages.max(1), o.adapters.host_pages.max(1));
-        let pool = if o.adapters.unified {
-            AdapterPool::<MAX_ADAPTERS>::unified(kv_cfg.gpu_pages, host)
-        } else {
-            AdapterPool::new(device, host)
-        };
-        let mut pool = pool.map_err(opt)?;
-        for (id, &p) in self.adapter_pages.iter().enumerate() {
-            pool.register(TaskId(id as u64), p)
-                .map_err(|e| opt(e.into()))?;
-        }
-        let cfg = Config {
-            max_num_requests: o.max_batch,
-            max_num_tokens: Some(o.max_tokens),
-            max_context_length: Some(o.max_tokens),
-            chunking: o.chunking,
-            policy: o.policy,
-            recompute_pause: o.recompute_pause && role != disagg::Role::Decode,
-            prefix_aware: true,
-            window: Window::Decoder,
-            deadlock_threshold: o.deadlock_threshold,
-            blocked_fast_path: true,
-            admission: o.admission,
-            drain_after: o.drain_after,
-        };
+        let pool = adapter_pool(o, &self.adapter_pages, kv_cfg.gpu_pages)?;
+        let cfg = sched_config(o, role);
         let sched: Box<Sched<'s>> = Box::new(Scheduler::boxed(cfg, kv, pool).map_err(opt)?);
         let out = Box::new(Out::new_in().map_err(opt)?);
         Ok(run_loop::Sim::new(o, w, sched, out, kv_cfg).with_role(role))
+    }
+}
+
+/// The adapter cache of an engine under `o`, every adapter registered with its `pages`; under
+/// unified paging it shares the KV pool's `kv_gpu_pages`.
+fn adapter_pool(
+    o: &SimOptions,
+    pages: &[u32],
+    kv_gpu_pages: u32,
+) -> Result<AdapterPool<MAX_ADAPTERS>, SimError> {
+    let opt = |e: kvsched_core::Error| SimError::Options(OptionsError::Setup(e));
+    let (device, host) = (o.adapters.device_pages.max(1), o.adapters.host_pages.max(1));
+    let pool = if o.adapters.unified {
+        AdapterPool::<MAX_ADAPTERS>::unified(kv_gpu_pages, host)
+    } else {
+        AdapterPool::new(device, host)
+    };
+    let mut pool = pool.map_err(opt)?;
+    for (id, &p) in pages.iter().enumerate() {
+        pool.register(TaskId(id as u64), p)
+            .map_err(|e| opt(e.into()))?;
+    }
+    Ok(pool)
+}
+
+/// The scheduler's configuration of an engine under `o` in `role`.
+fn sched_config(o: &SimOptions, role: disagg::Role) -> Config {
+    Config {
+        max_num_requests: o.max_batch,
+        max_num_tokens: Some(o.max_tokens),
+        max_context_length: Some(o.max_tokens),
+        chunking: o.chunking,
+        policy: o.policy,
+        recompute_pause: o.recompute_pause && role != disagg::Role::Decode,
+        prefix_aware: true,
+        window: Window::Decoder,
+        deadlock_threshold: o.deadlock_threshold,
+        blocked_fast_path: true,
+        admission: o.admission,
+        drain_after: o.drain_after,
     }
 }
 

@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use kvsched_core::config::PRIORITY_CLASSES;
 use kvsched_core::ids::TaskId;
-use kvsched_core::kv::{Pool, Tier};
+use kvsched_core::kv::Tier;
 use kvsched_core::page_pool::KvPoolConfig;
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::TransferEnd;
 use kvsched_core::Phase;
 
+use super::backend::{SimKv, Target};
 use super::disagg::{Handoff, Role, TransferEndAt};
 use super::fairness::{Fairness, OUTPUT_WEIGHT};
 use super::report::Quantiles;
@@ -23,11 +24,11 @@ use super::{
 use kvsched_workload::{Rng, Workload};
 use rand::{Rng as _, SeedableRng};
 
-/// One simulation's state between iterations.
-pub(super) struct Sim<'s, 'w> {
+/// One simulation's state between iterations, on KV backend `K`.
+pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     o: &'s SimOptions,
     w: &'w Workload,
-    sched: Box<Sched<'s>>,
+    sched: Box<Sched<'s, K>>,
     out: Box<Out>,
     kv_cfg: KvPoolConfig,
     drafts: u32,
@@ -86,11 +87,11 @@ struct Transfers {
     held: usize,
 }
 
-impl<'s, 'w> Sim<'s, 'w> {
+impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
     pub(super) fn new(
         o: &'s SimOptions,
         w: &'w Workload,
-        sched: Box<Sched<'s>>,
+        sched: Box<Sched<'s, K>>,
         out: Box<Out>,
         kv_cfg: KvPoolConfig,
     ) -> Self {
@@ -371,8 +372,7 @@ impl<'s, 'w> Sim<'s, 'w> {
                 Tier::Host => r.pages_reloaded += 1,
             }
         }
-        // The draft pool has no host tier: its log holds the reloads of claimed prefix blocks only.
-        page_moves += sched.take_pool_moves(Pool::Draft).len() as u64;
+        page_moves += K::other_moves(sched);
         let mut load_pages = 0u64;
         for t in out.adapter_loads() {
             load_pages += sched.adapters().backend().tasks()[t.slot.index()].pages as u64;
@@ -380,7 +380,7 @@ impl<'s, 'w> Sim<'s, 'w> {
         r.adapter_loads += out.adapter_loads().len() as u64;
         let loaded = sched
             .kv()
-            .target()
+            .lead()
             .connector_stats()
             .map_or(0, |c| c.loaded_blocks);
         self.step_remote_blocks = loaded - self.loaded_blocks;
@@ -640,9 +640,10 @@ impl<'s, 'w> Sim<'s, 'w> {
             }
         };
         let (sched, r) = (&self.sched, &mut self.r);
-        let kv = sched.kv().target();
+        let kv = sched.kv().lead();
         let (gpu, host) = (self.kv_cfg.gpu_pages, self.kv_cfg.host_pages);
         let kv_gpu = pct(gpu - kv.gpu_free() - kv.idle_pages(Tier::Gpu), gpu);
+        let kv_gpu = sched.kv().fullest_gpu_pct(kv_gpu);
         let kv_host = pct(host - kv.host_free() - kv.idle_pages(Tier::Host), host);
         let adapters = sched.adapters().backend();
         self.kv_gpu_sum += kv_gpu;
@@ -704,11 +705,11 @@ impl<'s, 'w> Sim<'s, 'w> {
         let stats = self.sched.adapters().backend().stats();
         // Unified paging: the pool evicts the adapters (for KV or for other adapters).
         r.adapter_evictions = if o.adapters.unified {
-            self.sched.kv().target().adapter_stats().1
+            self.sched.kv().lead().adapter_stats().1
         } else {
             stats.device_evictions
         };
-        if let Some(p) = self.sched.kv().target().prefix_stats() {
+        if let Some(p) = self.sched.kv().lead().prefix_stats() {
             r.cached_blocks_evicted = p.evicted;
             r.cached_blocks_demoted = p.demoted;
             r.host_cache_hits = p.host_hits;

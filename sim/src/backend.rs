@@ -1,0 +1,97 @@
+//! The KV backends the simulated engine runs on: the target pool with its optional draft pool
+//! (`KvSet`, every run but the grouped ones), or a hybrid-attention model's KV groups (`KvGroups`: a
+//! full-attention group and a sliding-window group, `groups.rs`).
+//!
+//! The run loop is generic over [`SimKv`], the little it reads from a backend besides the
+//! scheduler's calls: the pool its figures come from, how full the fullest pool is, the pools' audits
+//! and the page moves of the pools other than the leader's. Each backend's loop is compiled apart, so
+//! the `KvSet` one is the code it was.
+
+use kvsched_core::kv::{KvBackend, Pool};
+use kvsched_core::kv_groups::KvGroups;
+use kvsched_core::kv_set::KvSet;
+use kvsched_core::page_pool::KvPool;
+use kvsched_core::storage::Owned;
+
+use super::Sched;
+
+/// A pool owning its buffers.
+pub(crate) type OwnedPool<'a> = KvPool<'a, Owned>;
+/// The simulator's first backend: the target pool and an optional draft pool.
+pub(crate) type Target<'a> = KvSet<OwnedPool<'a>>;
+/// A full-attention group and a sliding-window group.
+pub(crate) type Groups<'a> = KvGroups<'a, Owned, 2>;
+
+/// What the run loop reads from a KV backend besides the scheduler's calls.
+pub(crate) trait SimKv<'a>: KvBackend + Sized {
+    /// The pool the report's pool figures read (utilization, cached blocks, connector, prefix
+    /// cache, unified adapters): the target pool, or the full-attention group's.
+    fn lead(&self) -> &OwnedPool<'a>;
+
+    /// The GPU utilization the report records, given the lead pool's (`lead_pct`, %): the fullest
+    /// pool's.
+    fn fullest_gpu_pct(&self, lead_pct: f64) -> f64 {
+        lead_pct
+    }
+
+    /// How many of the pools' audits fail.
+    fn audit_failures(&self) -> u64;
+
+    /// Drains the page moves of the pools other than the lead's; returns how many.
+    fn other_moves(s: &mut Sched<'a, Self>) -> u64;
+}
+
+impl<'a> SimKv<'a> for Target<'a> {
+    fn lead(&self) -> &OwnedPool<'a> {
+        self.target()
+    }
+
+    fn audit_failures(&self) -> u64 {
+        let pools = std::iter::once(self.target()).chain(self.draft_pool().map(|(_, d)| d));
+        pools
+            .map(|p| u64::from(!p.audit(&mut vec![0; p.config().page_info_len()])))
+            .sum()
+    }
+
+    fn other_moves(s: &mut Sched<'a, Self>) -> u64 {
+        // The draft pool has no host tier: its log holds the reloads of claimed prefix blocks only.
+        s.take_pool_moves(Pool::Draft).len() as u64
+    }
+}
+
+impl<'a> SimKv<'a> for Groups<'a> {
+    fn lead(&self) -> &OwnedPool<'a> {
+        &self.groups()[0].pool
+    }
+
+    fn fullest_gpu_pct(&self, lead_pct: f64) -> f64 {
+        self.groups()[1..]
+            .iter()
+            .map(|g| used_gpu_pct(&g.pool))
+            .fold(lead_pct, f64::max)
+    }
+
+    fn audit_failures(&self) -> u64 {
+        let audits = self
+            .groups()
+            .iter()
+            .map(|g| u64::from(!g.pool.audit(&mut vec![0; g.pool.config().page_info_len()])));
+        audits.sum::<u64>() + u64::from(!self.check())
+    }
+
+    fn other_moves(s: &mut Sched<'a, Self>) -> u64 {
+        s.take_group_moves(1).len() as u64
+    }
+}
+
+/// The GPU pages a pool's requests hold (cached blocks nobody holds are the cache's), % of its GPU
+/// pages.
+pub(crate) fn used_gpu_pct(p: &OwnedPool<'_>) -> f64 {
+    let gpu = p.config().gpu_pages;
+    let used = gpu - p.gpu_free() - p.idle_pages(kvsched_core::kv::Tier::Gpu);
+    if gpu > 0 {
+        100.0 * f64::from(used) / f64::from(gpu)
+    } else {
+        0.0
+    }
+}
