@@ -301,7 +301,9 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
                 if first_chunk {
                     // A refused first chunk is inactive in every group, as in the one that refused it.
                     for g in &mut self.groups {
-                        g.pool.suspend(r);
+                        if g.pool.cache(r).is_active() {
+                            g.pool.suspend(r);
+                        }
                     }
                 }
                 return false;
