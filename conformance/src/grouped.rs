@@ -69,7 +69,7 @@ pub fn left_out(sc: &Scenario) -> Option<&'static str> {
             || r.encoder_len.is_some_and(|n| n > 0)
     };
     if kv.groups.is_some() {
-        Some("it has KV groups of its own")
+        Some("KV groups of its own (the plain suite runs it on them)")
     } else if kv.draft.is_some() {
         Some("a draft pool (groups pair with none)")
     } else if kv.connector == Some(true)
