@@ -20,6 +20,9 @@ const USAGE: &str = "usage: kvsched <command> [options]
 commands:
   simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
   conformance PATH...      run scenario files (files or folders of *.json); prints `N passed, M failed`
+  conformance --grouped PATH...
+                           run them again on KV groups (the target leading a window group as long as a
+                           request) and compare every pass with the plain run
   bench [options]          measure the scheduling pass (see `kvsched bench --help`)
   groups-sweep [options]   full-only against grouped KV over context lengths (see `kvsched groups-sweep --help`)
   cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)
@@ -49,11 +52,18 @@ fn main() -> ExitCode {
 }
 
 fn conformance(args: &[String]) -> ExitCode {
+    let (grouped, args) = match args.split_first() {
+        Some((flag, rest)) if flag == "--grouped" => (true, rest),
+        _ => (false, args),
+    };
     if args.is_empty() {
-        eprintln!("usage: kvsched conformance PATH...");
+        eprintln!("usage: kvsched conformance [--grouped] PATH...");
         return ExitCode::from(2);
     }
     let paths: Vec<PathBuf> = args.iter().map(PathBuf::from).collect();
+    if grouped {
+        return conformance_grouped(&paths);
+    }
     let report = match kvsched_conformance::run_paths(&paths) {
         Ok(r) => r,
         Err(e) => {
@@ -63,6 +73,29 @@ fn conformance(args: &[String]) -> ExitCode {
     };
     for l in &report.lines {
         println!("{l}");
+    }
+    println!("{}", report.summary());
+    if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `kvsched conformance --grouped`: the grouped suite (`kvsched_conformance::grouped`).
+fn conformance_grouped(paths: &[PathBuf]) -> ExitCode {
+    let report = match kvsched_conformance::grouped::run_paths_grouped(paths) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kvsched conformance: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for l in &report.lines {
+        println!("{l}");
+    }
+    for (name, why) in &report.left_out {
+        println!("left out {name}: {why}");
     }
     println!("{}", report.summary());
     if report.failed == 0 {

@@ -210,6 +210,9 @@ pub enum Reason {
     /// A `mode` on a pool other than the draft pool.
     #[error("only the draft pool pairs")]
     OnlyDraftPairs,
+    /// A backend feature KV groups do not take (`a draft pool`).
+    #[error("KV groups do not take {0}")]
+    NotWithGroups(&'static str),
     /// An embedded object that does not parse (serde's message).
     #[error("{0}")]
     Json(String),

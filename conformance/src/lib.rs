@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod grouped;
 pub mod pools;
 pub mod scenario;
 pub mod scripted;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use kvsched_core::config::{Admission, CapacityPolicy, Chunking, Config, Window, PRIORITY_CLASSES};
 use kvsched_core::ids::TaskId;
+use kvsched_core::kv::KvBackend;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Adopt, Handle, Scheduler, TransferEnd};
@@ -25,8 +27,8 @@ use serde_json::Value;
 
 pub use error::{CollectError, FileError, Reason, ScenarioError, Shape};
 use scenario::{
-    id_list, script, AdmissionIn, AdmissionPolicy, Expect, IdList, Named, Outcome, Outcomes,
-    PassIn, PeftIn, RequestIn, ReusePolicy, Scenario,
+    id_list, script, AdmissionIn, AdmissionPolicy, Expect, GroupIn, IdList, Named, Outcome,
+    Outcomes, PassIn, PeftIn, RequestIn, ReusePolicy, Scenario,
 };
 use scripted::{PeftCall, ScriptedKv, ScriptedPeft, Scripts};
 
@@ -37,7 +39,7 @@ pub const MAX_TASKS: usize = 256;
 
 /// The runner's scheduler and output: their arrays on the heap (`Boxed`), so a scenario runs on any
 /// caller's stack.
-type Sched = Scheduler<pools::Backend, ScriptedPeft, MAX_REQUESTS, MAX_TASKS, Boxed>;
+type Sched<K> = Scheduler<K, ScriptedPeft, MAX_REQUESTS, MAX_TASKS, Boxed>;
 type Out = SchedulerOutput<MAX_REQUESTS, Boxed>;
 
 /// The outcome of a run over files.
@@ -349,8 +351,8 @@ impl Refusal {
     }
 }
 
-struct Run {
-    sched: Box<Sched>,
+struct Run<K: KvBackend> {
+    sched: Box<Sched<K>>,
     /// The runner's handles on the scripted managers' state.
     kv: pools::Pools,
     peft: ScriptedPeft,
@@ -359,7 +361,7 @@ struct Run {
     has_peft: bool,
 }
 
-impl Run {
+impl<K: KvBackend> Run<K> {
     /// The live request `id`, or a malformed-scenario error naming `field`.
     fn find(&self, field: &str, id: u64) -> Result<Handle, ScenarioError> {
         self.sched
@@ -379,7 +381,13 @@ impl Run {
         } else {
             Some(true)
         };
-        self.kv.set_caches(id, cache, r.reuse.unwrap_or(0));
+        // A cache from an earlier pass holds the context computed (a generation request's prompt).
+        let held = if spec.phase == Phase::ContextInit {
+            spec.position
+        } else {
+            spec.prompt
+        };
+        self.kv.set_caches(id, cache, r.reuse.unwrap_or(0), held);
         self.kv
             .set_mirror_blocked(id, r.mirror_blocked.unwrap_or(false));
         if let Some(v) = &r.first_new_block {
@@ -465,9 +473,46 @@ fn config_of(sc: &Scenario) -> Result<Config, ScenarioError> {
 /// [`ScenarioError`]: why the scenario is malformed, which step the scheduler refused, or what its
 /// passes' outputs got wrong.
 pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
+    run_with(sc, sc.kv.groups.as_deref()).map(|_| ())
+}
+
+/// Runs a parsed scenario on the plain set of pools, or on `groups` (the file's `kv.groups`, or the
+/// grouped suite's); returns what each pass did ([`Run::trace`]).
+fn run_with(sc: &Scenario, groups: Option<&[GroupIn]>) -> Result<Vec<String>, ScenarioError> {
     let cfg = config_of(sc)?;
     check_shape(sc)?;
-    let mut run = Run::new(sc, cfg)?;
+    let target = target_pool(&sc.kv)?;
+    let Some(windows) = groups else {
+        let (ctl, backend) = pools::Pools::new(&sc.kv, target)?;
+        return run_on(sc, Run::new(sc, cfg, ctl, backend)?);
+    };
+    grouped::check_passes(sc)?;
+    let tpb = sc.config.tokens_per_block.unwrap_or(64);
+    match windows.len() {
+        1 => {
+            let (ctl, backend) = pools::Pools::grouped::<2>(&sc.kv, target, windows, tpb)?;
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?)
+        }
+        2 => {
+            let (ctl, backend) = pools::Pools::grouped::<3>(&sc.kv, target, windows, tpb)?;
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?)
+        }
+        0 => Err(ScenarioError::malformed(
+            "kv.groups",
+            Reason::Expected("one or two window groups"),
+        )),
+        _ => Err(ScenarioError::malformed(
+            "kv.groups",
+            Reason::TooMany {
+                what: "window groups",
+                max: grouped::MAX_WINDOWS,
+            },
+        )),
+    }
+}
+
+/// The scenario's requests and passes on `run`'s scheduler.
+fn run_on<K: KvBackend>(sc: &Scenario, mut run: Run<K>) -> Result<Vec<String>, ScenarioError> {
     for (i, r) in sc.requests.iter().enumerate() {
         if let Err(refusal) = run.add(&format!("requests[{i}]"), r) {
             // A refusal the scenario expects (the first pass's `expect.error`) is its outcome.
@@ -477,7 +522,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
                 _ => None,
             };
             return match expected {
-                Some(want) if refusal.expected(want) => Ok(()),
+                Some(want) if refusal.expected(want) => Ok(vec![format!("refused {i}")]),
                 _ => Err(refusal.malformed()),
             };
         }
@@ -506,6 +551,7 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
     };
     let mut out =
         Out::new_in().map_err(|e| ScenarioError::malformed("config", Reason::Refused(e)))?;
+    let mut trace = Vec::with_capacity(passes.len());
     for (k, pass) in passes.iter().enumerate() {
         if k > 0 {
             run.between_passes(&out, k, pass)?;
@@ -518,9 +564,10 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
         run.prepare_pass(pass, inflight)?;
         let result = run.sched.schedule(&mut out);
         let at = Pass::new(k, passes.len());
+        trace.push(run.trace(&out, &result));
         run.check(&out, result, &pass.expect, &at)?;
     }
-    Ok(())
+    Ok(trace)
 }
 
 /// `expect` or `passes`, not both; the requests' ids unique, and not too many.
@@ -661,13 +708,17 @@ impl Pass {
     }
 }
 
-impl Run {
-    /// The scheduler over the scenario's scripted pools and adapter cache, before any request.
-    fn new(sc: &Scenario, cfg: Config) -> Result<Self, ScenarioError> {
+impl<K: KvBackend> Run<K> {
+    /// The scheduler over the scenario's scripted pools (`backend`, with the runner's handles
+    /// `kv_ctl`) and adapter cache, before any request.
+    fn new(
+        sc: &Scenario,
+        cfg: Config,
+        kv_ctl: pools::Pools,
+        backend: K,
+    ) -> Result<Self, ScenarioError> {
         let kv = &sc.kv;
-        let skv = target_pool(kv)?;
         let peft = peft_of(sc)?;
-        let (kv_ctl, backend) = pools::Pools::new(kv, skv)?;
         let peft_ctl = peft.clone();
         let sched = Sched::new_in(cfg, backend, peft)
             .map_err(|e| ScenarioError::malformed("config", Reason::Refused(e)))?;
@@ -751,7 +802,7 @@ impl Run {
             self.kv.target.set_first_new_block(u.id, key);
         }
         if let Some(r) = u.reuse {
-            self.kv.target.set_reuse(u.id, r);
+            self.kv.set_reuse(u.id, r);
         }
         if u.lora_task.is_some() {
             return Err(ScenarioError::malformed(
@@ -786,15 +837,15 @@ impl Run {
 }
 
 /// The ids of listed requests (every listed request is live when the pass returns).
-fn ids<'a>(sched: &Sched, list: impl Iterator<Item = &'a Listed>) -> Vec<u64> {
+fn ids<'a, K: KvBackend>(sched: &Sched<K>, list: impl Iterator<Item = &'a Listed>) -> Vec<u64> {
     list.map(|l| id_of(sched, *l)).collect()
 }
 
-fn id_of(sched: &Sched, l: Listed) -> u64 {
+fn id_of<K: KvBackend>(sched: &Sched<K>, l: Listed) -> u64 {
     sched.get(l.handle()).map_or(u64::MAX, |e| e.spec().id.0)
 }
 
-impl Run {
+impl<K: KvBackend> Run<K> {
     /// The pass's outcome against its expectations: `Mismatch` with every difference, `PassFailed` for an
     /// unexpected error, `Malformed` for an expectation that does not parse.
     fn check(

@@ -1,19 +1,24 @@
 //! The scripted pools of a scenario's KV backend: the target (the format's `kv`), an optional draft pool
 //! (`kv.draft`) and the cross pool (`kv.cross`), joined by the core's own [`KvSet`] so that the pairing
-//! rules under test are the ones serving engines get.
+//! rules under test are the ones serving engines get; or, with `kv.groups`, the target leading
+//! sliding-window groups of scripted pools in the core's own [`PoolGroups`] ([`Grouped`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvsched_core::kv::KvBackend;
+use kvsched_core::kv_groups::{Attention, PoolGroup, PoolGroups};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use serde_json::Value;
 
 use crate::error::{Reason, ScenarioError};
-use crate::scenario::{script, KvIn, PairMode, PoolIn};
+use crate::scenario::{script, GroupIn, KvIn, PairMode, PoolIn};
 use crate::scripted::{KvCall, ScriptedKv, Scripts};
 
 /// The backend the runner's scheduler holds.
 pub type Backend = KvSet<ScriptedKv, ScriptedKv, ScriptedKv>;
+
+/// The backend of a scenario with `kv.groups`: the target leads, then `G - 1` window groups.
+pub type Grouped<const G: usize> = PoolGroups<ScriptedKv, G>;
 
 /// Initial cache overrides of one pool.
 #[derive(Debug, Default)]
@@ -52,6 +57,8 @@ pub struct Pools {
     pub target: ScriptedKv,
     draft: Option<(ScriptedKv, Overrides)>,
     cross: Option<(ScriptedKv, Overrides)>,
+    /// The window groups' pools, each with the ids whose reuse it scripts itself.
+    windows: Vec<(ScriptedKv, BTreeSet<u64>)>,
 }
 
 fn scripts(field: &str, p: &PoolIn) -> Result<Scripts, ScenarioError> {
@@ -79,6 +86,28 @@ fn ids(field: &str, m: &BTreeMap<String, impl Sized>) -> Result<Vec<u64>, Scenar
             })
         })
         .collect()
+}
+
+/// What a grouped backend cannot hold beside its groups, refused with the field that asks for it.
+fn refuse_beside_groups(kv: &KvIn) -> Result<(), ScenarioError> {
+    let refuse =
+        |field: &str, what| Err(ScenarioError::malformed(field, Reason::NotWithGroups(what)));
+    if kv.draft.is_some() {
+        return refuse("kv.draft", "a draft pool");
+    }
+    if !matches!(kv.cross, None | Some(Value::Bool(false))) {
+        return refuse(
+            "kv.cross",
+            "a cross pool (with kv.groups it is absent or false)",
+        );
+    }
+    if kv.connector == Some(true) {
+        return refuse("kv.connector", "a KV connector");
+    }
+    if kv.sends_in_flight == Some(true) {
+        return refuse("kv.sends_in_flight", "a transfer manager's sends");
+    }
+    Ok(())
 }
 
 /// A scripted pool from its object.
@@ -172,19 +201,109 @@ impl Pools {
             target,
             draft: draft.map(|(_, d, o)| (d, o)),
             cross,
+            windows: Vec::new(),
+        };
+        Ok((pools, backend))
+    }
+
+    /// The pools of `kv` with `kv.groups` (`windows`, `G - 1` of them) around the `target` pool, of
+    /// `tokens_per_block` pages, and the groups joining them.
+    ///
+    /// # Errors
+    ///
+    /// [`ScenarioError::Malformed`]: a draft or cross pool, a connector or sends in flight beside the
+    /// groups, a group's script, reuse or probe that does not parse, or groups the core refuses.
+    pub fn grouped<const G: usize>(
+        kv: &KvIn,
+        target: ScriptedKv,
+        windows: &[GroupIn],
+        tokens_per_block: u32,
+    ) -> Result<(Self, Grouped<G>), ScenarioError> {
+        refuse_beside_groups(kv)?;
+        let limits = target.limits();
+        let (below, evict) = (limits.tier_below_gpu, limits.can_evict);
+        target.set_tokens_per_block(tokens_per_block);
+        let mut groups = vec![PoolGroup {
+            attention: Attention::Full,
+            pool: target.clone(),
+        }];
+        let mut handles = Vec::new();
+        for (i, w) in windows.iter().enumerate() {
+            let field = format!("kv.groups[{i}]");
+            let p = PoolIn {
+                prepare_context: w.prepare_context.clone(),
+                resize_context: w.resize_context.clone(),
+                try_allocate_generation: w.try_allocate_generation.clone(),
+                reuse: w.reuse.clone(),
+                probe: w.probe.clone(),
+                ..PoolIn::default()
+            };
+            let pool = pool(&field, &p, below, evict)?;
+            pool.set_tokens_per_block(tokens_per_block);
+            for (id, (_, &t)) in ids("kv.probe", &kv.probe)?.into_iter().zip(&kv.probe) {
+                if !w.probe.contains_key(&id.to_string()) {
+                    pool.set_probe(id, t);
+                }
+            }
+            let own = ids(&format!("{field}.reuse"), &w.reuse)?;
+            handles.push((pool.clone(), own.into_iter().collect()));
+            groups.push(PoolGroup {
+                attention: Attention::Sliding { window: w.window },
+                pool,
+            });
+        }
+        let groups: [PoolGroup<ScriptedKv>; G] = groups
+            .try_into()
+            .unwrap_or_else(|_| panic!("{G} groups: the target and {} windows", G - 1));
+        let backend = PoolGroups::new(groups)
+            .map_err(|e| ScenarioError::malformed("kv.groups", Reason::Refused(e)))?;
+        for (id, (_, &t)) in ids("kv.probe", &kv.probe)?.into_iter().zip(&kv.probe) {
+            target.set_probe(id, t);
+        }
+        let pools = Self {
+            target,
+            draft: None,
+            cross: None,
+            windows: handles,
         };
         Ok((pools, backend))
     }
 
     /// Gives a new request its initial caches: the target's `cache` (and reusable prefix), the draft
-    /// pool's the same unless overridden, the cross pool's none unless listed.
-    pub fn set_caches(&self, id: u64, cache: Option<bool>, reuse: u32) {
+    /// pool's the same unless overridden, the cross pool's none unless listed, every window group's
+    /// the target's (and its reuse, unless the group scripts its own). A cache from an earlier pass
+    /// holds `capacity` tokens.
+    pub fn set_caches(&self, id: u64, cache: Option<bool>, reuse: u32, capacity: u32) {
         self.target.set_cache(id, cache, reuse);
         if let Some((d, o)) = &self.draft {
             d.set_cache_only(id, o.cache(id, cache));
         }
         if let Some((x, o)) = &self.cross {
             x.set_cache_only(id, o.cache(id, None));
+        }
+        for (w, own) in &self.windows {
+            if own.contains(&id) {
+                w.set_cache_only(id, cache);
+            } else {
+                w.set_cache(id, cache, reuse);
+            }
+        }
+        if cache.is_some() {
+            self.target.set_capacity(id, capacity);
+            for (w, _) in &self.windows {
+                w.set_capacity(id, capacity);
+            }
+        }
+    }
+
+    /// Changes a request's reusable prefix: the target's, and every window group's that does not
+    /// script its own.
+    pub fn set_reuse(&self, id: u64, reuse: u32) {
+        self.target.set_reuse(id, reuse);
+        for (w, own) in &self.windows {
+            if !own.contains(&id) {
+                w.set_reuse(id, reuse);
+            }
         }
     }
 
@@ -201,18 +320,34 @@ impl Pools {
         for (p, _) in self.draft.iter().chain(&self.cross) {
             p.clear_calls();
         }
+        for (w, _) in &self.windows {
+            w.clear_calls();
+        }
     }
 
-    /// The calls of `method` (`[draft.|cross.]name[.limit|.capacity]`): ids, or `[id, argument]` pairs
-    /// for the argument forms; `None` for a method no pool records.
+    /// The pool a `groups[N].` prefix names: group 0 is the target, group `N` the `N`th window group.
+    fn group(&self, n: &str) -> Option<&ScriptedKv> {
+        match n.parse::<usize>().ok()? {
+            0 => Some(&self.target),
+            n => self.windows.get(n - 1).map(|(p, _)| p),
+        }
+    }
+
+    /// The calls of `method` (`[draft.|cross.|groups[N].]name[.limit|.capacity|.keep_from]`): ids, or
+    /// `[id, argument]` pairs for the argument forms; `None` for a method no pool records.
     pub fn recorded(&self, method: &str) -> Option<Vec<Value>> {
+        let group = |p: &str| {
+            let n = p.strip_prefix("groups[")?.strip_suffix(']')?;
+            Some(self.group(n))
+        };
         let (pool, rest) = match method.split_once('.') {
             Some(("draft", rest)) => (self.draft.as_ref().map(|(p, _)| p), rest),
             Some(("cross", rest)) => (self.cross.as_ref().map(|(p, _)| p), rest),
+            Some((p, rest)) if group(p).is_some() => (group(p).flatten(), rest),
             _ => (Some(&self.target), method),
         };
         let (name, arg) = match rest.rsplit_once('.') {
-            Some((n, a @ ("limit" | "capacity"))) => (n, Some(a)),
+            Some((n, a @ ("limit" | "capacity" | "keep_from"))) => (n, Some(a)),
             _ => (rest, None),
         };
         let call = KvCall::from_name(name)?;

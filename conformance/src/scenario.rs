@@ -249,6 +249,29 @@ pub struct KvIn {
     /// The async transfer manager has sends in flight (from the first pass; `passes[].sends_in_flight`
     /// changes it).
     pub sends_in_flight: Option<bool>,
+    /// KV groups: the target leads them as full attention, beside one sliding-window group each
+    /// (absent: no groups).
+    pub groups: Option<Vec<GroupIn>>,
+}
+
+/// `kv.groups[]`: a sliding-window group's scripted pool.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupIn {
+    /// Positions a query reads (a whole number of `config.tokens_per_block` pages).
+    pub window: u32,
+    /// Script.
+    pub prepare_context: Option<Value>,
+    /// Script.
+    pub resize_context: Option<Value>,
+    /// Script.
+    pub try_allocate_generation: Option<Value>,
+    /// Reusable tokens a first chunk's claims find, by id (absent: the request's `reuse`).
+    #[serde(default)]
+    pub reuse: BTreeMap<String, Value>,
+    /// What `probe_context_reuse` answers, by id (absent: the target's `kv.probe`).
+    #[serde(default)]
+    pub probe: BTreeMap<String, u32>,
 }
 
 /// `kv.reuse_policy`.

@@ -16,6 +16,7 @@ use kvsched_core::kv::{
     Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, LoadChange, PageMove, PairedPool,
     PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
 };
+use kvsched_core::kv_groups::{GroupGeometry, GroupPool};
 
 use crate::scenario::{Outcomes, PerId};
 
@@ -48,6 +49,8 @@ pub enum KvCall {
     AdmitMirror,
     /// The mirror's side-effect-free resume preview (`mirror_admission_certainly_blocked`).
     ResumeBlocked,
+    /// `release_window` (a sliding-window group's pool; its argument is `keep_from`).
+    ReleaseWindow,
 }
 
 impl KvCall {
@@ -67,6 +70,7 @@ impl KvCall {
             "revert_allocate_context" => Self::RevertAllocateContext,
             "admit_mirror" => Self::AdmitMirror,
             "resume_blocked" => Self::ResumeBlocked,
+            "release_window" => Self::ReleaseWindow,
             _ => return None,
         })
     }
@@ -152,8 +156,20 @@ pub struct KvState {
     allocate: Script,
     disagg: Script,
     admit: Script,
-    /// Calls in order: method, id, and the argument some record (a claim's limit, a resize's capacity).
+    /// Calls in order: method, id, and the argument some record (a claim's limit, a resize's capacity,
+    /// a window release's `keep_from`).
     calls: Vec<(KvCall, u64, Option<u32>)>,
+    /// Page size (what KV groups read: a window is a whole number of pages).
+    tokens_per_block: u32,
+    /// Capacity and last growth per id, from the resizes and allocations that succeeded.
+    capacity: BTreeMap<u64, Grown>,
+}
+
+/// A request's capacity in a scripted pool and its last growth (0 once reverted).
+#[derive(Debug, Clone, Copy, Default)]
+struct Grown {
+    capacity: u32,
+    last: u32,
 }
 
 /// The four scripts.
@@ -192,6 +208,8 @@ impl ScriptedKv {
             disagg: Script::new(scripts.disagg),
             admit: Script::new(scripts.admit),
             calls: Vec::new(),
+            tokens_per_block: 64,
+            capacity: BTreeMap::new(),
         };
         Self {
             state: Rc::new(RefCell::new(state)),
@@ -270,6 +288,20 @@ impl ScriptedKv {
         };
     }
 
+    /// The page size KV groups see (default 64).
+    pub fn set_tokens_per_block(&self, tokens: u32) {
+        self.state.borrow_mut().tokens_per_block = tokens;
+    }
+
+    /// A request's capacity (its cache exists from an earlier pass: it holds `tokens`).
+    pub fn set_capacity(&self, id: u64, tokens: u32) {
+        let g = Grown {
+            capacity: tokens,
+            last: 0,
+        };
+        self.state.borrow_mut().capacity.insert(id, g);
+    }
+
     /// The calls recorded so far, in order, with their recorded argument.
     pub fn calls(&self) -> Ref<'_, [(KvCall, u64, Option<u32>)]> {
         Ref::map(self.state.borrow(), |s| s.calls.as_slice())
@@ -295,6 +327,7 @@ impl KvState {
 
     /// A request's cache is gone (freed, or preempted): its pages are released.
     fn drop_cache(&mut self, id: u64) {
+        self.capacity.remove(&id);
         if self.caches.remove(&id).is_some() {
             self.released.insert(id);
         }
@@ -303,6 +336,22 @@ impl KvState {
     /// A request's suspended cache cannot resume now (an unpaired draft pool's blocked mirror).
     fn is_blocked(&self, id: u64) -> bool {
         self.blocked.contains(&id) && self.caches.get(&id) == Some(&false)
+    }
+
+    /// A growth that succeeded: to `capacity` (a resize, never shrinking) or by `by` tokens.
+    fn grow(&mut self, id: u64, capacity: Option<u32>, by: u32) {
+        let g = self.capacity.entry(id).or_default();
+        let to = capacity.map_or(g.capacity.saturating_add(by), |c| c.max(g.capacity));
+        g.last = to - g.capacity;
+        g.capacity = to;
+    }
+
+    /// The last growth undone (nothing after a revert) or `tokens` given back (a rewind).
+    fn shrink(&mut self, id: u64, tokens: Option<u32>) {
+        if let Some(g) = self.capacity.get_mut(&id) {
+            g.capacity = g.capacity.saturating_sub(tokens.unwrap_or(g.last));
+            g.last = 0;
+        }
     }
 }
 
@@ -363,12 +412,13 @@ impl KvBackend for ScriptedKv {
             Some(found.copied().unwrap_or(0).min(prep.reuse_limit))
         })
     }
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, _capacity: u32) -> bool {
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
         self.with(|st| {
             let id = st.record(KvCall::PrepareDisaggGenInit, r, None);
             let ok = st.disagg.next(id, &st.released);
             if ok {
                 st.activate(id);
+                st.grow(id, Some(capacity), 0);
             }
             ok
         })
@@ -377,28 +427,36 @@ impl KvBackend for ScriptedKv {
         self.with(|st| {
             let id = st.record(KvCall::ResizeContext, r, Some(capacity));
             let ok = st.resize.next(id, &st.released);
-            if !ok && first_chunk && st.caches.contains_key(&id) {
+            if ok {
+                st.grow(id, Some(capacity), 0);
+            } else if first_chunk && st.caches.contains_key(&id) {
                 st.caches.insert(id, false);
             }
             ok
         })
     }
-    fn try_allocate_generation(&mut self, r: KvRef, _grow: u32) -> bool {
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
         self.with(|st| {
             let id = st.record(KvCall::TryAllocateGeneration, r, None);
             // The script counts every call, with a cache or without.
             let ok = st.allocate.next(id, &st.released) && st.caches.contains_key(&id);
             if ok {
                 st.activate(id);
+                st.grow(id, None, grow);
             }
             ok
         })
     }
     fn revert_allocate_generation(&mut self, r: KvRef) {
-        self.with(|st| st.record(KvCall::RevertAllocateGeneration, r, None));
+        self.with(|st| {
+            let id = st.record(KvCall::RevertAllocateGeneration, r, None);
+            st.shrink(id, None);
+        });
     }
-    /// The format tracks no capacity: nothing to give back.
-    fn rewind(&mut self, _r: KvRef, _tokens: u32) {}
+    /// Not recorded (the format has no `rewind`); the capacity KV groups read gives the tokens back.
+    fn rewind(&mut self, r: KvRef, tokens: u32) {
+        self.with(|st| st.shrink(r.id.0, Some(tokens)));
+    }
     fn suspend(&mut self, r: KvRef) {
         self.with(|st| {
             let id = st.record(KvCall::Suspend, r, None);
@@ -507,6 +565,57 @@ impl PrefixReuse for ScriptedKv {
             let id = st.record(KvCall::ProbeContextReuse, r, None);
             st.probe.get(&id).map(|&p| p.min(prep.reuse_limit))
         })
+    }
+}
+
+/// A scripted pool as one of KV groups' (`kv.groups`): its geometry is the format's page size with
+/// requests of any length; a prefix cache always (empty: the format commits nothing); plain unless a
+/// connector or sends are scripted; a window's release is recorded with its `keep_from` (the pool has
+/// no pages to give up); the capacity is what its resizes and allocations grew. Every block's key is
+/// the request's `first_new_block` (a scenario scripts one key a request). The hit the groups agree
+/// and the resume preview are not recorded: they are the groups' own reads, not the scheduler's calls.
+impl GroupPool for ScriptedKv {
+    fn geometry(&self) -> GroupGeometry {
+        let tpb = self.with(|st| st.tokens_per_block);
+        GroupGeometry {
+            slots: u32::MAX,
+            tokens_per_block: tpb,
+            max_blocks: u32::MAX / tpb.max(1),
+        }
+    }
+    fn has_prefix_cache(&self) -> bool {
+        true
+    }
+    fn prefix_holds_blocks(&self) -> bool {
+        false
+    }
+    /// The format's reuse is scripted, window or not.
+    fn set_window(&mut self, blocks: u32) -> bool {
+        blocks > 0
+    }
+    fn plain(&self) -> bool {
+        self.with(|st| !st.connector && !st.sends)
+    }
+    fn release_window(&mut self, r: KvRef, keep_from: u32) {
+        self.with(|st| st.record(KvCall::ReleaseWindow, r, Some(keep_from)));
+    }
+    fn capacity(&self, r: KvRef) -> u32 {
+        self.with(|st| st.capacity.get(&r.id.0).map_or(0, |g| g.capacity))
+    }
+    fn last_grow(&self, r: KvRef) -> u32 {
+        self.with(|st| st.capacity.get(&r.id.0).map_or(0, |g| g.last))
+    }
+    fn block_key(&self, r: KvRef, _k: u32) -> Option<u64> {
+        self.with(|st| st.first_new_block.get(&r.id.0).copied())
+    }
+    fn reuse_hit(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        self.with(|st| st.probe.get(&r.id.0).map(|&p| p.min(prep.reuse_limit)))
+    }
+    fn resume_blocked(&self, r: KvRef) -> bool {
+        self.with(|st| st.is_blocked(r.id.0))
+    }
+    fn check(&self) -> bool {
+        true
     }
 }
 

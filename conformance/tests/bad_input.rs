@@ -86,3 +86,67 @@ fn malformed_scenario_files_are_refused_with_the_field() {
         .to_string();
     assert!(err.contains("no such file"), "{err}");
 }
+
+/// `kv.groups` beside what a grouped backend does not hold, or groups the core refuses, are malformed,
+/// with the field and the reason.
+#[test]
+fn kv_groups_the_backend_cannot_hold_are_refused_with_the_field_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = r#""groups": [{"window": 128}]"#;
+    let cases = [
+        (
+            "a draft pool",
+            format!(r#""kv": {{"draft": {{"mode": "joint"}}, {g}}}"#),
+            "kv.draft: KV groups do not take a draft pool",
+        ),
+        (
+            "a cross pool",
+            format!(r#""kv": {{"cross": true, {g}}}"#),
+            "kv.cross: KV groups do not take a cross pool",
+        ),
+        (
+            "a connector",
+            format!(r#""kv": {{"connector": true, {g}}}"#),
+            "kv.connector: KV groups do not take a KV connector",
+        ),
+        (
+            "sends in a later pass",
+            format!(
+                r#""kv": {{{g}}}, "passes": [{{"expect": {{}}}}, {{"sends_in_flight": true, "expect": {{}}}}]"#
+            ),
+            "passes[1].sends_in_flight: KV groups do not take",
+        ),
+        (
+            "a window of part of a page",
+            r#""kv": {"groups": [{"window": 100}]}"#.to_owned(),
+            "kv.groups: invalid input: a sliding window must be a whole number of pages",
+        ),
+        (
+            "no window group",
+            r#""kv": {"groups": []}"#.to_owned(),
+            "kv.groups: expected one or two window groups",
+        ),
+        (
+            "three window groups",
+            r#""kv": {"groups": [{"window": 64}, {"window": 64}, {"window": 64}]}"#.to_owned(),
+            "kv.groups: more than 2 window groups",
+        ),
+        (
+            "a bad window script",
+            r#""kv": {"groups": [{"window": 64, "resize_context": "maybe"}]}"#.to_owned(),
+            "kv.groups[0].resize_context",
+        ),
+    ];
+    for (case, kv, needle) in cases {
+        let expect = if kv.contains("passes") {
+            ""
+        } else {
+            r#", "expect": {}"#
+        };
+        let text = format!(r#"{{"name": "g", "requests": [{{"id": 0}}], {kv}{expect}}}"#);
+        let err = kvsched_conformance::run_file(&file(&dir, "g.json", text.as_bytes()))
+            .expect_err(case)
+            .to_string();
+        assert!(err.contains(needle), "{case}: {err}");
+    }
+}

@@ -11,12 +11,16 @@
 //! have pages of different byte sizes, sized apart; a single budget of equal pages would have to pad
 //! the smaller. Each group's budget is its own pool's pages.
 //!
+//! **Generic over its pools** ([`PoolGroups`] over any [`GroupPool`]): [`KvGroups`] is the groups of
+//! [`KvPool`]s the engines use, and the conformance runner groups its scripted pools the same way, so
+//! that scenario files test these rules.
+//!
 //! The first group is the leader and must be full attention: it answers [`KvBackend::cache`] and the
-//! limits, its move log is [`KvBackend::take_moves`] (the others' are [`KvGroups::take_group_moves`]).
+//! limits, its move log is [`KvBackend::take_moves`] (the others' are [`PoolGroups::take_group_moves`]).
 //! Every operation acts on all groups of a request together, all or nothing: a growth one group
 //! refuses is reverted in the others (a cache the operation resumed is suspended again), a first chunk
 //! one group cannot prepare is freed in all. Each window group gives up the blocks no query from the
-//! first new position on can read ([`KvPool::release_window`]): those wholly before `first new
+//! first new position on can read ([`GroupPool::release_window`]): those wholly before `first new
 //! position − W + 1`. For a later context chunk that position is the tokens computed, which its
 //! preparation names ([`ContextPrep::position`]): the window is released when the chunk is prepared
 //! (its capacity may be ahead of it: a chunk the pass rolls back after its resize keeps its growth).
@@ -32,16 +36,20 @@
 //! blocks of the last `W` tokens before the hit point (vLLM's hybrid manager's rule). A window
 //! group's cache evicts its idle blocks in LRU order whatever their children (its rows hold only
 //! their window, so a released block is idle at once and the window saves its page); it matches the
-//! window's blocks only ([`KvPool::set_window`] makes a pool's cache a window's). The prefix-aware
+//! window's blocks only ([`GroupPool::set_window`] makes a pool's cache a window's). The prefix-aware
 //! probes answer with that hit too.
 
 use crate::error::Error;
 use crate::kv::{
-    Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PairedPool, PrefixCap,
-    PrefixReuse, Reach,
+    Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PrefixCap, PrefixReuse,
+    Reach,
 };
-use crate::page_pool::{KvPool, KvPoolConfig};
-use crate::storage::{Borrowed, Buffers};
+use crate::page_pool::KvPool;
+use crate::storage::Borrowed;
+
+mod pool;
+
+pub use pool::{GroupGeometry, GroupPool};
 
 /// What a group's layers attend to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -58,25 +66,31 @@ pub enum Attention {
 
 /// One group: what its layers attend to and the pool of their KV.
 #[derive(Debug)]
-pub struct Group<'a, B: Buffers = Borrowed<'a>> {
+pub struct PoolGroup<P> {
     /// What its layers attend to.
     pub attention: Attention,
     /// Its pages.
-    pub pool: KvPool<'a, B>,
+    pub pool: P,
 }
 
-/// A request's caches in `G` groups, the first full attention ([the module docs](self)).
+/// A request's caches in `G` groups of pools `P`, the first full attention ([the module docs](self)).
 #[derive(Debug)]
-pub struct KvGroups<'a, B: Buffers = Borrowed<'a>, const G: usize = 2> {
-    groups: [Group<'a, B>; G],
+pub struct PoolGroups<P, const G: usize> {
+    groups: [PoolGroup<P>; G],
 }
 
-impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
+/// One group of a page pool (a [`KvGroups`]' group).
+pub type Group<'a, B = Borrowed<'a>> = PoolGroup<KvPool<'a, B>>;
+
+/// A request's caches in `G` groups of page pools ([the module docs](self)).
+pub type KvGroups<'a, B = Borrowed<'a>, const G: usize = 2> = PoolGroups<KvPool<'a, B>, G>;
+
+impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
     /// The groups as one backend. Refused (`Invalid`, nothing kept): no group, a first group that is
     /// not full attention, a window of 0, longer than a request or not a multiple of its pool's page,
     /// pools of different slots, page sizes or request lengths, a prefix cache in some pools and not
     /// in others, a pool with a KV connector or unified adapter paging (not supported with groups).
-    pub fn new(mut groups: [Group<'a, B>; G]) -> Result<Self, Error> {
+    pub fn new(mut groups: [PoolGroup<P>; G]) -> Result<Self, Error> {
         let Some(first) = groups.first() else {
             return Err(Error::Invalid("KV groups need at least one group"));
         };
@@ -85,7 +99,7 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
                 "the first KV group must be full attention (it leads the others)",
             ));
         }
-        let (lead, cached) = (first.pool.config(), first.pool.prefix_stats().is_some());
+        let (lead, cached) = (first.pool.geometry(), first.pool.has_prefix_cache());
         for g in &groups {
             Self::validate(g, lead, cached)?;
         }
@@ -99,17 +113,14 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
     }
 
     /// One group against the leader's geometry and prefix cache.
-    fn validate(g: &Group<'a, B>, lead: KvPoolConfig, cached: bool) -> Result<(), Error> {
-        let c = g.pool.config();
-        if c.slots != lead.slots
-            || c.tokens_per_block != lead.tokens_per_block
-            || c.max_blocks != lead.max_blocks
-        {
+    fn validate(g: &PoolGroup<P>, lead: GroupGeometry, cached: bool) -> Result<(), Error> {
+        let c = g.pool.geometry();
+        if c != lead {
             return Err(Error::Invalid(
                 "KV groups' pools must have the same slots, page size and request length",
             ));
         }
-        if g.pool.prefix_stats().is_some() != cached {
+        if g.pool.has_prefix_cache() != cached {
             return Err(Error::Invalid(
                 "KV groups take a prefix cache in every pool or in none",
             ));
@@ -119,7 +130,7 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
                 "KV groups do not take a KV connector or unified adapter paging",
             ));
         }
-        if g.pool.prefix_stats().is_some_and(|s| s.committed > 0) {
+        if g.pool.prefix_holds_blocks() {
             return Err(Error::Invalid("KV groups take empty prefix caches"));
         }
         if let Attention::Sliding { window } = g.attention {
@@ -140,7 +151,7 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
     }
 
     /// The groups, read-only (their pools' tables, counters and checks).
-    pub fn groups(&self) -> &[Group<'a, B>; G] {
+    pub fn groups(&self) -> &[PoolGroup<P>; G] {
         &self.groups
     }
 
@@ -153,30 +164,28 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
         }
     }
 
-    /// Every group's invariants ([`KvPool::check`]).
+    /// Every group's invariants ([`GroupPool::check`]).
     pub fn check(&self) -> bool {
         self.groups.iter().all(|g| g.pool.check())
     }
 
     fn capacity(&self, r: KvRef) -> u32 {
-        self.groups[0].pool.seq(r.slot).capacity
+        self.groups[0].pool.capacity(r)
     }
 
     /// Side-effect free: the tokens a first chunk reuses across the groups, the longest prefix the
-    /// leader matches that every window group holds the last window of. A window group's hits are
-    /// not closed downward (its blocks may be cached further in and not before), so the candidate
-    /// shrinks until every group agrees.
-    fn hit(&self, r: KvRef, prep: ContextPrep) -> u32 {
-        let Some(mut m) = self.groups[0].pool.probe_context_reuse(r, prep) else {
-            return 0;
-        };
+    /// leader matches that every window group holds the last window of (`None` where the leader has
+    /// no answer). A window group's hits are not closed downward (its blocks may be cached further
+    /// in and not before), so the candidate shrinks until every group agrees.
+    fn hit(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let mut m = self.groups[0].pool.reuse_hit(r, prep)?;
         loop {
             let agreed = self.groups[1..].iter().fold(m, |m, g| {
                 let limit = prep.limited(prep.reuse_limit.min(m));
-                g.pool.probe_context_reuse(r, limit).unwrap_or(0).min(m)
+                g.pool.reuse_hit(r, limit).unwrap_or(0).min(m)
             });
             if agreed == m {
-                return m;
+                return Some(m);
             }
             m = agreed;
         }
@@ -208,7 +217,7 @@ impl<'a, B: Buffers, const G: usize> KvGroups<'a, B, G> {
     }
 }
 
-impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
+impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
     type Draft = Absent;
     type Cross = Absent;
     type Transfers = Absent;
@@ -240,12 +249,12 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
         if !fresh && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return None;
         }
-        let prep = if fresh && prep.first_chunk {
-            let m = self.hit(r, prep);
-            prep.limited(prep.reuse_limit.min(m))
+        let hit = if fresh && prep.first_chunk {
+            self.hit(r, prep)
         } else {
-            prep
+            None
         };
+        let prep = hit.map_or(prep, |m| prep.limited(prep.reuse_limit.min(m)));
         let mut reused = 0;
         for i in 0..G {
             let Some(n) = self.groups[i].pool.prepare_context(r, prep) else {
@@ -292,7 +301,9 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
                 if first_chunk {
                     // A refused first chunk is inactive in every group, as in the one that refused it.
                     for g in &mut self.groups {
-                        g.pool.suspend(r);
+                        if g.pool.cache(r).is_active() {
+                            g.pool.suspend(r);
+                        }
                     }
                 }
                 return false;
@@ -327,7 +338,7 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
     fn revert_allocate_generation(&mut self, r: KvRef) {
         // The leader says whether the last growth stands: after a growth one group refused, the
         // others were reverted and the refusing group's own record is an older growth's.
-        if self.groups[0].pool.seq(r.slot).last_grow == 0 {
+        if self.groups[0].pool.last_grow(r) == 0 {
             return;
         }
         for g in &mut self.groups {
@@ -365,14 +376,14 @@ impl<B: Buffers, const G: usize> KvBackend for KvGroups<'_, B, G> {
 }
 
 /// The groups' prefix caches (present while the leader has one: then every pool has one).
-impl<'a, B: Buffers, const G: usize> Reach<KvGroups<'a, B, G>, PrefixCap> for KvGroups<'a, B, G> {
+impl<P: GroupPool, const G: usize> Reach<PoolGroups<P, G>, PrefixCap> for PoolGroups<P, G> {
     #[inline]
     fn reach(k: &Self) -> Option<&Self> {
-        k.groups[0].pool.prefix_stats().is_some().then_some(k)
+        k.groups[0].pool.has_prefix_cache().then_some(k)
     }
     #[inline]
     fn reach_mut(k: &mut Self) -> Option<&mut Self> {
-        if k.groups[0].pool.prefix_stats().is_some() {
+        if k.groups[0].pool.has_prefix_cache() {
             Some(k)
         } else {
             None
@@ -382,7 +393,7 @@ impl<'a, B: Buffers, const G: usize> Reach<KvGroups<'a, B, G>, PrefixCap> for Kv
 
 /// Prefix reuse by the window rule ([the module docs](self)): hashes, roots and commits go to every
 /// group; the probes answer with the hit every group holds.
-impl<B: Buffers, const G: usize> PrefixReuse for KvGroups<'_, B, G> {
+impl<P: GroupPool, const G: usize> PrefixReuse for PoolGroups<P, G> {
     fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
         for g in &mut self.groups {
             g.pool.set_prefix(r, root, hashes);
@@ -405,15 +416,16 @@ impl<B: Buffers, const G: usize> PrefixReuse for KvGroups<'_, B, G> {
             return lead.probe_first_new_block(r, prep);
         }
         // Where the window groups cut the leader's hit short, the first new block is the hit's end.
-        let m = self.hit(r, prep);
-        if Some(m) == lead.probe_context_reuse(r, prep) {
-            return lead.probe_first_new_block(r, prep);
+        match self.hit(r, prep) {
+            Some(m) if Some(m) != lead.reuse_hit(r, prep) => {
+                lead.block_key(r, m / lead.geometry().tokens_per_block)
+            }
+            _ => lead.probe_first_new_block(r, prep),
         }
-        lead.block_key(r.slot, m / lead.config().tokens_per_block)
     }
 
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         self.groups[0].pool.probe_context_reuse(r, prep)?;
-        Some(self.hit(r, prep))
+        self.hit(r, prep)
     }
 }

@@ -346,10 +346,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 }
 
 /// A hybrid-attention model's scheduler: its KV groups' move logs.
-impl<B, P, const G: usize, const N: usize, const T: usize, S>
-    Scheduler<crate::kv_groups::KvGroups<'_, B, G>, P, N, T, S>
+impl<K, P, const G: usize, const N: usize, const T: usize, S>
+    Scheduler<crate::kv_groups::PoolGroups<K, G>, P, N, T, S>
 where
-    B: crate::storage::Buffers,
+    K: crate::kv_groups::GroupPool,
     P: PeftBackend,
     S: Storage,
 {
