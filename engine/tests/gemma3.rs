@@ -249,27 +249,6 @@ fn renders_gemmas_turns() {
 const NEW: usize = 8;
 const TPB: usize = 16;
 
-/// A prompt of about `words` pseudo-random English words (BOS first): longer than the window.
-fn long_prompt(m: &Model, words: usize, seed: u64) -> Vec<u32> {
-    const WORDS: [&str; 48] = [
-        "the", "river", "of", "a", "quiet", "town", "runs", "past", "old", "mills", "and", "under",
-        "stone", "bridges", "where", "children", "fish", "in", "summer", "while", "their",
-        "parents", "talk", "about", "weather", "prices", "harvest", "music", "letters", "from",
-        "cousins", "abroad", "every", "morning", "baker", "opens", "shop", "at", "six", "bread",
-        "smells", "warm", "through", "narrow", "streets", "towards", "market", "square",
-    ];
-    let mut rng = common::Rng(seed);
-    let mut text = String::from("Once upon a time");
-    for i in 0..words {
-        text.push(' ');
-        text.push_str(WORDS[rng.below(WORDS.len())]);
-        if i % 13 == 12 {
-            text.push_str(if i % 3 == 0 { "." } else { "," });
-        }
-    }
-    m.tokenizer().encode(&text).unwrap()
-}
-
 /// The two long prompts (974 and 651 tokens, the window 512) and their reference outcomes, once per
 /// test binary.
 fn long_cases(m: &Model) -> &'static [(Vec<u32>, common::Outcome); 2] {
@@ -277,7 +256,7 @@ fn long_cases(m: &Model) -> &'static [(Vec<u32>, common::Outcome); 2] {
         std::sync::OnceLock::new();
     CASES.get_or_init(|| {
         [(900, 5), (600, 9)].map(|(words, seed)| {
-            let prompt = long_prompt(m, words, seed);
+            let prompt = common::long_prompt(m, words, seed);
             let start = Instant::now();
             let want = common::reference(m, &prompt, NEW, None);
             println!(

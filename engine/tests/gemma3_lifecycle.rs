@@ -26,26 +26,6 @@ const TPB: u32 = 16;
 /// Gemma 3 270M's sliding window.
 const WINDOW: usize = 512;
 
-/// A prompt of about `words` pseudo-random English words (BOS first).
-fn long_prompt(m: &Model, words: usize, seed: u64) -> Vec<u32> {
-    const WORDS: [&str; 32] = [
-        "the", "river", "of", "a", "quiet", "town", "runs", "past", "old", "mills", "and", "under",
-        "stone", "bridges", "where", "children", "fish", "in", "summer", "while", "their",
-        "parents", "talk", "about", "weather", "prices", "harvest", "music", "letters", "from",
-        "baker", "market",
-    ];
-    let mut rng = common::Rng(seed);
-    let mut text = String::from("Long ago");
-    for i in 0..words {
-        text.push(' ');
-        text.push_str(WORDS[rng.below(WORDS.len())]);
-        if i % 11 == 10 {
-            text.push('.');
-        }
-    }
-    m.tokenizer().encode(&text).unwrap()
-}
-
 /// Three prompts longer than the window and their solo outcomes, once per test binary.
 fn cases(m: &Model) -> &'static [(Vec<u32>, Outcome)] {
     static CASES: OnceLock<Vec<(Vec<u32>, Outcome)>> = OnceLock::new();
@@ -53,7 +33,7 @@ fn cases(m: &Model) -> &'static [(Vec<u32>, Outcome)] {
         [(490, 3), (510, 7), (540, 11)]
             .into_iter()
             .map(|(words, seed)| {
-                let prompt = long_prompt(m, words, seed);
+                let prompt = common::long_prompt(m, words, seed);
                 assert!(prompt.len() > WINDOW + 16, "{} tokens", prompt.len());
                 let start = Instant::now();
                 let want = reference(m, &prompt, NEW, None);
@@ -342,7 +322,7 @@ fn held_on_the_engine(m: &Model, context: usize, grouped: bool) -> ([usize; 2], 
     cfg.full_attention_only = !grouped;
     cfg.window_gpu_pages = Some((2 * WINDOW) as u32 / TPB + 2);
     let mut engine = Engine::new(m, cfg).unwrap();
-    let mut prompt = long_prompt(m, context, 13);
+    let mut prompt = common::long_prompt(m, context, 13);
     prompt.truncate(context - 8);
     assert_eq!(prompt.len(), context - 8);
     let id = engine
@@ -431,7 +411,7 @@ fn prefix_hits_on_groups_reuse_the_last_window() {
     assert!(first.len() > 576, "{} tokens", first.len());
     let c = run_one(&mut engine, first);
     assert_eq!(engine.stats().prefix_reused_tokens, 0);
-    let tail = long_prompt(m, 60, 29);
+    let tail = common::long_prompt(m, 60, 29);
     for shared in [576usize, 300] {
         let mut prompt = first[..shared].to_vec();
         prompt.extend_from_slice(&tail[1..]);

@@ -271,3 +271,25 @@ pub fn prompts(model: &Model) -> Vec<Vec<u32>> {
     .map(|m| t.encode_chat(m, true).unwrap())
     .collect()
 }
+
+/// A prompt of about `words` pseudo-random English words (BOS first), the same for a seed: the
+/// long prompts of the Gemma 3 tests.
+pub fn long_prompt(m: &Model, words: usize, seed: u64) -> Vec<u32> {
+    const WORDS: [&str; 48] = [
+        "the", "river", "of", "a", "quiet", "town", "runs", "past", "old", "mills", "and", "under",
+        "stone", "bridges", "where", "children", "fish", "in", "summer", "while", "their",
+        "parents", "talk", "about", "weather", "prices", "harvest", "music", "letters", "from",
+        "cousins", "abroad", "every", "morning", "baker", "opens", "shop", "at", "six", "bread",
+        "smells", "warm", "through", "narrow", "streets", "towards", "market", "square",
+    ];
+    let mut rng = Rng(seed);
+    let mut text = String::from("Once upon a time");
+    for i in 0..words {
+        text.push(' ');
+        text.push_str(WORDS[rng.below(WORDS.len())]);
+        if i % 13 == 12 {
+            text.push_str(if i % 3 == 0 { "." } else { "," });
+        }
+    }
+    m.tokenizer().encode(&text).unwrap()
+}
