@@ -64,18 +64,30 @@ fn conformance(args: &[String]) -> ExitCode {
     if grouped {
         return conformance_grouped(&paths);
     }
-    let report = match kvsched_conformance::run_paths(&paths) {
-        Ok(r) => r,
+    match kvsched_conformance::run_paths(&paths) {
+        Ok(r) => print_report(&r.lines, &[], &r.summary(), r.failed),
         Err(e) => {
             eprintln!("kvsched conformance: {e}");
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
-    };
-    for l in &report.lines {
+    }
+}
+
+/// A conformance run's lines, the files left out with why, its summary; failure when any failed.
+fn print_report(
+    lines: &[String],
+    left_out: &[(String, &str)],
+    summary: &str,
+    failed: usize,
+) -> ExitCode {
+    for l in lines {
         println!("{l}");
     }
-    println!("{}", report.summary());
-    if report.failed == 0 {
+    for (name, why) in left_out {
+        println!("left out {name}: {why}");
+    }
+    println!("{summary}");
+    if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -84,23 +96,11 @@ fn conformance(args: &[String]) -> ExitCode {
 
 /// `kvsched conformance --grouped`: the grouped suite (`kvsched_conformance::grouped`).
 fn conformance_grouped(paths: &[PathBuf]) -> ExitCode {
-    let report = match kvsched_conformance::grouped::run_paths_grouped(paths) {
-        Ok(r) => r,
+    match kvsched_conformance::grouped::run_paths_grouped(paths) {
+        Ok(r) => print_report(&r.lines, &r.left_out, &r.summary(), r.failed),
         Err(e) => {
             eprintln!("kvsched conformance: {e}");
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
-    };
-    for l in &report.lines {
-        println!("{l}");
-    }
-    for (name, why) in &report.left_out {
-        println!("left out {name}: {why}");
-    }
-    println!("{}", report.summary());
-    if report.failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
