@@ -178,14 +178,20 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
     /// no answer). A window group's hits are not closed downward (its blocks may be cached further
     /// in and not before), so the candidate shrinks until every group agrees.
     fn hit(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
-        let mut m = self.groups[0].pool.reuse_hit(r, prep)?;
+        self.hits(r, prep).map(|(_, agreed)| agreed)
+    }
+
+    /// [`Self::hit`] with the leader's own hit first (`(leader, agreed)`), from one leader probe.
+    fn hits(&self, r: KvRef, prep: ContextPrep) -> Option<(u32, u32)> {
+        let lead = self.groups[0].pool.reuse_hit(r, prep)?;
+        let mut m = lead;
         loop {
             let agreed = self.groups[1..].iter().fold(m, |m, g| {
                 let limit = prep.limited(prep.reuse_limit.min(m));
                 g.pool.reuse_hit(r, limit).unwrap_or(0).min(m)
             });
             if agreed == m {
-                return Some(m);
+                return Some((lead, m));
             }
             m = agreed;
         }
@@ -416,8 +422,8 @@ impl<P: GroupPool, const G: usize> PrefixReuse for PoolGroups<P, G> {
             return lead.probe_first_new_block(r, prep);
         }
         // Where the window groups cut the leader's hit short, the first new block is the hit's end.
-        match self.hit(r, prep) {
-            Some(m) if Some(m) != lead.reuse_hit(r, prep) => {
+        match self.hits(r, prep) {
+            Some((leader, m)) if m != leader => {
                 lead.block_key(r, m / lead.geometry().tokens_per_block)
             }
             _ => lead.probe_first_new_block(r, prep),
