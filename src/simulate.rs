@@ -554,7 +554,6 @@ fn options_message(e: &OptionsError) -> String {
         OptionsError::NoDecodeEngine => "--disagg needs a decode engine".into(),
         OptionsError::GroupsUnsupported(f) => {
             let flag = match f {
-                GroupsUnsupported::GuaranteedNoEvict => "--policy guaranteed_no_evict",
                 GroupsUnsupported::SpecDecode => "--spec-decode",
                 GroupsUnsupported::Connector => "--remote-store",
                 GroupsUnsupported::Disaggregation => "--disagg",

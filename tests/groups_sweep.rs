@@ -89,15 +89,6 @@ fn simulate_runs_on_kv_groups_and_words_their_refusals_by_flag() {
     for (extra, says) in [
         (&["--kv-groups", "1000:4000"][..], "--tokens-per-block (32)"),
         (&["--kv-groups", "1024:8"][..], "raise PAGES"),
-        (
-            &[
-                "--kv-groups",
-                "1024:4000",
-                "--policy",
-                "guaranteed_no_evict",
-            ][..],
-            "drop --policy guaranteed_no_evict",
-        ),
         (&["--kv-groups", "1024"][..], "WINDOW:PAGES"),
     ] {
         let out = kvsched(&[&["simulate", "--limit", "10"][..], extra].concat());

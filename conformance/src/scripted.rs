@@ -386,6 +386,7 @@ impl KvBackend for ScriptedKv {
             max_tokens_per_request: u64::MAX,
             slots: u32::MAX,
             sliding_windows: false,
+            reserves: false,
         })
     }
     fn cache(&self, r: KvRef) -> CacheState {

@@ -157,9 +157,24 @@ pub struct KvLimits {
     /// (`u32::MAX`: as many as the scheduler's table). The scheduler refuses a submission past it.
     pub slots: u32,
     /// A sliding-window group gives up the pages before a request's window by the capacity the
-    /// request grows from ([`crate::kv_groups::KvGroups`]), which must then be the tokens computed: the
-    /// scheduler refuses GUARANTEED_NO_EVICT, whose reservation runs the capacity ahead of them.
+    /// request grows from ([`crate::kv_groups::KvGroups`]), which must then be the tokens computed:
+    /// GUARANTEED_NO_EVICT, whose reservation by capacity runs it ahead of them, needs
+    /// [`KvLimits::reserves`] (the scheduler refuses it otherwise).
     pub sliding_windows: bool,
+    /// The backend keeps GUARANTEED_NO_EVICT reservations itself, in pages
+    /// ([`KvBackend::resize_reserving`] returns no headroom): a request's capacity stays the tokens it
+    /// computed, and every decode step asks for its tokens.
+    pub reserves: bool,
+}
+
+/// What a GUARANTEED_NO_EVICT admission reserves for a request ([`KvBackend::resize_reserving`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservation {
+    /// Tokens the request holds when it completes: prompt, output and drafts.
+    pub tokens: u32,
+    /// Most tokens one later step of it computes (a later chunk, or a decode step with its drafts):
+    /// what a sliding window holds beyond its window at once, once this chunk is done.
+    pub step: u32,
 }
 
 /// The KV manager operations every backend has — what the scheduling pass calls on every pool (spec
@@ -168,7 +183,8 @@ pub struct KvLimits {
 /// Twelve operations and views: [`limits`](KvBackend::limits) and [`cache`](KvBackend::cache);
 /// [`prepare_context`](KvBackend::prepare_context) and
 /// [`prepare_disagg_gen_init`](KvBackend::prepare_disagg_gen_init) (admission; resuming is their side
-/// effect); [`resize_context`](KvBackend::resize_context),
+/// effect); [`resize_context`](KvBackend::resize_context) (and its GUARANTEED_NO_EVICT form
+/// [`resize_reserving`](KvBackend::resize_reserving), which has a default),
 /// [`try_allocate_generation`](KvBackend::try_allocate_generation),
 /// [`revert_allocate_generation`](KvBackend::revert_allocate_generation) and
 /// [`rewind`](KvBackend::rewind) (growth and its undoing); [`suspend`](KvBackend::suspend),
@@ -238,6 +254,23 @@ pub trait KvBackend {
     /// Grows an active cache to hold `capacity` tokens (never shrinks; spec §2 `resize_context`). A
     /// refused first chunk leaves its cache inactive (the one exception to all-or-nothing).
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool;
+    /// GUARANTEED_NO_EVICT's [`KvBackend::resize_context`]: grows the cache to `capacity` with what
+    /// the request needs until it completes reserved; returns the tokens the cache holds beyond
+    /// `capacity` (decode steps within them ask for no growth), `None` when refused (as
+    /// `resize_context` is). By default the reservation is capacity: the cache grows to
+    /// `reservation.tokens` (at least `capacity`). A backend whose limits say it
+    /// [`reserves`](KvLimits::reserves) keeps the reservation in pages and returns 0.
+    fn resize_reserving(
+        &mut self,
+        r: KvRef,
+        capacity: u32,
+        reservation: Reservation,
+        first_chunk: bool,
+    ) -> Option<u32> {
+        let total = capacity.max(reservation.tokens);
+        self.resize_context(r, total, first_chunk)
+            .then_some(total - capacity)
+    }
     /// Resumes the cache if suspended, then grows it by `grow` tokens (one decode step plus drafts;
     /// spec §2 `try_allocate_generation`).
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool;

@@ -27,9 +27,12 @@
 //! For a generation step it is the capacity the step grows from, released before the growth (and
 //! again after it, for a cache the growth resumed); that release stands even when the growth is
 //! refused (no later query could read those blocks either), and it frees the pages the growth
-//! takes. A long prompt's chunks hold about (W + chunk) / page + 1 pages. GUARANTEED_NO_EVICT, whose
-//! reservation runs a decoding request's capacity ahead of its tokens, is refused by the scheduler
-//! ([`KvLimits::sliding_windows`]).
+//! takes. A long prompt's chunks hold about (W + chunk) / page + 1 pages.
+//!
+//! **GUARANTEED_NO_EVICT reserves in pages, per group** (`kv_groups/reserve.rs`): each group what the
+//! request will hold there at most at once — a full group its whole length, a window group about its
+//! window and one step — counted against the pool's available pages, so that a reserved request's
+//! growth is always paid for; capacities stay the tokens computed ([`KvLimits::reserves`]).
 //!
 //! **Prefix reuse across groups** (when every pool has a prefix cache, or none does): a hit is the
 //! longest prefix for which the full-attention groups hold every block and each window group the
@@ -42,14 +45,15 @@
 use crate::error::Error;
 use crate::kv::{
     Absent, CacheState, ContextPrep, KvBackend, KvLimits, KvRef, PageMove, PrefixCap, PrefixReuse,
-    Reach,
+    Reach, Reservation,
 };
 use crate::page_pool::KvPool;
 use crate::storage::Borrowed;
 
 mod pool;
+mod reserve;
 
-pub use pool::{GroupGeometry, GroupPool};
+pub use pool::{GroupGeometry, GroupPool, PoolPages, RowPages};
 
 /// What a group's layers attend to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,6 +81,11 @@ pub struct PoolGroup<P> {
 #[derive(Debug)]
 pub struct PoolGroups<P, const G: usize> {
     groups: [PoolGroup<P>; G],
+    /// GUARANTEED_NO_EVICT's reservations are kept in pages, from the first
+    /// [`KvBackend::resize_reserving`] on ([the module docs](self)).
+    reserving: bool,
+    /// Per group, the pages the rows' reservations still promise: `Σ max(peak − held, 0)`.
+    claims: [u32; G],
 }
 
 /// One group of a page pool (a [`KvGroups`]' group).
@@ -109,7 +118,11 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
                 assert!(set, "a validated window pool has an empty prefix cache");
             }
         }
-        Ok(Self { groups })
+        Ok(Self {
+            groups,
+            reserving: false,
+            claims: [0; G],
+        })
     }
 
     /// One group against the leader's geometry and prefix cache.
@@ -164,9 +177,10 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         }
     }
 
-    /// Every group's invariants ([`GroupPool::check`]).
+    /// Every group's invariants ([`GroupPool::check`]), and its reservations' claims: their rows', and
+    /// covered by its pages ([the module docs](self)).
     pub fn check(&self) -> bool {
-        self.groups.iter().all(|g| g.pool.check())
+        self.groups.iter().all(|g| g.pool.check()) && self.claims_agree()
     }
 
     fn capacity(&self, r: KvRef) -> u32 {
@@ -223,34 +237,9 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
     }
 }
 
-impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
-    type Draft = Absent;
-    type Cross = Absent;
-    type Transfers = Absent;
-    type Prefix = Self;
-    type Adapters = Absent;
-
-    fn limits(&self) -> KvLimits {
-        let mut l = self.groups[0].pool.limits();
-        for g in &self.groups[1..] {
-            let o = g.pool.limits();
-            l.tier_below_gpu &= o.tier_below_gpu;
-            l.can_evict &= o.can_evict;
-            l.sliding_windows |= matches!(g.attention, Attention::Sliding { .. });
-            l.slots = l.slots.min(o.slots);
-            // A window group holds only its window: its pages do not bound a request's length.
-            if g.attention == Attention::Full {
-                l.max_tokens_per_request = l.max_tokens_per_request.min(o.max_tokens_per_request);
-            }
-        }
-        l
-    }
-
-    fn cache(&self, r: KvRef) -> CacheState {
-        self.groups[0].pool.cache(r)
-    }
-
-    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
+    /// [`KvBackend::prepare_context`] in every group, all or nothing.
+    fn prepare_all(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let fresh = !self.groups[0].pool.cache(r).exists();
         if !fresh && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return None;
@@ -285,32 +274,16 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
         Some(reused)
     }
 
-    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
-        for i in 0..G {
-            if !self.groups[i].pool.prepare_disagg_gen_init(r, capacity) {
-                for g in &mut self.groups[..i] {
-                    g.pool.free(r);
-                }
-                return false;
-            }
-        }
-        true
-    }
-
-    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
-        // The window was released where the chunk was prepared, at its true first position.
+    /// [`KvBackend::resize_context`] in every group, all or nothing (a refused first chunk is left
+    /// inactive in every group). The window was released where the chunk was prepared.
+    fn grow_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         for i in 0..G {
             if !self.groups[i].pool.resize_context(r, capacity, first_chunk) {
                 for g in &mut self.groups[..i] {
                     g.pool.revert_allocate_generation(r);
                 }
                 if first_chunk {
-                    // A refused first chunk is inactive in every group, as in the one that refused it.
-                    for g in &mut self.groups {
-                        if g.pool.cache(r).is_active() {
-                            g.pool.suspend(r);
-                        }
-                    }
+                    self.deactivate(r);
                 }
                 return false;
             }
@@ -318,13 +291,25 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
         true
     }
 
-    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+    /// Leaves the request's cache inactive in every group (a refused first chunk's, as in the pool
+    /// that refused it), its reservation ended.
+    fn deactivate(&mut self, r: KvRef) {
+        for g in &mut self.groups {
+            g.pool.set_peak(r, 0);
+            if g.pool.cache(r).is_active() {
+                g.pool.suspend(r);
+            }
+        }
+    }
+
+    /// [`KvBackend::try_allocate_generation`] in every group, all or nothing.
+    fn grow_generation(&mut self, r: KvRef, grow: u32) -> bool {
         let (before, resumed) = (self.capacity(r), !self.groups[0].pool.cache(r).is_active());
         if resumed && self.groups.iter().any(|g| g.pool.resume_blocked(r)) {
             return false;
         }
-        // A step inside a reservation asks for no token: its capacity is not its position, and
-        // nothing is released (the window group holds the reservation, as the full group does).
+        // A step inside a reservation by capacity asks for no token: its capacity is not its
+        // position, and nothing is released (the window group holds the reservation).
         let releases = grow > 0;
         if releases {
             self.release_windows(r, before);
@@ -337,8 +322,126 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
         }
         if releases {
             self.release_windows(r, before);
+            self.narrow_reservation(r, grow);
         }
         true
+    }
+
+    /// Undoes an operation that made the cache exist (`fresh`: freed) or active (suspended again).
+    fn undo_admission(&mut self, r: KvRef, fresh: bool) {
+        for g in &mut self.groups {
+            if fresh {
+                g.pool.free(r);
+            } else if g.pool.cache(r).is_active() {
+                g.pool.suspend(r);
+            }
+        }
+    }
+}
+
+impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
+    type Draft = Absent;
+    type Cross = Absent;
+    type Transfers = Absent;
+    type Prefix = Self;
+    type Adapters = Absent;
+
+    fn limits(&self) -> KvLimits {
+        let mut l = self.groups[0].pool.limits();
+        for g in &self.groups[1..] {
+            let o = g.pool.limits();
+            l.tier_below_gpu &= o.tier_below_gpu;
+            l.can_evict &= o.can_evict;
+            l.sliding_windows |= matches!(g.attention, Attention::Sliding { .. });
+            l.slots = l.slots.min(o.slots);
+            // A window group holds only its window: its pages do not bound a request's length.
+            if g.attention == Attention::Full {
+                l.max_tokens_per_request = l.max_tokens_per_request.min(o.max_tokens_per_request);
+            }
+        }
+        l.reserves = self.counts();
+        l
+    }
+
+    fn cache(&self, r: KvRef) -> CacheState {
+        self.groups[0].pool.cache(r)
+    }
+
+    fn prepare_context(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let cache = self.groups[0].pool.cache(r);
+        let fresh = !cache.exists();
+        if (prep.first_chunk && fresh) || cache.is_active() {
+            // A first chunk's hit is paid for by its reservation (`resize_reserving`, next); an
+            // active cache takes no page here (its window's release gives pages back).
+            return self.counted(r, |k| k.prepare_all(r, prep));
+        }
+        // A resumed cache's pages must fit now.
+        let mut reused = None;
+        let prepared = self.guarded(
+            r,
+            |k| {
+                reused = k.prepare_all(r, prep);
+                reused.is_some()
+            },
+            |k| k.undo_admission(r, fresh),
+        );
+        reused.filter(|_| prepared)
+    }
+
+    fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
+        let fresh = !self.groups[0].pool.cache(r).exists();
+        let prepare = |k: &mut Self| {
+            for i in 0..G {
+                if !k.groups[i].pool.prepare_disagg_gen_init(r, capacity) {
+                    for g in &mut k.groups[..i] {
+                        g.pool.free(r);
+                    }
+                    return false;
+                }
+            }
+            true
+        };
+        self.guarded(r, prepare, |k| k.undo_admission(r, fresh))
+    }
+
+    fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
+        let undo = |k: &mut Self| {
+            for g in &mut k.groups {
+                g.pool.revert_allocate_generation(r);
+            }
+            if first_chunk {
+                k.deactivate(r);
+            }
+        };
+        self.guarded(r, |k| k.grow_context(r, capacity, first_chunk), undo)
+    }
+
+    fn resize_reserving(
+        &mut self,
+        r: KvRef,
+        capacity: u32,
+        reservation: Reservation,
+        first_chunk: bool,
+    ) -> Option<u32> {
+        if !self.counts() {
+            // Pools that do not count pages: the reservation by capacity.
+            let total = capacity.max(reservation.tokens);
+            return self
+                .resize_context(r, total, first_chunk)
+                .then_some(total - capacity);
+        }
+        self.reserve(r, capacity, reservation, first_chunk)
+            .then_some(0)
+    }
+
+    fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
+        // Pages another request's reservation counts on are refused (the release stands).
+        let resumed = !self.groups[0].pool.cache(r).is_active();
+        self.guarded(
+            r,
+            |k| k.grow_generation(r, grow),
+            |k| k.undo_growth(r, G, resumed),
+        )
     }
 
     fn revert_allocate_generation(&mut self, r: KvRef) {
@@ -347,33 +450,46 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
         if self.groups[0].pool.last_grow(r) == 0 {
             return;
         }
-        for g in &mut self.groups {
-            g.pool.revert_allocate_generation(r);
-        }
+        self.counted(r, |k| {
+            for g in &mut k.groups {
+                g.pool.revert_allocate_generation(r);
+            }
+        });
     }
 
     fn rewind(&mut self, r: KvRef, tokens: u32) {
-        for g in &mut self.groups {
-            g.pool.rewind(r, tokens);
-        }
+        self.counted(r, |k| {
+            for g in &mut k.groups {
+                g.pool.rewind(r, tokens);
+            }
+        });
     }
 
     fn suspend(&mut self, r: KvRef) {
-        for g in &mut self.groups {
-            g.pool.suspend(r);
-        }
+        self.counted(r, |k| {
+            for g in &mut k.groups {
+                g.pool.set_peak(r, 0);
+                g.pool.suspend(r);
+            }
+        });
     }
 
     fn free(&mut self, r: KvRef) {
-        for g in &mut self.groups {
-            g.pool.free(r);
-        }
+        self.counted(r, |k| {
+            for g in &mut k.groups {
+                g.pool.set_peak(r, 0);
+                g.pool.free(r);
+            }
+        });
     }
 
     fn preempt(&mut self, r: KvRef) {
-        for g in &mut self.groups {
-            g.pool.preempt(r);
-        }
+        self.counted(r, |k| {
+            for g in &mut k.groups {
+                g.pool.set_peak(r, 0);
+                g.pool.preempt(r);
+            }
+        });
     }
 
     fn take_moves(&mut self) -> &[PageMove] {

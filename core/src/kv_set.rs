@@ -40,7 +40,7 @@
 
 use crate::kv::{
     AdaptersCap, CacheState, ContextPrep, CrossCap, DraftCap, KvBackend, KvCaps, KvLimits, KvRef,
-    PageMove, PairedPool, PrefixCap, PrefixReuse, Reach, TransfersCap,
+    PageMove, PairedPool, PrefixCap, PrefixReuse, Reach, Reservation, TransfersCap,
 };
 
 mod caps;
@@ -176,7 +176,9 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
     type Adapters = Self;
 
     /// Suspension moves a request's caches down only where every pool it suspends has a lower tier: a
-    /// draft pool without one keeps its pages held, so preemption must stay possible.
+    /// draft pool without one keeps its pages held, so preemption must stay possible. A set with a
+    /// draft pool reserves by capacity (the default [`KvBackend::resize_reserving`]); one without
+    /// reserves as its target does.
     fn limits(&self) -> KvLimits {
         let t = self.target.limits();
         let cross = self.cross.as_ref().map_or(u32::MAX, |x| x.limits().slots);
@@ -193,6 +195,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
                     max_tokens_per_request: t.max_tokens_per_request.min(d.max_tokens_per_request),
                     slots: t.slots.min(d.slots).min(cross),
                     sliding_windows: t.sliding_windows || d.sliding_windows,
+                    reserves: false,
                 }
             }
         }
@@ -243,6 +246,23 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
             self.target.suspend(r);
         }
         paired
+    }
+
+    fn resize_reserving(
+        &mut self,
+        r: KvRef,
+        capacity: u32,
+        reservation: Reservation,
+        first_chunk: bool,
+    ) -> Option<u32> {
+        if self.draft.is_none() {
+            return self
+                .target
+                .resize_reserving(r, capacity, reservation, first_chunk);
+        }
+        let total = capacity.max(reservation.tokens);
+        self.resize_context(r, total, first_chunk)
+            .then_some(total - capacity)
     }
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {

@@ -112,10 +112,10 @@
 //!
 //! | instantiation | inline | boxed |
 //! |---|---|---|
-//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,264 B | 4,888 B (3,864 of them the adapter cache) |
-//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,256 B | 2,584 B |
+//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,272 B | 4,896 B (3,864 of them the adapter cache) |
+//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,280 B | 2,608 B |
 //! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 418,896 B | 568 B |
-//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,664 B | 62,528 B (60,504 of them the adapter cache) |
+//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,688 B | 62,552 B (60,504 of them the adapter cache) |
 //! | `SchedulerOutput<1024>` | 98,392 B | 160 B |
 //!
 //! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller

@@ -410,34 +410,3 @@ fn z11_a_variable_window_backend_still_defers_the_duplicate() {
     let held_1 = held(s.kv(), 1, handles[1].index());
     assert_eq!(held_1, (8 - WB..9).collect::<Vec<_>>());
 }
-
-/// GUARANTEED_NO_EVICT reserves a request's whole life at admission: the capacity runs ahead of the
-/// tokens computed, and a window group that gives up pages by the capacity would give up pages the
-/// next queries read. Until per-group reservations exist, a scheduler over KV groups refuses it.
-#[test]
-fn guaranteed_no_evict_over_sliding_windows_is_refused() {
-    let cfg = Config {
-        policy: kvsched_core::config::CapacityPolicy::GuaranteedNoEvict,
-        ..Config::default()
-    };
-    let got: Result<Scheduler<Groups, AdapterPool<4>, 8, 4>, Error> =
-        Scheduler::new(cfg, groups(8, 8, 0), AdapterPool::new(4, 8).unwrap());
-    match got {
-        Err(Error::Invalid(why)) => assert!(why.contains("GUARANTEED_NO_EVICT"), "{why}"),
-        Err(other) => panic!("{other:?}"),
-        Ok(_) => panic!("accepted"),
-    }
-    // A single full-attention group has no window: accepted.
-    let full = KvGroups::new([Group {
-        attention: Attention::Full,
-        pool: KvPool::owned(cfg_pool()).unwrap(),
-    }])
-    .unwrap();
-    let ok: Result<Scheduler<KvGroups<'static, Owned, 1>, AdapterPool<4>, 8, 4>, Error> =
-        Scheduler::new(cfg, full, AdapterPool::new(4, 8).unwrap());
-    assert!(ok.is_ok());
-}
-
-fn cfg_pool() -> KvPoolConfig {
-    cfg(8, 0)
-}

@@ -36,6 +36,7 @@ impl KvBackend for Null {
             max_tokens_per_request: u64::from(u32::MAX),
             slots: u32::MAX,
             sliding_windows: false,
+            reserves: false,
         }
     }
     fn cache(&self, _: KvRef) -> CacheState {
@@ -98,21 +99,21 @@ type Sim<S> = Scheduler<KvSet<Pool>, AdapterPool<1024>, 1024, 1024, S>;
 fn the_sizes_are_pinned() {
     // Inline: the arrays inside the value (the default type parameters, unchanged by the storage
     // parameter).
-    assert_eq!(size_of::<Engine<Inline>>(), 417_264);
+    assert_eq!(size_of::<Engine<Inline>>(), 417_272);
     assert_eq!(
         size_of::<Scheduler<Pool, AdapterPool<64>, 1024, 64>>(),
-        417_264
+        417_272
     );
-    assert_eq!(size_of::<S1_256<Inline>>(), 105_256);
+    assert_eq!(size_of::<S1_256<Inline>>(), 105_280);
     assert_eq!(size_of::<Runner<Inline>>(), 418_896);
-    assert_eq!(size_of::<Sim<Inline>>(), 504_664);
+    assert_eq!(size_of::<Sim<Inline>>(), 504_688);
     assert_eq!(size_of::<SchedulerOutput<1024>>(), 98_392);
     // Boxed: a pointer an array; what is left is the configuration, the counters and the backends
     // (the engine's adapter cache is 3,864 bytes, the simulator's 60,504).
-    assert_eq!(size_of::<Engine<Boxed>>(), 4_888);
-    assert_eq!(size_of::<S1_256<Boxed>>(), 2_584);
+    assert_eq!(size_of::<Engine<Boxed>>(), 4_896);
+    assert_eq!(size_of::<S1_256<Boxed>>(), 2_608);
     assert_eq!(size_of::<Runner<Boxed>>(), 568);
-    assert_eq!(size_of::<Sim<Boxed>>(), 62_528);
+    assert_eq!(size_of::<Sim<Boxed>>(), 62_552);
     assert_eq!(size_of::<SchedulerOutput<1024, Boxed>>(), 160);
     assert_eq!(size_of::<AdapterPool<64>>(), 3_864);
     assert_eq!(size_of::<AdapterPool<1024>>(), 60_504);

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use common::{assert_identical, reference, Outcome};
 use kvsched_engine::{
-    ChunkPolicy, Chunking, Completion, Engine, EngineConfig, EngineError, EngineStats, Grouped,
-    Model, PromptLookup, Sampler, SchedulerConfig,
+    CapacityPolicy, ChunkPolicy, Chunking, Completion, Engine, EngineConfig, EngineError,
+    EngineStats, Grouped, Model, PromptLookup, Sampler, SchedulerConfig,
 };
 
 /// New tokens a request generates at most (Gemma's decode is slow on a CPU: a few suffice).
@@ -233,6 +233,34 @@ fn recompute_pause_and_preemption_on_groups() {
     summary("grouped, recompute", &s, held, started);
     assert_solo("recompute", m, &got);
     assert!(s.recomputes > 0, "requests are recompute-paused");
+}
+
+/// GUARANTEED_NO_EVICT on groups: each group reserves what a request will hold there (the full group
+/// its whole length, the window group its window and a chunk), counted, not grown to. 80 full-group
+/// pages cover two of the three requests' whole lengths (34, 35 and 37 pages), not three: the third
+/// waits, nothing is evicted or recomputed, and every completion equals its solo run.
+#[test]
+fn guaranteed_no_evict_on_groups_queues_instead_of_evicting() {
+    let Some(m) = common::gemma3() else { return };
+    let _ = cases(m);
+    let started = Instant::now();
+    let mut cfg = config(136, 80, 0);
+    cfg.scheduler.policy = CapacityPolicy::GuaranteedNoEvict;
+    let whole: usize = cases(m)
+        .iter()
+        .map(|(p, _)| (p.len() + NEW).div_ceil(TPB as usize))
+        .sum();
+    assert!(
+        whole > 80,
+        "the pool cannot hold every reservation ({whole} pages)"
+    );
+    let mut engine = Engine::new(m, cfg).unwrap();
+    let (got, held) = serve(&mut engine, 136);
+    let s = engine.stats();
+    summary("grouped, guaranteed no evict", &s, held, started);
+    assert_solo("guaranteed no evict", m, &got);
+    assert_eq!((s.evictions, s.recomputes), (0, 0), "nothing is evicted");
+    assert!(s.largest_batch >= 2, "requests run side by side");
 }
 
 /// What groups do not do yet is refused with a typed error; `full_attention_only` serves the same

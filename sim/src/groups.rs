@@ -40,9 +40,6 @@ pub struct KvGroupsOptions {
 /// A feature KV groups do not support yet ([`OptionsError::GroupsUnsupported`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupsUnsupported {
-    /// `policy` GUARANTEED_NO_EVICT: the core refuses it over sliding windows (no per-group
-    /// reservations yet, `docs/KV-GROUPS.md`).
-    GuaranteedNoEvict,
     /// `spec_decode`: a draft pool.
     SpecDecode,
     /// `remote_store`: a KV connector.
@@ -58,7 +55,6 @@ pub enum GroupsUnsupported {
 impl fmt::Display for GroupsUnsupported {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::GuaranteedNoEvict => "the guaranteed_no_evict policy",
             Self::SpecDecode => "speculative decoding (a draft pool)",
             Self::Connector => "a KV connector (a remote store)",
             Self::Disaggregation => "disaggregation",
@@ -77,10 +73,6 @@ pub(crate) fn check(
     max_blocks: u32,
 ) -> Result<u32, OptionsError> {
     let unsupported = [
-        (
-            o.policy == CapacityPolicy::GuaranteedNoEvict,
-            GroupsUnsupported::GuaranteedNoEvict,
-        ),
         (o.spec_decode.is_some(), GroupsUnsupported::SpecDecode),
         (o.remote_store.is_some(), GroupsUnsupported::Connector),
         (o.disagg.is_some(), GroupsUnsupported::Disaggregation),

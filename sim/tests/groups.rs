@@ -1,6 +1,7 @@
 //! The simulator on KV groups: the full-only-against-grouped sweep in small (grouped runs more
 //! requests at once beyond the window, exactly as many within it), a grouped run whose window pool
-//! could never hold a whole request, prefix reuse across the groups, and the refusals.
+//! could never hold a whole request (under GUARANTEED_NO_EVICT too), prefix reuse across the groups,
+//! and the refusals.
 
 use kvsched_core::config::CapacityPolicy;
 use kvsched_sim::groups::{
@@ -56,6 +57,46 @@ fn grouped_runs_more_requests_beyond_the_window_and_the_same_within_it() {
     assert!(kvsched_sim::groups::table(&rows).contains("| 8192 |"));
 }
 
+/// GUARANTEED_NO_EVICT on groups: each group reserves what a request holds there at most (a window
+/// group its window and a chunk, 65 pages here, then its window and a step), so the same 24 long
+/// requests run in the same small window pool, nothing suspended, paused or preempted, the core's
+/// checks clean every iteration.
+#[test]
+fn guaranteed_no_evict_reserves_windows_in_the_window_pool() {
+    let s = small();
+    let (mut o, _) = s.options(Layout::Grouped, 8192);
+    o.kv_groups = Some(KvGroupsOptions {
+        window: 1024,
+        window_gpu_pages: 400,
+        window_host_pages: 0,
+    });
+    o.policy = CapacityPolicy::GuaranteedNoEvict;
+    o.slo_ttft_ms = None;
+    o.check = true;
+    o.max_tokens = 1024;
+    let r = kvsched_sim::run(&o, long_requests(24)).expect("it runs");
+    assert_eq!(r.requests_completed, 24);
+    assert_eq!(r.invariant_violations, 0);
+    let evicted = r.suspended + r.self_evicted + r.recompute_paused + r.preempted;
+    assert_eq!(evicted, 0);
+    // 400 window pages hold six prefilling requests' 65-page reservations at once (reserving whole
+    // requests, 256 pages each, they would hold one).
+    let peak = r.samples.batch.iter().copied().fold(0.0, f64::max);
+    assert!(peak >= 6.0, "{peak}");
+}
+
+/// `n` requests of 8,064 prompt and 128 output tokens, arriving at 100 a second.
+fn long_requests(n: usize) -> kvsched_workload::Workload {
+    kvsched_workload::synthetic::generate(&kvsched_workload::synthetic::SyntheticSpec {
+        arrivals: kvsched_workload::synthetic::ArrivalProcess::Poisson { rate_per_s: 100.0 },
+        horizon: kvsched_workload::synthetic::Horizon::Requests(n),
+        prompt: kvsched_workload::synthetic::LengthDist::Uniform { lo: 8064, hi: 8065 },
+        output: kvsched_workload::synthetic::LengthDist::Uniform { lo: 128, hi: 129 },
+        seed: 3,
+    })
+    .expect("a workload")
+}
+
 #[test]
 fn the_window_pool_holds_windows_not_requests() {
     // 24 requests of 8,192 tokens, each 256 pages in full: the window group's 400 pages could hold
@@ -72,15 +113,7 @@ fn the_window_pool_holds_windows_not_requests() {
     o.check = true;
     // Chunks of at most 1,024 tokens: a prefilling request holds (1,024 + 1,024) / 32 + 1 pages there.
     o.max_tokens = 1024;
-    let w = kvsched_workload::synthetic::generate(&kvsched_workload::synthetic::SyntheticSpec {
-        arrivals: kvsched_workload::synthetic::ArrivalProcess::Poisson { rate_per_s: 100.0 },
-        horizon: kvsched_workload::synthetic::Horizon::Requests(24),
-        prompt: kvsched_workload::synthetic::LengthDist::Uniform { lo: 8064, hi: 8065 },
-        output: kvsched_workload::synthetic::LengthDist::Uniform { lo: 128, hi: 129 },
-        seed: 3,
-    })
-    .expect("a workload");
-    let r = kvsched_sim::run(&o, w).expect("it runs");
+    let r = kvsched_sim::run(&o, long_requests(24)).expect("it runs");
     assert_eq!(r.requests_completed, 24);
     assert_eq!(r.invariant_violations, 0);
     let peak = r.samples.batch.iter().copied().fold(0.0, f64::max);
@@ -161,11 +194,7 @@ fn features_groups_do_not_support_are_refused() {
         Err(SimError::Options(e)) => e,
         other => panic!("not refused: {:?}", other.map(|r| r.requests_completed)),
     };
-    let cases: [(Set, GroupsUnsupported); 6] = [
-        (
-            |o| o.policy = CapacityPolicy::GuaranteedNoEvict,
-            GroupsUnsupported::GuaranteedNoEvict,
-        ),
+    let cases: [(Set, GroupsUnsupported); 5] = [
         (
             |o| {
                 o.spec_decode = Some(kvsched_sim::SpecDecode {

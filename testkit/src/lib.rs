@@ -43,8 +43,8 @@ use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId, TaskSlot};
 use kvsched_core::kv::{
     Absent, AdapterPaging, AdaptersCap, CacheState, ContextPrep, KvBackend, KvCaps, KvLimits,
-    KvRef, LoadChange, PageMove, PairedPool, Pool, PrefixCap, PrefixReuse, Reach, Tier, Transfers,
-    TransfersCap,
+    KvRef, LoadChange, PageMove, PairedPool, Pool, PrefixCap, PrefixReuse, Reach, Reservation,
+    Tier, Transfers, TransfersCap,
 };
 pub use kvsched_core::kv_groups::Attention;
 use kvsched_core::kv_groups::{Group, KvGroups};
@@ -340,11 +340,9 @@ impl Setup {
     }
 
     /// Whether this configuration may have KV groups ([`Setup::windows`]): what [`KvGroups`] takes —
-    /// no draft or cross pool, no connector, no unified paging (its capabilities are `Absent`), a
-    /// prefix cache only once it takes one ([`groups_take_prefix`]), and not GUARANTEED_NO_EVICT (the
-    /// scheduler refuses it over sliding windows: its reservation runs a decoding request's capacity
-    /// ahead of its tokens, `guaranteed_no_evict_over_sliding_windows_is_refused` in
-    /// `core/tests/groups_prefix.rs`).
+    /// no draft or cross pool, no connector, no unified paging (its capabilities are `Absent`), and a
+    /// prefix cache only once it takes one ([`groups_take_prefix`]). GUARANTEED_NO_EVICT included:
+    /// the groups reserve in pages, per group.
     pub fn groups_allowed(&self) -> bool {
         let unified = self.peft.as_ref().is_some_and(|p| p.unified);
         self.draft.is_none()
@@ -352,16 +350,14 @@ impl Setup {
             && !self.connector
             && !unified
             && (!self.prefix || groups_take_prefix())
-            && !self.no_evict
     }
 
     /// This configuration on KV groups: the target leads, a sliding-window group per entry of
     /// `windows` follows (each window capped at `max_blocks` pages). What groups do not take is dropped
     /// ([`Setup::groups_allowed`]): the draft and cross pools, the connector, unified paging (the
-    /// tasks then capped by the adapter cache's device pages), the prefix cache until groups take one,
-    /// and GUARANTEED_NO_EVICT (for MAX_UTILIZATION).
+    /// tasks then capped by the adapter cache's device pages), and the prefix cache until groups take
+    /// one.
     pub fn with_groups(mut self, windows: Vec<WindowGroup>) -> Self {
-        self.no_evict = false;
         self.draft = None;
         self.cross = false;
         self.connector = false;
@@ -720,6 +716,21 @@ impl KvBackend for FaultKv<'_> {
             return false;
         }
         each!(&mut self.inner, k => k.resize_context(r, capacity, first_chunk))
+    }
+    fn resize_reserving(
+        &mut self,
+        r: KvRef,
+        capacity: u32,
+        reservation: Reservation,
+        first_chunk: bool,
+    ) -> Option<u32> {
+        if self.faults.fire(Fault::KvResize) {
+            if first_chunk {
+                each!(&mut self.inner, k => k.suspend(r));
+            }
+            return None;
+        }
+        each!(&mut self.inner, k => k.resize_reserving(r, capacity, reservation, first_chunk))
     }
     fn try_allocate_generation(&mut self, r: KvRef, grow: u32) -> bool {
         if self.faults.fire(Fault::KvAllocate) {
@@ -2266,7 +2277,7 @@ impl<'a> Harness<'a> {
             let held = s.blocks - s.released;
             let bound =
                 window / tpb + 1 + s.capacity.saturating_sub(l.step_start + 1).div_ceil(tpb);
-            let kept = scheduled && !self.setup.no_evict && (s.released < outside || held > bound);
+            let kept = scheduled && (s.released < outside || held > bound);
             if s.released > outside || kept {
                 return Err(format!(
                     "request {}: window group {g} (window {window}) released {} of {} blocks, holds {held} (bound {bound}); its step's first query at {} reads from block {outside}",

@@ -1,7 +1,7 @@
 //! What KV groups need of a group's pool ([`GroupPool`]), and the page pool's answers.
 
 use crate::kv::{ContextPrep, KvBackend, KvRef, PairedPool, PrefixReuse};
-use crate::page_pool::KvPool;
+use crate::page_pool::{KvPool, SeqState};
 use crate::storage::Buffers;
 
 /// A pool's geometry, which every group of a [`super::PoolGroups`] must share.
@@ -46,6 +46,47 @@ pub trait GroupPool: KvBackend + PrefixReuse {
     fn resume_blocked(&self, r: KvRef) -> bool;
     /// Its invariants hold.
     fn check(&self) -> bool;
+    /// What reservations in pages are counted against ([`PoolPages`]); `None` (the default): the
+    /// pool does not keep them, and the groups reserve by capacity.
+    fn pool_pages(&self) -> Option<PoolPages> {
+        None
+    }
+    /// The pages of the cache in `slot` and its reservation ([`RowPages`]; zeros by default).
+    fn row_pages(&self, slot: u16) -> RowPages {
+        let _ = slot;
+        RowPages::default()
+    }
+    /// Sets the most pages the request's reservation promises it at once (0 ends it).
+    fn set_peak(&mut self, r: KvRef, peak: u32) {
+        let _ = (r, peak);
+    }
+}
+
+/// A pool's pages as reservations count them ([`GroupPool::pool_pages`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PoolPages {
+    /// GPU pages that can be had: free, or cached and idle.
+    pub available: u32,
+    /// References beyond each page's first: pages one holder's release does not free.
+    pub shared: u32,
+}
+
+/// A request's pages in a pool as reservations count them ([`GroupPool::row_pages`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RowPages {
+    /// Pages its active cache holds (0 for a suspended or absent one).
+    pub held: u32,
+    /// Leading blocks its sliding window gave up.
+    pub released: u32,
+    /// The most pages its reservation promises it at once (0: none).
+    pub peak: u32,
+}
+
+impl RowPages {
+    /// The pages its reservation still promises beyond those it holds.
+    pub const fn promised(self) -> u32 {
+        self.peak.saturating_sub(self.held)
+    }
 }
 
 impl<B: Buffers> GroupPool for KvPool<'_, B> {
@@ -89,5 +130,21 @@ impl<B: Buffers> GroupPool for KvPool<'_, B> {
     }
     fn check(&self) -> bool {
         KvPool::check(self)
+    }
+    fn pool_pages(&self) -> Option<PoolPages> {
+        let (available, shared) = self.reservable();
+        Some(PoolPages { available, shared })
+    }
+    fn row_pages(&self, slot: u16) -> RowPages {
+        let s = self.seq(slot);
+        let active = matches!(s.state, SeqState::Active | SeqState::Claimed);
+        RowPages {
+            held: if active { s.blocks - s.released } else { 0 },
+            released: s.released,
+            peak: s.peak,
+        }
+    }
+    fn set_peak(&mut self, r: KvRef, peak: u32) {
+        KvPool::set_peak(self, r, peak);
     }
 }

@@ -71,6 +71,7 @@ impl<B: Buffers> KvBackend for KvPool<'_, B> {
                 * u64::from(self.cfg.tokens_per_block),
             slots: self.cfg.slots,
             sliding_windows: false,
+            reserves: false,
         }
     }
 

@@ -95,6 +95,9 @@ pub struct Seq {
     pub released: u32,
     /// Growth of the last `try_allocate_generation` (for revert).
     pub last_grow: u32,
+    /// The most pages a GUARANTEED_NO_EVICT reservation of KV groups promises the row at once (0:
+    /// none; [`crate::kv_groups`]): those it holds count against it, the rest stay reserved.
+    pub peak: u32,
     /// The request's prefix root (adapter identity and salt), set with its block hashes.
     pub root: u64,
     /// Prompt blocks with a hash.
@@ -363,6 +366,20 @@ impl<B: Buffers> KvPool<'_, B> {
         if self.seqs[i].state == SeqState::Active {
             self.release_window_row(i, keep_from);
         }
+    }
+
+    /// Sets the most pages request `r`'s reservation promises it at once ([`Seq::peak`]; 0 ends it).
+    pub(crate) fn set_peak(&mut self, r: crate::kv::KvRef, peak: u32) {
+        if let Some(i) = self.slot(r) {
+            self.seqs[i].peak = peak;
+        }
+    }
+
+    /// GPU pages that can be had (free, or cached and idle) and the references beyond each page's
+    /// first (pages a holder's release does not free): what reservations are counted against.
+    pub(crate) fn reservable(&self) -> (u32, u32) {
+        let shared = self.prefix.as_ref().map_or(0, Prefix::shared);
+        (self.gpu_available(), shared)
     }
 
     /// A fingerprint of the whole pool state: geometry, both free stacks (whole buffers, so a page that

@@ -134,6 +134,9 @@ pub(super) struct Prefix<B: Buffers> {
     /// A sliding window's pool: the blocks a query reads before its own (`window / tokens_per_block`),
     /// 0 for full attention. In a window's pool blocks are evicted whatever their children (below).
     window: u32,
+    /// References beyond each page's first (`Σ max(refs − 1, 0)`): pages a holder's release does not
+    /// free (what KV groups' reservations count, `kv_groups`).
+    shared: u32,
     pub(super) stats: PrefixStats,
 }
 
@@ -157,6 +160,7 @@ impl<B: Buffers> Prefix<B> {
             idle: [0; 2],
             clock: 0,
             window: 0,
+            shared: 0,
             stats: PrefixStats::default(),
         }
     }
@@ -301,14 +305,21 @@ impl<B: Buffers> Prefix<B> {
     pub(super) fn acquire(&mut self, entry: u32) {
         let at = self.at(entry);
         self.count_idle(at, -1);
+        self.shared += u32::from(self.pages[at].refs > 0);
         self.pages[at].refs += 1;
         self.relist(at);
+    }
+
+    /// References beyond each page's first: the pages that stay held when one holder releases them.
+    pub(super) fn shared(&self) -> u32 {
+        self.shared
     }
 
     /// A row gives its reference up. Returns whether the page is now free (not cached, unreferenced).
     pub(super) fn release(&mut self, entry: u32) -> bool {
         let at = self.at(entry);
         assert!(self.pages[at].refs > 0, "a released page was referenced");
+        self.shared -= u32::from(self.pages[at].refs > 1);
         self.pages[at].refs -= 1;
         self.count_idle(at, 1);
         self.relist(at);
@@ -476,6 +487,7 @@ impl<B: Buffers> Prefix<B> {
         self.lru.hash(h);
         self.cached.hash(h);
         self.window.hash(h);
+        self.shared.hash(h);
         self.stats.hash(h);
     }
 
@@ -497,12 +509,14 @@ impl<B: Buffers> Prefix<B> {
     }
 
     /// Invariants 2, 4 and 6 in O(pages + index): every cached page is indexed under its key, the index
-    /// holds nothing else, the cached and idle counts agree, each tier's LRU list holds exactly its
+    /// holds nothing else, the cached, idle and shared counts agree, each tier's LRU list holds exactly its
     /// leaves, and a GPU block's cached parent is on the GPU.
     pub(super) fn check(&self) -> bool {
         let (mut cached, mut idle, mut listed) = ([0u32; 2], [0u32; 2], [0u32; 2]);
+        let mut shared = 0u64;
         for (at, p) in self.pages.iter().enumerate() {
             let t = usize::from(u32_of(at) >= self.gpu_pages);
+            shared += u64::from(p.refs.saturating_sub(1));
             if p.cached {
                 cached[t] += 1;
                 if self.find(p.key).map(|k| self.index[k] as usize) != Some(at + 1) {
@@ -539,6 +553,7 @@ impl<B: Buffers> Prefix<B> {
             n
         };
         cached == self.cached
+            && shared == u64::from(self.shared)
             && idle == self.idle
             && indexed == cached[0] + cached[1]
             && listed == [self.lru[0].len, self.lru[1].len]

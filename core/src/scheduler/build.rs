@@ -33,14 +33,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize> Scheduler<K, 
 }
 
 /// What the configuration asks of the KV backend that it cannot give: GUARANTEED_NO_EVICT reserves a
-/// request's whole life at admission, so its capacity runs ahead of the tokens computed, and a backend
-/// that gives up a sliding window's pages by the capacity would give up pages the next queries read
-/// (per-group reservations are not yet: `docs/KV-GROUPS.md`).
+/// request's whole life at admission; by capacity (the default) its capacity runs ahead of the tokens
+/// computed, and a backend that gives up a sliding window's pages by the capacity would give up pages
+/// the next queries read, unless it keeps the reservation itself ([`crate::kv::KvLimits::reserves`]).
 fn fits<K: KvBackend>(cfg: &Config, kv: &K) -> Result<(), Error> {
-    if cfg.policy == crate::config::CapacityPolicy::GuaranteedNoEvict && kv.limits().sliding_windows
+    let l = kv.limits();
+    if cfg.policy == crate::config::CapacityPolicy::GuaranteedNoEvict
+        && l.sliding_windows
+        && !l.reserves
     {
         return Err(Error::Invalid(
-            "GUARANTEED_NO_EVICT is not supported with sliding-window KV groups yet (use MAX_UTILIZATION)",
+            "GUARANTEED_NO_EVICT over sliding windows needs a backend that reserves in pages (KV groups of page pools; not a draft set)",
         ));
     }
     Ok(())

@@ -6,11 +6,12 @@
 //! Invariants: the budget is charged the pre-reuse length when prefix-aware scheduling is off and the
 //! post-reuse length when on, while the KV resize always uses the post-reuse length; only the last chunk
 //! adds drafts (without a budget check, as upstream); a chunk is never 0 tokens; under
-//! GUARANTEED_NO_EVICT the resize reserves prompt + output + drafts.
+//! GUARANTEED_NO_EVICT the resize reserves prompt + output + drafts (by capacity, or in pages where
+//! the backend [`reserves`](crate::kv::KvLimits::reserves) itself).
 
 use crate::adapter::PeftBackend;
 use crate::config::{CapacityPolicy, ChunkPolicy};
-use crate::kv::{ContextPrep, KvBackend, KvRef};
+use crate::kv::{ContextPrep, KvBackend, KvRef, Reservation};
 use crate::storage::Storage;
 
 use super::pass::{Pass, Step};
@@ -68,26 +69,41 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    /// The capacity to resize to: under GUARANTEED_NO_EVICT, the whole request's.
-    fn reserve(&self, slot: u16, capacity: u32) -> u32 {
+    /// What a GUARANTEED_NO_EVICT chunk growing to `capacity` reserves: the whole request (prompt,
+    /// output, drafts), and the most any later step of it computes (a later chunk, within the token
+    /// budget and the context limit, or a decode step with its drafts).
+    fn reservation(&self, slot: u16, capacity: u32) -> Reservation {
         let s = self.table.entry(slot).spec();
-        if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
-            capacity.max(s.prompt + s.max_new_tokens + s.draft)
+        let left = s.prompt.saturating_sub(capacity);
+        let later = if left == 0 {
+            0
         } else {
-            capacity
+            let budget = self.cfg.max_num_tokens.unwrap_or(u32::MAX);
+            let context = self.cfg.max_context_length.unwrap_or(u32::MAX);
+            left.min(budget).min(context).saturating_add(s.draft)
+        };
+        Reservation {
+            tokens: capacity.max(s.prompt + s.max_new_tokens + s.draft),
+            step: later.max(s.draft + 1),
         }
     }
 
-    /// Grows the cache of the request at index `i` to `capacity`; a refusal tries context-side
-    /// preemption (STOP when it freed pages for this request next pass, else SKIP).
+    /// Grows the cache of the request at index `i` to `capacity` (under GUARANTEED_NO_EVICT with the
+    /// whole request reserved); a refusal tries context-side preemption (STOP when it freed pages for
+    /// this request next pass, else SKIP).
     fn resize(&mut self, i: usize, first: bool, capacity: u32) -> Result<(), Step> {
         let slot = self.table.slot(i);
         let r = self.kv_ref(slot);
-        let reserved = self.reserve(slot, capacity);
-        if self.kv.resize_context(r, reserved, first) {
+        let granted = if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+            let reservation = self.reservation(slot, capacity);
+            self.kv.resize_reserving(r, capacity, reservation, first)
+        } else {
+            self.kv.resize_context(r, capacity, first).then_some(0)
+        };
+        if let Some(headroom) = granted {
             // What the cache holds beyond this chunk stays reserved for the decode steps (under-
             // stating it is safe: a step then merely asks for tokens the cache already has room for).
-            self.table.set_headroom(slot, reserved - capacity);
+            self.table.set_headroom(slot, headroom);
             return Ok(());
         }
         if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {

@@ -35,6 +35,7 @@ impl KvBackend for Pool {
             max_tokens_per_request: u64::MAX,
             slots: u32::MAX,
             sliding_windows: false,
+            reserves: false,
         }
     }
     fn cache(&self, _: KvRef) -> CacheState {
