@@ -550,4 +550,9 @@ impl<P: GroupPool, const G: usize> PrefixReuse for PoolGroups<P, G> {
         self.groups[0].pool.probe_context_reuse(r, prep)?;
         self.hit(r, prep)
     }
+
+    /// The leader's (the full-attention group's blocks: what a router matches a prompt against).
+    fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
+        self.groups[0].pool.take_kv_events()
+    }
 }

@@ -24,7 +24,7 @@
 //!                kv_groups (full-attention and sliding-window groups)
 //!                    │ implement
 //! L1 contracts   kv (KvBackend, PageMove, chain; kv/caps.rs: its capabilities)  adapter (PeftBackend)
-//!                connector (KvConnector)
+//!                connector (KvConnector)  kv_events (the prefix cache's events, for KV-aware routers)
 //!                    │ name
 //! L0 vocabulary  ids  error  phase  arena  id_index  bomb  fmt  fingerprint  storage  narrow
 //! ```
@@ -35,7 +35,8 @@
 //!   inline or boxed).
 //! - [`kv`]: the KV backend contract (what every pool does, and the capabilities only some have:
 //!   [`kv::caps`]) and the page-move vocabulary; [`adapter`]: the PEFT backend contract;
-//!   [`connector`]: an external KV store as the scheduler sees it.
+//!   [`connector`]: an external KV store as the scheduler sees it; [`kv_events`]: what the prefix
+//!   cache tells a KV-aware router (blocks stored, removed, all cleared).
 //! - [`page_pool`]: the fixed-capacity two-tier page pool (optional prefix cache, unified adapter paging,
 //!   a KV connector); [`kv_set`]: draft and cross pools beside the target; [`kv_groups`]: a
 //!   hybrid-attention model's full-attention and sliding-window groups; [`adapter_pool`]: the
@@ -112,10 +113,10 @@
 //!
 //! | instantiation | inline | boxed |
 //! |---|---|---|
-//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,272 B | 4,896 B (3,864 of them the adapter cache) |
-//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,280 B | 2,608 B |
+//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,304 B | 4,928 B (3,864 of them the adapter cache) |
+//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,376 B | 2,704 B |
 //! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 418,896 B | 568 B |
-//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,688 B | 62,552 B (60,504 of them the adapter cache) |
+//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,784 B | 62,648 B (60,504 of them the adapter cache) |
 //! | `SchedulerOutput<1024>` | 98,392 B | 160 B |
 //!
 //! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller
@@ -161,6 +162,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod ids;
 pub mod kv;
+pub mod kv_events;
 pub mod kv_groups;
 pub mod kv_set;
 pub mod lease;

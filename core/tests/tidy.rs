@@ -29,7 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "narrow",
         ],
     ),
-    ("L1 contracts", &["kv", "adapter", "connector"]),
+    ("L1 contracts", &["kv", "kv_events", "adapter", "connector"]),
     (
         "L2 mechanisms",
         &["page_pool", "kv_set", "kv_groups", "adapter_pool"],

@@ -32,7 +32,7 @@
 #![deny(missing_docs)]
 
 use std::cell::Cell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kvsched_core::adapter::{AdapterHold, HostChange, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
@@ -46,11 +46,12 @@ use kvsched_core::kv::{
     KvRef, LoadChange, PageMove, PairedPool, Pool, PrefixCap, PrefixReuse, Reach, Reservation,
     Tier, Transfers, TransfersCap,
 };
+use kvsched_core::kv_events::KvEventKind;
 pub use kvsched_core::kv_groups::Attention;
 use kvsched_core::kv_groups::{Group, KvGroups};
 use kvsched_core::kv_set::{DraftMode, KvSet};
 use kvsched_core::output::{Listed, SchedulerOutput};
-use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState};
+use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState, HOST};
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
@@ -171,7 +172,10 @@ struct PoolSpec {
 impl PoolSpec {
     fn build<'a>(self) -> Result<KvPool<'a, Owned>, Error> {
         let pool = if self.prefix {
-            KvPool::owned_with_prefix_cache(self.cfg)?
+            // A KV event log that holds any one operation's events (each page at most a move and
+            // a drop; the harness drains it after every operation).
+            let events = 4 * self.cfg.page_info_len() + 8;
+            KvPool::owned_with_prefix_cache(self.cfg)?.with_kv_events(events)?
         } else {
             KvPool::owned(self.cfg)?
         };
@@ -181,6 +185,19 @@ impl PoolSpec {
             Ok(pool)
         }
     }
+}
+
+/// The blocks a pool's prefix cache holds, by key, with their tier.
+pub fn cached_blocks(pool: &KvPool<'_, Owned>) -> BTreeMap<u64, Tier> {
+    let c = pool.config();
+    let gpu = (0..c.gpu_pages).map(|p| (p, Tier::Gpu));
+    let host = (0..c.host_pages).map(|h| (h | HOST, Tier::Host));
+    gpu.chain(host)
+        .filter_map(|(e, tier)| {
+            let info = pool.page_info(e)?;
+            info.cached().then(|| (info.key(), tier))
+        })
+        .collect()
 }
 
 /// Passes a connector load may stay unconfirmed in the model runs.
@@ -833,6 +850,13 @@ impl PrefixReuse for FaultKv<'_> {
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         each!(&self.inner, k => k.caps().prefix?.probe_context_reuse(r, prep))
     }
+    fn take_kv_events(&mut self) -> &[kvsched_core::kv_events::KvEvent] {
+        match &mut self.inner {
+            KvInner::Pool(p) => p.take_kv_events(),
+            KvInner::Two(k) => PrefixReuse::take_kv_events(k.as_mut()),
+            KvInner::Three(k) => PrefixReuse::take_kv_events(k.as_mut()),
+        }
+    }
 }
 
 /// Mirror admission is refused like a generation step's allocation (a plain pool's only: the harness
@@ -1167,6 +1191,8 @@ pub struct Harness<'a> {
     host_copies: BTreeSet<TaskSlot>,
     /// The connector store's fault schedule (with a connector).
     pub store_faults: Option<std::rc::Rc<Faults>>,
+    /// The blocks the KV events drained so far say the target's prefix cache holds.
+    kv_blocks: BTreeMap<u64, Tier>,
 }
 
 fn pick<T>(v: &[T], p: u8) -> Option<usize> {
@@ -1261,6 +1287,7 @@ impl<'a> Harness<'a> {
             stats: Stats::default(),
             host_copies: BTreeSet::new(),
             store_faults,
+            kv_blocks: BTreeMap::new(),
         })
     }
 
@@ -1389,7 +1416,43 @@ impl<'a> Harness<'a> {
                 }
             }
         }
+        self.replay_kv_events()?;
         self.check()
+    }
+
+    /// Drains the scheduler's KV events and replays them onto the blocks they say the target's (the
+    /// leader's) prefix cache holds, by key and tier: the replay must be exactly its cached blocks,
+    /// and the log never overflows here (its capacity covers any one operation).
+    fn replay_kv_events(&mut self) -> Result<(), Violation> {
+        for e in self.sched.take_kv_events() {
+            let known = self.kv_blocks.get(&e.key).copied();
+            match e.kind {
+                KvEventKind::Stored if known.is_none() => {
+                    self.kv_blocks.insert(e.key, e.tier);
+                }
+                KvEventKind::Removed if known == Some(e.tier) => {
+                    self.kv_blocks.remove(&e.key);
+                }
+                _ => return Err(format!("KV event {e:?} on {known:?}").into()),
+            }
+        }
+        let pool = self.sched.kv().target().inner.leader();
+        if pool
+            .kv_event_log()
+            .is_some_and(|(_, overflows)| overflows > 0)
+        {
+            return Err("the KV event log overflowed within one operation".into());
+        }
+        let cached = cached_blocks(pool);
+        if cached != self.kv_blocks {
+            return Err(format!(
+                "KV events replayed: {} blocks, the prefix cache holds {}",
+                self.kv_blocks.len(),
+                cached.len()
+            )
+            .into());
+        }
+        Ok(())
     }
 
     fn spec(
@@ -1868,12 +1931,14 @@ impl<'a> Harness<'a> {
                 .into());
             }
             self.pass()?;
+            self.replay_kv_events()?;
             self.check()?;
             if self.stats.deadlocks > deadlocks {
                 return Ok(Done::Deadlock(self.stats.passes - start));
             }
             self.complete()?;
             self.end_transfers()?;
+            self.replay_kv_events()?;
             self.check()?;
         }
         Ok(Done::Finished(self.stats.passes - start))
@@ -2456,6 +2521,7 @@ impl<'a> Harness<'a> {
     pub fn drain(&mut self) -> Result<(), Violation> {
         while !self.live.is_empty() {
             self.remove(0, false)?;
+            self.replay_kv_events()?;
             self.check()?;
         }
         // With no request, every page is free, holds a cached block nobody references (the audit

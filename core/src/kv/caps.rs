@@ -86,6 +86,11 @@ pub trait PrefixReuse {
     /// Side-effect free: the prefix tokens a first chunk would reuse, backed off by the lookahead and
     /// capped by the reuse limit (spec §2 `probe_context_reuse`); `None` when the backend cannot tell.
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32>;
+    /// The KV events the prefix cache logged since the last call, in order ([`crate::kv_events`];
+    /// the default, and a cache without a log: none).
+    fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
+        &[]
+    }
 }
 
 /// Unified paging (beyond the reference): the pool also holds the adapters' device copies. A lease pins

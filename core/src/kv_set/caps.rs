@@ -147,6 +147,14 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
             None => Some(0),
         }
     }
+
+    /// The target's (a router matches prompts against the target model's blocks).
+    fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
+        match self.target.prefix() {
+            Some(p) => p.take_kv_events(),
+            None => &[],
+        }
+    }
 }
 
 /// Unified paging is the target pool's: adapters share the target model's pages.

@@ -328,6 +328,9 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         Some(self.probe_reuse(self.slot(r)?, prep))
     }
+    fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
+        KvPool::take_kv_events(self)
+    }
 }
 
 /// The KV connector (present while one is attached; the pool has no transfer manager of its own).

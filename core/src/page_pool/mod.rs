@@ -30,6 +30,7 @@ use crate::ids::TaskSlot;
 use crate::narrow::u32_of;
 mod backend;
 mod connector_slots;
+mod events;
 #[cfg(feature = "alloc")]
 mod owned;
 mod prefix;

@@ -9,6 +9,7 @@ use super::{
 };
 use crate::error::Error;
 use crate::kv::PageMove;
+use crate::kv_events::KvEvent;
 use crate::storage::{boxed_slice, Owned};
 
 impl KvBuffers<Owned> {
@@ -46,6 +47,12 @@ impl KvPool<'_, Owned> {
     /// [`KvPool::owned`] with a prefix cache.
     pub fn owned_with_prefix_cache(cfg: KvPoolConfig) -> Result<Self, Error> {
         Self::new(cfg, KvBuffers::alloc(cfg, true)?)
+    }
+
+    /// The same pool with a KV event log of `capacity` events ([`KvPool::log_kv_events`]).
+    pub fn with_kv_events(mut self, capacity: usize) -> Result<Self, Error> {
+        self.log_kv_events(boxed_slice(capacity, KvEvent::default())?)?;
+        Ok(self)
     }
 
     /// The same pool with unified paging for `task_slots` adapter slots: it will hold the adapters'

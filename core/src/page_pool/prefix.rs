@@ -37,8 +37,10 @@
 //! The LRU lists (and the counts that decide a leaf) are in `prefix/lru.rs`.
 
 use super::HOST;
+use crate::kv_events::EventLog;
 use crate::{kv::Tier, storage::Buffers};
 
+mod checks;
 mod lru;
 use crate::narrow::u32_of;
 use lru::Lru;
@@ -137,6 +139,8 @@ pub(super) struct Prefix<B: Buffers> {
     /// References beyond each page's first (`Σ max(refs − 1, 0)`): pages a holder's release does not
     /// free (what KV groups' reservations count, `kv_groups`).
     shared: u32,
+    /// The KV event log, when one is attached (`KvPool::log_kv_events`).
+    pub(super) events: Option<EventLog<B>>,
     pub(super) stats: PrefixStats,
 }
 
@@ -161,6 +165,7 @@ impl<B: Buffers> Prefix<B> {
             clock: 0,
             window: 0,
             shared: 0,
+            events: None,
             stats: PrefixStats::default(),
         }
     }
@@ -390,6 +395,22 @@ impl<B: Buffers> Prefix<B> {
         self.cached[0] += 1;
         self.adopt(parent, true, 1);
         self.stats.committed += 1;
+        if let Some(log) = self.events.as_mut() {
+            log.stored(Tier::Gpu, key, parent);
+        }
+    }
+
+    /// Logs a cached block's move between tiers (`up`: to the GPU).
+    fn log_move(&mut self, key: u64, parent: u64, up: bool) {
+        if let Some(log) = self.events.as_mut() {
+            let (from, to) = if up {
+                (Tier::Host, Tier::Gpu)
+            } else {
+                (Tier::Gpu, Tier::Host)
+            };
+            log.removed(from, key);
+            log.stored(to, key, parent);
+        }
     }
 
     /// The cached block at `from` (idle, a host page) is taken over by the row's private GPU page `to`
@@ -418,6 +439,7 @@ impl<B: Buffers> Prefix<B> {
         self.cached[0] += 1;
         self.gpu_child(old.parent, 1);
         self.stats.deduplicated += 1;
+        self.log_move(old.key, old.parent, true);
     }
 
     /// The block of `parent` gains (`+1`) or loses (`-1`) a child on the GPU, the count of all its
@@ -454,6 +476,7 @@ impl<B: Buffers> Prefix<B> {
         self.count_idle(b, 1);
         self.relist(b);
         self.gpu_child(parent, if up { 1 } else { -1 });
+        self.log_move(key, parent, up);
     }
 
     /// Drops a leaf with no children from the index; its page becomes free.
@@ -472,6 +495,9 @@ impl<B: Buffers> Prefix<B> {
         self.cached[usize::from(!gpu)] -= 1;
         self.adopt(parent, gpu, -1);
         self.stats.evicted += 1;
+        if let Some(log) = self.events.as_mut() {
+            log.removed(if gpu { Tier::Gpu } else { Tier::Host }, key);
+        }
     }
 
     /// The oldest leaf of a tier has children (on the host tier): it cannot be dropped, only demoted.
@@ -488,6 +514,9 @@ impl<B: Buffers> Prefix<B> {
         self.cached.hash(h);
         self.window.hash(h);
         self.shared.hash(h);
+        if let Some(log) = &self.events {
+            log.hash_state(h);
+        }
         self.stats.hash(h);
     }
 
@@ -506,86 +535,5 @@ impl<B: Buffers> Prefix<B> {
             refs += u64::from(p.refs);
         }
         (used, refs)
-    }
-
-    /// Invariants 2, 4 and 6 in O(pages + index): every cached page is indexed under its key, the index
-    /// holds nothing else, the cached, idle and shared counts agree, each tier's LRU list holds exactly its
-    /// leaves, and a GPU block's cached parent is on the GPU.
-    pub(super) fn check(&self) -> bool {
-        let (mut cached, mut idle, mut listed) = ([0u32; 2], [0u32; 2], [0u32; 2]);
-        let mut shared = 0u64;
-        for (at, p) in self.pages.iter().enumerate() {
-            let t = usize::from(u32_of(at) >= self.gpu_pages);
-            shared += u64::from(p.refs.saturating_sub(1));
-            if p.cached {
-                cached[t] += 1;
-                if self.find(p.key).map(|k| self.index[k] as usize) != Some(at + 1) {
-                    return false;
-                }
-                if t == 0
-                    && self.window == 0
-                    && self
-                        .parent_at(p.parent)
-                        .is_some_and(|q| u32_of(q) >= self.gpu_pages)
-                {
-                    return false;
-                }
-            } else if p.children != 0 || p.gpu_children != 0 || p.holds != 0 {
-                return false;
-            }
-            idle[t] += u32::from(p.idle());
-            if p.listed != self.leaf(at) {
-                return false;
-            }
-            listed[t] += u32::from(p.listed);
-        }
-        let indexed = u32_of(self.index.iter().filter(|&&v| v != 0).count());
-        let walk = |t: usize| {
-            let (mut n, mut at) = (0u32, self.lru[t].head);
-            while at != NIL && n <= u32_of(self.pages.len()) {
-                let p = &self.pages[at as usize];
-                if !p.listed || usize::from(at >= self.gpu_pages) != t {
-                    return u32::MAX;
-                }
-                n += 1;
-                at = p.next;
-            }
-            n
-        };
-        cached == self.cached
-            && shared == u64::from(self.shared)
-            && idle == self.idle
-            && indexed == cached[0] + cached[1]
-            && listed == [self.lru[0].len, self.lru[1].len]
-            && walk(0) == listed[0]
-            && walk(1) == listed[1]
-    }
-
-    /// Invariant 3 with a count per page (`scratch`, one per page, overwritten): every cached page's
-    /// `children` and `gpu_children` are the cached pages (on the GPU) whose parent is its key.
-    pub(super) fn audit_children(&self, scratch: &mut [u32]) -> bool {
-        if self.window > 0 {
-            return self
-                .pages
-                .iter()
-                .all(|p| p.children == 0 && p.gpu_children == 0);
-        }
-        for gpu_only in [false, true] {
-            scratch.fill(0);
-            for (at, p) in self.pages.iter().enumerate() {
-                let counted = p.cached && (!gpu_only || (u32_of(at)) < self.gpu_pages);
-                if let Some(q) = self.parent_at(p.parent).filter(|_| counted) {
-                    scratch[q] += 1;
-                }
-            }
-            let agree = self.pages.iter().zip(scratch.iter()).all(|(p, &n)| {
-                let want = if gpu_only { p.gpu_children } else { p.children };
-                !p.cached || want == n
-            });
-            if !agree {
-                return false;
-            }
-        }
-        true
     }
 }

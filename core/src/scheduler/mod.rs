@@ -227,6 +227,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         self.kv.take_moves()
     }
 
+    /// The KV events the prefix cache logged since the last call, in order ([`crate::kv_events`]:
+    /// empty without a prefix cache or an event log); what the engine publishes to a KV-aware router.
+    pub fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
+        match self.kv.prefix() {
+            Some(p) => p.take_kv_events(),
+            None => &[],
+        }
+    }
+
     fn settle_resumed(&mut self, moves: &MovesTaken) {
         let slots = &mut self.scratch.pending_slots;
         self.table.take_resumed_slots(slots);
