@@ -130,3 +130,4 @@ impl<B: Buffers> EventLog<B> {
         self.overflows.hash(h);
     }
 }
+pub mod vllm;
