@@ -70,8 +70,8 @@ pub use model::{Model, Weight};
 pub use reference::Reference;
 pub use sample::Sampler;
 pub use serve::{
-    block_hashes, Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, KvExtent,
-    KvTransfer, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
+    block_hashes, events::KvBlockEvent, Completion, Engine, EngineConfig, EngineLoad, EngineStats,
+    Finish, KvExtent, KvTransfer, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, GroupedKv, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};

@@ -110,6 +110,9 @@ pub struct EngineConfig {
     pub window_gpu_pages: Option<u32>,
     /// Host-tier pages of the sliding-window group; `None`: `host_pages`.
     pub window_host_pages: Option<u32>,
+    /// Log the prefix cache's KV events ([`Engine::take_kv_events`]: what a KV-aware router learns
+    /// the cache holds); needs `prefix_cache`. Off by default.
+    pub kv_events: bool,
 }
 
 impl Default for EngineConfig {
@@ -142,6 +145,7 @@ impl Default for EngineConfig {
             full_attention_only: false,
             window_gpu_pages: None,
             window_host_pages: None,
+            kv_events: false,
         }
     }
 }
@@ -257,6 +261,8 @@ struct Live {
     context_only: bool,
     /// A transferred request's prompt pages, until they are written into its pages.
     incoming: Option<Vec<Vec<u8>>>,
+    /// Its prompt blocks' keys in the prefix cache, when the engine logs KV events.
+    keys: Vec<u64>,
 }
 
 impl Live {
@@ -319,6 +325,8 @@ pub struct Engine<'m> {
     adapter_dirty: Dirty,
     host_changes: Vec<(TaskRef, HostChange)>,
     evicted: Vec<TaskRef>,
+    /// The KV events' blocks and the events not yet taken (`events.rs`).
+    events: events::Book,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -335,6 +343,7 @@ impl std::fmt::Debug for Engine<'_> {
 mod backend;
 mod control;
 mod disagg;
+pub mod events;
 #[cfg(test)]
 mod measure;
 mod run;
@@ -375,6 +384,7 @@ impl<'m> Engine<'m> {
             adapter_dirty: Dirty::new(adapter_shape),
             host_changes: Vec::with_capacity(MAX_ADAPTERS),
             evicted: Vec::with_capacity(MAX_ADAPTERS),
+            events: events::Book::default(),
         })
     }
 

@@ -150,6 +150,11 @@ impl Sched {
         on!(self, s => s.end_send(h, how))
     }
 
+    /// The leader's KV events since the last call (none without a log).
+    pub(super) fn take_kv_events(&mut self) -> Vec<kvsched_core::kv_events::KvEvent> {
+        on!(self, s => s.take_kv_events().to_vec())
+    }
+
     /// KV groups: 1 for one pool, 2 for a hybrid model's.
     pub(super) fn groups(&self) -> usize {
         match self {
@@ -243,7 +248,22 @@ fn group_pools(cfg: &EngineConfig) -> Result<[Pool; 2]> {
             KvPool::owned(c)
         }
     };
-    Ok([pool(full)?, pool(window)?])
+    Ok([leader_events(cfg, pool(full)?)?, pool(window)?])
+}
+
+/// The leader's pool with a KV event log when `cfg.kv_events` (room for any one step's events:
+/// each page at most a move and a drop), as it is otherwise.
+fn leader_events(cfg: &EngineConfig, pool: Pool) -> Result<Pool> {
+    if !cfg.kv_events {
+        return Ok(pool);
+    }
+    if !cfg.prefix_cache {
+        return Err(EngineError::Config(
+            "KV events need the prefix cache".into(),
+        ));
+    }
+    let room = 4 * pool.config().page_info_len() + 64;
+    Ok(pool.with_kv_events(room)?)
 }
 
 /// The scheduler and one store per group for a model of configuration `model` under `cfg`
@@ -279,6 +299,7 @@ pub(super) fn build(model: &ModelConfig, cfg: &EngineConfig) -> Result<(Sched, V
         } else {
             KvPool::owned(pool_cfg)?
         };
+        let pool = leader_events(cfg, pool)?;
         Sched::Full(Scheduler::boxed(scheduler, pool, peft)?)
     };
     let tables = BlockTableShape::new(MAX_REQUESTS as u32, cfg.max_blocks);

@@ -246,6 +246,7 @@ impl Engine<'_> {
             .submit_with_prefix(spec, &hashes)
             .map_err(Refusal::Scheduler)?;
         self.next_id += 1;
+        let keys = self.keys_of(handle.index(), &hashes);
         self.live[usize::from(handle.index())] = Some(Live {
             handle,
             id,
@@ -259,6 +260,7 @@ impl Engine<'_> {
             draft: Vec::new(),
             context_only,
             incoming,
+            keys,
         });
         Ok(id)
     }

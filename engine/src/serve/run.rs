@@ -47,6 +47,7 @@ impl Engine<'_> {
         let completing = Instant::now();
         self.sched.complete_step(&self.out)?;
         self.stats.scheduler_ns += nanos(completing);
+        self.book_kv_events();
         let done = self.advance(&rows, logits.as_ref())?;
         self.replay_recomputed()?;
         if self.cfg.poison {
