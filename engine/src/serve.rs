@@ -343,7 +343,7 @@ impl std::fmt::Debug for Engine<'_> {
 mod backend;
 mod control;
 mod disagg;
-pub mod events;
+pub(crate) mod events;
 #[cfg(test)]
 mod measure;
 mod run;

@@ -67,6 +67,17 @@ struct ServeArgs {
     /// No prefix cache.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Publish the prefix cache's KV events in vLLM's format on a ZMQ PUB socket bound here (e.g.
+    /// tcp://127.0.0.1:5557), for a KV-aware router such as NVIDIA Dynamo's. Off by default.
+    #[arg(long, value_name = "ENDPOINT")]
+    kv_events: Option<String>,
+    /// With --kv-events: a ROUTER socket bound here answers replay requests (a sequence number,
+    /// 8 bytes big-endian) with the kept batches from it on.
+    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
+    kv_events_replay: Option<String>,
+    /// With --kv-events: the topic frame of every message.
+    #[arg(long, value_name = "TOPIC", default_value = "", requires = "kv_events")]
+    kv_events_topic: String,
     /// candle's CPU threads (its pool busy-waits: on contended cores 1 is fastest).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
@@ -114,6 +125,17 @@ impl ServeArgs {
         engine.prefix_cache = !self.no_prefix_cache;
         engine.scheduler.max_num_requests = self.max_num_seqs;
         engine.scheduler.max_num_tokens = Some(self.max_num_batched_tokens);
+        if self.kv_events.is_some() && self.no_prefix_cache {
+            return Err("--kv-events needs the prefix cache (drop --no-prefix-cache)".into());
+        }
+        let kv_events = self
+            .kv_events
+            .clone()
+            .map(|endpoint| crate::kv_events::KvEventsConfig {
+                endpoint,
+                replay: self.kv_events_replay.clone(),
+                topic: self.kv_events_topic.clone(),
+            });
         let name = self.served_model_name.clone().unwrap_or_else(|| {
             self.model
                 .file_stem()
@@ -126,6 +148,7 @@ impl ServeArgs {
             max_queue: self.max_queue,
             shutdown_timeout: Duration::from_secs_f64(self.shutdown_timeout),
             engine,
+            kv_events,
         })
     }
 }

@@ -23,6 +23,7 @@
 pub mod api;
 mod cli;
 pub mod error;
+pub mod kv_events;
 pub mod metrics;
 pub mod routes;
 pub mod text;
@@ -56,6 +57,8 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// The engine.
     pub engine: EngineConfig,
+    /// Publish the prefix cache's KV events in vLLM's format ([`kv_events`]); `None`: off.
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl Default for ServeConfig {
@@ -69,6 +72,7 @@ impl Default for ServeConfig {
             max_queue: 64,
             shutdown_timeout: Duration::from_secs(30),
             engine: Self::engine(2048, 16, 512),
+            kv_events: None,
         }
     }
 }
@@ -185,10 +189,28 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Strin
         adapters.push((id, lora));
         names.push((name.clone(), id));
     }
-    let engine = config.engine;
+    let mut engine = config.engine;
     let max_model_len = (engine.max_blocks as usize * engine.tokens_per_block as usize)
         .min(model.config().context_length);
-    let worker = worker::Worker::start(Arc::clone(&model), engine, adapters, config.max_queue)?;
+    let publisher = match &config.kv_events {
+        Some(k) => {
+            engine.kv_events = true;
+            let served = names.iter().map(|(n, id)| (*id, n.clone())).collect();
+            Some(kv_events::Publisher::start(
+                k,
+                served,
+                engine.tokens_per_block,
+            )?)
+        }
+        None => None,
+    };
+    let worker = worker::Worker::start(
+        Arc::clone(&model),
+        engine,
+        adapters,
+        config.max_queue,
+        publisher,
+    )?;
     Ok(Arc::new(AppState {
         model,
         base: config.served_model_name.clone(),

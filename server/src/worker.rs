@@ -117,6 +117,7 @@ impl Worker {
         config: EngineConfig,
         adapters: Vec<(u64, Lora)>,
         depth: usize,
+        kv_events: Option<crate::kv_events::Publisher>,
     ) -> Result<Self, String> {
         let (queue, jobs) = std::sync::mpsc::sync_channel(depth);
         let (ready, started) = std::sync::mpsc::channel();
@@ -134,7 +135,7 @@ impl Worker {
                 match engine {
                     Ok(engine) => {
                         let _ = ready.send(Ok(()));
-                        Loop::new(engine, jobs, thread_shared).run();
+                        Loop::new(engine, jobs, thread_shared, kv_events).run();
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e.to_string()));
@@ -205,10 +206,17 @@ struct Loop<'m> {
     prompt_tokens: u64,
     /// Consecutive steps that ran no model step.
     stalled: u32,
+    /// Where each step's KV events go (`--kv-events`).
+    kv_events: Option<crate::kv_events::Publisher>,
 }
 
 impl<'m> Loop<'m> {
-    fn new(engine: Engine<'m>, jobs: Receiver<Job>, shared: Arc<Shared>) -> Self {
+    fn new(
+        engine: Engine<'m>,
+        jobs: Receiver<Job>,
+        shared: Arc<Shared>,
+        kv_events: Option<crate::kv_events::Publisher>,
+    ) -> Self {
         Self {
             engine,
             jobs,
@@ -216,6 +224,7 @@ impl<'m> Loop<'m> {
             live: HashMap::new(),
             prompt_tokens: 0,
             stalled: 0,
+            kv_events,
         }
     }
 
@@ -251,6 +260,9 @@ impl<'m> Loop<'m> {
                 ));
             }
             self.cancel_closed();
+            if let Some(p) = &self.kv_events {
+                p.publish(&self.engine.take_kv_events());
+            }
             self.publish();
         }
     }

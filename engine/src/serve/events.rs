@@ -19,7 +19,7 @@ use kvsched_core::kv_events::{KvEvent, KvEventKind};
 
 use super::{Engine, Live};
 
-/// One KV event, with its block's tokens, parent and adapter ([the module docs](self)).
+/// One KV event, with its block's tokens, parent and adapter ([`Engine::take_kv_events`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvBlockEvent {
     /// Stored, removed, or every block cleared.
@@ -81,7 +81,9 @@ pub(super) fn prompt_keys(root: u64, hashes: &[u64]) -> Vec<u64> {
 }
 
 impl Engine<'_> {
-    /// The KV events since the last call, oldest first ([the module docs](self)); none unless
+    /// The KV events since the last call, oldest first: the prefix cache's blocks stored and
+    /// removed, each stored one with its tokens, its parent (`None` for a prompt's first block) and
+    /// its adapter; a clear where the log overflowed (or past 65,536 events untaken). None unless
     /// [`super::EngineConfig::kv_events`].
     pub fn take_kv_events(&mut self) -> Vec<KvBlockEvent> {
         std::mem::take(&mut self.events.pending)
