@@ -1,9 +1,14 @@
-//! Two `kvsched serve` replicas behind NVIDIA Dynamo's standalone KV indexer (`python -m
+//! Two `kvsched serve` replicas behind NVIDIA Dynamo: its standalone KV indexer (`python -m
 //! dynamo.indexer`, from the pinned `ai-dynamo-runtime` wheel in a virtualenv under the build
 //! folder), every socket on loopback: the indexer subscribes to both replicas' `--kv-events`, and
 //! its `/query` for a prompt reports the replica that served it with the prompt's full blocks' tokens, the
 //! other with none; an adapter's blocks match only queries under its served name; an eviction on
 //! the replica lowers its count.
+//!
+//! And Dynamo's `KvRouter` (server/tests/python/dynamo_router.py: two Dynamo workers relaying the two
+//! replicas' events, file discovery in a folder of the test's, the event plane on ZMQ) picks, for a
+//! continuation of a prompt one replica served, that replica, with the prompt's full blocks matched; the
+//! continuation sent there is a prefix hit in that replica's `/metrics`.
 //!
 //! The indexer's HTTP server binds every interface (it has no option for the address); the test
 //! sends it traffic on 127.0.0.1 only, and sets Dynamo's advertised hosts to 127.0.0.1.
@@ -24,8 +29,15 @@ use kvsched_server::kv_events::KvEventsConfig;
 use kvsched_server::ServeConfig;
 use serde_json::{json, Value};
 
-/// Dynamo's runtime (its standalone indexer; no torch, no CUDA).
+/// Dynamo's runtime (its standalone indexer and KvRouter; no torch, no CUDA).
 const DYNAMO: &str = "ai-dynamo-runtime==1.6.1";
+/// Dynamo's advertised addresses, set to loopback.
+const HOSTS: [&str; 4] = [
+    "DYN_EVENT_PLANE_HOST",
+    "DYN_TCP_RPC_HOST",
+    "DYN_SYSTEM_HOST",
+    "DYN_TCP_RESPONSE_STREAM_HOST",
+];
 
 /// The virtualenv's interpreter with Dynamo's runtime; made first when it is not there.
 fn dynamo_python() -> PathBuf {
@@ -158,24 +170,65 @@ fn complete(server: &kvsched_server::Server, model: &str, prompt: &[u32]) {
     let _: Value = r.json();
 }
 
+/// A replica on free loopback ports with its KV events published, 12 pages of 16 positions (a
+/// 150-token prompt needs 10 of them), an adapter `tuned` from `dir`.
+fn replica(
+    m: &std::sync::Arc<kvsched_engine::Model>,
+    dir: &std::path::Path,
+) -> (kvsched_server::Server, String) {
+    let endpoint = format!("tcp://127.0.0.1:{}", free_port());
+    let mut cfg = serve::config();
+    cfg.engine = ServeConfig::engine(192, 16, 12);
+    cfg.adapters = vec![("tuned".into(), dir.to_path_buf())];
+    cfg.kv_events = Some(KvEventsConfig {
+        endpoint: endpoint.clone(),
+        replay: None,
+        topic: String::new(),
+    });
+    (serve::start(m, &cfg), endpoint)
+}
+
+#[test]
+fn dynamos_router_picks_the_replica_that_holds_a_prefix() {
+    let Some(m) = serve::model() else { return };
+    let (_, dir) = serve::peft_adapter(&m, 35);
+    let ((a, at_a), (b, at_b)) = (replica(&m, &dir), replica(&m, &dir));
+    let discovery = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("dynamo-kv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&discovery);
+    std::fs::create_dir_all(&discovery).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/dynamo_router.py");
+    let prompt: Vec<String> = tokens(70, 3).iter().map(u32::to_string).collect();
+    let mut cmd = Command::new(dynamo_python());
+    cmd.arg(script)
+        .args([
+            &at_a,
+            &at_b,
+            &format!("http://{}", a.addr()),
+            &format!("http://{}", b.addr()),
+        ])
+        .arg(prompt.join(","))
+        .env("DYN_FILE_KV", &discovery)
+        .env("NO_PROXY", "127.0.0.1");
+    for var in HOSTS {
+        cmd.env(var, "127.0.0.1");
+    }
+    let out = vllm::run(&mut cmd, "the router");
+    assert!(out.lines().any(|l| l == "ok"), "{out}");
+    let summary: Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(summary["best"][2], 4, "the prompt's 4 full blocks matched");
+    assert!(summary["hit_tokens"].as_f64() >= Some(64.0), "{summary}");
+    eprintln!("{summary}");
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+}
+
 #[test]
 fn dynamos_indexer_sees_which_replica_holds_a_prefix() {
     let Some(m) = serve::model() else { return };
     let (_, dir) = serve::peft_adapter(&m, 34);
-    let replica = || {
-        let endpoint = format!("tcp://127.0.0.1:{}", free_port());
-        let mut cfg = serve::config();
-        // 12 pages of 16 positions: a 150-token prompt needs 10 of them.
-        cfg.engine = ServeConfig::engine(192, 16, 12);
-        cfg.adapters = vec![("tuned".into(), dir.clone())];
-        cfg.kv_events = Some(KvEventsConfig {
-            endpoint: endpoint.clone(),
-            replay: None,
-            topic: String::new(),
-        });
-        (serve::start(&m, &cfg), endpoint)
-    };
-    let ((a, at_a), (b, at_b)) = (replica(), replica());
+    let ((a, at_a), (b, at_b)) = (replica(&m, &dir), replica(&m, &dir));
     let indexer = Indexer::start(&[(1, &at_a), (2, &at_b)]);
     // 70 tokens: 4 full blocks, on replica A.
     let p = tokens(70, 1);
