@@ -267,9 +267,7 @@ pub trait KvBackend {
         reservation: Reservation,
         first_chunk: bool,
     ) -> Option<u32> {
-        let total = capacity.max(reservation.tokens);
-        self.resize_context(r, total, first_chunk)
-            .then_some(total - capacity)
+        reserve_by_capacity(self, r, capacity, reservation, first_chunk)
     }
     /// Resumes the cache if suspended, then grows it by `grow` tokens (one decode step plus drafts;
     /// spec §2 `try_allocate_generation`).
@@ -386,6 +384,20 @@ pub enum Pool {
     Draft,
     /// The encoder output's KV (encoder-decoder models).
     Cross,
+}
+
+/// The reservation by capacity ([`KvBackend::resize_reserving`]'s default): the cache grows to
+/// `reservation.tokens` (at least `capacity`); returns the tokens it holds beyond `capacity`.
+pub fn reserve_by_capacity<K: KvBackend + ?Sized>(
+    kv: &mut K,
+    r: KvRef,
+    capacity: u32,
+    reservation: Reservation,
+    first_chunk: bool,
+) -> Option<u32> {
+    let total = capacity.max(reservation.tokens);
+    kv.resize_context(r, total, first_chunk)
+        .then_some(total - capacity)
 }
 
 /// A block's key: its parent's key (or the request's root) chained with its own hash.

@@ -425,10 +425,7 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
     ) -> Option<u32> {
         if !self.counts() {
             // Pools that do not count pages: the reservation by capacity.
-            let total = capacity.max(reservation.tokens);
-            return self
-                .resize_context(r, total, first_chunk)
-                .then_some(total - capacity);
+            return crate::kv::reserve_by_capacity(self, r, capacity, reservation, first_chunk);
         }
         self.reserve(r, capacity, reservation, first_chunk)
             .then_some(0)

@@ -260,9 +260,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
                 .target
                 .resize_reserving(r, capacity, reservation, first_chunk);
         }
-        let total = capacity.max(reservation.tokens);
-        self.resize_context(r, total, first_chunk)
-            .then_some(total - capacity)
+        crate::kv::reserve_by_capacity(self, r, capacity, reservation, first_chunk)
     }
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {

