@@ -291,6 +291,16 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         true
     }
 
+    /// Undoes a context growth every group took (a first chunk's cache is left inactive).
+    fn undo_context(&mut self, r: KvRef, first_chunk: bool) {
+        for g in &mut self.groups {
+            g.pool.revert_allocate_generation(r);
+        }
+        if first_chunk {
+            self.deactivate(r);
+        }
+    }
+
     /// Leaves the request's cache inactive in every group (a refused first chunk's, as in the pool
     /// that refused it), its reservation ended.
     fn deactivate(&mut self, r: KvRef) {
@@ -405,15 +415,11 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
     }
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
-        let undo = |k: &mut Self| {
-            for g in &mut k.groups {
-                g.pool.revert_allocate_generation(r);
-            }
-            if first_chunk {
-                k.deactivate(r);
-            }
-        };
-        self.guarded(r, |k| k.grow_context(r, capacity, first_chunk), undo)
+        self.guarded(
+            r,
+            |k| k.grow_context(r, capacity, first_chunk),
+            |k| k.undo_context(r, first_chunk),
+        )
     }
 
     fn resize_reserving(

@@ -168,11 +168,8 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         let undo = |k: &mut Self| {
             for (g, &peak) in old.iter().enumerate() {
                 k.groups[g].pool.set_peak(r, peak);
-                k.groups[g].pool.revert_allocate_generation(r);
             }
-            if first_chunk {
-                k.deactivate(r);
-            }
+            k.undo_context(r, first_chunk);
         };
         self.guarded(r, set, undo)
     }

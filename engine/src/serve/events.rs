@@ -5,8 +5,8 @@
 //! root, the adapter identity, is no block), and its adapter.
 //!
 //! Every request's prompt keys are computed when it is queued (its root, from the pool, chained with
-//! its block hashes, as the pool chains them). The core's events are read after every step's
-//! completion, while the requests that committed blocks are still queued, and translated: a stored
+//! its block hashes, as the pool chains them) and indexed by key. The core's events are read after
+//! every step's completion, while the requests that committed blocks are still queued, and translated: a stored
 //! block's tokens come from the request naming its key, and are kept (the [`Book`]) while the block
 //! is cached, for its later moves between tiers. A log that overflowed (a clear) rebuilds the book
 //! from the blocks the pool holds. Events wait for [`Engine::take_kv_events`]; past
@@ -50,6 +50,9 @@ struct Block {
 #[derive(Debug, Default)]
 pub(super) struct Book {
     blocks: HashMap<u64, Block>,
+    /// Where each queued prompt's block keys are: the slot and the block (an entry is checked
+    /// against that slot's request when read; stale ones are dropped when the map outgrows them).
+    queued: HashMap<u64, (u16, usize)>,
     pending: Vec<KvBlockEvent>,
 }
 
@@ -89,12 +92,34 @@ impl Engine<'_> {
         std::mem::take(&mut self.events.pending)
     }
 
-    /// The keys of a request's prompt blocks just queued in `slot` (empty without KV events).
-    pub(super) fn keys_of(&self, slot: u16, hashes: &[u64]) -> Vec<u64> {
+    /// The keys of a request's prompt blocks just queued in `slot` (empty without KV events),
+    /// indexed for the stores that will name them.
+    pub(super) fn keys_of(&mut self, slot: u16, hashes: &[u64]) -> Vec<u64> {
         if !self.cfg.kv_events {
             return Vec::new();
         }
-        prompt_keys(self.sched.leader().seq(slot).root, hashes)
+        let keys = prompt_keys(self.sched.leader().seq(slot).root, hashes);
+        let live: usize = self.live.iter().flatten().map(|l| l.keys.len()).sum();
+        if self.events.queued.len() > 2 * (live + keys.len()) + 1024 {
+            // Mostly stale (their requests are gone): rebuilt from the queued requests.
+            let fresh = self
+                .live
+                .iter()
+                .enumerate()
+                .filter_map(|(s, l)| Some((s, l.as_ref()?)));
+            self.events.queued = fresh
+                .flat_map(|(s, l)| {
+                    l.keys
+                        .iter()
+                        .enumerate()
+                        .map(move |(k, &key)| (key, (s as u16, k)))
+                })
+                .collect();
+        }
+        self.events
+            .queued
+            .extend(keys.iter().enumerate().map(|(k, &key)| (key, (slot, k))));
+        keys
     }
 
     /// Reads and translates the core's events (after a step's completion).
@@ -175,14 +200,22 @@ impl Engine<'_> {
     /// The record of a block a queued request's prompt names.
     fn block_of(&self, key: u64) -> Option<Block> {
         let tpb = self.cfg.tokens_per_block as usize;
-        self.live.iter().flatten().find_map(|l: &Live| {
-            let k = l.keys.iter().position(|&x| x == key)?;
-            Some(Block {
-                parent: k.checked_sub(1).map(|p| l.keys[p]),
-                tokens: l.tokens.get(k * tpb..(k + 1) * tpb)?.to_vec(),
-                adapter: l.adapter,
-                tier: None,
-            })
+        let indexed = self.events.queued.get(&key).and_then(|&(slot, k)| {
+            let l: &Live = self.live.get(usize::from(slot))?.as_ref()?;
+            (l.keys.get(k) == Some(&key)).then_some((l, k))
+        });
+        // A stale entry (another request with the same prompt took its place, then ended): a scan.
+        let (l, k) = indexed.or_else(|| {
+            self.live
+                .iter()
+                .flatten()
+                .find_map(|l: &Live| Some((l, l.keys.iter().position(|&x| x == key)?)))
+        })?;
+        Some(Block {
+            parent: k.checked_sub(1).map(|p| l.keys[p]),
+            tokens: l.tokens.get(k * tpb..(k + 1) * tpb)?.to_vec(),
+            adapter: l.adapter,
+            tier: None,
         })
     }
 }
