@@ -218,6 +218,10 @@ struct ClusterArgs {
     /// How the router spreads requests: in turn, or by their first prefix block.
     #[arg(long, value_enum, default_value_t = RouteArg::of(d().route))]
     route: RouteArg,
+    /// `--route kv`: the weight of the prefill blocks against the decode blocks in the router's cost
+    /// (Dynamo's `--kv-overlap-score-weight`; higher favours cache hits, 0 balances load only).
+    #[arg(long, value_name = "W", default_value_t = d().kv_overlap_weight, value_parser = non_negative)]
+    kv_overlap_weight: f64,
     /// A KV store the replicas share, PAGES blocks (a remote read: LATENCY_US µs plus the pages over
     /// GBPS GB/s; defaults 50 and 25), as every engine's KV connector; needs prefix reuse.
     #[arg(long, value_name = "PAGES[:LATENCY_US[:GBPS]]",
@@ -300,6 +304,10 @@ enum RouteArg {
     /// By the request's first prefix block (requests without one: in turn).
     #[value(name = "prefix_affinity")]
     PrefixAffinity,
+    /// By the cost a KV-aware router fed by the replicas' KV events gives it (Dynamo's: overlap
+    /// weight 1.0 × prefill blocks + decode blocks).
+    #[value(name = "kv")]
+    Kv,
 }
 
 impl RouteArg {
@@ -308,6 +316,7 @@ impl RouteArg {
             Route::RoundRobin => Self::RoundRobin,
             Route::LeastLoaded => Self::LeastLoaded,
             Route::PrefixAffinity => Self::PrefixAffinity,
+            Route::Kv => Self::Kv,
         }
     }
 
@@ -316,6 +325,7 @@ impl RouteArg {
             Self::RoundRobin => Route::RoundRobin,
             Self::LeastLoaded => Route::LeastLoaded,
             Self::PrefixAffinity => Route::PrefixAffinity,
+            Self::Kv => Route::Kv,
         }
     }
 }
@@ -336,6 +346,13 @@ fn positive(v: &str) -> Result<f64, String> {
         .ok()
         .filter(|f| f.is_finite() && *f > 0.0)
         .ok_or_else(|| format!("{v:?} is not a positive number"))
+}
+
+fn non_negative(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite() && *f >= 0.0)
+        .ok_or_else(|| format!("{v:?} is not a number at least 0"))
 }
 
 fn synthetic(v: &str) -> Result<(f64, f64, f64), String> {
@@ -442,6 +459,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         deadlock_threshold: s.deadlock_threshold,
         replicas: a.cluster.replicas,
         route: a.cluster.route.route(),
+        kv_overlap_weight: a.cluster.kv_overlap_weight,
         remote_store: a.cluster.remote_store,
         disagg: a.cluster.disagg,
         kv_groups: kv.kv_groups,

@@ -31,7 +31,9 @@ use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::kv::chain;
 use kvsched_core::kv::KvRef;
 
+use super::block_hashes::page_hashes;
 use super::disagg::{DisaggFigures, Role};
+use super::kv_router::{Ask, KvRouter};
 use super::report::{Quantiles, RemoteFigures, ReplicaRow};
 use super::{run_loop, OptionsError, Replica, Report, SimError, SimOptions};
 use kvsched_workload::{Arrival, Workload};
@@ -246,11 +248,19 @@ pub enum Route {
     LeastLoaded,
     /// By the request's first prefix block (requests without one: in turn).
     PrefixAffinity,
+    /// By the cost a KV-aware router fed by the replicas' KV events gives it (Dynamo's,
+    /// `kv_router.rs`).
+    Kv,
 }
 
 impl Route {
     /// Every route, in the order the command line lists them.
-    pub const ALL: [Self; 3] = [Self::RoundRobin, Self::LeastLoaded, Self::PrefixAffinity];
+    pub const ALL: [Self; 4] = [
+        Self::RoundRobin,
+        Self::LeastLoaded,
+        Self::PrefixAffinity,
+        Self::Kv,
+    ];
 
     /// The name on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -258,6 +268,7 @@ impl Route {
             Self::RoundRobin => "round_robin",
             Self::LeastLoaded => "least_loaded",
             Self::PrefixAffinity => "prefix_affinity",
+            Self::Kv => "kv",
         }
     }
 }
@@ -271,10 +282,14 @@ struct Router {
     sharing: HashMap<u64, usize>,
     /// A conversation's key is its first block shared by no more than this many requests.
     share: usize,
+    /// `kv`: the KV-aware router, and the page hashes of the arrival it asks about.
+    kv: Option<KvRouter>,
+    hashes: Vec<u64>,
 }
 
 impl Router {
-    fn new(w: &Workload, replicas: u32, route: Route) -> Self {
+    fn new(o: &SimOptions, w: &Workload, replicas: u32) -> Self {
+        let route = o.route;
         let mut sharing: HashMap<u64, usize> = HashMap::new();
         if route == Route::PrefixAffinity {
             for a in &w.arrivals {
@@ -289,6 +304,9 @@ impl Router {
             turn: 0,
             sharing,
             share: (w.arrivals.len() / replicas.max(1) as usize).max(1),
+            kv: (route == Route::Kv)
+                .then(|| KvRouter::new(replicas as usize, o.tokens_per_block, o.kv_overlap_weight)),
+            hashes: Vec::new(),
         }
     }
 
@@ -297,8 +315,13 @@ impl Router {
         (self.turn.wrapping_sub(1) % self.replicas) as usize
     }
 
-    /// The replica for `a`, given each replica's outstanding requests.
-    fn pick(&mut self, a: &Arrival, outstanding: impl Iterator<Item = usize>) -> usize {
+    /// The replica for arrival `i` (`a`), given each replica's outstanding requests.
+    fn pick(
+        &mut self,
+        (o, w): (&SimOptions, &Workload),
+        (i, a): (usize, &Arrival),
+        outstanding: impl Iterator<Item = usize>,
+    ) -> usize {
         match self.route {
             Route::RoundRobin => self.in_turn(),
             Route::LeastLoaded => outstanding
@@ -316,6 +339,27 @@ impl Router {
                     Some(&b) => (chain(0, b) % u64::from(self.replicas)) as usize,
                     None => self.in_turn(),
                 }
+            }
+            Route::Kv => {
+                if o.prefix_reuse {
+                    let tokens = w.prefix_block_tokens.unwrap_or(0);
+                    let tpb = o.tokens_per_block;
+                    page_hashes(
+                        &a.prefix_blocks,
+                        tokens,
+                        tpb,
+                        a.prompt_tokens,
+                        &mut self.hashes,
+                    );
+                }
+                let ask = Ask {
+                    arrival: i,
+                    adapter: a.adapter,
+                    prompt: a.prompt_tokens,
+                    hashes: &self.hashes,
+                };
+                let load: Vec<usize> = outstanding.collect();
+                self.kv.as_mut().map_or(0, |r| r.pick(&ask, &load))
             }
         }
     }
@@ -345,12 +389,17 @@ pub fn run(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
         })
         .collect();
     let mut engines = (0..replicas)
-        .map(|_| Replica::new(o, w))
+        .map(|_| Replica::new(o, w).map(|e| e.logging_kv_events(o.route == Route::Kv)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut sims = Vec::with_capacity(replicas as usize);
     for ((e, c), &role) in engines.iter_mut().zip(conns.iter_mut()).zip(&roles) {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
-        sims.push(e.sim(o, w, connector, role)?.routed());
+        let sim = e.sim(o, w, connector, role)?.routed();
+        sims.push(if o.route == Route::Kv {
+            sim.telling()
+        } else {
+            sim
+        });
     }
     // The router's engines: the prefill ones first, or all.
     let routed = o.disagg.map_or(roles.len(), |d| d.prefill as usize);
@@ -383,7 +432,7 @@ fn interleave(
     clocks: &[Rc<Cell<f64>>],
     routed: usize,
 ) -> Result<(), SimError> {
-    let mut router = Router::new(w, routed as u32, o.route);
+    let mut router = Router::new(o, w, routed as u32);
     // Disaggregated: the prefill engine each arrival went to (its send's end is told there).
     let mut prefill_of = vec![0usize; w.arrivals.len()];
     let mut arrived = 0;
@@ -398,7 +447,8 @@ fn interleave(
         if let Some(a) = w.arrivals.get(arrived) {
             if first.is_none_or(|(_, t)| a.at_ms <= t) {
                 let k = router.pick(
-                    a,
+                    (o, w),
+                    (arrived, a),
                     sims[..routed].iter().map(super::run_loop::Sim::outstanding),
                 );
                 sims[k].route(arrived);
@@ -413,6 +463,13 @@ fn interleave(
             replica: k,
             source: Box::new(e),
         })?;
+        if let Some(kv) = router.kv.as_mut().filter(|_| k < routed) {
+            let (news, events) = sims[k].take_news();
+            kv.heard(k, events, news);
+            if o.check {
+                sims[k].check_known(kv.known(k));
+            }
+        }
         // Disaggregated: computed prompts go to the least loaded decode engine; the transfers the
         // decode engines started tell their prefill engines when the sends end.
         for h in sims[k].take_handoffs() {

@@ -20,6 +20,7 @@ pub mod disagg;
 pub mod fairness;
 pub mod fit;
 pub mod groups;
+pub mod kv_router;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod report;
@@ -133,6 +134,9 @@ pub struct SimOptions {
     pub replicas: u32,
     /// How the router spreads the requests over the replicas (`--route`).
     pub route: cluster::Route,
+    /// `--route kv`: the weight of the prefill blocks in the router's cost (`kv_router.rs`; Dynamo's
+    /// default 1.0), finite and at least 0.
+    pub kv_overlap_weight: f64,
     /// A KV store the replicas share (`--remote-store`), attached to every engine's pool as its KV
     /// connector.
     pub remote_store: Option<cluster::RemoteStoreOptions>,
@@ -194,6 +198,7 @@ impl Default for SimOptions {
             drain_after: 256,
             replicas: 1,
             route: cluster::Route::RoundRobin,
+            kv_overlap_weight: kv_router::OVERLAP_WEIGHT,
             remote_store: None,
             disagg: None,
             kv_groups: None,
@@ -282,6 +287,9 @@ pub enum OptionsError {
         /// The token budget.
         max_tokens: u32,
     },
+    /// The KV-aware router's overlap weight is negative or not finite.
+    #[error("the KV router's overlap weight must be a finite number at least 0, got {0}")]
+    OverlapWeight(f64),
     /// The KV page size and the workload's prefix blocks do not nest.
     #[error("tokens_per_block {tokens_per_block} does not nest with the workload's {block}-token prefix blocks")]
     PrefixBlocks {
@@ -453,6 +461,9 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
 fn check_budgets(o: &SimOptions, w: &Workload) -> Result<(), OptionsError> {
     if o.tokens_per_block == 0 || o.kv_gpu_pages == 0 {
         return Err(OptionsError::NoKvPool);
+    }
+    if !(o.kv_overlap_weight.is_finite() && o.kv_overlap_weight >= 0.0) {
+        return Err(OptionsError::OverlapWeight(o.kv_overlap_weight));
     }
     if o.max_batch == 0 || o.max_tokens == 0 {
         return Err(OptionsError::NoBudget);
@@ -660,6 +671,8 @@ struct Replica {
     draft_cfg: Option<KvPoolConfig>,
     connector_slots: Vec<kvsched_core::page_pool::ConnectorSlot>,
     connector_saves: Vec<u32>,
+    /// Its pool logs KV events (a replica behind the KV-aware router).
+    kv_events: bool,
 }
 
 impl Replica {
@@ -685,7 +698,14 @@ impl Replica {
                 kv_cfg.slots as usize
             ],
             connector_saves: vec![0; kv_cfg.table_len()],
+            kv_events: false,
         })
+    }
+
+    /// The same, its pool logging KV events when `on` (for the KV-aware router).
+    fn logging_kv_events(mut self, on: bool) -> Self {
+        self.kv_events = on;
+        self
     }
 
     /// The engine's simulation of `w` in `role`: its scheduler over these buffers, with `connector`
@@ -711,6 +731,9 @@ impl Replica {
             }
         };
         let mut target = pool(kv_cfg).map_err(opt)?;
+        if self.kv_events && prefix {
+            target = target.with_kv_events(KV_EVENTS).map_err(opt)?;
+        }
         if self.unified {
             target = target.with_unified_adapters(MAX_ADAPTERS).map_err(opt)?;
         }
@@ -776,6 +799,10 @@ fn sched_config(o: &SimOptions, role: disagg::Role) -> Config {
         drain_after: o.drain_after,
     }
 }
+
+/// Events a replica's pool logs between two of the KV-aware router's reads (one step's): more
+/// become a clear, which the router recovers from as it would from Dynamo's.
+const KV_EVENTS: usize = 1 << 16;
 
 /// Passes a remote store's load may stay unconfirmed before the pool abandons it.
 const REMOTE_LOAD_TIMEOUT: u32 = 64;

@@ -16,6 +16,7 @@ use kvsched_core::Phase;
 use super::backend::{SimKv, Target};
 use super::disagg::{Handoff, Role, TransferEndAt};
 use super::fairness::{Fairness, OUTPUT_WEIGHT};
+use super::kv_router::News;
 use super::report::Quantiles;
 use super::{
     block_hashes, check_invariants, Live, Out, Report, Samples, Sched, SimError, SimOptions,
@@ -67,6 +68,8 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     disagg: Transfers,
     /// When this iteration's pass ran, ms.
     pass_ms: f64,
+    /// Behind a KV-aware router (`kv_router.rs`): what it tells the router.
+    news: Option<News>,
 }
 
 /// A disaggregated engine's transfers.
@@ -129,6 +132,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             step_remote_blocks: 0,
             disagg: Transfers::default(),
             pass_ms: now_ms,
+            news: None,
         }
     }
 
@@ -164,6 +168,45 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         self.inbox.clear();
         self.progress = None;
         self
+    }
+
+    /// The engine behind a KV-aware router: it keeps the news the router asks for ([`Sim::take_news`]).
+    pub(super) fn telling(mut self) -> Self {
+        self.news = Some(News::default());
+        self
+    }
+
+    /// What it told the router since the last call, and the KV events its pool logged (empty unless
+    /// [`Sim::telling`] and the pool logs them).
+    pub(super) fn take_news(&mut self) -> (News, &[kvsched_core::kv_events::KvEvent]) {
+        let news = self.news.as_mut().map(std::mem::take).unwrap_or_default();
+        (news, self.sched.take_kv_events())
+    }
+
+    /// `--check` behind a KV-aware router: whether `known` (block key → a bit per tier, GPU 1 and
+    /// host 2) is what its prefix cache holds — or, after its event log overflowed, a part of it.
+    /// Counts a violation when not.
+    pub(super) fn check_known(&mut self, known: &HashMap<u64, u8>) {
+        let pool = self.sched.kv().lead();
+        let c = pool.config();
+        let gpu = (0..c.gpu_pages).map(|p| (p, 1u8));
+        let host = (0..c.host_pages).map(|h| (h | kvsched_core::page_pool::HOST, 2u8));
+        let mut held: HashMap<u64, u8> = HashMap::new();
+        for (entry, bit) in gpu.chain(host) {
+            if let Some(info) = pool
+                .page_info(entry)
+                .filter(kvsched_core::page_pool::PageInfo::cached)
+            {
+                *held.entry(info.key()).or_default() |= bit;
+            }
+        }
+        let overflowed = pool.kv_event_log().is_some_and(|(_, lost)| lost > 0);
+        let part = known
+            .iter()
+            .all(|(k, t)| held.get(k).is_some_and(|h| h & t == *t));
+        if !part || (!overflowed && known.len() != held.len()) {
+            self.r.invariant_violations += 1;
+        }
     }
 
     /// The router sends it arrival `i` (arrivals come in time order).
@@ -327,6 +370,10 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             .sched
             .submit_with_prefix(spec, 0, &self.hashes)
             .map_err(SimError::Scheduler)?;
+        if let Some(n) = &mut self.news {
+            n.roots
+                .push((a.adapter, self.sched.kv().lead().seq(h.index()).root));
+        }
         self.live[h.index() as usize] = Some(Live {
             arrival: i,
             handle: h,
@@ -499,6 +546,12 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             self.r.tokens_generated += 1;
             let a = &self.w.arrivals[lv.arrival];
             self.fair.served(a.adapter, OUTPUT_WEIGHT);
+            if let Some(n) = &mut self.news {
+                n.prefilled.push(lv.arrival);
+                if sending {
+                    n.finished.push(lv.arrival);
+                }
+            }
             if lv.first_token_ms.is_none() {
                 lv.first_token_ms = Some(self.now_ms);
                 self.ttft.push(self.now_ms - a.at_ms);
@@ -607,6 +660,9 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 continue;
             };
             self.sched.remove(lv.handle).map_err(SimError::Scheduler)?;
+            if let Some(n) = &mut self.news {
+                n.finished.push(lv.arrival);
+            }
             let r = &mut self.r;
             r.requests_completed += 1;
             r.completed_output_tokens += lv.output as u64;
