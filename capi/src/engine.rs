@@ -14,7 +14,7 @@ use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
 use kvsched_core::storage::{Boxed, Owned};
 use kvsched_core::Phase;
 
-use crate::{KvschedConfig, KvschedEntry, KvschedPageMove, KvschedRequest};
+use crate::{KvschedConfig, KvschedEntry, KvschedKvEvent, KvschedPageMove, KvschedRequest};
 
 const MAX_REQUESTS: usize = crate::KVSCHED_MAX_REQUESTS as usize;
 const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
@@ -43,6 +43,9 @@ pub struct Lists {
     pub adapter_loads: Vec<u64>,
     /// The page moves of the last [`Engine::take_moves`].
     pub moves: Vec<KvschedPageMove>,
+    /// The KV events of the last [`Engine::take_kv_events`] (room for the log's capacity, reserved
+    /// once).
+    pub kv_events: Vec<KvschedKvEvent>,
 }
 
 /// One scheduler with its pools.
@@ -82,15 +85,28 @@ impl Engine {
         };
         cfg.validate()?;
         let adapters = AdapterPool::new(c.adapter_device_pages, c.adapter_host_pages)?;
-        let pool = if c.prefix_cache != 0 {
+        let mut pool = if c.prefix_cache != 0 {
             KvPool::owned_with_prefix_cache(pool_cfg)?
+        } else if c.kv_events > 0 {
+            return Err(Error::Invalid("a KV event log needs the prefix cache"));
         } else {
             KvPool::owned(pool_cfg)?
         };
+        let mut lists = Lists::default();
+        if c.kv_events > 0 {
+            pool = pool.with_kv_events(c.kv_events as usize)?;
+            lists
+                .kv_events
+                .try_reserve_exact(c.kv_events as usize)
+                .map_err(|_| Error::CapacityExhausted {
+                    what: "memory for the KV event list",
+                    capacity: c.kv_events,
+                })?;
+        }
         Ok(Self {
             sched: Scheduler::boxed(cfg, pool, adapters)?,
             out: SchedulerOutput::new_in()?,
-            lists: Lists::default(),
+            lists,
             poisoned: false,
         })
     }
@@ -209,6 +225,21 @@ impl Engine {
                 from_host: u8::from(m.from == Tier::Host),
             }));
         &self.lists.moves
+    }
+
+    /// The KV events since the last call, copied for the engine's publisher.
+    pub fn take_kv_events(&mut self) -> &[KvschedKvEvent] {
+        let events = self.sched.take_kv_events();
+        let l = &mut self.lists.kv_events;
+        l.clear();
+        l.extend(events.iter().map(KvschedKvEvent::of));
+        l
+    }
+
+    /// The root a live request's prompt keys chain from.
+    pub fn prefix_root(&self, id: u64) -> Result<u64, Error> {
+        let h = self.handle(id)?;
+        Ok(self.sched.kv().seq(h.index()).root)
     }
 
     /// Completes the last pass's step.

@@ -15,6 +15,9 @@
 //!   [`KvschedStatus::Panic`], and the engine is poisoned (every later call is refused), since
 //!   its state is then unknown.
 //!
+//! - **KV events** for engines that publish them to a KV-aware router: the log, the block keys and
+//!   vLLM's wire format (`kv_events.rs`).
+//!
 //! A serving loop: `kvsched_submit` arrivals; each iteration `kvsched_schedule`, copy the
 //! `kvsched_take_moves` page moves, run the batch, `kvsched_complete_step`; `kvsched_finish` requests
 //! that end. `examples/c/serve_loop.c` is one, built and run under AddressSanitizer and
@@ -22,6 +25,7 @@
 #![deny(missing_docs)]
 
 mod engine;
+mod kv_events;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -30,6 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use kvsched_core::error::Error;
 
 pub use engine::Engine;
+pub use kv_events::*;
 
 /// Requests one engine holds at most (`kvsched_config.max_requests` may be lower).
 pub const KVSCHED_MAX_REQUESTS: u32 = 1024;
@@ -146,6 +151,9 @@ pub struct KvschedConfig {
     pub adapter_device_pages: u32,
     /// Adapter cache host pages.
     pub adapter_host_pages: u32,
+    /// KV events the log holds between two `kvsched_take_kv_events` (0: no log; needs the prefix
+    /// cache). More become one clear event.
+    pub kv_events: u32,
 }
 
 /// A request to submit.
@@ -248,7 +256,7 @@ pub struct KvschedPageMove {
 
 /// The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
 /// batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
-/// an adapter cache of 64 device and 1,024 host pages.
+/// an adapter cache of 64 device and 1,024 host pages; no KV event log.
 #[no_mangle]
 pub extern "C" fn kvsched_config_default() -> KvschedConfig {
     KvschedConfig {
@@ -264,6 +272,7 @@ pub extern "C" fn kvsched_config_default() -> KvschedConfig {
         prefix_cache: 1,
         adapter_device_pages: 64,
         adapter_host_pages: 1024,
+        kv_events: 0,
     }
 }
 

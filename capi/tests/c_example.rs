@@ -44,4 +44,5 @@ fn the_c_serving_loop_builds_and_runs_under_the_sanitizers() {
     );
     assert!(stdout.contains("served 24 requests"), "{stdout}");
     assert!(stdout.contains("disaggregated: request 42"), "{stdout}");
+    assert!(stdout.contains("published 4 stored blocks"), "{stdout}");
 }

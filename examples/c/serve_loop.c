@@ -1,7 +1,9 @@
 /*
  * A serving loop on kvsched's C ABI: submit, schedule, copy the page moves, run the batch (here: count
  * its tokens), complete the step, finish the requests that produced their output. Then the same
- * prompt served disaggregated: a prefill engine computes it and sends its KV to a decode engine.
+ * prompt served disaggregated: a prefill engine computes it and sends its KV to a decode engine. Then
+ * an engine that publishes its KV events to a KV-aware router: it drains the log, names each stored
+ * block by the keys it recomputes from its hashes, and encodes vLLM's batch for its ZMQ socket.
  *
  * Built and run by capi/tests/c_example.rs under AddressSanitizer and UndefinedBehaviorSanitizer:
  *   cc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -Icapi/include \
@@ -176,6 +178,58 @@ static int disaggregated(void) {
     return 0;
 }
 
+/* KV events: a 64-token prompt (4 blocks of 16) computed, its blocks stored; the engine knows their
+ * keys (the request's root chained with its hashes) and their tokens, and encodes the vLLM batch. */
+static int publish(void) {
+    kvsched_config c = small_config();
+    c.kv_events = 256;
+    kvsched_engine *e = NULL;
+    CHECK(kvsched_engine_new(&c, &e));
+    uint64_t hashes[4] = {501, 502, 503, 504};
+    uint32_t tokens[64];
+    for (uint32_t t = 0; t < 64; t++) tokens[t] = 1000 + t;
+    kvsched_request r;
+    memset(&r, 0, sizeof r);
+    r.id = 7;
+    r.prompt = 64;
+    r.max_new_tokens = 4;
+    CHECK(kvsched_submit(e, &r, hashes, 4));
+    uint64_t keys[4], root = 0;
+    CHECK(kvsched_prefix_root(e, 7, &root));
+    for (int b = 0; b < 4; b++) keys[b] = kvsched_chain(b == 0 ? root : keys[b - 1], hashes[b]);
+    kvsched_output out;
+    CHECK(kvsched_schedule(e, &out));
+    EXPECT(out.n_context == 1 && out.context[0].last);
+    CHECK(kvsched_complete_step(e));
+    const kvsched_kv_event *ev = NULL;
+    size_t n = 0;
+    CHECK(kvsched_take_kv_events(e, &ev, &n));
+    EXPECT(n == 4);
+    kvsched_vllm_event wire[4];
+    memset(wire, 0, sizeof wire);
+    for (size_t k = 0; k < n; k++) {
+        EXPECT(ev[k].kind == KVSCHED_KV_STORED && ev[k].host == 0 && ev[k].key == keys[k]);
+        wire[k].kind = KVSCHED_KV_STORED;
+        wire[k].block_hashes = &keys[k];
+        wire[k].n_blocks = 1;
+        wire[k].token_ids = &tokens[16 * k];
+        wire[k].n_tokens = 16;
+        wire[k].block_size = 16;
+        /* A first block's parent is the root, which a router never saw: None on the wire. */
+        wire[k].has_parent = ev[k].parent != root;
+        wire[k].parent = ev[k].parent;
+    }
+    uint8_t buf[1024];
+    size_t len = 0;
+    CHECK(kvsched_encode_kv_events(wire, n, 1.0, 0, buf, sizeof buf, &len));
+    EXPECT(len > 4 * 16 && buf[0] == 0x93); /* [ts, events, rank] */
+    EXPECT(kvsched_encode_kv_events(wire, n, 1.0, 0, buf, 8, &len) == KVSCHED_STATUS_CAPACITY);
+    CHECK(kvsched_finish(e, 7));
+    printf("published 4 stored blocks in a %zu-byte vLLM batch\n", len);
+    kvsched_engine_free(e);
+    return 0;
+}
+
 int main(void) {
     kvsched_config bad = small_config();
     bad.max_requests = 0;
@@ -183,5 +237,6 @@ int main(void) {
     EXPECT(kvsched_engine_new(&bad, &e) == KVSCHED_STATUS_INVALID && e == NULL);
     if (serve() != 0) return 1;
     if (disaggregated() != 0) return 1;
+    if (publish() != 0) return 1;
     return 0;
 }

@@ -7,6 +7,10 @@ subclasses, with the core's messages; a refused call changes nothing.
 ``ReferenceShapedScheduler`` wraps it with the shape of TensorRT-LLM's scheduler result, so a
 PyExecutor-style loop can swap it in: ``schedule_request(active_requests, inflight_request_ids)``
 returns a ``SchedulerOutput`` whose lists hold the engine's own request objects.
+
+KV events for a KV-aware router (NVIDIA Dynamo's, llm-d's): ``Scheduler(kv_events=N)`` logs them,
+``take_kv_events`` drains them, ``prefix_root`` and ``chain`` give the keys a prompt's blocks carry, and
+``encode_kv_events`` writes vLLM 0.33's batch (byte-identical to msgspec's) for a ZMQ PUB socket.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -17,6 +21,7 @@ from ._native import (  # noqa: F401  (re-exported)
     CapacityError,
     DeadlockError,
     Entry,
+    KvEvent,
     KvschedError,
     Output,
     PageMove,
@@ -24,6 +29,8 @@ from ._native import (  # noqa: F401  (re-exported)
     Scheduler,
     StaleOutput,
     UnknownRequest,
+    chain,
+    encode_kv_events,
 )
 
 __all__ = [
@@ -31,6 +38,7 @@ __all__ = [
     "CapacityError",
     "DeadlockError",
     "Entry",
+    "KvEvent",
     "KvschedError",
     "Output",
     "PageMove",
@@ -41,6 +49,8 @@ __all__ = [
     "SchedulerOutput",
     "StaleOutput",
     "UnknownRequest",
+    "chain",
+    "encode_kv_events",
 ]
 
 

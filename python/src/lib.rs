@@ -3,6 +3,8 @@
 //! package around it (`python/kvsched/`) adds the reference-shaped shim and the type stubs.
 #![deny(missing_docs)]
 
+mod kv_events;
+
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -152,7 +154,7 @@ impl Scheduler {
     #[pyo3(signature = (*, tokens_per_block=32, gpu_pages=4096, host_pages=8192,
         max_blocks_per_request=256, max_requests=256, max_batch=256, max_num_tokens=8192,
         chunk_unit=512, recompute_pause=true, prefix_cache=true, adapter_device_pages=64,
-        adapter_host_pages=1024))]
+        adapter_host_pages=1024, kv_events=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         tokens_per_block: u32,
@@ -167,6 +169,7 @@ impl Scheduler {
         prefix_cache: bool,
         adapter_device_pages: u32,
         adapter_host_pages: u32,
+        kv_events: u32,
     ) -> PyResult<Self> {
         let c = KvschedConfig {
             tokens_per_block,
@@ -181,6 +184,7 @@ impl Scheduler {
             prefix_cache: u8::from(prefix_cache),
             adapter_device_pages,
             adapter_host_pages,
+            kv_events,
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
@@ -318,6 +322,22 @@ impl Scheduler {
         self.engine.end_receive(id, delivered).map_err(py_err)
     }
 
+    /// The KV events the prefix cache logged since the last call, in order (none unless built with
+    /// `kv_events` > 0).
+    fn take_kv_events(&mut self) -> Vec<kv_events::KvEvent> {
+        self.engine
+            .take_kv_events()
+            .iter()
+            .map(kv_events::KvEvent::of)
+            .collect()
+    }
+
+    /// The root a live request's prompt keys chain from: `key[0] = chain(root, hashes[0])`, and the
+    /// parent of its first block's stored event.
+    fn prefix_root(&self, id: u64) -> PyResult<u64> {
+        self.engine.prefix_root(id).map_err(py_err)
+    }
+
     /// Free GPU KV pages.
     #[getter]
     fn gpu_free(&self) -> u32 {
@@ -336,6 +356,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Output>()?;
     m.add_class::<Entry>()?;
     m.add_class::<PageMove>()?;
+    m.add_class::<kv_events::KvEvent>()?;
+    m.add_function(wrap_pyfunction!(kv_events::chain, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_events::encode_kv_events, m)?)?;
     let py = m.py();
     m.add("KvschedError", py.get_type::<KvschedError>())?;
     m.add("CapacityError", py.get_type::<CapacityError>())?;

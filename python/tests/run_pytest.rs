@@ -2,7 +2,7 @@
 //! package beside `python/kvsched/`, and runs the pytest suite (`python/tests/test_*.py`) and the
 //! example (`examples/python/replay.py`) against it, in a virtualenv under the build folder
 //! (`target/tmp/pytest-venv`, made from `python3` or `$PYTHON` and kept between runs) into which
-//! pytest is installed when missing: never into the system Python.
+//! pytest and msgspec are installed when missing: never into the system Python.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -49,21 +49,28 @@ fn package(root: &Path) -> PathBuf {
     dir
 }
 
+/// The suite's tools: pytest, and msgspec (its KV event test decodes the wire format with it; the
+/// version the server's vLLM tests pin).
+const TOOLS: [(&str, &str); 2] = [("pytest", "pytest"), ("msgspec", "msgspec==0.23.0")];
+
 fn ensure_pytest() {
-    let has = |c: &mut Command| {
-        c.args(["-c", "import pytest"])
+    let has = |module: &str| {
+        python()
+            .args(["-c", &format!("import {module}")])
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !has(&mut python()) {
-        let _ = python()
-            .args(["-m", "pip", "install", "--quiet", "pytest"])
-            .status();
+    for (module, package) in TOOLS {
+        if !has(module) {
+            let _ = python()
+                .args(["-m", "pip", "install", "--quiet", package])
+                .status();
+        }
+        assert!(
+            has(module),
+            "{module} is missing from the test virtualenv and `pip install {package}` did not install it"
+        );
     }
-    assert!(
-        has(&mut python()),
-        "pytest is missing from the test virtualenv and `pip install pytest` did not install it"
-    );
 }
 
 #[test]

@@ -213,3 +213,66 @@ def test_a_submission_past_max_requests_is_refused_and_a_freed_slot_is_reused():
     assert s.page_table(4) == [], "no pages before its first chunk"
     passes, produced = run_to_completion(s, 2)
     assert produced.get(4) == 2, produced
+
+
+def test_kv_events_name_the_blocks_by_their_keys_and_encode_vllms_batch():
+    import msgspec
+
+    s = kvsched.Scheduler(tokens_per_block=16, gpu_pages=8, host_pages=0, max_blocks_per_request=8,
+                          max_requests=4, kv_events=64)
+    hashes = [11, 12, 13, 14]
+    s.submit(1, 64, max_new_tokens=4, hashes=hashes)
+    root = s.prefix_root(1)
+    keys, k = [], root
+    for h in hashes:
+        k = kvsched.chain(k, h)
+        keys.append(k)
+    out = s.schedule()
+    assert [e.id for e in out.context] == [1]
+    s.complete_step()
+    events = s.take_kv_events()
+    assert [(e.kind, e.tier, e.key) for e in events] == [("stored", "gpu", k) for k in keys]
+    assert [e.parent for e in events] == [root] + keys[:-1]
+    assert s.take_kv_events() == [], "drained"
+    # The blocks are evicted when a second prompt needs the pool: removed events for them.
+    s.finish(1)
+    s.submit(2, 112, max_new_tokens=4, hashes=[21, 22, 23, 24, 25, 26, 27])
+    s.schedule()
+    s.complete_step()
+    removed = [e.key for e in s.take_kv_events() if e.kind == "removed"]
+    assert removed and set(removed) <= set(keys)
+    with pytest.raises(kvsched.UnknownRequest):
+        s.prefix_root(1)
+
+    # The engine publishes them in vLLM's format: a first block's parent is None (its root is no block).
+    tokens = list(range(64))
+    wire = [
+        {"type": "BlockStored", "block_hashes": keys, "parent_block_hash": None,
+         "token_ids": tokens, "block_size": 16, "lora_id": None, "medium": "GPU",
+         "lora_name": "sql"},
+        {"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"},
+        {"type": "AllBlocksCleared"},
+    ]
+    batch = msgspec.msgpack.decode(kvsched.encode_kv_events(wire, 1.5, data_parallel_rank=2))
+    ts, decoded, rank = batch
+    assert (ts, rank) == (1.5, 2)
+    assert decoded[0]["type"] == "BlockStored" and list(decoded[0])[0] == "type"
+    assert decoded[0]["block_hashes"] == keys and decoded[0]["parent_block_hash"] is None
+    assert decoded[0]["token_ids"] == tokens and decoded[0]["block_size"] == 16
+    assert decoded[0]["lora_name"] == "sql" and decoded[0]["lora_id"] is None
+    assert decoded[0]["medium"] == "GPU"
+    assert decoded[1] == {"type": "BlockRemoved", "block_hashes": removed, "medium": "GPU"}
+    assert decoded[2] == {"type": "AllBlocksCleared"}
+
+    # Bad events are refused with the field named.
+    for bad, field in [
+        ({"type": "BlockAdded"}, "type"),
+        ({"type": "BlockRemoved"}, "block_hashes"),
+        ({**wire[0], "token_ids": tokens[:-1]}, "token_ids"),
+        ({**wire[0], "medium": "DISK"}, "medium"),
+        ({**wire[0], "block_hashes": [-1]}, "block_hashes"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            kvsched.encode_kv_events([bad], 0.0)
+    with pytest.raises(kvsched.KvschedError, match="prefix cache"):
+        kvsched.Scheduler(prefix_cache=False, kv_events=16)

@@ -16,6 +16,8 @@
 //! `core/tests/kv_events_vllm.rs` and `tests/kv_events_vllm.rs` hold it to msgspec's own bytes for
 //! vLLM's own structs.
 
+use core::borrow::Borrow;
+
 use crate::kv::Tier;
 
 /// Where a block is (vLLM's `medium`).
@@ -61,20 +63,27 @@ pub enum VllmEvent<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferFull;
 
-/// Writes `[ts, events, data_parallel_rank]` into `out`; returns the bytes written.
-pub fn encode_batch(
+/// Writes `[ts, events, data_parallel_rank]` into `out`; returns the bytes written. `events` is a
+/// slice of events or any iterator that knows its length (events built as they are written).
+pub fn encode_batch<'e, I>(
     out: &mut [u8],
     ts: f64,
-    events: &[VllmEvent<'_>],
+    events: I,
     data_parallel_rank: u32,
-) -> Result<usize, BufferFull> {
+) -> Result<usize, BufferFull>
+where
+    I: IntoIterator,
+    I::IntoIter: ExactSizeIterator,
+    I::Item: Borrow<VllmEvent<'e>>,
+{
+    let events = events.into_iter();
     let mut w = Writer { out, at: 0 };
     w.byte(0x93)?;
     w.byte(0xcb)?;
     w.bytes(&ts.to_bits().to_be_bytes())?;
     w.array(events.len())?;
     for e in events {
-        w.event(e)?;
+        w.event(e.borrow())?;
     }
     w.uint(u64::from(data_parallel_rank))?;
     Ok(w.at)
