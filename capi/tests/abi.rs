@@ -1,31 +1,10 @@
 //! The C ABI's refusals, from Rust: every bad call returns its code and a message, and changes nothing.
 
-use std::ffi::CStr;
-
 use kvsched_capi::*;
 
-fn last_error() -> String {
-    // SAFETY: the library returns a NUL-terminated string it keeps until the thread's next call.
-    unsafe { CStr::from_ptr(kvsched_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn request(id: u64, prompt: u32) -> KvschedRequest {
-    KvschedRequest {
-        id,
-        lora_task: 0,
-        prompt,
-        max_new_tokens: 8,
-        beam: 1,
-        draft: 0,
-        cache_salt: 0,
-        arrival: 0,
-        has_lora: 0,
-        kind: 0,
-        priority: 0,
-    }
-}
+#[path = "support/calls.rs"]
+mod calls;
+use calls::{last_error, request};
 
 #[test]
 fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {

@@ -2,34 +2,15 @@
 //! hashes, and the vLLM batch it publishes — byte for byte the core's encoding (itself held to
 //! msgspec's bytes for vLLM's structs by the server's tests) — and every refusal.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 
 use kvsched_capi::*;
+
+#[path = "support/calls.rs"]
+mod calls;
+use calls::{last_error, request};
 use kvsched_core::kv::Tier;
 use kvsched_core::kv_events::vllm::{encode_batch, VllmEvent};
-
-fn last_error() -> String {
-    // SAFETY: the library returns a NUL-terminated string it keeps until the thread's next call.
-    unsafe { CStr::from_ptr(kvsched_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn request(id: u64, prompt: u32) -> KvschedRequest {
-    KvschedRequest {
-        id,
-        lora_task: 0,
-        prompt,
-        max_new_tokens: 4,
-        beam: 1,
-        draft: 0,
-        cache_salt: 0,
-        arrival: 0,
-        has_lora: 0,
-        kind: 0,
-        priority: 0,
-    }
-}
 
 /// An engine of 8 GPU pages of 16 tokens, no host tier, a log of `log` events.
 fn engine(log: u32) -> *mut Engine {
