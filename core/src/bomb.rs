@@ -17,7 +17,8 @@ impl Bomb {
         }
     }
     #[inline]
-    #[allow(unused_mut)]
+    // Without `std` in a debug build there is nothing to disarm.
+    #[allow(unused_mut, clippy::unused_self)]
     pub(crate) fn defuse(mut self) {
         #[cfg(all(feature = "std", debug_assertions))]
         {
