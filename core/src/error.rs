@@ -167,11 +167,12 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "V2 scheduler deadlock: nothing could be scheduled for {stalled} consecutive passes although requests are pending; \
-                 the KV cache cannot make progress, and with a KV connector the cache is GPU-only: lower max_num_tokens or the batch size, \
+                 the KV cache cannot make progress. A KV connector is attached, which requires a GPU-only cache \
+                 (with a KV connector the cache is GPU-only, so no host tier can help): lower max_num_tokens or the batch size, \
                  or give the KV pool more pages"
             ),
             Self::CrossPoolRequired => f.write_str(
-                "an encoder request requires a cross KV pool (the reference's cross_kv_cache_manager): build the KV backend with one (KvSet::with_pools)",
+                "an encoder-init request requires a cross_kv_cache_manager, that is, it requires a cross KV pool: build the KV backend with one (KvSet::with_pools)",
             ),
         }
     }
