@@ -388,18 +388,17 @@ pub fn run(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
             save_ends: Vec::new(),
         })
         .collect();
-    let mut engines = (0..replicas)
-        .map(|_| Replica::new(o, w).map(|e| e.logging_kv_events(o.route == Route::Kv)))
+    // Behind the KV-aware router, the engines it routes to (not decode engines) log and tell.
+    let tells = |role: Role| o.route == Route::Kv && role != Role::Decode;
+    let mut engines = roles
+        .iter()
+        .map(|&role| Replica::new(o, w).map(|e| e.logging_kv_events(tells(role))))
         .collect::<Result<Vec<_>, _>>()?;
     let mut sims = Vec::with_capacity(replicas as usize);
     for ((e, c), &role) in engines.iter_mut().zip(conns.iter_mut()).zip(&roles) {
         let connector = store.is_some().then_some(c as &mut dyn KvConnector);
         let sim = e.sim(o, w, connector, role)?.routed();
-        sims.push(if o.route == Route::Kv {
-            sim.telling()
-        } else {
-            sim
-        });
+        sims.push(if tells(role) { sim.telling() } else { sim });
     }
     // The router's engines: the prefill ones first, or all.
     let routed = o.disagg.map_or(roles.len(), |d| d.prefill as usize);

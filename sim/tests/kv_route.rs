@@ -77,3 +77,15 @@ fn routing_by_the_cache_hits_more_and_waits_less_than_by_turns_or_load() {
     o.kv_overlap_weight = -1.0;
     assert!(run(&o, trace(10)).is_err(), "a negative weight is refused");
 }
+
+#[test]
+fn disaggregated_the_router_routes_the_prefill_engines_by_their_events() {
+    let mut o = small(Route::Kv);
+    o.replicas = 1;
+    o.disagg = Some("2:2".parse().expect("a split"));
+    let r = ran(&o, 60);
+    assert_eq!(r.requests_completed, 60);
+    assert_eq!(r.invariant_violations, 0, "the prefill engines' views agree");
+    let roles: Vec<&str> = r.replicas.iter().map(|x| x.role.as_str()).collect();
+    assert_eq!(roles, ["prefill", "prefill", "decode", "decode"]);
+}
