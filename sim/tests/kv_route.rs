@@ -85,7 +85,10 @@ fn disaggregated_the_router_routes_the_prefill_engines_by_their_events() {
     o.disagg = Some("2:2".parse().expect("a split"));
     let r = ran(&o, 60);
     assert_eq!(r.requests_completed, 60);
-    assert_eq!(r.invariant_violations, 0, "the prefill engines' views agree");
+    assert_eq!(
+        r.invariant_violations, 0,
+        "the prefill engines' views agree"
+    );
     let roles: Vec<&str> = r.replicas.iter().map(|x| x.role.as_str()).collect();
     assert_eq!(roles, ["prefill", "prefill", "decode", "decode"]);
 }
