@@ -53,6 +53,8 @@ pub struct Engine {
     sched: Sched,
     out: SchedulerOutput<MAX_REQUESTS, Boxed>,
     lists: Lists,
+    /// Requests the engine holds at once (`KvschedConfig::max_requests`: the pool's slots).
+    max_requests: usize,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
@@ -107,6 +109,7 @@ impl Engine {
             sched: Scheduler::boxed(cfg, pool, adapters)?,
             out: SchedulerOutput::new_in()?,
             lists,
+            max_requests: c.max_requests as usize,
             poisoned: false,
         })
     }
@@ -123,8 +126,17 @@ impl Engine {
         self.sched.find(RequestId(id)).ok_or(Error::StaleHandle)
     }
 
-    /// Submits a request with its prompt's block hashes.
+    /// Submits a request with its prompt's block hashes. Refused with
+    /// [`Error::CapacityExhausted`] when the engine already holds `max_requests` requests: the pool has
+    /// a page-table row for that many only (the scheduler's table is [`crate::KVSCHED_MAX_REQUESTS`]
+    /// long), and a request beyond them could never be scheduled.
     pub fn submit(&mut self, r: &KvschedRequest, hashes: &[u64]) -> Result<(), Error> {
+        if self.sched.len() >= self.max_requests {
+            return Err(Error::CapacityExhausted {
+                what: "the request table (max_requests)",
+                capacity: u32::try_from(self.max_requests).unwrap_or(u32::MAX),
+            });
+        }
         let phase = match r.kind {
             1 => Phase::ContextInit,
             2 => Phase::DisaggGenerationInit,
@@ -250,6 +262,11 @@ impl Engine {
     /// A request's page table (GPU page ids; a host page carries the pool's host tag).
     pub fn page_table(&self, id: u64) -> Result<&[u32], Error> {
         let h = self.handle(id)?;
+        // Every live request has a row (`submit` holds the table to the pool's slots); an id without
+        // one is refused rather than read out of the pool's bounds.
+        if usize::from(h.index()) >= self.max_requests {
+            return Err(Error::StaleHandle);
+        }
         Ok(self.sched.kv().table(h.index()))
     }
 
@@ -284,6 +301,38 @@ impl Engine {
     /// Free GPU pages.
     pub fn gpu_free(&self) -> u32 {
         self.sched.kv().gpu_free()
+    }
+
+    /// A fingerprint of everything a call may change: the scheduler's state, the KV pool's (page tables,
+    /// free stacks, prefix cache, event log), the adapter cache's, the last output and the lists the C
+    /// ABI hands out, and the poison flag. Equal before and after a refused call = it changed nothing
+    /// (the fuzz target `capi` checks every refusal so). Costs a pass over the pool's buffers: for
+    /// tests, not for a serving loop.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let mut h = DefaultHasher::new();
+        self.sched.fingerprint().hash(&mut h);
+        self.sched.kv().fingerprint().hash(&mut h);
+        // The adapter cache has no hash of its own: its Debug form names every field.
+        format!("{:?}", self.sched.adapters()).hash(&mut h);
+        self.sched.adapters().hash_state(&mut h);
+        self.out.pass().hash(&mut h);
+        let l = &self.lists;
+        for list in [
+            &l.context,
+            &l.generation,
+            &l.paused,
+            &l.recompute_paused,
+            &l.disagg,
+            &l.resumed,
+        ] {
+            list.hash(&mut h);
+        }
+        l.adapter_loads.hash(&mut h);
+        l.moves.hash(&mut h);
+        l.kv_events.hash(&mut h);
+        self.poisoned.hash(&mut h);
+        h.finish()
     }
 
     /// The pass number of the last output.

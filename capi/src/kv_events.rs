@@ -28,7 +28,7 @@ pub const KVSCHED_KV_CLEARED: u8 = 2;
 
 /// One event of the engine's KV event log.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct KvschedKvEvent {
     /// The block's key (0 for a clear).
     pub key: u64,

@@ -187,7 +187,7 @@ pub struct KvschedRequest {
 
 /// One request of an output list.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct KvschedEntry {
     /// The request's id.
     pub id: u64,
@@ -242,7 +242,7 @@ pub struct KvschedOutput {
 
 /// One page copy between the tiers.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct KvschedPageMove {
     /// Whose page.
     pub request: u64,

@@ -140,3 +140,64 @@ fn an_engine_is_built_and_driven_on_a_small_stack() {
         .join()
         .expect("no stack overflow, no panic");
 }
+
+#[test]
+fn a_full_request_table_refuses_the_next_submit_and_changes_nothing() {
+    // A first random run of the Python module found an engine of 4 requests taking 8 (the scheduler's
+    // table is KVSCHED_MAX_REQUESTS long, the pool has 4 rows): 4 to 7 were never scheduled, and the
+    // page table of one of them read past the pool's rows (a panic).
+    let config = KvschedConfig {
+        max_requests: 4,
+        ..kvsched_config_default()
+    };
+    let mut e = std::ptr::null_mut();
+    // SAFETY: every pointer comes from `kvsched_engine_new` or a local; the engine is freed once.
+    unsafe {
+        assert_eq!(
+            kvsched_engine_new(&raw const config, &raw mut e),
+            KvschedStatus::Ok
+        );
+        for id in 0..4 {
+            assert_eq!(
+                kvsched_submit(e, &request(id, 64), std::ptr::null(), 0),
+                KvschedStatus::Ok
+            );
+        }
+        let before = (*e).fingerprint();
+        assert_eq!(
+            kvsched_submit(e, &request(4, 64), std::ptr::null(), 0),
+            KvschedStatus::Capacity
+        );
+        assert!(last_error().contains("max_requests"), "{}", last_error());
+        assert_eq!(
+            (*e).fingerprint(),
+            before,
+            "the refused submit changed nothing"
+        );
+        assert_eq!(kvsched_len(e), 4);
+        let (mut pages, mut n) = (std::ptr::null(), 0usize);
+        assert_eq!(
+            kvsched_page_table(e, 4, &raw mut pages, &raw mut n),
+            KvschedStatus::UnknownRequest
+        );
+        // Every admitted request is scheduled; once one finishes, its row takes the next.
+        let mut out = std::mem::zeroed::<KvschedOutput>();
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert_eq!(out.n_context, 4);
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+        assert_eq!(kvsched_finish(e, 0), KvschedStatus::Ok);
+        assert_eq!(
+            kvsched_submit(e, &request(4, 64), std::ptr::null(), 0),
+            KvschedStatus::Ok
+        );
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        let context = std::slice::from_raw_parts(out.context, out.n_context);
+        assert_eq!(context.iter().map(|c| c.id).collect::<Vec<_>>(), [4]);
+        assert_eq!(
+            kvsched_page_table(e, 4, &raw mut pages, &raw mut n),
+            KvschedStatus::Ok
+        );
+        assert_eq!(n, 2);
+        kvsched_engine_free(e);
+    }
+}
