@@ -3,7 +3,7 @@
 #  1. `kvsched bench all --json`: every scenario runs (each asserts its outcome) with 0 heap allocations
 #     counted during the timed iterations, well inside 30 s;
 #  2. the instruction-count regression gate (gungraun/callgrind, scripts/instruction-gate.sh);
-#  3. a bounded fuzz run of the operation harness (scripts/fuzz-smoke.sh, 30 s).
+#  3. a bounded fuzz run of the operation harness and of the C ABI (scripts/fuzz-smoke.sh, 30 s each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
