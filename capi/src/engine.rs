@@ -53,8 +53,6 @@ pub struct Engine {
     sched: Sched,
     out: SchedulerOutput<MAX_REQUESTS, Boxed>,
     lists: Lists,
-    /// Requests the engine holds at once (`KvschedConfig::max_requests`: the pool's slots).
-    max_requests: usize,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
@@ -109,7 +107,6 @@ impl Engine {
             sched: Scheduler::boxed(cfg, pool, adapters)?,
             out: SchedulerOutput::new_in()?,
             lists,
-            max_requests: c.max_requests as usize,
             poisoned: false,
         })
     }
@@ -127,16 +124,9 @@ impl Engine {
     }
 
     /// Submits a request with its prompt's block hashes. Refused with
-    /// [`Error::CapacityExhausted`] when the engine already holds `max_requests` requests: the pool has
-    /// a page-table row for that many only (the scheduler's table is [`crate::KVSCHED_MAX_REQUESTS`]
-    /// long), and a request beyond them could never be scheduled.
+    /// [`Error::CapacityExhausted`] when the engine already holds `max_requests` requests (the core
+    /// refuses a request beyond the pool's rows, `KvLimits::slots`).
     pub fn submit(&mut self, r: &KvschedRequest, hashes: &[u64]) -> Result<(), Error> {
-        if self.sched.len() >= self.max_requests {
-            return Err(Error::CapacityExhausted {
-                what: "the request table (max_requests)",
-                capacity: u32::try_from(self.max_requests).unwrap_or(u32::MAX),
-            });
-        }
         let phase = match r.kind {
             1 => Phase::ContextInit,
             2 => Phase::DisaggGenerationInit,
@@ -262,11 +252,6 @@ impl Engine {
     /// A request's page table (GPU page ids; a host page carries the pool's host tag).
     pub fn page_table(&self, id: u64) -> Result<&[u32], Error> {
         let h = self.handle(id)?;
-        // Every live request has a row (`submit` holds the table to the pool's slots); an id without
-        // one is refused rather than read out of the pool's bounds.
-        if usize::from(h.index()) >= self.max_requests {
-            return Err(Error::StaleHandle);
-        }
         Ok(self.sched.kv().table(h.index()))
     }
 

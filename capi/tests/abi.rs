@@ -145,7 +145,8 @@ fn an_engine_is_built_and_driven_on_a_small_stack() {
 fn a_full_request_table_refuses_the_next_submit_and_changes_nothing() {
     // A first random run of the Python module found an engine of 4 requests taking 8 (the scheduler's
     // table is KVSCHED_MAX_REQUESTS long, the pool has 4 rows): 4 to 7 were never scheduled, and the
-    // page table of one of them read past the pool's rows (a panic).
+    // page table of one of them read past the pool's rows (a panic). The core now refuses a request
+    // beyond its KV backend's slots (KvLimits::slots); this holds the C ABI to it.
     let config = KvschedConfig {
         max_requests: 4,
         ..kvsched_config_default()
@@ -168,7 +169,11 @@ fn a_full_request_table_refuses_the_next_submit_and_changes_nothing() {
             kvsched_submit(e, &request(4, 64), std::ptr::null(), 0),
             KvschedStatus::Capacity
         );
-        assert!(last_error().contains("max_requests"), "{}", last_error());
+        assert!(
+            last_error().contains("request table is full (capacity 4)"),
+            "{}",
+            last_error()
+        );
         assert_eq!(
             (*e).fingerprint(),
             before,
