@@ -2,7 +2,7 @@
 //! package beside `python/kvsched/`, and runs the pytest suite (`python/tests/test_*.py`) and the
 //! example (`examples/python/replay.py`) against it, in a virtualenv under the build folder
 //! (`target/tmp/pytest-venv`, made from `python3` or `$PYTHON` and kept between runs) into which
-//! pytest and msgspec are installed when missing: never into the system Python.
+//! pytest, msgspec and hypothesis are installed when missing: never into the system Python.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -49,25 +49,38 @@ fn package(root: &Path) -> PathBuf {
     dir
 }
 
-/// The suite's tools: pytest, and msgspec (its KV event test decodes the wire format with it; the
-/// version the server's vLLM tests pin).
-const TOOLS: [(&str, &str); 2] = [("pytest", "pytest"), ("msgspec", "msgspec==0.23.0")];
+/// The suite's tools: pytest; msgspec (its KV event test decodes the wire format with it; the
+/// version the server's vLLM tests pin); hypothesis (the random-operation test, `test_random_ops.py`,
+/// pinned: its derandomized run is the same sequence of calls only for one version).
+const TOOLS: [(&str, &str); 3] = [
+    ("pytest", "pytest"),
+    ("msgspec", "msgspec==0.23.0"),
+    ("hypothesis", "hypothesis==6.170.15"),
+];
 
 fn ensure_pytest() {
-    let has = |module: &str| {
+    // A pinned package must be there at its version (a virtualenv kept from before may hold another).
+    let has = |module: &str, package: &str| {
+        let check = match package.split_once("==") {
+            Some((dist, version)) => format!(
+                "import {module}, importlib.metadata as m, sys; \
+                 sys.exit(m.version({dist:?}) != {version:?})"
+            ),
+            None => format!("import {module}"),
+        };
         python()
-            .args(["-c", &format!("import {module}")])
+            .args(["-c", &check])
             .output()
             .is_ok_and(|o| o.status.success())
     };
     for (module, package) in TOOLS {
-        if !has(module) {
+        if !has(module, package) {
             let _ = python()
                 .args(["-m", "pip", "install", "--quiet", package])
                 .status();
         }
         assert!(
-            has(module),
+            has(module, package),
             "{module} is missing from the test virtualenv and `pip install {package}` did not install it"
         );
     }
