@@ -16,8 +16,10 @@
 //!   call the arrays every other engine handed out are unchanged;
 //! - what comes back is in range: listed ids are live requests, slots within `max_requests`, page
 //!   table entries within their tier, moves between tiers that exist, events of known kinds; after every
-//!   call each live request has a page table, and `kvsched_len` is the number of requests submitted
-//!   and not yet finished or sent;
+//!   call each live request has a page table, the tables are disjoint but for shared prefix blocks (a
+//!   page in two tables sits at the same index of both, where both name the same block key, chained
+//!   with `kvsched_chain` from `kvsched_prefix_root` over the hashes submitted), and `kvsched_len` is
+//!   the number of requests submitted and not yet finished or sent;
 //! - an encoded batch fits the buffer it was written into, and one byte less is refused.
 #![no_main]
 
@@ -148,10 +150,18 @@ struct Live {
     config: KvschedConfig,
     /// Requests submitted and not yet finished or sent, in submission order.
     ids: Vec<u64>,
+    /// Each live request's block keys (its prompt's hashes chained from its prefix root; none without
+    /// a prefix cache): two tables may share a page only where they name one block.
+    keys: std::collections::HashMap<u64, Vec<u64>>,
     views: Views,
 }
 
 impl Live {
+    fn forget(&mut self, id: u64) {
+        self.ids.retain(|&x| x != id);
+        self.keys.remove(&id);
+    }
+
     fn fingerprint(&self) -> u64 {
         // SAFETY: a live engine's pointer from `kvsched_engine_new`, not yet freed.
         unsafe { &*self.engine }.fingerprint()
@@ -272,6 +282,8 @@ impl State {
                 l.ids.len(),
                 "kvsched_len against the requests submitted and not removed"
             );
+            // page -> (request, index in its table)
+            let mut owner = std::collections::HashMap::new();
             for &id in &l.ids {
                 let (mut p, mut n) = (null(), 0usize);
                 // SAFETY: a live engine and two locals.
@@ -285,6 +297,22 @@ impl State {
                 // SAFETY: just handed out by a successful call.
                 let t = unsafe { read(p, n) };
                 check_table(&l.config, &t);
+                let mine = &l.keys[&id];
+                for (j, &page) in t.iter().enumerate().filter(|&(_, &p)| p != u32::MAX) {
+                    if let Some(&(k, jk)) = owner.get(&page) {
+                        let theirs: &Vec<u64> = &l.keys[&k];
+                        assert!(
+                            j == jk && mine.get(j).is_some() && mine.get(j) == theirs.get(j),
+                            "page {page:#x} is entry {j} of request {id} and entry {jk} of request \
+                             {k}, not one prefix block"
+                        );
+                        if trace() {
+                            eprintln!("  page {page:#x}: block {j} of requests {k} and {id}");
+                        }
+                    } else {
+                        owner.insert(page, (id, j));
+                    }
+                }
             }
             l.views.verify();
         }
@@ -546,6 +574,7 @@ fn step(s: &mut State, b: &mut Bytes) {
                         engine: e,
                         config: c,
                         ids: Vec::new(),
+                        keys: std::collections::HashMap::new(),
                         views: Views::default(),
                     });
                 } else {
@@ -596,6 +625,22 @@ fn step(s: &mut State, b: &mut Bytes) {
                 let l = &mut s.live[at.unwrap()];
                 assert!(!l.ids.contains(&r.id), "a duplicate id was accepted");
                 l.ids.push(r.id);
+                let keys = if l.config.prefix_cache == 0 {
+                    Vec::new()
+                } else {
+                    let mut root = 0u64;
+                    // SAFETY: a live engine and a local.
+                    let st = unsafe { kvsched_prefix_root(l.engine, r.id, &raw mut root) };
+                    assert_eq!(st, KvschedStatus::Ok, "no prefix root for a live request");
+                    hashes
+                        .iter()
+                        .scan(root, |key, &h| {
+                            *key = kvsched_chain(*key, h);
+                            Some(*key)
+                        })
+                        .collect()
+                };
+                l.keys.insert(r.id, keys);
             }
         }
         4 => {
@@ -695,7 +740,7 @@ fn step(s: &mut State, b: &mut Bytes) {
             // SAFETY: a live engine or null.
             if s.call(at, Kind::Changes, |e| unsafe { kvsched_finish(e, id) }) == KvschedStatus::Ok
             {
-                s.live[at.unwrap()].ids.retain(|&x| x != id);
+                s.live[at.unwrap()].forget(id);
             }
         }
         9 => {
@@ -714,7 +759,7 @@ fn step(s: &mut State, b: &mut Bytes) {
                 kvsched_end_send(e, id, flag)
             }) == KvschedStatus::Ok
             {
-                s.live[at.unwrap()].ids.retain(|&x| x != id);
+                s.live[at.unwrap()].forget(id);
             }
         }
         11 => {
