@@ -26,7 +26,8 @@
 //!   (`try_allocate_draft_context`: refused → the target's growth is reverted, or the draft freed when the
 //!   target had to drop its cache, and both are suspended — a continuation keeps both active, difference 12
 //!   of docs/conformance-format.md); a first chunk's reuse depth is one both pools claim (the smaller of
-//!   their probes; claims that disagree are retried at the target's depth, then at 0).
+//!   their probes, no limit unless both answer; claims that disagree are retried at the target's depth,
+//!   then at 0).
 //! - **Unpaired draft pool** (a mirror the executor fills): the mirror is admitted after the target
 //!   (`admit_mirror`: created if missing and resumed); refused → a generation step's target growth is
 //!   reverted, a context preparation fails. Its preview makes the §1.11 blocked fast path possible.
@@ -97,6 +98,12 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
         &self.target
     }
 
+    /// The target pool, writable: for planting faults (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub fn target_mut(&mut self) -> &mut T {
+        &mut self.target
+    }
+
     /// The draft pool and how it pairs.
     pub fn draft_pool(&self) -> Option<(DraftMode, &D)> {
         self.draft.as_ref().map(|(m, d)| (*m, d))
@@ -123,10 +130,11 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
             reuse_probe(draft, r, prep),
             reuse_probe(&mut self.target, r, prep),
         );
+        // Only two answers pair a depth; with one missing the claims go unlimited and the claims'
+        // reconciliation below settles the depth (spec §1.7 `_reuse_claim_limit`).
         let limit = match probes {
             (Some(d), Some(t)) => d.min(t),
-            (Some(x), None) | (None, Some(x)) => x,
-            (None, None) => ContextPrep::NO_LIMIT,
+            _ => ContextPrep::NO_LIMIT,
         }
         .min(prep.reuse_limit);
         let d = draft.prepare_context(r, prep.limited(limit))?;
