@@ -546,46 +546,271 @@ const OPS: [&str; 20] = [
     "views",
 ];
 
+/// A new engine (at most 3 live at once; a fourth is built and freed at once).
+fn new_engine(s: &mut State, b: &mut Bytes) {
+    let c = config(b);
+    let (null_config, null_out) = (b.one_in(16), b.one_in(16));
+    let mut e: *mut Engine = std::ptr::NonNull::dangling().as_ptr(); // not null: the call must reset it
+                                                                     // SAFETY: a local configuration and a local out pointer (or null, which is refused).
+    let st = unsafe {
+        kvsched_engine_new(
+            if null_config { null() } else { &raw const c },
+            if null_out { null_mut() } else { &raw mut e },
+        )
+    };
+    check_code(st);
+    if null_config || null_out {
+        assert_eq!(st, KvschedStatus::NullPointer);
+    } else if st == KvschedStatus::Ok {
+        assert!(!e.is_null());
+        if s.live.len() < 3 {
+            s.live.push(Live {
+                engine: e,
+                config: c,
+                ids: Vec::new(),
+                keys: std::collections::HashMap::new(),
+                views: Views::default(),
+            });
+        } else {
+            // SAFETY: just built, not kept.
+            unsafe { kvsched_engine_free(e) };
+        }
+    } else {
+        assert!(e.is_null(), "a refused kvsched_engine_new left *out set");
+        assert!(!last_error().is_empty());
+    }
+}
+
+/// `kvsched_submit`: a request, its hashes, null pointers sometimes.
+fn submit(s: &mut State, b: &mut Bytes) {
+    let at = s.pick(b);
+    let r = request(s, at, b);
+    let n = b.below(9) as usize;
+    let hashes: Box<[u64]> = (0..n).map(|_| u64::from(b.below(6))).collect();
+    let (null_request, null_hashes) = (b.one_in(16), n > 0 && b.one_in(16));
+    let st = s.call(at, Kind::Changes, |e| {
+        // SAFETY: a live engine or null; a local request and `n` hashes (or null pointers).
+        unsafe {
+            kvsched_submit(
+                e,
+                if null_request { null() } else { &raw const r },
+                if null_hashes { null() } else { hashes.as_ptr() },
+                n,
+            )
+        }
+    });
+    if null_request || null_hashes {
+        assert_eq!(st, KvschedStatus::NullPointer);
+    }
+    if st == KvschedStatus::Ok {
+        let l = &mut s.live[at.unwrap()];
+        assert!(!l.ids.contains(&r.id), "a duplicate id was accepted");
+        l.ids.push(r.id);
+        let keys = if l.config.prefix_cache == 0 {
+            Vec::new()
+        } else {
+            let mut root = 0u64;
+            // SAFETY: a live engine and a local.
+            let st = unsafe { kvsched_prefix_root(l.engine, r.id, &raw mut root) };
+            assert_eq!(st, KvschedStatus::Ok, "no prefix root for a live request");
+            hashes
+                .iter()
+                .scan(root, |key, &h| {
+                    *key = kvsched_chain(*key, h);
+                    Some(*key)
+                })
+                .collect()
+        };
+        l.keys.insert(r.id, keys);
+    }
+}
+
+/// `kvsched_schedule`: a pass and its adapter plan; the lists it hands out are checked and kept.
+fn schedule(s: &mut State, b: &mut Bytes) {
+    let at = s.pick(b);
+    let null_out = b.one_in(16);
+    // SAFETY: an all-zero output is a valid value (null pointers, zero counts).
+    let mut o: KvschedOutput = unsafe { std::mem::zeroed() };
+    let st = s.call(at, Kind::Changes, |e| {
+        // SAFETY: a live engine or null; a local output (or null).
+        unsafe { kvsched_schedule(e, if null_out { null_mut() } else { &raw mut o }) }
+    });
+    if st == KvschedStatus::Ok {
+        let l = &mut s.live[at.unwrap()];
+        // SAFETY: just handed out.
+        let (lists, loads) = unsafe { lists(&o) };
+        for e in lists.iter().flatten() {
+            assert!(l.ids.contains(&e.id), "listed request {} is not live", e.id);
+            assert!(
+                u32::from(e.slot) < l.config.max_requests,
+                "slot {} beyond max_requests",
+                e.slot
+            );
+            assert!(e.has_lora <= 1 && e.last <= 1);
+        }
+        l.views.output = Some((o, lists, loads));
+    }
+}
+
+/// `kvsched_take_moves`: the page moves, each between tiers that exist.
+fn take_moves(s: &mut State, b: &mut Bytes) {
+    let at = s.pick(b);
+    let (null_moves, null_n) = (b.one_in(16), b.one_in(16));
+    let (mut p, mut n) = (null(), 0usize);
+    let st = s.call(at, Kind::Changes, |e| {
+        // SAFETY: a live engine or null; locals (or null).
+        unsafe {
+            kvsched_take_moves(
+                e,
+                if null_moves { null_mut() } else { &raw mut p },
+                if null_n { null_mut() } else { &raw mut n },
+            )
+        }
+    });
+    if st == KvschedStatus::Ok {
+        let l = &mut s.live[at.unwrap()];
+        // SAFETY: just handed out.
+        let moves = unsafe { read(p, n) };
+        let c = &l.config;
+        for m in &moves {
+            let (src_cap, dst_cap) = match m.from_host {
+                1 => (c.host_pages, c.gpu_pages),
+                0 => (c.gpu_pages, c.host_pages),
+                f => panic!("a move's from_host is {f}"),
+            };
+            assert!(
+                m.src < src_cap && m.dst < dst_cap,
+                "move {m:?} out of its tiers"
+            );
+        }
+        l.views.moves = Some((p, n, moves));
+    }
+}
+
+/// `kvsched_page_table`: a reading call; the table is checked and kept.
+fn page_table(s: &mut State, b: &mut Bytes) {
+    let at = s.pick(b);
+    let id = s.id(at, b);
+    let (null_pages, null_n) = (b.one_in(16), b.one_in(16));
+    let (mut p, mut n) = (null(), 0usize);
+    let st = s.call(at, Kind::Reads, |e| {
+        // SAFETY: a live engine or null; locals (or null).
+        unsafe {
+            kvsched_page_table(
+                e,
+                id,
+                if null_pages { null_mut() } else { &raw mut p },
+                if null_n { null_mut() } else { &raw mut n },
+            )
+        }
+    });
+    if st == KvschedStatus::Ok {
+        let l = &mut s.live[at.unwrap()];
+        assert!(
+            l.ids.contains(&id),
+            "a page table for {id}, which is not live"
+        );
+        // SAFETY: just handed out.
+        let t = unsafe { read(p, n) };
+        check_table(&l.config, &t);
+        l.views.table = Some((p, n, t));
+    }
+}
+
+/// `kvsched_take_kv_events`: the events, of known kinds, at most the log's capacity.
+fn take_kv_events(s: &mut State, b: &mut Bytes) {
+    let at = s.pick(b);
+    let (null_events, null_n) = (b.one_in(16), b.one_in(16));
+    let (mut p, mut n) = (null(), 0usize);
+    let st = s.call(at, Kind::Changes, |e| {
+        // SAFETY: a live engine or null; locals (or null).
+        unsafe {
+            kvsched_take_kv_events(
+                e,
+                if null_events { null_mut() } else { &raw mut p },
+                if null_n { null_mut() } else { &raw mut n },
+            )
+        }
+    });
+    if st == KvschedStatus::Ok {
+        let l = &mut s.live[at.unwrap()];
+        // SAFETY: just handed out.
+        let events = unsafe { read(p, n) };
+        assert!(
+            n <= l.config.kv_events as usize,
+            "{n} events from a log of {}",
+            l.config.kv_events
+        );
+        for ev in &events {
+            assert!(
+                ev.kind <= KVSCHED_KV_CLEARED && ev.host <= 1,
+                "event {ev:?}"
+            );
+        }
+        l.views.events = Some((p, n, events));
+    }
+}
+
+/// `kvsched_encode_kv_events`: a random batch into a random buffer; a batch that encodes fits its own length and not one byte less.
+fn encode_batch(b: &mut Bytes) {
+    let batch = batch(b);
+    let null_events = !batch.events.is_empty() && b.one_in(16);
+    let written_null = b.one_in(32);
+    let cap = b.below(160) as usize;
+    let (st, _) = encode(&batch.events, null_events, cap, written_null);
+    if null_events && !written_null {
+        assert_eq!(st, KvschedStatus::NullPointer);
+    }
+    if st == KvschedStatus::Ok || st == KvschedStatus::Capacity {
+        // The batch's own length fits, one byte less does not.
+        let (st, len) = encode(&batch.events, false, 4096, false);
+        assert_eq!(
+            st,
+            KvschedStatus::Ok,
+            "a valid batch refused: {}",
+            last_error()
+        );
+        assert_eq!(
+            encode(&batch.events, false, len, false),
+            (KvschedStatus::Ok, len)
+        );
+        if len > 0 {
+            assert_eq!(
+                encode(&batch.events, false, len - 1, false).0,
+                KvschedStatus::Capacity
+            );
+        }
+    }
+}
+
+/// `kvsched_len` and `kvsched_gpu_free`: they read, and agree with what the target knows.
+fn len_and_free(s: &mut State, b: &mut Bytes) {
+    let at = s.pick(b);
+    let before: Vec<u64> = s.live.iter().map(Live::fingerprint).collect();
+    let e = s.ptr(at);
+    // SAFETY: a live engine or null.
+    let (len, free) = unsafe { (kvsched_len(e), kvsched_gpu_free(e)) };
+    match at {
+        None => assert_eq!((len, free), (0, 0)),
+        Some(i) => {
+            assert_eq!(len, s.live[i].ids.len());
+            assert!(free <= s.live[i].config.gpu_pages);
+        }
+    }
+    let after: Vec<u64> = s.live.iter().map(Live::fingerprint).collect();
+    assert_eq!(
+        before, after,
+        "kvsched_len or kvsched_gpu_free changed an engine"
+    );
+}
+
 fn step(s: &mut State, b: &mut Bytes) {
     let op = b.below(20);
     if trace() {
         eprintln!("{}", OPS[op as usize]);
     }
     match op {
-        // A new engine (at most 3 live at once).
-        0 => {
-            let c = config(b);
-            let (null_config, null_out) = (b.one_in(16), b.one_in(16));
-            let mut e: *mut Engine = std::ptr::NonNull::dangling().as_ptr(); // not null: the call must reset it
-                                                                             // SAFETY: a local configuration and a local out pointer (or null, which is refused).
-            let st = unsafe {
-                kvsched_engine_new(
-                    if null_config { null() } else { &raw const c },
-                    if null_out { null_mut() } else { &raw mut e },
-                )
-            };
-            check_code(st);
-            if null_config || null_out {
-                assert_eq!(st, KvschedStatus::NullPointer);
-            } else if st == KvschedStatus::Ok {
-                assert!(!e.is_null());
-                if s.live.len() < 3 {
-                    s.live.push(Live {
-                        engine: e,
-                        config: c,
-                        ids: Vec::new(),
-                        keys: std::collections::HashMap::new(),
-                        views: Views::default(),
-                    });
-                } else {
-                    // SAFETY: just built, not kept.
-                    unsafe { kvsched_engine_free(e) };
-                }
-            } else {
-                assert!(e.is_null(), "a refused kvsched_engine_new left *out set");
-                assert!(!last_error().is_empty());
-            }
-        }
+        0 => new_engine(s, b),
         // Free an engine (or null, which is ignored).
         1 => match s.pick(b) {
             // SAFETY: a live engine, dropped from the list: never used again.
@@ -601,139 +826,15 @@ fn step(s: &mut State, b: &mut Bytes) {
                 kvsched_register_adapter(e, task, pages)
             });
         }
-        3 => {
-            let at = s.pick(b);
-            let r = request(s, at, b);
-            let n = b.below(9) as usize;
-            let hashes: Box<[u64]> = (0..n).map(|_| u64::from(b.below(6))).collect();
-            let (null_request, null_hashes) = (b.one_in(16), n > 0 && b.one_in(16));
-            let st = s.call(at, Kind::Changes, |e| {
-                // SAFETY: a live engine or null; a local request and `n` hashes (or null pointers).
-                unsafe {
-                    kvsched_submit(
-                        e,
-                        if null_request { null() } else { &raw const r },
-                        if null_hashes { null() } else { hashes.as_ptr() },
-                        n,
-                    )
-                }
-            });
-            if null_request || null_hashes {
-                assert_eq!(st, KvschedStatus::NullPointer);
-            }
-            if st == KvschedStatus::Ok {
-                let l = &mut s.live[at.unwrap()];
-                assert!(!l.ids.contains(&r.id), "a duplicate id was accepted");
-                l.ids.push(r.id);
-                let keys = if l.config.prefix_cache == 0 {
-                    Vec::new()
-                } else {
-                    let mut root = 0u64;
-                    // SAFETY: a live engine and a local.
-                    let st = unsafe { kvsched_prefix_root(l.engine, r.id, &raw mut root) };
-                    assert_eq!(st, KvschedStatus::Ok, "no prefix root for a live request");
-                    hashes
-                        .iter()
-                        .scan(root, |key, &h| {
-                            *key = kvsched_chain(*key, h);
-                            Some(*key)
-                        })
-                        .collect()
-                };
-                l.keys.insert(r.id, keys);
-            }
-        }
-        4 => {
-            let at = s.pick(b);
-            let null_out = b.one_in(16);
-            // SAFETY: an all-zero output is a valid value (null pointers, zero counts).
-            let mut o: KvschedOutput = unsafe { std::mem::zeroed() };
-            let st = s.call(at, Kind::Changes, |e| {
-                // SAFETY: a live engine or null; a local output (or null).
-                unsafe { kvsched_schedule(e, if null_out { null_mut() } else { &raw mut o }) }
-            });
-            if st == KvschedStatus::Ok {
-                let l = &mut s.live[at.unwrap()];
-                // SAFETY: just handed out.
-                let (lists, loads) = unsafe { lists(&o) };
-                for e in lists.iter().flatten() {
-                    assert!(l.ids.contains(&e.id), "listed request {} is not live", e.id);
-                    assert!(
-                        u32::from(e.slot) < l.config.max_requests,
-                        "slot {} beyond max_requests",
-                        e.slot
-                    );
-                    assert!(e.has_lora <= 1 && e.last <= 1);
-                }
-                l.views.output = Some((o, lists, loads));
-            }
-        }
-        5 => {
-            let at = s.pick(b);
-            let (null_moves, null_n) = (b.one_in(16), b.one_in(16));
-            let (mut p, mut n) = (null(), 0usize);
-            let st = s.call(at, Kind::Changes, |e| {
-                // SAFETY: a live engine or null; locals (or null).
-                unsafe {
-                    kvsched_take_moves(
-                        e,
-                        if null_moves { null_mut() } else { &raw mut p },
-                        if null_n { null_mut() } else { &raw mut n },
-                    )
-                }
-            });
-            if st == KvschedStatus::Ok {
-                let l = &mut s.live[at.unwrap()];
-                // SAFETY: just handed out.
-                let moves = unsafe { read(p, n) };
-                let c = &l.config;
-                for m in &moves {
-                    let (src_cap, dst_cap) = match m.from_host {
-                        1 => (c.host_pages, c.gpu_pages),
-                        0 => (c.gpu_pages, c.host_pages),
-                        f => panic!("a move's from_host is {f}"),
-                    };
-                    assert!(
-                        m.src < src_cap && m.dst < dst_cap,
-                        "move {m:?} out of its tiers"
-                    );
-                }
-                l.views.moves = Some((p, n, moves));
-            }
-        }
+        3 => submit(s, b),
+        4 => schedule(s, b),
+        5 => take_moves(s, b),
         6 => {
             let at = s.pick(b);
             // SAFETY: a live engine or null.
             s.call(at, Kind::Changes, |e| unsafe { kvsched_complete_step(e) });
         }
-        7 => {
-            let at = s.pick(b);
-            let id = s.id(at, b);
-            let (null_pages, null_n) = (b.one_in(16), b.one_in(16));
-            let (mut p, mut n) = (null(), 0usize);
-            let st = s.call(at, Kind::Reads, |e| {
-                // SAFETY: a live engine or null; locals (or null).
-                unsafe {
-                    kvsched_page_table(
-                        e,
-                        id,
-                        if null_pages { null_mut() } else { &raw mut p },
-                        if null_n { null_mut() } else { &raw mut n },
-                    )
-                }
-            });
-            if st == KvschedStatus::Ok {
-                let l = &mut s.live[at.unwrap()];
-                assert!(
-                    l.ids.contains(&id),
-                    "a page table for {id}, which is not live"
-                );
-                // SAFETY: just handed out.
-                let t = unsafe { read(p, n) };
-                check_table(&l.config, &t);
-                l.views.table = Some((p, n, t));
-            }
-        }
+        7 => page_table(s, b),
         8 => {
             let at = s.pick(b);
             let id = s.id(at, b);
@@ -778,38 +879,7 @@ fn step(s: &mut State, b: &mut Bytes) {
                 kvsched_end_receive(e, id, flag)
             });
         }
-        13 => {
-            let at = s.pick(b);
-            let (null_events, null_n) = (b.one_in(16), b.one_in(16));
-            let (mut p, mut n) = (null(), 0usize);
-            let st = s.call(at, Kind::Changes, |e| {
-                // SAFETY: a live engine or null; locals (or null).
-                unsafe {
-                    kvsched_take_kv_events(
-                        e,
-                        if null_events { null_mut() } else { &raw mut p },
-                        if null_n { null_mut() } else { &raw mut n },
-                    )
-                }
-            });
-            if st == KvschedStatus::Ok {
-                let l = &mut s.live[at.unwrap()];
-                // SAFETY: just handed out.
-                let events = unsafe { read(p, n) };
-                assert!(
-                    n <= l.config.kv_events as usize,
-                    "{n} events from a log of {}",
-                    l.config.kv_events
-                );
-                for ev in &events {
-                    assert!(
-                        ev.kind <= KVSCHED_KV_CLEARED && ev.host <= 1,
-                        "event {ev:?}"
-                    );
-                }
-                l.views.events = Some((p, n, events));
-            }
-        }
+        13 => take_kv_events(s, b),
         14 => {
             let at = s.pick(b);
             let id = s.id(at, b);
@@ -833,55 +903,8 @@ fn step(s: &mut State, b: &mut Bytes) {
                 "kvsched_chain is a function"
             );
         }
-        16 => {
-            let batch = batch(b);
-            let null_events = !batch.events.is_empty() && b.one_in(16);
-            let written_null = b.one_in(32);
-            let cap = b.below(160) as usize;
-            let (st, _) = encode(&batch.events, null_events, cap, written_null);
-            if null_events && !written_null {
-                assert_eq!(st, KvschedStatus::NullPointer);
-            }
-            if st == KvschedStatus::Ok || st == KvschedStatus::Capacity {
-                // The batch's own length fits, one byte less does not.
-                let (st, len) = encode(&batch.events, false, 4096, false);
-                assert_eq!(
-                    st,
-                    KvschedStatus::Ok,
-                    "a valid batch refused: {}",
-                    last_error()
-                );
-                assert_eq!(
-                    encode(&batch.events, false, len, false),
-                    (KvschedStatus::Ok, len)
-                );
-                if len > 0 {
-                    assert_eq!(
-                        encode(&batch.events, false, len - 1, false).0,
-                        KvschedStatus::Capacity
-                    );
-                }
-            }
-        }
-        17 => {
-            let at = s.pick(b);
-            let before: Vec<u64> = s.live.iter().map(Live::fingerprint).collect();
-            let e = s.ptr(at);
-            // SAFETY: a live engine or null.
-            let (len, free) = unsafe { (kvsched_len(e), kvsched_gpu_free(e)) };
-            match at {
-                None => assert_eq!((len, free), (0, 0)),
-                Some(i) => {
-                    assert_eq!(len, s.live[i].ids.len());
-                    assert!(free <= s.live[i].config.gpu_pages);
-                }
-            }
-            let after: Vec<u64> = s.live.iter().map(Live::fingerprint).collect();
-            assert_eq!(
-                before, after,
-                "kvsched_len or kvsched_gpu_free changed an engine"
-            );
-        }
+        16 => encode_batch(b),
+        17 => len_and_free(s, b),
         18 => {
             let _ = last_error();
         }
