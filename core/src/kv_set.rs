@@ -22,12 +22,13 @@
 //! The pairing rules are the reference's (spec §1.5 step 3, §1.7):
 //!
 //! - **Joint draft pool** (allocated with the target): a generation step grows both (a refused draft
-//!   growth reverts the target's); a context chunk resizes the target, then the draft
+//!   growth reverts the target's); a context chunk resizes the target (refused → both suspended, but a
+//!   continuation keeps both active, difference 12), then the draft
 //!   (`try_allocate_draft_context`: refused → the target's growth is reverted, or the draft freed when the
 //!   target had to drop its cache, and both are suspended — a continuation keeps both active, difference 12
 //!   of docs/conformance-format.md); a first chunk's reuse depth is one both pools claim (the smaller of
 //!   their probes, no limit unless both answer; claims that disagree are retried at the target's depth,
-//!   then at 0).
+//!   then at 0; a refused claim frees the request in both pools).
 //! - **Unpaired draft pool** (a mirror the executor fills): the mirror is admitted after the target
 //!   (`admit_mirror`: created if missing and resumed); refused → a generation step's target growth is
 //!   reverted, a context preparation fails. Its preview makes the §1.11 blocked fast path possible.
@@ -72,6 +73,14 @@ impl<P: PairedPool> KvSet<P, P, P> {
             cross: None,
         }
     }
+}
+
+/// A refused joint claim frees the request in both pools, whatever either holds (upstream's
+/// `_free_kv_caches`); the claim is refused.
+fn free_pair<T: KvBackend, D: KvBackend>(target: &mut T, draft: &mut D, r: KvRef) -> Option<u32> {
+    target.free(r);
+    draft.free(r);
+    None
 }
 
 /// The tokens a first chunk could reuse in `pool` (its probe; a pool without a prefix cache reuses
@@ -137,21 +146,29 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
             _ => ContextPrep::NO_LIMIT,
         }
         .min(prep.reuse_limit);
-        let d = draft.prepare_context(r, prep.limited(limit))?;
-        let t = self.target.prepare_context(r, prep.limited(d))?;
+        let Some(d) = draft.prepare_context(r, prep.limited(limit)) else {
+            return free_pair(&mut self.target, draft, r);
+        };
+        let Some(t) = self.target.prepare_context(r, prep.limited(d)) else {
+            return free_pair(&mut self.target, draft, r);
+        };
         if t == d {
             return Some(t);
         }
+        // The shorter re-claim can fall short too (or be refused): then both pools drop to no reuse.
         draft.free(r);
-        if draft.prepare_context(r, prep.limited(t))? == t {
+        if draft.prepare_context(r, prep.limited(t)) == Some(t) {
             return Some(t);
         }
-        draft.free(r);
-        self.target.free(r);
-        let d0 = draft.prepare_context(r, prep.limited(0))?;
-        let t0 = self.target.prepare_context(r, prep.limited(0))?;
-        // Claims at depth 0 reuse nothing; a pool that still claims is broken: refuse the chunk.
-        (d0 == 0 && t0 == 0).then_some(0)
+        free_pair(&mut self.target, draft, r);
+        let t0 = self.target.prepare_context(r, prep.limited(0));
+        let d0 = draft.prepare_context(r, prep.limited(0));
+        match (t0, d0) {
+            (Some(0), Some(0)) => Some(0),
+            // Claims at depth 0 reuse nothing; a pool that still claims is broken: refuse the chunk.
+            (Some(_), Some(_)) => None,
+            _ => free_pair(&mut self.target, draft, r),
+        }
     }
 
     /// A joint continuation chunk: both pools prepare; a refusal suspends both unless the request was
@@ -273,9 +290,12 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         if !self.target.resize_context(r, capacity, first_chunk) {
-            // The draft follows the target: a refused first chunk's caches are suspended together.
-            if !self.target.cache(r).is_active() {
-                if let Some(d) = self.joint() {
+            // A joint pair is suspended together, as upstream does after a refused target resize (spec
+            // §1.7 `_full` step 4); an active continuation keeps both active (difference 12).
+            let suspended = first_chunk || !self.target.cache(r).is_active();
+            if let Some((DraftMode::Joint, d)) = &mut self.draft {
+                if suspended {
+                    self.target.suspend(r);
                     d.suspend(r);
                 }
             }
