@@ -10,7 +10,8 @@
 //! - **AnyRequest-page remedy** (deliberate difference 7): without a lower tier, suspended requests keep their
 //!   pages HELD on the GPU, and the reference's preemption takes only active caches. When nothing else
 //!   can move, the newest suspended recompute candidate gives its held pages up (preempted, listed in
-//!   `recompute_paused`). (Context-side preemption also takes held candidates first: `preempt`.)
+//!   `recompute_paused`). (Where context-side preemption finds an active candidate, it takes the
+//!   newest held one instead: `preempt`.)
 //!
 //! Either remedy is progress. Each is bounded: the wedge breaker turns an active partial context into a
 //! suspended one (only a scheduled chunk turns one back), the held-page remedy turns a suspended request

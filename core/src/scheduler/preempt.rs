@@ -2,12 +2,13 @@
 //! below the GPU, a request that is not protected gives its pages up.
 //!
 //! Protected: every request scheduled in this pass and the requester itself. Candidates: recompute
-//! candidates (§1.15) whose KV is active on the GPU, newest first — and before them (deliberate
-//! difference 7) the newest suspended candidate whose pages are HELD: without a lower tier it runs
-//! nowhere and keeps them until it resumes, so taking an active request's pages instead can loop for
-//! ever (preempt it, it replays into the one page freed, preempt it again) while the held pages stay.
-//! A success ends phase 2 (the freed pages are reserved for the requester next pass); a failure lets
-//! the pass continue.
+//! candidates (§1.15) whose KV is active on the GPU, newest first; where there is none, nobody is
+//! preempted, as upstream. Where there is one, the newest suspended candidate whose pages are HELD is
+//! taken instead (deliberate difference 7): without a lower tier it runs nowhere and keeps them until
+//! it resumes, so taking the active request's pages can loop for ever (preempt it, it replays into the
+//! pages freed, preempt it again) while the held pages never move. A success ends phase 2 (the freed
+//! pages are reserved for the requester next pass); a failure lets the pass continue. A held candidate
+//! with no active one beside it is the stall remedy's (`deadlock`), when the pass would otherwise stall.
 //!
 //! Invariant: a scan that found no active candidate leaves only its requester as a possible later one
 //! (active candidates only disappear during a pass otherwise), so later scans look at that one index;
@@ -38,22 +39,21 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             Some(only) if only < len => (only + 1, only),
             Some(_) => (0, 0),
         };
+        let active = (lo..hi)
+            .rev()
+            .find(|&j| j != i && self.preemptable(self.table.slot(j)));
+        let Some(active) = active else {
+            // Upstream preempts nobody here: no active candidate (a held one waits for the stall remedy).
+            let requester = self.preemptable(self.table.slot(i));
+            self.preempt_only = Some(if requester { i } else { usize::MAX });
+            return false;
+        };
+        // Deliberate difference 7: the newest held suspended candidate gives its pages up instead.
         let held = (0..len)
             .rev()
             .find(|&j| j != i && self.held_preemptable(self.table.slot(j)));
-        let victim = held.or_else(|| {
-            (lo..hi)
-                .rev()
-                .find(|&j| j != i && self.preemptable(self.table.slot(j)))
-        });
-        if let Some(j) = victim {
-            self.preempt(self.table.slot(j));
-            true
-        } else {
-            let requester = self.preemptable(self.table.slot(i));
-            self.preempt_only = Some(if requester { i } else { usize::MAX });
-            false
-        }
+        self.preempt(self.table.slot(held.unwrap_or(active)));
+        true
     }
 
     /// A suspended recompute candidate whose pages are HELD (not scheduled in this pass).

@@ -233,9 +233,9 @@ fn wedged_partial_contexts_finish_with_a_host_tier() {
     panic!("wedged: requests left {}", s.len());
 }
 
-/// Without a lower tier, a suspended request's pages stay HELD on the GPU. Context-side preemption takes
-/// only active caches; the held pages are given up only when the pass would otherwise stall (deliberate
-/// difference 7, narrowed to a deadlock remedy).
+/// Without a lower tier, a suspended request's pages stay HELD on the GPU. Context-side preemption takes a
+/// held request only where it would take an active one (deliberate difference 7); with no context asking,
+/// the held pages are given up only when the pass would otherwise stall (the deadlock remedy).
 #[test]
 fn held_pages_are_given_up_only_as_a_deadlock_remedy() {
     let mut mem = Mem::<5, 1, 4, 32, 5>::new();
