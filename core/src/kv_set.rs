@@ -107,12 +107,6 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
         &self.target
     }
 
-    /// The target pool, writable: for planting faults (feature `fault-injection`).
-    #[cfg(feature = "fault-injection")]
-    pub fn target_mut(&mut self) -> &mut T {
-        &mut self.target
-    }
-
     /// The draft pool and how it pairs.
     pub fn draft_pool(&self) -> Option<(DraftMode, &D)> {
         self.draft.as_ref().map(|(m, d)| (*m, d))
@@ -462,4 +456,14 @@ fn generation_paired<T: KvBackend, D: PairedPool>(
         }
     }
     paired
+}
+
+/// A fault planted in the target pool (feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
+impl<T: PairedPool + crate::page_pool::PlantFault, D: PairedPool, X: KvBackend>
+    crate::page_pool::PlantFault for KvSet<T, D, X>
+{
+    fn plant(&mut self, fault: crate::page_pool::PoolFault) -> bool {
+        self.target.plant(fault)
+    }
 }

@@ -145,6 +145,18 @@ impl<P: PeftBackend, const T: usize, S: Storage> AdapterDesk<P, T, S> {
         &mut self.backend
     }
 
+    /// A lease counted on `slot` that no request holds (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn plant_kept_lease(&mut self, slot: TaskSlot) -> bool {
+        match self.leases.get_mut(slot.index()) {
+            Some(n) => {
+                *n += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Live leases on a task slot.
     pub fn leases(&self, slot: TaskSlot) -> u32 {
         self.leases.get(slot.index()).copied().unwrap_or(0)

@@ -2217,7 +2217,18 @@ impl<'a> Harness<'a> {
                     )
                     .into());
                 }
+                // The check mode's spot checks agree with the audit on a sound pool.
+                let slots = 0..u16::try_from(pool.config().slots).unwrap_or(u16::MAX);
+                if !pool.check_counts() || !slots.clone().all(|r| pool.check_row(r, 0)) {
+                    return Err(format!(
+                        "{role} KV pool (group {g}): a spot check failed where the audit passed"
+                    )
+                    .into());
+                }
             }
+        }
+        if !s.check_requests(0..u16::try_from(N).unwrap_or(u16::MAX)) {
+            return Err("a request's spot check failed".into());
         }
         self.check_pairing()?;
         // Requests: exactly the model's, in arrival order.

@@ -26,11 +26,13 @@
 //! ([`crate::storage::Buffers`]) says which.
 
 mod adapters;
-use crate::ids::TaskSlot;
+mod checks;
 use crate::narrow::u32_of;
 mod backend;
 mod connector_slots;
 mod events;
+#[cfg(feature = "fault-injection")]
+mod faults;
 #[cfg(feature = "alloc")]
 mod owned;
 mod prefix;
@@ -43,6 +45,8 @@ mod tests;
 
 pub use adapters::{AdapterBuffers, AdapterPages, AdapterStorage};
 pub use connector_slots::{ConnectorSlot, ConnectorStats};
+#[cfg(feature = "fault-injection")]
+pub use faults::{PlantFault, PoolFault};
 pub use prefix::{PageInfo, PrefixStats};
 
 use crate::kv::{PageMove, Tier};
@@ -410,157 +414,6 @@ impl<B: Buffers> KvPool<'_, B> {
         self.connector_hash(&mut h);
         self.clock.hash(&mut h);
         h.finish()
-    }
-
-    /// The structural invariants, in O(pages + table entries) without scratch space: every row within
-    /// its slot and naming pages that exist; per tier, free pages + pages held by rows or cached =
-    /// capacity; with a prefix cache, every free page unused, every table entry referenced, the
-    /// references summing to the table entries, host entries private, and the cache's own invariants
-    /// (`prefix.rs`). [`KvPool::audit`] adds what needs a count per page.
-    pub fn check(&self) -> bool {
-        let mut entries = [0u64; 2];
-        for (slot, s) in self.seqs.iter().enumerate() {
-            if s.state == SeqState::None {
-                if s.blocks != 0 {
-                    return false;
-                }
-                continue;
-            }
-            if s.blocks > self.cfg.max_blocks
-                || s.released > s.blocks
-                || s.blocks < blocks_for(s.capacity, self.cfg.tokens_per_block)
-            {
-                return false;
-            }
-            for &e in self.row_entries(slot, s) {
-                let (tier, page) = page_of(e);
-                if page >= self.tier_pages(tier)
-                    || (tier == Tier::Host && s.state == SeqState::Active)
-                {
-                    return false;
-                }
-                entries[usize::from(tier == Tier::Host)] += 1;
-            }
-        }
-        let (adapter_pages, _) = self.adapter_usage();
-        let adapters_ok = self.adapters.as_ref().is_none_or(|a| {
-            a.check(self.cfg.gpu_pages, self.adapter_idle, |p| {
-                self.prefix
-                    .as_ref()
-                    .is_none_or(|x| *x.info(p) == PageInfo::default())
-            })
-        });
-        adapters_ok
-            && self.connector_check()
-            && match &self.prefix {
-                None => {
-                    entries[0] + u64::from(self.gpu_free_len + adapter_pages)
-                        == u64::from(self.cfg.gpu_pages)
-                        && entries[1] + u64::from(self.host_free_len)
-                            == u64::from(self.cfg.host_pages)
-                }
-                Some(prefix) => self.check_shared(prefix, entries[0] + entries[1]),
-            }
-    }
-
-    /// [`KvPool::check`] with a prefix cache, given the number of table entries.
-    fn check_shared(&self, prefix: &Prefix<B>, entries: u64) -> bool {
-        let free = self.free_entries();
-        for e in free {
-            if *prefix.info(e) != PageInfo::default() {
-                return false;
-            }
-        }
-        for (slot, s) in self.seqs.iter().enumerate() {
-            for &e in self.row_entries(slot, s) {
-                // A host entry is the row's own: a private page, or a claimed cached block.
-                let info = prefix.info(e);
-                if info.refs() == 0 || (e & HOST != 0 && info.refs() != 1) {
-                    return false;
-                }
-            }
-        }
-        let (used, refs) = prefix.usage();
-        used[0] + self.gpu_free_len + self.adapter_usage().0 == self.cfg.gpu_pages
-            && used[1] + self.host_free_len == self.cfg.host_pages
-            && refs == entries
-            && prefix.check()
-    }
-
-    /// [`KvPool::check`], and exactly: every page is free once (no duplicate on a free stack), in one
-    /// adapter's chain once, or held;
-    /// a held page's reference count equals the number of table entries naming it (exactly one without
-    /// a prefix cache), and one with none is a cached block; every cached block counts its cached
-    /// children. `scratch` needs [`KvPoolConfig::page_info_len`] entries (else `false`); O(pages + table
-    /// entries).
-    pub fn audit(&self, scratch: &mut [u32]) -> bool {
-        const FREE: u32 = u32::MAX;
-        if scratch.len() != self.cfg.page_info_len() || !self.check() {
-            return false;
-        }
-        scratch.fill(0);
-        let at = |e: u32| match page_of(e) {
-            (Tier::Gpu, p) => p as usize,
-            (Tier::Host, h) => (self.cfg.gpu_pages + h) as usize,
-        };
-        for (slot, s) in self.seqs.iter().enumerate() {
-            for &e in self.row_entries(slot, s) {
-                scratch[at(e)] += 1;
-            }
-        }
-        let free = self.free_entries();
-        for e in free {
-            if scratch[at(e)] != 0 {
-                return false;
-            }
-            scratch[at(e)] = FREE;
-        }
-        if self.adapters.is_some() {
-            for t in 0..=u16::MAX {
-                let Some(a) = self.adapter(TaskSlot(t)) else {
-                    break;
-                };
-                for p in self.adapter_pages(TaskSlot(t)).take(a.pages() as usize) {
-                    if scratch[p as usize] != 0 {
-                        return false;
-                    }
-                    scratch[p as usize] = FREE;
-                }
-            }
-        }
-        for (i, &n) in scratch.iter().enumerate() {
-            let entry = if u32_of(i) < self.cfg.gpu_pages {
-                u32_of(i)
-            } else {
-                (u32_of(i) - self.cfg.gpu_pages) | HOST
-            };
-            let ok = match (&self.prefix, n) {
-                (_, FREE) => true,
-                (None, n) => n == 1,
-                (Some(p), n) => {
-                    let info = p.info(entry);
-                    info.refs() == n && (n > 0 || info.cached())
-                }
-            };
-            if !ok {
-                return false;
-            }
-        }
-        self.prefix
-            .as_ref()
-            .is_none_or(|p| p.audit_children(scratch))
-    }
-
-    /// Every free page as a table entry (host pages tagged), GPU stack first.
-    fn free_entries(&self) -> impl Iterator<Item = u32> + '_ {
-        self.gpu_free[..self.gpu_free_len as usize]
-            .iter()
-            .copied()
-            .chain(
-                self.host_free[..self.host_free_len as usize]
-                    .iter()
-                    .map(|&h| h | HOST),
-            )
     }
 
     /// A row's entries that name pages (those a sliding window released left out).

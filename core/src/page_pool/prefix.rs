@@ -41,6 +41,8 @@ use crate::kv_events::EventLog;
 use crate::{kv::Tier, storage::Buffers};
 
 mod checks;
+#[cfg(feature = "fault-injection")]
+mod faults;
 mod lru;
 use crate::narrow::u32_of;
 use lru::Lru;
@@ -139,6 +141,9 @@ pub(super) struct Prefix<B: Buffers> {
     /// References beyond each page's first (`Σ max(refs − 1, 0)`): pages a holder's release does not
     /// free (what KV groups' reservations count, `kv_groups`).
     shared: u32,
+    /// Pages in use per tier (referenced or cached: a [`PageInfo`] that is not the default), kept as
+    /// they change so that `KvPool::check_counts` proves conservation in O(1).
+    used: [u32; 2],
     /// The KV event log, when one is attached (`KvPool::log_kv_events`).
     pub(super) events: Option<EventLog<B>>,
     pub(super) stats: PrefixStats,
@@ -165,6 +170,7 @@ impl<B: Buffers> Prefix<B> {
             clock: 0,
             window: 0,
             shared: 0,
+            used: [0; 2],
             events: None,
             stats: PrefixStats::default(),
         }
@@ -311,6 +317,7 @@ impl<B: Buffers> Prefix<B> {
         let at = self.at(entry);
         self.count_idle(at, -1);
         self.shared += u32::from(self.pages[at].refs > 0);
+        self.note_used(at, self.pages[at] == PageInfo::default(), 1);
         self.pages[at].refs += 1;
         self.relist(at);
     }
@@ -328,7 +335,20 @@ impl<B: Buffers> Prefix<B> {
         self.pages[at].refs -= 1;
         self.count_idle(at, 1);
         self.relist(at);
-        self.pages[at].refs == 0 && !self.pages[at].cached
+        let freed = self.pages[at].refs == 0 && !self.pages[at].cached;
+        self.note_used(at, freed, -1);
+        freed
+    }
+
+    /// Counts page `at` in (`+1`) or out of (`-1`) its tier's pages in use, when `changed`.
+    fn note_used(&mut self, at: usize, changed: bool, sign: i32) {
+        let t = usize::from(u32_of(at) >= self.gpu_pages);
+        self.used[t] = self.used[t].wrapping_add_signed(sign * i32::from(changed));
+    }
+
+    /// Pages in use per tier, as counted when they changed ([`Prefix::usage`] counts them anew).
+    pub(super) fn used(&self) -> [u32; 2] {
+        self.used
     }
 
     /// A save starts reading the cached page: it stays (not idle, never evicted) until it is released.
@@ -358,6 +378,7 @@ impl<B: Buffers> Prefix<B> {
             "a page off the free stack is unused"
         );
         p.refs = 1;
+        self.note_used(at, true, 1);
     }
 
     /// A private page of a row moves to another page (suspend, resume): the entry follows.
@@ -370,6 +391,8 @@ impl<B: Buffers> Prefix<B> {
         assert!(self.pages[b] == PageInfo::default(), "to a free page");
         self.pages[b].refs = 1;
         self.pages[a] = PageInfo::default();
+        self.note_used(a, true, -1);
+        self.note_used(b, true, 1);
     }
 
     /// The page is held by one row only and caches nothing: suspension may move it.
@@ -435,6 +458,7 @@ impl<B: Buffers> Prefix<B> {
         (p.children, p.gpu_children) = (old.children, old.gpu_children);
         self.index_set(old.key, b);
         self.pages[a] = PageInfo::default();
+        self.note_used(a, true, -1);
         self.cached[1] -= 1;
         self.cached[0] += 1;
         self.gpu_child(old.parent, 1);
@@ -470,6 +494,8 @@ impl<B: Buffers> Prefix<B> {
         let (key, parent) = (self.pages[b].key, self.pages[b].parent);
         self.index_set(key, b);
         self.pages[a] = PageInfo::default();
+        self.note_used(a, true, -1);
+        self.note_used(b, true, 1);
         let up = to & HOST == 0;
         self.cached[usize::from(up)] -= 1;
         self.cached[usize::from(!up)] += 1;
@@ -491,6 +517,7 @@ impl<B: Buffers> Prefix<B> {
         let (key, parent) = (self.pages[at].key, self.pages[at].parent);
         self.index_remove(key);
         self.pages[at] = PageInfo::default();
+        self.note_used(at, true, -1);
         let gpu = entry & HOST == 0;
         self.cached[usize::from(!gpu)] -= 1;
         self.adopt(parent, gpu, -1);
@@ -514,6 +541,7 @@ impl<B: Buffers> Prefix<B> {
         self.cached.hash(h);
         self.window.hash(h);
         self.shared.hash(h);
+        self.used.hash(h);
         if let Some(log) = &self.events {
             log.hash_state(h);
         }

@@ -25,6 +25,21 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     pub fn kv(&self) -> &K {
         &self.kv
     }
+    /// Plants `fault` in the KV backend (feature `fault-injection`; the backend is otherwise lent out
+    /// read-only); returns whether the backend had what it breaks.
+    #[cfg(feature = "fault-injection")]
+    pub fn plant(&mut self, fault: crate::page_pool::PoolFault) -> bool
+    where
+        K: crate::page_pool::PlantFault,
+    {
+        self.kv.plant(fault)
+    }
+    /// Plants a lease counted on `slot` that no request holds (feature `fault-injection`); `false`
+    /// for a slot the desk does not have.
+    #[cfg(feature = "fault-injection")]
+    pub fn plant_kept_lease(&mut self, slot: TaskSlot) -> bool {
+        self.desk.plant_kept_lease(slot)
+    }
     /// The adapter desk, read-only (leases, pinned pages, and the adapter backend through it).
     pub fn adapters(&self) -> &AdapterDesk<P, T, S> {
         &self.desk
@@ -85,27 +100,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     pub fn check(&self) -> bool {
         let mut leases = [0u32; T];
         let agree = self.table.iter().all(|(h, e)| {
-            let r = KvRef {
-                slot: h.index(),
-                id: e.spec().id,
-            };
-            let o = e.ownership();
-            if let (true, Some(t)) = (o.on_gpu(), e.task()) {
+            if let (true, Some(t)) = (e.ownership().on_gpu(), e.task()) {
                 if let Some(n) = leases.get_mut(t.slot.index()) {
                     *n += 1;
                 }
             }
-            match o {
-                Ownership::Active | Ownership::Resumed => self.kv.cache(r).is_active(),
-                // A sending request's pages stay active, pinned for the transfer manager; its
-                // phase says so.
-                Ownership::Sending => {
-                    self.kv.cache(r).is_active()
-                        && e.spec().phase == Phase::DisaggContextTransInProgress
-                }
-                Ownership::Paused => !self.kv.cache(r).is_active(),
-                Ownership::Waiting | Ownership::Recompute => !self.kv.cache(r).is_active(),
-            }
+            self.agrees(h, e)
         });
         // Unified paging: between passes an adapter's pins are its leases.
         let adapters = self.kv.caps().adapters;
@@ -117,5 +117,37 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         agree
             && self.table.check()
             && (0..T).all(|s| self.desk.leases(TaskSlot(u16_of(s))) == leases[s] && pinned(s))
+    }
+
+    /// The spot check of the requests a pass touched (by table slot), O(1) each: [`Scheduler::check`]'s
+    /// invariants for those entries alone (the table's records, the ownership agreement with the pools);
+    /// a vacant slot must hold nothing. The leases per task are `check`'s.
+    pub fn check_requests(&self, slots: impl IntoIterator<Item = u16>) -> bool {
+        slots.into_iter().all(|s| {
+            self.table.check_slot(s)
+                && self
+                    .table
+                    .handle_at(s)
+                    .is_none_or(|h| self.agrees(h, self.table.entry(s)))
+        })
+    }
+
+    /// A request's ownership agrees with its KV cache: on the GPU an active cache, elsewhere none.
+    fn agrees(&self, h: Handle, e: Entry<'_>) -> bool {
+        let r = KvRef {
+            slot: h.index(),
+            id: e.spec().id,
+        };
+        match e.ownership() {
+            Ownership::Active | Ownership::Resumed => self.kv.cache(r).is_active(),
+            // A sending request's pages stay active, pinned for the transfer manager; its
+            // phase says so.
+            Ownership::Sending => {
+                self.kv.cache(r).is_active()
+                    && e.spec().phase == Phase::DisaggContextTransInProgress
+            }
+            Ownership::Paused => !self.kv.cache(r).is_active(),
+            Ownership::Waiting | Ownership::Recompute => !self.kv.cache(r).is_active(),
+        }
     }
 }

@@ -529,22 +529,34 @@ impl<const N: usize, S: Storage> Table<N, S> {
         {
             return false;
         }
-        self.order.iter().enumerate().all(|(i, &s)| {
-            let (Some(record), Some(held)) = (self.records.at(s), &self.held[s as usize]) else {
-                return false;
-            };
-            let place = held.place();
-            let e = Entry {
-                record,
-                held: &self.held[s as usize],
-            };
-            !self.order[..i].contains(&s)
-                && self.hot[s as usize] == Hot::derive(e, self.hot[s as usize].headroom)
-                && self.ids.get(record.spec.id) == Some(s)
-                && place.slot == s
-                && place.version == self.records.version_at(s)
-                && held.id() == record.spec.id
-        })
+        distinct(&self.order) && self.order.iter().all(|&s| self.entry_ok(s))
+    }
+
+    /// One slot's part of invariants 1–3 in O(1): a held entry's hot record derives from it, the id
+    /// index and its place name the slot at its version; a vacant slot holds nothing. The spot check of
+    /// a request a pass touched (`Scheduler::check_requests`).
+    pub(crate) fn check_slot(&self, s: u16) -> bool {
+        match self.held.get(usize::from(s)) {
+            None => false,
+            Some(None) => self.records.at(s).is_none(),
+            Some(Some(_)) => self.entry_ok(s),
+        }
+    }
+
+    fn entry_ok(&self, s: u16) -> bool {
+        let (Some(record), Some(held)) = (self.records.at(s), &self.held[s as usize]) else {
+            return false;
+        };
+        let place = held.place();
+        let e = Entry {
+            record,
+            held: &self.held[s as usize],
+        };
+        self.hot[s as usize] == Hot::derive(e, self.hot[s as usize].headroom)
+            && self.ids.get(record.spec.id) == Some(s)
+            && place.slot == s
+            && place.version == self.records.version_at(s)
+            && held.id() == record.spec.id
     }
 
     /// Tears the table down without releasing anything (the backends go with it).
@@ -555,4 +567,24 @@ impl<const N: usize, S: Storage> Table<N, S> {
             }
         }
     }
+}
+
+/// Whether `slots` names no slot twice: O(length) per window of 4,096 slots the largest one spans,
+/// with the window's bits on the stack (512 bytes).
+fn distinct(slots: &[u16]) -> bool {
+    const WINDOW: usize = 4096;
+    let largest = slots.iter().copied().max().map_or(0, usize::from);
+    (0..=largest / WINDOW).all(|w| {
+        let mut seen = [0u64; WINDOW / 64];
+        let mut in_window = slots
+            .iter()
+            .map(|&s| usize::from(s))
+            .filter(|s| s / WINDOW == w);
+        in_window.all(|s| {
+            let (word, bit) = ((s % WINDOW) / 64, 1u64 << (s % 64));
+            let fresh = seen[word] & bit == 0;
+            seen[word] |= bit;
+            fresh
+        })
+    })
 }

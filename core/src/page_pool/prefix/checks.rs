@@ -60,6 +60,16 @@ impl<B: Buffers> Prefix<B> {
             && walk(1) == listed[1]
     }
 
+    /// The counts' consistency in O(1): per tier, the cached pages are among those in use, and the
+    /// idle ones and the listed leaves among the cached.
+    pub(in crate::page_pool) fn check_counts(&self) -> bool {
+        (0..2).all(|t| {
+            self.cached[t] <= self.used[t]
+                && self.idle[t] <= self.cached[t]
+                && self.lru[t].len <= self.cached[t]
+        })
+    }
+
     /// Invariant 3 with a count per page (`scratch`, one per page, overwritten): every cached page's
     /// `children` and `gpu_children` are the cached pages (on the GPU) whose parent is its key.
     pub(in crate::page_pool) fn audit_children(&self, scratch: &mut [u32]) -> bool {
