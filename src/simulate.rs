@@ -262,15 +262,33 @@ struct OutputArgs {
     /// Draw the timeline as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
-    /// Verify the invariants every iteration.
-    #[arg(long)]
-    check: bool,
+    /// Verify the invariants: after every iteration what it touched (the rows it listed, the pools'
+    /// counters, the leases, the output), and the exact audit of every page every --check-every
+    /// iterations and at the end of the run; `--check=full` runs the exact audit after every
+    /// iteration (O(pages) each).
+    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true,
+        default_missing_value = "incremental")]
+    check: Option<CheckMode>,
+    /// Iterations between two exact audits under --check.
+    #[arg(long, value_name = "K", requires = "check",
+        default_value_t = kvsched_sim::check::DEFAULT_AUDIT_EVERY,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    check_every: u64,
     /// No progress bar.
     #[arg(long = "no-progress", action = ArgAction::SetFalse)]
     progress: bool,
     /// Seed of the adapter assignment, sessions and draft acceptance.
     #[arg(long, value_name = "N", default_value_t = d().seed)]
     seed: u64,
+}
+
+/// What `--check` runs after every iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CheckMode {
+    /// The spot checks of what the iteration touched; the exact audit every --check-every iterations.
+    Incremental,
+    /// The exact audit after every iteration.
+    Full,
 }
 
 /// `--adapter-paging`'s value.
@@ -468,7 +486,12 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         slo_ttft_ms: a.slo.slo_ttft_ms,
         slo_tpot_ms: a.slo.slo_tpot_ms,
         seed: out.seed,
-        check: out.check,
+        check: out.check.is_some(),
+        check_every: if out.check == Some(CheckMode::Full) {
+            1
+        } else {
+            out.check_every
+        },
         progress: out.progress,
     })
 }

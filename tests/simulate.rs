@@ -765,3 +765,59 @@ fn prefill_engines_hand_their_kv_to_decode_engines() {
     let out = kvsched(&["simulate", "--disagg", "0:2"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("P:D"));
 }
+
+#[test]
+fn check_modes_audit_as_asked_and_change_nothing() {
+    let small = [
+        "--no-progress",
+        "--limit",
+        "300",
+        "--adapters",
+        "8",
+        "--kv-gpu-pages",
+        "1024",
+    ];
+    let with = |extra: &[&str]| {
+        let mut args = small.to_vec();
+        args.extend_from_slice(extra);
+        simulated(&format!("check{}", extra.join("")), &args)
+    };
+    let plain = with(&[]);
+    let spot = with(&["--check"]);
+    let every = with(&["--check", "--check-every", "7"]);
+    let full = with(&["--check=full"]);
+    let iterations = plain["iterations"].as_u64().expect("iterations");
+    assert!(iterations > 100, "{iterations}");
+    // One audit per K iterations and one at the end.
+    let audits = |r: &serde_json::Value| r["exact_audits"].as_u64().expect("audits");
+    assert_eq!(audits(&plain), 0);
+    assert_eq!(audits(&spot), iterations / 1000 + 1);
+    assert_eq!(audits(&every), iterations / 7 + 1);
+    assert_eq!(audits(&full), iterations + 1);
+    for r in [&spot, &every, &full] {
+        assert_eq!(r["invariant_violations"], 0);
+        // Checking reads the state only: the run is the same.
+        for k in [
+            "iterations",
+            "tokens_generated",
+            "preempted",
+            "suspended",
+            "pages_offloaded",
+        ] {
+            assert_eq!(r[k], plain[k], "{k}");
+        }
+    }
+    for (bad, says) in [
+        (&["--check", "--check-every", "0"][..], "--check-every"),
+        (&["--check-every", "5"][..], "--check"),
+        (&["--check=sometimes"][..], "full"),
+    ] {
+        let mut args = vec!["simulate"];
+        args.extend_from_slice(&small);
+        args.extend_from_slice(bad);
+        let out = kvsched(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains(says), "{bad:?}: {err}");
+    }
+}

@@ -34,8 +34,13 @@ pub(crate) trait SimKv<'a>: KvBackend + Sized {
         lead_pct
     }
 
-    /// How many of the pools' audits fail.
-    fn audit_failures(&self) -> u64;
+    /// How many of the pools' exact audits fail (`scratch`: the audit's count per page, grown to the
+    /// largest pool once and reused).
+    fn audit_failures(&self, scratch: &mut Vec<u32>) -> u64;
+
+    /// How many of the pools' spot checks fail (`check.rs`): each pool's counters, and the rows of
+    /// `touched` (slot, and whether only its tail changed: a decode step).
+    fn spot_failures<I: Iterator<Item = (u16, bool)> + Clone>(&self, touched: I) -> u64;
 
     /// Drains the page moves of the pools other than the lead's; returns how many.
     fn other_moves(s: &mut Sched<'a, Self>) -> u64;
@@ -46,11 +51,14 @@ impl<'a> SimKv<'a> for Target<'a> {
         self.target()
     }
 
-    fn audit_failures(&self) -> u64 {
+    fn audit_failures(&self, scratch: &mut Vec<u32>) -> u64 {
         let pools = std::iter::once(self.target()).chain(self.draft_pool().map(|(_, d)| d));
-        pools
-            .map(|p| u64::from(!p.audit(&mut vec![0; p.config().page_info_len()])))
-            .sum()
+        pools.map(|p| audit(p, scratch)).sum()
+    }
+
+    fn spot_failures<I: Iterator<Item = (u16, bool)> + Clone>(&self, touched: I) -> u64 {
+        let pools = std::iter::once(self.target()).chain(self.draft_pool().map(|(_, d)| d));
+        pools.map(|p| spot(p, touched.clone())).sum()
     }
 
     fn other_moves(s: &mut Sched<'a, Self>) -> u64 {
@@ -71,12 +79,16 @@ impl<'a> SimKv<'a> for Groups<'a> {
             .fold(lead_pct, f64::max)
     }
 
-    fn audit_failures(&self) -> u64 {
-        let audits = self
-            .groups()
-            .iter()
-            .map(|g| u64::from(!g.pool.audit(&mut vec![0; g.pool.config().page_info_len()])));
+    fn audit_failures(&self, scratch: &mut Vec<u32>) -> u64 {
+        let audits = self.groups().iter().map(|g| audit(&g.pool, scratch));
         audits.sum::<u64>() + u64::from(!self.check())
+    }
+
+    fn spot_failures<I: Iterator<Item = (u16, bool)> + Clone>(&self, touched: I) -> u64 {
+        self.groups()
+            .iter()
+            .map(|g| spot(&g.pool, touched.clone()))
+            .sum()
     }
 
     fn other_moves(s: &mut Sched<'a, Self>) -> u64 {
@@ -94,4 +106,27 @@ pub(crate) fn used_gpu_pct(p: &OwnedPool<'_>) -> f64 {
     } else {
         0.0
     }
+}
+
+/// 1 when `pool`'s exact audit fails; `scratch` grows to its page count (once: later audits reuse it).
+fn audit(pool: &OwnedPool<'_>, scratch: &mut Vec<u32>) -> u64 {
+    scratch.resize(pool.config().page_info_len(), 0);
+    u64::from(!pool.audit(scratch))
+}
+
+/// A decode step's touched tail: the last blocks of its row (the one it may have grown into, and the
+/// one before).
+const TAIL_BLOCKS: u32 = 2;
+
+/// `pool`'s spot checks: its counters (O(1)), and each touched row (a decode step's tail only).
+fn spot(pool: &OwnedPool<'_>, touched: impl Iterator<Item = (u16, bool)>) -> u64 {
+    let rows = touched.filter(|&(slot, tail)| {
+        let from = if tail {
+            pool.seq(slot).blocks.saturating_sub(TAIL_BLOCKS)
+        } else {
+            0
+        };
+        !pool.check_row(slot, from)
+    });
+    rows.count() as u64 + u64::from(!pool.check_counts())
 }

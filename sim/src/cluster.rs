@@ -530,7 +530,8 @@ fn add_counters(c: &mut Report, r: &Report) {
         cached_blocks_evicted,
         cached_blocks_demoted,
         host_cache_hits,
-        invariant_violations
+        invariant_violations,
+        exact_audits
     );
 }
 

@@ -14,6 +14,7 @@
 
 mod backend;
 pub mod block_hashes;
+pub mod check;
 pub mod cluster;
 pub mod cost;
 pub mod disagg;
@@ -109,8 +110,11 @@ pub struct SimOptions {
     pub slo_tpot_ms: Option<f64>,
     /// Seed (adapter assignment).
     pub seed: u64,
-    /// Verify invariants after every iteration.
+    /// Verify invariants (`check.rs`): the spot checks after every iteration, the exact audit every
+    /// `check_every` iterations and at the end of the run.
     pub check: bool,
+    /// Iterations between two exact audits under `check` (1: after every iteration, `--check=full`).
+    pub check_every: u64,
     /// Show a progress bar on a terminal.
     pub progress: bool,
     /// Deadlock threshold (stalled passes).
@@ -189,6 +193,7 @@ impl Default for SimOptions {
             slo_tpot_ms: None,
             seed: 1,
             check: false,
+            check_every: check::DEFAULT_AUDIT_EVERY,
             progress: true,
             deadlock_threshold: 1000,
             prefix_reuse: true,
@@ -596,54 +601,10 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     stats::percentile(sorted, p).unwrap_or(0.0)
 }
 
-/// Invariants of DESIGN.md §7 checked after an iteration; returns how many failed.
-fn check_invariants<'a, K: backend::SimKv<'a>>(s: &Sched<'a, K>, out: &Out, o: &SimOptions) -> u64 {
-    let mut bad = s.kv().audit_failures();
-    let pool = s.adapters().backend();
-    bad += u64::from(!pool.check());
-    for (slot, t) in pool.tasks().iter().enumerate() {
-        bad += u64::from(
-            s.adapters()
-                .leases(kvsched_core::ids::TaskSlot(slot as u16))
-                != t.active,
-        );
-    }
-    // The table's invariants, leases per task = requests holding one, ownership = the KV pool's state.
-    bad += u64::from(!s.check());
-    let mut seen = std::collections::HashSet::new();
-    for l in out
-        .context()
-        .iter()
-        .map(|c| &c.listed)
-        .chain(out.generation())
-        .chain(out.encoder())
-        .chain(out.paused())
-        .chain(out.recompute_paused())
-        .chain(out.disagg())
-    {
-        bad += u64::from(!seen.insert(l.slot()));
-    }
-    // A decode step costs one token plus its drafts; a last chunk's drafts may overdraw (upstream).
-    let drafts = u64::from(o.spec_decode.map_or(0, |s| s.drafts));
-    let tokens: u64 = out.context().iter().map(|c| c.tokens as u64).sum::<u64>()
-        + out.generation().len() as u64 * (1 + drafts);
-    let overdraw = out.context().iter().filter(|c| c.last).count() as u64 * drafts;
-    bad += u64::from(tokens > o.max_tokens as u64 + overdraw);
-    bad += u64::from(out.generation().len() + out.context().len() > o.max_batch as usize);
-    bad
-}
-
 /// Runs a simulation of `w`: on one engine, or on `o.replicas` behind the router (`cluster.rs`).
 pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     check_options(o, &w)?;
-    if o.adapters.count > 0 {
-        let sampler = AdapterSampler::new(o.adapters.law, o.adapters.count)
-            .map_err(OptionsError::Popularity)?;
-        kvsched_workload::popularity::assign_adapters(&mut w.arrivals, &sampler, o.seed);
-    }
-    if o.prefix_reuse && w.prefix_block_tokens.is_none() {
-        kvsched_workload::sessions::assign_sessions(&mut w, o.seed);
-    }
+    prepare(o, &mut w)?;
     if let Some(g) = &o.kv_groups {
         return groups::engine(o, g, &w);
     }
@@ -651,6 +612,19 @@ pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
         return cluster::run(o, &w);
     }
     engine(o, &w)
+}
+
+/// Assigns `w`'s adapters and, with prefix reuse on a trace without prefix blocks, its sessions.
+fn prepare(o: &SimOptions, w: &mut Workload) -> Result<(), SimError> {
+    if o.adapters.count > 0 {
+        let sampler = AdapterSampler::new(o.adapters.law, o.adapters.count)
+            .map_err(OptionsError::Popularity)?;
+        kvsched_workload::popularity::assign_adapters(&mut w.arrivals, &sampler, o.seed);
+    }
+    if o.prefix_reuse && w.prefix_block_tokens.is_none() {
+        kvsched_workload::sessions::assign_sessions(w, o.seed);
+    }
+    Ok(())
 }
 
 /// One engine replaying `w` (its adapters and sessions assigned).

@@ -110,6 +110,8 @@ pub struct Report {
     pub host_cache_hits: u64,
     /// Invariant violations seen by `--check` (0 expected).
     pub invariant_violations: u64,
+    /// Exact audits `--check` ran (every `--check-every` iterations and at the end of the run).
+    pub exact_audits: u64,
     /// The admission policy (`--admission`).
     pub admission: String,
     /// Where the adapters' device copies live (`--adapter-paging`): `split` or `unified`.
@@ -384,6 +386,7 @@ impl Report {
         t.row("iterations", self.iterations);
         if checked {
             t.row("invariant violations (--check)", self.invariant_violations);
+            t.row("exact audits (--check)", self.exact_audits);
         }
         t.row("wall time", format_args!("{:.2} s", self.wall_seconds));
     }

@@ -14,13 +14,13 @@ use kvsched_core::scheduler::TransferEnd;
 use kvsched_core::Phase;
 
 use super::backend::{SimKv, Target};
+use super::check::Checker;
 use super::disagg::{Handoff, Role, TransferEndAt};
 use super::fairness::{Fairness, OUTPUT_WEIGHT};
 use super::kv_router::News;
 use super::report::Quantiles;
 use super::{
-    block_hashes, check_invariants, Live, Out, Report, Samples, Sched, SimError, SimOptions,
-    StepWork, MAX_LIVE,
+    block_hashes, Live, Out, Report, Samples, Sched, SimError, SimOptions, StepWork, MAX_LIVE,
 };
 use kvsched_workload::{Rng, Workload};
 use rand::{Rng as _, SeedableRng};
@@ -70,6 +70,8 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     pass_ms: f64,
     /// Behind a KV-aware router (`kv_router.rs`): what it tells the router.
     news: Option<News>,
+    /// `--check` (`check.rs`).
+    checker: Option<Checker>,
 }
 
 /// A disaggregated engine's transfers.
@@ -127,6 +129,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             adapter_sum: 0.0,
             sample_every: (n / 4000).max(1) as u64,
             finished: Vec::new(),
+            checker: Checker::new(o),
             fair: Fairness::new(o.adapters.count),
             loaded_blocks: 0,
             step_remote_blocks: 0,
@@ -183,10 +186,13 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         (news, self.sched.take_kv_events())
     }
 
-    /// `--check` behind a KV-aware router: whether `known` (block key → a bit per tier, GPU 1 and
-    /// host 2) is what its prefix cache holds — or, after its event log overflowed, a part of it.
-    /// Counts a violation when not.
+    /// `--check` behind a KV-aware router, at the exact audits (O(pages)): whether `known` (block key
+    /// → a bit per tier, GPU 1 and host 2) is what its prefix cache holds — or, after its event log
+    /// overflowed, a part of it. Counts a violation when not.
     pub(super) fn check_known(&mut self, known: &HashMap<u64, u8>) {
+        if !self.checker.as_ref().is_some_and(Checker::audited) {
+            return;
+        }
         let pool = self.sched.kv().lead();
         let c = pool.config();
         let gpu = (0..c.gpu_pages).map(|p| (p, 1u8));
@@ -432,8 +438,9 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             .map_or(0, |c| c.loaded_blocks);
         self.step_remote_blocks = loaded - self.loaded_blocks;
         self.loaded_blocks = loaded;
-        if self.o.check {
-            r.invariant_violations += check_invariants(sched, out, self.o);
+        if let Some(c) = &mut self.checker {
+            // The slots the last step finished were touched too: their rows must be gone.
+            r.invariant_violations += c.iteration(sched, out, self.o, &self.finished);
         }
         Ok((page_moves, load_pages))
     }
@@ -748,8 +755,24 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         ));
     }
 
+    /// The scheduler, writable (the check mode's tests plant faults in it).
+    #[cfg(test)]
+    pub(super) fn sched_mut(&mut self) -> &mut Sched<'s, K> {
+        &mut self.sched
+    }
+
+    /// The run's figures so far.
+    #[cfg(test)]
+    pub(super) fn figures(&self) -> &Report {
+        &self.r
+    }
+
     /// The run's report.
     pub(super) fn report(mut self) -> Report {
+        if let Some(c) = &mut self.checker {
+            self.r.invariant_violations += c.audit(&self.sched);
+            self.r.exact_audits = c.audits;
+        }
         if let Some(bar) = self.progress.take() {
             if !bar.is_hidden() {
                 bar.finish();
