@@ -8,6 +8,7 @@ use clap::ArgAction;
 use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking};
 use kvsched_sim::cluster::{RemoteStoreOptions, Route};
 use kvsched_sim::disagg::DisaggOptions;
+use kvsched_sim::faults::{LinkFaults, StoreFaults};
 use kvsched_sim::groups::{GroupsUnsupported, KvGroupsOptions};
 use kvsched_sim::sweep::Sweep;
 use kvsched_sim::{run, OptionsError, Report, SimError, SimOptions, SpecDecode};
@@ -233,6 +234,18 @@ struct ClusterArgs {
     #[arg(long, value_name = "P:D[:LATENCY_US[:GBPS]]", conflicts_with = "replicas",
           value_parser = |v: &str| v.parse::<DisaggOptions>().map_err(|e| format!("--disagg: {e}")))]
     disagg: Option<DisaggOptions>,
+    /// The remote store's faults, at the given rates (seeded by --seed): a load that fails, one never
+    /// confirmed (the pool abandons it after its timeout), a save never acknowledged (its pages pinned
+    /// until the timeout); the report counts them and the recomputes they cause.
+    #[arg(long, value_name = "LOAD_FAIL[:LOAD_STALL[:SAVE_LOST]]", requires = "remote_store",
+          value_parser = |v: &str| v.parse::<StoreFaults>().map_err(|e| format!("--store-faults: {e}")))]
+    store_faults: Option<StoreFaults>,
+    /// The disaggregation link's faults, at the given rates (seeded by --seed): a transfer that fails,
+    /// or one that stalls and is given up TIMEOUT_MS after it started (default 500); each prompt is
+    /// recomputed on its decode engine.
+    #[arg(long, value_name = "FAIL[:STALL[:TIMEOUT_MS]]", requires = "disagg",
+          value_parser = |v: &str| v.parse::<LinkFaults>().map_err(|e| format!("--link-faults: {e}")))]
+    link_faults: Option<LinkFaults>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -480,6 +493,8 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         kv_overlap_weight: a.cluster.kv_overlap_weight,
         remote_store: a.cluster.remote_store,
         disagg: a.cluster.disagg,
+        store_faults: a.cluster.store_faults,
+        link_faults: a.cluster.link_faults,
         kv_groups: kv.kv_groups,
         cost: a.cost.model(tpb)?,
         engine: a.cost.engine,
@@ -593,6 +608,7 @@ fn options_message(e: &OptionsError) -> String {
             "the unified pool has too many pages: lower --kv-gpu-pages or --adapter-device-pages".into()
         }
         OptionsError::NoDecodeEngine => "--disagg needs a decode engine".into(),
+        OptionsError::FaultsWithout { faults, needs } => format!("{faults} needs {needs}"),
         OptionsError::GroupsUnsupported(f) => {
             let flag = match f {
                 GroupsUnsupported::SpecDecode => "--spec-decode",

@@ -821,3 +821,26 @@ fn check_modes_audit_as_asked_and_change_nothing() {
         assert!(err.contains(says), "{bad:?}: {err}");
     }
 }
+
+#[test]
+fn fault_options_need_their_store_or_link_and_a_valid_rate() {
+    for (bad, says) in [
+        (&["--store-faults", "0.1"][..], "--remote-store"),
+        (&["--link-faults", "0.1"][..], "--disagg"),
+        (
+            &["--remote-store", "1000", "--store-faults", "1.5"][..],
+            "LOAD_FAIL",
+        ),
+        (
+            &["--disagg", "1:1", "--link-faults", "0.1:0.1:0"][..],
+            "TIMEOUT_MS",
+        ),
+    ] {
+        let mut args = vec!["simulate", "--no-progress", "--limit", "10"];
+        args.extend_from_slice(bad);
+        let out = kvsched(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {err}");
+        assert!(err.contains(says), "{bad:?}: {err}");
+    }
+}

@@ -33,6 +33,7 @@ use kvsched_core::kv::KvRef;
 
 use super::block_hashes::page_hashes;
 use super::disagg::{DisaggFigures, Role};
+use super::faults::{Draw, Outcome};
 use super::kv_router::{Ask, KvRouter};
 use super::report::{Quantiles, RemoteFigures, ReplicaRow};
 use super::{run_loop, OptionsError, Replica, Report, SimError, SimOptions};
@@ -188,6 +189,10 @@ impl RemoteStore {
     }
 }
 
+/// The seeds of the store's fault draws (xored with `--seed` and the replica).
+const LOAD_SEED: u64 = 0x10ad_fa11;
+const SAVE_SEED: u64 = 0x5a7e_fa11;
+
 /// One replica's connector to the shared store.
 struct RemoteConnector {
     store: Rc<RefCell<RemoteStore>>,
@@ -196,6 +201,11 @@ struct RemoteConnector {
     now: Rc<Cell<f64>>,
     ends: Vec<KvRef>,
     save_ends: Vec<KvRef>,
+    /// `--store-faults`: how each load and each save goes (`faults.rs`).
+    loads: Draw,
+    saves: Draw,
+    /// Loads that stalled: never confirmed, until the pool abandons them.
+    stalled: Vec<KvRef>,
 }
 
 impl KvConnector for RemoteConnector {
@@ -212,10 +222,15 @@ impl KvConnector for RemoteConnector {
     }
     fn cancel_load(&mut self, r: KvRef) {
         self.ends.retain(|x| *x != r);
+        self.stalled.retain(|x| *x != r);
     }
     fn take_load_ends(&mut self, ended: &mut dyn FnMut(KvRef, LoadEnd)) {
         for r in self.ends.drain(..) {
-            ended(r, LoadEnd::Done);
+            match self.loads.next() {
+                Outcome::Done => ended(r, LoadEnd::Done),
+                Outcome::Failed => ended(r, LoadEnd::Failed),
+                Outcome::Stalled => self.stalled.push(r),
+            }
         }
     }
     fn start_save(&mut self, r: KvRef, pages: &[u32], first_block: u32) -> bool {
@@ -229,7 +244,12 @@ impl KvConnector for RemoteConnector {
         true
     }
     fn take_save_ends(&mut self, ended: &mut dyn FnMut(KvRef)) {
-        for r in self.save_ends.drain(..) {
+        // A save never acknowledged stays pinned until the pool's timeout cancels it.
+        let acknowledged = self
+            .save_ends
+            .drain(..)
+            .filter(|_| self.saves.next() == Outcome::Done);
+        for r in acknowledged {
             ended(r);
         }
     }
@@ -379,6 +399,7 @@ pub fn run(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
         .remote_store
         .map(|s| Rc::new(RefCell::new(RemoteStore::new(s.pages))));
     let clocks: Vec<Rc<Cell<f64>>> = (0..replicas).map(|_| Rc::default()).collect();
+    let sf = o.store_faults.unwrap_or_default();
     let mut conns: Vec<RemoteConnector> = (0..replicas)
         .map(|k| RemoteConnector {
             store: store.clone().unwrap_or_default(),
@@ -386,6 +407,13 @@ pub fn run(o: &SimOptions, w: &Workload) -> Result<Report, SimError> {
             now: clocks[k as usize].clone(),
             ends: Vec::new(),
             save_ends: Vec::new(),
+            loads: Draw::new(
+                sf.load_fail,
+                sf.load_stall,
+                o.seed ^ LOAD_SEED ^ u64::from(k),
+            ),
+            saves: Draw::new(0.0, sf.save_lost, o.seed ^ SAVE_SEED ^ u64::from(k)),
+            stalled: Vec::new(),
         })
         .collect();
     // Behind the KV-aware router, the engines it routes to (not decode engines) log and tell.
@@ -531,7 +559,12 @@ fn add_counters(c: &mut Report, r: &Report) {
         cached_blocks_demoted,
         host_cache_hits,
         invariant_violations,
-        exact_audits
+        exact_audits,
+        store_loads_failed,
+        store_loads_timed_out,
+        store_saves_timed_out,
+        transfers_failed,
+        transfers_timed_out
     );
 }
 

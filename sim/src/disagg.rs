@@ -108,8 +108,11 @@ pub struct Handoff {
 pub struct TransferEndAt {
     /// The arrival.
     pub arrival: usize,
-    /// When the last byte lands.
+    /// When the last byte lands — or, when the transfer failed or stalled, when both ends learn it
+    /// (its end, or its start plus `--link-faults`' timeout).
     pub at_ms: f64,
+    /// Whether every page arrived (`--link-faults` fails some).
+    pub delivered: bool,
 }
 
 /// What the transfers did, for the report.

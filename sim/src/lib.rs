@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod cost;
 pub mod disagg;
 pub mod fairness;
+pub mod faults;
 pub mod fit;
 pub mod groups;
 pub mod kv_router;
@@ -147,6 +148,10 @@ pub struct SimOptions {
     /// Prefill/decode disaggregation (`--disagg P:D`): `P` prefill engines hand their requests' KV to
     /// `D` decode engines (instead of `replicas` mixed ones).
     pub disagg: Option<disagg::DisaggOptions>,
+    /// The remote store's faults (`--store-faults`, `faults.rs`; needs `remote_store`).
+    pub store_faults: Option<faults::StoreFaults>,
+    /// The disaggregation link's faults (`--link-faults`, `faults.rs`; needs `disagg`).
+    pub link_faults: Option<faults::LinkFaults>,
     /// KV groups (`groups.rs`): the KV pool (`kv_gpu_pages`, `kv_host_pages`) is a hybrid-attention
     /// model's full-attention group, beside a sliding-window group of its own pages (`None`: one pool,
     /// every layer full attention).
@@ -206,6 +211,8 @@ impl Default for SimOptions {
             kv_overlap_weight: kv_router::OVERLAP_WEIGHT,
             remote_store: None,
             disagg: None,
+            store_faults: None,
+            link_faults: None,
             kv_groups: None,
         }
     }
@@ -378,6 +385,14 @@ pub enum OptionsError {
     /// Disaggregation without a decode engine.
     #[error("disaggregation needs a decode engine")]
     NoDecodeEngine,
+    /// Faults of a store or link the run does not have.
+    #[error("{faults} needs {needs}")]
+    FaultsWithout {
+        /// The faults' option.
+        faults: &'static str,
+        /// The option they need.
+        needs: &'static str,
+    },
     /// KV groups with a feature they do not support yet.
     #[error("KV groups do not support {0} yet")]
     GroupsUnsupported(groups::GroupsUnsupported),
@@ -439,6 +454,7 @@ pub struct Samples {
 /// The pool geometry and the adapters' pages of a run of `w` under `o`, or why they cannot work.
 fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>), OptionsError> {
     check_budgets(o, w)?;
+    check_faults(o)?;
     let drafts = check_spec_decode(o)?;
     let longest = w
         .arrivals
@@ -460,6 +476,23 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
         max_blocks,
     };
     Ok((kv, pages))
+}
+
+/// Faults only of a store or link the run has.
+fn check_faults(o: &SimOptions) -> Result<(), OptionsError> {
+    if o.store_faults.is_some() && o.remote_store.is_none() {
+        return Err(OptionsError::FaultsWithout {
+            faults: "--store-faults",
+            needs: "--remote-store",
+        });
+    }
+    if o.link_faults.is_some() && o.disagg.is_none() {
+        return Err(OptionsError::FaultsWithout {
+            faults: "--link-faults",
+            needs: "--disagg",
+        });
+    }
+    Ok(())
 }
 
 /// The budgets, the chunking and the page size against the workload's prompts and prefix blocks.

@@ -110,6 +110,20 @@ pub struct Report {
     pub host_cache_hits: u64,
     /// Invariant violations seen by `--check` (0 expected).
     pub invariant_violations: u64,
+    /// Remote store loads that failed (`--store-faults`; each request recomputes those tokens).
+    pub store_loads_failed: u64,
+    /// Remote store loads the pool abandoned after its timeout (`--store-faults`' stalls; each request
+    /// recomputes those tokens).
+    pub store_loads_timed_out: u64,
+    /// Remote store saves the pool abandoned after its timeout (`--store-faults`' lost
+    /// acknowledgements; their pages were pinned until then).
+    pub store_saves_timed_out: u64,
+    /// Disaggregated transfers that failed (`--link-faults`; each prompt recomputed on its decode
+    /// engine).
+    pub transfers_failed: u64,
+    /// Disaggregated transfers that stalled and were given up after the timeout (`--link-faults`; each
+    /// prompt recomputed on its decode engine).
+    pub transfers_timed_out: u64,
     /// Exact audits `--check` ran (every `--check-every` iterations and at the end of the run).
     pub exact_audits: u64,
     /// The admission policy (`--admission`).
@@ -231,6 +245,34 @@ impl Report {
                     d.transfer_gb,
                     d.handoff_ms.p50,
                     d.handoff_ms.p99
+                ),
+            );
+        }
+        self.fault_rows(t);
+    }
+
+    /// What `--store-faults` and `--link-faults` cost: the timeouts and the recomputes.
+    fn fault_rows(&self, t: &mut Rows) {
+        let store = [
+            self.store_loads_failed,
+            self.store_loads_timed_out,
+            self.store_saves_timed_out,
+        ];
+        if store.iter().any(|&n| n > 0) {
+            t.row(
+                "store faults (--store-faults)",
+                format_args!(
+                    "{} loads failed, {} timed out (each a recompute); {} saves timed out",
+                    store[0], store[1], store[2]
+                ),
+            );
+        }
+        if self.transfers_failed + self.transfers_timed_out > 0 {
+            t.row(
+                "link faults (--link-faults)",
+                format_args!(
+                    "{} transfers failed, {} timed out (each prompt recomputed on its decode engine)",
+                    self.transfers_failed, self.transfers_timed_out
                 ),
             );
         }

@@ -17,6 +17,7 @@ use super::backend::{SimKv, Target};
 use super::check::Checker;
 use super::disagg::{Handoff, Role, TransferEndAt};
 use super::fairness::{Fairness, OUTPUT_WEIGHT};
+use super::faults::{Draw, Outcome};
 use super::kv_router::News;
 use super::report::Quantiles;
 use super::{
@@ -90,6 +91,8 @@ struct Transfers {
     ends: Vec<TransferEndAt>,
     /// Live requests a transfer holds: sending (prefill), or receiving and not ended (decode).
     held: usize,
+    /// Decode: how each transfer goes (`--link-faults`, `faults.rs`).
+    link: Draw,
 }
 
 impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
@@ -133,7 +136,12 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             fair: Fairness::new(o.adapters.count),
             loaded_blocks: 0,
             step_remote_blocks: 0,
-            disagg: Transfers::default(),
+            disagg: Transfers {
+                link: o.link_faults.map_or_else(Draw::default, |f| {
+                    Draw::new(f.fail, f.stall, o.seed ^ 0x114c_fa11)
+                }),
+                ..Transfers::default()
+            },
             pass_ms: now_ms,
             news: None,
         }
@@ -318,20 +326,24 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 .find(kvsched_core::RequestId(t.arrival as u64))
                 .ok_or(SimError::TransferNotLive { arrival: t.arrival })?;
             let slot = h.index() as usize;
+            let end = if t.delivered {
+                TransferEnd::Delivered
+            } else {
+                TransferEnd::Failed
+            };
             if self.disagg.role == Role::Prefill {
-                self.sched
-                    .end_send(h, TransferEnd::Delivered)
-                    .map_err(SimError::Scheduler)?;
+                self.sched.end_send(h, end).map_err(SimError::Scheduler)?;
                 self.live[slot] = None;
             } else {
+                // A failed receive recomputes the prompt here (the core's arrow 4).
                 self.sched
-                    .end_receive(h, TransferEnd::Delivered)
+                    .end_receive(h, end)
                     .map_err(SimError::Scheduler)?;
                 let handed = self.disagg.first_tokens.get(&t.arrival).copied();
-                self.r
-                    .raw
-                    .handoff_ms
-                    .push(t.at_ms - handed.unwrap_or(t.at_ms));
+                if t.delivered {
+                    let handoff = t.at_ms - handed.unwrap_or(t.at_ms);
+                    self.r.raw.handoff_ms.push(handoff);
+                }
             }
             self.disagg.held -= 1;
         }
@@ -596,9 +608,25 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             self.sched
                 .start_receive(lv.handle)
                 .map_err(SimError::Scheduler)?;
+            let at_ms = self.pass_ms + link.transfer_ms(lv.prompt0);
+            let (at_ms, delivered) = match self.disagg.link.next() {
+                Outcome::Done => (at_ms, true),
+                Outcome::Failed => {
+                    self.r.transfers_failed += 1;
+                    (at_ms, false)
+                }
+                Outcome::Stalled => {
+                    self.r.transfers_timed_out += 1;
+                    (
+                        self.pass_ms + self.o.link_faults.map_or(0.0, |f| f.timeout_ms),
+                        false,
+                    )
+                }
+            };
             let t = TransferEndAt {
                 arrival: lv.arrival,
-                at_ms: self.pass_ms + link.transfer_ms(lv.prompt0),
+                at_ms,
+                delivered,
             };
             self.disagg.ends.push(t);
             self.disagg.started.push(t);
@@ -769,6 +797,11 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
 
     /// The run's report.
     pub(super) fn report(mut self) -> Report {
+        if let Some(c) = self.sched.kv().lead().connector_stats() {
+            self.r.store_loads_failed = c.failed;
+            self.r.store_loads_timed_out = c.timed_out;
+            self.r.store_saves_timed_out = c.saves_timed_out;
+        }
         if let Some(c) = &mut self.checker {
             self.r.invariant_violations += c.audit(&self.sched);
             self.r.exact_audits = c.audits;
