@@ -73,6 +73,7 @@ fn guaranteed_no_evict_reserves_windows_in_the_window_pool() {
     o.policy = CapacityPolicy::GuaranteedNoEvict;
     o.slo_ttft_ms = None;
     o.check = true;
+    o.check_every = 1;
     o.max_tokens = 1024;
     let r = kvsched_sim::run(&o, long_requests(24)).expect("it runs");
     assert_eq!(r.requests_completed, 24);
@@ -111,6 +112,7 @@ fn the_window_pool_holds_windows_not_requests() {
     });
     o.slo_ttft_ms = None;
     o.check = true;
+    o.check_every = 1;
     // Chunks of at most 1,024 tokens: a prefilling request holds (1,024 + 1,024) / 32 + 1 pages there.
     o.max_tokens = 1024;
     let r = kvsched_sim::run(&o, long_requests(24)).expect("it runs");

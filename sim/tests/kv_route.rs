@@ -27,6 +27,8 @@ fn small(route: Route) -> SimOptions {
     o.replicas = 4;
     o.route = route;
     o.check = true;
+    // The router's view is compared at every exact audit: after every step here.
+    o.check_every = 1;
     o.progress = false;
     o
 }
