@@ -317,7 +317,8 @@ impl<B: Buffers> Prefix<B> {
         let at = self.at(entry);
         self.count_idle(at, -1);
         self.shared += u32::from(self.pages[at].refs > 0);
-        self.note_used(at, self.pages[at] == PageInfo::default(), 1);
+        // Not counted in use: a row takes a reference to a page in use (cached, or another row's);
+        // one taken to a free page is a defect `check_counts` then finds.
         self.pages[at].refs += 1;
         self.relist(at);
     }
@@ -342,8 +343,10 @@ impl<B: Buffers> Prefix<B> {
 
     /// Counts page `at` in (`+1`) or out of (`-1`) its tier's pages in use, when `changed`.
     fn note_used(&mut self, at: usize, changed: bool, sign: i32) {
-        let t = usize::from(u32_of(at) >= self.gpu_pages);
-        self.used[t] = self.used[t].wrapping_add_signed(sign * i32::from(changed));
+        if changed {
+            let t = usize::from(u32_of(at) >= self.gpu_pages);
+            self.used[t] = self.used[t].wrapping_add_signed(sign);
+        }
     }
 
     /// Pages in use per tier, as counted when they changed ([`Prefix::usage`] counts them anew).
