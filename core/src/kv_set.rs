@@ -125,6 +125,8 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
     }
 
     /// A joint first chunk's claims (spec §1.7 `_prepare_context_pair`): both pools claim one depth.
+    /// Out of line: the other pairings' preparation stays as small as it was.
+    #[inline(never)]
     fn claim_jointly(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let Some((_, draft)) = &mut self.draft else {
             return None;
@@ -162,6 +164,20 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
             // Claims at depth 0 reuse nothing; a pool that still claims is broken: refuse the chunk.
             (Some(_), Some(_)) => None,
             _ => free_pair(&mut self.target, draft, r),
+        }
+    }
+
+    /// After a refused target resize a joint pair is suspended together, as upstream does (spec §1.7
+    /// `_full` step 4); an active continuation keeps both active (difference 12).
+    #[cold]
+    #[inline(never)]
+    fn target_resize_refused(&mut self, r: KvRef, first_chunk: bool) {
+        let suspended = first_chunk || !self.target.cache(r).is_active();
+        if let Some((DraftMode::Joint, d)) = &mut self.draft {
+            if suspended {
+                self.target.suspend(r);
+                d.suspend(r);
+            }
         }
     }
 
@@ -284,15 +300,7 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvBackend for KvSet<T, D, X> {
 
     fn resize_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         if !self.target.resize_context(r, capacity, first_chunk) {
-            // A joint pair is suspended together, as upstream does after a refused target resize (spec
-            // §1.7 `_full` step 4); an active continuation keeps both active (difference 12).
-            let suspended = first_chunk || !self.target.cache(r).is_active();
-            if let Some((DraftMode::Joint, d)) = &mut self.draft {
-                if suspended {
-                    self.target.suspend(r);
-                    d.suspend(r);
-                }
-            }
+            self.target_resize_refused(r, first_chunk);
             return false;
         }
         let Some((DraftMode::Joint, draft)) = &mut self.draft else {
