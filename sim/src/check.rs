@@ -17,6 +17,7 @@
 //! next exact audit.
 
 use kvsched_core::ids::TaskSlot;
+use kvsched_core::output::Listed;
 
 use super::backend::SimKv;
 use super::{Out, Sched, SimOptions, MAX_LIVE};
@@ -89,19 +90,11 @@ impl Checker {
         o: &SimOptions,
         finished: &[u16],
     ) -> u64 {
-        let whole = out
-            .context()
-            .iter()
-            .map(|c| &c.listed)
-            .chain(out.encoder())
-            .chain(out.paused())
-            .chain(out.recompute_paused())
-            .chain(out.disagg())
-            .chain(out.resumed())
-            .map(|l| (l.slot(), false));
-        let tails = out.generation().iter().map(|l| (l.slot(), true));
+        // A decode step touched its row's tail only; a resumed request is listed beside its batch.
+        let listed = batch(out).map(|(l, decode)| (l.slot(), decode));
+        let resumed = out.resumed().iter().map(|l| (l.slot(), false));
         let gone = finished.iter().map(|&slot| (slot, false));
-        let touched = whole.chain(tails).chain(gone);
+        let touched = listed.chain(resumed).chain(gone);
         let mut bad = s.kv().spot_failures(touched.clone());
         // The touched requests' table entries, and their ownership = the pools'.
         bad += u64::from(!s.check_requests(touched.map(|(slot, _)| slot)));
@@ -113,16 +106,7 @@ impl Checker {
     fn output_failures(&mut self, out: &Out, o: &SimOptions) -> u64 {
         self.seen.fill(0);
         let mut bad = 0;
-        let listed = out
-            .context()
-            .iter()
-            .map(|c| &c.listed)
-            .chain(out.generation())
-            .chain(out.encoder())
-            .chain(out.paused())
-            .chain(out.recompute_paused())
-            .chain(out.disagg());
-        for l in listed {
+        for (l, _) in batch(out) {
             let (word, bit) = (usize::from(l.slot()) / 64, 1u64 << (l.slot() % 64));
             match self.seen.get_mut(word) {
                 Some(w) if *w & bit == 0 => *w |= bit,
@@ -137,6 +121,23 @@ impl Checker {
         bad += u64::from(tokens > o.max_tokens as u64 + overdraw);
         bad + u64::from(out.generation().len() + out.context().len() > o.max_batch as usize)
     }
+}
+
+/// Every request the pass listed in its batch or set aside (a slot at most once), and whether it is a
+/// decode step.
+fn batch(out: &Out) -> impl Iterator<Item = (&Listed, bool)> + Clone {
+    let contexts = out.context().iter().map(|c| &c.listed);
+    let others = out
+        .encoder()
+        .iter()
+        .chain(out.paused())
+        .chain(out.recompute_paused());
+    let decodes = out.generation().iter().map(|l| (l, true));
+    contexts
+        .chain(others)
+        .chain(out.disagg())
+        .map(|l| (l, false))
+        .chain(decodes)
 }
 
 /// The adapter cache's residency and page conservation, and per task the desk's leases = the cache's
