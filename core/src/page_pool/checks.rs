@@ -123,8 +123,8 @@ impl<B: Buffers> KvPool<'_, B> {
     /// adapter's chain once, or held;
     /// a held page's reference count equals the number of table entries naming it (exactly one without
     /// a prefix cache), and one with none is a cached block; every cached block counts its cached
-    /// children. `scratch` needs [`KvPoolConfig::page_info_len`] entries (else `false`); O(pages + table
-    /// entries).
+    /// children. `scratch` needs [`KvPoolConfig::page_info_len`](super::KvPoolConfig::page_info_len)
+    /// entries (else `false`); O(pages + table entries).
     pub fn audit(&self, scratch: &mut [u32]) -> bool {
         const FREE: u32 = u32::MAX;
         if scratch.len() != self.cfg.page_info_len() || !self.check() {
