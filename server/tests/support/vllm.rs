@@ -27,7 +27,13 @@ pub fn run(cmd: &mut Command, what: &str) -> String {
 
 /// The interpreter of the virtualenv `name` under the build folder, made first when it is not
 /// there, with `packages` installed when the `probe` script fails in it.
+/// One test at a time makes or fills a virtualenv: two tests of one binary making the same one at
+/// once collide (`venv`: "File exists").
 pub fn venv(name: &str, probe: &str, packages: &[&str]) -> PathBuf {
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     let bin = venv.join("bin/python");
     if !bin.exists() {
