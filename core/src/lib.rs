@@ -16,7 +16,7 @@
 //! `core/tests/tidy.rs` checks on every `crate::` path):
 //!
 //! ```text
-//! L4 scheduler   config  budget  scheduler/ (the pass, one file per rule)  output  wire
+//! L4 scheduler   config  budget  scheduler/ (the pass, one file per rule)  output  delta  wire
 //!                    │ schedules requests through their transitions
 //! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
 //!                    │ calls backends only through their contracts
@@ -42,8 +42,8 @@
 //!   hybrid-attention model's full-attention and sliding-window groups; [`adapter_pool`]: the
 //!   fixed-capacity adapter cache.
 //! - [`request`]: the type-state lifecycle; [`lease`]: adapter leases and the desk that mints them.
-//! - [`config`], [`budget`], [`output`], [`wire`]: pass configuration, per-pass budgets, the scheduler
-//!   output and its plain-old-data wire form; [`scheduler`]: the request table and the pass.
+//! - [`config`], [`budget`], [`output`], [`delta`], [`wire`]: pass configuration, per-pass budgets, the
+//!   scheduler output, the batch delta and the output's plain-old-data wire form; [`scheduler`]: the request table and the pass.
 //!
 //! A serving loop over buffers on the stack (no heap; with the `alloc` feature, `KvPool::owned` gives a
 //! pool that owns its buffers on the heap):
@@ -158,6 +158,7 @@ pub mod arena;
 pub mod budget;
 pub mod config;
 pub mod connector;
+pub mod delta;
 pub mod error;
 pub mod fingerprint;
 pub mod ids;

@@ -213,6 +213,13 @@ impl<const N: usize, St: Storage> SchedulerOutput<N, St> {
         self.pass = pass;
     }
 
+    /// The last pass's lists stand for pass `pass` too (an incremental pass): only the adapter loads,
+    /// which `ensure_batch` fills after a pass, start empty.
+    pub(crate) fn replayed(&mut self, pass: u64) {
+        self.adapter_loads.clear();
+        self.pass = pass;
+    }
+
     /// Context chunks to run (non-final chunks first when any, each part sorted by LoRA key).
     pub fn context(&self) -> &[Chunk] {
         &self.context

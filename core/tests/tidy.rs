@@ -37,7 +37,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L3 lifecycle", &["request", "lease"]),
     (
         "L4 scheduler",
-        &["config", "budget", "scheduler", "output", "wire"],
+        &["config", "budget", "scheduler", "output", "delta", "wire"],
     ),
 ];
 

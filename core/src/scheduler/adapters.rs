@@ -17,6 +17,7 @@ impl<K: KvBackend, const N: usize, const T: usize, S: Storage>
         id: crate::ids::TaskId,
         pages: u32,
     ) -> Result<TaskRef, PeftError> {
+        self.changed();
         self.desk.backend_mut().register(id, pages)
     }
 
@@ -29,6 +30,7 @@ impl<K: KvBackend, const N: usize, const T: usize, S: Storage>
         id: crate::ids::TaskId,
         pages: u32,
     ) -> Result<TaskRef, PeftError> {
+        self.changed();
         let in_use = (0..self.table.len())
             .any(|i| self.table.entry(self.table.slot(i)).spec().lora == Some(id));
         if in_use {

@@ -77,6 +77,13 @@ impl<K, P, const N: usize, const T: usize> Scheduler<K, P, N, T> {
             clients: Clients::new(),
             adapter_waits: InlineArray::new([0; N]),
             transfer_ends: TransferStats::NONE,
+            incremental: true,
+            steady: false,
+            replays: 0,
+            last_full: 0,
+            delta_pass: 0,
+            shown: heapless::Vec::new(),
+            seen: InlineArray::new([crate::delta::Seen::NOWHERE; N]),
         }
     }
 }
@@ -103,6 +110,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             clients: Clients::new_in()?,
             adapter_waits: S::array(|| 0)?,
             transfer_ends: TransferStats::NONE,
+            incremental: true,
+            steady: false,
+            replays: 0,
+            last_full: 0,
+            delta_pass: 0,
+            shown: S::list(crate::output::Listed::EMPTY)?,
+            seen: S::array(|| crate::delta::Seen::NOWHERE)?,
         })
     }
 }

@@ -25,10 +25,10 @@ use crate::narrow::u16_of;
 /// A decode step whose one KV attempt was refused: what the ladder needs to finish it.
 #[derive(Clone, Copy)]
 pub(crate) struct Refusal {
-    grow: u32,
-    after: u32,
-    tokens: u32,
-    beam: u32,
+    pub(crate) grow: u32,
+    pub(crate) after: u32,
+    pub(crate) tokens: u32,
+    pub(crate) beam: u32,
 }
 
 /// Why a run of decode steps ended.
@@ -46,12 +46,16 @@ enum Exit {
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
 {
-    /// Phase 1 over the arrival order: runs of decode steps, and the general rules between them.
-    pub(crate) fn generation_phase(&mut self) {
-        let mut i = 0;
+    /// Phase 1 over the arrival order: runs of decode steps, and the general rules between them;
+    /// from arrival index `start`, where a replay (`incremental.rs`) was refused (`refused`), the
+    /// requests before it listed already.
+    pub(crate) fn generation_phase(&mut self, start: usize, mut refused: Option<Refusal>) {
+        let mut i = start;
         while i < self.end {
             let slot = self.table.slot(i);
-            let exit = if self.table.hot(slot).code & READY_MASK == READY {
+            let exit = if let Some(r) = refused.take() {
+                Exit::Refused(r)
+            } else if self.table.hot(slot).code & READY_MASK == READY {
                 let (at, exit) = self.decode_run(i);
                 i = at;
                 exit
@@ -140,8 +144,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             Exit::End
         };
         let charged = cap.saturating_sub(used) - tokens_left;
-        self.budget
-            .set_raw(used + charged, max_requests.max(requests) - room);
+        let scheduled = max_requests.saturating_sub(requests) - room;
+        self.budget.set_raw(used + charged, requests + scheduled);
+        self.decoded += scheduled as usize;
         self.beam = beam;
         (i, exit)
     }

@@ -32,12 +32,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     where
         K: crate::page_pool::PlantFault,
     {
+        self.changed();
         self.kv.plant(fault)
     }
     /// Plants a lease counted on `slot` that no request holds (feature `fault-injection`); `false`
     /// for a slot the desk does not have.
     #[cfg(feature = "fault-injection")]
     pub fn plant_kept_lease(&mut self, slot: TaskSlot) -> bool {
+        self.changed();
         self.desk.plant_kept_lease(slot)
     }
     /// The adapter desk, read-only (leases, pinned pages, and the adapter backend through it).

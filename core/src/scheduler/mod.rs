@@ -43,9 +43,11 @@ mod chunking;
 mod context;
 mod cross;
 mod deadlock;
+mod delta;
 mod failed_loads;
 mod generation;
 mod hot;
+mod incremental;
 mod inspection;
 mod multimodal;
 mod pass;
@@ -103,6 +105,19 @@ pub struct Scheduler<K, P, const N: usize, const T: usize, S: Storage = Inline> 
     adapter_waits: S::Array<u16, N>,
     /// Transfers ended so far (`transfer.rs`; the in-flight counts are left 0 here).
     transfer_ends: TransferStats,
+    /// The incremental pass is on (`incremental.rs`; the default).
+    incremental: bool,
+    /// The last pass left a steady decode batch and nothing a pass reads changed since.
+    steady: bool,
+    /// Passes that replayed the last one.
+    replays: u64,
+    /// The last full pass (not incremental).
+    last_full: u64,
+    /// The batch delta (`delta.rs`): the pass of the last call, the batch it led to, and where each
+    /// slot's request was in it.
+    delta_pass: u64,
+    shown: S::List<crate::output::Listed, N>,
+    seen: S::Array<crate::delta::Seen, N>,
 }
 
 impl<K, P, const N: usize, const T: usize, S: Storage> Drop for Scheduler<K, P, N, T, S> {
@@ -150,13 +165,27 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    /// Runs one scheduling pass into `out` (spec §1.2; the algorithm is `pass.rs`).
+    /// Runs one scheduling pass into `out` (spec §1.2; the algorithm is `pass.rs`). Given the last
+    /// pass's own output while its steady decode batch stands, the pass is incremental
+    /// (`incremental.rs`): only the KV calls are made again, and the output keeps its lists.
     pub fn schedule(&mut self, out: &mut SchedulerOutput<N, S>) -> Result<(), Error> {
         if self.encoder_without_cross_pool() {
             return Err(Error::CrossPoolRequired);
         }
         self.passes += 1;
         self.sync_loads();
+        let mut replayed = None;
+        if self.may_replay(out) {
+            match self.replay() {
+                None => {
+                    out.replayed(self.passes);
+                    self.replays += 1;
+                    return Ok(());
+                }
+                Some(refused) => replayed = Some(refused),
+            }
+        }
+        self.last_full = self.passes;
         let Scratch {
             marks,
             pending,
@@ -185,9 +214,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             parts,
             out,
         );
-        let (stats, verdict) = pass.run((listed, chunks), &mut self.stall);
+        let (stats, verdict, decoded) = pass.run((listed, chunks), &mut self.stall, replayed);
         out.set_pass(self.passes);
         self.last = stats;
+        self.settle_steady(out, verdict.is_ok() && stats == PassStats::NONE, decoded);
         verdict
     }
 
@@ -299,6 +329,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Err(Error::StaleOutput);
         }
         self.completed = self.passes;
+        if !out.context().is_empty() || !out.recompute_paused().is_empty() {
+            // Chunks advance, replays begin: the next pass is a full one.
+            self.changed();
+        }
         if let crate::config::Admission::Vtc {
             input_weight,
             output_weight,
@@ -335,6 +369,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             if live
                 && self.table.entry(l.slot()).spec().phase == Phase::DisaggGenerationTransComplete
             {
+                self.changed();
                 self.table.edit(l.slot(), |e| {
                     e.spec_mut().phase = Phase::GenerationInProgress;
                 });

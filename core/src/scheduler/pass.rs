@@ -207,6 +207,9 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) refused_one: bool,
     /// Slots whose connector load failed or timed out since the last pass (`failed_loads.rs`).
     pub(crate) failed_loads: &'a [u16],
+    /// Requests the decode run scheduled (all of them: the pass may leave the scheduler steady,
+    /// `incremental.rs`).
+    pub(crate) decoded: usize,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -262,18 +265,28 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             draining: false,
             refused_one: false,
             failed_loads,
+            decoded: 0,
         }
     }
 
     /// The pass (spec §1.2): generation first, then the deferred contexts, then the verdict on progress
-    /// and the LoRA sort. `stall` is the scheduler's count of consecutive stalled passes.
+    /// and the LoRA sort. `stall` is the scheduler's count of consecutive stalled passes; `replayed`,
+    /// a replay refused at an arrival index (`incremental.rs`). Returns the statistics, the verdict
+    /// and how many requests the decode run scheduled.
     pub(crate) fn run(
         mut self,
         scratch_sort: (&mut [Listed; N], &mut [Chunk; N]),
         stall: &mut u32,
-    ) -> (PassStats, Result<(), Error>) {
+        replayed: Option<(usize, super::generation::Refusal)>,
+    ) -> (PassStats, Result<(), Error>, usize) {
         self.abandon_failed_loads();
-        self.generation_phase();
+        match replayed {
+            None => self.generation_phase(0, None),
+            Some((k, refusal)) => {
+                self.replayed_prefix(k);
+                self.generation_phase(k, Some(refusal));
+            }
+        }
         self.order_admissions();
         if let Some(c) = self.cfg.chunking {
             if c.policy == ChunkPolicy::EqualProgress {
@@ -290,7 +303,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             self.out.generation().len(),
             self.out.context().len()
         );
-        (self.stats, verdict)
+        (self.stats, verdict, self.decoded)
     }
 
     // --- Shared helpers of the phases. ---

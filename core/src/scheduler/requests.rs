@@ -83,6 +83,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     // The spec is given away, as to `submit`: the table keeps its copy.
     #[allow(clippy::needless_pass_by_value)]
     pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
+        self.changed();
         let task = self.check_spec(&spec)?;
         let r = |h: Handle| KvRef {
             slot: h.index(),
@@ -147,7 +148,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// Marks a request in flight (it is skipped and uses no budget while marked).
     pub fn set_inflight(&mut self, h: Handle, inflight: bool) -> Result<(), Error> {
-        self.table.get(h).ok_or(Error::StaleHandle)?;
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        if e.inflight() != inflight {
+            self.changed();
+        }
         self.table.set_inflight(h.index(), inflight);
         Ok(())
     }
@@ -156,7 +160,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// the request is never a victim: not evicted, not recompute-paused or preempted, not
     /// self-evicted; and the pass that schedules nothing is not a stall (spec §1.12, §1.15).
     pub fn set_pending_load(&mut self, h: Handle, pending: bool) -> Result<(), Error> {
-        self.table.get(h).ok_or(Error::StaleHandle)?;
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        if e.pending_load() != pending {
+            self.changed();
+        }
         self.table.set_pending_load(h.index(), pending);
         Ok(())
     }
@@ -180,6 +187,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Err(Error::Invalid("position is beyond the prompt"));
         }
         self.check_sizes(&s)?;
+        if s != *self.table.entry(h.index()).spec() {
+            self.changed();
+        }
         self.table.edit(h.index(), |r| *r.spec_mut() = s);
         Ok(())
     }
@@ -187,6 +197,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Removes a finished or cancelled request: everything it owns is released (a lease with
     /// pause = false, a paused registration dropped, its KV freed).
     pub fn remove(&mut self, h: Handle) -> Result<RequestSpec, Error> {
+        self.changed();
         let (held, spec) = self.table.remove(h).ok_or(Error::StaleHandle)?;
         held.finish(&mut self.kv, &mut self.desk);
         if self.vtc() {

@@ -96,6 +96,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// committed blocks stay in the prefix cache. Refused ([`Error::Invalid`], nothing changes) for a
     /// request that is not sending; [`Error::StaleHandle`] for a handle that names no live request.
     pub fn end_send(&mut self, h: Handle, how: TransferEnd) -> Result<RequestSpec, Error> {
+        self.changed();
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
         if e.ownership() != Ownership::Sending {
             return Err(Error::Invalid(
@@ -117,6 +118,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// `DISAGG_GENERATION_INIT` with its KV on the GPU; [`Error::StaleHandle`] for a handle that names
     /// no live request.
     pub fn start_receive(&mut self, h: Handle) -> Result<(), Error> {
+        self.changed();
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
         if !(e.spec().phase == Phase::DisaggGenerationInit && e.ownership().on_gpu()) {
             return Err(Error::Invalid(
@@ -140,6 +142,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// (`DISAGG_GENERATION_TRANS_IN_PROGRESS` with its KV on the GPU); [`Error::StaleHandle`] for a
     /// handle that names no live request.
     pub fn end_receive(&mut self, h: Handle, how: TransferEnd) -> Result<(), Error> {
+        self.changed();
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
         let receiving = e.spec().phase == Phase::DisaggGenerationTransInProgress;
         if !(receiving && e.ownership().on_gpu()) {
