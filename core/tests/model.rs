@@ -616,12 +616,14 @@ fn decoder_accepts_any_bytes() {
         run(setup, &ops).unwrap();
     }
     let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/ops");
+    let mut replayed = 0;
     if let Ok(dir) = std::fs::read_dir(corpus) {
         for f in dir.flatten() {
             let data = std::fs::read(f.path()).unwrap();
             let (setup, ops) = harness::decode(&data);
             let groups = setup.windows.len();
             let stats = run(setup, &ops).unwrap_or_else(|e| panic!("{}: {e}", f.path().display()));
+            replayed += stats.replayed;
             // The grouped seeds start the fuzz smoke on KV groups whose windows release blocks.
             let name = f.file_name().to_string_lossy().into_owned();
             if name.starts_with("seed-groups") {
@@ -631,6 +633,9 @@ fn decoder_accepts_any_bytes() {
                 );
             }
         }
+        // The seeds run incremental passes, each checked against a twin's full pass (`harness::run`).
+        assert!(replayed > 0, "no seed ran an incremental pass");
+        eprintln!("incremental passes over the seeds: {replayed}");
     }
 }
 
@@ -1178,5 +1183,48 @@ fn regression_a_disagg_peft_shortfall_does_not_starve_the_lease_holder_behind_it
         // From now on the disaggregated request's adapter does not fit beside the pinned one.
         assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
         h.drain().unwrap();
+    }
+}
+
+/// The incremental pass (`core/src/scheduler/incremental.rs`), checked against a twin whose every pass
+/// is a full one (`harness::run`): steady decode replays the last batch, and a KV call refused during a
+/// replay hands over to the full pass's ladder at that request (victims suspended to the host tier,
+/// or recompute-paused without one), on every backend variant and policy.
+#[test]
+fn incremental_passes_equal_full_passes_through_exhaustion() {
+    for (host, recompute, no_evict, draft) in [
+        (16, false, false, 0),
+        (0, true, false, 0),
+        (16, true, false, 1),
+        (0, false, true, 0),
+    ] {
+        let mut setup = base(14, host);
+        setup.recompute_pause = recompute;
+        setup.no_evict = no_evict;
+        setup.max_blocks = 12;
+        for setup in variants(setup) {
+            let mut ops = Vec::new();
+            for _ in 0..4 {
+                ops.push(Op::Submit {
+                    prompt: 3,
+                    out_len: if draft > 0 { 14 } else { 30 },
+                    lora: None,
+                    draft,
+                    snap_every: 0,
+                    duplicate: false,
+                    family: None,
+                    encoder: 0,
+                });
+            }
+            ops.extend((0..80).flat_map(|_| [Op::Pass, Op::Complete]));
+            let stats = replay(setup.clone(), &ops);
+            assert!(stats.replayed > 5, "{setup:?}: {stats:?}");
+            if !no_evict {
+                assert!(
+                    stats.paused + stats.recomputed > 0,
+                    "{setup:?}: the pool ran out: {stats:?}"
+                );
+            }
+        }
     }
 }

@@ -1161,6 +1161,8 @@ pub struct Stats {
     /// Blocks the scheduled steps' requests had released in their window groups (summed over steps
     /// and groups: that releases happen).
     pub released: u64,
+    /// Passes that were incremental ([`run`]: each checked against a twin's full pass).
+    pub replayed: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -2763,13 +2765,132 @@ impl Bytes<'_> {
 /// Runs a decoded input: applies every operation (checking after each), settles (every request
 /// finishes or a deadlock is reported), then drains.
 pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, Violation> {
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem)?;
+    let (mut mem, mut twin_mem) = (setup.memory(), setup.memory());
+    let mut h = Harness::new(setup.clone(), &mut mem)?;
+    // The differential check: a twin whose every pass is a full one, given the same operations,
+    // must be in the same state after each, and its outputs the same.
+    let mut full = Harness::new(setup, &mut twin_mem)?;
+    full.sched.set_incremental(false);
+    // A persistent batch kept from the batch deltas alone, after every pass.
+    let (mut batch, mut delta) = (BTreeMap::new(), kvsched_core::delta::BatchDelta::new());
     for (i, op) in ops.iter().enumerate() {
+        let passes = h.stats.passes;
         h.apply(op).map_err(|e| format!("op {i} {op:?}: {e}"))?;
+        full.apply(op)
+            .map_err(|e| format!("op {i} {op:?} (full passes only): {e}"))?;
+        same_as_full(&h, &full).map_err(|e| format!("op {i} {op:?}: {e}"))?;
+        if h.stats.passes > passes && h.out.pass() > 0 {
+            follow_delta(&mut h, &mut delta, &mut batch)
+                .map_err(|e| format!("op {i} {op:?}: batch delta: {e}"))?;
+        }
     }
     h.settle()
         .map_err(|e| format!("settling after {} ops: {e}", ops.len()))?;
     h.drain()?;
+    h.stats.replayed = h.sched.replayed_passes();
     Ok(h.stats)
+}
+
+/// The batch of an output as a persistent batch holds it: (slot, version) to its list (0 context,
+/// 1 generation, 2 encoder).
+fn batch_of(o: &SchedulerOutput<N>) -> BTreeMap<(u16, u32), u8> {
+    let key = |l: &Listed| (l.slot(), l.handle().version());
+    let ctx = o.context().iter().map(|c| (key(&c.listed), 0));
+    ctx.chain(o.generation().iter().map(|l| (key(l), 1)))
+        .chain(o.encoder().iter().map(|l| (key(l), 2)))
+        .collect()
+}
+
+/// Applies the scheduler's batch delta to `batch` (what an engine's persistent batch does), which must
+/// then be the output's batch; a request in both that is not `changed` kept its list as a decode step.
+fn follow_delta(
+    h: &mut Harness<'_>,
+    delta: &mut kvsched_core::delta::BatchDelta<N>,
+    batch: &mut BTreeMap<(u16, u32), u8>,
+) -> Result<(), Violation> {
+    h.sched
+        .take_delta(&h.out, delta)
+        .map_err(|e| format!("refused: {e}"))?;
+    let key = |l: &Listed| (l.slot(), l.handle().version());
+    let now = batch_of(&h.out);
+    let changed: BTreeSet<_> = delta.changed().iter().map(key).collect();
+    // A chunk is always news: a context entry in both batches is `changed`.
+    if let Some(k) = now
+        .iter()
+        .find(|&(k, &list)| list == 0 && batch.contains_key(k) && !changed.contains(k))
+    {
+        return Err(format!("{k:?}: a chunk in both batches is not listed as changed").into());
+    }
+    for l in delta.left() {
+        if batch.remove(&key(l)).is_none() || now.contains_key(&key(l)) {
+            return Err(format!("{l:?} left, but was not in the batch or still is").into());
+        }
+    }
+    for l in delta.changed() {
+        if !batch.contains_key(&key(l)) {
+            return Err(format!("{l:?} changed, but was not in the batch").into());
+        }
+        batch.insert(key(l), now[&key(l)]);
+    }
+    for l in delta.entered() {
+        if batch.insert(key(l), now[&key(l)]).is_some() {
+            return Err(format!("{l:?} entered, but was in the batch").into());
+        }
+    }
+    if *batch != now {
+        return Err(format!("the batch kept from deltas {batch:?}, the output's {now:?}").into());
+    }
+    if delta.changed().iter().any(|l| !now.contains_key(&key(l))) {
+        return Err("a changed entry is not in the batch".into());
+    }
+    Ok(())
+}
+
+/// The differential check: the incremental scheduler `h` and its twin `full` (every pass a full one)
+/// are in the same state — the scheduler's, every pool's and the adapter cache's fingerprints — and
+/// their last outputs are equal, list by list.
+pub fn same_as_full(h: &Harness<'_>, full: &Harness<'_>) -> Result<(), Violation> {
+    if fingerprint(&h.sched) != fingerprint(&full.sched) {
+        return Err(format!(
+            "the incremental scheduler's state is not the full passes' (after {} passes, {} incremental)",
+            h.stats.passes,
+            h.sched.replayed_passes()
+        )
+        .into());
+    }
+    same_output(&h.out, &full.out)
+}
+
+/// Two outputs are equal, every list, the adapter plan and loads, the pass number.
+pub fn same_output<const M: usize>(
+    a: &SchedulerOutput<M>,
+    b: &SchedulerOutput<M>,
+) -> Result<(), Violation> {
+    let lists = |o: &SchedulerOutput<M>| {
+        (
+            o.context().to_vec(),
+            [
+                o.generation(),
+                o.encoder(),
+                o.paused(),
+                o.recompute_paused(),
+                o.disagg(),
+                o.resumed(),
+            ]
+            .map(<[_]>::to_vec),
+            o.adapters().to_vec(),
+            o.adapter_loads().to_vec(),
+            o.has_chunking(),
+            o.pass(),
+        )
+    };
+    if lists(a) != lists(b) {
+        return Err(format!(
+            "the incremental pass's output differs from the full pass's:\n  incremental {:?}\n  full        {:?}",
+            lists(a),
+            lists(b)
+        )
+        .into());
+    }
+    Ok(())
 }
