@@ -102,6 +102,16 @@ pub enum ScenarioError {
         /// The scheduler's error.
         error: kvsched_core::Error,
     },
+    /// The incremental pass did not do what the full pass does (the differential check).
+    #[error("pass {pass}: the incremental pass differs from the full pass:\n  incremental: {incremental}\n  full:        {full}")]
+    Differential {
+        /// The pass (1-based).
+        pass: usize,
+        /// What the incremental run's pass did ([`crate::Run::trace`]'s line).
+        incremental: String,
+        /// What the full-pass run's pass did.
+        full: String,
+    },
     /// The pass ran and its output differs from the expectations.
     #[error("{}{}", label(*pass), diffs.join("; "))]
     Mismatch {

@@ -175,13 +175,18 @@ fn run_file_grouped(path: &Path) -> Result<Option<&'static str>, String> {
         return Ok(Some(why));
     }
     let window = [whole_request_window(&sc)];
-    let run = |groups: Option<&[GroupIn]>| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_with(&sc, groups)))
-            .map_err(|_| "panicked".to_owned())?
-            .map_err(|e| e.to_string())
+    // The plain pools with full passes only, the groups with the incremental pass: a difference of
+    // either kind shows.
+    let run = |groups: Option<&[GroupIn]>, incremental: bool| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_with(&sc, groups, incremental)
+        }))
+        .map_err(|_| "panicked".to_owned())?
+        .map(|(trace, _)| trace)
+        .map_err(|e| e.to_string())
     };
-    let plain = run(None).map_err(|e| format!("without groups: {e}"))?;
-    let grouped = run(Some(&window)).map_err(|e| format!("on groups: {e}"))?;
+    let plain = run(None, false).map_err(|e| format!("without groups: {e}"))?;
+    let grouped = run(Some(&window), true).map_err(|e| format!("on groups: {e}"))?;
     if let Some(k) = (0..plain.len().max(grouped.len())).find(|&k| plain.get(k) != grouped.get(k)) {
         return Err(format!(
             "pass {}: without groups {:?}, on groups {:?}",

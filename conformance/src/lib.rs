@@ -51,12 +51,17 @@ pub struct Report {
     pub failed: usize,
     /// One line per scenario: `ok NAME` or `FAIL NAME: reason`.
     pub lines: Vec<String>,
+    /// Passes of the passed scenarios that were incremental, each equal to the full pass.
+    pub incremental: u64,
 }
 
 impl Report {
     /// The closing line.
     pub fn summary(&self) -> String {
-        format!("{} passed, {} failed", self.passed, self.failed)
+        format!(
+            "{} passed, {} failed ({} incremental passes, each equal to the full pass)",
+            self.passed, self.failed, self.incremental
+        )
     }
 }
 
@@ -106,9 +111,10 @@ pub fn run_paths(paths: &[PathBuf]) -> Result<Report, CollectError> {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        match run_file(&f) {
-            Ok(name) => {
+        match run_file_counted(&f) {
+            Ok((name, incremental)) => {
                 report.passed += 1;
+                report.incremental += incremental;
                 report.lines.push(format!("ok {name}"));
             }
             Err(why) => {
@@ -127,6 +133,11 @@ pub fn run_paths(paths: &[PathBuf]) -> Result<Report, CollectError> {
 /// [`FileError`]: the file could not be read or parsed (with the field at fault), or the scenario did
 /// not pass (what differed, or why it is malformed, with the field).
 pub fn run_file(path: &Path) -> Result<String, FileError> {
+    run_file_counted(path).map(|(name, _)| name)
+}
+
+/// [`run_file`], with the scenario's incremental passes.
+fn run_file_counted(path: &Path) -> Result<(String, u64), FileError> {
     let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
         path: path.to_path_buf(),
         source,
@@ -142,12 +153,12 @@ pub fn run_file(path: &Path) -> Result<String, FileError> {
     let name = sc.name.clone();
     // A scenario that panics the scheduler fails alone; the run goes on. The scheduler keeps its arrays
     // on the heap (`Boxed`), so any caller's stack will do.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_scenario(&sc)))
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_counted(&sc)))
         .map_err(|_| FileError::Panicked {
             path: path.to_path_buf(),
         })?;
     match outcome {
-        Ok(()) => Ok(name),
+        Ok(incremental) => Ok((name, incremental)),
         Err(source) => Err(FileError::Scenario {
             path: path.to_path_buf(),
             name,
@@ -473,29 +484,53 @@ fn config_of(sc: &Scenario) -> Result<Config, ScenarioError> {
 /// [`ScenarioError`]: why the scenario is malformed, which step the scheduler refused, or what its
 /// passes' outputs got wrong.
 pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
-    run_with(sc, sc.kv.groups.as_deref()).map(|_| ())
+    run_counted(sc).map(|_| ())
+}
+
+/// [`run_scenario`], differentially: the scenario runs with the incremental pass and again with full
+/// passes only, and every pass of the two must do the same (its output lists, every request's state,
+/// every call on the scripted backends: [`Run::trace`]). Returns how many passes were incremental.
+fn run_counted(sc: &Scenario) -> Result<u64, ScenarioError> {
+    let groups = sc.kv.groups.as_deref();
+    let (incremental, replayed) = run_with(sc, groups, true)?;
+    let (full, _) = run_with(sc, groups, false)?;
+    if let Some(k) =
+        (0..incremental.len().max(full.len())).find(|&k| incremental.get(k) != full.get(k))
+    {
+        return Err(ScenarioError::Differential {
+            pass: k + 1,
+            incremental: incremental.get(k).cloned().unwrap_or_default(),
+            full: full.get(k).cloned().unwrap_or_default(),
+        });
+    }
+    Ok(replayed)
 }
 
 /// Runs a parsed scenario on the plain set of pools, or on `groups` (the file's `kv.groups`, or the
-/// grouped suite's); returns what each pass did ([`Run::trace`]).
-fn run_with(sc: &Scenario, groups: Option<&[GroupIn]>) -> Result<Vec<String>, ScenarioError> {
+/// grouped suite's), with the incremental pass on or off; returns what each pass did
+/// ([`Run::trace`]) and how many passes were incremental.
+fn run_with(
+    sc: &Scenario,
+    groups: Option<&[GroupIn]>,
+    incremental: bool,
+) -> Result<(Vec<String>, u64), ScenarioError> {
     let cfg = config_of(sc)?;
     check_shape(sc)?;
     let target = target_pool(&sc.kv)?;
     let Some(windows) = groups else {
         let (ctl, backend) = pools::Pools::new(&sc.kv, target)?;
-        return run_on(sc, Run::new(sc, cfg, ctl, backend)?);
+        return run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental);
     };
     grouped::check_passes(sc)?;
     let tpb = sc.config.tokens_per_block.unwrap_or(64);
     match windows.len() {
         1 => {
             let (ctl, backend) = pools::Pools::grouped::<2>(&sc.kv, target, windows, tpb)?;
-            run_on(sc, Run::new(sc, cfg, ctl, backend)?)
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental)
         }
         2 => {
             let (ctl, backend) = pools::Pools::grouped::<3>(&sc.kv, target, windows, tpb)?;
-            run_on(sc, Run::new(sc, cfg, ctl, backend)?)
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental)
         }
         0 => Err(ScenarioError::malformed(
             "kv.groups",
@@ -512,7 +547,12 @@ fn run_with(sc: &Scenario, groups: Option<&[GroupIn]>) -> Result<Vec<String>, Sc
 }
 
 /// The scenario's requests and passes on `run`'s scheduler.
-fn run_on<K: KvBackend>(sc: &Scenario, mut run: Run<K>) -> Result<Vec<String>, ScenarioError> {
+fn run_on<K: KvBackend>(
+    sc: &Scenario,
+    mut run: Run<K>,
+    incremental: bool,
+) -> Result<(Vec<String>, u64), ScenarioError> {
+    run.sched.set_incremental(incremental);
     for (i, r) in sc.requests.iter().enumerate() {
         if let Err(refusal) = run.add(&format!("requests[{i}]"), r) {
             // A refusal the scenario expects (the first pass's `expect.error`) is its outcome.
@@ -522,7 +562,7 @@ fn run_on<K: KvBackend>(sc: &Scenario, mut run: Run<K>) -> Result<Vec<String>, S
                 _ => None,
             };
             return match expected {
-                Some(want) if refusal.expected(want) => Ok(vec![format!("refused {i}")]),
+                Some(want) if refusal.expected(want) => Ok((vec![format!("refused {i}")], 0)),
                 _ => Err(refusal.malformed()),
             };
         }
@@ -567,7 +607,7 @@ fn run_on<K: KvBackend>(sc: &Scenario, mut run: Run<K>) -> Result<Vec<String>, S
         trace.push(run.trace(&out, &result));
         run.check(&out, result, &pass.expect, &at)?;
     }
-    Ok(trace)
+    Ok((trace, run.sched.replayed_passes()))
 }
 
 /// `expect` or `passes`, not both; the requests' ids unique, and not too many.
