@@ -278,15 +278,20 @@ struct OutputArgs {
     /// Verify the invariants: after every iteration what it touched (the rows it listed, the pools'
     /// counters, the leases, the output), and the exact audit of every page every --check-every
     /// iterations and at the end of the run; `--check=full` runs the exact audit after every
-    /// iteration (O(pages) each).
+    /// iteration (O(pages) each). Either also runs the simulation a second time with every pass a
+    /// full one (--full-passes) and fails unless every pass did the same in both.
     #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1, require_equals = true,
-        default_missing_value = "incremental")]
+        default_missing_value = "spot")]
     check: Option<CheckMode>,
     /// Iterations between two exact audits under --check.
     #[arg(long, value_name = "K", requires = "check",
         default_value_t = kvsched_sim::check::DEFAULT_AUDIT_EVERY,
         value_parser = clap::value_parser!(u64).range(1..))]
     check_every: u64,
+    /// Every pass a full one: the incremental pass (which keeps a steady decode batch and makes only
+    /// its KV calls again) off.
+    #[arg(long)]
+    full_passes: bool,
     /// No progress bar.
     #[arg(long = "no-progress", action = ArgAction::SetFalse)]
     progress: bool,
@@ -299,7 +304,7 @@ struct OutputArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CheckMode {
     /// The spot checks of what the iteration touched; the exact audit every --check-every iterations.
-    Incremental,
+    Spot,
     /// The exact audit after every iteration.
     Full,
 }
@@ -507,6 +512,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         } else {
             out.check_every
         },
+        full_passes: out.full_passes,
         progress: out.progress,
     })
 }

@@ -152,6 +152,43 @@ fn adapter_failures<'a, K: SimKv<'a>>(s: &Sched<'a, K>) -> u64 {
     leases.count() as u64 + u64::from(!pool.check())
 }
 
+/// A digest of one pass for the differential check: its output (every list in order, the chunks, the
+/// adapter plan and loads, O(batch)); when `state`, the scheduler's own state
+/// ([`kvsched_core::Scheduler::fingerprint`], O(table): every `--check-every` passes); when `pools`,
+/// every page and row of the lead pool ([`kvsched_core::KvPool::fingerprint`], O(pages + rows): at
+/// the end of the run).
+pub(crate) fn pass_digest<'a, K: SimKv<'a>>(
+    s: &Sched<'a, K>,
+    out: &Out,
+    state: bool,
+    pools: bool,
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    out.context().hash(&mut h);
+    for list in [
+        out.generation(),
+        out.encoder(),
+        out.paused(),
+        out.recompute_paused(),
+        out.disagg(),
+        out.resumed(),
+    ] {
+        list.hash(&mut h);
+    }
+    out.adapters().hash(&mut h);
+    out.adapter_loads().hash(&mut h);
+    out.pass().hash(&mut h);
+    s.stall_count().hash(&mut h);
+    if state {
+        s.fingerprint().hash(&mut h);
+    }
+    if pools {
+        s.kv().lead().fingerprint().hash(&mut h);
+    }
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use kvsched_core::ids::TaskSlot;

@@ -560,6 +560,7 @@ fn add_counters(c: &mut Report, r: &Report) {
         host_cache_hits,
         invariant_violations,
         exact_audits,
+        incremental_passes,
         store_loads_failed,
         store_loads_timed_out,
         store_saves_timed_out,
@@ -579,6 +580,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: &[Report]) -> Report {
     let n = reports.len().max(1) as f64;
     for (k, r) in reports.iter().enumerate() {
         add_counters(&mut c, r);
+        c.digests.extend_from_slice(&r.digests);
         // The replicas run interleaved, each timed from its start: the cluster's wall time is the
         // longest.
         c.wall_seconds = c.wall_seconds.max(r.wall_seconds);

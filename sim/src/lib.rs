@@ -116,6 +116,9 @@ pub struct SimOptions {
     pub check: bool,
     /// Iterations between two exact audits under `check` (1: after every iteration, `--check=full`).
     pub check_every: u64,
+    /// Every pass a full one: the incremental pass off (`--full-passes`). `check` runs a twin of the
+    /// simulation with it and compares every pass.
+    pub full_passes: bool,
     /// Show a progress bar on a terminal.
     pub progress: bool,
     /// Deadlock threshold (stalled passes).
@@ -199,6 +202,7 @@ impl Default for SimOptions {
             seed: 1,
             check: false,
             check_every: check::DEFAULT_AUDIT_EVERY,
+            full_passes: false,
             progress: true,
             deadlock_threshold: 1000,
             prefix_reuse: true,
@@ -261,6 +265,15 @@ pub enum SimError {
     TransferNotLive {
         /// The request (its arrival's index).
         arrival: usize,
+    },
+    /// The differential check (`--check`): a pass of the run did not do what the same pass of its
+    /// twin, whose every pass is a full one, did.
+    #[error("scheduler: pass {pass} differs from the full pass's (after {incremental} incremental passes); rerun with --full-passes to run without the incremental pass")]
+    Differential {
+        /// The first pass that differs (1-based, over the engines' passes in order).
+        pass: u64,
+        /// Passes of the run that were incremental.
+        incremental: u64,
     },
     /// One engine of a cluster stopped.
     #[error("replica {replica}: {source}")]
@@ -635,7 +648,41 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Runs a simulation of `w`: on one engine, or on `o.replicas` behind the router (`cluster.rs`).
-pub fn run(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
+///
+/// Under `o.check`, differentially too: a twin of the run whose every pass is a full one must pass
+/// through the same states (every pass's output; the scheduler's state every `check_every` passes; the
+/// pools' at the end), or the run fails with [`SimError::Differential`].
+pub fn run(o: &SimOptions, w: Workload) -> Result<Report, SimError> {
+    if !o.check || o.full_passes {
+        return run_once(o, w);
+    }
+    let twin = SimOptions {
+        check: false,
+        full_passes: true,
+        progress: false,
+        ..o.clone()
+    };
+    let mut r = run_once(o, w.clone())?;
+    let full = run_once(&twin, w)?;
+    differential(&r, &full)?;
+    r.differential_passes = Some(r.iterations);
+    Ok(r)
+}
+
+/// The differential check of a run `r` against its twin `full` (every pass a full one): every pass's
+/// digest (`Report::digests`) equal, or [`SimError::Differential`] naming the first that is not.
+pub fn differential(r: &Report, full: &Report) -> Result<(), SimError> {
+    let (a, b) = (&r.digests, &full.digests);
+    match (0..a.len().max(b.len())).find(|&k| a.get(k) != b.get(k)) {
+        Some(pass) => Err(SimError::Differential {
+            pass: pass as u64 + 1,
+            incremental: r.incremental_passes,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn run_once(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
     check_options(o, &w)?;
     prepare(o, &mut w)?;
     if let Some(g) = &o.kv_groups {

@@ -126,6 +126,16 @@ pub struct Report {
     pub transfers_timed_out: u64,
     /// Exact audits `--check` ran (every `--check-every` iterations and at the end of the run).
     pub exact_audits: u64,
+    /// Passes that were incremental: the last pass's steady decode batch kept, only its KV calls made
+    /// again (`core/src/scheduler/incremental.rs`).
+    pub incremental_passes: u64,
+    /// Under `--check`: the passes compared with a twin run whose every pass is a full one (every
+    /// output equal, the scheduler's state every `--check-every` passes, and the pools' at the end).
+    /// `None` without `--check`.
+    pub differential_passes: Option<u64>,
+    /// A digest of every pass (the differential check's; not serialized).
+    #[serde(skip)]
+    pub digests: Vec<u64>,
     /// The admission policy (`--admission`).
     pub admission: String,
     /// Where the adapters' device copies live (`--adapter-paging`): `split` or `unified`.
@@ -429,6 +439,15 @@ impl Report {
         if checked {
             t.row("invariant violations (--check)", self.invariant_violations);
             t.row("exact audits (--check)", self.exact_audits);
+            if let Some(n) = self.differential_passes {
+                t.row(
+                    "differential (--check)",
+                    format_args!(
+                        "{n} passes as the full pass's, {} incremental",
+                        self.incremental_passes
+                    ),
+                );
+            }
         }
         t.row("wall time", format_args!("{:.2} s", self.wall_seconds));
     }

@@ -73,6 +73,9 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     news: Option<News>,
     /// `--check` (`check.rs`).
     checker: Option<Checker>,
+    /// A digest of every pass (`check::pass_digest`), for the differential check: under `--check`,
+    /// and in its twin whose passes are all full ones.
+    digests: Option<Vec<u64>>,
 }
 
 /// A disaggregated engine's transfers.
@@ -99,10 +102,11 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
     pub(super) fn new(
         o: &'s SimOptions,
         w: &'w Workload,
-        sched: Box<Sched<'s, K>>,
+        mut sched: Box<Sched<'s, K>>,
         out: Box<Out>,
         kv_cfg: KvPoolConfig,
     ) -> Self {
+        sched.set_incremental(!o.full_passes);
         let n = w.arrivals.len();
         let now_ms = w.arrivals.first().map_or(0.0, |a| a.at_ms);
         Self {
@@ -133,6 +137,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             sample_every: (n / 4000).max(1) as u64,
             finished: Vec::new(),
             checker: Checker::new(o),
+            digests: (o.check || o.full_passes).then(Vec::new),
             fair: Fairness::new(o.adapters.count),
             loaded_blocks: 0,
             step_remote_blocks: 0,
@@ -453,6 +458,11 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         if let Some(c) = &mut self.checker {
             // The slots the last step finished were touched too: their rows must be gone.
             r.invariant_violations += c.iteration(sched, out, self.o, &self.finished);
+        }
+        if let Some(d) = &mut self.digests {
+            // The scheduler's state every --check-every passes, the pools' at the end (`report`).
+            let state = (d.len() as u64 + 1) % self.o.check_every.max(1) == 0;
+            d.push(super::check::pass_digest(sched, out, state, false));
         }
         Ok((page_moves, load_pages))
     }
@@ -805,6 +815,17 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         if let Some(c) = &mut self.checker {
             self.r.invariant_violations += c.audit(&self.sched);
             self.r.exact_audits = c.audits;
+        }
+        self.r.incremental_passes = self.sched.replayed_passes();
+        if let Some(mut d) = self.digests.take() {
+            // The state the run ends in, pools included.
+            d.push(super::check::pass_digest(
+                &self.sched,
+                &self.out,
+                true,
+                true,
+            ));
+            self.r.digests = d;
         }
         if let Some(bar) = self.progress.take() {
             if !bar.is_hidden() {
