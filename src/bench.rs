@@ -14,8 +14,10 @@ pub const DEFAULT_ITERS: u64 = 10_000;
     about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).",
     long_about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with \
         --release). Prints per scenario the median and p99 ns per iteration, the floor pass's median, the \
-        ratio, the asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during \
-        the timed iterations."
+        ratio, the median with every pass a full one (measured interleaved, the peer the incremental pass \
+        is compared with) and how many times that is, the share of iterations whose pass was incremental, \
+        the asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed \
+        iterations."
 )]
 struct BenchArgs {
     /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6 S7, or all.
@@ -67,12 +69,15 @@ pub fn cli(args: &[String]) -> ExitCode {
     }
     if !json {
         println!(
-            "{:<8} {:>11} {:>11} {:>10} {:>7} {:>22} {:>6} {:>7}",
+            "{:<8} {:>11} {:>11} {:>10} {:>7} {:>9} {:>6} {:>6} {:>22} {:>6} {:>7}",
             "scenario",
             "median µs",
             "p99 µs",
             "floor µs",
             "ratio",
+            "full µs",
+            "full÷",
+            "incr",
             "outcome g/c/p/r",
             "allocs",
             "iters"
@@ -104,6 +109,10 @@ fn json_line(m: &Measured, counting: bool) -> serde_json::Value {
         "p99_ns": m.p99_ns,
         "floor_ns": m.floor_ns,
         "ratio_to_floor": m.ratio_to_floor(),
+        "full_median_ns": m.full_median_ns,
+        "full_p99_ns": m.full_p99_ns,
+        "full_over_incremental": m.speedup(),
+        "incremental_iters": m.incremental,
         "iters": m.iters,
         "allocations": if counting { serde_json::json!(m.allocations) } else { serde_json::Value::Null },
         "outcome": m.outcome.to_string(),
@@ -113,12 +122,15 @@ fn json_line(m: &Measured, counting: bool) -> serde_json::Value {
 /// One scenario's figures as a row of the table.
 fn table_row(m: &Measured, counting: bool) -> String {
     format!(
-        "{:<8} {:>11.3} {:>11.3} {:>10.4} {:>7.1} {:>22} {:>6} {:>7}",
+        "{:<8} {:>11.3} {:>11.3} {:>10.4} {:>7.1} {:>9.3} {:>6.1} {:>5.0}% {:>22} {:>6} {:>7}",
         m.scenario.name(),
         m.median_ns / 1e3,
         m.p99_ns / 1e3,
         m.floor_ns / 1e3,
         m.ratio_to_floor(),
+        m.full_median_ns / 1e3,
+        m.speedup(),
+        100.0 * m.incremental as f64 / m.iters as f64,
         m.outcome.to_string(),
         if counting {
             m.allocations.to_string()

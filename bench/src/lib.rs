@@ -45,6 +45,8 @@ pub const ADAPTER_PAGES: u32 = 4;
 pub const PROMPT: u32 = 512;
 /// KV capacity of a generation request, in tokens (common setting).
 pub const CAPACITY: u32 = 1000;
+/// Iterations measured in a row of one side before the other's (the incremental pass and its full peer).
+const ALTERNATE: u64 = 250;
 /// Passes timed per clock read when measuring the floor (one pass is shorter than a clock read).
 const FLOOR_BATCH: u32 = 64;
 
@@ -544,9 +546,37 @@ impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
         }
     }
 
+    /// [`Bench::build`], then one iteration (untimed where the state is built): the first pass of a
+    /// not-reset scenario leaves a steady decode batch, which the next one keeps (incremental). Panics
+    /// for a reset scenario, or when the next pass would not be incremental.
+    pub fn steady(s: Scenario) -> Self {
+        assert!(
+            !s.resets(),
+            "{}: a reset scenario has no next pass",
+            s.name()
+        );
+        let mut b = Self::build(s);
+        b.iteration();
+        let before = b.sched.replayed_passes();
+        b.iteration();
+        assert_eq!(
+            b.sched.replayed_passes(),
+            before + 1,
+            "{}: the pass after the first is incremental",
+            s.name()
+        );
+        b
+    }
+
     /// The scenario.
     pub fn scenario(&self) -> Scenario {
         self.scenario
+    }
+
+    /// Turns the scheduler's incremental pass on (the default) or off: off, every iteration runs the
+    /// full pass, the peer an incremental iteration is measured against.
+    pub fn set_incremental(&mut self, on: bool) {
+        self.sched.set_incremental(on);
     }
 
     /// The scheduler (for inspection).
@@ -832,6 +862,12 @@ pub struct Measured {
     pub p99_ns: f64,
     /// Median ns of the floor pass over the same requests.
     pub floor_ns: f64,
+    /// Median ns per iteration with every pass a full one (measured interleaved with the others).
+    pub full_median_ns: f64,
+    /// 99th percentile ns per iteration with every pass a full one.
+    pub full_p99_ns: f64,
+    /// The timed iterations whose pass was incremental (the last pass's batch kept).
+    pub incremental: u64,
     /// Heap allocations counted during the timed iterations.
     pub allocations: u64,
     /// The outcome every iteration produced.
@@ -842,6 +878,11 @@ impl Measured {
     /// Median over floor.
     pub fn ratio_to_floor(&self) -> f64 {
         self.median_ns / self.floor_ns
+    }
+
+    /// The full pass's median over the median (how many times cheaper the iteration is).
+    pub fn speedup(&self) -> f64 {
+        self.full_median_ns / self.median_ns
     }
 }
 
@@ -877,24 +918,49 @@ struct Measure {
 impl Visit for Measure {
     type Out = Measured;
     fn visit<const N: usize, const T: usize>(&mut self, s: Scenario) -> Measured {
-        // Warm-up (untimed), then the timed iterations, one sample each.
+        // Warm-up (untimed), then the timed iterations, one sample each: an iteration of the scheduler
+        // as built (incremental), then one of its peer whose every pass is full, alternately.
         Bench::<N, T>::drive(s, self.warmup, |b, k| {
             for _ in 0..k {
                 b.iteration();
             }
         });
+        let build = |incremental: bool| {
+            let mut b = Bench::<N, T>::build(s);
+            b.set_incremental(incremental);
+            b
+        };
+        let (mut inc, mut full) = (build(true), build(false));
         let mut samples = Vec::with_capacity(self.iters as usize);
-        let mut allocations = 0u64;
-        Bench::<N, T>::drive(s, self.iters, |b, k| {
+        let mut full_samples = Vec::with_capacity(self.iters as usize);
+        let (mut allocations, mut incremental) = (0u64, 0u64);
+        // In blocks, so that each side runs with its own state in the caches.
+        for block in 0..self.iters.div_ceil(ALTERNATE) {
+            let k = ALTERNATE.min(self.iters - block * ALTERNATE);
             for _ in 0..k {
+                if inc.spent() {
+                    incremental += inc.scheduler().replayed_passes();
+                    inc = build(true);
+                }
                 let a = self::allocations();
                 let t = Instant::now();
-                b.iteration();
+                inc.iteration();
                 let ns = t.elapsed().as_nanos() as f64;
                 allocations += self::allocations() - a;
                 samples.push((ns - self.overhead_ns).max(0.0));
             }
-        });
+            for _ in 0..k {
+                if full.spent() {
+                    full = build(false);
+                }
+                let t = Instant::now();
+                full.iteration();
+                let ns = t.elapsed().as_nanos() as f64;
+                full_samples.push((ns - self.overhead_ns).max(0.0));
+            }
+        }
+        incremental += inc.scheduler().replayed_passes();
+        full_samples.sort_by(f64::total_cmp);
         samples.sort_by(f64::total_cmp);
 
         // The floor over the scenario's starting requests, in batches (it is shorter than a clock read).
@@ -916,6 +982,9 @@ impl Visit for Measure {
             median_ns: percentile(&samples, 0.5),
             p99_ns: percentile(&samples, 0.99),
             floor_ns: percentile(&floors, 0.5),
+            full_median_ns: percentile(&full_samples, 0.5),
+            full_p99_ns: percentile(&full_samples, 0.99),
+            incremental,
             allocations,
             outcome,
         }
