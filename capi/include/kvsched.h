@@ -299,6 +299,46 @@ typedef struct kvsched_output {
 } kvsched_output;
 
 /**
+ * What changed in the batch (the context, generation and encoder lists) since the last
+ * [`kvsched_take_delta`]: arrays the engine owns, valid until the next call that changes the engine.
+ * An engine that keeps a persistent batch applies it instead of rebuilding the batch from the full
+ * lists: a request in the batch before and after that is in none of these takes its next decode
+ * step.
+ */
+typedef struct KvschedDelta {
+  /**
+   * In the batch now, not at the last call (new, admitted, resumed).
+   */
+  const struct kvsched_entry *entered;
+  /**
+   * Their number.
+   */
+  size_t n_entered;
+  /**
+   * In the batch at the last call, not now (finished, suspended, recompute-paused, not scheduled),
+   * as they were then.
+   */
+  const struct kvsched_entry *left;
+  /**
+   * Their number.
+   */
+  size_t n_left;
+  /**
+   * In both, but not as the next decode step: a context chunk (with its tokens), or a request
+   * now in another list.
+   */
+  const struct kvsched_entry *changed;
+  /**
+   * Their number.
+   */
+  size_t n_changed;
+  /**
+   * The pass the delta leads to.
+   */
+  uint64_t pass;
+} KvschedDelta;
+
+/**
  * One page copy between the tiers.
  */
 typedef struct kvsched_page_move {
@@ -483,6 +523,16 @@ enum kvsched_status kvsched_set_inflight(struct kvsched_engine *engine,
  */
 enum kvsched_status kvsched_schedule(struct kvsched_engine *engine,
                                      struct kvsched_output *out);
+
+/**
+ * What changed in the batch since the last call (after [`kvsched_schedule`]): `KvschedDelta`. Costs
+ * O(the two batches), nothing when every pass since the last call was incremental. Refused
+ * (`KVSCHED_STATUS_STALE_OUTPUT`) before the first pass.
+ *
+ * # Safety
+ * `engine` comes from [`kvsched_engine_new`]; `delta` is valid.
+ */
+enum kvsched_status kvsched_take_delta(struct kvsched_engine *engine, struct KvschedDelta *delta);
 
 /**
  * The page moves logged since the last call, for the copy engine to run before the step (in order).

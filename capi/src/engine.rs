@@ -4,6 +4,7 @@
 
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
+use kvsched_core::delta::BatchDelta;
 use kvsched_core::error::Error;
 use kvsched_core::ids::{RequestId, TaskId};
 use kvsched_core::kv::Tier;
@@ -46,6 +47,12 @@ pub struct Lists {
     /// The KV events of the last [`Engine::take_kv_events`] (room for the log's capacity, reserved
     /// once).
     pub kv_events: Vec<KvschedKvEvent>,
+    /// The last [`Engine::take_delta`]: requests that entered the batch, left it, changed in it.
+    pub entered: Vec<KvschedEntry>,
+    /// See `entered`.
+    pub left: Vec<KvschedEntry>,
+    /// See `entered`.
+    pub changed: Vec<KvschedEntry>,
 }
 
 /// One scheduler with its pools.
@@ -53,6 +60,9 @@ pub struct Engine {
     sched: Sched,
     out: SchedulerOutput<MAX_REQUESTS, Boxed>,
     lists: Lists,
+    delta: BatchDelta<MAX_REQUESTS, Boxed>,
+    /// By slot: the entry the batch of the last delta showed (what a request that left it was).
+    shown: Vec<Option<KvschedEntry>>,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
@@ -107,6 +117,8 @@ impl Engine {
             sched: Scheduler::boxed(cfg, pool, adapters)?,
             out: SchedulerOutput::new_in()?,
             lists,
+            delta: BatchDelta::new_in()?,
+            shown: vec![None; MAX_REQUESTS],
             poisoned: false,
         })
     }
@@ -168,9 +180,15 @@ impl Engine {
     }
 
     /// Runs a pass and copies its output into the lists (the adapter loads come with
-    /// [`Engine::ensure_batch`]).
+    /// [`Engine::ensure_batch`]). An incremental pass kept the last pass's lists: so are the copies
+    /// (nothing is copied, the arrays C holds stay valid and unchanged).
     pub fn schedule(&mut self) -> Result<(), Error> {
+        let replayed = self.sched.replayed_passes();
         self.sched.schedule(&mut self.out)?;
+        if self.sched.replayed_passes() > replayed {
+            self.lists.adapter_loads.clear();
+            return Ok(());
+        }
         let (s, o, l) = (&self.sched, &self.out, &mut self.lists);
         let entry = |x: &Listed, tokens: u32, last: bool| {
             let e = s.get(x.handle()).ok();
@@ -202,6 +220,51 @@ impl Engine {
         }
         l.adapter_loads.clear();
         Ok(())
+    }
+
+    /// What changed in the batch since the last call ([`kvsched_core::delta`]): the requests that
+    /// entered it, left it (as they were then: a removed one keeps its id) and changed in it (a
+    /// context chunk with its tokens, or a request now in another list), as plain-old-data lists.
+    pub fn take_delta(&mut self) -> Result<(), Error> {
+        self.sched.take_delta(&self.out, &mut self.delta)?;
+        let (s, o, l, d) = (&self.sched, &self.out, &mut self.lists, &self.delta);
+        let entry = |x: &Listed| {
+            let e = s.get(x.handle()).ok();
+            let lora = e.and_then(|e| e.spec().lora);
+            let chunk = o.context().iter().find(|c| c.listed == *x);
+            KvschedEntry {
+                id: e.map_or(u64::MAX, |e| e.spec().id.0),
+                lora_task: lora.map_or(0, |t| t.0),
+                tokens: chunk.map_or(0, |c| c.tokens),
+                slot: x.slot(),
+                has_lora: u8::from(lora.is_some()),
+                last: u8::from(chunk.is_some_and(|c| c.last)),
+            }
+        };
+        l.left.clear();
+        for x in d.left() {
+            let shown = self.shown[usize::from(x.slot())].take();
+            l.left.push(shown.unwrap_or_else(|| entry(x)));
+        }
+        for (list, src) in [(&mut l.entered, d.entered()), (&mut l.changed, d.changed())] {
+            list.clear();
+            for x in src {
+                let e = entry(x);
+                self.shown[usize::from(x.slot())] = Some(e);
+                list.push(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Passes that were incremental (the last pass's batch kept: no list copied).
+    pub fn replayed_passes(&self) -> u64 {
+        self.sched.replayed_passes()
+    }
+
+    /// The pass the last delta leads to.
+    pub fn delta_pass(&self) -> u64 {
+        self.delta.pass()
     }
 
     /// Makes the last pass's adapters resident: the task ids to load onto the device.

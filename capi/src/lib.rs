@@ -240,6 +240,32 @@ pub struct KvschedOutput {
     pub pass: u64,
 }
 
+/// What changed in the batch (the context, generation and encoder lists) since the last
+/// [`kvsched_take_delta`]: arrays the engine owns, valid until the next call that changes the engine.
+/// An engine that keeps a persistent batch applies it instead of rebuilding the batch from the full
+/// lists: a request in the batch before and after that is in none of these takes its next decode
+/// step.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvschedDelta {
+    /// In the batch now, not at the last call (new, admitted, resumed).
+    pub entered: *const KvschedEntry,
+    /// Their number.
+    pub n_entered: usize,
+    /// In the batch at the last call, not now (finished, suspended, recompute-paused, not scheduled),
+    /// as they were then.
+    pub left: *const KvschedEntry,
+    /// Their number.
+    pub n_left: usize,
+    /// In both, but not as the next decode step: a context chunk (with its tokens), or a request
+    /// now in another list.
+    pub changed: *const KvschedEntry,
+    /// Their number.
+    pub n_changed: usize,
+    /// The pass the delta leads to.
+    pub pass: u64,
+}
+
 /// One page copy between the tiers.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -426,6 +452,38 @@ pub unsafe extern "C" fn kvsched_schedule(
             adapter_loads: l.adapter_loads.as_ptr(),
             n_adapter_loads: l.adapter_loads.len(),
             pass: e.pass(),
+        };
+        Ok(())
+    })
+}
+
+/// What changed in the batch since the last call (after [`kvsched_schedule`]): `KvschedDelta`. Costs
+/// O(the two batches), nothing when every pass since the last call was incremental. Refused
+/// (`KVSCHED_STATUS_STALE_OUTPUT`) before the first pass.
+///
+/// # Safety
+/// `engine` comes from [`kvsched_engine_new`]; `delta` is valid.
+#[no_mangle]
+pub unsafe extern "C" fn kvsched_take_delta(
+    engine: *mut Engine,
+    delta: *mut KvschedDelta,
+) -> KvschedStatus {
+    // SAFETY: the caller's contract: valid or null.
+    let Some(delta) = (unsafe { delta.as_mut() }) else {
+        set_error("kvsched_take_delta: null delta");
+        return KvschedStatus::NullPointer;
+    };
+    guard(engine, |e| {
+        e.take_delta()?;
+        let l = e.lists();
+        *delta = KvschedDelta {
+            entered: l.entered.as_ptr(),
+            n_entered: l.entered.len(),
+            left: l.left.as_ptr(),
+            n_left: l.left.len(),
+            changed: l.changed.as_ptr(),
+            n_changed: l.changed.len(),
+            pass: e.delta_pass(),
         };
         Ok(())
     })

@@ -206,3 +206,83 @@ fn a_full_request_table_refuses_the_next_submit_and_changes_nothing() {
         kvsched_engine_free(e);
     }
 }
+
+/// Issue 30 through the C ABI: the batch delta follows the batch (entered as context, changed as the
+/// chunk completes, left with the id of a request already finished), it is empty over incremental
+/// passes, and an incremental pass hands back the same arrays, unchanged (nothing copied).
+#[test]
+fn the_batch_delta_follows_the_batch_and_incremental_passes_copy_nothing() {
+    let config = KvschedConfig {
+        max_requests: 8,
+        ..kvsched_config_default()
+    };
+    let mut e = std::ptr::null_mut();
+    let ids = |d: *const KvschedEntry, n: usize| -> Vec<u64> {
+        // SAFETY: the delta's arrays, valid until the next call that changes the engine.
+        unsafe { std::slice::from_raw_parts(d, n) }
+            .iter()
+            .map(|x| x.id)
+            .collect()
+    };
+    // SAFETY: every pointer comes from `kvsched_engine_new` or a local; the engine is freed once.
+    unsafe {
+        assert_eq!(
+            kvsched_engine_new(&raw const config, &raw mut e),
+            KvschedStatus::Ok
+        );
+        let mut delta = std::mem::zeroed::<KvschedDelta>();
+        assert_eq!(
+            kvsched_take_delta(e, &raw mut delta),
+            KvschedStatus::StaleOutput,
+            "no pass yet"
+        );
+        for id in 1..=3 {
+            assert_eq!(
+                kvsched_submit(e, &request(id, 40), std::ptr::null(), 0),
+                KvschedStatus::Ok
+            );
+        }
+        let mut out = std::mem::zeroed::<KvschedOutput>();
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert_eq!(kvsched_take_delta(e, &raw mut delta), KvschedStatus::Ok);
+        assert_eq!(ids(delta.entered, delta.n_entered), [1, 2, 3]);
+        assert_eq!((delta.n_left, delta.n_changed), (0, 0));
+        let entered = std::slice::from_raw_parts(delta.entered, delta.n_entered);
+        assert_eq!(entered[0].tokens, 40, "a context entry has its chunk");
+        // The prompts are done: the three decode now (another list: changed).
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert_eq!(out.n_generation, 3);
+        assert_eq!(kvsched_take_delta(e, &raw mut delta), KvschedStatus::Ok);
+        assert_eq!(ids(delta.changed, delta.n_changed), [1, 2, 3]);
+        // Steady decode: the next passes are incremental, keep the arrays, and change nothing.
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        let (first, copied) = (out.generation, ids(out.generation, out.n_generation));
+        for _ in 0..5 {
+            assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+            assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+            assert_eq!(out.generation, first, "the same array");
+            assert_eq!(ids(out.generation, out.n_generation), copied);
+            assert_eq!(kvsched_take_delta(e, &raw mut delta), KvschedStatus::Ok);
+            assert_eq!(delta.n_entered + delta.n_left + delta.n_changed, 0);
+        }
+        assert!((*e).replayed_passes() >= 5, "the passes were incremental");
+        // A request finished: it left, named by its id though it is gone.
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+        assert_eq!(kvsched_finish(e, 2), KvschedStatus::Ok);
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert_eq!(kvsched_take_delta(e, &raw mut delta), KvschedStatus::Ok);
+        assert_eq!(ids(delta.left, delta.n_left), [2]);
+        assert_eq!((delta.n_entered, delta.n_changed), (0, 0));
+        assert_eq!(
+            kvsched_take_delta(ptr_null(), &raw mut delta),
+            KvschedStatus::NullPointer
+        );
+        kvsched_engine_free(e);
+    }
+}
+
+fn ptr_null() -> *mut kvsched_capi::Engine {
+    std::ptr::null_mut()
+}
