@@ -11,6 +11,12 @@ returns a ``SchedulerOutput`` whose lists hold the engine's own request objects.
 KV events for a KV-aware router (NVIDIA Dynamo's, llm-d's): ``Scheduler(kv_events=N)`` logs them,
 ``take_kv_events`` drains them, ``prefix_root`` and ``chain`` give the keys a prompt's blocks carry, and
 ``encode_kv_events`` writes vLLM 0.33's batch (byte-identical to msgspec's) for a ZMQ PUB socket.
+
+Without one object per request: ``schedule_buffers`` returns each list as one ``bytes`` object of packed
+entries (``ENTRY_FORMAT``; ``ids(buf)`` reads the ids, ``numpy.frombuffer(buf, ENTRY_DTYPE)`` the
+rest), the same objects again after an incremental pass (the last pass's steady decode batch kept);
+``take_delta`` says what entered, left and changed in the batch since the last call, for an engine that
+keeps a persistent batch.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -18,8 +24,10 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from ._native import (  # noqa: F401  (re-exported)
     AdapterError,
+    Buffers,
     CapacityError,
     DeadlockError,
+    Delta,
     Entry,
     KvEvent,
     KvschedError,
@@ -35,8 +43,12 @@ from ._native import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "AdapterError",
+    "Buffers",
     "CapacityError",
     "DeadlockError",
+    "Delta",
+    "ENTRY_DTYPE",
+    "ENTRY_FORMAT",
     "Entry",
     "KvEvent",
     "KvschedError",
@@ -51,7 +63,20 @@ __all__ = [
     "UnknownRequest",
     "chain",
     "encode_kv_events",
+    "ids",
 ]
+
+#: One packed entry of a ``Buffers`` or ``Delta`` list (``struct`` format, little-endian, 24 bytes):
+#: id, lora_task, tokens, slot, has_lora, last.
+ENTRY_FORMAT = "<QQIHBB"
+#: The same as a numpy dtype description: ``numpy.frombuffer(buf, dtype=ENTRY_DTYPE)``.
+ENTRY_DTYPE = [("id", "<u8"), ("lora_task", "<u8"), ("tokens", "<u4"), ("slot", "<u2"),
+               ("has_lora", "u1"), ("last", "u1")]
+
+
+def ids(buf: bytes) -> memoryview:
+    """The request ids of a packed list, as a view (no copy): every third u64."""
+    return memoryview(buf).cast("Q")[0::3]
 
 
 @dataclass

@@ -26,6 +26,21 @@ class Output:
     resumed: List[Entry]
     pass_number: int
 
+class Buffers:
+    context: bytes
+    generation: bytes
+    paused: bytes
+    recompute_paused: bytes
+    disagg: bytes
+    resumed: bytes
+    pass_number: int
+
+class Delta:
+    entered: bytes
+    left: bytes
+    changed: bytes
+    pass_number: int
+
 class PageMove:
     request: int
     from_host: bool
@@ -78,6 +93,8 @@ class Scheduler:
         arrival: int = 0,
     ) -> None: ...
     def schedule(self) -> Output: ...
+    def schedule_buffers(self) -> Buffers: ...
+    def take_delta(self) -> Delta: ...
     def ensure_batch(self) -> List[int]: ...
     def take_moves(self) -> List[PageMove]: ...
     def complete_step(self) -> None: ...

@@ -8,7 +8,7 @@ mod kv_events;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBytes, PyList};
 
 use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest};
 use kvsched_core::error::Error;
@@ -129,6 +129,90 @@ struct Output {
     pass_number: u64,
 }
 
+/// Bytes of one packed entry ([`KvschedEntry`], little-endian: id u64, lora_task u64, tokens u32,
+/// slot u16, has_lora u8, last u8; `kvsched.ENTRY_FORMAT`).
+const ENTRY_BYTES: usize = 24;
+
+/// One list as one `bytes` object of packed entries (a buffer: `memoryview`, `numpy.frombuffer` read
+/// it without an object per request).
+fn packed<'py>(py: Python<'py>, list: &[KvschedEntry]) -> PyResult<Py<PyBytes>> {
+    let bytes = PyBytes::new_with(py, list.len() * ENTRY_BYTES, |buf| {
+        for (e, b) in list.iter().zip(buf.chunks_exact_mut(ENTRY_BYTES)) {
+            b[0..8].copy_from_slice(&e.id.to_le_bytes());
+            b[8..16].copy_from_slice(&e.lora_task.to_le_bytes());
+            b[16..20].copy_from_slice(&e.tokens.to_le_bytes());
+            b[20..22].copy_from_slice(&e.slot.to_le_bytes());
+            b[22] = e.has_lora;
+            b[23] = e.last;
+        }
+        Ok(())
+    })?;
+    Ok(bytes.unbind())
+}
+
+/// A pass's output as buffers: each list one `bytes` object of packed entries
+/// (`kvsched.ENTRY_FORMAT`, 24 bytes each; `kvsched.ids(buf)` reads the ids). After an incremental pass
+/// these are the same objects as the last pass's: nothing is copied.
+#[pyclass(frozen, get_all, module = "kvsched")]
+struct Buffers {
+    /// Context chunks to run.
+    context: Py<PyBytes>,
+    /// Decode steps to run.
+    generation: Py<PyBytes>,
+    /// Suspended this pass.
+    paused: Py<PyBytes>,
+    /// Recompute-paused this pass.
+    recompute_paused: Py<PyBytes>,
+    /// Disaggregated generation requests whose pages are ready.
+    disagg: Py<PyBytes>,
+    /// Scheduled requests whose KV came back from the host tier.
+    resumed: Py<PyBytes>,
+    /// The pass's number.
+    pass_number: u64,
+}
+
+impl Buffers {
+    fn of(py: Python<'_>, engine: &Engine) -> PyResult<Self> {
+        let l = engine.lists();
+        Ok(Self {
+            context: packed(py, &l.context)?,
+            generation: packed(py, &l.generation)?,
+            paused: packed(py, &l.paused)?,
+            recompute_paused: packed(py, &l.recompute_paused)?,
+            disagg: packed(py, &l.disagg)?,
+            resumed: packed(py, &l.resumed)?,
+            pass_number: engine.pass(),
+        })
+    }
+
+    /// The same lists for pass `pass` (an incremental pass kept them).
+    fn again(&self, py: Python<'_>, pass: u64) -> Self {
+        Self {
+            context: self.context.clone_ref(py),
+            generation: self.generation.clone_ref(py),
+            paused: self.paused.clone_ref(py),
+            recompute_paused: self.recompute_paused.clone_ref(py),
+            disagg: self.disagg.clone_ref(py),
+            resumed: self.resumed.clone_ref(py),
+            pass_number: pass,
+        }
+    }
+}
+
+/// What changed in the batch since the last `take_delta` (see the C header's `KvschedDelta`), each
+/// list one `bytes` object of packed entries.
+#[pyclass(frozen, get_all, module = "kvsched")]
+struct Delta {
+    /// In the batch now, not at the last call.
+    entered: Py<PyBytes>,
+    /// In the batch at the last call, not now (as they were then).
+    left: Py<PyBytes>,
+    /// In both, but not as the next decode step (a chunk, or another list).
+    changed: Py<PyBytes>,
+    /// The pass the delta leads to.
+    pass_number: u64,
+}
+
 /// One page copy between the tiers.
 #[pyclass(frozen, get_all, module = "kvsched")]
 struct PageMove {
@@ -146,6 +230,8 @@ struct PageMove {
 #[pyclass(unsendable, module = "kvsched")]
 struct Scheduler {
     engine: Engine,
+    /// The last `schedule_buffers` result, handed back again after an incremental pass.
+    buffers: Option<Buffers>,
 }
 
 #[pymethods]
@@ -188,6 +274,7 @@ impl Scheduler {
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
+            buffers: None,
         })
     }
 
@@ -257,6 +344,38 @@ impl Scheduler {
             disagg: entries(py, &l.disagg)?,
             resumed: entries(py, &l.resumed)?,
             pass_number: self.engine.pass(),
+        })
+    }
+
+    /// Runs one scheduling pass; its lists as buffers ([`Buffers`]): one `bytes` object a list, the
+    /// same objects again after an incremental pass.
+    fn schedule_buffers(&mut self, py: Python<'_>) -> PyResult<Buffers> {
+        let replayed = self.engine.replayed_passes();
+        self.engine.schedule().map_err(py_err)?;
+        let pass = self.engine.pass();
+        let b = match &self.buffers {
+            // The last pass's lists, kept by an incremental pass.
+            Some(last)
+                if self.engine.replayed_passes() > replayed && last.pass_number + 1 == pass =>
+            {
+                last.again(py, pass)
+            }
+            _ => Buffers::of(py, &self.engine)?,
+        };
+        self.buffers = Some(b.again(py, pass));
+        Ok(b)
+    }
+
+    /// What changed in the batch since the last call ([`Delta`]); refused (`StaleOutput`) before the
+    /// first pass.
+    fn take_delta(&mut self, py: Python<'_>) -> PyResult<Delta> {
+        self.engine.take_delta().map_err(py_err)?;
+        let l = self.engine.lists();
+        Ok(Delta {
+            entered: packed(py, &l.entered)?,
+            left: packed(py, &l.left)?,
+            changed: packed(py, &l.changed)?,
+            pass_number: self.engine.delta_pass(),
         })
     }
 
@@ -354,6 +473,8 @@ impl Scheduler {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Scheduler>()?;
     m.add_class::<Output>()?;
+    m.add_class::<Buffers>()?;
+    m.add_class::<Delta>()?;
     m.add_class::<Entry>()?;
     m.add_class::<PageMove>()?;
     m.add_class::<kv_events::KvEvent>()?;

@@ -276,3 +276,43 @@ def test_kv_events_name_the_blocks_by_their_keys_and_encode_vllms_batch():
             kvsched.encode_kv_events([bad], 0.0)
     with pytest.raises(kvsched.KvschedError, match="prefix cache"):
         kvsched.Scheduler(prefix_cache=False, kv_events=16)
+
+
+def test_buffers_hold_the_lists_and_an_incremental_pass_copies_nothing():
+    import struct
+
+    s = small()
+    for i in range(4):
+        s.submit(id=i, prompt=20, max_new_tokens=50)
+    b = s.schedule_buffers()
+    assert len(b.context) == 4 * struct.calcsize(kvsched.ENTRY_FORMAT) == 96
+    assert list(kvsched.ids(b.context)) == [0, 1, 2, 3]
+    first = [struct.unpack_from(kvsched.ENTRY_FORMAT, b.context, 24 * k) for k in range(4)]
+    assert [(e[0], e[2], e[5]) for e in first] == [(i, 20, 1) for i in range(4)]
+    d = s.take_delta()
+    assert list(kvsched.ids(d.entered)) == [0, 1, 2, 3] and d.left == b"" and d.changed == b""
+    s.ensure_batch()
+    s.complete_step()
+    # The prompts are done: the four decode (another list, so changed), then steady passes keep the
+    # batch and hand back the very same buffers.
+    b = s.schedule_buffers()
+    assert list(kvsched.ids(b.generation)) == [0, 1, 2, 3]
+    assert list(kvsched.ids(s.take_delta().changed)) == [0, 1, 2, 3]
+    s.complete_step()
+    steady = s.schedule_buffers()
+    for _ in range(5):
+        s.complete_step()
+        again = s.schedule_buffers()
+        assert again.generation is steady.generation, "nothing copied"
+        assert again.pass_number == steady.pass_number + 1
+        d = s.take_delta()
+        assert (d.entered, d.left, d.changed) == (b"", b"", b"")
+        steady = again
+    # The object API sees the same lists.
+    s.complete_step()
+    s.finish(2)
+    out = s.schedule()
+    s.complete_step()
+    b = s.schedule_buffers()
+    assert [e.id for e in out.generation] == [0, 1, 3] == list(kvsched.ids(b.generation))
+    assert list(kvsched.ids(s.take_delta().left)) == [2]
