@@ -217,4 +217,3 @@ fn a_boxed_scheduler_behaves_as_an_inline_one() {
         "some pass suspended a request"
     );
 }
-
