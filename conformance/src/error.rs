@@ -107,7 +107,7 @@ pub enum ScenarioError {
     Differential {
         /// The pass (1-based).
         pass: usize,
-        /// What the incremental run's pass did ([`crate::Run::trace`]'s line).
+        /// What the incremental run's pass did (its lists, request states and backend calls, one line).
         incremental: String,
         /// What the full-pass run's pass did.
         full: String,
