@@ -135,7 +135,7 @@ const ENTRY_BYTES: usize = 24;
 
 /// One list as one `bytes` object of packed entries (a buffer: `memoryview`, `numpy.frombuffer` read
 /// it without an object per request).
-fn packed<'py>(py: Python<'py>, list: &[KvschedEntry]) -> PyResult<Py<PyBytes>> {
+fn packed(py: Python<'_>, list: &[KvschedEntry]) -> PyResult<Py<PyBytes>> {
     let bytes = PyBytes::new_with(py, list.len() * ENTRY_BYTES, |buf| {
         for (e, b) in list.iter().zip(buf.chunks_exact_mut(ENTRY_BYTES)) {
             b[0..8].copy_from_slice(&e.id.to_le_bytes());
