@@ -546,9 +546,9 @@ impl<const N: usize, const T: usize, S: Storage> Bench<N, T, S> {
         }
     }
 
-    /// [`Bench::build`], then one iteration (untimed where the state is built): the first pass of a
-    /// not-reset scenario leaves a steady decode batch, which the next one keeps (incremental). Panics
-    /// for a reset scenario, or when the next pass would not be incremental.
+    /// [`Bench::build`], then two iterations (untimed where the state is built): the first pass of a
+    /// not-reset scenario leaves a steady decode batch, which the second keeps (incremental, asserted),
+    /// as the next one will. Panics for a reset scenario.
     pub fn steady(s: Scenario) -> Self {
         assert!(
             !s.resets(),
@@ -862,7 +862,7 @@ pub struct Measured {
     pub p99_ns: f64,
     /// Median ns of the floor pass over the same requests.
     pub floor_ns: f64,
-    /// Median ns per iteration with every pass a full one (measured interleaved with the others).
+    /// Median ns per iteration with every pass a full one (measured in blocks alternating with the others).
     pub full_median_ns: f64,
     /// 99th percentile ns per iteration with every pass a full one.
     pub full_p99_ns: f64,
@@ -918,8 +918,8 @@ struct Measure {
 impl Visit for Measure {
     type Out = Measured;
     fn visit<const N: usize, const T: usize>(&mut self, s: Scenario) -> Measured {
-        // Warm-up (untimed), then the timed iterations, one sample each: an iteration of the scheduler
-        // as built (incremental), then one of its peer whose every pass is full, alternately.
+        // Warm-up (untimed), then the timed iterations, one sample each: the scheduler as built
+        // (incremental) and its peer whose every pass is full, in alternating blocks.
         Bench::<N, T>::drive(s, self.warmup, |b, k| {
             for _ in 0..k {
                 b.iteration();

@@ -60,17 +60,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         quiet: bool,
         decoded: usize,
     ) {
+        // Every live request a decode step of the run: no request is in another list (one entry per
+        // live request), and a quiet pass suspended none.
         let len = self.table.len();
-        self.steady = quiet
-            && len > 0
-            && decoded == len
-            && out.generation().len() == len
-            && out.context().is_empty()
-            && out.encoder().is_empty()
-            && out.paused().is_empty()
-            && out.recompute_paused().is_empty()
-            && out.disagg().is_empty()
-            && out.resumed().is_empty();
+        self.steady = quiet && len > 0 && decoded == len;
+        debug_assert!(
+            !self.steady || out.num_fitting() + out.paused().len() + out.disagg().len() == len,
+            "a steady pass lists its decode steps only"
+        );
     }
 
     /// The steady batch's KV calls, in arrival order, as the full pass's decode run makes them: each

@@ -329,10 +329,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Err(Error::StaleOutput);
         }
         self.completed = self.passes;
-        if !out.context().is_empty() || !out.recompute_paused().is_empty() {
-            // Chunks advance, replays begin: the next pass is a full one.
-            self.changed();
-        }
+        // A steady batch's step changes nothing a pass reads: its output holds decode steps of
+        // GENERATION_IN_PROGRESS requests only (`incremental.rs`).
+        debug_assert!(
+            !self.steady || (out.context().is_empty() && out.recompute_paused().is_empty())
+        );
         if let crate::config::Admission::Vtc {
             input_weight,
             output_weight,
@@ -369,7 +370,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             if live
                 && self.table.entry(l.slot()).spec().phase == Phase::DisaggGenerationTransComplete
             {
-                self.changed();
                 self.table.edit(l.slot(), |e| {
                     e.spec_mut().phase = Phase::GenerationInProgress;
                 });
