@@ -63,6 +63,9 @@ pub struct Engine {
     delta: BatchDelta<MAX_REQUESTS, Boxed>,
     /// By slot: the entry the batch of the last delta showed (what a request that left it was).
     shown: Vec<Option<KvschedEntry>>,
+    /// By slot: where the current batch's entry is in the context list followed by the generation
+    /// list (written for the batch's slots before each delta is read).
+    at: Vec<usize>,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
 }
@@ -119,6 +122,7 @@ impl Engine {
             lists,
             delta: BatchDelta::new_in()?,
             shown: vec![None; MAX_REQUESTS],
+            at: vec![0; MAX_REQUESTS],
             poisoned: false,
         })
     }
@@ -227,30 +231,42 @@ impl Engine {
     /// context chunk with its tokens, or a request now in another list), as plain-old-data lists.
     pub fn take_delta(&mut self) -> Result<(), Error> {
         self.sched.take_delta(&self.out, &mut self.delta)?;
-        let (s, o, l, d) = (&self.sched, &self.out, &mut self.lists, &self.delta);
-        let entry = |x: &Listed| {
-            let e = s.get(x.handle()).ok();
-            let lora = e.and_then(|e| e.spec().lora);
-            let chunk = o.context().iter().find(|c| c.listed == *x);
-            KvschedEntry {
-                id: e.map_or(u64::MAX, |e| e.spec().id.0),
-                lora_task: lora.map_or(0, |t| t.0),
-                tokens: chunk.map_or(0, |c| c.tokens),
-                slot: x.slot(),
-                has_lora: u8::from(lora.is_some()),
-                last: u8::from(chunk.is_some_and(|c| c.last)),
-            }
-        };
-        l.left.clear();
-        for x in d.left() {
-            let shown = self.shown[usize::from(x.slot())].take();
-            l.left.push(shown.unwrap_or_else(|| entry(x)));
+        let Lists {
+            context,
+            generation,
+            entered,
+            left,
+            changed,
+            ..
+        } = &mut self.lists;
+        let (at, shown) = (&mut self.at, &mut self.shown);
+        // The batch's entries are the lists' copies: indexed by slot, once.
+        for (k, e) in context.iter().chain(generation.iter()).enumerate() {
+            at[usize::from(e.slot)] = k;
         }
-        for (list, src) in [(&mut l.entered, d.entered()), (&mut l.changed, d.changed())] {
+        let batch = |x: &Listed| {
+            let k = at[usize::from(x.slot())];
+            let e = if k < context.len() {
+                context[k]
+            } else {
+                generation[k - context.len()]
+            };
+            assert_eq!(e.slot, x.slot(), "a delta's entry is in the batch");
+            e
+        };
+        left.clear();
+        for x in self.delta.left() {
+            let was = shown[usize::from(x.slot())].take();
+            left.push(was.expect("a request that left the batch had entered it"));
+        }
+        for (list, src) in [
+            (&mut *entered, self.delta.entered()),
+            (&mut *changed, self.delta.changed()),
+        ] {
             list.clear();
             for x in src {
-                let e = entry(x);
-                self.shown[usize::from(x.slot())] = Some(e);
+                let e = batch(x);
+                shown[usize::from(x.slot())] = Some(e);
                 list.push(e);
             }
         }
