@@ -164,7 +164,7 @@ pub(crate) fn pass_digest<'a, K: SimKv<'a>>(
     pools: bool,
 ) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = kvsched_core::fingerprint::Fingerprint::new();
     out.context().hash(&mut h);
     for list in [
         out.generation(),
