@@ -25,8 +25,9 @@ const GPU_PAGES: u32 = 256;
     long_about = "Serves chat prompts with a GGUF llama model on the CPU (kvsched-engine), batched on the \
         real scheduler with a prefix cache. Prints each completion in submission order, then one line of \
         figures: requests, generated tokens, tokens/s (over the serving loop, model load excluded), steps, \
-        suspensions (evictions), prefix-hit tokens, adapter loads and the scheduler's share of step time \
-        (schedule, ensure_batch, take_moves and complete_step against the whole step). Greedy sampling."
+        suspensions (evictions), prefix-hit tokens, adapter loads, the scheduler's share of step time \
+        (schedule, ensure_batch, take_moves and complete_step against the whole step) and the mean time \
+        a step spent preparing its batch (rows and page tables). Greedy sampling."
 )]
 struct GenerateArgs {
     /// The GGUF model file (scripts/fetch-model.sh fetches the test model and prints its path).
@@ -48,6 +49,11 @@ struct GenerateArgs {
     /// A file of prompts, one per non-blank line, after those on the command line.
     #[arg(long, value_name = "FILE")]
     prompts_file: Option<PathBuf>,
+    /// Rebuild the step's batch from the scheduler's full lists every step instead of applying its
+    /// batch delta to the engine's persistent batch (the peer the batch preparation figure is
+    /// compared with).
+    #[arg(long)]
+    rebuild_batch: bool,
     /// The prompts (user messages).
     #[arg(value_name = "PROMPT")]
     prompts: Vec<String>,
@@ -104,6 +110,7 @@ fn run(a: &GenerateArgs) -> Result<(), Failure> {
         gpu_pages: GPU_PAGES,
         max_blocks: MAX_BLOCKS,
         prefix_cache: true,
+        rebuild_batch: a.rebuild_batch,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(&model, config).map_err(|e| failed(&e))?;
@@ -223,7 +230,7 @@ fn figures(s: &EngineStats, requests: usize, secs: f64) -> String {
     format!(
         "requests {requests}, generated tokens {}, {:.1} tok/s ({secs:.2} s), steps {}, \
          suspensions {} (evictions {}), prefix-hit tokens {}, adapter loads {}, \
-         scheduler {share:.3} % of step time",
+         scheduler {share:.3} % of step time, batch preparation {:.2} µs a step",
         s.tokens,
         s.tokens as f64 / secs.max(1e-9),
         s.steps,
@@ -231,5 +238,6 @@ fn figures(s: &EngineStats, requests: usize, secs: f64) -> String {
         s.evictions,
         s.prefix_reused_tokens,
         s.adapter_loads,
+        s.prep_ns as f64 / 1e3 / s.steps.max(1) as f64,
     )
 }

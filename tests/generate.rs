@@ -1,5 +1,5 @@
 //! `kvsched generate` on the engine's test model: two prompts served batched, both completions and
-//! the figures line printed; bad input refused with a one-line error and a non-zero status. Without
+//! the figures line printed; the same tokens with the batch rebuilt every step; bad input refused with a one-line error and a non-zero status. Without
 //! the model the test is skipped (printing the command that fetches it), except under CI (`CI` set),
 //! where a missing model fails.
 
@@ -57,9 +57,32 @@ fn two_prompts_are_served_and_the_figures_printed() {
         "prefix-hit tokens ",
         "adapter loads 0",
         "% of step time",
+        "batch preparation ",
     ] {
         assert!(figures.contains(part), "{part:?} missing: {figures}");
     }
+}
+
+/// `--rebuild-batch` (the batch rebuilt from the full lists every step) serves the same tokens as the
+/// persistent batch the scheduler's delta keeps up to date.
+#[test]
+fn the_rebuilt_batch_serves_the_same_tokens() {
+    let Some(model) = model_path() else {
+        return;
+    };
+    let run = |rebuild: bool| {
+        let mut args = vec!["generate", "--model", model.to_str().unwrap()];
+        args.extend(["--max-new-tokens", "20"]);
+        args.extend(rebuild.then_some("--rebuild-batch"));
+        args.extend(["Count from one to ten.", "Say hello.", "List three fruits."]);
+        let out = kvsched(&args);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        let figures = stdout.lines().last().unwrap_or_default().to_owned();
+        assert!(figures.contains("batch preparation "), "{figures}");
+        stdout[..stdout.len() - figures.len()].to_owned()
+    };
+    assert_eq!(run(false), run(true));
 }
 
 #[test]

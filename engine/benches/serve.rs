@@ -17,6 +17,9 @@
 //! - prefill tok/s: one request with a 128-token prompt and one new token, over its one step;
 //! - scheduler share: [`EngineStats::scheduler_ns`] over [`EngineStats::step_ns`] (`schedule`,
 //!   `ensure_batch`, `take_moves` and `complete_step` against the whole step);
+//! - batch preparation: [`EngineStats::prep_ns`] a step of the batched runs, the persistent batch
+//!   (the scheduler's batch delta applied) against a rebuild from the full lists every step
+//!   ([`EngineConfig::rebuild_batch`]), the two run alternately;
 //! - memory: `VmHWM` (peak) and `VmRSS` from `/proc/self/status` at the end of the process.
 //!
 //! Each child prints one `serve-bench key=value…` line (what `scripts/bench-llama-cpp.sh` reads).
@@ -116,13 +119,14 @@ fn table(rows: &[Fields]) {
     println!();
     println!(
         "| threads | serial tok/s | 8 batched tok/s | batched / serial | decode tok/s (1 stream) \
-         | prefill-{PREFILL} tok/s | scheduler share serial / batched | KV bytes/token | VmHWM / VmRSS MB |"
+         | prefill-{PREFILL} tok/s | scheduler share serial / batched | batch prep µs persistent / rebuilt \
+         | KV bytes/token | VmHWM / VmRSS MB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let mb = |k| r.get(k).parse::<f64>().map_or(0.0, |kb| kb / 1024.0);
         println!(
-            "| {} | {} | {} | {}x | {} | {} | {} % / {} % | {} | {:.0} / {:.0} |",
+            "| {} | {} | {} | {}x | {} | {} | {} % / {} % | {} / {} | {} | {:.0} / {:.0} |",
             r.get("threads"),
             r.get("serial_tok_s"),
             r.get("batched_tok_s"),
@@ -131,6 +135,8 @@ fn table(rows: &[Fields]) {
             r.get("prefill_tok_s"),
             r.get("sched_share_serial_pct"),
             r.get("sched_share_batched_pct"),
+            r.get("prep_us_persistent"),
+            r.get("prep_us_rebuilt"),
             r.get("kv_bytes_per_token"),
             mb("vm_hwm_kb"),
             mb("vm_rss_kb"),
@@ -160,13 +166,18 @@ impl Run {
     fn sched_share_pct(&self) -> f64 {
         100.0 * self.stats.scheduler_ns as f64 / self.stats.step_ns.max(1) as f64
     }
+
+    fn prep_us(&self) -> f64 {
+        self.stats.prep_ns as f64 / 1e3 / self.stats.steps.max(1) as f64
+    }
 }
 
-fn config() -> EngineConfig {
+fn config(rebuild_batch: bool) -> EngineConfig {
     EngineConfig {
         tokens_per_block: TOKENS_PER_BLOCK,
         gpu_pages: 64,
         max_blocks: 16,
+        rebuild_batch,
         ..EngineConfig::default()
     }
 }
@@ -192,7 +203,18 @@ fn drain(engine: &mut Engine<'_>, run: &mut Run) {
 
 /// Serves `prompts`: all submitted at once, or each after the previous one finished.
 fn serve(model: &Model, prompts: &[Vec<u32>], max_new: usize, serial: bool) -> Run {
-    let mut engine = Engine::new(model, config()).expect("the engine");
+    serve_with(model, prompts, max_new, serial, false)
+}
+
+/// [`serve`], the batch rebuilt every step or not.
+fn serve_with(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    serial: bool,
+    rebuild_batch: bool,
+) -> Run {
+    let mut engine = Engine::new(model, config(rebuild_batch)).expect("the engine");
     let mut run = Run::default();
     for p in prompts {
         engine
@@ -225,11 +247,17 @@ fn child(model: &Model, threads: usize, reps: usize) {
     let mut serial = Vec::new();
     let mut batched = Vec::new();
     let mut prefill = Vec::new();
+    let mut rebuilt = Vec::new();
     for _ in 0..reps {
         serial.push(serve(model, &prompts, MAX_NEW, true));
         batched.push(serve(model, &prompts, MAX_NEW, false));
+        rebuilt.push(serve_with(model, &prompts, MAX_NEW, false, true));
         prefill.push(serve(model, std::slice::from_ref(&long), 1, true));
     }
+    let (persistent, rebuild) = (
+        median(&batched, Run::prep_us),
+        median(&rebuilt, Run::prep_us),
+    );
     let (s, b) = (median(&serial, Run::tok_s), median(&batched, Run::tok_s));
     let last = batched[batched.len() - 1].stats;
     let (hwm, rss) = (status_kb("VmHWM"), status_kb("VmRSS"));
@@ -237,7 +265,8 @@ fn child(model: &Model, threads: usize, reps: usize) {
         "serve-bench threads={threads} requests={} max_new={MAX_NEW} tokens_serial={} \
          tokens_batched={} serial_tok_s={s:.1} batched_tok_s={b:.1} batched_over_serial={:.2} \
          decode_tok_s={:.1} prefill_tok_s={:.1} sched_share_serial_pct={:.4} \
-         sched_share_batched_pct={:.4} sched_us_per_step={:.1} steps_batched={} \
+         sched_share_batched_pct={:.4} sched_us_per_step={:.1} prep_us_persistent={persistent:.2} \
+         prep_us_rebuilt={rebuild:.2} prep_rebuilt_over_persistent={:.2} steps_batched={} \
          largest_batch={} kv_bytes_per_token={} kv_pool_bytes={} vm_hwm_kb={hwm} vm_rss_kb={rss} reps={reps}",
         prompts.len(),
         serial[0].tokens,
@@ -248,10 +277,11 @@ fn child(model: &Model, threads: usize, reps: usize) {
         median(&serial, Run::sched_share_pct),
         median(&batched, Run::sched_share_pct),
         last.scheduler_ns as f64 / 1e3 / last.steps.max(1) as f64,
+        rebuild / persistent,
         last.steps,
         last.largest_batch,
         model.kv_layout(TOKENS_PER_BLOCK as usize).bytes_per_token(),
-        model.kv_layout(TOKENS_PER_BLOCK as usize).page_bytes() * config().gpu_pages as usize,
+        model.kv_layout(TOKENS_PER_BLOCK as usize).page_bytes() * config(false).gpu_pages as usize,
     );
 }
 

@@ -113,6 +113,10 @@ pub struct EngineConfig {
     /// Log the prefix cache's KV events ([`Engine::take_kv_events`]: what a KV-aware router learns
     /// the cache holds); needs `prefix_cache`. Off by default.
     pub kv_events: bool,
+    /// Rebuild the step's rows and page tables from the output's full lists every step, instead of
+    /// keeping them from step to step and applying the scheduler's batch delta (`serve/batch.rs`):
+    /// the peer [`EngineStats::prep_ns`] is measured against. Off by default.
+    pub rebuild_batch: bool,
 }
 
 impl Default for EngineConfig {
@@ -146,6 +150,7 @@ impl Default for EngineConfig {
             window_gpu_pages: None,
             window_host_pages: None,
             kv_events: false,
+            rebuild_batch: false,
         }
     }
 }
@@ -227,6 +232,9 @@ pub struct EngineStats {
     pub scheduler_ns: u64,
     /// Nanoseconds in [`Model::step`], summed over all steps.
     pub model_ns: u64,
+    /// Nanoseconds preparing the step's batch (its rows and page tables: the batch delta applied, or
+    /// with [`EngineConfig::rebuild_batch`] the whole batch rebuilt), summed over all steps.
+    pub prep_ns: u64,
     /// Nanoseconds in [`Engine::step`] as a whole, summed over all steps.
     pub step_ns: u64,
 }
@@ -327,6 +335,9 @@ pub struct Engine<'m> {
     evicted: Vec<TaskRef>,
     /// The KV events' blocks and the events not yet taken (`events.rs`).
     events: events::Book,
+    /// The step's rows and their page tables, kept from step to step (`batch.rs`).
+    batch: batch::Persistent,
+    delta: batch::Delta,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -341,6 +352,7 @@ impl std::fmt::Debug for Engine<'_> {
 }
 
 mod backend;
+mod batch;
 mod control;
 mod disagg;
 pub(crate) mod events;
@@ -385,6 +397,8 @@ impl<'m> Engine<'m> {
             host_changes: Vec::with_capacity(MAX_ADAPTERS),
             evicted: Vec::with_capacity(MAX_ADAPTERS),
             events: events::Book::default(),
+            batch: batch::Persistent::new(),
+            delta: batch::Delta::new_in()?,
         })
     }
 
@@ -612,32 +626,39 @@ pub fn block_hashes(tokens: &[u32], tpb: usize) -> Vec<u64> {
         .collect()
 }
 
-/// GPU page ids of a table (every entry must be on the GPU tier for a scheduled request).
+/// GPU page ids of a scheduled request's table: every entry on the GPU tier.
 fn gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
-    table
-        .iter()
-        .map(|&e| match page_of(e) {
-            _ if e == NO_PAGE => Err(EngineError::Batch(format!(
-                "scheduled request in slot {slot} has a released entry in its table"
-            ))),
-            (Tier::Gpu, p) => Ok(p),
-            (Tier::Host, p) => Err(EngineError::Batch(format!(
-                "scheduled request in slot {slot} has host page {p} in its table"
-            ))),
-        })
-        .collect()
+    let mut pages = Vec::with_capacity(table.len());
+    gpu_pages_into(table, slot, false, &mut pages)?;
+    Ok(pages)
 }
 
-/// GPU page ids of a sliding-window group's table: its released leading entries stay
-/// [`crate::Sequence::RELEASED`] (the step never reads them), every other entry on the GPU tier.
-fn window_gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
-    let released = table.iter().take_while(|&&e| e == NO_PAGE).count();
-    let mut pages = gpu_pages(&table[released..], slot)?;
-    pages.splice(
-        0..0,
-        std::iter::repeat_n(crate::Sequence::RELEASED, released),
-    );
-    Ok(pages)
+/// [`gpu_pages`] into `pages` (cleared first); of a sliding-window group's table (`window`), its
+/// released leading entries stay [`crate::Sequence::RELEASED`] (the step never reads them).
+fn gpu_pages_into(table: &[u32], slot: u16, window: bool, pages: &mut Vec<u32>) -> Result<()> {
+    pages.clear();
+    let released = if window {
+        table.iter().take_while(|&&e| e == NO_PAGE).count()
+    } else {
+        0
+    };
+    pages.resize(released, crate::Sequence::RELEASED);
+    for &e in &table[released..] {
+        pages.push(match page_of(e) {
+            _ if e == NO_PAGE => {
+                return Err(EngineError::Batch(format!(
+                    "scheduled request in slot {slot} has a released entry in its table"
+                )))
+            }
+            (Tier::Gpu, p) => p,
+            (Tier::Host, p) => {
+                return Err(EngineError::Batch(format!(
+                    "scheduled request in slot {slot} has host page {p} in its table"
+                )))
+            }
+        });
+    }
+    Ok(())
 }
 
 /// A table entry naming `page` of `tier`.

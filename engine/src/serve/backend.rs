@@ -68,6 +68,14 @@ impl Sched {
         on!(self, s => s.complete_step(out))
     }
 
+    pub(super) fn take_delta(
+        &mut self,
+        out: &Output,
+        delta: &mut super::batch::Delta,
+    ) -> Result<(), kvsched_core::Error> {
+        on!(self, s => s.take_delta(out, delta))
+    }
+
     pub(super) fn last_pass(&self) -> PassStats {
         on!(self, s => s.last_pass())
     }

@@ -1,8 +1,7 @@
 //! One step of the serving loop (see the parent module's list), and the poisoning of free pages.
 
 use super::{
-    backend, entry_of, gpu_pages, listed_live, weight_error, window_gpu_pages, Completion, Dirty,
-    Engine, Finish, Live, Row, MAX_REQUESTS,
+    backend, entry_of, weight_error, Completion, Dirty, Engine, Finish, Live, Row, MAX_REQUESTS,
 };
 use crate::error::{EngineError, Result};
 use crate::step::{Batch, GroupedKv, Logits, Sequence};
@@ -38,23 +37,34 @@ impl Engine<'_> {
         self.apply_adapters()?;
         self.receive_transfers()?;
         self.stage_tables()?;
-        let rows = self.rows()?;
-        let logits = if rows.is_empty() {
-            None
-        } else {
-            Some(self.run_batch(&rows)?)
-        };
-        let completing = Instant::now();
-        self.sched.complete_step(&self.out)?;
-        self.stats.scheduler_ns += nanos(completing);
-        self.book_kv_events();
-        let done = self.advance(&rows, logits.as_ref())?;
+        let preparing = Instant::now();
+        self.prepare_batch()?;
+        self.stats.prep_ns += nanos(preparing);
+        // The rows out of the batch while the step reads them (an empty `Vec` holds no memory).
+        let rows = std::mem::take(&mut self.batch.rows);
+        let done = self.run_rows(&rows);
+        self.batch.rows = rows;
+        let done = done?;
         self.replay_recomputed()?;
         if self.cfg.poison {
             self.poison()?;
         }
         self.stats.step_ns += nanos(started);
         Ok(done)
+    }
+
+    /// The model step over `rows` (when there are any), `complete_step`, sampling.
+    fn run_rows(&mut self, rows: &[Row]) -> Result<Vec<Completion>> {
+        let logits = if rows.is_empty() {
+            None
+        } else {
+            Some(self.run_batch(rows)?)
+        };
+        let completing = Instant::now();
+        self.sched.complete_step(&self.out)?;
+        self.stats.scheduler_ns += nanos(completing);
+        self.book_kv_events();
+        self.advance(rows, logits.as_ref())
     }
 
     /// Steps until every request finished; returns their completions in id order. Fails with the
@@ -136,91 +146,10 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// The batch's sequences: context chunks at the scheduler's position, generation steps at the
-    /// request's last token. Checks each against what the engine knows of the request.
-    fn rows(&self) -> Result<Vec<Row>> {
-        let mut rows = Vec::with_capacity(self.out.context().len() + self.out.generation().len());
-        let lost = |live: &Live, what: String| {
-            Err(EngineError::Batch(format!("request {}: {what}", live.id)))
-        };
-        for c in self.out.context() {
-            let live = listed_live(&self.live, c.listed)?;
-            let start = self.sched.get(c.listed.handle())?.spec().position as usize;
-            let (len, total) = (c.tokens as usize, live.tokens.len());
-            if len == 0 || start + len > total || c.last != (start + len == total) {
-                return lost(
-                    live,
-                    format!("a chunk of {len} at {start} of {total} tokens"),
-                );
-            }
-            if live.computed != 0 && start != live.computed {
-                return lost(
-                    live,
-                    format!("a chunk at {start}, {} computed", live.computed),
-                );
-            }
-            rows.push(Row {
-                slot: c.listed.slot(),
-                start,
-                len,
-                logits: c.last,
-                task: c.listed.task_slot(),
-                context: true,
-            });
-        }
-        for &l in self.out.generation() {
-            let live = listed_live(&self.live, l)?;
-            if live.computed + 1 != live.tokens.len() {
-                let (c, t) = (live.computed, live.tokens.len());
-                return lost(
-                    live,
-                    format!("a decode step with {c} of {t} tokens computed"),
-                );
-            }
-            let drafts = self.sched.get(l.handle())?.spec().draft as usize;
-            if drafts != live.draft.len() {
-                let d = live.draft.len();
-                return lost(live, format!("{drafts} drafts scheduled, {d} proposed"));
-            }
-            rows.push(Row {
-                slot: l.slot(),
-                start: live.tokens.len() - 1,
-                len: 1 + drafts,
-                logits: true,
-                task: l.task_slot(),
-                context: false,
-            });
-        }
-        Ok(rows)
-    }
-
-    /// Each row's GPU pages in KV group `g` (a window group's released entries as
-    /// [`Sequence::RELEASED`]), marked dirty in its store.
-    fn row_tables(&mut self, rows: &[Row], g: usize) -> Result<Vec<Vec<u32>>> {
-        let pool = self
-            .sched
-            .pool(g)
-            .ok_or_else(|| EngineError::Batch(format!("no KV group {g}")))?;
-        let of = if g == 0 { gpu_pages } else { window_gpu_pages };
-        let tables = rows
-            .iter()
-            .map(|r| of(pool.table(r.slot), r.slot))
-            .collect::<Result<Vec<_>>>()?;
-        let dirty = &mut self.kv[g].dirty;
-        for &p in tables.iter().flatten().filter(|&&p| p != NO_PAGE) {
-            dirty.gpu[p as usize] = true;
-        }
-        Ok(tables)
-    }
-
     /// The model step over the rows.
     fn run_batch(&mut self, rows: &[Row]) -> Result<Logits> {
-        let tables = self.row_tables(rows, 0)?;
-        let locals = if self.sched.grouped() {
-            self.row_tables(rows, 1)?
-        } else {
-            Vec::new()
-        };
+        self.mark_dirty();
+        let (tables, locals) = (&self.batch.tables, &self.batch.locals);
         let mut inputs = Vec::with_capacity(rows.len());
         for r in rows {
             let live = self.live[usize::from(r.slot)]
@@ -232,7 +161,7 @@ impl Engine<'_> {
             inputs.push(input);
         }
         let mut batch = Batch::new();
-        for (i, ((r, pages), input)) in rows.iter().zip(&tables).zip(&inputs).enumerate() {
+        for (i, ((r, pages), input)) in rows.iter().zip(tables).zip(&inputs).enumerate() {
             let live = self.live[usize::from(r.slot)]
                 .as_ref()
                 .ok_or_else(|| EngineError::Batch(format!("slot {} is empty", r.slot)))?;
