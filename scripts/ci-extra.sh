@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Extra CI gates beyond the README's test command (called by .ci/run):
 #  1. `kvsched bench all --json`: every scenario runs (each asserts its outcome) with 0 heap allocations
-#     counted during the timed iterations, well inside 30 s;
+#     counted during the timed iterations, then the churn scenario (the simulator on the shipped trace,
+#     incremental and full passes), well inside a minute;
 #  2. the instruction-count regression gate (gungraun/callgrind, scripts/instruction-gate.sh);
 #  3. a bounded fuzz run of the operation harness and of the C ABI (scripts/fuzz-smoke.sh, 30 s each).
 set -euo pipefail
@@ -12,14 +13,16 @@ start=$(date +%s)
 json=$(cargo run --release -q -- bench all --json)
 elapsed=$(( $(date +%s) - start ))
 printf '%s\n' "$json"
-lines=$(printf '%s\n' "$json" | grep -c '"scenario"')
-nonzero=$(printf '%s\n' "$json" | grep -vc '"allocations":0' || true)
+passes=$(printf '%s\n' "$json" | grep -v '"scenario":"churn"')
+lines=$(printf '%s\n' "$passes" | grep -c '"scenario"')
+nonzero=$(printf '%s\n' "$passes" | grep -vc '"allocations":0' || true)
+churn=$(printf '%s\n' "$json" | grep -c '"scenario":"churn"' || true)
 expected=11
-if [ "$lines" -lt "$expected" ] || [ "$nonzero" -ne 0 ]; then
-  echo "bench gate: expected $expected scenarios with \"allocations\":0 (got $lines lines, $nonzero with allocations)" >&2
+if [ "$lines" -lt "$expected" ] || [ "$nonzero" -ne 0 ] || [ "$churn" -ne 1 ]; then
+  echo "bench gate: expected $expected scenarios with \"allocations\":0 and the churn line (got $lines lines, $nonzero with allocations, $churn churn)" >&2
   exit 1
 fi
-echo "bench gate: $lines scenarios, 0 allocations, ${elapsed} s (including the release build)"
+echo "bench gate: $lines scenarios, 0 allocations, the churn line, ${elapsed} s (including the release build)"
 
 echo "-- instruction-count gate"
 scripts/instruction-gate.sh

@@ -17,10 +17,13 @@ pub const DEFAULT_ITERS: u64 = 10_000;
         ratio, the median with every pass a full one (measured interleaved, the peer the incremental pass \
         is compared with) and how many times that is, the share of iterations whose pass was incremental, \
         the asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed \
-        iterations."
+        iterations. `churn` (last in `all`) replays the shipped Azure conversation slice through the \
+        simulator with the incremental pass and with full passes, alternating, and prints each side's \
+        mean, median and p99 pass."
 )]
 struct BenchArgs {
-    /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6 S7, or all.
+    /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6 S7, churn (the pass under a shipped trace's
+    /// arrivals and finishes, through the simulator), or all.
     #[arg(value_name = "NAME", default_value = "all", value_parser = scenarios)]
     name: Option<Scenarios>,
     /// The same as NAME.
@@ -34,16 +37,19 @@ struct BenchArgs {
     json: bool,
 }
 
-/// The scenarios a NAME selects.
+/// The scenarios a NAME selects, and whether it selects the churn scenario.
 #[derive(Debug, Clone)]
-struct Scenarios(Vec<Scenario>);
+struct Scenarios(Vec<Scenario>, bool);
 
 fn scenarios(v: &str) -> Result<Scenarios, String> {
     if v.eq_ignore_ascii_case("all") {
-        return Ok(Scenarios(Scenario::ALL.to_vec()));
+        return Ok(Scenarios(Scenario::ALL.to_vec(), true));
+    }
+    if v.eq_ignore_ascii_case("churn") {
+        return Ok(Scenarios(Vec::new(), true));
     }
     Scenario::parse(v)
-        .map(|s| Scenarios(vec![s]))
+        .map(|s| Scenarios(vec![s], false))
         .ok_or_else(|| format!("unknown scenario {v:?}"))
 }
 
@@ -53,10 +59,10 @@ pub fn cli(args: &[String]) -> ExitCode {
         Ok(a) => a,
         Err(e) => return crate::args::exit(&e),
     };
-    let which = a
+    let Scenarios(which, churn) = a
         .scenario
         .or(a.name)
-        .map_or_else(|| Scenario::ALL.to_vec(), |s| s.0);
+        .unwrap_or_else(|| Scenarios(Scenario::ALL.to_vec(), true));
     let (iters, json) = (a.iters, a.json);
     let counting = counting_installed();
     if !counting {
@@ -91,6 +97,16 @@ pub fn cli(args: &[String]) -> ExitCode {
             println!("{}", json_line(&m, counting));
         } else {
             println!("{}", table_row(&m, counting));
+        }
+    }
+    if churn {
+        match crate::churn::measure() {
+            Ok(c) if json => println!("{}", crate::churn::json(&c)),
+            Ok(c) => println!("{}", crate::churn::line(&c)),
+            Err(e) => {
+                eprintln!("kvsched bench: churn: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
     if failed {

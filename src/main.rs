@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 mod args;
 mod bench;
+mod churn;
 mod cost;
 mod generate;
 mod groups;
