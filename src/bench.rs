@@ -73,7 +73,7 @@ pub fn cli(args: &[String]) -> ExitCode {
     if cfg!(debug_assertions) && !json {
         eprintln!("kvsched bench: debug build; figures are only meaningful with --release");
     }
-    if !json {
+    if !json && !which.is_empty() {
         println!(
             "{:<8} {:>11} {:>11} {:>10} {:>7} {:>9} {:>6} {:>6} {:>22} {:>6} {:>7}",
             "scenario",
