@@ -70,6 +70,14 @@ pub enum CollectError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The paths exist but hold no scenario file (`*.json`): a wrong folder must not pass.
+    #[error("no scenario files (*.json) under {}", display_all(.0))]
+    Empty(Vec<PathBuf>),
+}
+
+fn display_all(paths: &[PathBuf]) -> String {
+    let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    names.join(", ")
 }
 
 /// Why a parsed scenario did not pass.

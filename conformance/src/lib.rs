@@ -69,7 +69,8 @@ impl Report {
 ///
 /// # Errors
 ///
-/// [`CollectError`] for a path that does not exist or a folder that cannot be listed.
+/// [`CollectError`] for a path that does not exist, a folder that cannot be listed, or paths that hold
+/// no scenario file at all.
 pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CollectError> {
     fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), CollectError> {
         let io = |source| CollectError::Io {
@@ -94,6 +95,9 @@ pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CollectError> {
             continue;
         }
         walk(p, &mut files)?;
+    }
+    if files.is_empty() {
+        return Err(CollectError::Empty(paths.to_vec()));
     }
     files.sort();
     Ok(files)

@@ -150,3 +150,26 @@ fn kv_groups_the_backend_cannot_hold_are_refused_with_the_field_and_reason() {
         assert!(err.contains(needle), "{case}: {err}");
     }
 }
+
+/// A folder without scenario files (a wrong path) is refused, not reported as `0 passed, 0 failed`.
+#[test]
+fn a_folder_without_scenarios_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    file(&dir, "notes.txt", b"not a scenario");
+    let paths = [dir.path().to_path_buf()];
+    let err = kvsched_conformance::run_paths(&paths).unwrap_err();
+    assert!(
+        matches!(err, kvsched_conformance::CollectError::Empty(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no scenario files"), "{err}");
+    assert!(
+        err.to_string().contains(&dir.path().display().to_string()),
+        "{err}"
+    );
+    let grouped = kvsched_conformance::grouped::run_paths_grouped(&paths).unwrap_err();
+    assert!(
+        grouped.to_string().contains("no scenario files"),
+        "{grouped}"
+    );
+}
