@@ -17,55 +17,130 @@ mod simulate;
 #[global_allocator]
 static ALLOC: kvsched_bench::CountingAlloc = kvsched_bench::CountingAlloc;
 
-const USAGE: &str = "usage: kvsched <command> [options]
-commands:
-  simulate [options]       replay a request trace through the scheduler (see `kvsched simulate --help`)
-  conformance PATH...      run scenario files (files or folders of *.json); prints `N passed, M failed`
-  conformance --grouped PATH...
-                           run them again on KV groups (the target leading a window group as long as a
-                           request) and compare every pass with the plain run
-  bench [options]          measure the scheduling pass (see `kvsched bench --help`)
-  groups-sweep [options]   full-only against grouped KV over context lengths (see `kvsched groups-sweep --help`)
-  cost [options]           predict a forward step's time under a cost model (see `kvsched cost --help`)
-  generate --model FILE PROMPT...
-                           serve chat prompts with a real model on the real scheduler (see `kvsched generate --help`)
-  serve --model FILE       an OpenAI-compatible HTTP server on the engine (see `kvsched serve --help`)";
+/// The commands, each with what it does (each parses its own options: `kvsched <command> --help`).
+const COMMANDS: [(&str, &str); 8] = [
+    (
+        "simulate",
+        "replay a request trace through the scheduler on a simulated engine",
+    ),
+    (
+        "conformance",
+        "run scenario files (files or folders of *.json); prints `N passed, M failed`",
+    ),
+    ("bench", "measure the scheduling pass, in-process"),
+    (
+        "groups-sweep",
+        "full-only against grouped KV over context lengths",
+    ),
+    ("cost", "predict a forward step's time under a cost model"),
+    (
+        "generate",
+        "serve chat prompts with a real model on the real scheduler",
+    ),
+    ("serve", "an OpenAI-compatible HTTP server on the engine"),
+    (
+        "help",
+        "this help, or a command's (`kvsched help simulate`)",
+    ),
+];
+
+/// The top-level command line: clap names the commands, prints the usage and the version; the
+/// arguments after a command go to it untouched.
+fn command() -> clap::Command {
+    let sub = |(name, about): (&'static str, &'static str)| {
+        clap::Command::new(name)
+            .about(about)
+            .disable_help_flag(true)
+            .arg(
+                clap::Arg::new("args")
+                    .num_args(0..)
+                    .trailing_var_arg(true)
+                    .allow_hyphen_values(true),
+            )
+    };
+    clap::Command::new("kvsched")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("kvsched: a scheduler core for LLM serving, its simulator, engine and server")
+        .after_help("Run `kvsched <command> --help` for a command's options.")
+        .disable_help_subcommand(true)
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommands(COMMANDS.map(sub))
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("conformance") => conformance(&args[1..]),
-        Some("bench") => bench::cli(&args[1..]),
-        Some("simulate") => simulate::main(&args[1..]),
-        Some("cost") => cost::cli(&args[1..]),
-        Some("groups-sweep") => groups::cli(&args[1..]),
-        Some("generate") => generate::cli(&args[1..]),
-        Some("serve") => kvsched_server::cli(&args[1..]),
-        Some("-h" | "--help") | None => {
-            println!("{USAGE}");
+    let matches = match command().try_get_matches_from(std::env::args()) {
+        Ok(m) => m,
+        Err(e) => return args::exit(&e),
+    };
+    let Some((name, sub)) = matches.subcommand() else {
+        return ExitCode::from(2);
+    };
+    let rest: Vec<String> = sub
+        .get_many::<String>("args")
+        .map(|v| v.cloned().collect())
+        .unwrap_or_default();
+    run(name, &rest)
+}
+
+/// Runs command `name` with its arguments.
+fn run(name: &str, args: &[String]) -> ExitCode {
+    match name {
+        "conformance" => conformance(args),
+        "bench" => bench::cli(args),
+        "simulate" => simulate::main(args),
+        "cost" => cost::cli(args),
+        "groups-sweep" => groups::cli(args),
+        "generate" => generate::cli(args),
+        "serve" => kvsched_server::cli(args),
+        _ => help(args),
+    }
+}
+
+/// `kvsched help [COMMAND]`.
+fn help(args: &[String]) -> ExitCode {
+    match args.first() {
+        None => {
+            let _ = command().print_help();
             ExitCode::SUCCESS
         }
-        Some(other) => {
-            eprintln!("kvsched: unknown command {other:?}\n{USAGE}");
+        Some(c) if c != "help" && COMMANDS.iter().any(|(n, _)| n == c) => {
+            run(c, &["--help".to_string()])
+        }
+        Some(c) => {
+            eprintln!("kvsched help: unknown command {c:?}");
             ExitCode::from(2)
         }
     }
 }
 
+/// `kvsched conformance`'s options.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kvsched conformance",
+    about = "Runs scenario files (the format: docs/conformance-format.md) and prints \
+        one line per file, then `N passed, M failed`; fails when one fails or when the paths hold no \
+        scenario file."
+)]
+struct ConformanceArgs {
+    /// Run them again on KV groups (the target leading a window group as long as a request) and
+    /// compare every pass with the plain run.
+    #[arg(long)]
+    grouped: bool,
+    /// Scenario files, or folders searched for `*.json`.
+    #[arg(value_name = "PATH", required = true)]
+    paths: Vec<PathBuf>,
+}
+
 fn conformance(args: &[String]) -> ExitCode {
-    let (grouped, args) = match args.split_first() {
-        Some((flag, rest)) if flag == "--grouped" => (true, rest),
-        _ => (false, args),
+    let a: ConformanceArgs = match args::parse("kvsched conformance", args) {
+        Ok(a) => a,
+        Err(e) => return args::exit(&e),
     };
-    if args.is_empty() {
-        eprintln!("usage: kvsched conformance [--grouped] PATH...");
-        return ExitCode::from(2);
+    if a.grouped {
+        return conformance_grouped(&a.paths);
     }
-    let paths: Vec<PathBuf> = args.iter().map(PathBuf::from).collect();
-    if grouped {
-        return conformance_grouped(&paths);
-    }
-    match kvsched_conformance::run_paths(&paths) {
+    match kvsched_conformance::run_paths(&a.paths) {
         Ok(r) => print_report(&r.lines, &[], &r.summary(), r.failed),
         Err(e) => {
             eprintln!("kvsched conformance: {e}");
