@@ -13,7 +13,7 @@ pub const DEFAULT_ITERS: u64 = 10_000;
     name = "kvsched bench",
     about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).",
     long_about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with \
-        --release). Prints per scenario the median and p99 ns per iteration, the floor pass's median, the \
+        --release). Prints per scenario the median and p99 µs per iteration, the floor pass's median, the \
         ratio, the median with every pass a full one (measured interleaved, the peer the incremental pass \
         is compared with) and how many times that is, the share of iterations whose pass was incremental, \
         the asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed \
@@ -50,7 +50,13 @@ fn scenarios(v: &str) -> Result<Scenarios, String> {
     }
     Scenario::parse(v)
         .map(|s| Scenarios(vec![s], false))
-        .ok_or_else(|| format!("unknown scenario {v:?}"))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+            format!(
+                "unknown scenario {v:?} (one of {}, churn, all)",
+                names.join(", ")
+            )
+        })
 }
 
 /// `kvsched bench`: see `kvsched bench --help`.
@@ -75,7 +81,7 @@ pub fn cli(args: &[String]) -> ExitCode {
     }
     if !json && !which.is_empty() {
         println!(
-            "{:<8} {:>11} {:>11} {:>10} {:>7} {:>9} {:>6} {:>6} {:>22} {:>6} {:>7}",
+            "{:<8} {:>11} {:>11} {:>10} {:>7} {:>9} {:>6} {:>6} {:>6} {:>7}  outcome g/c/p/r",
             "scenario",
             "median µs",
             "p99 µs",
@@ -84,7 +90,6 @@ pub fn cli(args: &[String]) -> ExitCode {
             "full µs",
             "full÷",
             "incr",
-            "outcome g/c/p/r",
             "allocs",
             "iters"
         );
@@ -137,8 +142,9 @@ fn json_line(m: &Measured, counting: bool) -> serde_json::Value {
 
 /// One scenario's figures as a row of the table.
 fn table_row(m: &Measured, counting: bool) -> String {
+    // The outcome last: its length varies (S4's names resumes and loads).
     format!(
-        "{:<8} {:>11.3} {:>11.3} {:>10.4} {:>7.1} {:>9.3} {:>6.1} {:>5.0}% {:>22} {:>6} {:>7}",
+        "{:<8} {:>11.3} {:>11.3} {:>10.4} {:>7.1} {:>9.3} {:>6.1} {:>5.0}% {:>6} {:>7}  {}",
         m.scenario.name(),
         m.median_ns / 1e3,
         m.p99_ns / 1e3,
@@ -147,12 +153,12 @@ fn table_row(m: &Measured, counting: bool) -> String {
         m.full_median_ns / 1e3,
         m.speedup(),
         100.0 * m.incremental as f64 / m.iters as f64,
-        m.outcome.to_string(),
         if counting {
             m.allocations.to_string()
         } else {
             "n/a".into()
         },
-        m.iters
+        m.iters,
+        m.outcome,
     )
 }
