@@ -11,8 +11,8 @@ pub const DEFAULT_ITERS: u64 = 10_000;
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "kvsched bench",
-    about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with --release).",
-    long_about = "Runs the scheduling-pass scenarios of shared/bench/SCENARIOS.md in-process (build with \
+    about = "Runs the scheduling-pass scenarios of docs/SCENARIOS.md in-process (build with --release).",
+    long_about = "Runs the scheduling-pass scenarios of docs/SCENARIOS.md in-process (build with \
         --release). Prints per scenario the median and p99 µs per iteration, the floor pass's median, the \
         ratio, the median with every pass a full one (measured interleaved, the peer the incremental pass \
         is compared with) and how many times that is, the share of iterations whose pass was incremental, \

@@ -1,6 +1,6 @@
 //! # kvsched-bench
 //!
-//! In-process benchmarks of the scheduling pass: the scenarios of `shared/bench/SCENARIOS.md`, built on the
+//! In-process benchmarks of the scheduling pass: the scenarios of `docs/SCENARIOS.md`, built on the
 //! project's real fixed-capacity backends ([`KvPool`] owning its buffers, [`AdapterPool`]), the floor pass,
 //! the measurement behind `kvsched bench` ([`measure`]) and the counting allocator ([`CountingAlloc`]).
 //! The criterion (`iteration`) and gungraun (`instructions`) benches of this crate drive the same

@@ -122,6 +122,12 @@
 //! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller
 //! ([`KvStorage`](page_pool::KvStorage): statics, the stack, no heap) or owned by the pool
 //! (`KvPool::owned`, feature `alloc`), one type, [`KvPool<'a, B>`](page_pool::KvPool).
+//!
+//! ## References in the comments
+//!
+//! "spec §N" in this crate's comments is a section of the behavioural reference (TensorRT-LLM's
+//! KV-cache-V2 scheduler, paraphrased), `docs/reference/kv-v2-reference.md` in the repository;
+//! "DESIGN.md §N" is a section of `docs/reference/DESIGN.md`.
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -186,3 +192,9 @@ pub use page_pool::{KvPool, KvPoolConfig};
 pub use phase::Phase;
 pub use request::{Ownership, RequestSpec};
 pub use scheduler::{Adopt, Handle, PassStats, Scheduler};
+
+/// The README's examples: its Rust block runs as a doctest of this crate (`cargo test -p kvsched-core
+/// --doc`); its other blocks are marked with their language, which rustdoc skips.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

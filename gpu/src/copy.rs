@@ -1,7 +1,7 @@
 //! How a batch of page moves becomes copies: the methods a store can submit them with, the choice
 //! between them at run time, and the pieces each method copies.
 //!
-//! Measured on an H200 (`../shared/measurements/h200/page-copy-methods.md`, PCIe Gen5 x16, 256 MiB of
+//! Measured on an H200 (`data/measurements/h200/page-copy-methods.md`, PCIe Gen5 x16, 256 MiB of
 //! shuffled pages per move): one driver copy per page reaches 3 % of one contiguous copy at 4 KiB
 //! pages and 33 % at 64 KiB; one batched driver copy (`cuMemcpyBatchAsync`) 11-17 % at 4 KiB, 72 % at
 //! 64 KiB, 90-92 % at 256 KiB and 98-99 % at 2 MiB; a gather/scatter kernel over mapped pinned host
