@@ -358,7 +358,10 @@ pub unsafe extern "C" fn kvsched_engine_free(engine: *mut Engine) {
     }
 }
 
-/// The message of the calling thread's last failed call (empty if none); valid until its next call.
+/// The message of the calling thread's last failed call (empty if none). The pointer is valid until
+/// that thread's next call into kvsched, any function (copy the message to keep it); a call that
+/// succeeds leaves the message as it was. A failure names what it refused: an unknown request's id,
+/// or the limit a request is too large for and the configuration field that raises it.
 #[no_mangle]
 pub extern "C" fn kvsched_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())

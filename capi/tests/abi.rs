@@ -122,6 +122,13 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
             );
         }
         assert_eq!(kvsched_len(e), 0);
+        // A call that succeeds leaves the message as it was (kvsched_last_error's documented lifetime).
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert!(
+            last_error().contains("request id 77 names no live request"),
+            "{}",
+            last_error()
+        );
         kvsched_engine_free(e);
         kvsched_engine_free(std::ptr::null_mut());
         assert_eq!(
