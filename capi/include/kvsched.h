@@ -1,3 +1,20 @@
+/*
+ * kvsched: the C ABI of the kvsched scheduler core (capi/README.md has the details).
+ *
+ * Build: cargo build --release -p kvsched-capi (target/release/libkvsched_capi.a and .so).
+ * Static: cc -Icapi/include app.c target/release/libkvsched_capi.a -lpthread -ldl -lm
+ * Dynamic: cc -Icapi/include app.c -Ltarget/release -lkvsched_capi. The program asks the loader
+ *   for the library's SONAME, libkvsched_capi.so.0.1, and the library is not where the loader
+ *   looks: run it with LD_LIBRARY_PATH set to the library's folder (or link with -Wl,-rpath), and
+ *   uninstalled, link libkvsched_capi.so.0.1 to libkvsched_capi.so in that folder. capi/install.sh
+ *   PREFIX installs the header, both libraries, the SONAME links and
+ *   PREFIX/lib/pkgconfig/kvsched.pc: then cc app.c $(pkg-config --cflags --libs kvsched), and
+ *   LD_LIBRARY_PATH=PREFIX/lib unless the loader searches PREFIX/lib already (ldconfig).
+ *
+ * Errors: every function returns a kvsched_status; kvsched_last_error() is the calling thread's
+ * last failure's message, valid until that thread's next call into kvsched.
+ */
+
 #ifndef KVSCHED_H
 #define KVSCHED_H
 
@@ -469,7 +486,10 @@ enum kvsched_status kvsched_engine_new(const struct kvsched_config *config,
 void kvsched_engine_free(struct kvsched_engine *engine);
 
 /**
- * The message of the calling thread's last failed call (empty if none); valid until its next call.
+ * The message of the calling thread's last failed call (empty if none). The pointer is valid until
+ * that thread's next call into kvsched, any function (copy the message to keep it); a call that
+ * succeeds leaves the message as it was. A failure names what it refused: an unknown request's id,
+ * or the limit a request is too large for and the configuration field that raises it.
  */
 const char *kvsched_last_error(void);
 

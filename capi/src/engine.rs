@@ -68,6 +68,8 @@ pub struct Engine {
     at: Vec<usize>,
     /// A panic left the engine in an unknown state: every later call is refused.
     pub(crate) poisoned: bool,
+    /// The configuration it was built for (its errors' messages name its settings).
+    config: KvschedConfig,
 }
 
 impl Engine {
@@ -124,7 +126,41 @@ impl Engine {
             shown: vec![None; MAX_REQUESTS],
             at: vec![0; MAX_REQUESTS],
             poisoned: false,
+            config: *c,
         })
+    }
+
+    /// The message of an error one of this engine's calls returned; `id` is the request the call
+    /// named, if it named one. The core's message, made specific where the engine knows more: an
+    /// unknown id is named, and a request too large for its page table (or for the whole pool) is told
+    /// the limit in pages and tokens and the configuration field that raises it.
+    pub fn message(&self, e: &Error, id: Option<u64>) -> String {
+        let c = &self.config;
+        let pages = c.max_blocks_per_request.min(c.gpu_pages);
+        match *e {
+            Error::StaleHandle => match id {
+                Some(id) => format!(
+                    "request id {id} names no live request (never submitted, or finished already)"
+                ),
+                None => e.to_string(),
+            },
+            Error::RequestTooLarge { id, tokens, limit }
+                if limit == u64::from(pages) * u64::from(c.tokens_per_block) =>
+            {
+                let (what, field) = if c.max_blocks_per_request <= c.gpu_pages {
+                    ("its page-table limit", "max_blocks_per_request")
+                } else {
+                    ("the whole KV pool", "gpu_pages")
+                };
+                format!(
+                    "request {} needs {tokens} KV tokens but one request can hold at most {limit}: \
+                     {what}, {field} = {pages} pages of {} tokens; raise {field} in the \
+                     configuration, or shorten the request",
+                    id.0, c.tokens_per_block
+                )
+            }
+            _ => e.to_string(),
+        }
     }
 
     /// Registers an adapter of `pages` device pages under `task`.

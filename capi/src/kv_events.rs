@@ -16,7 +16,7 @@ use kvsched_core::kv::Tier;
 use kvsched_core::kv_events::vllm::{encode_batch, VllmEvent};
 use kvsched_core::kv_events::{KvEvent, KvEventKind};
 
-use crate::{guard, set_error, Engine, KvschedStatus};
+use crate::{guard, guard_id, set_error, Engine, KvschedStatus};
 
 /// `KvschedKvEvent::kind`: the block is cached in the tier (vLLM's `BlockStored`).
 pub const KVSCHED_KV_STORED: u8 = 0;
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn kvsched_prefix_root(
         set_error("kvsched_prefix_root: null root");
         return KvschedStatus::NullPointer;
     };
-    guard(engine, |e| {
+    guard_id(engine, Some(id), |e| {
         *root = e.prefix_root(id)?;
         Ok(())
     })

@@ -101,6 +101,15 @@ fn fail(e: Error) -> KvschedStatus {
 /// Runs `f`, turning a core error into its code and message and a panic into
 /// [`KvschedStatus::Panic`] (poisoning `engine`).
 fn guard(engine: *mut Engine, f: impl FnOnce(&mut Engine) -> Result<(), Error>) -> KvschedStatus {
+    guard_id(engine, None, f)
+}
+
+/// [`guard`] for a call that names request `id` (its message, when the id is unknown, names it).
+fn guard_id(
+    engine: *mut Engine,
+    id: Option<u64>,
+    f: impl FnOnce(&mut Engine) -> Result<(), Error>,
+) -> KvschedStatus {
     // SAFETY: the caller passes a pointer from `kvsched_engine_new` (or null), not yet freed, and does
     // not use the engine from another thread during the call (the header's contract).
     let Some(e) = (unsafe { engine.as_mut() }) else {
@@ -113,7 +122,10 @@ fn guard(engine: *mut Engine, f: impl FnOnce(&mut Engine) -> Result<(), Error>) 
     }
     match catch_unwind(AssertUnwindSafe(|| f(&mut *e))) {
         Ok(Ok(())) => KvschedStatus::Ok,
-        Ok(Err(err)) => fail(err),
+        Ok(Err(err)) => {
+            set_error(&e.message(&err, id));
+            status_of(&err)
+        }
         Err(_) => {
             e.poisoned = true;
             set_error("a panic inside kvsched (a bug): the engine is poisoned");
@@ -346,7 +358,10 @@ pub unsafe extern "C" fn kvsched_engine_free(engine: *mut Engine) {
     }
 }
 
-/// The message of the calling thread's last failed call (empty if none); valid until its next call.
+/// The message of the calling thread's last failed call (empty if none). The pointer is valid until
+/// that thread's next call into kvsched, any function (copy the message to keep it); a call that
+/// succeeds leaves the message as it was. A failure names what it refused: an unknown request's id,
+/// or the limit a request is too large for and the configuration field that raises it.
 #[no_mangle]
 pub extern "C" fn kvsched_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
@@ -401,7 +416,7 @@ pub unsafe extern "C" fn kvsched_submit(
 /// `engine` comes from [`kvsched_engine_new`] (or is null, which is refused).
 #[no_mangle]
 pub unsafe extern "C" fn kvsched_finish(engine: *mut Engine, id: u64) -> KvschedStatus {
-    guard(engine, |e| e.finish(id))
+    guard_id(engine, Some(id), |e| e.finish(id))
 }
 
 /// Marks a request in flight (1: the pass skips it) or not (0).
@@ -414,7 +429,7 @@ pub unsafe extern "C" fn kvsched_set_inflight(
     id: u64,
     inflight: u8,
 ) -> KvschedStatus {
-    guard(engine, |e| e.set_inflight(id, inflight != 0))
+    guard_id(engine, Some(id), |e| e.set_inflight(id, inflight != 0))
 }
 
 /// Runs one scheduling pass and its adapter plan (the pass, then `ensure_batch`); `*out` describes the
@@ -537,7 +552,7 @@ pub unsafe extern "C" fn kvsched_page_table(
         set_error("kvsched_page_table: null pages or n");
         return KvschedStatus::NullPointer;
     };
-    guard(engine, |e| {
+    guard_id(engine, Some(id), |e| {
         let t = e.page_table(id)?;
         (*pages, *n) = (t.as_ptr(), t.len());
         Ok(())
@@ -555,7 +570,7 @@ pub unsafe extern "C" fn kvsched_end_send(
     id: u64,
     delivered: u8,
 ) -> KvschedStatus {
-    guard(engine, |e| e.end_send(id, delivered != 0))
+    guard_id(engine, Some(id), |e| e.end_send(id, delivered != 0))
 }
 
 /// Disaggregated serving, generation side: the transceiver starts writing a request's prompt KV into
@@ -565,7 +580,7 @@ pub unsafe extern "C" fn kvsched_end_send(
 /// `engine` comes from [`kvsched_engine_new`] (or is null, which is refused).
 #[no_mangle]
 pub unsafe extern "C" fn kvsched_start_receive(engine: *mut Engine, id: u64) -> KvschedStatus {
-    guard(engine, |e| e.start_receive(id))
+    guard_id(engine, Some(id), |e| e.start_receive(id))
 }
 
 /// Disaggregated serving, generation side: the receive of a request's prompt KV ended (delivered 1:
@@ -579,7 +594,7 @@ pub unsafe extern "C" fn kvsched_end_receive(
     id: u64,
     delivered: u8,
 ) -> KvschedStatus {
-    guard(engine, |e| e.end_receive(id, delivered != 0))
+    guard_id(engine, Some(id), |e| e.end_receive(id, delivered != 0))
 }
 
 /// Live requests in the engine (0 for null).

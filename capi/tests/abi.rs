@@ -41,6 +41,14 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
             KvschedStatus::TooLarge
         );
         assert!(last_error().contains("508 KV tokens"), "{}", last_error());
+        // The message names the limit (in pages and tokens) and the field that raises it.
+        for part in [
+            "at most 128",
+            "max_blocks_per_request = 4 pages of 32 tokens",
+            "raise max_blocks_per_request",
+        ] {
+            assert!(last_error().contains(part), "{part}: {}", last_error());
+        }
         assert_eq!(kvsched_len(e), 0);
         // Hashes claimed but not given.
         assert_eq!(
@@ -96,9 +104,31 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
             kvsched_page_table(e, 5, &raw mut pages, &raw mut n),
             KvschedStatus::UnknownRequest
         );
+        assert!(
+            last_error().contains("request id 5 names no live request"),
+            "{}",
+            last_error()
+        );
         assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
         assert_eq!(kvsched_finish(e, 1), KvschedStatus::Ok);
         assert_eq!(kvsched_gpu_free(e), kvsched_config_default().gpu_pages);
+        // Finishing it again, or an id never submitted: refused, and the message names the id.
+        for id in [1, 77] {
+            assert_eq!(kvsched_finish(e, id), KvschedStatus::UnknownRequest);
+            assert!(
+                last_error().contains(&format!("request id {id} names no live request")),
+                "{}",
+                last_error()
+            );
+        }
+        assert_eq!(kvsched_len(e), 0);
+        // A call that succeeds leaves the message as it was (kvsched_last_error's documented lifetime).
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert!(
+            last_error().contains("request id 77 names no live request"),
+            "{}",
+            last_error()
+        );
         kvsched_engine_free(e);
         kvsched_engine_free(std::ptr::null_mut());
         assert_eq!(

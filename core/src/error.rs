@@ -90,7 +90,8 @@ pub enum Error {
         /// Its capacity.
         capacity: u32,
     },
-    /// The request can never fit: it needs more KV tokens than the whole pool holds.
+    /// The request can never fit: it needs more KV tokens than one request can hold (its page-table
+    /// limit, `KvPoolConfig::max_blocks` pages, or the whole pool, whichever is smaller).
     RequestTooLarge {
         /// The request.
         id: RequestId,
@@ -138,7 +139,10 @@ impl fmt::Display for Error {
             }
             Self::RequestTooLarge { id, tokens, limit } => write!(
                 f,
-                "request {} needs {tokens} KV tokens but one request can hold at most {limit}: give the KV pool more pages or shorten the request",
+                "request {} needs {tokens} KV tokens but one request can hold at most {limit}: \
+                 that is its page-table limit (KvPoolConfig::max_blocks pages, max_blocks_per_request in C and Python) \
+                 or the KV pool's pages (gpu_pages), less a LoRA adapter's pages under unified paging: \
+                 raise the smaller, or shorten the request",
                 id.0
             ),
             Self::DuplicateId(id) => write!(f, "request id {} is already in use", id.0),
@@ -179,3 +183,28 @@ impl fmt::Display for Error {
 }
 
 impl core::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::string::ToString;
+
+    #[test]
+    fn request_too_large_names_its_limit_and_the_settings_that_raise_it() {
+        let msg = Error::RequestTooLarge {
+            id: RequestId(7),
+            tokens: 9000,
+            limit: 8192,
+        }
+        .to_string();
+        assert!(msg.contains("request 7 needs 9000 KV tokens"), "{msg}");
+        assert!(msg.contains("at most 8192"), "{msg}");
+        for setting in [
+            "KvPoolConfig::max_blocks",
+            "max_blocks_per_request",
+            "gpu_pages",
+        ] {
+            assert!(msg.contains(setting), "{setting}: {msg}");
+        }
+    }
+}

@@ -8,6 +8,10 @@
  * Built and run by capi/tests/c_example.rs under AddressSanitizer and UndefinedBehaviorSanitizer:
  *   cc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -Icapi/include \
  *      examples/c/serve_loop.c target/debug/libkvsched_capi.a -lpthread -ldl -lm -o serve_loop
+ * and by capi/tests/install.rs against the dynamic library, installed by capi/install.sh PREFIX:
+ *   cc -std=c11 examples/c/serve_loop.c $(pkg-config --cflags --libs kvsched) -o serve_loop
+ *   LD_LIBRARY_PATH=PREFIX/lib ./serve_loop    (the loader does not search PREFIX/lib by itself)
+ * (capi/README.md: building, linking, installing.)
  */
 #include <stdio.h>
 #include <string.h>

@@ -2,7 +2,8 @@
 
 ``Scheduler`` is the native scheduler (its KV pool and adapter cache inside): ``submit``, ``schedule``,
 ``ensure_batch``, ``take_moves``, ``complete_step``, ``finish``. Errors are ``KvschedError`` and its
-subclasses, with the core's messages; a refused call changes nothing.
+subclasses (``DuplicateRequest`` for an id already live, ``UnknownRequest`` for one that is not), with
+the core's messages; a refused call changes nothing. ``__version__`` is the package's version.
 
 ``ReferenceShapedScheduler`` wraps it with the shape of TensorRT-LLM's scheduler result, so a
 PyExecutor-style loop can swap it in: ``schedule_request(active_requests, inflight_request_ids)``
@@ -19,8 +20,11 @@ rest), the same objects again after an incremental pass (the last pass's steady 
 keeps a persistent batch.
 """
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+# The module's own names only: the imports it needs are underscored, so ``dir(kvsched)`` and
+# ``from kvsched import *`` show what ``__all__`` lists (and the dunders).
+from dataclasses import asdict as _asdict, dataclass as _dataclass, field as _field
+from typing import Any as _Any, Dict as _Dict, Iterable as _Iterable, List as _List
+from typing import Optional as _Optional
 
 from ._native import (  # noqa: F401  (re-exported)
     AdapterError,
@@ -28,6 +32,7 @@ from ._native import (  # noqa: F401  (re-exported)
     CapacityError,
     DeadlockError,
     Delta,
+    DuplicateRequest,
     Entry,
     KvEvent,
     KvschedError,
@@ -40,6 +45,7 @@ from ._native import (  # noqa: F401  (re-exported)
     chain,
     encode_kv_events,
 )
+from ._native import __version__  # noqa: F401  (the crate's version)
 
 __all__ = [
     "AdapterError",
@@ -47,6 +53,7 @@ __all__ = [
     "CapacityError",
     "DeadlockError",
     "Delta",
+    "DuplicateRequest",
     "ENTRY_DTYPE",
     "ENTRY_FORMAT",
     "Entry",
@@ -79,45 +86,45 @@ def ids(buf: bytes) -> memoryview:
     return memoryview(buf).cast("Q")[0::3]
 
 
-@dataclass
+@_dataclass
 class RequestSpec:
     """A request as plain data: ``spec.submit_to(scheduler)`` submits it (``Scheduler.submit``'s fields)."""
 
     id: int
     prompt: int
     max_new_tokens: int = 0
-    lora_task: Optional[int] = None
+    lora_task: _Optional[int] = None
     beam: int = 1
     draft: int = 0
     #: "plain", "context_only" (disaggregated prefill) or "disagg_generation" (its KV arrives by transfer).
     kind: str = "plain"
     #: The prompt's block hashes, one per full page (prefix reuse).
-    hashes: Optional[List[int]] = None
+    hashes: _Optional[_List[int]] = None
     cache_salt: int = 0
     priority: int = 0
     arrival: int = 0
 
     def submit_to(self, scheduler: Scheduler) -> None:
-        args = asdict(self)
+        args = _asdict(self)
         scheduler.submit(args.pop("id"), args.pop("prompt"), **args)
 
 
-@dataclass
+@_dataclass
 class SchedulerOutput:
     """The reference's scheduler result (``scheduler.py SchedulerOutput``), holding request objects."""
 
-    context_requests: List[Any] = field(default_factory=list)
-    generation_requests: List[Any] = field(default_factory=list)
-    paused_requests: List[Any] = field(default_factory=list)
-    recompute_paused_requests: List[Any] = field(default_factory=list)
-    fitting_disagg_gen_init_requests: List[Any] = field(default_factory=list)
+    context_requests: _List[_Any] = _field(default_factory=list)
+    generation_requests: _List[_Any] = _field(default_factory=list)
+    paused_requests: _List[_Any] = _field(default_factory=list)
+    recompute_paused_requests: _List[_Any] = _field(default_factory=list)
+    fitting_disagg_gen_init_requests: _List[_Any] = _field(default_factory=list)
     num_fitting_requests: int = 0
     #: Context chunk sizes by request id (the reference keeps them on the request objects).
-    chunk_tokens: Dict[int, int] = field(default_factory=dict)
+    chunk_tokens: _Dict[int, int] = _field(default_factory=dict)
     #: Adapters to load onto the device before the step (task ids).
-    adapter_loads: List[int] = field(default_factory=list)
+    adapter_loads: _List[int] = _field(default_factory=list)
     #: Page copies to run before the step.
-    page_moves: List[Any] = field(default_factory=list)
+    page_moves: _List[_Any] = _field(default_factory=list)
 
 
 class ReferenceShapedScheduler:
@@ -132,10 +139,10 @@ class ReferenceShapedScheduler:
     def __init__(self, scheduler: Scheduler, id_of=None):
         self.scheduler = scheduler
         self._id_of = id_of or (lambda r: getattr(r, "py_request_id", getattr(r, "request_id", None)))
-        self._requests: Dict[int, Any] = {}
+        self._requests: _Dict[int, _Any] = {}
         self._inflight: set = set()
 
-    def add_request(self, request: Any, spec: RequestSpec) -> None:
+    def add_request(self, request: _Any, spec: RequestSpec) -> None:
         """Submits ``spec`` for the engine's ``request`` (its id must be ``spec.id``)."""
         rid = self._id_of(request)
         if rid != spec.id:
@@ -144,7 +151,7 @@ class ReferenceShapedScheduler:
         self._requests[rid] = request
 
     def schedule_request(
-        self, active_requests: Iterable[Any] = (), inflight_request_ids: Iterable[int] = ()
+        self, active_requests: _Iterable[_Any] = (), inflight_request_ids: _Iterable[int] = ()
     ) -> SchedulerOutput:
         # ``active_requests`` is the executor's view; the scheduler keeps its own, in arrival order.
         del active_requests
@@ -175,7 +182,7 @@ class ReferenceShapedScheduler:
     def complete_step(self) -> None:
         self.scheduler.complete_step()
 
-    def finish(self, request: Any) -> None:
+    def finish(self, request: _Any) -> None:
         rid = self._id_of(request)
         self.scheduler.finish(rid)
         self._requests.pop(rid, None)

@@ -14,43 +14,49 @@ use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest};
 use kvsched_core::error::Error;
 
 create_exception!(
-    _native,
+    kvsched,
     KvschedError,
     PyException,
     "A call kvsched refused; nothing changed."
 );
 create_exception!(
-    _native,
+    kvsched,
     CapacityError,
     KvschedError,
     "A fixed capacity is exhausted."
 );
 create_exception!(
-    _native,
+    kvsched,
     RequestTooLarge,
     KvschedError,
     "A request larger than the KV pool."
 );
 create_exception!(
-    _native,
+    kvsched,
     UnknownRequest,
     KvschedError,
-    "An id that names no live request, or a duplicate."
+    "An id that names no live request."
 );
 create_exception!(
-    _native,
+    kvsched,
+    DuplicateRequest,
+    KvschedError,
+    "A submitted id that a live request already has."
+);
+create_exception!(
+    kvsched,
     AdapterError,
     KvschedError,
     "The adapter cache refused."
 );
 create_exception!(
-    _native,
+    kvsched,
     DeadlockError,
     KvschedError,
     "No request could be scheduled for the deadlock threshold's passes."
 );
 create_exception!(
-    _native,
+    kvsched,
     StaleOutput,
     KvschedError,
     "A step completed twice, or before any pass."
@@ -58,11 +64,16 @@ create_exception!(
 
 /// The core's error as the Python exception of its kind, with the core's message.
 fn py_err(e: Error) -> PyErr {
-    let msg = e.to_string();
+    py_err_with(e, e.to_string())
+}
+
+/// The core's error as the Python exception of its kind, with `msg`.
+fn py_err_with(e: Error, msg: String) -> PyErr {
     match e {
         Error::CapacityExhausted { .. } => CapacityError::new_err(msg),
         Error::RequestTooLarge { .. } => RequestTooLarge::new_err(msg),
-        Error::DuplicateId(_) | Error::StaleHandle => UnknownRequest::new_err(msg),
+        Error::DuplicateId(_) => DuplicateRequest::new_err(msg),
+        Error::StaleHandle => UnknownRequest::new_err(msg),
         Error::Peft(_) => AdapterError::new_err(msg),
         Error::Deadlock { .. } => DeadlockError::new_err(msg),
         Error::StaleOutput => StaleOutput::new_err(msg),
@@ -127,6 +138,48 @@ struct Output {
     resumed: Py<PyList>,
     /// The pass's number.
     pass_number: u64,
+}
+
+/// Up to this many ids of a list in `Output`'s repr; the rest are counted.
+const REPR_IDS: usize = 8;
+
+/// A list of entries as its ids, `[1, 2, 3]`, or `[1, 2, …, 8, +5 more]` past [`REPR_IDS`].
+fn ids_repr(list: &Bound<'_, PyList>) -> String {
+    let ids: Vec<String> = list
+        .iter()
+        .take(REPR_IDS)
+        .map(|e| {
+            e.extract::<PyRef<'_, Entry>>()
+                .map_or_else(|_| "?".into(), |e| e.id.to_string())
+        })
+        .collect();
+    let more = list.len().saturating_sub(REPR_IDS);
+    if more == 0 {
+        format!("[{}]", ids.join(", "))
+    } else {
+        format!("[{}, +{more} more]", ids.join(", "))
+    }
+}
+
+#[pymethods]
+impl Output {
+    /// The pass number and each list's request ids.
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let lists = [
+            ("context", &self.context),
+            ("generation", &self.generation),
+            ("paused", &self.paused),
+            ("recompute_paused", &self.recompute_paused),
+            ("disagg", &self.disagg),
+            ("resumed", &self.resumed),
+        ]
+        .map(|(name, l)| format!("{name}={}", ids_repr(l.bind(py))));
+        format!(
+            "Output(pass_number={}, {})",
+            self.pass_number,
+            lists.join(", ")
+        )
+    }
 }
 
 /// Bytes of one packed entry ([`KvschedEntry`], little-endian: id u64, lora_task u64, tokens u32,
@@ -230,8 +283,18 @@ struct PageMove {
 #[pyclass(unsendable, module = "kvsched")]
 struct Scheduler {
     engine: Engine,
+    /// Tokens per KV page (a prompt of P tokens has P // tokens_per_block full pages).
+    tokens_per_block: u32,
     /// The last `schedule_buffers` result, handed back again after an incremental pass.
     buffers: Option<Buffers>,
+}
+
+impl Scheduler {
+    /// A refusal of this scheduler's engine as its Python exception, with the engine's message (which
+    /// names `id`, the request the call named, when it is unknown).
+    fn err(&self, e: Error, id: Option<u64>) -> PyErr {
+        py_err_with(e, self.engine.message(&e, id))
+    }
 }
 
 #[pymethods]
@@ -274,18 +337,22 @@ impl Scheduler {
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
+            tokens_per_block,
             buffers: None,
         })
     }
 
     /// Registers a LoRA adapter of `pages` device pages under `task`.
     fn register_adapter(&mut self, task: u64, pages: u32) -> PyResult<()> {
-        self.engine.register_adapter(task, pages).map_err(py_err)
+        self.engine
+            .register_adapter(task, pages)
+            .map_err(|e| self.err(e, None))
     }
 
     /// Submits a request. `kind`: "plain", "context_only" (disaggregated: it sends its KV when its
     /// prompt is computed) or "disagg_generation" (its prompt's KV arrives by a transfer). `hashes`:
-    /// its prompt's block hashes, one per full page, for prefix reuse.
+    /// its prompt's block hashes, one per full page (at most `prompt // tokens_per_block`; more are
+    /// refused), for prefix reuse.
     #[pyo3(signature = (id, prompt, *, max_new_tokens=0, lora_task=None, beam=1, draft=0,
         kind="plain", hashes=None, cache_salt=0, priority=0, arrival=0))]
     // PyO3 hands the arguments over owned.
@@ -314,6 +381,16 @@ impl Scheduler {
                 )))
             }
         };
+        let hashes = hashes.unwrap_or_default();
+        let full = prompt / self.tokens_per_block;
+        if hashes.len() > full as usize {
+            return Err(KvschedError::new_err(format!(
+                "request {id}: {} block hashes, but a prompt of {prompt} tokens has {full} full \
+                 pages of {} tokens (prompt // tokens_per_block): give one hash a full page, at most {full}",
+                hashes.len(),
+                self.tokens_per_block
+            )));
+        }
         let r = KvschedRequest {
             id,
             lora_task: lora_task.unwrap_or(0),
@@ -328,13 +405,13 @@ impl Scheduler {
             priority,
         };
         self.engine
-            .submit(&r, hashes.as_deref().unwrap_or(&[]))
-            .map_err(py_err)
+            .submit(&r, &hashes)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// Runs one scheduling pass; its lists are built as Python objects here, once.
     fn schedule(&mut self, py: Python<'_>) -> PyResult<Output> {
-        self.engine.schedule().map_err(py_err)?;
+        self.engine.schedule().map_err(|e| self.err(e, None))?;
         let l = self.engine.lists();
         Ok(Output {
             context: entries(py, &l.context)?,
@@ -351,7 +428,7 @@ impl Scheduler {
     /// same objects again after an incremental pass.
     fn schedule_buffers(&mut self, py: Python<'_>) -> PyResult<Buffers> {
         let replayed = self.engine.replayed_passes();
-        self.engine.schedule().map_err(py_err)?;
+        self.engine.schedule().map_err(|e| self.err(e, None))?;
         let pass = self.engine.pass();
         let b = match &self.buffers {
             // The last pass's lists, kept by an incremental pass.
@@ -369,7 +446,7 @@ impl Scheduler {
     /// What changed in the batch since the last call ([`Delta`]); refused (`StaleOutput`) before the
     /// first pass.
     fn take_delta(&mut self, py: Python<'_>) -> PyResult<Delta> {
-        self.engine.take_delta().map_err(py_err)?;
+        self.engine.take_delta().map_err(|e| self.err(e, None))?;
         let l = self.engine.lists();
         Ok(Delta {
             entered: packed(py, &l.entered)?,
@@ -384,7 +461,7 @@ impl Scheduler {
         self.engine
             .ensure_batch()
             .map(<[u64]>::to_vec)
-            .map_err(py_err)
+            .map_err(|e| self.err(e, None))
     }
 
     /// The page moves since the last call, in order: copy them before the step.
@@ -403,7 +480,7 @@ impl Scheduler {
 
     /// Completes the last pass's step (contexts advance, recompute-paused requests reset).
     fn complete_step(&mut self) -> PyResult<()> {
-        self.engine.complete_step().map_err(py_err)
+        self.engine.complete_step().map_err(|e| self.err(e, None))
     }
 
     /// A request's page table (GPU page ids; a host page has bit 31 set).
@@ -411,34 +488,42 @@ impl Scheduler {
         self.engine
             .page_table(id)
             .map(<[u32]>::to_vec)
-            .map_err(py_err)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// Removes a finished or cancelled request.
     fn finish(&mut self, id: u64) -> PyResult<()> {
-        self.engine.finish(id).map_err(py_err)
+        self.engine.finish(id).map_err(|e| self.err(e, Some(id)))
     }
 
     /// Marks a request in flight (the pass skips it) or not.
     fn set_inflight(&mut self, id: u64, inflight: bool) -> PyResult<()> {
-        self.engine.set_inflight(id, inflight).map_err(py_err)
+        self.engine
+            .set_inflight(id, inflight)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// Disaggregated, context side: the send of a context-only request's KV ended.
     #[pyo3(signature = (id, delivered=true))]
     fn end_send(&mut self, id: u64, delivered: bool) -> PyResult<()> {
-        self.engine.end_send(id, delivered).map_err(py_err)
+        self.engine
+            .end_send(id, delivered)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// Disaggregated, generation side: the receive into the pages a pass prepared starts.
     fn start_receive(&mut self, id: u64) -> PyResult<()> {
-        self.engine.start_receive(id).map_err(py_err)
+        self.engine
+            .start_receive(id)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// Disaggregated, generation side: the receive of a request's prompt KV ended.
     #[pyo3(signature = (id, delivered=true))]
     fn end_receive(&mut self, id: u64, delivered: bool) -> PyResult<()> {
-        self.engine.end_receive(id, delivered).map_err(py_err)
+        self.engine
+            .end_receive(id, delivered)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// The KV events the prefix cache logged since the last call, in order (none unless built with
@@ -454,7 +539,9 @@ impl Scheduler {
     /// The root a live request's prompt keys chain from: `key[0] = chain(root, hashes[0])`, and the
     /// parent of its first block's stored event.
     fn prefix_root(&self, id: u64) -> PyResult<u64> {
-        self.engine.prefix_root(id).map_err(py_err)
+        self.engine
+            .prefix_root(id)
+            .map_err(|e| self.err(e, Some(id)))
     }
 
     /// Free GPU KV pages.
@@ -485,6 +572,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CapacityError", py.get_type::<CapacityError>())?;
     m.add("RequestTooLarge", py.get_type::<RequestTooLarge>())?;
     m.add("UnknownRequest", py.get_type::<UnknownRequest>())?;
+    m.add("DuplicateRequest", py.get_type::<DuplicateRequest>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("AdapterError", py.get_type::<AdapterError>())?;
     m.add("DeadlockError", py.get_type::<DeadlockError>())?;
     m.add("StaleOutput", py.get_type::<StaleOutput>())?;

@@ -1,6 +1,9 @@
 """The kvsched Python module: a serving loop, errors as exceptions, the seeds' PEFT bug (written from
 Python), prefix reuse, disaggregated transfers and the reference-shaped shim."""
 
+import pathlib
+import re
+
 import pytest
 
 import kvsched
@@ -54,7 +57,7 @@ def test_a_serving_loop_finishes_every_request():
 def test_errors_are_exceptions_with_the_cores_messages_and_change_nothing():
     s = small()
     s.submit(1, 64, max_new_tokens=4)
-    with pytest.raises(kvsched.UnknownRequest, match="already in use"):
+    with pytest.raises(kvsched.DuplicateRequest, match="request id 1 is already in use"):
         s.submit(1, 64)
     with pytest.raises(kvsched.RequestTooLarge, match="KV tokens"):
         s.submit(2, 10_000)
@@ -65,7 +68,7 @@ def test_errors_are_exceptions_with_the_cores_messages_and_change_nothing():
     assert len(s) == 1
     with pytest.raises(kvsched.StaleOutput):
         s.complete_step()
-    with pytest.raises(kvsched.UnknownRequest):
+    with pytest.raises(kvsched.UnknownRequest, match="request id 42 names no live request"):
         s.finish(42)
     with pytest.raises(kvsched.KvschedError):
         s.end_send(1)
@@ -316,3 +319,81 @@ def test_buffers_hold_the_lists_and_an_incremental_pass_copies_nothing():
     b = s.schedule_buffers()
     assert [e.id for e in out.generation] == [0, 1, 3] == list(kvsched.ids(b.generation))
     assert list(kvsched.ids(s.take_delta().left)) == [2]
+
+
+def test_a_request_too_large_for_its_page_table_names_the_limit_and_the_setting():
+    # 32 pages of 16 tokens a request (the pool has 96): the page table is the limit.
+    s = small()
+    with pytest.raises(kvsched.RequestTooLarge) as e:
+        s.submit(2, 10_000)
+    msg = str(e.value)
+    assert "at most 512" in msg, msg
+    assert "max_blocks_per_request = 32 pages of 16 tokens" in msg, msg
+    assert "raise max_blocks_per_request" in msg, msg
+    # A pool smaller than the page table: the pool is the limit, and gpu_pages raises it.
+    s = small(gpu_pages=8)
+    with pytest.raises(kvsched.RequestTooLarge, match=r"gpu_pages = 8 pages of 16 tokens"):
+        s.submit(2, 200)
+    assert len(s) == 0
+
+
+def test_a_duplicate_id_is_a_duplicate_request_not_an_unknown_one():
+    s = small()
+    s.submit(5, 64)
+    with pytest.raises(kvsched.DuplicateRequest, match="request id 5 is already in use") as e:
+        s.submit(5, 32)
+    assert not isinstance(e.value, kvsched.UnknownRequest)
+    assert isinstance(e.value, kvsched.KvschedError)
+    assert len(s) == 1 and s.page_table(5) == []
+
+
+def test_exceptions_print_as_kvsched_names():
+    for name in ["KvschedError", "CapacityError", "RequestTooLarge", "UnknownRequest",
+                 "DuplicateRequest", "AdapterError", "DeadlockError", "StaleOutput"]:
+        cls = getattr(kvsched, name)
+        assert cls.__module__ == "kvsched", (name, cls.__module__)
+        assert repr(cls) == f"<class 'kvsched.{name}'>"
+    with pytest.raises(kvsched.UnknownRequest) as e:
+        small().finish(3)
+    assert "_native" not in repr(e.value) and "_native" not in e.typename
+    assert e.typename == "UnknownRequest"
+
+
+def test_the_version_is_the_crates_and_the_packages():
+    here = pathlib.Path(__file__).resolve().parents[1]
+    for f in ["Cargo.toml", "pyproject.toml"]:
+        version = re.search(r'^version = "([^"]+)"', (here / f).read_text(), re.M).group(1)
+        assert kvsched.__version__ == version, f
+
+
+def test_an_output_has_a_useful_repr():
+    s = small()
+    for i in range(12):
+        s.submit(i, 16, max_new_tokens=2)
+    out = s.schedule()
+    r = repr(out)
+    assert r.startswith("Output(pass_number=1, context=[0, 1, 2, 3, 4, 5, 6, 7, +4 more], "), r
+    assert "generation=[], paused=[], recompute_paused=[], disagg=[], resumed=[])" in r, r
+    s.complete_step()
+    r = repr(s.schedule())
+    assert "pass_number=2" in r and "generation=[0, 1, 2, 3, 4, 5, 6, 7, +4 more]" in r, r
+
+
+def test_dir_shows_the_modules_own_names_only():
+    public = {n for n in dir(kvsched) if not n.startswith("_")}
+    assert public == set(kvsched.__all__), public ^ set(kvsched.__all__)
+    for helper in ["Any", "Dict", "Iterable", "List", "Optional", "dataclass", "field", "asdict"]:
+        assert helper not in public
+    assert all(hasattr(kvsched, n) for n in kvsched.__all__)
+
+
+def test_block_hashes_beyond_the_prompts_full_pages_are_refused():
+    s = small()
+    # 40 tokens in 16-token pages: 2 full pages, so at most 2 hashes.
+    s.submit(1, 40, hashes=[11, 12])
+    with pytest.raises(kvsched.KvschedError,
+                       match=r"request 2: 3 block hashes, but a prompt of 40 tokens has 2 full pages"):
+        s.submit(2, 40, hashes=[11, 12, 13])
+    with pytest.raises(kvsched.KvschedError, match="has 0 full pages"):
+        s.submit(3, 15, hashes=[1])
+    assert len(s) == 1

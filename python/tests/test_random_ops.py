@@ -34,6 +34,7 @@ OWN = (
     kvsched.CapacityError,
     kvsched.RequestTooLarge,
     kvsched.UnknownRequest,
+    kvsched.DuplicateRequest,
     kvsched.AdapterError,
     kvsched.DeadlockError,
     kvsched.StaleOutput,
@@ -119,8 +120,8 @@ class RandomOps(RuleBasedStateMachine):
         extra=st.booleans(),
     )
     def submit(self, id, prompt, max_new_tokens, lora_task, beam, kind, salt, alphabet, extra):
-        # One hash a full prompt block (sometimes more than that), from a 3-letter alphabet: prompts share
-        # prefixes.
+        # One hash a full prompt block (sometimes more than that, which is refused), from a 3-letter
+        # alphabet: prompts share prefixes.
         full = prompt // TOKENS_PER_BLOCK
         hashes = alphabet[: full + (2 if extra else 0)]
         self.add(id, prompt, max_new_tokens=max_new_tokens, lora_task=lora_task, beam=beam, kind=kind,

@@ -1,0 +1,150 @@
+//! The dynamic library has its SONAME (`build.rs`), and `capi/install.sh` installs a prefix that a C
+//! program builds against through pkg-config and runs from with `LD_LIBRARY_PATH` (not without: the
+//! loader looks the library up by its SONAME, which is not in a folder it searches).
+#![cfg(target_os = "linux")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[path = "support/build.rs"]
+mod build;
+
+/// The SONAME `build.rs` gives: the major version, or 0.MINOR while the crate is 0.x.
+fn soname() -> String {
+    let (major, minor) = (
+        env!("CARGO_PKG_VERSION_MAJOR"),
+        env!("CARGO_PKG_VERSION_MINOR"),
+    );
+    let abi = if major == "0" {
+        format!("0.{minor}")
+    } else {
+        major.to_string()
+    };
+    format!("libkvsched_capi.so.{abi}")
+}
+
+/// The dynamic section of an ELF file, as `readelf -d` (else `objdump -p`) prints it.
+fn dynamic_section(file: &Path) -> String {
+    for (tool, arg) in [("readelf", "-d"), ("objdump", "-p")] {
+        if let Ok(out) = Command::new(tool).arg(arg).arg(file).output() {
+            assert!(
+                out.status.success(),
+                "{tool} {arg} {} failed",
+                file.display()
+            );
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+    }
+    panic!("neither readelf nor objdump is installed");
+}
+
+/// The line of `section` that names `tag` (SONAME, NEEDED) with `name`.
+fn has_entry(section: &str, tag: &str, name: &str) -> bool {
+    section.lines().any(|l| l.contains(tag) && l.contains(name))
+}
+
+#[test]
+fn the_dynamic_library_is_installed_with_its_soname_and_a_pkg_config_file() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let libdir = build::build_library("kvsched-capi");
+    let soname = soname();
+    let section = dynamic_section(&libdir.join("libkvsched_capi.so"));
+    assert!(
+        has_entry(&section, "SONAME", &soname),
+        "{soname}:\n{section}"
+    );
+
+    let prefix = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("install-prefix");
+    let _ = std::fs::remove_dir_all(&prefix);
+    let out = Command::new("sh")
+        .arg(root.join("capi/install.sh"))
+        .arg(&prefix)
+        .arg(&libdir)
+        .output()
+        .expect("run capi/install.sh");
+    assert!(
+        out.status.success(),
+        "install.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = prefix.join("lib");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(prefix.join("include/kvsched.h").is_file());
+    assert!(lib.join("libkvsched_capi.a").is_file());
+    assert!(lib.join(format!("libkvsched_capi.so.{version}")).is_file());
+    for link in [soname.as_str(), "libkvsched_capi.so"] {
+        assert!(
+            std::fs::symlink_metadata(lib.join(link)).is_ok_and(|m| m.file_type().is_symlink()),
+            "{link} is not a link"
+        );
+    }
+    let pc = std::fs::read_to_string(lib.join("pkgconfig/kvsched.pc")).expect("kvsched.pc");
+    assert!(pc.contains(&format!("prefix={}", prefix.display())), "{pc}");
+    assert!(pc.contains(&format!("Version: {version}")), "{pc}");
+    assert!(!pc.contains('@'), "a placeholder left:\n{pc}");
+
+    // The program's flags from pkg-config (when it is installed), else as the file gives them.
+    let pkg_config = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "kvsched"])
+        .env("PKG_CONFIG_PATH", lib.join("pkgconfig"))
+        .output();
+    let flags: Vec<String> = match pkg_config {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "pkg-config failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        }
+        Err(_) => vec![
+            format!("-I{}", prefix.join("include").display()),
+            format!("-L{}", lib.display()),
+            "-lkvsched_capi".into(),
+        ],
+    };
+    let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve_loop_dynamic");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+        .arg(root.join("examples/c/serve_loop.c"))
+        .args(&flags)
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .expect("run the C compiler");
+    assert!(
+        built.status.success(),
+        "{cc} {flags:?} failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let section = dynamic_section(&bin);
+    assert!(
+        has_entry(&section, "NEEDED", &soname),
+        "{soname}:\n{section}"
+    );
+
+    // Without LD_LIBRARY_PATH the loader does not find it (unless a copy is installed system-wide).
+    let alone = Command::new(&bin)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("run the example");
+    if !alone.status.success() {
+        let stderr = String::from_utf8_lossy(&alone.stderr);
+        assert!(stderr.contains(&soname), "{stderr}");
+    }
+    let run = Command::new(&bin)
+        .env("LD_LIBRARY_PATH", &lib)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "serve_loop failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("served 24 requests"), "{stdout}");
+}
