@@ -844,3 +844,120 @@ fn fault_options_need_their_store_or_link_and_a_valid_rate() {
         assert!(err.contains(says), "{bad:?}: {err}");
     }
 }
+
+/// Runs `kvsched simulate ARGS…` and returns its exit status and stderr.
+fn refused(args: &[&str]) -> (Option<i32>, String) {
+    let mut all = vec!["simulate", "--no-progress"];
+    all.extend_from_slice(args);
+    let out = kvsched(&all);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_plot_the_run_cannot_draw_is_refused_before_the_run() {
+    let svg = tmp("cluster.svg");
+    let s = svg.to_str().unwrap();
+    for cluster in [
+        &["--replicas", "2"][..],
+        &["--disagg", "1:1"],
+        &["--remote-store", "1000"],
+    ] {
+        let mut args = cluster.to_vec();
+        args.extend_from_slice(&["--plot", s]);
+        let (code, err) = refused(&args);
+        assert_eq!(code, Some(2), "{cluster:?}: {err}");
+        assert!(err.contains("--plot") && err.contains("cluster"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(!err.contains("requests completed"), "not run: {err}");
+    }
+    assert!(!svg.exists());
+    let png = tmp("out.png");
+    let (code, err) = refused(&["--plot", png.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(".svg") && err.contains("out.png"), "{err}");
+    assert!(!png.exists());
+}
+
+#[test]
+fn output_paths_are_checked_before_the_run_and_named_once() {
+    let dir = tmp("");
+    let d = dir.to_str().unwrap().trim_end_matches('/').to_string();
+    let missing = format!("{d}/no-such-folder/x.svg");
+    for (flag, path, why) in [
+        ("--plot", missing.as_str(), "folder does not exist"),
+        ("--json", d.as_str(), "is a folder"),
+    ] {
+        let (code, err) = refused(&["--limit", "20", flag, path]);
+        assert_eq!(code, Some(2), "{flag} {path}: {err}");
+        assert!(err.contains(why), "{err}");
+        assert_eq!(err.matches(path).count(), 1, "the path once: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(!err.contains(".tmp"), "no temporary file's name: {err}");
+    }
+}
+
+/// A write that fails after the run (the folder exists but takes no files) is a run failure: status
+/// 1, the path named once, no temporary file's name.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_write_that_fails_after_the_run_names_the_path_once() {
+    for (flag, path) in [
+        ("--json", "/proc/kvsched.json"),
+        ("--plot", "/proc/kvsched.svg"),
+    ] {
+        let (code, err) = refused(&["--limit", "20", flag, path]);
+        assert_eq!(code, Some(1), "{err}");
+        assert_eq!(err.matches(path).count(), 1, "{err}");
+        assert!(!err.contains(".tmp") && !err.contains("os error"), "{err}");
+    }
+}
+
+#[test]
+fn option_mistakes_exit_2_like_clap_and_run_failures_1() {
+    for bad in [
+        &["--max-batch", "0"][..],
+        &["--replicas", "0"],
+        &["--kv-gpu-pages", "16"],
+        &["--replicas", "2", "--max-tokens", "0"],
+        &["--sweep", "max-batch=0,8"],
+    ] {
+        let (code, err) = refused(bad);
+        assert_eq!(code, Some(2), "{bad:?}: {err}");
+    }
+    #[cfg(target_os = "linux")]
+    assert_eq!(
+        refused(&["--limit", "20", "--json", "/proc/x.json"]).0,
+        Some(1)
+    );
+}
+
+#[test]
+fn options_that_do_nothing_here_are_named_on_stderr() {
+    for (args, flag) in [
+        (&["--route", "kv"][..], "--route"),
+        (&["--remote-store", "1000"], "--remote-store"),
+        (&["--drain-after", "3"], "--drain-after"),
+    ] {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--limit", "20"]);
+        let (code, err) = refused(&all);
+        assert_eq!(code, Some(0), "{err}");
+        let w: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+        assert_eq!(w.len(), 1, "{args:?}: {err}");
+        assert!(w[0].contains(flag), "{err}");
+    }
+    for quiet in [
+        &["--route", "kv", "--replicas", "2"][..],
+        &["--drain-after", "3", "--admission", "vtc"],
+        &[],
+    ] {
+        let mut all = quiet.to_vec();
+        all.extend_from_slice(&["--limit", "20"]);
+        let (code, err) = refused(&all);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(!err.contains("warning"), "{quiet:?}: {err}");
+    }
+}

@@ -252,7 +252,7 @@ pub enum PlotError {
         path: PathBuf,
         /// The I/O error's kind.
         kind: io::ErrorKind,
-        /// The I/O error's message.
+        /// The I/O error's message ([`crate::stats::io_reason`]: the system's, naming no path).
         message: String,
     },
 }
@@ -353,7 +353,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
     crate::stats::write_atomic(path, bytes).map_err(|e| PlotError::Io {
         path: path.to_path_buf(),
         kind: e.kind(),
-        message: e.to_string(),
+        message: crate::stats::io_reason(&e),
     })
 }
 

@@ -39,6 +39,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Why an I/O call failed, in the system's words without the path: the operating system's message
+/// (`No such file or directory`), even from an error `tempfile` wrapped (its message names the
+/// temporary file, which is no concern of the caller's).
+pub fn io_reason(e: &io::Error) -> String {
+    let text = e.to_string();
+    let end = [" (os error", " at path "]
+        .iter()
+        .filter_map(|m| text.find(m))
+        .min()
+        .unwrap_or(text.len());
+    text[..end].to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,7 +75,8 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        assert!(write_atomic(&dir.join("missing/out.txt"), b"x").is_err());
+        let e = write_atomic(&dir.join("missing/out.txt"), b"x").unwrap_err();
+        assert_eq!(io_reason(&e), "No such file or directory", "{e}");
         let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file left");
         fs::remove_dir_all(&dir).unwrap();
