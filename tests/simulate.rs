@@ -263,7 +263,16 @@ fn speculative_decoding_keeps_the_accepted_drafts_and_cuts_tpot() {
     let run = |name: &str, extra: &[&str]| {
         let base = [trace.as_str(), "--no-progress", "--kv-gpu-pages", "2048"];
         let r = simulated(&format!("spec-{name}"), &[&base[..], extra].concat());
-        assert_eq!(r["invariant_violations"], 0, "{name}");
+        let checked = extra.contains(&"--check");
+        let violations = &r["invariant_violations"];
+        assert!(
+            if checked {
+                *violations == 0
+            } else {
+                violations.is_null()
+            },
+            "{name}: {violations}"
+        );
         assert_eq!(r["requests_completed"], r["requests_total"], "{name}");
         assert_eq!(
             r["tokens_generated"], r["completed_output_tokens"],
@@ -960,4 +969,48 @@ fn options_that_do_nothing_here_are_named_on_stderr() {
         assert_eq!(code, Some(0), "{err}");
         assert!(!err.contains("warning"), "{quiet:?}: {err}");
     }
+}
+
+#[test]
+fn the_report_says_what_it_measured_and_what_its_words_mean() {
+    // Without --check nothing counted the invariant violations: null, not 0.
+    let r = simulated("unchecked", &["--no-progress", "--limit", "20"]);
+    assert!(
+        r["invariant_violations"].is_null(),
+        "{}",
+        r["invariant_violations"]
+    );
+    let r = simulated("checked", &["--no-progress", "--limit", "20", "--check"]);
+    assert_eq!(r["invariant_violations"], 0);
+    // Every engine's text report names its cost model, legacy's too.
+    for engine in ["legacy", "h200-llama3-8b"] {
+        let out = kvsched(&[
+            "simulate",
+            "--no-progress",
+            "--limit",
+            "20",
+            "--engine",
+            engine,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.contains("cost model (--engine)"));
+        assert!(line.is_some_and(|l| l.contains(engine)), "{engine}: {text}");
+    }
+    // The sweep table's "overloaded" column is defined next to it.
+    let out = kvsched(&[
+        "simulate",
+        "--no-progress",
+        "--limit",
+        "50",
+        "--sweep",
+        "rate=1,2",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let note = text.lines().find(|l| l.starts_with("overloaded:"));
+    assert!(
+        note.is_some_and(|l| l.contains("median request waited over 10 s")
+            && l.contains("after the last arrival")),
+        "{text}"
+    );
 }
