@@ -580,16 +580,37 @@ pub fn workload(c: &Cli) -> Result<Workload, String> {
         workload::parse(DEFAULT_TRACE, Path::new(DEFAULT_TRACE_NAME), c.format)
             .map_err(|e| e.to_string())?
     };
+    if w.arrivals.is_empty() {
+        return Err(no_requests(&w));
+    }
     if let Some(n) = c.limit {
         w.arrivals.truncate(n);
+    }
+    if w.arrivals.is_empty() {
+        return Err(format!(
+            "--limit 0: {} has no requests left to replay",
+            w.source
+        ));
     }
     if let Some(f) = c.time_scale {
         w.scale_time(f);
     }
-    if w.arrivals.is_empty() {
-        return Err("the workload has no requests".into());
-    }
     Ok(w)
+}
+
+/// Why a workload read whole has no requests: which file, and what it held.
+fn no_requests(w: &Workload) -> String {
+    match w.dropped_rows {
+        _ if matches!(w.source, workload::Source::Synthetic(_)) => format!(
+            "--synthetic: no requests to replay: {} (raise RATE or SECONDS)",
+            w.source
+        ),
+        0 => format!("{}: no requests to replay: the trace has no rows", w.source),
+        n => format!(
+            "{}: no requests to replay: every row ({n}) has a prompt or an output of 0 tokens, and such rows are dropped",
+            w.source
+        ),
+    }
 }
 
 /// Runs every point of `sweep` on `base`'s workload and options (no progress bars); a failure's exit

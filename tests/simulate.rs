@@ -1014,3 +1014,37 @@ fn the_report_says_what_it_measured_and_what_its_words_mean() {
         "{text}"
     );
 }
+
+#[test]
+fn a_trace_with_a_misspelled_field_or_no_requests_says_which_file_and_why() {
+    let typo = tmp("typo.jsonl");
+    std::fs::write(
+        &typo,
+        "{\"timestamp\": 0, \"input_lenght\": 9, \"output_length\": 1, \"hash_ids\": [0]}\n",
+    )
+    .unwrap();
+    let (code, err) = refused(&[typo.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("typo.jsonl:1")
+            && err.contains("unknown field \"input_lenght\"")
+            && err.contains("field input_length is missing"),
+        "{err}"
+    );
+    let header = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+    let (head, zeros) = (tmp("header-only.csv"), tmp("zeros.csv"));
+    std::fs::write(&head, header).unwrap();
+    let zero_rows = "2023-11-16 18:15:46.6805900,0,44\n2023-11-16 18:15:47.6805900,9,0\n";
+    std::fs::write(&zeros, format!("{header}{zero_rows}")).unwrap();
+    let h = head.to_str().unwrap();
+    let z = zeros.to_str().unwrap();
+    for (args, file, why) in [
+        (&[h][..], "header-only.csv", "no rows"),
+        (&[z], "zeros.csv", "0 tokens"),
+        (&["--limit", "0"], "azure_conv_head.csv", "--limit 0"),
+    ] {
+        let (code, err) = refused(args);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(file) && err.contains(why), "{args:?}: {err}");
+    }
+}
