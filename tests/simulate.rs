@@ -82,9 +82,11 @@ fn default_replay_is_consistent_and_checked() {
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(
         svg.starts_with("<svg")
-            && svg.contains("KV cache utilization")
+            && svg.contains("GPU KV pool")
+            && svg.contains("host KV pool")
+            && svg.contains("held by requests")
+            && svg.contains("prefix cache")
             && svg.contains("adapters")
-            && svg.contains("prefix cache occupancy")
     );
 }
 

@@ -170,6 +170,17 @@ pub struct Report {
     pub samples: Samples,
 }
 
+/// A KV tier's pages split three ways, in % of the tier: held by requests (their pages, cached
+/// blocks they use included), cached (prefix-cache blocks no request holds, evictable) and free.
+#[cfg(feature = "plot")]
+fn pool_panel(tier: &str, held: &[f64], cached: &[f64], free: &[f64]) -> Panel {
+    Panel::new(format!("{tier} KV pool"), "% of the tier's pages")
+        .range(0.0, 100.0)
+        .series("held by requests", held.to_vec())
+        .series("prefix cache", cached.to_vec())
+        .series("free", free.to_vec())
+}
+
 /// [`Report::overloaded`]: the median time to first token above this, ms.
 pub const OVERLOAD_TTFT_P50_MS: f64 = 10_000.0;
 /// [`Report::overloaded`]: the run ending more than this share of the arrival span after the last
@@ -540,19 +551,10 @@ impl Report {
                     .series("queue", s.queue.clone())
                     .series("running batch", s.batch.clone()),
             )
-            .panel(
-                Panel::new("KV cache utilization", "%")
-                    .range(0.0, 100.0)
-                    .series("GPU tier", s.kv_gpu.clone())
-                    .series("host tier", s.kv_host.clone()),
-            );
-        if self.prefix_reuse {
-            t = t.panel(
-                Panel::new("prefix cache occupancy", "% of the tier's pages")
-                    .range(0.0, 100.0)
-                    .series("GPU tier", s.cached_gpu.clone())
-                    .series("host tier", s.cached_host.clone()),
-            );
+            .panel(pool_panel("GPU", &s.kv_gpu, &s.idle_gpu, &s.free_gpu));
+        let host = [&s.kv_host, &s.idle_host, &s.free_host];
+        if host.iter().any(|v| v.iter().any(|&x| x > 0.0)) {
+            t = t.panel(pool_panel("host", &s.kv_host, &s.idle_host, &s.free_host));
         }
         if self.adapters > 0 {
             t = t.panel(
