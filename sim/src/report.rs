@@ -192,7 +192,7 @@ pub const OVERLOAD_TAIL_S: f64 = 60.0;
 /// What "overloaded" means in the reports, in one line (the sweep table's note).
 pub fn overloaded_means() -> String {
     format!(
-        "overloaded: the arrivals outran the engine: the median request waited over {:.0} s for its \
+        "overloaded: yes when the arrivals outran the engine: the median request waited over {:.0} s for its \
          first token, or the run ended over {:.0} s (or {:.0} % of the arrival span, if longer) after \
          the last arrival",
         OVERLOAD_TTFT_P50_MS / 1000.0,
