@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::ArgAction;
-use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking};
+use kvsched_core::config::{Admission, CapacityPolicy, ChunkPolicy, Chunking};
 use kvsched_sim::cluster::{RemoteStoreOptions, Route};
 use kvsched_sim::disagg::DisaggOptions;
 use kvsched_sim::faults::{LinkFaults, StoreFaults};
@@ -46,6 +46,8 @@ pub struct Cli {
     pub plot: Option<PathBuf>,
     /// `--sweep PARAM=V1,V2,…`.
     pub sweep: Option<Sweep>,
+    /// Options given that do nothing in this configuration: one line each, for stderr.
+    pub warnings: Vec<String>,
 }
 
 /// The defaults of every option: `SimOptions::default()`'s, written once.
@@ -437,12 +439,18 @@ fn spec_decode(v: &str) -> Result<SpecDecode, String> {
 /// Parses the arguments after `simulate`. `Err` carries clap's error: usage mistakes (exit 2), and the
 /// help text (exit 0).
 pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
-    let a: SimArgs = crate::args::parse("kvsched simulate", args)?;
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let m = SimArgs::command().try_get_matches_from(
+        std::iter::once("kvsched simulate".to_string()).chain(args.iter().cloned()),
+    )?;
+    let a = SimArgs::from_arg_matches(&m)?;
     let invalid = |m: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, m + "\n");
     if a.workload.trace.is_some() && a.workload.synthetic.is_some() {
         return Err(invalid("give a trace or --synthetic, not both".into()));
     }
     let opts = options(&a).map_err(invalid)?;
+    plot_fits(a.output.plot.as_deref(), &opts, a.slo.sweep.is_some()).map_err(invalid)?;
+    let warnings = idle_options(&m, &opts);
     let (w, out) = (a.workload, a.output);
     Ok(Cli {
         opts,
@@ -454,7 +462,47 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
         json: out.json,
         plot: out.plot,
         sweep: a.slo.sweep,
+        warnings,
     })
+}
+
+/// The options given on the command line that do nothing under `o`, each with why.
+fn idle_options(m: &clap::ArgMatches, o: &SimOptions) -> Vec<String> {
+    let given = |id: &str| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    let engines = o.disagg.map_or(o.replicas, |d| d.prefill);
+    let mut w = Vec::new();
+    if given("route") && engines <= 1 {
+        w.push("--route does nothing: there is one engine to route to (add --replicas N or --disagg P:D with P above 1)".to_string());
+    }
+    if given("remote_store") && o.replicas <= 1 && o.disagg.is_none() {
+        w.push("--remote-store has one replica: no other engine shares the store, so it serves only what this engine's own cache evicted (add --replicas N)".to_string());
+    }
+    if given("drain_after") && o.admission == Admission::Fcfs {
+        w.push(
+            "--drain-after does nothing under --admission fcfs: it applies to vtc and deadline"
+                .to_string(),
+        );
+    }
+    w
+}
+
+/// `--plot`'s file: an `.svg`, and a timeline the run draws (one engine's; a sweep draws its curve).
+fn plot_fits(plot: Option<&Path>, o: &SimOptions, sweep: bool) -> Result<(), String> {
+    let Some(p) = plot else { return Ok(()) };
+    if !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg")) {
+        return Err(format!(
+            "--plot {}: the plot is SVG; name a file ending in .svg",
+            p.display()
+        ));
+    }
+    let cluster = o.replicas > 1 || o.disagg.is_some() || o.remote_store.is_some();
+    if cluster && !sweep {
+        return Err(
+            "--plot draws one engine's timeline; it cannot draw a cluster (--replicas above 1, --disagg or --remote-store): drop --plot or those options"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// The simulator's options from the parsed flags; a refusal's message names the flag.
@@ -532,37 +580,71 @@ pub fn workload(c: &Cli) -> Result<Workload, String> {
         workload::parse(DEFAULT_TRACE, Path::new(DEFAULT_TRACE_NAME), c.format)
             .map_err(|e| e.to_string())?
     };
+    if w.arrivals.is_empty() {
+        return Err(no_requests(&w));
+    }
     if let Some(n) = c.limit {
         w.arrivals.truncate(n);
+    }
+    if w.arrivals.is_empty() {
+        return Err(format!(
+            "--limit 0: {} has no requests left to replay",
+            w.source
+        ));
     }
     if let Some(f) = c.time_scale {
         w.scale_time(f);
     }
-    if w.arrivals.is_empty() {
-        return Err("the workload has no requests".into());
-    }
     Ok(w)
 }
 
-/// Runs every point of `sweep` on `base`'s workload and options (no progress bars).
-fn run_sweep(sweep: &Sweep, base: &Cli) -> Result<Vec<Report>, String> {
+/// Why a workload read whole has no requests: which file, and what it held.
+fn no_requests(w: &Workload) -> String {
+    match w.dropped_rows {
+        _ if matches!(w.source, workload::Source::Synthetic(_)) => format!(
+            "--synthetic: no requests to replay: {} (raise RATE or SECONDS)",
+            w.source
+        ),
+        0 => format!("{}: no requests to replay: the trace has no rows", w.source),
+        n => format!(
+            "{}: no requests to replay: every row ({n}) has a prompt or an output of 0 tokens, and such rows are dropped",
+            w.source
+        ),
+    }
+}
+
+/// Runs every point of `sweep` on `base`'s workload and options (no progress bars); a failure's exit
+/// status and message.
+fn run_sweep(sweep: &Sweep, base: &Cli) -> Result<Vec<Report>, (ExitCode, String)> {
     let mut reports = Vec::with_capacity(sweep.values.len());
     for i in 0..sweep.values.len() {
         let point = sweep
             .point(i, &base.opts)
-            .map_err(|e| format!("--sweep: {e}"))?;
+            .map_err(|e| (ExitCode::from(2), format!("--sweep: {e}")))?;
         let mut c = base.clone();
         c.opts = point.opts;
         c.opts.progress = false;
         if let Some(rate) = point.rate {
             c.time_scale = Some(c.time_scale.unwrap_or(1.0) / rate);
         }
-        let w = workload(&c)?;
-        let r = run(&c.opts, w)
-            .map_err(|e| format!("{}: {}", sweep.point_label(i), sim_message(&e)))?;
+        let w = workload(&c).map_err(|e| (ExitCode::from(2), e))?;
+        let r = run(&c.opts, w).map_err(|e| {
+            let m = format!("{}: {}", sweep.point_label(i), sim_message(&e));
+            (sim_exit(&e), m)
+        })?;
         reports.push(r);
     }
     Ok(reports)
+}
+
+/// The exit status of a simulator error: 2 for options refused before the run (a usage mistake, as
+/// clap's are), 1 for a run that failed.
+pub fn sim_exit(e: &SimError) -> ExitCode {
+    match e {
+        SimError::Options(_) => ExitCode::from(2),
+        SimError::Replica { source, .. } => sim_exit(source),
+        _ => ExitCode::FAILURE,
+    }
 }
 
 /// A simulator error in the command line's terms: an option check names the flags to change.
@@ -641,6 +723,13 @@ pub fn main(args: &[String]) -> ExitCode {
         Ok(c) => c,
         Err(e) => return crate::args::exit(&e),
     };
+    for w in &cli.warnings {
+        eprintln!("kvsched simulate: warning: {w}");
+    }
+    if let Err(e) = outputs_writable(&cli) {
+        eprintln!("kvsched simulate: {e}");
+        return ExitCode::from(2);
+    }
     match simulate(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, e)) => {
@@ -650,15 +739,36 @@ pub fn main(args: &[String]) -> ExitCode {
     }
 }
 
+/// Every output file can be written where it is named, checked before the run: its folder exists,
+/// and the path is not a folder. The message names the flag and the path.
+fn outputs_writable(cli: &Cli) -> Result<(), String> {
+    let outputs = [("--json", &cli.json), ("--plot", &cli.plot)];
+    for (flag, p) in outputs.iter().filter_map(|(f, p)| Some((f, p.as_ref()?))) {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let why = if p.is_dir() || p.file_name().is_none() {
+            "is a folder, not a file"
+        } else if !dir.is_dir() {
+            "its folder does not exist"
+        } else {
+            continue;
+        };
+        return Err(format!("{flag} {}: {why}", p.display()));
+    }
+    Ok(())
+}
+
 /// One run (its table, report and timeline) or a sweep (its table, its reports as an array and its
 /// curve); the exit status and the message of a failure.
 fn simulate(cli: &Cli) -> Result<(), (ExitCode, String)> {
     let fail = |e: String| (ExitCode::FAILURE, e);
     let reports = if let Some(sweep) = &cli.sweep {
-        run_sweep(sweep, cli).map_err(fail)?
+        run_sweep(sweep, cli)?
     } else {
         let w = workload(cli).map_err(|e| (ExitCode::from(2), e))?;
-        vec![run(&cli.opts, w).map_err(|e| fail(sim_message(&e)))?]
+        vec![run(&cli.opts, w).map_err(|e| (sim_exit(&e), sim_message(&e)))?]
     };
     let (json, timeline) = if let Some(sweep) = &cli.sweep {
         let source = reports.first().map_or("", |r| r.source.as_str());
@@ -674,12 +784,19 @@ fn simulate(cli: &Cli) -> Result<(), (ExitCode, String)> {
     };
     if let Some(p) = &cli.json {
         let text = serde_json::to_string_pretty(&json).unwrap_or_default() + "\n";
-        kvsched_sim::stats::write_atomic(p, text.as_bytes())
-            .map_err(|e| fail(format!("--json {}: {e}", p.display())))?;
+        kvsched_sim::stats::write_atomic(p, text.as_bytes()).map_err(|e| {
+            let why = kvsched_sim::stats::io_reason(&e);
+            fail(format!("--json {}: {why}", p.display()))
+        })?;
     }
     if let Some(p) = &cli.plot {
-        kvsched_sim::plot::write_svg_atomic(p, &timeline)
-            .map_err(|e| fail(format!("--plot {}: {e}", p.display())))?;
+        kvsched_sim::plot::write_svg_atomic(p, &timeline).map_err(|e| {
+            let why = match e {
+                kvsched_sim::plot::PlotError::Io { message, .. } => message,
+                other => other.to_string(),
+            };
+            fail(format!("--plot {}: {why}", p.display()))
+        })?;
     }
     let violations: u64 = reports.iter().map(|r| r.invariant_violations).sum();
     if cli.opts.check && violations > 0 {

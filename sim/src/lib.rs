@@ -460,6 +460,14 @@ pub struct Samples {
     pub cached_gpu: Vec<f64>,
     /// Host pages holding cached prefix blocks, %.
     pub cached_host: Vec<f64>,
+    /// GPU pages holding cached prefix blocks no request holds (evictable), %.
+    pub idle_gpu: Vec<f64>,
+    /// Host pages holding cached prefix blocks no request holds, %.
+    pub idle_host: Vec<f64>,
+    /// Free GPU pages, %.
+    pub free_gpu: Vec<f64>,
+    /// Free host pages, %.
+    pub free_host: Vec<f64>,
     /// Adapters resident on the device.
     pub adapters: Vec<f64>,
 }

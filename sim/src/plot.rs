@@ -252,7 +252,7 @@ pub enum PlotError {
         path: PathBuf,
         /// The I/O error's kind.
         kind: io::ErrorKind,
-        /// The I/O error's message.
+        /// The I/O error's message ([`crate::stats::io_reason`]: the system's, naming no path).
         message: String,
     },
 }
@@ -353,7 +353,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
     crate::stats::write_atomic(path, bytes).map_err(|e| PlotError::Io {
         path: path.to_path_buf(),
         kind: e.kind(),
-        message: e.to_string(),
+        message: crate::stats::io_reason(&e),
     })
 }
 
@@ -449,6 +449,8 @@ fn draw_panel(
     let mut mesh = chart.configure_mesh();
     mesh.x_labels(9)
         .y_labels(5)
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 14))
         .y_desc(&panel.unit)
@@ -457,28 +459,48 @@ fn draw_panel(
         mesh.x_desc(&tl.x_label);
     }
     mesh.draw()?;
+    let first = *colour;
     for s in &panel.series {
-        let (r, g, b) = PALETTE[*colour % PALETTE.len()];
-        let style = RGBColor(r, g, b).stroke_width(2);
+        let style = series_colour(*colour).stroke_width(2);
         *colour += 1;
         let points = downsample(&tl.t, &s.values, MAX_POINTS);
-        for (k, run) in segments(&points).enumerate() {
-            let drawn = chart.draw_series(LineSeries::new(run.iter().copied(), style))?;
-            if k == 0 {
-                drawn
-                    .label(&s.name)
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
-            }
+        for run in segments(&points) {
+            chart.draw_series(LineSeries::new(run.iter().copied(), style))?;
         }
     }
-    // The legend to the right of the plotting area, in the margin kept for it.
-    let plot_width = chart.plotting_area().dim_in_pixel().0 as i32;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::Coordinate(plot_width + 14, 0))
-        .border_style(WHITE)
-        .label_font(("sans-serif", 14))
-        .draw()
+    // The legend to the right of the plotting area, in the margin kept for it (drawn on the panel's
+    // area: the chart's own legend is clipped to the plotting area).
+    let (px, py) = chart.plotting_area().get_base_pixel();
+    let (ax, ay) = area.get_base_pixel();
+    let x = px - ax + chart.plotting_area().dim_in_pixel().0 as i32 + 14;
+    for (k, s) in panel.series.iter().enumerate() {
+        let y = py - ay + 10 + 20 * k as i32;
+        let swatch = [(x, y - 5), (x + SWATCH.0, y - 5 + SWATCH.1)];
+        area.draw(&Rectangle::new(swatch, series_colour(first + k).filled()))?;
+        let font = ("sans-serif", 14).into_font().color(&BLACK);
+        area.draw(&Text::new(s.name.as_str(), (x + SWATCH.0 + 6, y - 7), font))?;
+    }
+    Ok(())
+}
+
+/// A legend swatch's width and height, pixels.
+const SWATCH: (i32, i32) = (18, 10);
+
+/// The `k`-th series' colour (across all panels).
+fn series_colour(k: usize) -> RGBColor {
+    let (r, g, b) = PALETTE[k % PALETTE.len()];
+    RGBColor(r, g, b)
+}
+
+/// An axis tick's label: a whole number without a fraction (`60000`, not `60000.0`), else the
+/// fewest decimals (up to 3) that show it.
+fn tick(v: &f64) -> String {
+    let v = *v;
+    if (v - v.round()).abs() <= 1e-9 * v.abs().max(1.0) {
+        return format!("{:.0}", v.round() + 0.0);
+    }
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]
@@ -588,8 +610,8 @@ mod tests {
         assert!(svg.contains("kvsched simulate &lt;conv&gt; &amp; co"));
         assert!(svg.contains("simulated time (s)"));
         assert!(svg.contains(r#"height="700""#));
-        // One line per series and one legend mark each.
-        assert_eq!(polylines(&svg).len(), 10);
+        // One line per series (the legend's swatches are rectangles).
+        assert_eq!(polylines(&svg).len(), 5);
     }
 
     #[test]
@@ -598,7 +620,7 @@ mod tests {
         let svg = render_svg(&tl).unwrap();
         assert_well_formed(&svg);
         let lines = polylines(&svg);
-        assert_eq!(lines.len(), 10);
+        assert_eq!(lines.len(), 5);
         for points in lines.into_iter().filter(|&p| p > 2) {
             assert!(points <= MAX_POINTS, "{points} points");
             assert!(points > MAX_POINTS / 2);
@@ -629,6 +651,82 @@ mod tests {
         assert!(d[0].1.is_nan() && d.last().unwrap().1 == 2.0);
     }
 
+    /// The value of attribute `name` in the tag `tag` (its text between `<` and `>`).
+    fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+        let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(&tag[at..at + tag[at..].find('"')?])
+    }
+
+    #[test]
+    fn every_legend_entry_has_a_visible_swatch_in_its_series_colour_and_ticks_are_integers() {
+        let t: Vec<f64> = (0..=120).map(|i| f64::from(i) * 500.0).collect();
+        let ramp = |k: f64| t.iter().map(|&x| x * k).collect::<Vec<f64>>();
+        let tl = Timeline::new("legend", t.clone())
+            .panel(
+                Panel::new("requests", "requests")
+                    .series("queue", ramp(0.001))
+                    .series("running batch", ramp(0.002)),
+            )
+            .panel(
+                Panel::new("latency", "ms")
+                    .series("p50", ramp(1.0))
+                    .series("p99", ramp(2.0)),
+            );
+        let svg = render_svg(&tl).unwrap();
+        let tags: Vec<&str> = svg
+            .split('<')
+            .skip(1)
+            .map(|t| &t[..t.find('>').unwrap()])
+            .collect();
+        let texts: Vec<(&str, &str)> = svg
+            .split("<text")
+            .skip(1)
+            .map(|t| {
+                let tag = &t[..t.find('>').unwrap()];
+                let body = &t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()];
+                (tag, body.trim())
+            })
+            .collect();
+        let names = ["queue", "running batch", "p50", "p99"];
+        for (k, name) in names.iter().enumerate() {
+            let (r, g, b) = PALETTE[k];
+            let colour = format!("#{r:02X}{g:02X}{b:02X}");
+            let (label, _) = texts
+                .iter()
+                .find(|(_, body)| body == name)
+                .expect("a label");
+            let (lx, ly): (i32, i32) = (
+                attr(label, "x").unwrap().parse().unwrap(),
+                attr(label, "y").unwrap().parse().unwrap(),
+            );
+            // A filled rectangle of the series' colour, of some size, just left of its label.
+            let swatch = tags.iter().filter(|t| t.starts_with("rect ")).find(|t| {
+                let n = |a: &str| attr(t, a).and_then(|v| v.parse::<i32>().ok()).unwrap_or(-1);
+                attr(t, "fill") == Some(colour.as_str())
+                    && n("width") >= 8
+                    && n("height") >= 4
+                    && (lx - 40..lx).contains(&n("x"))
+                    && (n("y") - ly).abs() <= 16
+            });
+            assert!(
+                swatch.is_some(),
+                "{name}: no swatch of {colour} by its label at ({lx}, {ly})"
+            );
+        }
+        // Tick labels: whole numbers print without a fraction.
+        let ticks: Vec<&str> = texts
+            .iter()
+            .map(|(_, b)| *b)
+            .filter(|b| b.parse::<f64>().is_ok())
+            .collect();
+        assert!(ticks.contains(&"60000"), "{ticks:?}");
+        for tick in &ticks {
+            assert!(!tick.ends_with(".0"), "tick {tick}: {ticks:?}");
+        }
+        assert_eq!(super::tick(&0.25), "0.25");
+        assert_eq!(super::tick(&-0.0), "0");
+    }
+
     #[test]
     fn gaps_and_flat_or_single_sample_series_render() {
         let tl = Timeline::new("gaps", vec![0.0, 1.0, 2.0, 3.0]).panel(
@@ -638,10 +736,10 @@ mod tests {
         );
         let svg = render_svg(&tl).unwrap();
         assert_well_formed(&svg);
-        // The gap splits its series into lines of 1 and 2 points; the flat one has 4; 2 legend marks.
+        // The gap splits its series into lines of 1 and 2 points; the flat one has 4.
         let mut lines = polylines(&svg);
         lines.sort_unstable();
-        assert_eq!(lines, [1, 2, 2, 2, 4]);
+        assert_eq!(lines, [1, 2, 4]);
         let single =
             Timeline::new("one", vec![5.0]).panel(Panel::new("p", "u").series("x", vec![7.0]));
         assert_well_formed(&render_svg(&single).unwrap());

@@ -108,8 +108,11 @@ pub struct Report {
     pub cached_blocks_demoted: u64,
     /// Cached blocks found on the host tier and reloaded (one page copy each).
     pub host_cache_hits: u64,
-    /// Invariant violations seen by `--check` (0 expected).
+    /// Invariant violations seen by `--check` (0 expected); null in the JSON of a run without it.
     pub invariant_violations: u64,
+    /// The run was checked (`--check`): its invariant violations were counted.
+    #[serde(skip)]
+    pub checked: bool,
     /// Remote store loads that failed (`--store-faults`; each request recomputes those tokens).
     pub store_loads_failed: u64,
     /// Remote store loads the pool abandoned after its timeout (`--store-faults`' stalls; each request
@@ -167,6 +170,37 @@ pub struct Report {
     pub samples: Samples,
 }
 
+/// A KV tier's pages split three ways, in % of the tier: held by requests (their pages, cached
+/// blocks they use included), cached (prefix-cache blocks no request holds, evictable) and free.
+#[cfg(feature = "plot")]
+fn pool_panel(tier: &str, held: &[f64], cached: &[f64], free: &[f64]) -> Panel {
+    Panel::new(format!("{tier} KV pool"), "% of the tier's pages")
+        .range(0.0, 100.0)
+        .series("held by requests", held.to_vec())
+        .series("prefix cache", cached.to_vec())
+        .series("free", free.to_vec())
+}
+
+/// [`Report::overloaded`]: the median time to first token above this, ms.
+pub const OVERLOAD_TTFT_P50_MS: f64 = 10_000.0;
+/// [`Report::overloaded`]: the run ending more than this share of the arrival span after the last
+/// arrival (and more than [`OVERLOAD_TAIL_S`]).
+pub const OVERLOAD_TAIL_SHARE: f64 = 0.2;
+/// [`Report::overloaded`]: the least tail after the last arrival that counts, s.
+pub const OVERLOAD_TAIL_S: f64 = 60.0;
+
+/// What "overloaded" means in the reports, in one line (the sweep table's note).
+pub fn overloaded_means() -> String {
+    format!(
+        "overloaded: yes when the arrivals outran the engine: the median request waited over {:.0} s for its \
+         first token, or the run ended over {:.0} s (or {:.0} % of the arrival span, if longer) after \
+         the last arrival",
+        OVERLOAD_TTFT_P50_MS / 1000.0,
+        OVERLOAD_TAIL_S,
+        100.0 * OVERLOAD_TAIL_SHARE
+    )
+}
+
 impl Report {
     /// A report of `w` under `o`, before the run: what the options and the workload say.
     pub(super) fn new(o: &super::SimOptions, w: &kvsched_workload::Workload) -> Self {
@@ -176,6 +210,7 @@ impl Report {
             engine: o.engine.label(&o.cost, o.tokens_per_block),
             slo_ttft_ms: o.slo_ttft_ms,
             slo_tpot_ms: o.slo_tpot_ms,
+            checked: o.check,
             prefix_reuse: o.prefix_reuse,
             spec_drafts: o.spec_decode.map_or(0, |s| s.drafts),
             admission: o.admission.name().into(),
@@ -196,8 +231,8 @@ impl Report {
         let prompt = self.admitted_prompt_tokens as f64;
         self.prefix_hit_rate = per(self.admitted_reused_tokens, prompt);
         let tail = self.sim_seconds - self.arrival_span_seconds;
-        self.overloaded =
-            self.ttft_ms.p50 > 10_000.0 || tail > (0.2 * self.arrival_span_seconds).max(60.0);
+        self.overloaded = self.ttft_ms.p50 > OVERLOAD_TTFT_P50_MS
+            || tail > (OVERLOAD_TAIL_SHARE * self.arrival_span_seconds).max(OVERLOAD_TAIL_S);
         self.goodput_rps = per(self.slo_met, self.sim_seconds);
         self.slo_attainment = per(self.slo_met, self.requests_completed as f64);
         self.accepted_tokens_per_step = per(self.accepted_drafts, self.decode_steps as f64);
@@ -226,7 +261,7 @@ impl Report {
 
     /// The engine, the replicas, the remote store and the disaggregation.
     fn cluster_rows(&self, t: &mut Rows) {
-        if !self.engine.is_empty() && self.engine != "legacy" {
+        if !self.engine.is_empty() {
             t.row("cost model (--engine)", &self.engine);
         }
         if !self.replicas.is_empty() {
@@ -492,9 +527,14 @@ impl Report {
         ));
     }
 
-    /// The JSON document (`--json`): every figure, keys sorted.
+    /// The JSON document (`--json`): every figure, keys sorted; `invariant_violations` is null unless
+    /// the run was checked.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("the report serializes")
+        let mut v = serde_json::to_value(self).expect("the report serializes");
+        if !self.checked {
+            v["invariant_violations"] = serde_json::Value::Null;
+        }
+        v
     }
 
     /// The timeline plot.
@@ -511,19 +551,10 @@ impl Report {
                     .series("queue", s.queue.clone())
                     .series("running batch", s.batch.clone()),
             )
-            .panel(
-                Panel::new("KV cache utilization", "%")
-                    .range(0.0, 100.0)
-                    .series("GPU tier", s.kv_gpu.clone())
-                    .series("host tier", s.kv_host.clone()),
-            );
-        if self.prefix_reuse {
-            t = t.panel(
-                Panel::new("prefix cache occupancy", "% of the tier's pages")
-                    .range(0.0, 100.0)
-                    .series("GPU tier", s.cached_gpu.clone())
-                    .series("host tier", s.cached_host.clone()),
-            );
+            .panel(pool_panel("GPU", &s.kv_gpu, &s.idle_gpu, &s.free_gpu));
+        let host = [&s.kv_host, &s.idle_host, &s.free_host];
+        if host.iter().any(|v| v.iter().any(|&x| x > 0.0)) {
+            t = t.panel(pool_panel("host", &s.kv_host, &s.idle_host, &s.free_host));
         }
         if self.adapters > 0 {
             t = t.panel(

@@ -772,6 +772,10 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             s.kv_host.push(kv_host);
             s.cached_gpu.push(pct(kv.cached_pages(Tier::Gpu), gpu));
             s.cached_host.push(pct(kv.cached_pages(Tier::Host), host));
+            s.idle_gpu.push(pct(kv.idle_pages(Tier::Gpu), gpu));
+            s.idle_host.push(pct(kv.idle_pages(Tier::Host), host));
+            s.free_gpu.push(pct(kv.gpu_free(), gpu));
+            s.free_host.push(pct(kv.host_free(), host));
             s.adapters
                 .push(adapters.tasks().iter().filter(|t| t.on_device).count() as f64);
         }

@@ -12,7 +12,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
 }
 
 /// Writes `bytes` to `path` whole or not at all: a fresh temporary file in the same folder (`tempfile`),
-/// synced, then renamed over `path`. On error nothing is left behind.
+/// synced, then renamed over `path`. On error nothing is left behind. The file gets the mode a plain
+/// create would (0666 less the umask), not the temporary file's private 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if path.file_name().is_none() {
         return Err(io::Error::new(
@@ -24,11 +25,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        // The mode given to open(2), which the kernel narrows by the umask.
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut file = builder.tempfile_in(dir)?;
     file.write_all(bytes)?;
     file.as_file().sync_all()?;
     file.persist(path).map_err(|e| e.error)?;
     Ok(())
+}
+
+/// Why an I/O call failed, in the system's words without the path: the operating system's message
+/// (`No such file or directory`), even from an error `tempfile` wrapped (its message names the
+/// temporary file, which is no concern of the caller's).
+pub fn io_reason(e: &io::Error) -> String {
+    let text = e.to_string();
+    let end = [" (os error", " at path "]
+        .iter()
+        .filter_map(|m| text.find(m))
+        .min()
+        .unwrap_or(text.len());
+    text[..end].to_string()
 }
 
 #[cfg(test)]
@@ -54,9 +75,41 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
-        assert!(write_atomic(&dir.join("missing/out.txt"), b"x").is_err());
+        let e = write_atomic(&dir.join("missing/out.txt"), b"x").unwrap_err();
+        assert_eq!(io_reason(&e), "No such file or directory", "{e}");
         let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1, "no temporary file left");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The written file's mode is 0666 narrowed by the umask (0644 under the usual 022), as a plain
+    /// create's would be. Runs in a child process so that its umask does not touch the other tests.
+    #[cfg(unix)]
+    #[test]
+    fn an_atomic_write_honours_the_umask() {
+        use std::os::unix::fs::PermissionsExt as _;
+        if let Some(p) = std::env::var_os("KVSCHED_UMASK_CHILD") {
+            write_atomic(std::path::Path::new(&p), b"x").unwrap();
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("kvsched-umask-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("out.txt");
+        for (umask, mode) in [("022", 0o644), ("077", 0o600), ("002", 0o664)] {
+            let _ = fs::remove_file(&p);
+            let exe = std::env::current_exe().unwrap();
+            let status = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+                .arg(exe)
+                .args(["--exact", "stats::tests::an_atomic_write_honours_the_umask"])
+                .env("KVSCHED_UMASK_CHILD", &p)
+                .status()
+                .unwrap();
+            assert!(status.success());
+            let got = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(got, mode, "umask {umask}: mode {got:o}");
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -245,6 +245,7 @@ impl Sweep {
                 if r.overloaded { "yes" } else { "no" }
             );
         }
+        let _ = writeln!(s, "\n{}", super::report::overloaded_means());
         s
     }
 

@@ -39,3 +39,32 @@ fn synthetic_workload_plots_to_an_svg_file() {
     assert_eq!(entries.len(), 1, "temporary file left behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The run's KV panel splits the GPU tier's pages three ways — held by requests, cached by the
+/// prefix cache and held by none, free — which add up to the whole tier at every sample; a replay
+/// with prefix reuse shows its cache, which outgrows what the requests hold.
+#[test]
+fn the_kv_panel_splits_the_pool_into_held_cached_and_free() {
+    let w = generate(&SyntheticSpec::slora(4.0, 1.0, 60.0, 3)).unwrap();
+    let o = kvsched_sim::SimOptions {
+        progress: false,
+        ..kvsched_sim::SimOptions::default()
+    };
+    let tl = kvsched_sim::run(&o, w).unwrap().timeline();
+    let gpu = tl
+        .panels
+        .iter()
+        .find(|p| p.title == "GPU KV pool")
+        .expect("a GPU KV pool panel");
+    let names: Vec<&str> = gpu.series.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["held by requests", "prefix cache", "free"]);
+    let [held, cached, free] = [0, 1, 2].map(|k| &gpu.series[k].values);
+    for i in 0..tl.t.len() {
+        let sum = held[i] + cached[i] + free[i];
+        assert!((sum - 100.0).abs() < 1e-6, "sample {i}: {sum}");
+    }
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    assert!(max(cached) > max(held), "{} vs {}", max(cached), max(held));
+    // The host tier holds nothing in this run; its panel is still drawn while the tier has pages.
+    assert!(tl.panels.iter().any(|p| p.title == "host KV pool"));
+}

@@ -328,6 +328,17 @@ pub enum TraceErrorKind {
     /// A required JSON field is absent.
     #[error("missing field")]
     MissingField,
+    /// A JSON field the format does not have (a misspelling, when a required field is missing).
+    #[error(
+        "unknown field {name:?} (the fields are timestamp, input_length, output_length, hash_ids){}",
+        missing.map_or(String::new(), |m| format!("; field {m} is missing: a misspelling of it?"))
+    )]
+    UnknownField {
+        /// The field as written.
+        name: String,
+        /// The first required field that is absent, if any.
+        missing: Option<&'static str>,
+    },
     /// A JSON field has the wrong type or value.
     #[error("expected {expected}, found {found}")]
     WrongType {

@@ -12,9 +12,9 @@
 //! - `hash_ids`: remapped prefix-block hashes with [`BLOCK_TOKENS`] tokens a block; two requests whose
 //!   lists start alike share that KV prefix. Kept as [`Arrival::prefix_blocks`].
 //!
-//! All four fields are required; other fields are ignored. Rows are first decoded into a typed
-//! struct; only when that fails is the line decoded again field by field, to say which field is at
-//! fault.
+//! All four fields are required and no other is allowed (a misspelled field is named, with the
+//! field it fails to give). Rows are first decoded into a typed struct; only when that fails is the
+//! line decoded again field by field, to say which field is at fault.
 
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -31,6 +31,7 @@ pub const FIELDS: [&str; 4] = ["timestamp", "input_length", "output_length", "ha
 
 /// The fast path: a well-formed row.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Row {
     timestamp: f64,
     input_length: u32,
@@ -49,6 +50,9 @@ struct LooseRow {
     output_length: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     hash_ids: Option<Value>,
+    /// The fields the format does not have.
+    #[serde(flatten)]
+    unknown: std::collections::BTreeMap<String, Value>,
 }
 
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
@@ -101,6 +105,17 @@ fn diagnose(ctx: Ctx<'_>, n: usize, line: &str, typed_err: &serde_json::Error) -
         &loose.output_length,
         &loose.hash_ids,
     ];
+    if let Some(unknown) = loose.unknown.keys().next() {
+        let missing = FIELDS
+            .into_iter()
+            .zip(fields)
+            .find_map(|(name, v)| v.is_none().then_some(name));
+        let reason = TraceErrorKind::UnknownField {
+            name: clip(unknown),
+            missing,
+        };
+        return ctx.err(n, None, reason);
+    }
     for (name, value) in FIELDS.into_iter().zip(fields) {
         let Some(v) = value else {
             return ctx.err(n, Some(name), TraceErrorKind::MissingField);
@@ -169,8 +184,8 @@ mod tests {
     }
 
     #[test]
-    fn rows_keep_times_lengths_and_blocks_and_tolerate_extra_fields() {
-        let text = "{\"timestamp\": 27, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 9], \"x\": {\"y\": 1}}\n\
+    fn rows_keep_times_lengths_and_blocks() {
+        let text = "{\"timestamp\": 27, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 9]}\n\
                     \n\
                     {\"hash_ids\": [0], \"output_length\": 3, \"input_length\": 12, \"timestamp\": 3.5}\n";
         let w = parse_any(text, Path::new("mc.jsonl"), None).unwrap();
@@ -190,6 +205,35 @@ mod tests {
             (w.arrivals[1].at_ms, w.arrivals[1].prefix_blocks.as_slice()),
             (27.0, &[0u64, 9][..])
         );
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_with_the_field_it_misspells() {
+        let typo = "{\"timestamp\": 0, \"input_len\": 9, \"output_length\": 1, \"hash_ids\": [0]}";
+        let e = err_of(typo);
+        assert_eq!(e.line, Some(1));
+        assert_eq!(
+            e.reason,
+            TraceErrorKind::UnknownField {
+                name: "input_len".into(),
+                missing: Some("input_length")
+            }
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"input_len\"") && msg.contains("field input_length is missing"),
+            "{msg}"
+        );
+        let extra = "{\"timestamp\": 0, \"input_length\": 9, \"output_length\": 1, \"hash_ids\": [0], \"x\": {\"y\": 1}}";
+        let e = err_of(extra);
+        assert_eq!(
+            e.reason,
+            TraceErrorKind::UnknownField {
+                name: "x".into(),
+                missing: None
+            }
+        );
+        assert!(!e.to_string().contains("missing"), "{e}");
     }
 
     #[test]
