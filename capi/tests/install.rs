@@ -107,20 +107,8 @@ fn the_dynamic_library_is_installed_with_its_soname_and_a_pkg_config_file() {
         ],
     };
     let bin = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("serve_loop_dynamic");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-        .arg(root.join("examples/c/serve_loop.c"))
-        .args(&flags)
-        .arg("-o")
-        .arg(&bin)
-        .output()
-        .expect("run the C compiler");
-    assert!(
-        built.status.success(),
-        "{cc} {flags:?} failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    let flags: Vec<std::ffi::OsString> = flags.into_iter().map(Into::into).collect();
+    build::compile_c(&root.join("examples/c/serve_loop.c"), &bin, &flags);
     let section = dynamic_section(&bin);
     assert!(
         has_entry(&section, "NEEDED", &soname),
@@ -136,15 +124,6 @@ fn the_dynamic_library_is_installed_with_its_soname_and_a_pkg_config_file() {
         let stderr = String::from_utf8_lossy(&alone.stderr);
         assert!(stderr.contains(&soname), "{stderr}");
     }
-    let run = Command::new(&bin)
-        .env("LD_LIBRARY_PATH", &lib)
-        .output()
-        .expect("run the example");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "serve_loop failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = build::run_c(&bin, &[("LD_LIBRARY_PATH", lib.as_os_str())]);
     assert!(stdout.contains("served 24 requests"), "{stdout}");
 }

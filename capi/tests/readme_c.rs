@@ -3,7 +3,6 @@
 //! AddressSanitizer and UndefinedBehaviorSanitizer, and run. It must exit 0 and say what it served.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 #[path = "support/build.rs"]
 mod build;
@@ -42,38 +41,9 @@ fn the_readme_c_example_builds_and_runs_under_the_sanitizers() {
     let src = tmp.join("readme_example.c");
     std::fs::write(&src, source).expect("write the extracted example");
 
-    let lib = build::build_library("kvsched-capi").join("libkvsched_capi.a");
-    assert!(lib.exists(), "{} missing", lib.display());
     let bin = tmp.join("readme_example");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let built = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
-        .args(["-fsanitize=address,undefined", "-fno-sanitize-recover=all"])
-        .arg("-I")
-        .arg(root.join("capi/include"))
-        .arg(&src)
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm", "-o"])
-        .arg(&bin)
-        .output()
-        .expect("run the C compiler");
-    assert!(
-        built.status.success(),
-        "{cc} failed on the README's C example:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let run = Command::new(&bin)
-        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=1")
-        .env("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
-        .output()
-        .expect("run the README's C example");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "the README's C example failed ({}):\n{stdout}\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
-    );
+    build::compile_sanitized(&src, &bin);
+    let stdout = build::run_c(&bin, &[]);
     assert!(stdout.contains("served 2 requests in "), "{stdout}");
 }
 
