@@ -504,8 +504,9 @@ enum kvsched_status kvsched_register_adapter(struct kvsched_engine *engine,
                                              uint32_t pages);
 
 /**
- * Submits a request with its prompt's block hashes (`n_hashes` of them, one per full page, in order;
- * `hashes` may be null when `n_hashes` is 0).
+ * Submits a request with its prompt's block hashes (`n_hashes` of them, one per full page, in order, at
+ * most `prompt / tokens_per_block`: more are refused with `KVSCHED_STATUS_INVALID`; `hashes` may be null
+ * when `n_hashes` is 0).
  *
  * # Safety
  * `engine` comes from [`kvsched_engine_new`]; `request` is valid; `hashes` points to `n_hashes`

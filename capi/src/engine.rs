@@ -189,6 +189,13 @@ impl Engine {
                 ))
             }
         };
+        // One hash a full page of the prompt, as the Python module requires too.
+        if hashes.len() > (r.prompt / self.sched.kv().config().tokens_per_block) as usize {
+            return Err(Error::Invalid(
+                "more block hashes than the prompt has full pages (prompt / tokens_per_block): \
+                 give one hash a full page",
+            ));
+        }
         let mut s = RequestSpec::new(r.id, phase, r.prompt);
         s.context_only = r.kind == 1;
         s.max_new_tokens = r.max_new_tokens;

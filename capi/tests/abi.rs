@@ -55,6 +55,14 @@ fn bad_calls_are_refused_with_a_code_and_a_message_and_change_nothing() {
             kvsched_submit(e, &request(1, 64), std::ptr::null(), 2),
             KvschedStatus::NullPointer
         );
+        // More block hashes than the prompt's full pages (64 tokens: 2 pages of 32).
+        let hashes = [1u64, 2, 3];
+        assert_eq!(
+            kvsched_submit(e, &request(1, 64), hashes.as_ptr(), 3),
+            KvschedStatus::Invalid
+        );
+        assert!(last_error().contains("full pages"), "{}", last_error());
+        assert_eq!(kvsched_len(e), 0);
         // An adapter nobody registered.
         let mut lora = request(2, 64);
         lora.has_lora = 1;
