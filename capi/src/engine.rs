@@ -70,7 +70,13 @@ pub struct Engine {
     pub(crate) poisoned: bool,
     /// The configuration it was built for (its errors' messages name its settings).
     config: KvschedConfig,
+    /// The last refusal's words where its error cannot carry them (too many block hashes: the
+    /// counts), for [`Engine::message`].
+    refusal: String,
 }
+
+/// The error of a submit with more block hashes than its prompt has full pages.
+const TOO_MANY_HASHES: &str = "more block hashes than the prompt has full pages";
 
 impl Engine {
     /// An engine for `c`; refused (nothing kept) for an inconsistent configuration or memory that
@@ -127,6 +133,7 @@ impl Engine {
             at: vec![0; MAX_REQUESTS],
             poisoned: false,
             config: *c,
+            refusal: String::new(),
         })
     }
 
@@ -159,6 +166,7 @@ impl Engine {
                     id.0, c.tokens_per_block
                 )
             }
+            Error::Invalid(TOO_MANY_HASHES) if !self.refusal.is_empty() => self.refusal.clone(),
             _ => e.to_string(),
         }
     }
@@ -189,12 +197,16 @@ impl Engine {
                 ))
             }
         };
-        // One hash a full page of the prompt, as the Python module requires too.
-        if hashes.len() > (r.prompt / self.sched.kv().config().tokens_per_block) as usize {
-            return Err(Error::Invalid(
-                "more block hashes than the prompt has full pages (prompt / tokens_per_block): \
-                 give one hash a full page",
-            ));
+        // One hash a full page of the prompt.
+        let (tpb, n) = (self.config.tokens_per_block, hashes.len());
+        let full = r.prompt / tpb;
+        if n > full as usize {
+            self.refusal = format!(
+                "request {}: {n} block hashes, but a prompt of {} tokens has {full} full pages of \
+                 {tpb} tokens (prompt / tokens_per_block): give one hash a full page, at most {full}",
+                r.id, r.prompt
+            );
+            return Err(Error::Invalid(TOO_MANY_HASHES));
         }
         let mut s = RequestSpec::new(r.id, phase, r.prompt);
         s.context_only = r.kind == 1;

@@ -283,8 +283,6 @@ struct PageMove {
 #[pyclass(unsendable, module = "kvsched")]
 struct Scheduler {
     engine: Engine,
-    /// Tokens per KV page (a prompt of P tokens has P // tokens_per_block full pages).
-    tokens_per_block: u32,
     /// The last `schedule_buffers` result, handed back again after an incremental pass.
     buffers: Option<Buffers>,
 }
@@ -337,7 +335,6 @@ impl Scheduler {
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
-            tokens_per_block,
             buffers: None,
         })
     }
@@ -382,15 +379,6 @@ impl Scheduler {
             }
         };
         let hashes = hashes.unwrap_or_default();
-        let full = prompt / self.tokens_per_block;
-        if hashes.len() > full as usize {
-            return Err(KvschedError::new_err(format!(
-                "request {id}: {} block hashes, but a prompt of {prompt} tokens has {full} full \
-                 pages of {} tokens (prompt // tokens_per_block): give one hash a full page, at most {full}",
-                hashes.len(),
-                self.tokens_per_block
-            )));
-        }
         let r = KvschedRequest {
             id,
             lora_task: lora_task.unwrap_or(0),
