@@ -456,10 +456,6 @@ pub struct Samples {
     pub kv_gpu: Vec<f64>,
     /// Host KV utilization, %.
     pub kv_host: Vec<f64>,
-    /// GPU pages holding cached prefix blocks, %.
-    pub cached_gpu: Vec<f64>,
-    /// Host pages holding cached prefix blocks, %.
-    pub cached_host: Vec<f64>,
     /// GPU pages holding cached prefix blocks no request holds (evictable), %.
     pub idle_gpu: Vec<f64>,
     /// Host pages holding cached prefix blocks no request holds, %.

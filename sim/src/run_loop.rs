@@ -770,8 +770,6 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 .push((self.out.generation().len() + self.out.context().len()) as f64);
             s.kv_gpu.push(kv_gpu);
             s.kv_host.push(kv_host);
-            s.cached_gpu.push(pct(kv.cached_pages(Tier::Gpu), gpu));
-            s.cached_host.push(pct(kv.cached_pages(Tier::Host), host));
             s.idle_gpu.push(pct(kv.idle_pages(Tier::Gpu), gpu));
             s.idle_host.push(pct(kv.idle_pages(Tier::Host), host));
             s.free_gpu.push(pct(kv.gpu_free(), gpu));
