@@ -265,7 +265,7 @@ fn a_new_request_in_a_finished_ones_slot_never_uses_its_hashes() {
 }
 
 #[test]
-fn a_refused_first_chunk_gives_its_matched_blocks_back() {
+fn a_refused_first_chunk_takes_no_block() {
     let mut s = sched(config(12, 0));
     let mut out = Out::new();
     let a = submit(&mut s, 0, None, 0, &hashes(1, 4, 0, 4), 64);
@@ -278,9 +278,10 @@ fn a_refused_first_chunk_gives_its_matched_blocks_back() {
     assert!(out.context().is_empty());
     assert_eq!(
         s.kv().prefix_stats().unwrap().gpu_hits,
-        4,
-        "it matched them first"
+        0,
+        "its trial refused it before it matched (difference 19)"
     );
+    assert_eq!(s.kv().stats().suspends, 0, "nothing to suspend");
     assert_eq!(s.kv().seq(b.index()).state, SeqState::None, "rolled back");
     let cached = s.kv().cached_pages(kvsched_core::kv::Tier::Gpu);
     assert_eq!(cached, 4, "the blocks stay cached, unreferenced");

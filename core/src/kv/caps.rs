@@ -86,6 +86,21 @@ pub trait PrefixReuse {
     /// Side-effect free: the prefix tokens a first chunk would reuse, backed off by the lookahead and
     /// capped by the reuse limit (spec §2 `probe_context_reuse`); `None` when the backend cannot tell.
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32>;
+    /// A first chunk's trial (beyond the reference, difference 15): the tokens
+    /// [`KvBackend::prepare_context`] would reuse for it now, told without preparing it (no block
+    /// acquired, claimed or released; a backend may refresh what it remembers of the prompt's chain).
+    /// `None` (the default): the backend cannot tell, and the pass prepares as usual.
+    fn trial_reuse(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        let _ = (r, prep);
+        None
+    }
+    /// Side-effect free, right after [`PrefixReuse::trial_reuse`] answered `reused`: preparing the
+    /// first chunk and then [`KvBackend::resize_context`] to `capacity` would be refused (`false`
+    /// when it would be granted, and by default).
+    fn trial_refused(&self, r: KvRef, prep: ContextPrep, reused: u32, capacity: u32) -> bool {
+        let _ = (r, prep, reused, capacity);
+        false
+    }
     /// The KV events the prefix cache logged since the last call, in order ([`crate::kv_events`];
     /// the default, and a cache without a log: none).
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {

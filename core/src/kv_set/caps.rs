@@ -148,6 +148,23 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
         }
     }
 
+    /// The target's, without a draft pool (whose mirror a first chunk's preparation admits).
+    fn trial_reuse(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        if self.draft.is_some() {
+            return None;
+        }
+        self.target.prefix()?.trial_reuse(r, prep)
+    }
+
+    fn trial_refused(&self, r: KvRef, prep: ContextPrep, reused: u32, capacity: u32) -> bool {
+        self.draft.is_none()
+            && self
+                .target
+                .caps()
+                .prefix
+                .is_some_and(|p| p.trial_refused(r, prep, reused, capacity))
+    }
+
     /// The target's (a router matches prompts against the target model's blocks).
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
         match self.target.prefix() {

@@ -328,6 +328,15 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         Some(self.probe_reuse(self.slot(r)?, prep))
     }
+
+    fn trial_reuse(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
+        KvPool::trial_reuse(self, self.slot(r)?, prep)
+    }
+
+    fn trial_refused(&self, r: KvRef, prep: ContextPrep, reused: u32, capacity: u32) -> bool {
+        self.slot(r)
+            .is_some_and(|i| KvPool::trial_refused(self, i, prep, reused, capacity))
+    }
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
         KvPool::take_kv_events(self)
     }

@@ -42,12 +42,14 @@ mod reuse;
 mod rows;
 #[cfg(test)]
 mod tests;
+mod trial;
 
 pub use adapters::{AdapterBuffers, AdapterPages, AdapterStorage};
 pub use connector_slots::{ConnectorSlot, ConnectorStats};
 #[cfg(feature = "fault-injection")]
 pub use faults::{PlantFault, PoolFault};
 pub use prefix::{PageInfo, PrefixStats};
+pub use trial::Memo;
 
 use crate::kv::{PageMove, Tier};
 use crate::storage::{Borrowed, Buffers};
@@ -111,6 +113,8 @@ pub struct Seq {
     pub committed: u32,
     /// The key of the last committed block (the root when none).
     pub chain: u64,
+    /// The prompt chain's depth in the prefix index, remembered ([`Memo`]; not state).
+    pub memo: Memo,
 }
 
 /// Geometry of a pool.

@@ -141,6 +141,13 @@ pub(super) struct Prefix<B: Buffers> {
     /// References beyond each page's first (`Σ max(refs − 1, 0)`): pages a holder's release does not
     /// free (what KV groups' reservations count, `kv_groups`).
     shared: u32,
+    /// Cached host blocks that rows reference (claimed by a first chunk's match, not yet reloaded): a
+    /// match stops at one another row claimed, so while there is none a chain's match is its depth
+    /// (`trial.rs`).
+    claims: u32,
+    /// Bumped whenever a chain's indexed or held frontier can move (`trial.rs`): a key indexed or
+    /// dropped, a cached block's first reference taken or its last given back.
+    version: u64,
     /// Pages in use per tier (referenced or cached: a [`PageInfo`] that is not the default), kept as
     /// they change so that `KvPool::check_counts` proves conservation in O(1).
     used: [u32; 2],
@@ -170,6 +177,8 @@ impl<B: Buffers> Prefix<B> {
             clock: 0,
             window: 0,
             shared: 0,
+            claims: 0,
+            version: 0,
             used: [0; 2],
             events: None,
             stats: PrefixStats::default(),
@@ -274,6 +283,7 @@ impl<B: Buffers> Prefix<B> {
     }
 
     fn index_insert(&mut self, key: u64, at: usize) {
+        self.version += 1;
         let mask = self.index.len() - 1;
         let mut k = self.home(key);
         while self.index[k] != 0 {
@@ -283,6 +293,7 @@ impl<B: Buffers> Prefix<B> {
     }
 
     fn index_remove(&mut self, key: u64) {
+        self.version += 1;
         let Some(mut hole) = self.find(key) else {
             panic!("a cached page is indexed");
         };
@@ -317,10 +328,27 @@ impl<B: Buffers> Prefix<B> {
         let at = self.at(entry);
         self.count_idle(at, -1);
         self.shared += u32::from(self.pages[at].refs > 0);
+        self.claims += u32::from(self.claimable(at) && self.pages[at].refs == 0);
+        self.version += u64::from(self.pages[at].cached && self.pages[at].refs == 0);
         // Not counted in use: a row takes a reference to a page in use (cached, or another row's);
         // one taken to a free page is a defect `check_counts` then finds.
         self.pages[at].refs += 1;
         self.relist(at);
+    }
+
+    /// A cached block on the host tier (a row's reference to it is a claim).
+    fn claimable(&self, at: usize) -> bool {
+        self.pages[at].cached && u32_of(at) >= self.gpu_pages
+    }
+
+    /// Cached host blocks rows reference.
+    pub(super) fn claims(&self) -> u32 {
+        self.claims
+    }
+
+    /// The frontiers' version (`trial.rs`): unchanged, no chain's indexed or held frontier moved.
+    pub(super) fn version(&self) -> u64 {
+        self.version
     }
 
     /// References beyond each page's first: the pages that stay held when one holder releases them.
@@ -334,6 +362,8 @@ impl<B: Buffers> Prefix<B> {
         assert!(self.pages[at].refs > 0, "a released page was referenced");
         self.shared -= u32::from(self.pages[at].refs > 1);
         self.pages[at].refs -= 1;
+        self.claims -= u32::from(self.claimable(at) && self.pages[at].refs == 0);
+        self.version += u64::from(self.pages[at].cached && self.pages[at].refs == 0);
         self.count_idle(at, 1);
         self.relist(at);
         let freed = self.pages[at].refs == 0 && !self.pages[at].cached;
@@ -460,6 +490,7 @@ impl<B: Buffers> Prefix<B> {
         (p.cached, p.key, p.parent) = (true, old.key, old.parent);
         (p.children, p.gpu_children) = (old.children, old.gpu_children);
         self.index_set(old.key, b);
+        self.version += 1;
         self.pages[a] = PageInfo::default();
         self.note_used(a, true, -1);
         self.cached[1] -= 1;
@@ -494,6 +525,11 @@ impl<B: Buffers> Prefix<B> {
             self.unlink(a);
         }
         self.pages[b] = self.pages[a];
+        if self.pages[b].refs > 0 {
+            // A claimed block reloaded (a referenced one is never demoted).
+            self.claims -= u32::from(self.claimable(a));
+            self.claims += u32::from(self.claimable(b));
+        }
         let (key, parent) = (self.pages[b].key, self.pages[b].parent);
         self.index_set(key, b);
         self.pages[a] = PageInfo::default();
@@ -544,6 +580,7 @@ impl<B: Buffers> Prefix<B> {
         self.cached.hash(h);
         self.window.hash(h);
         self.shared.hash(h);
+        self.claims.hash(h);
         self.used.hash(h);
         if let Some(log) = &self.events {
             log.hash_state(h);

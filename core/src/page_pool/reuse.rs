@@ -262,10 +262,22 @@ impl<B: Buffers> KvPool<'_, B> {
             return (k < hashes.len()).then(|| self.chain_to(slot, u32_of(k) + 1));
         }
         let limit = prep.prompt.saturating_sub(1 + prep.lookahead) / tpb;
+        if prefix.window() > 0 {
+            return self.first_new_walked(slot, limit);
+        }
+        // The first block past the matchable part or the indexed chain (`trial.rs`'s memo).
+        self.key_after(slot, limit)
+    }
+
+    /// [`KvPool::probe_row`]'s first chunk, block by block (a window's cache, whose chain may have
+    /// gaps).
+    fn first_new_walked(&self, slot: usize, limit: u32) -> Option<u64> {
+        let prefix = self.prefix.as_ref()?;
+        let (s, base) = (self.seqs[slot], self.row(slot));
         let mut key = s.root;
-        for (k, &h) in hashes.iter().enumerate() {
-            key = chain(key, h);
-            if u32_of(k) >= limit || prefix.lookup(key).is_none() {
+        for k in 0..s.hashed {
+            key = chain(key, self.hashes[base + k as usize]);
+            if k >= limit || prefix.lookup(key).is_none() {
                 return Some(key);
             }
         }

@@ -404,6 +404,7 @@ impl<B: Buffers> KvPool<'_, B> {
             root: s.root,
             hashed: s.hashed,
             chain: s.root,
+            memo: s.memo,
             ..Seq::default()
         };
     }

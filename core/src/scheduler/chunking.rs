@@ -16,6 +16,9 @@ use crate::storage::Storage;
 
 use super::pass::{Pass, Step};
 
+/// A first chunk's trial foretells its resize exactly (`trial.rs`).
+const TRIAL_EXACT: &str = "a first chunk's trial granted what its resize refused";
+
 /// A sized chunk: what admitting it charges and schedules.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SizedChunk {
@@ -106,6 +109,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             self.table.set_headroom(slot, headroom);
             return Ok(());
         }
+        Err(self.pages_refused(i, first))
+    }
+
+    /// The pages of the context request at index `i` cannot be had: GUARANTEED_NO_EVICT closes
+    /// admissions after a first chunk (SKIP); otherwise context-side preemption (STOP when it freed
+    /// pages for this request next pass, else SKIP).
+    pub(crate) fn pages_refused(&mut self, i: usize, first: bool) -> Step {
         if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
             // C++ GUARANTEED_NO_EVICT (spec §7): a block shortage ends the admission of new requests, so
             // later (smaller) ones cannot overtake one that waits for its whole reservation. Contexts
@@ -113,13 +123,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             if first {
                 self.admissions_closed = true;
             }
-            return Err(Step::Skip);
+            return Step::Skip;
         }
-        Err(if self.preempt_for_pages(i) {
+        if self.preempt_for_pages(i) {
             Step::Stop
         } else {
             Step::Skip
-        })
+        }
     }
 
     /// Non-chunked admission (§1.7 `_full`).
@@ -131,7 +141,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if !self.cfg.prefix_aware && !self.budget.fits(pre) {
             return Err(Step::Stop);
         }
-        if !self.prepare(slot, first) {
+        let trial = self.trial(slot, first);
+        if trial.is_none() && !self.prepare(slot, first) {
             return Err(Step::Stop);
         }
         let pos = self.table.entry(slot).spec().position;
@@ -139,7 +150,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if self.cfg.prefix_aware && !self.budget.fits(post) {
             return Err(Step::Stop);
         }
-        self.resize(i, first, pos + post)?;
+        if let Some(t) = trial {
+            self.settle_trial(i, t, pos + post)?;
+        }
+        let resized = self.resize(i, first, pos + post);
+        debug_assert!(trial.is_none() || resized.is_ok(), "{TRIAL_EXACT}");
+        resized?;
         Ok(SizedChunk {
             charged: if self.cfg.prefix_aware { post } else { pre },
             chunk: prompt - pos,
@@ -162,7 +178,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Err(Step::Skip);
         }
         let pos0 = self.table.entry(slot).spec().position;
-        if !self.prepare(slot, first) {
+        let trial = self.trial(slot, first);
+        if trial.is_none() && !self.prepare(slot, first) {
             return Err(Step::Skip);
         }
         let s = self.table.entry(slot).spec();
@@ -180,7 +197,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let ctx_chunk = chunk.min(post_remaining);
         let last = pos + ctx_chunk >= prompt;
         let extra = if last { draft } else { 0 };
-        self.resize(i, first, pos + ctx_chunk + extra)?;
+        if let Some(t) = trial {
+            self.settle_trial(i, t, pos + ctx_chunk + extra)?;
+        }
+        let resized = self.resize(i, first, pos + ctx_chunk + extra);
+        debug_assert!(trial.is_none() || resized.is_ok(), "{TRIAL_EXACT}");
+        resized?;
         Ok(SizedChunk {
             charged: chunk + extra,
             chunk: ctx_chunk,

@@ -58,6 +58,7 @@ mod requests;
 mod sort;
 mod table;
 mod transfer;
+mod trial;
 mod victims;
 
 #[cfg(test)]

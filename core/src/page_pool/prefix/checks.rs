@@ -12,10 +12,11 @@ impl<B: Buffers> Prefix<B> {
     /// leaves, and a GPU block's cached parent is on the GPU.
     pub(in crate::page_pool) fn check(&self) -> bool {
         let (mut cached, mut idle, mut listed) = ([0u32; 2], [0u32; 2], [0u32; 2]);
-        let mut shared = 0u64;
+        let (mut shared, mut claims) = (0u64, 0u32);
         for (at, p) in self.pages.iter().enumerate() {
             let t = usize::from(u32_of(at) >= self.gpu_pages);
             shared += u64::from(p.refs.saturating_sub(1));
+            claims += u32::from(t == 1 && p.cached && p.refs > 0);
             if p.cached {
                 cached[t] += 1;
                 if self.find(p.key).map(|k| self.index[k] as usize) != Some(at + 1) {
@@ -53,6 +54,7 @@ impl<B: Buffers> Prefix<B> {
         };
         cached == self.cached
             && shared == u64::from(self.shared)
+            && claims == self.claims
             && idle == self.idle
             && indexed == cached[0] + cached[1]
             && listed == [self.lru[0].len, self.lru[1].len]

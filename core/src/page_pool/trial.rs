@@ -1,0 +1,247 @@
+//! A first chunk's trial admission: what [`KvBackend::prepare_context`] would reuse and whether the
+//! [`KvBackend::resize_context`] after it would be refused, told without acquiring, claiming or
+//! releasing a block (DESIGN: the pass at depth; difference 15 in docs/conformance-format.md).
+//!
+//! A waiting request's prompt chain is remembered per slot ([`Memo`]): how many of its leading blocks
+//! the prefix cache indexes (its *depth*, either tier), the key of the deepest and of the next. With
+//! leaf-first eviction no cached block outlives its parent, so the deepest still indexed proves the
+//! whole chain and the next still absent proves that it did not grow: two lookups re-validate it; a
+//! chain that lost its deepest block is matched again from its root, one that gained the next block
+//! is extended from it. A match stops early only at a host block another row claimed; while no cached
+//! host block is claimed (the cache counts them) the match is the depth, within the match limit.
+//!
+//! The refusal is exact: a lower bound of the pages the resize needs (every matched block on the GPU,
+//! none of them idle) refuses in O(1), an upper bound accepts in O(1), and between the two the matched
+//! blocks are looked at (host blocks to reload, idle GPU blocks the match would take off the
+//! evictable count), read only.
+//!
+//! Only a full-attention pool with neither a KV connector (its offer is made by the preparation) nor
+//! a sliding window (its hit is a window's) answers; others answer `None` and the pass prepares.
+//!
+//! [`KvBackend::prepare_context`]: crate::kv::KvBackend::prepare_context
+//! [`KvBackend::resize_context`]: crate::kv::KvBackend::resize_context
+
+use crate::kv::{chain, ContextPrep, Tier};
+use crate::storage::Buffers;
+
+use super::{blocks_for, KvPool, SeqState, HOST};
+
+/// How far a property that holds for a prefix of a slot's chain reaches: how many leading blocks
+/// have it, the key of the last of them (the root for none) and of the first without it. Two such
+/// properties are remembered: *indexed* (the cache holds the block, either tier; prefix-closed since
+/// eviction is leaf first) and *held* (a row references it; prefix-closed since a row holding a block
+/// holds its parent).
+#[derive(Debug, Clone, Copy, Default)]
+struct Frontier {
+    len: u32,
+    last: u64,
+    /// The key of block `len + 1` when the walk that set the frontier looked at it (an indexed
+    /// frontier short of the slot's hashed blocks).
+    first_without: u64,
+}
+
+/// A slot's remembered prompt chain (`trial.rs`): a cache of what the prefix cache says of it, not
+/// state, so it is left out of equality and of the pool's fingerprint (two pools that differ only in
+/// it behave alike).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memo {
+    /// Set since the slot's hashes were.
+    known: bool,
+    /// The prefix cache's version when it was set: unchanged, both frontiers stand.
+    version: u64,
+    indexed: Frontier,
+    held: Frontier,
+}
+
+impl PartialEq for Memo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Memo {}
+
+impl core::hash::Hash for Memo {
+    fn hash<H: core::hash::Hasher>(&self, _: &mut H) {}
+}
+
+impl<B: Buffers> KvPool<'_, B> {
+    /// The block of `key` is indexed (and, for `held`, referenced by a row).
+    fn has(&self, key: u64, held: bool) -> bool {
+        self.prefix
+            .as_ref()
+            .is_some_and(|p| p.lookup(key).is_some_and(|e| !held || p.info(e).refs() > 0))
+    }
+
+    /// The frontier still stands within the slot's first `cap` blocks: its last block has the
+    /// property and the next does not (two lookups).
+    fn stands(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> bool {
+        f.len <= cap
+            && (f.len == 0 || self.has(f.last, held))
+            && (f.len == cap
+                || !self.has(
+                    chain(f.last, self.hashes[self.row(slot) + f.len as usize]),
+                    held,
+                ))
+    }
+
+    /// Walks the slot's chain on from `f` while its blocks have the property, within `cap` blocks.
+    fn walk(&self, slot: usize, mut f: Frontier, held: bool, cap: u32) -> Frontier {
+        let base = self.row(slot);
+        while f.len < cap {
+            f.first_without = chain(f.last, self.hashes[base + f.len as usize]);
+            if !self.has(f.first_without, held) {
+                break;
+            }
+            (f.last, f.len) = (f.first_without, f.len + 1);
+        }
+        f
+    }
+
+    /// The frontier as the cache stands now: the remembered one when it stands, extended when only its
+    /// next block gained the property, else walked from the root.
+    fn refreshed(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> Frontier {
+        let memo = self.seqs[slot].memo;
+        let known = memo.known;
+        let current = self.prefix.as_ref().map(super::prefix::Prefix::version);
+        if known && (current == Some(memo.version) || self.stands(slot, f, held, cap)) {
+            return f;
+        }
+        let from = if known && f.len <= cap && (f.len == 0 || self.has(f.last, held)) {
+            f
+        } else {
+            Frontier {
+                last: self.seqs[slot].root,
+                ..Frontier::default()
+            }
+        };
+        self.walk(slot, from, held, cap)
+    }
+
+    /// Side-effect free: the slot's indexed frontier now.
+    fn indexed_now(&self, slot: usize) -> Frontier {
+        let s = self.seqs[slot];
+        self.refreshed(slot, s.memo.indexed, false, s.hashed)
+    }
+
+    /// The slot's chain depth (its indexed frontier) and held frontier, refreshed and remembered.
+    fn remember(&mut self, slot: usize) -> Memo {
+        let indexed = self.indexed_now(slot);
+        let held = self.refreshed(slot, self.seqs[slot].memo.held, true, indexed.len);
+        let memo = Memo {
+            known: true,
+            version: self
+                .prefix
+                .as_ref()
+                .map_or(0, super::prefix::Prefix::version),
+            indexed,
+            held,
+        };
+        self.seqs[slot].memo = memo;
+        memo
+    }
+
+    /// Side-effect free: the key of the first block of the slot's chain past its first `k` blocks, for
+    /// `k` up to its depth (`None` past its hashed blocks), from the memo where it can.
+    pub(super) fn key_after(&self, slot: usize, limit: u32) -> Option<u64> {
+        let f = self.indexed_now(slot);
+        match f.len.min(limit) {
+            k if k >= self.seqs[slot].hashed => None,
+            k if k == f.len => Some(f.first_without),
+            k if k + 1 == f.len => Some(f.last),
+            k => Some(self.chain_to(slot, k + 1)),
+        }
+    }
+
+    /// A fresh first chunk the trial can answer for.
+    fn trial_slot(&self, slot: usize, prep: ContextPrep) -> bool {
+        prep.first_chunk
+            && self.seqs[slot].state == SeqState::None
+            && self.connector.is_none()
+            && self.prefix.as_ref().is_none_or(|p| p.window() == 0)
+    }
+
+    /// The tokens `prepare_context` would reuse for this first chunk now, without preparing it; `None`
+    /// where the trial does not answer (the module's doc).
+    pub(super) fn trial_reuse(&mut self, slot: usize, prep: ContextPrep) -> Option<u32> {
+        if !self.trial_slot(slot, prep) {
+            return None;
+        }
+        let Some(prefix) = self.prefix.as_ref() else {
+            return Some(0);
+        };
+        if prefix.claims() > 0 {
+            // A claimed host block can stop the match short of the depth: the walk says where.
+            return Some(self.probe_reuse(slot, prep));
+        }
+        let depth = self.remember(slot).indexed.len;
+        Some(depth.min(self.match_limit(slot, prep)) * self.cfg.tokens_per_block)
+    }
+
+    /// Side-effect free, right after [`KvPool::trial_reuse`] told `reused` tokens: the resize to
+    /// `capacity` after the match would be refused. A match of `m` blocks takes one available GPU page
+    /// for each it does not find held by a row (an idle GPU block leaves the evictable count, a host
+    /// block is reloaded; with no claimed host block, held blocks are a prefix of the GPU ones).
+    pub(super) fn trial_refused(
+        &self,
+        slot: usize,
+        prep: ContextPrep,
+        reused: u32,
+        capacity: u32,
+    ) -> bool {
+        if !self.trial_slot(slot, prep) {
+            return false;
+        }
+        let m = reused / self.cfg.tokens_per_block;
+        let need = blocks_for(capacity, self.cfg.tokens_per_block).max(m);
+        let (new, avail) = (need - m, self.gpu_available());
+        if need > self.cfg.max_blocks || new > avail {
+            return true;
+        }
+        let claimed = self.prefix.as_ref().is_some_and(|p| p.claims() > 0);
+        if claimed || !self.log_room(m) {
+            let (host, idle) = self.matched_tiers(slot, m);
+            return (host > 0 && !self.log_room(host)) || host + idle + new > avail;
+        }
+        let memo = self.seqs[slot].memo;
+        let unheld = m - memo.held.len.min(m);
+        debug_assert!(
+            self.stands(slot, memo.held, true, memo.indexed.len),
+            "the held frontier stands"
+        );
+        debug_assert_eq!(
+            unheld,
+            {
+                let (host, idle) = self.matched_tiers(slot, m);
+                host + idle
+            },
+            "the held frontier counts the blocks a match takes from the available pages (m {m}, held {}, indexed {})", memo.held.len, memo.indexed.len
+        );
+        unheld + new > avail
+    }
+
+    /// Of the first `m` blocks of the slot's chain (all indexed): those on the host tier (a match
+    /// claims them, the resize reloads them) and the idle ones on the GPU (a match takes them off the
+    /// evictable count).
+    fn matched_tiers(&self, slot: usize, m: u32) -> (u32, u32) {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return (0, 0);
+        };
+        let (mut key, base) = (self.seqs[slot].root, self.row(slot));
+        let (mut host, mut idle) = (0, 0);
+        for k in 0..m as usize {
+            key = chain(key, self.hashes[base + k]);
+            let Some(e) = prefix.lookup(key) else {
+                panic!("a matched block is indexed");
+            };
+            let p = prefix.info(e);
+            if e & HOST != 0 {
+                host += 1;
+            } else if p.refs() == 0 && p.holds() == 0 {
+                idle += 1;
+            }
+        }
+        debug_assert!(idle <= prefix.evictable(Tier::Gpu));
+        (host, idle)
+    }
+}

@@ -1,0 +1,68 @@
+//! A first chunk's trial (beyond the reference, difference 15 in docs/conformance-format.md): where the
+//! KV backend can tell what a first chunk would reuse and whether its resize would be refused, the pass
+//! sizes the chunk from that answer and prepares the cache only for a chunk the backend will grant.
+//! A refused one is refused as a refused resize is (context-side preemption where the policy has it),
+//! with no KV call: nothing is matched, claimed, released or suspended, so a waiting request that
+//! cannot be admitted costs what its trial costs, not a match of its whole prompt, every pass.
+//!
+//! The decisions are the reference's: the trial tells the reuse the preparation would find and the
+//! refusal the resize would make. What differs is what a refused trial leaves behind: the blocks it
+//! would have matched keep their place in the eviction order (the reference's preparation takes them
+//! and its free gives them back as the youngest), and no suspension or prefix hit is counted for it.
+//!
+//! Not under GUARANTEED_NO_EVICT (its refusal closes admissions; the next requests cost nothing).
+
+use crate::adapter::PeftBackend;
+use crate::config::CapacityPolicy;
+use crate::kv::{ContextPrep, KvBackend, KvCaps, PrefixReuse};
+use crate::storage::Storage;
+
+use super::pass::{Pass, Step};
+
+/// A first chunk sized from the backend's answer, not yet prepared.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trial {
+    prep: ContextPrep,
+    reused: u32,
+}
+
+impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
+    Pass<'_, K, P, N, T, S>
+{
+    /// A first chunk's trial: the reuse the backend tells, the request's position moved to it as
+    /// preparing would; `None` where there is no trial (the pass prepares).
+    pub(crate) fn trial(&mut self, slot: u16, first: bool) -> Option<Trial> {
+        if !first || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+            return None;
+        }
+        let (r, prep) = (self.kv_ref(slot), self.context_prep(slot, true));
+        let reused = self.kv.prefix()?.trial_reuse(r, prep)?;
+        self.table.edit(slot, |e| {
+            let s = e.spec_mut();
+            s.position = reused.min(s.prompt);
+        });
+        Some(Trial { prep, reused })
+    }
+
+    /// The sized chunk grows the cache to `capacity`: a refusal the backend foretells is the refused
+    /// resize's outcome, with no KV call; otherwise the cache is prepared (reusing what the trial
+    /// told) for the resize that follows.
+    pub(crate) fn settle_trial(&mut self, i: usize, t: Trial, capacity: u32) -> Result<(), Step> {
+        let slot = self.table.slot(i);
+        let r = self.kv_ref(slot);
+        let refused = self
+            .kv
+            .caps()
+            .prefix
+            .is_some_and(|p| p.trial_refused(r, t.prep, t.reused, capacity));
+        if refused {
+            return Err(self.pages_refused(i, true));
+        }
+        let prepared = self.kv.prepare_context(r, t.prep);
+        assert!(
+            prepared == Some(t.reused),
+            "a first chunk's preparation reuses what its trial told"
+        );
+        Ok(())
+    }
+}
