@@ -108,15 +108,16 @@
 //!
 //! The hot paths read the inline arrays directly (what the benches measure); a boxed scheduler takes
 //! one pointer more per array and behaves identically (`core/tests/storage.rs` runs both). The sizes on
-//! 64-bit, pinned by that test (the boxed value is what is left: the configuration, the counters and
-//! the backends):
+//! 64-bit in a release build, pinned by that test (the boxed value is what is left: the configuration,
+//! the counters and the backends; a debug build with `std` adds 8 bytes a request inline, the drop
+//! bomb's flag):
 //!
 //! | instantiation | inline | boxed |
 //! |---|---|---|
-//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 417,304 B | 4,928 B (3,864 of them the adapter cache) |
-//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 105,376 B | 2,704 B |
-//! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 418,896 B | 568 B |
-//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 504,784 B | 62,648 B (60,504 of them the adapter cache) |
+//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 425,544 B | 4,992 B (3,864 of them the adapter cache) |
+//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 107,504 B | 2,800 B |
+//! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 427,120 B | 616 B |
+//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 513,056 B | 62,744 B (60,504 of them the adapter cache) |
 //! | `SchedulerOutput<1024>` | 98,392 B | 160 B |
 //!
 //! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller
