@@ -791,15 +791,15 @@ fn regression_no_preemption_for_a_request_whose_lease_would_be_refused() {
 
 /// Three requests that each fit alone, two of them on adapters (3 and 5 pages) that do not fit the
 /// 6-page device cache together, under MAX_UTILIZATION with recompute pause and no host tier (where
-/// progress is guaranteed): the passes stall and report `Error::Deadlock` after 59 passes with two
-/// requests left, on the plain pool as on KV groups. EQUAL_PROGRESS's plan (`plan_equal_progress`)
-/// gives the first 8-token unit of the 12-token budget to the recompute-paused request on adapter 0,
-/// which the pass then skips (its adapter does not fit beside adapter 1, pinned by the lease holder
-/// mid-prefill); the lease holder is planned the 4 tokens left, less than a unit, and nothing runs
-/// again (FCFS, or a 13-token budget, finishes). Found by
-/// `grouped_every_request_that_fits_alone_finishes` at 20,000 cases (twice); the pass's, not KV groups'.
+/// progress is guaranteed): the passes stalled and reported `Error::Deadlock` after 59 passes with two
+/// requests left, on the plain pool as on KV groups. EQUAL_PROGRESS's plan (`plan_equal_progress`) gave
+/// the first 8-token unit of the 12-token budget to the recompute-paused request on adapter 0, which
+/// phase 2 then skipped (its adapter does not fit beside adapter 1, pinned by the lease holder
+/// mid-prefill); the lease holder, 5 tokens from the end of its prompt, fit in none of the 4 tokens
+/// left, and nothing ran again (FCFS, or a 13-token budget, finished). A skipped context's units now go
+/// to the contexts after it. Found by `grouped_every_request_that_fits_alone_finishes` at 20,000 cases
+/// (twice); the pass's, not KV groups'.
 #[test]
-#[ignore = "a liveness defect of the pass, open (testkit-groups report)"]
 fn regression_lora_requests_that_fit_alone_finish_under_recompute_pause() {
     let mut setup = base(6, 0);
     setup.max_blocks = 13;
@@ -809,13 +809,16 @@ fn regression_lora_requests_that_fit_alone_finish_under_recompute_pause() {
     setup.max_num_tokens = Some(12);
     setup.peft = Some(split_peft(6, 11, &[3, 5]));
     setup.deadlock_threshold = 50;
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup, &mut mem).unwrap();
-    for (prompt, out_len, lora) in [(1, 9, None), (13, 5, Some(0)), (13, 1, Some(1))] {
-        h.apply(&sub(prompt, out_len, lora, 0)).unwrap();
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for (prompt, out_len, lora) in [(1, 9, None), (13, 5, Some(0)), (13, 1, Some(1))] {
+            h.apply(&sub(prompt, out_len, lora, 0)).unwrap();
+        }
+        assert!(matches!(h.run_to_completion(500), Ok(Done::Finished(_))));
+        assert_eq!(h.stats.deadlocks, 0);
+        h.drain().unwrap();
     }
-    assert!(matches!(h.run_to_completion(500), Ok(Done::Finished(_))));
-    h.drain().unwrap();
 }
 
 /// The model runs exercise prefix reuse: prompts of one family share blocks, and the checks of every

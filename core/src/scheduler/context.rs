@@ -34,8 +34,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             if self.budget.requests_full() {
                 break;
             }
-            if self.pending_step(p.index as usize, p.planned) == Step::Stop {
-                break;
+            match self.pending_step(p.index as usize, p.planned) {
+                Step::Stop => break,
+                // Not scheduled: its EQUAL_PROGRESS units go to the contexts after it.
+                Step::Skip if p.planned > 0 => self.replan_equal_progress(k),
+                _ => {}
             }
         }
     }
@@ -227,8 +230,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// the chunked contexts until the budget left after phase 1 is used; each request's plan is stored
     /// with its pending entry.
     pub(crate) fn plan_equal_progress(&mut self, unit: u32) {
-        let maxctx = self.cfg.max_context_length;
-        let Some(mut left) = self.budget.remaining() else {
+        let Some(left) = self.budget.remaining() else {
             for k in 0..self.pending.len() {
                 let s = self
                     .table
@@ -238,9 +240,35 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             }
             return;
         };
+        self.plan_round_robin(0, unit, left);
+        debug_assert!(self
+            .cfg
+            .chunking
+            .is_some_and(|c| c.policy == ChunkPolicy::EqualProgress));
+    }
+
+    /// A context phase 2 did not schedule gave its units back: the contexts from index `from` on are
+    /// planned again over the budget left, so the units a skipped context was planned (its adapter
+    /// refused, admissions closed, a prefix skip…) go to those after it instead of to no one. C++ sizes
+    /// only the contexts its capacity scheduler admitted; without this, a context planned less than a
+    /// unit behind a skipped one never ran, while the skipped one waited for it (deliberate difference 9).
+    fn replan_equal_progress(&mut self, from: usize) {
+        let (Some(c), Some(left)) = (self.cfg.chunking, self.budget.remaining()) else {
+            return;
+        };
+        for k in from..self.pending.len() {
+            self.pending[k].planned = 0;
+        }
+        self.plan_round_robin(from, c.unit, left);
+    }
+
+    /// The round robin of EQUAL_PROGRESS over the pending entries from index `from` on: `unit` tokens
+    /// more to each context per round (its remainder when less) while the `left` budget holds them.
+    fn plan_round_robin(&mut self, from: usize, unit: u32, mut left: u32) {
+        let maxctx = self.cfg.max_context_length;
         loop {
             let mut progressed = 0u32;
-            for k in 0..self.pending.len() {
+            for k in from..self.pending.len() {
                 let s = self
                     .table
                     .entry(self.table.slot(self.pending[k].index as usize))
@@ -263,9 +291,5 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 break;
             }
         }
-        debug_assert!(self
-            .cfg
-            .chunking
-            .is_some_and(|c| c.policy == ChunkPolicy::EqualProgress));
     }
 }

@@ -462,3 +462,54 @@ fn a_generation_request_receives_its_kv_or_replays_its_prefill() {
         assert_eq!(s.adapters().leases(TaskSlot(1)), 1);
     }
 }
+
+/// EQUAL_PROGRESS gives the units of a context phase 2 skips to the contexts after it: W (adapter 1, 3
+/// pages) arrived before H, the lease holder of adapter 2 (5 pages) mid-prefill, and the two adapters do
+/// not fit the 6-page device cache together. W is planned the first 8-token unit of the 12-token budget
+/// and skipped for its adapter; H's last 5 tokens fit in none of the 4 left, and nothing ran, pass after
+/// pass, until W's units went to H. Once H is gone, W runs.
+#[test]
+fn equal_progress_gives_a_skipped_contexts_units_to_the_contexts_after_it() {
+    let mut mem = Pool::new();
+    let cfg = Config {
+        chunking: Some(Chunking {
+            policy: ChunkPolicy::EqualProgress,
+            unit: 8,
+        }),
+        max_num_tokens: Some(12),
+        ..Config::default()
+    };
+    let mut peft = AdapterPool::new(6, 8).unwrap();
+    peft.register(TaskId(1), 3).unwrap();
+    peft.register(TaskId(2), 5).unwrap();
+    let mut s: Sched<'_> = Scheduler::new(cfg, mem.pool(32, 4), peft).unwrap();
+    let mut out = Out::new();
+    let w = s
+        .submit(RequestSpec::new(1, Phase::ContextInit, 13).with_lora(1))
+        .unwrap();
+    // W sits out while H takes its lease and its first chunk.
+    s.set_inflight(w, true).unwrap();
+    let h = s
+        .submit(RequestSpec::new(2, Phase::ContextInit, 13).with_lora(2))
+        .unwrap();
+    step(&mut s, &mut out);
+    assert_eq!(s.get(h).unwrap().spec().position, 8);
+    s.set_inflight(w, false).unwrap();
+    let chunks = |s: &Sched<'_>, out: &Out| -> heapless::Vec<(u64, u32), 8> {
+        let id = |c: &crate::output::Chunk| s.get(c.listed.handle()).unwrap().spec().id.0;
+        out.context().iter().map(|c| (id(c), c.tokens)).collect()
+    };
+    step(&mut s, &mut out);
+    assert_eq!(
+        chunks(&s, &out),
+        [(2, 5)],
+        "the lease holder finishes its prompt"
+    );
+    s.remove(h).unwrap();
+    step(&mut s, &mut out);
+    assert_eq!(
+        chunks(&s, &out),
+        [(1, 8)],
+        "W's adapter fits once H's is free"
+    );
+}
