@@ -43,6 +43,7 @@ use crate::{kv::Tier, storage::Buffers};
 mod checks;
 #[cfg(feature = "fault-injection")]
 mod faults;
+mod index;
 mod lru;
 use crate::narrow::u32_of;
 use lru::Lru;
@@ -253,72 +254,6 @@ impl<B: Buffers> Prefix<B> {
     pub(super) fn tick(&mut self) -> u64 {
         self.clock += 1;
         self.clock
-    }
-
-    // --- The index: open addressing by key, backward-shift deletion. ---
-
-    fn home(&self, key: u64) -> usize {
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & (self.index.len() - 1)
-    }
-
-    fn find(&self, key: u64) -> Option<usize> {
-        let mask = self.index.len() - 1;
-        let mut k = self.home(key);
-        loop {
-            let v = self.index[k];
-            if v == 0 {
-                return None;
-            }
-            if self.pages[(v - 1) as usize].key == key {
-                return Some(k);
-            }
-            k = (k + 1) & mask;
-        }
-    }
-
-    /// The page caching the block of `key`.
-    pub(super) fn lookup(&self, key: u64) -> Option<u32> {
-        let k = self.find(key)?;
-        Some(self.entry((self.index[k] - 1) as usize))
-    }
-
-    fn index_insert(&mut self, key: u64, at: usize) {
-        self.version += 1;
-        let mask = self.index.len() - 1;
-        let mut k = self.home(key);
-        while self.index[k] != 0 {
-            k = (k + 1) & mask;
-        }
-        self.index[k] = u32_of(at) + 1;
-    }
-
-    fn index_remove(&mut self, key: u64) {
-        self.version += 1;
-        let Some(mut hole) = self.find(key) else {
-            panic!("a cached page is indexed");
-        };
-        let mask = self.index.len() - 1;
-        let mut j = hole;
-        loop {
-            j = (j + 1) & mask;
-            let v = self.index[j];
-            if v == 0 {
-                break;
-            }
-            let home = self.home(self.pages[(v - 1) as usize].key);
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
-                self.index[hole] = v;
-                hole = j;
-            }
-        }
-        self.index[hole] = 0;
-    }
-
-    fn index_set(&mut self, key: u64, at: usize) {
-        let Some(k) = self.find(key) else {
-            panic!("a cached page is indexed");
-        };
-        self.index[k] = u32_of(at) + 1;
     }
 
     // --- References. ---
