@@ -101,6 +101,13 @@ pub trait PrefixReuse {
         let _ = (r, prep, reused, capacity);
         false
     }
+    /// What a refused trial's verdict reads of the backend beyond the request (a version that changes
+    /// whenever any prompt chain's match could, and the pages available): a trial refused under a
+    /// mark stays refused while the version is the mark's and the pages available do not grow.
+    /// `None` (the default): no marks, and the pass visits every request.
+    fn trial_mark(&self) -> Option<(u64, u32)> {
+        None
+    }
     /// The KV events the prefix cache logged since the last call, in order ([`crate::kv_events`];
     /// the default, and a cache without a log: none).
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {

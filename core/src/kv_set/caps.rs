@@ -165,6 +165,13 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
                 .is_some_and(|p| p.trial_refused(r, prep, reused, capacity))
     }
 
+    fn trial_mark(&self) -> Option<(u64, u32)> {
+        if self.draft.is_some() {
+            return None;
+        }
+        self.target.caps().prefix?.trial_mark()
+    }
+
     /// The target's (a router matches prompts against the target model's blocks).
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
         match self.target.prefix() {

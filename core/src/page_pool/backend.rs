@@ -337,6 +337,10 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
         self.slot(r)
             .is_some_and(|i| KvPool::trial_refused(self, i, prep, reused, capacity))
     }
+
+    fn trial_mark(&self) -> Option<(u64, u32)> {
+        KvPool::trial_mark(self)
+    }
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
         KvPool::take_kv_events(self)
     }

@@ -220,6 +220,14 @@ impl<B: Buffers> KvPool<'_, B> {
         unheld + new > avail
     }
 
+    /// What a refused trial read of the pool: the prefix cache's version and the GPU pages available
+    /// (`None` where the trial does not answer).
+    pub(super) fn trial_mark(&self) -> Option<(u64, u32)> {
+        let prefix = self.prefix.as_ref()?;
+        let answers = self.connector.is_none() && prefix.window() == 0;
+        answers.then(|| (prefix.version(), self.gpu_available()))
+    }
+
     /// Of the first `m` blocks of the slot's chain (all indexed): those on the host tier (a match
     /// claims them, the resize reloads them) and the idle ones on the GPU (a match takes them off the
     /// evictable count).

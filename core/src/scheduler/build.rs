@@ -84,6 +84,7 @@ impl<K, P, const N: usize, const T: usize> Scheduler<K, P, N, T> {
             delta_pass: 0,
             shown: heapless::Vec::new(),
             seen: InlineArray::new([crate::delta::Seen::NOWHERE; N]),
+            run: super::refused_run::RefusedRun::NONE,
         }
     }
 }
@@ -117,6 +118,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             delta_pass: 0,
             shown: S::list(crate::output::Listed::EMPTY)?,
             seen: S::array(|| crate::delta::Seen::NOWHERE)?,
+            run: super::refused_run::RefusedRun::NONE,
         })
     }
 }

@@ -27,20 +27,32 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Phase 2 over the deferred requests.
     pub(crate) fn context_phase(&mut self) {
         self.begin_prefix_skip();
-        let mut k = 0;
+        let runs = self.runs_apply();
+        let (mut k, mut run) = (0, None);
         while k < self.pending.len() {
-            let p = self.pending[k];
-            k += 1;
             if self.budget.requests_full() {
-                break;
+                return self.record_run(None, false);
             }
-            match self.pending_step(p.index as usize, p.planned) {
-                Step::Stop => break,
+            // The last pass's refused run, skipped while it stands (`refused_run.rs`).
+            if let Some(end) = self.skip_run(k).filter(|_| runs) {
+                self.track_run(k, true, &mut run);
+                self.stats.skipped += crate::narrow::u32_of(end - k);
+                k = end;
+                continue;
+            }
+            let p = self.pending[k];
+            self.refused_clean = false;
+            let step = self.pending_step(p.index as usize, p.planned);
+            self.track_run(k, self.refused_clean, &mut run);
+            k += 1;
+            match step {
+                Step::Stop => return self.record_run(None, false),
                 // Not scheduled: its EQUAL_PROGRESS units go to the contexts after it.
                 Step::Skip if p.planned > 0 => self.replan_equal_progress(k),
                 _ => {}
             }
         }
+        self.record_run(run, true);
     }
 
     /// §1.6 steps 2–8 for one deferred request.

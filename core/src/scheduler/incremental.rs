@@ -39,6 +39,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     #[inline]
     pub(crate) fn changed(&mut self) {
         self.steady = false;
+        self.run.forget();
+    }
+
+    /// A waiting request joined the end of the arrival order: the next pass is a full one, and the
+    /// last pass's refused run stands (every member is before the arrival, `refused_run.rs`).
+    pub(crate) fn arrived(&mut self) {
+        self.steady = false;
     }
 
     /// Whether the pass about to run may replay the last one into `out`: steady, given the last pass's

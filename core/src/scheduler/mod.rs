@@ -54,6 +54,7 @@ mod pass;
 mod plan;
 mod preempt;
 mod prefix_skip;
+mod refused_run;
 mod requests;
 mod sort;
 mod table;
@@ -119,6 +120,8 @@ pub struct Scheduler<K, P, const N: usize, const T: usize, S: Storage = Inline> 
     delta_pass: u64,
     shown: S::List<crate::output::Listed, N>,
     seen: S::Array<crate::delta::Seen, N>,
+    /// The waiting first chunks that ended the last pass refused for pages (`refused_run.rs`).
+    run: refused_run::RefusedRun,
 }
 
 impl<K, P, const N: usize, const T: usize, S: Storage> Drop for Scheduler<K, P, N, T, S> {
@@ -206,6 +209,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             client_sums,
             adapter_waits: &mut self.adapter_waits,
             failed_loads: pending_slots,
+            run: &mut self.run,
+            run_enabled: self.incremental,
         };
         let pass = Pass::begin(
             &self.cfg,

@@ -24,6 +24,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 use super::admission::Clients;
 use super::plan::Plan;
+use super::refused_run::RefusedRun;
 use super::table::Table;
 
 /// What the last pass did, beyond its output lists.
@@ -41,6 +42,9 @@ pub struct PassStats {
     pub deferred: u32,
     /// Requests recompute-paused because their connector load failed or timed out.
     pub failed_loads: u32,
+    /// Waiting first chunks the last pass's refused run let this pass skip (`refused_run.rs`): their
+    /// trials would refuse them again, exactly.
+    pub skipped: u32,
 }
 
 impl PassStats {
@@ -52,6 +56,7 @@ impl PassStats {
         preemptions: 0,
         deferred: 0,
         failed_loads: 0,
+        skipped: 0,
     };
 }
 
@@ -152,6 +157,9 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
     pub(crate) client_sums: &'a mut [u64; N],
     pub(crate) adapter_waits: &'a mut [u16; N],
     pub(crate) failed_loads: &'a [u16],
+    /// The last pass's refused run, and whether runs are skipped (`refused_run.rs`).
+    pub(crate) run: &'a mut RefusedRun,
+    pub(crate) run_enabled: bool,
 }
 
 /// What a rule decided for one request (spec §1.4–§1.7).
@@ -210,6 +218,12 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     /// Requests the decode run scheduled (all of them: the pass may leave the scheduler steady,
     /// `incremental.rs`).
     pub(crate) decoded: usize,
+    /// The last pass's refused run, this pass's when it ends (`refused_run.rs`).
+    pub(crate) run: &'a mut RefusedRun,
+    /// Runs are skipped and recorded (the incremental pass is on).
+    pub(crate) run_enabled: bool,
+    /// The request just visited was a clean trial refusal (`trial.rs`): a run may hold it.
+    pub(crate) refused_clean: bool,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -231,6 +245,8 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             client_sums,
             adapter_waits,
             failed_loads,
+            run,
+            run_enabled,
         }: Parts<'a, N, T, S>,
         out: &'a mut SchedulerOutput<N, S>,
     ) -> Self {
@@ -266,6 +282,9 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             refused_one: false,
             failed_loads,
             decoded: 0,
+            run,
+            run_enabled,
+            refused_clean: false,
         }
     }
 

@@ -83,7 +83,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     // The spec is given away, as to `submit`: the table keeps its copy.
     #[allow(clippy::needless_pass_by_value)]
     pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
-        self.changed();
+        if how == Adopt::Waiting {
+            self.arrived();
+        } else {
+            self.changed();
+        }
         let task = self.check_spec(&spec)?;
         let r = |h: Handle| KvRef {
             slot: h.index(),

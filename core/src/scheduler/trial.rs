@@ -56,7 +56,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             .prefix
             .is_some_and(|p| p.trial_refused(r, t.prep, t.reused, capacity));
         if refused {
-            return Err(self.pages_refused(i, true));
+            let e = self.table.entry(slot);
+            let plain = e.task().is_none() && e.spec().lora.is_none();
+            let step = self.pages_refused(i, true);
+            // Nothing happened but the refusal: a refused run may hold it (`refused_run.rs`).
+            self.refused_clean = plain && step == Step::Skip && self.runs_apply();
+            return Err(step);
         }
         let prepared = self.kv.prepare_context(r, t.prep);
         assert!(
