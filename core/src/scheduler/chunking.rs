@@ -154,6 +154,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if let Some(t) = trial {
             self.settle_trial(i, t, pos + post)?;
         }
+        // Without chunking `max_context_length` is at least the budget (`Config::validate`,
+        // deliberate difference 16), so a whole prompt the budget holds is within it.
+        debug_assert!(!self.cfg.context_limit_below_budget());
         let resized = self.resize(i, first, pos + post);
         debug_assert!(trial.is_none() || resized.is_ok(), "{TRIAL_EXACT}");
         resized?;
