@@ -147,7 +147,9 @@ pub struct Config {
     pub max_num_requests: u32,
     /// Token budget per pass; `None` = unlimited.
     pub max_num_tokens: Option<u32>,
-    /// Longest context chunk; `None` = unlimited.
+    /// Longest context chunk; `None` = unlimited. Without chunking a chunk is a whole prompt, so
+    /// there it may not be below `max_num_tokens` ([`Config::validate`]); an encoder request (never
+    /// chunked) whose encoder output is longer is refused at submission (deliberate difference 16).
     pub max_context_length: Option<u32>,
     /// Chunked prefill; `None` = whole prompts.
     pub chunking: Option<Chunking>,
@@ -195,7 +197,20 @@ impl Config {
         drain_after: 256,
     };
 
-    /// Checks the configuration.
+    /// `max_context_length` is below the token budget (unlimited counts as above any limit): a chunk
+    /// that fits the budget may be too long. Upstream sets the two equal, so this never holds there.
+    pub(crate) const fn context_limit_below_budget(&self) -> bool {
+        match (self.max_context_length, self.max_num_tokens) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(m), Some(b)) => m < b,
+        }
+    }
+
+    /// Checks the configuration: a chunk unit of at least 1 token, VTC weights not both 0, a deadlock
+    /// threshold of at least 1 pass, and without chunking a `max_context_length` that is unset or at
+    /// least `max_num_tokens` (upstream sets the two equal; where a whole prompt between them reached
+    /// the pass, upstream would fail the pass, every pass, for that request: deliberate difference 16).
     pub const fn validate(&self) -> Result<(), crate::Error> {
         if let Some(c) = self.chunking {
             if c.unit == 0 {
@@ -212,6 +227,12 @@ impl Config {
                     "VTC needs a positive input or output weight",
                 ));
             }
+        }
+        if self.chunking.is_none() && self.context_limit_below_budget() {
+            return Err(crate::Error::Invalid(
+                "without chunking, max_context_length must be unset or at least max_num_tokens: \
+                 a whole prompt longer than it could never be scheduled",
+            ));
         }
         if self.deadlock_threshold == 0 {
             return Err(crate::Error::Invalid(

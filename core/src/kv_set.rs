@@ -181,18 +181,17 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> KvSet<T, D, X> {
         }
     }
 
-    /// A joint continuation chunk: both pools prepare; a refusal suspends both unless the request was
-    /// active (upstream suspends both; an active continuation keeps its caches, difference 12).
+    /// A joint continuation chunk: the target prepares, then the draft pool (not asked once the target
+    /// refused, as upstream's `and`); a refusal suspends both unless the request was active (upstream
+    /// suspends both; an active continuation keeps its caches, difference 12).
     fn prepare_continuation(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let Some((_, d)) = &mut self.draft else {
             return self.target.prepare_context(r, prep);
         };
         let was_active = self.target.cache(r).is_active();
-        let pair = (
-            self.target.prepare_context(r, prep),
-            d.prepare_context(r, prep),
-        );
-        if pair.0.is_none() || pair.1.is_none() {
+        let prepared =
+            self.target.prepare_context(r, prep).is_some() && d.prepare_context(r, prep).is_some();
+        if !prepared {
             if !was_active {
                 self.target.suspend(r);
                 d.suspend(r);

@@ -365,6 +365,33 @@ fn multimodal_encoder_and_draft_inputs_are_refused_and_change_nothing() {
     );
     s.submit(with_runs(&[(2, 6)])).unwrap();
 
+    // An encoder request is never chunked: in the encoder window, one whose encoder output is longer
+    // than max_context_length but fits the budget is refused at submission and by update (difference
+    // 16: upstream fails the pass that reaches it). Over the budget as well it waits, as upstream.
+    let cfg = Config {
+        window: Window::Encoder,
+        max_num_tokens: Some(64),
+        ..cfg
+    };
+    let mut s: Sched<'_> =
+        Scheduler::new(cfg, owned(POOL), AdapterPool::new(1, 1).unwrap()).unwrap();
+    let encoder = |id, len| {
+        let mut r = RequestSpec::new(id, Phase::EncoderInit, 2);
+        r.encoder_len = len;
+        r
+    };
+    refused(
+        &mut s,
+        "an encoder output longer than max_context_length",
+        |e: &Error| matches!(e, Error::Invalid(w) if w.contains("max_context_length")),
+        |s| s.submit(encoder(40, 5)),
+    );
+    let at_limit = s.submit(encoder(41, 4)).unwrap();
+    s.submit(encoder(42, 65)).unwrap();
+    refused(&mut s, "update past max_context_length", invalid, |s| {
+        s.update(at_limit, |r| r.encoder_len = 5)
+    });
+
     // A decoder's encoder output larger than the cross pool (8 pages of 4 tokens).
     let kv: KvSet<KvPool<'_, Owned>> = KvSet::with_pools(owned(POOL), None, Some(owned(POOL)));
     let mut s: Scheduler<_, AdapterPool<T>, N, T> =
@@ -782,10 +809,30 @@ fn config_validate_refuses_zero_settings() {
         },
         ..Config::default()
     };
+    // Without chunking a chunk is a whole prompt: a context limit below the budget (or beside an
+    // unlimited one) could only leave prompts between the two unschedulable (difference 16).
+    let short_context = Config {
+        max_num_tokens: Some(1024),
+        max_context_length: Some(512),
+        ..Config::default()
+    };
+    let unlimited_budget = Config {
+        max_num_tokens: None,
+        max_context_length: Some(512),
+        ..Config::default()
+    };
     for (case, cfg) in [
         ("chunk unit 0", chunk0),
         ("deadlock threshold 0", stall0),
         ("VTC weights both 0", vtc0),
+        (
+            "max_context_length below the budget, unchunked",
+            short_context,
+        ),
+        (
+            "max_context_length, unlimited budget, unchunked",
+            unlimited_budget,
+        ),
     ] {
         assert!(matches!(cfg.validate(), Err(Error::Invalid(_))), "{case}");
         let s: Result<Sched<'_>, _> =
@@ -803,6 +850,23 @@ fn config_validate_refuses_zero_settings() {
         ..Config::default()
     };
     assert!(zero.validate().is_ok());
+    // A context limit below the budget is a chunk size limit with chunking, and no limit at all at
+    // or above it.
+    let chunked = Config {
+        chunking: Some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: 4,
+        }),
+        ..short_context
+    };
+    assert!(chunked.validate().is_ok());
+    let equal = Config {
+        max_context_length: Some(1024),
+        ..short_context
+    };
+    assert!(equal.validate().is_ok());
+    let e = short_context.validate().unwrap_err().to_string();
+    assert!(e.contains("max_context_length"), "{e}");
 }
 
 #[test]

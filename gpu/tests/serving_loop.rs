@@ -450,7 +450,13 @@ fn serve<K: KvMemory, A: AdapterMemory>(
     let cfg = Config {
         max_num_requests: N as u32,
         max_num_tokens: Some(scenario.tokens),
-        max_context_length: Some(40),
+        // Chunks of at most 40 tokens; without chunking the limit may not be below the budget
+        // (`Config::validate`).
+        max_context_length: Some(if scenario.chunk.is_some() {
+            40
+        } else {
+            scenario.tokens
+        }),
         chunking: scenario.chunk.map(|unit| Chunking {
             policy: ChunkPolicy::FirstComeFirstServed,
             unit,

@@ -1,11 +1,13 @@
 //! What submission ([`Scheduler::submit`], [`Scheduler::adopt`]) and [`Scheduler::update`] refuse,
 //! before anything changes: an inconsistent or duplicate request, an unknown LoRA task, a request or a
 //! step too large for the KV backend (beside its adapter, with unified paging), multimodal runs no
-//! chunk could hold, a full table.
+//! chunk could hold, an encoder request longer than `max_context_length`, a full table.
 
 use crate::adapter::{PeftBackend, TaskRef};
+use crate::config::Window;
 use crate::error::{Error, PeftError};
 use crate::kv::{AdapterPaging, KvBackend, KvCaps};
+use crate::phase::Phase;
 use crate::request::RequestSpec;
 use crate::storage::Storage;
 
@@ -34,6 +36,29 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             )),
             _ => Ok(()),
         }
+    }
+
+    /// An encoder request in the encoder window whose encoder output (its cost: `encoder_len`, else
+    /// the prompt) is longer than `max_context_length` but fits the token budget: the pass would reach
+    /// it, and an encoder request is never chunked (upstream fails that pass, and every later one:
+    /// deliberate difference 16). One over the budget too never fits, and waits as upstream (L03).
+    fn check_encoder_length(&self, spec: &RequestSpec) -> Result<(), Error> {
+        if spec.phase != Phase::EncoderInit || self.cfg.window != Window::Encoder {
+            return Ok(());
+        }
+        let cost = if spec.encoder_len > 0 {
+            spec.encoder_len
+        } else {
+            spec.prompt
+        };
+        let over = self.cfg.max_context_length.is_some_and(|m| cost > m);
+        if over && self.cfg.max_num_tokens.is_none_or(|b| cost <= b) {
+            return Err(Error::Invalid(
+                "an encoder request's encoder output is longer than max_context_length: \
+                 encoder requests are never chunked, so no pass could schedule it",
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn check_spec(&self, spec: &RequestSpec) -> Result<Option<TaskRef>, Error> {
@@ -119,6 +144,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 limit,
             });
         }
+        self.check_encoder_length(spec)?;
         // A decoder's encoder output must fit the cross pool (an encoder request's too: it becomes one).
         // No cross pool: no limit here, the pass stops such a request instead (§1.6 step 7).
         let cross = self.kv.caps().cross.map_or(

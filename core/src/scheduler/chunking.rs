@@ -3,8 +3,9 @@
 //! served, FORCE_CHUNK snapshot points, EQUAL_PROGRESS plans) rounded to the chunk unit — and resize the
 //! cache for it, with context-side preemption when pages are short.
 //!
-//! Invariants: the budget is charged the pre-reuse length when prefix-aware scheduling is off and the
-//! post-reuse length when on, while the KV resize always uses the post-reuse length; only the last chunk
+//! Invariants: the budget is charged the pre-reuse length when prefix-aware scheduling is off (but a
+//! FORCE_CHUNK chunk its post-reuse length, as upstream's FORCE_CHUNK branch) and the post-reuse
+//! length when on, while the KV resize always uses the post-reuse length; only the last chunk
 //! adds drafts (without a budget check, as upstream); a chunk is never 0 tokens; under
 //! GUARANTEED_NO_EVICT the resize reserves prompt + output + drafts (by capacity, or in pages where
 //! the backend [`reserves`](crate::kv::KvLimits::reserves) itself).
@@ -153,6 +154,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if let Some(t) = trial {
             self.settle_trial(i, t, pos + post)?;
         }
+        // Without chunking `max_context_length` is at least the budget (`Config::validate`,
+        // deliberate difference 16), so a whole prompt the budget holds is within it.
+        debug_assert!(!self.cfg.context_limit_below_budget());
         let resized = self.resize(i, first, pos + post);
         debug_assert!(trial.is_none() || resized.is_ok(), "{TRIAL_EXACT}");
         resized?;
@@ -185,7 +189,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let s = self.table.entry(slot).spec();
         let (prompt, pos, draft) = (s.prompt, s.position, s.draft);
         let post_remaining = prompt - pos;
-        let remaining = if self.cfg.prefix_aware {
+        // Only first come first served sizes by the pre-reuse length with prefix-aware scheduling
+        // off; FORCE_CHUNK sizes (and charges) the post-reuse remainder either way, as upstream.
+        let remaining = if self.cfg.prefix_aware || ch.policy == ChunkPolicy::ForceChunk {
             post_remaining
         } else {
             prompt - pos0

@@ -112,6 +112,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if !self.budget.fits(tokens) {
             return Step::Stop;
         }
+        // Refused at submission otherwise (`checks.rs`, deliberate difference 16).
+        debug_assert!(
+            self.cfg.max_context_length.is_none_or(|m| tokens <= m),
+            "an encoder request within the budget is within max_context_length"
+        );
         match self.table.entry(slot).held() {
             AnyRequest::Waiting(r) => listed(self.out.push_encoder(r)),
             AnyRequest::Active(r) => listed(self.out.push_encoder(r)),

@@ -1,7 +1,7 @@
 //! The cross (encoder-output) cache of a decoder context (spec §1.7 step 6): after the target's pages
 //! are in place, a decoder chunk with an encoder output creates (first chunk only) or resumes its cross
 //! cache and grows it to the encoder length. Without a cross pool the admission stops; a refusal skips
-//! the request, suspending a first chunk's cross cache.
+//! the request, suspending a first chunk's cross cache when its resize was refused (as upstream).
 //!
 //! Upstream then suspends the request's target and draft caches for any result but SCHEDULED. Here a
 //! request that owns its KV with a lease (an active continuation) keeps it: suspending it would need the
@@ -30,10 +30,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let step = match self.kv.cross() {
             None => Step::Stop,
             Some(x) => {
-                if x.prepare_cross(r, first) && x.resize_cross(r, encoder_len) {
+                let prepared = x.prepare_cross(r, first);
+                if prepared && x.resize_cross(r, encoder_len) {
                     return Ok(());
                 }
-                if first {
+                // Upstream suspends a first chunk's cross cache only when its resize is refused: one
+                // that could not be created or resumed is left to the roll-back, which frees it.
+                if first && prepared {
                     x.suspend_cross(r);
                 }
                 Step::Skip
