@@ -107,15 +107,62 @@ impl<B: Buffers> KvPool<'_, B> {
         if known && (current == Some(memo.version) || self.stands(slot, f, held, cap)) {
             return f;
         }
-        let from = if known && f.len <= cap && (f.len == 0 || self.has(f.last, held)) {
-            f
-        } else {
-            Frontier {
+        if !known {
+            let root = Frontier {
                 last: self.seqs[slot].root,
                 ..Frontier::default()
-            }
+            };
+            return self.walk(slot, root, held, cap);
+        }
+        if f.len > cap {
+            return self.search(slot, held, cap + 1);
+        }
+        if f.len > 0 && !self.has(f.last, held) {
+            return self.search(slot, held, f.len);
+        }
+        // Only blocks past it gained the property: extend.
+        self.walk(slot, f, held, cap)
+    }
+
+    /// The frontier of a property that block `fails` of the slot's chain lacks (so every later one
+    /// does): lengths 1, 2, 4, … tried from the root, then bisected, so a chain that lost its deepest
+    /// blocks costs a logarithmic number of lookups (and a hash a block), not a walk of its blocks.
+    fn search(&self, slot: usize, held: bool, fails: u32) -> Frontier {
+        let base = self.row(slot);
+        let key_at = |(from, key): (u32, u64), to: u32| {
+            (from..to).fold(key, |k, b| chain(k, self.hashes[base + b as usize]))
         };
-        self.walk(slot, from, held, cap)
+        let (mut lo, mut hi) = ((0u32, self.seqs[slot].root), fails);
+        let mut len = 1;
+        while len < hi {
+            let key = key_at(lo, len);
+            if !self.has(key, held) {
+                hi = len;
+                break;
+            }
+            lo = (len, key);
+            len *= 2;
+        }
+        while hi - lo.0 > 1 {
+            let mid = lo.0 + (hi - lo.0) / 2;
+            let key = key_at(lo, mid);
+            if self.has(key, held) {
+                lo = (mid, key);
+            } else {
+                hi = mid;
+            }
+        }
+        let (len, last) = lo;
+        let first_without = if len < self.seqs[slot].hashed {
+            chain(last, self.hashes[base + len as usize])
+        } else {
+            0
+        };
+        Frontier {
+            len,
+            last,
+            first_without,
+        }
     }
 
     /// Side-effect free: the slot's indexed frontier now.
@@ -128,6 +175,17 @@ impl<B: Buffers> KvPool<'_, B> {
     fn remember(&mut self, slot: usize) -> Memo {
         let indexed = self.indexed_now(slot);
         let held = self.refreshed(slot, self.seqs[slot].memo.held, true, indexed.len);
+        debug_assert!(
+            {
+                let root = Frontier {
+                    last: self.seqs[slot].root,
+                    ..Frontier::default()
+                };
+                let walked = self.walk(slot, root, false, self.seqs[slot].hashed);
+                walked.len == indexed.len && self.walk(slot, root, true, walked.len).len == held.len
+            },
+            "a remembered frontier is the one a walk from the root finds"
+        );
         let memo = Memo {
             known: true,
             version: self
