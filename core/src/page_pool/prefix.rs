@@ -263,8 +263,7 @@ impl<B: Buffers> Prefix<B> {
         let at = self.at(entry);
         self.count_idle(at, -1);
         self.shared += u32::from(self.pages[at].refs > 0);
-        self.claims += u32::from(self.claimable(at) && self.pages[at].refs == 0);
-        self.version += u64::from(self.pages[at].cached && self.pages[at].refs == 0);
+        self.first_or_last_ref(at, 1);
         // Not counted in use: a row takes a reference to a page in use (cached, or another row's);
         // one taken to a free page is a defect `check_counts` then finds.
         self.pages[at].refs += 1;
@@ -274,6 +273,20 @@ impl<B: Buffers> Prefix<B> {
     /// A cached block on the host tier (a row's reference to it is a claim).
     fn claimable(&self, at: usize) -> bool {
         self.pages[at].cached && u32_of(at) >= self.gpu_pages
+    }
+
+    /// Page `at` is about to take its first reference (`+1`, refs 0 before) or gave its last (`-1`,
+    /// refs 0 after): for a cached block, a frontier may move (the version) and a host one's claim
+    /// begins or ends.
+    #[inline(always)]
+    fn first_or_last_ref(&mut self, at: usize, sign: i32) {
+        let p = &self.pages[at];
+        if p.cached && p.refs == 0 {
+            self.version += 1;
+            if u32_of(at) >= self.gpu_pages {
+                self.claims = self.claims.wrapping_add_signed(sign);
+            }
+        }
     }
 
     /// Cached host blocks rows reference.
@@ -297,8 +310,7 @@ impl<B: Buffers> Prefix<B> {
         assert!(self.pages[at].refs > 0, "a released page was referenced");
         self.shared -= u32::from(self.pages[at].refs > 1);
         self.pages[at].refs -= 1;
-        self.claims -= u32::from(self.claimable(at) && self.pages[at].refs == 0);
-        self.version += u64::from(self.pages[at].cached && self.pages[at].refs == 0);
+        self.first_or_last_ref(at, -1);
         self.count_idle(at, 1);
         self.relist(at);
         let freed = self.pages[at].refs == 0 && !self.pages[at].cached;

@@ -228,6 +228,16 @@ impl<B: Buffers> KvPool<'_, B> {
         let Some(prefix) = self.prefix.as_ref() else {
             return Some(0);
         };
+        // Granted whatever it reuses: every block of the prompt and its drafts fits beside the pool's
+        // holders (a match takes at most a page for each block it does not add). The pass prepares
+        // as usual, with no trial to pay for a request that is admitted.
+        let most = blocks_for(
+            prep.prompt.saturating_add(prep.lookahead),
+            self.cfg.tokens_per_block,
+        );
+        if most <= self.cfg.max_blocks && most <= self.gpu_available() && self.log_room(most) {
+            return None;
+        }
         if prefix.claims() > 0 {
             // A claimed host block can stop the match short of the depth: the walk says where.
             return Some(self.probe_reuse(slot, prep));

@@ -34,7 +34,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 return self.record_run(None, false);
             }
             // The last pass's refused run, skipped while it stands (`refused_run.rs`).
-            if let Some(end) = self.skip_run(k).filter(|_| runs) {
+            if let Some(end) = runs.then(|| self.skip_run(k)).flatten() {
                 self.track_run(k, true, &mut run);
                 self.stats.skipped += crate::narrow::u32_of(end - k);
                 k = end;
@@ -43,7 +43,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             let p = self.pending[k];
             self.refused_clean = false;
             let step = self.pending_step(p.index as usize, p.planned);
-            self.track_run(k, self.refused_clean, &mut run);
+            if runs {
+                self.track_run(k, self.refused_clean, &mut run);
+            }
             k += 1;
             match step {
                 Step::Stop => return self.record_run(None, false),

@@ -103,13 +103,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    fn probe(&mut self, slot: u16, first: bool) -> Option<u64> {
-        let (r, prep): (KvRef, _) = (self.kv_ref(slot), self.context_prep(slot, first));
-        let prefix = self.kv.prefix()?;
-        if first {
-            // The trial's memo, refreshed once for the probe and the trial after it (`trial.rs`).
-            let _ = prefix.trial_reuse(r, prep);
-        }
-        prefix.probe_first_new_block(r, prep)
+    fn probe(&self, slot: u16, first: bool) -> Option<u64> {
+        let r: KvRef = self.kv_ref(slot);
+        let prefix = self.kv.caps().prefix?;
+        prefix.probe_first_new_block(r, self.context_prep(slot, first))
     }
 }
