@@ -19,7 +19,7 @@
 //! discarded its prefill, and it could win the pages back each pass from an older active context, which
 //! replayed into them first the next pass (a livelock; `core/tests/model.rs`,
 //! `regression_a_held_continuation_and_an_older_context_do_not_preempt_each_other_for_ever` and the two
-//! after it; scenarios HP05-HP07).
+//! after it; scenarios HP05-HP08).
 //!
 //! Invariant: only a `Paused` later chunk is marked (any transition out of `Paused` clears the mark), and
 //! `Pass::resuspended` also asks that its cache still exists (held, suspended).
