@@ -821,6 +821,141 @@ fn regression_lora_requests_that_fit_alone_finish_under_recompute_pause() {
     }
 }
 
+/// Submits `(prompt, out_len, draft, snap_every, lora)` requests, in that order.
+fn submit_each(h: &mut Harness<'_>, reqs: &[(u32, u32, u8, u8, Option<u8>)]) {
+    for &(prompt, out_len, draft, snap_every, lora) in reqs {
+        let mut op = sub(prompt, out_len, lora, snap_every);
+        if let Op::Submit { draft: d, .. } = &mut op {
+            *d = draft;
+        }
+        h.apply(&op).unwrap();
+    }
+}
+
+/// Runs `reqs` on every variant of `setup`: each finishes, no pass reports a deadlock.
+fn all_finish(setup: Setup, reqs: &[(u32, u32, u8, u8, Option<u8>)]) {
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        submit_each(&mut h, reqs);
+        assert!(matches!(h.run_to_completion(200), Ok(Done::Finished(_))));
+        assert_eq!(h.stats.deadlocks, 0);
+        h.drain().unwrap();
+    }
+}
+
+/// No lower tier, FORCE_CHUNK: a suspended continuation (prompt 3, 2 tokens in, its pages HELD) was
+/// resumed for its last chunk, refused the page, and preempted the one active candidate, the older
+/// context (prompt 5) mid-prefill; then suspended again (difference 3). The victim came first in arrival
+/// order, so the next pass it replayed its 4-token chunk into the pages freed, and the pass after the
+/// continuation preempted it again: something every pass, so neither the stall count nor the stall
+/// remedy ever fired, and neither finished. Upstream leaves the continuation resumed, so the older
+/// context, refused its last page, preempts it (an active candidate there). The continuation that
+/// difference 3 suspended again now counts as that active candidate (`resuspended.rs`). Found at 20,000
+/// cases (`every_request_that_fits_alone_finishes`).
+#[test]
+fn regression_a_held_continuation_and_an_older_context_do_not_preempt_each_other_for_ever() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 7;
+    setup.chunk = Chunk::Force;
+    setup.unit = 2;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(31);
+    setup.max_num_requests = 3;
+    setup.deadlock_threshold = 50;
+    all_finish(
+        setup,
+        &[
+            (2, 3, 0, 0, None),
+            (5, 1, 0, 4, None),
+            (3, 1, 0, 2, None),
+            (1, 2, 0, 0, None),
+        ],
+    );
+}
+
+/// The same loop under FORCE_CHUNK with drafts and unified paging (the shrunk input of the 20,000-case
+/// run, as found, then without adapters): a continuation suspended at 3 of 5 tokens, its pages HELD,
+/// preempted the older 9-token request each pass after that one replayed its first 7-token chunk.
+#[test]
+fn regression_held_continuations_do_not_livelock_force_chunk_with_drafts() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 2;
+    setup.max_blocks = 7;
+    setup.chunk = Chunk::Force;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(24);
+    setup.max_num_requests = 5;
+    setup.deadlock_threshold = 50;
+    setup.peft = Some(PeftSetup {
+        unified: true,
+        ..split_peft(7, 6, &[6, 1, 4, 5, 4, 1, 6])
+    });
+    let reqs = [
+        (5, 1, 0, 1, None),
+        (4, 1, 0, 1, None),
+        (3, 1, 0, 1, None),
+        (1, 1, 0, 0, None),
+        (1, 1, 0, 0, None),
+        (2, 2, 1, 2, None),
+        (2, 3, 1, 0, None),
+        (9, 1, 0, 7, None),
+        (5, 1, 0, 3, None),
+        (2, 1, 0, 1, None),
+    ];
+    all_finish(setup.clone(), &reqs);
+    setup.peft = None;
+    all_finish(setup, &reqs);
+}
+
+/// The same loop under EQUAL_PROGRESS with deadline admission, adapters and a sliding-window group (5
+/// GPU pages beside the target's 6): a continuation suspended at 6 of 10 tokens, its pages HELD,
+/// preempted the older 10-token replay each pass after it had replayed its first 6-token unit; 6
+/// requests never finished (found by the grouped model tests at 20,000 cases).
+#[test]
+fn regression_a_held_continuation_does_not_livelock_equal_progress_under_deadlines() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 3;
+    setup.max_blocks = 5;
+    setup.chunk = Chunk::Equal;
+    setup.unit = 6;
+    setup.recompute_pause = true;
+    setup.max_num_tokens = Some(27);
+    setup.max_num_requests = 3;
+    setup.deadlock_threshold = 50;
+    setup.peft = Some(split_peft(2, 4, &[2; 5]));
+    setup.admission = Admission::Deadline {
+        ttft: [0, 40, 200, 1000],
+    };
+    let setup = setup.with_groups(vec![WindowGroup {
+        pages: 3,
+        gpu_pages: 5,
+    }]);
+    let one = (1, 1, 0, 0, None);
+    all_finish(
+        setup,
+        &[
+            (1, 4, 0, 0, Some(1)),
+            (4, 1, 0, 0, None),
+            one,
+            (10, 1, 0, 0, Some(0)),
+            (1, 6, 1, 0, None),
+            (4, 1, 0, 0, None),
+            (2, 1, 0, 0, None),
+            (6, 1, 0, 0, None),
+            (2, 1, 0, 0, None),
+            one,
+            one,
+            (10, 1, 0, 0, None),
+            one,
+            one,
+            (2, 1, 0, 0, Some(1)),
+            (4, 2, 0, 0, None),
+        ],
+    );
+}
+
 /// The model runs exercise prefix reuse: prompts of one family share blocks, and the checks of every
 /// pass (positions, reuse limits, the pool's audit) hold while they do.
 #[test]

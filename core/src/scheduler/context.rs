@@ -226,7 +226,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// A failed first chunk releases whatever cache it got and is rewound (it keeps no reuse claim); a
-    /// suspended later chunk whose KV came back without being scheduled is suspended again.
+    /// suspended later chunk whose KV came back without being scheduled is suspended again, and marked
+    /// as the active candidate upstream leaves it (`resuspended.rs`).
     pub(crate) fn roll_back_context(&mut self, slot: u16, first: bool) {
         let e = self.table.entry(slot);
         let r = KvRef {
@@ -240,8 +241,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             }
             self.table.edit(slot, |e| e.spec_mut().position = 0);
             self.table.set_headroom(slot, 0);
-        } else if paused && self.kv.cache(r).is_active() {
-            self.kv.suspend(r);
+        } else if paused {
+            // Difference 3: suspended again where upstream leaves it resumed (`resuspended.rs`).
+            let resumed = self.kv.cache(r).is_active();
+            if resumed {
+                self.kv.suspend(r);
+            }
+            self.note_resuspended(slot, resumed);
         }
     }
 

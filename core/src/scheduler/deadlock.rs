@@ -7,11 +7,13 @@
 //! - **Wedge breaker** (deliberate difference 6): with a tier below the GPU that absorbs suspended
 //!   pages, two or more partially prefilled contexts can each hold pages the others' next chunks need,
 //!   and the reference has nothing to free them. The youngest is suspended, so the older ones progress.
-//! - **AnyRequest-page remedy** (deliberate difference 7): without a lower tier, suspended requests keep their
+//! - **Held-page remedy** (deliberate difference 7): without a lower tier, suspended requests keep their
 //!   pages HELD on the GPU, and the reference's preemption takes only active caches. When nothing else
 //!   can move, the newest suspended recompute candidate gives its held pages up (preempted, listed in
 //!   `recompute_paused`). (Where context-side preemption finds an active candidate, it takes the
-//!   newest held one instead: `preempt`.)
+//!   newest held one instead: `preempt`.) A continuation that difference 3 suspended again is not
+//!   taken: upstream holds it resumed and retries it next pass, its prefill kept (`resuspended.rs`).
+//!   The first chunk it may block preempts it as upstream does (it counts as an active candidate).
 //!
 //! Either remedy is progress. Each is bounded: the wedge breaker turns an active partial context into a
 //! suspended one (only a scheduled chunk turns one back), the held-page remedy turns a suspended request
@@ -137,6 +139,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             matches!(e.held(), AnyRequest::Paused(_))
                 && self.kv.cache(r).exists()
                 && self.recompute_candidate(s)
+                && !self.resuspended(s)
         });
         match held {
             Some(s) => {

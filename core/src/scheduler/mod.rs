@@ -56,6 +56,7 @@ mod preempt;
 mod prefix_skip;
 mod refused_run;
 mod requests;
+mod resuspended;
 mod sort;
 mod table;
 mod transfer;

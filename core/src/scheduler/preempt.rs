@@ -2,17 +2,20 @@
 //! below the GPU, a request that is not protected gives its pages up.
 //!
 //! Protected: every request scheduled in this pass and the requester itself. Candidates: recompute
-//! candidates (§1.15) whose KV is active on the GPU, newest first; where there is none, nobody is
-//! preempted, as upstream. Where there is one, the newest suspended candidate whose pages are HELD is
-//! taken instead (deliberate difference 7): without a lower tier it runs nowhere and keeps them until
-//! it resumes, so taking the active request's pages can loop for ever (preempt it, it replays into the
-//! pages freed, preempt it again) while the held pages never move. A success ends phase 2 (the freed
-//! pages are reserved for the requester next pass); a failure lets the pass continue. A held candidate
-//! with no active one beside it is the stall remedy's (`deadlock`), when the pass would otherwise stall.
+//! candidates (§1.15) whose KV is active on the GPU, newest first, and the continuations difference 3
+//! suspended again, which upstream leaves active (`resuspended.rs`); where there is none, nobody is
+//! preempted, as upstream. Where there is one, the newest suspended candidate whose pages are HELD (not
+//! such a continuation) is taken instead (deliberate difference 7): without a lower tier it runs
+//! nowhere and keeps them until it resumes, so taking the active request's pages can loop for ever
+//! (preempt it, it replays into the pages freed, preempt it again) while the held pages never move. A
+//! success ends phase 2 (the freed pages are reserved for the requester next pass); a failure lets the
+//! pass continue. A held candidate with no active one beside it is the stall remedy's (`deadlock`), when
+//! the pass would otherwise stall.
 //!
 //! Invariant: a scan that found no active candidate leaves only its requester as a possible later one
-//! (active candidates only disappear during a pass otherwise), so later scans look at that one index;
-//! held candidates appear when the pass suspends someone, so they are looked for every time.
+//! (active candidates only disappear during a pass otherwise, and a continuation suspended again
+//! reopens the scan: `note_resuspended`), so later scans look at that one index; held candidates
+//! appear when the pass suspends someone, so they are looked for every time.
 
 use crate::adapter::PeftBackend;
 use crate::config::CapacityPolicy;
@@ -49,6 +52,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return false;
         };
         // Deliberate difference 7: the newest held suspended candidate gives its pages up instead.
+        // (A continuation difference 3 suspended again is not one: upstream holds it active.)
         let held = (0..len)
             .rev()
             .find(|&j| j != i && self.held_preemptable(self.table.slot(j)));
@@ -56,20 +60,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         true
     }
 
-    /// A suspended recompute candidate whose pages are HELD (not scheduled in this pass).
+    /// A suspended recompute candidate whose pages are HELD (not scheduled in this pass), and not a
+    /// continuation upstream holds resumed (`resuspended.rs`).
     fn held_preemptable(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
         !self.marked(slot, Mark::SCHEDULED)
             && matches!(e.held(), super::table::AnyRequest::Paused(_))
             && self.kv.cache(self.kv_ref(slot)).exists()
             && self.recompute_candidate(slot)
+            && !self.resuspended(slot)
     }
 
     /// A context-side preemption candidate (§1.8): not scheduled in this pass, a recompute candidate,
-    /// KV active on the GPU.
+    /// KV active on the GPU — or a continuation difference 3 suspended again, active upstream.
     fn preemptable(&self, slot: u16) -> bool {
         !self.marked(slot, Mark::SCHEDULED)
-            && self.table.entry(slot).ownership().on_gpu()
+            && (self.table.entry(slot).ownership().on_gpu() || self.resuspended(slot))
             && self.recompute_candidate(slot)
     }
 }

@@ -141,6 +141,9 @@ pub struct Record {
     inflight: bool,
     /// A KV connector is loading into the request's pages (spec §1.15): never a victim.
     pending_load: bool,
+    /// Suspended again, unscheduled, after a pass resumed it for a chunk (difference 3), where upstream
+    /// leaves it resumed (`resuspended.rs`); false whenever the request is not `Paused`.
+    pub(super) resuspended: bool,
 }
 
 impl Record {
@@ -154,13 +157,14 @@ impl Record {
         self.task.hash(h);
         self.inflight.hash(h);
         self.pending_load.hash(h);
+        self.resuspended.hash(h);
     }
 }
 
 /// A read-only view of one request in the table: its data and what it owns.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'t> {
-    record: &'t Record,
+    pub(super) record: &'t Record,
     held: &'t Option<AnyRequest>,
 }
 
@@ -360,6 +364,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
             task,
             inflight: false,
             pending_load: false,
+            resuspended: false,
         };
         let Ok(h) = self.records.insert(record) else {
             return Err(full);
@@ -440,6 +445,9 @@ impl<const N: usize, S: Storage> Table<N, S> {
         );
         let now = after.ownership();
         self.held[slot as usize] = Some(after);
+        if let (true, Some(r)) = (now != Ownership::Paused, self.records.at_mut(slot)) {
+            r.resuspended = false;
+        }
         let resumed = |o: Ownership| u32::from(o == Ownership::Resumed);
         self.resumed = self.resumed + resumed(now) - resumed(was);
         if now == Ownership::Resumed
