@@ -4,7 +4,8 @@
 #     counted during the timed iterations, then the churn scenario (the simulator on the shipped trace,
 #     incremental and full passes), well inside a minute;
 #  2. the instruction-count regression gate (gungraun/callgrind, scripts/instruction-gate.sh);
-#  3. a bounded fuzz run of the operation harness and of the C ABI (scripts/fuzz-smoke.sh, 30 s each).
+#  3. the model tests at 20,000 release cases (about 2 minutes with the build);
+#  4. a bounded fuzz run of the operation harness and of the C ABI (scripts/fuzz-smoke.sh, 30 s each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,9 @@ echo "bench gate: $lines scenarios, 0 allocations, the churn line, ${elapsed} s 
 
 echo "-- instruction-count gate"
 scripts/instruction-gate.sh
+
+echo "-- the model tests at 20,000 release cases (every variant, KV groups included)"
+KVSCHED_PROPTEST_CASES=20000 cargo test -q -p kvsched-core --release --test model
 
 echo "-- fuzz smoke"
 scripts/fuzz-smoke.sh 30
