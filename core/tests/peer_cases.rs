@@ -130,6 +130,30 @@ fn a_suspension_the_host_tier_cannot_take_changes_nothing() {
     assert_eq!(s.kv().table(b.index())[..4], table[..], "on its own pages");
 }
 
+/// SGLang PR #18803 (the engine's side): removing a request whose step is in flight is refused and
+/// changes nothing, so its pages are not freed while the step may still read them, and the next pass
+/// cannot hand them to a newcomer; once its mark is cleared (the step completed) it is removed and they
+/// can. Before, the removal freed the pages at once and C, submitted next, was scheduled on A's pages.
+#[test]
+fn a_request_in_flight_is_not_removed_before_its_step_completes() {
+    let mut s = sched(Config::default(), 16, 8, 0);
+    let mut out = Out::new();
+    let a = s.submit(prompt(1, 64)).unwrap();
+    s.submit(prompt(2, 48)).unwrap();
+    step(&mut s, &mut out);
+    s.set_inflight(a, true).unwrap();
+    let (before, table) = (s.fingerprint(), s.kv().table(a.index()).to_vec());
+    assert!(matches!(s.remove(a), Err(kvsched_core::Error::Invalid(_))));
+    assert_eq!(s.fingerprint(), before, "a refused removal changes nothing");
+    let c = s.submit(prompt(3, 64)).unwrap();
+    step(&mut s, &mut out);
+    assert_eq!(s.kv().table(a.index()), table, "A's pages stay A's");
+    assert!(s.kv().table(c.index()).iter().all(|p| !table.contains(p)));
+    s.set_inflight(a, false).unwrap();
+    s.remove(a).unwrap();
+    assert_eq!(step(&mut s, &mut out).0, [3], "then C gets them");
+}
+
 /// SGLang PR #18803 (the part kvsched decides): a request whose step is in flight is never a victim,
 /// so the pass never hands its pages to another request. A, in flight, and B fill the pool; B's decode
 /// takes the last free page and, the pool full, the pass evicts nobody: A keeps its pages and stays

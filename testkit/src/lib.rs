@@ -1673,6 +1673,24 @@ impl<'a> Harness<'a> {
     fn remove(&mut self, i: usize, finished: bool) -> Result<(), Violation> {
         let l = self.live.remove(i);
         let slot = l.handle.index();
+        let on_gpu = self
+            .sched
+            .get(l.handle)
+            .is_ok_and(|e| e.ownership().on_gpu());
+        if l.inflight && on_gpu {
+            // Refused while its step is in flight (its pages may still be read), changing nothing; the
+            // engine clears the mark once the step completes, then removes it.
+            let before = fingerprint(&self.sched);
+            if !matches!(self.sched.remove(l.handle), Err(Error::Invalid(_))) {
+                return Err(format!("remove of {} in flight was not refused", l.id).into());
+            }
+            if fingerprint(&self.sched) != before {
+                return Err(format!("a refused remove of {} changed the scheduler", l.id).into());
+            }
+            self.sched
+                .set_inflight(l.handle, false)
+                .map_err(|e| format!("set_inflight: {e}"))?;
+        }
         let spec = self
             .sched
             .remove(l.handle)

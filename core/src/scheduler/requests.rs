@@ -199,8 +199,23 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// Removes a finished or cancelled request: everything it owns is released (a lease with
-    /// pause = false, a paused registration dropped, its KV freed).
+    /// pause = false, a paused registration dropped, its KV freed). Refused, changing nothing, for a
+    /// request marked in flight ([`Self::set_inflight`]) that owns KV on the GPU: the step in flight may
+    /// still read its pages, which the next pass could hand to another request. Clear the mark once the
+    /// step completes, then remove it.
     pub fn remove(&mut self, h: Handle) -> Result<RequestSpec, Error> {
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        if e.inflight() && e.ownership().on_gpu() {
+            return Err(Error::Invalid(
+                "a request in flight cannot be removed: its step may still read its pages (clear its in-flight mark once the step completes, then remove it)",
+            ));
+        }
+        self.discard(h)
+    }
+
+    /// Takes a live request out of the table and gives up everything it owns (`remove`, and a send's
+    /// end, whose KV has left with the transfer).
+    pub(crate) fn discard(&mut self, h: Handle) -> Result<RequestSpec, Error> {
         self.changed();
         let (held, spec) = self.table.remove(h).ok_or(Error::StaleHandle)?;
         held.finish(&mut self.kv, &mut self.desk);

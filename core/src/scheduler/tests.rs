@@ -287,6 +287,8 @@ fn held_pages_are_given_up_only_as_a_deadlock_remedy() {
     s.schedule(&mut out).unwrap();
     let context: heapless::Vec<_, 4> = out.context().iter().map(|c| c.listed).collect();
     assert_eq!(ids(&s, &context), [0]);
+    // C's step completed: its mark cleared, it can be removed (in flight it is refused).
+    s.set_inflight(c, false).unwrap();
     for h in [a, b, c] {
         s.remove(h).unwrap();
     }

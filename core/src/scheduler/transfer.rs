@@ -108,7 +108,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             TransferEnd::Delivered => ends.sent += 1,
             TransferEnd::Failed => ends.sends_failed += 1,
         }
-        self.remove(h)
+        self.discard(h)
     }
 
     /// Generation side: the transceiver starts writing the prompt's KV into a request's pages, which a
