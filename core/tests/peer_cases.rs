@@ -130,18 +130,24 @@ fn a_suspension_the_host_tier_cannot_take_changes_nothing() {
     assert_eq!(s.kv().table(b.index())[..4], table[..], "on its own pages");
 }
 
-/// SGLang PR #18803 (the engine's side): removing a request whose step is in flight is refused and
-/// changes nothing, so its pages are not freed while the step may still read them, and the next pass
-/// cannot hand them to a newcomer; once its mark is cleared (the step completed) it is removed and they
-/// can. Before, the removal freed the pages at once and C, submitted next, was scheduled on A's pages.
-#[test]
-fn a_request_in_flight_is_not_removed_before_its_step_completes() {
+/// 8 pages of 16 tokens: A (64 tokens, 4 pages) and B (48, 3) admitted and decoding, A marked in flight.
+fn a_in_flight() -> (Sched, Out, Handle) {
     let mut s = sched(Config::default(), 16, 8, 0);
     let mut out = Out::new();
     let a = s.submit(prompt(1, 64)).unwrap();
     s.submit(prompt(2, 48)).unwrap();
     step(&mut s, &mut out);
     s.set_inflight(a, true).unwrap();
+    (s, out, a)
+}
+
+/// SGLang PR #18803 (the engine's side): removing a request whose step is in flight is refused and
+/// changes nothing, so its pages are not freed while the step may still read them, and the next pass
+/// cannot hand them to a newcomer; once its mark is cleared (the step completed) it is removed and they
+/// can. Before, the removal freed the pages at once and C, submitted next, was scheduled on A's pages.
+#[test]
+fn a_request_in_flight_is_not_removed_before_its_step_completes() {
+    let (mut s, mut out, a) = a_in_flight();
     let (before, table) = (s.fingerprint(), s.kv().table(a.index()).to_vec());
     assert!(matches!(s.remove(a), Err(kvsched_core::Error::Invalid(_))));
     assert_eq!(s.fingerprint(), before, "a refused removal changes nothing");
@@ -160,12 +166,7 @@ fn a_request_in_flight_is_not_removed_before_its_step_completes() {
 /// active. A pass that took A's pages (suspension, recompute pause) would change A's table or state.
 #[test]
 fn an_in_flight_requests_pages_are_never_taken_by_the_pass() {
-    let mut s = sched(Config::default(), 16, 8, 0);
-    let mut out = Out::new();
-    let a = s.submit(prompt(1, 64)).unwrap();
-    s.submit(prompt(2, 48)).unwrap();
-    step(&mut s, &mut out);
-    s.set_inflight(a, true).unwrap();
+    let (mut s, mut out, a) = a_in_flight();
     let table = s.kv().table(a.index()).to_vec();
     for _ in 0..3 {
         let (chunks, paused) = step(&mut s, &mut out);

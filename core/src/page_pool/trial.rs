@@ -98,8 +98,9 @@ impl<B: Buffers> KvPool<'_, B> {
         f
     }
 
-    /// The frontier as the cache stands now: the remembered one when it stands, extended when only its
-    /// next block gained the property, else walked from the root.
+    /// The frontier as the cache stands now: the remembered one when it stands (or the cache's version
+    /// is the memo's), extended when only blocks past it gained the property, searched for
+    /// ([`KvPool::search`]) when it lost blocks, walked from the root for a slot with no memo.
     fn refreshed(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> Frontier {
         let memo = self.seqs[slot].memo;
         let known = memo.known;
@@ -108,11 +109,7 @@ impl<B: Buffers> KvPool<'_, B> {
             return f;
         }
         if !known {
-            let root = Frontier {
-                last: self.seqs[slot].root,
-                ..Frontier::default()
-            };
-            return self.walk(slot, root, held, cap);
+            return self.walk(slot, self.root_frontier(slot), held, cap);
         }
         if f.len > cap {
             return self.search(slot, held, cap + 1);
@@ -122,6 +119,14 @@ impl<B: Buffers> KvPool<'_, B> {
         }
         // Only blocks past it gained the property: extend.
         self.walk(slot, f, held, cap)
+    }
+
+    /// No block of the slot's chain: its root.
+    fn root_frontier(&self, slot: usize) -> Frontier {
+        Frontier {
+            last: self.seqs[slot].root,
+            ..Frontier::default()
+        }
     }
 
     /// The frontier of a property that block `fails` of the slot's chain lacks (so every later one
@@ -177,10 +182,7 @@ impl<B: Buffers> KvPool<'_, B> {
         let held = self.refreshed(slot, self.seqs[slot].memo.held, true, indexed.len);
         debug_assert!(
             {
-                let root = Frontier {
-                    last: self.seqs[slot].root,
-                    ..Frontier::default()
-                };
+                let root = self.root_frontier(slot);
                 let walked = self.walk(slot, root, false, self.seqs[slot].hashed);
                 walked.len == indexed.len && self.walk(slot, root, true, walked.len).len == held.len
             },

@@ -121,9 +121,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// At the end of phase 2 (`whole`: every pending request was visited or skipped): the run that
-    /// ends it is the next pass's.
+    /// ends it is the next pass's (`start` is `None` where runs do not apply: none was tracked).
     pub(crate) fn record_run(&mut self, start: Option<RunStart>, whole: bool) {
-        *self.run = match start.filter(|_| whole && self.runs_apply()) {
+        *self.run = match start.filter(|_| whole) {
             Some(s) => RefusedRun {
                 live: true,
                 first: self.table.slot(usize::from(self.pending[s.at].index)),

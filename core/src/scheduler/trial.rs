@@ -59,8 +59,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             let e = self.table.entry(slot);
             let plain = e.task().is_none() && e.spec().lora.is_none();
             let step = self.pages_refused(i, true);
-            // Nothing happened but the refusal: a refused run may hold it (`refused_run.rs`).
-            self.refused_clean = plain && step == Step::Skip && self.runs_apply();
+            // Nothing happened but the refusal: a refused run may hold it (`refused_run.rs`; the
+            // phase tracks runs only where they apply).
+            self.refused_clean = plain && step == Step::Skip;
             return Err(step);
         }
         let prepared = self.kv.prepare_context(r, t.prep);
