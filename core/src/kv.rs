@@ -20,7 +20,7 @@ pub mod caps;
 
 pub use caps::{
     Absent, AdapterPaging, AdaptersCap, CrossCap, CrossPool, DraftCap, DraftPairing, PairedPool,
-    PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
+    PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap, TrialMark,
 };
 
 use crate::ids::RequestId;

@@ -114,10 +114,10 @@
 //!
 //! | instantiation | inline | boxed |
 //! |---|---|---|
-//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 425,584 B | 5,032 B (3,864 of them the adapter cache) |
-//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 107,544 B | 2,840 B |
-//! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 427,160 B | 656 B |
-//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 513,096 B | 62,784 B (60,504 of them the adapter cache) |
+//! | the C engine's, `Scheduler<KvPool<'_, Owned>, AdapterPool<64>, 1024, 64>` | 429,712 B | 5,072 B (3,864 of them the adapter cache) |
+//! | the bench's S1-256, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<8>, 256, 8>` | 108,632 B | 2,912 B |
+//! | the conformance runner's, `Scheduler<KvSet<_, _, _>, _, 1024, 256>` (scripted backends of one pointer) | 431,272 B | 680 B |
+//! | the simulator's, `Scheduler<KvSet<KvPool<'_, Owned>>, AdapterPool<1024>, 1024, 1024>` | 517,256 B | 62,856 B (60,504 of them the adapter cache) |
 //! | `SchedulerOutput<1024>` | 98,392 B | 160 B |
 //!
 //! A page pool's buffers are chosen the same way ([`Buffers`](storage::Buffers)): lent by the caller

@@ -60,6 +60,7 @@ impl<const G: usize, const H: usize, const S: usize, const TB: usize, const M: u
             pages: &mut m.pages[..cfg.page_info_len()],
             index: &mut m.index[..cfg.index_len()],
             hashes: &mut m.hashes,
+            stamps: &mut m.stamps[..cfg.stamps_len()],
         });
         KvPool::new(
             cfg,
@@ -82,6 +83,7 @@ pub(crate) struct PrefixMem<const P: usize, const I: usize, const TB: usize> {
     pages: [PageInfo; P],
     index: [u32; I],
     hashes: [u64; TB],
+    stamps: [u32; I],
 }
 
 impl<const P: usize, const I: usize, const TB: usize> PrefixMem<P, I, TB> {
@@ -90,6 +92,7 @@ impl<const P: usize, const I: usize, const TB: usize> PrefixMem<P, I, TB> {
             pages: [PageInfo::default(); P],
             index: [0; I],
             hashes: [0; TB],
+            stamps: [0; I],
         }
     }
 }

@@ -92,7 +92,7 @@ impl Twins {
 }
 
 #[test]
-fn a_queue_behind_a_full_pool_is_skipped_until_something_it_depends_on_changes() {
+fn a_queue_behind_a_full_pool_is_skipped_until_enough_changed_to_admit_one() {
     let mut t = Twins::new();
     // Two running requests take 14 of the 16 pages (7 each, with a decode page each to come).
     let a = t.submit(1, 100, 1);
@@ -112,13 +112,15 @@ fn a_queue_behind_a_full_pool_is_skipped_until_something_it_depends_on_changes()
     t.submit(20, 200, 20);
     assert_eq!(t.pass(), (10, vec![]));
     assert_eq!(t.pass(), (11, vec![]));
-    // A removal forgets the run: every request is tried again (the 8 pages it freed fit none).
+    // A removal frees 8 pages: each member was short of 11 or more, so none can fit and the run is
+    // still skipped.
     t.remove(a);
-    assert_eq!(t.pass(), (0, vec![]));
     assert_eq!(t.pass(), (11, vec![]));
-    // The other frees the rest: the first waiting prompt fits.
+    assert_eq!(t.pass(), (11, vec![]));
+    // The other frees the rest: the first waiting prompt fits, and the ten behind it, each short of
+    // more pages than are left, are skipped.
     t.remove(b);
-    assert_eq!(t.pass(), (0, vec![10]));
+    assert_eq!(t.pass(), (10, vec![10]));
 }
 
 #[test]
@@ -132,12 +134,12 @@ fn a_run_is_not_skipped_once_pages_come_free_or_its_prefix_is_cached() {
     t.submit(11, 200, 11);
     assert_eq!(t.pass(), (0, vec![]));
     assert_eq!(t.pass(), (2, vec![]));
-    // Request 2 finishes: its pages come free (the pool's available pages grow), so the run that
-    // was refused under fewer pages is tried again, and request 10 (reusing request 1's blocks)
-    // fits where request 11 does not.
+    // Request 2 finishes: its pages come free (the pool's available pages grow by more than request
+    // 10 was short of), so request 10 is tried again and fits (reusing request 1's blocks); request
+    // 11, short of more than the pages left, is still skipped.
     t.remove(b);
     let (skipped, scheduled) = t.pass();
-    assert_eq!((skipped, scheduled), (0, vec![10]));
+    assert_eq!((skipped, scheduled), (1, vec![10]));
     t.remove(a);
     for _ in 0..3 {
         t.pass();

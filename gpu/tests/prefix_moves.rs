@@ -285,6 +285,7 @@ fn run<M: KvMemory>(mem: &mut M, ops: &[Op]) -> Result<PrefixStats, TestCaseErro
     let mut pages = vec![PageInfo::default(); CONFIG.page_info_len()];
     let mut index = vec![0; CONFIG.index_len()];
     let mut hashes = vec![0; CONFIG.table_len()];
+    let mut stamps = vec![0; CONFIG.stamps_len()];
     let storage = KvStorage {
         gpu_free: &mut gpu_free,
         host_free: &mut host_free,
@@ -295,6 +296,7 @@ fn run<M: KvMemory>(mem: &mut M, ops: &[Op]) -> Result<PrefixStats, TestCaseErro
             pages: &mut pages,
             index: &mut index,
             hashes: &mut hashes,
+            stamps: &mut stamps,
         }),
     };
     let mut pool =

@@ -69,6 +69,17 @@ pub trait Transfers {
     fn sends_in_flight(&self) -> bool;
 }
 
+/// What a refused trial read of a backend ([`PrefixReuse::trial_mark`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrialMark {
+    /// Changes whenever any prompt chain's match could.
+    pub version: u64,
+    /// GPU pages available.
+    pub available: u32,
+    /// Tokens a page holds (a chunk `t` tokens shorter needs at most `t / block + 1` fewer pages).
+    pub block: u32,
+}
+
 /// A prefix cache: committed blocks a first chunk can reuse (DESIGN.md §9, spec §1.10, §2).
 pub trait PrefixReuse {
     /// The prompt's block hashes (one per full block, in order, computed by the engine) and the
@@ -94,19 +105,35 @@ pub trait PrefixReuse {
         let _ = (r, prep);
         None
     }
-    /// Side-effect free, right after [`PrefixReuse::trial_reuse`] answered `reused`: preparing the
-    /// first chunk and then [`KvBackend::resize_context`] to `capacity` would be refused (`false`
-    /// when it would be granted, and by default).
-    fn trial_refused(&self, r: KvRef, prep: ContextPrep, reused: u32, capacity: u32) -> bool {
+    /// Side-effect free, right after [`PrefixReuse::trial_reuse`] answered `reused`: whether preparing
+    /// the first chunk and then [`KvBackend::resize_context`] to `capacity` would be refused. `None`
+    /// when it would be granted (and by default); `Some(short)` when refused: at least `short` pages
+    /// more than are available would be needed (`u32::MAX`: no number would do; 0: refused for a
+    /// reason pages do not cure).
+    fn trial_refused(
+        &self,
+        r: KvRef,
+        prep: ContextPrep,
+        reused: u32,
+        capacity: u32,
+    ) -> Option<u32> {
         let _ = (r, prep, reused, capacity);
-        false
-    }
-    /// What a refused trial's verdict reads of the backend beyond the request (a version that changes
-    /// whenever any prompt chain's match could, and the pages available): a trial refused under a
-    /// mark stays refused while the version is the mark's and the pages available do not grow.
-    /// `None` (the default): no marks, and the pass visits every request.
-    fn trial_mark(&self) -> Option<(u64, u32)> {
         None
+    }
+    /// What a refused trial's verdict reads of the backend beyond the request: a trial refused under
+    /// a mark stays refused while the version is the mark's (or the request's chain is unmoved,
+    /// [`PrefixReuse::trial_unmoved`]) and the pages available do not grow by its shortfall. `None`
+    /// (the default): no marks, and the pass visits every request.
+    fn trial_mark(&self) -> Option<TrialMark> {
+        None
+    }
+    /// Side-effect free: the request's last trial, made under a mark whose version has since
+    /// changed, would read what it read then (no block its verdict stands on was indexed, dropped,
+    /// first referenced or last released): a refused run stands for it as if the version had not
+    /// moved. `false` (the default): the pass visits it.
+    fn trial_unmoved(&self, r: KvRef) -> bool {
+        let _ = r;
+        false
     }
     /// The KV events the prefix cache logged since the last call, in order ([`crate::kv_events`];
     /// the default, and a cache without a log: none).

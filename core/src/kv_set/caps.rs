@@ -3,7 +3,7 @@
 use crate::ids::{RequestId, TaskSlot};
 use crate::kv::{
     AdapterPaging, ContextPrep, CrossPool, DraftPairing, KvBackend, KvCaps, KvRef, LoadChange,
-    PageMove, PairedPool, PrefixReuse, Transfers,
+    PageMove, PairedPool, PrefixReuse, Transfers, TrialMark,
 };
 
 use super::{DraftMode, KvSet};
@@ -156,20 +156,36 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
         self.target.prefix()?.trial_reuse(r, prep)
     }
 
-    fn trial_refused(&self, r: KvRef, prep: ContextPrep, reused: u32, capacity: u32) -> bool {
+    fn trial_refused(
+        &self,
+        r: KvRef,
+        prep: ContextPrep,
+        reused: u32,
+        capacity: u32,
+    ) -> Option<u32> {
+        if self.draft.is_some() {
+            return None;
+        }
+        self.target
+            .caps()
+            .prefix?
+            .trial_refused(r, prep, reused, capacity)
+    }
+
+    fn trial_mark(&self) -> Option<TrialMark> {
+        if self.draft.is_some() {
+            return None;
+        }
+        self.target.caps().prefix?.trial_mark()
+    }
+
+    fn trial_unmoved(&self, r: KvRef) -> bool {
         self.draft.is_none()
             && self
                 .target
                 .caps()
                 .prefix
-                .is_some_and(|p| p.trial_refused(r, prep, reused, capacity))
-    }
-
-    fn trial_mark(&self) -> Option<(u64, u32)> {
-        if self.draft.is_some() {
-            return None;
-        }
-        self.target.caps().prefix?.trial_mark()
+                .is_some_and(|p| p.trial_unmoved(r))
     }
 
     /// The target's (a router matches prompts against the target model's blocks).

@@ -6,6 +6,7 @@
 use crate::kv::{
     Absent, AdapterPaging, AdaptersCap, CacheState, ContextPrep, KvBackend, KvLimits, KvRef,
     LoadChange, PageMove, PairedPool, PrefixCap, PrefixReuse, Reach, Transfers, TransfersCap,
+    TrialMark,
 };
 
 use super::{blocks_for, KvPool, Seq, SeqState};
@@ -333,13 +334,22 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
         KvPool::trial_reuse(self, self.slot(r)?, prep)
     }
 
-    fn trial_refused(&self, r: KvRef, prep: ContextPrep, reused: u32, capacity: u32) -> bool {
-        self.slot(r)
-            .is_some_and(|i| KvPool::trial_refused(self, i, prep, reused, capacity))
+    fn trial_refused(
+        &self,
+        r: KvRef,
+        prep: ContextPrep,
+        reused: u32,
+        capacity: u32,
+    ) -> Option<u32> {
+        KvPool::trial_refused(self, self.slot(r)?, prep, reused, capacity)
     }
 
-    fn trial_mark(&self) -> Option<(u64, u32)> {
+    fn trial_mark(&self) -> Option<TrialMark> {
         KvPool::trial_mark(self)
+    }
+
+    fn trial_unmoved(&self, r: KvRef) -> bool {
+        self.slot(r).is_some_and(|i| KvPool::trial_unmoved(self, i))
     }
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
         KvPool::take_kv_events(self)

@@ -182,6 +182,16 @@ impl KvPoolConfig {
     pub const fn index_len(&self) -> usize {
         (2 * self.page_info_len()).next_power_of_two()
     }
+    /// Length of a prefix cache's change stamps (`trial.rs`): a power of two, the index's length up to
+    /// 65,536 (256 KiB).
+    pub const fn stamps_len(&self) -> usize {
+        let index = self.index_len();
+        if index < STAMPS_MAX {
+            index
+        } else {
+            STAMPS_MAX
+        }
+    }
 }
 
 /// The buffers of a pool, borrowed ([`KvStorage`]) or owned (`Owned`, which
@@ -207,7 +217,8 @@ pub struct KvBuffers<B: Buffers> {
 pub type KvStorage<'a> = KvBuffers<Borrowed<'a>>;
 
 /// The buffers of a prefix cache. Lengths: `pages` = [`KvPoolConfig::page_info_len`], `index` =
-/// [`KvPoolConfig::index_len`], `hashes` = slots × max_blocks.
+/// [`KvPoolConfig::index_len`], `hashes` = slots × max_blocks, `stamps` =
+/// [`KvPoolConfig::stamps_len`].
 #[derive(Debug)]
 pub struct PrefixBuffers<B: Buffers> {
     /// One entry per page of either tier.
@@ -216,6 +227,9 @@ pub struct PrefixBuffers<B: Buffers> {
     pub index: B::Buf<u32>,
     /// The block hashes of each slot's prompt, one row of `max_blocks` per slot.
     pub hashes: B::Buf<u64>,
+    /// Change stamps by key (`trial.rs`): bumped when a key's block is indexed or dropped, or takes
+    /// its first reference or gives its last.
+    pub stamps: B::Buf<u32>,
 }
 
 /// The borrowed buffers of a prefix cache.
@@ -261,6 +275,9 @@ pub struct KvPool<'a, B: Buffers = Borrowed<'a>> {
     clock: u64,
 }
 
+/// The most change stamps a prefix cache keeps ([`KvPoolConfig::stamps_len`]).
+const STAMPS_MAX: usize = 1 << 16;
+
 const fn blocks_for(tokens: u32, tpb: u32) -> u32 {
     tokens.div_ceil(tpb)
 }
@@ -274,6 +291,7 @@ impl<B: Buffers> KvPool<'_, B> {
             p.pages.len() == cfg.page_info_len()
                 && p.index.len() == cfg.index_len()
                 && p.hashes.len() == cfg.table_len()
+                && p.stamps.len() == cfg.stamps_len()
         });
         if storage.gpu_free.len() != cfg.gpu_pages as usize
             || storage.host_free.len() != cfg.host_pages as usize
@@ -297,7 +315,8 @@ impl<B: Buffers> KvPool<'_, B> {
         let (prefix, hashes) = match storage.prefix {
             Some(mut p) => {
                 p.hashes.fill(0);
-                (Some(Prefix::new(p.pages, p.index, cfg.gpu_pages)), p.hashes)
+                let prefix = Prefix::new(p.pages, p.index, p.stamps, cfg.gpu_pages);
+                (Some(prefix), p.hashes)
             }
             None => (None, B::Buf::default()),
         };

@@ -22,6 +22,7 @@ impl KvBuffers<Owned> {
                 pages: boxed_slice(cfg.page_info_len(), PageInfo::default())?,
                 index: boxed_slice(cfg.index_len(), 0)?,
                 hashes: boxed_slice(cfg.table_len(), 0)?,
+                stamps: boxed_slice(cfg.stamps_len(), 0)?,
             })
         } else {
             None

@@ -51,8 +51,10 @@ use lru::Lru;
 /// No page (list links).
 const NIL: u32 = u32::MAX;
 
-/// One page's entry in the prefix cache.
+/// One page's entry in the prefix cache: a cache line of its own (an eviction, a demotion or a match
+/// touches entries at random; one straddling two lines would cost two misses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(align(64))]
 pub struct PageInfo {
     refs: u32,
     /// Saves reading the page (a KV connector's): it is not idle, so never evicted, until they end.
@@ -61,6 +63,11 @@ pub struct PageInfo {
     gpu_children: u32,
     key: u64,
     parent: u64,
+    /// The position of its index entry (meaningful when cached).
+    entry: u32,
+    /// Where the parent's block was cached when last looked up (`Prefix::parent_of`; a hint, checked
+    /// against the parent's key before it is used).
+    above: u32,
     prev: u32,
     next: u32,
     /// When it became a leaf (the pool's clock): the LRU order, comparable with idle adapters'.
@@ -78,6 +85,8 @@ impl Default for PageInfo {
             gpu_children: 0,
             key: 0,
             parent: 0,
+            above: NIL,
+            entry: 0,
             prev: NIL,
             next: NIL,
             since: 0,
@@ -149,6 +158,9 @@ pub(super) struct Prefix<B: Buffers> {
     /// Bumped whenever a chain's indexed or held frontier can move (`trial.rs`): a key indexed or
     /// dropped, a cached block's first reference taken or its last given back.
     version: u64,
+    /// The same changes by key: the stamp of the key's bucket is bumped ([`Prefix::stamp_at`]), so a
+    /// frontier whose two keys' stamps stand has not moved, whatever the version did.
+    stamps: B::Buf<u32>,
     /// Pages in use per tier (referenced or cached: a [`PageInfo`] that is not the default), kept as
     /// they change so that `KvPool::check_counts` proves conservation in O(1).
     used: [u32; 2],
@@ -165,9 +177,15 @@ fn tier_index(tier: Tier) -> usize {
 }
 
 impl<B: Buffers> Prefix<B> {
-    pub(super) fn new(mut pages: B::Buf<PageInfo>, mut index: B::Buf<u32>, gpu_pages: u32) -> Self {
+    pub(super) fn new(
+        mut pages: B::Buf<PageInfo>,
+        mut index: B::Buf<u32>,
+        mut stamps: B::Buf<u32>,
+        gpu_pages: u32,
+    ) -> Self {
         pages.fill(PageInfo::default());
         index.fill(0);
+        stamps.fill(0);
         Self {
             pages,
             index,
@@ -180,6 +198,7 @@ impl<B: Buffers> Prefix<B> {
             shared: 0,
             claims: 0,
             version: 0,
+            stamps,
             used: [0; 2],
             events: None,
             stats: PrefixStats::default(),
@@ -282,7 +301,8 @@ impl<B: Buffers> Prefix<B> {
     fn first_or_last_ref(&mut self, at: usize, sign: i32) {
         let p = &self.pages[at];
         if p.cached && p.refs == 0 {
-            self.version += 1;
+            let key = p.key;
+            self.moved(key);
             if u32_of(at) >= self.gpu_pages {
                 self.claims = self.claims.wrapping_add_signed(sign);
             }
@@ -297,6 +317,26 @@ impl<B: Buffers> Prefix<B> {
     /// The frontiers' version (`trial.rs`): unchanged, no chain's indexed or held frontier moved.
     pub(super) fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The block of `key` was indexed or dropped, or took its first reference or gave its last: the
+    /// version and the key's stamp move.
+    pub(super) fn moved(&mut self, key: u64) {
+        self.version += 1;
+        let at = self.stamp_at(key) as usize;
+        self.stamps[at] = self.stamps[at].wrapping_add(1);
+    }
+
+    /// Where the stamp of `key` is kept (a bucket shared by many keys: a bump of one reads as a move
+    /// of all, never the other way round).
+    pub(super) fn stamp_at(&self, key: u64) -> u32 {
+        let mask = self.stamps.len() as u64 - 1;
+        u32_of((key.wrapping_mul(0xd6e8_feb8_6659_fd93) >> 32 & mask) as usize)
+    }
+
+    /// The stamp kept at `at` (an index [`Prefix::stamp_at`] gave).
+    pub(super) fn stamp(&self, at: u32) -> u32 {
+        self.stamps[at as usize]
     }
 
     /// References beyond each page's first: the pages that stay held when one holder releases them.
@@ -396,7 +436,8 @@ impl<B: Buffers> Prefix<B> {
         self.pages[at].parent = parent;
         self.index_insert(key, at);
         self.cached[0] += 1;
-        self.adopt(parent, true, 1);
+        let up = self.parent_of(at);
+        self.adopt(up, true, 1);
         self.stats.committed += 1;
         if let Some(log) = self.events.as_mut() {
             log.stored(Tier::Gpu, key, parent);
@@ -434,26 +475,25 @@ impl<B: Buffers> Prefix<B> {
         }
         let old = self.pages[a];
         let p = &mut self.pages[b];
-        (p.cached, p.key, p.parent) = (true, old.key, old.parent);
+        (p.cached, p.key, p.parent, p.above) = (true, old.key, old.parent, old.above);
+        p.entry = old.entry;
         (p.children, p.gpu_children) = (old.children, old.gpu_children);
-        self.index_set(old.key, b);
-        self.version += 1;
+        self.index_set(b);
+        self.moved(old.key);
         self.pages[a] = PageInfo::default();
         self.note_used(a, true, -1);
         self.cached[1] -= 1;
         self.cached[0] += 1;
-        self.gpu_child(old.parent, 1);
+        let up = self.parent_of(b);
+        self.gpu_child(up, 1);
         self.stats.deduplicated += 1;
         self.log_move(old.key, old.parent, true);
     }
 
-    /// The block of `parent` gains (`+1`) or loses (`-1`) a child on the GPU, the count of all its
-    /// children unchanged (a child moved between tiers).
-    fn gpu_child(&mut self, parent: u64, sign: i32) {
-        if self.window > 0 {
-            return;
-        }
-        if let Some(at) = self.parent_at(parent) {
+    /// The parent's page `up` ([`Prefix::parent_of`]) gains (`+1`) or loses (`-1`) a child on the
+    /// GPU, the count of all its children unchanged (a child moved between tiers).
+    fn gpu_child(&mut self, up: Option<usize>, sign: i32) {
+        if let Some(at) = up {
             let p = &mut self.pages[at];
             p.gpu_children = p.gpu_children.wrapping_add_signed(sign);
             self.relist(at);
@@ -478,7 +518,7 @@ impl<B: Buffers> Prefix<B> {
             self.claims += u32::from(self.claimable(b));
         }
         let (key, parent) = (self.pages[b].key, self.pages[b].parent);
-        self.index_set(key, b);
+        self.index_set(b);
         self.pages[a] = PageInfo::default();
         self.note_used(a, true, -1);
         self.note_used(b, true, 1);
@@ -487,7 +527,8 @@ impl<B: Buffers> Prefix<B> {
         self.cached[usize::from(!up)] += 1;
         self.count_idle(b, 1);
         self.relist(b);
-        self.gpu_child(parent, if up { 1 } else { -1 });
+        let above = self.parent_of(b);
+        self.gpu_child(above, if up { 1 } else { -1 });
         self.log_move(key, parent, up);
     }
 
@@ -500,13 +541,14 @@ impl<B: Buffers> Prefix<B> {
         );
         self.count_idle(at, -1);
         self.unlink(at);
-        let (key, parent) = (self.pages[at].key, self.pages[at].parent);
+        let key = self.pages[at].key;
+        let up = self.parent_of(at);
         self.index_remove(key);
         self.pages[at] = PageInfo::default();
         self.note_used(at, true, -1);
         let gpu = entry & HOST == 0;
         self.cached[usize::from(!gpu)] -= 1;
-        self.adopt(parent, gpu, -1);
+        self.adopt(up, gpu, -1);
         self.stats.evicted += 1;
         if let Some(log) = self.events.as_mut() {
             log.removed(if gpu { Tier::Gpu } else { Tier::Host }, key);

@@ -220,8 +220,9 @@ impl<B: Buffers> KvPool<'_, B> {
         self.seqs[slot].blocks = kept;
         self.seqs[slot].released = s.released.min(kept);
         if s.committed > kept {
+            let chain = self.chain_to(slot, kept);
             self.seqs[slot].committed = kept;
-            self.seqs[slot].chain = self.chain_to(slot, kept);
+            self.seqs[slot].chain = chain;
         }
     }
 
@@ -245,17 +246,17 @@ impl<B: Buffers> KvPool<'_, B> {
         self.seqs[slot].released = upto;
     }
 
-    /// The key of block `k - 1` of the slot's prompt (its root for `k == 0`).
+    /// The key of block `k - 1` of the slot's prompt (its root for `k == 0`), chained on from the
+    /// deepest key the slot knows at or before it (its root, its last committed block, its memo's
+    /// frontiers): a continuation's next block costs one hash, not one a block before it.
     pub(super) fn chain_to(&self, slot: usize, k: u32) -> u64 {
         let s = self.seqs[slot];
-        let n = k.min(s.hashed) as usize;
-        if n == 0 {
-            return s.root;
-        }
+        let n = k.min(s.hashed);
+        let (from, key) = self.anchor(slot, n);
         let base = self.row(slot);
-        self.hashes[base..base + n]
+        self.hashes[base + from as usize..base + n as usize]
             .iter()
-            .fold(s.root, |key, &h| chain(key, h))
+            .fold(key, |key, &h| chain(key, h))
     }
 
     /// Suspends an active row: its private pages move to the host tier when it can take them all (and

@@ -21,7 +21,7 @@
 //! [`KvBackend::prepare_context`]: crate::kv::KvBackend::prepare_context
 //! [`KvBackend::resize_context`]: crate::kv::KvBackend::resize_context
 
-use crate::kv::{chain, ContextPrep, Tier};
+use crate::kv::{chain, ContextPrep, Tier, TrialMark};
 use crate::storage::Buffers;
 
 use super::{blocks_for, KvPool, SeqState, HOST};
@@ -38,6 +38,17 @@ struct Frontier {
     /// The key of block `len + 1` when the walk that set the frontier looked at it (an indexed
     /// frontier short of the slot's hashed blocks).
     first_without: u64,
+    /// The stamps of the two keys the frontier stands on when it was set.
+    watch: Watch,
+}
+
+/// Where the stamps of a frontier's two keys are kept (its last block's, and the next block's or
+/// the last's again) and what they read when it was set: while both read the same, neither key was
+/// indexed, dropped, first referenced or last released, so the frontier stands with no lookup.
+#[derive(Debug, Clone, Copy, Default)]
+struct Watch {
+    at: [u32; 2],
+    seen: [u32; 2],
 }
 
 /// A slot's remembered prompt chain (`trial.rs`): a cache of what the prefix cache says of it, not
@@ -98,18 +109,53 @@ impl<B: Buffers> KvPool<'_, B> {
         f
     }
 
-    /// The frontier as the cache stands now: the remembered one when it stands (or the cache's version
-    /// is the memo's), extended when only blocks past it gained the property, searched for
-    /// ([`KvPool::search`]) when it lost blocks, walked from the root for a slot with no memo.
+    /// The frontier as the cache stands now: the remembered one when it stands (the cache's version is
+    /// the memo's, or its keys' stamps read as they did, or two lookups say so), extended when only
+    /// blocks past it gained the property, searched for ([`KvPool::search`]) when it lost blocks,
+    /// walked from the root for a slot with no memo.
     fn refreshed(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> Frontier {
         let memo = self.seqs[slot].memo;
-        let known = memo.known;
         let current = self.prefix.as_ref().map(super::prefix::Prefix::version);
-        if known && (current == Some(memo.version) || self.stands(slot, f, held, cap)) {
+        if memo.known && (current == Some(memo.version) || self.unmoved(f) && f.len <= cap) {
             return f;
         }
-        if !known {
+        let found = self.found(slot, f, held, cap);
+        self.stamped(slot, found)
+    }
+
+    /// Neither of the frontier's two keys moved since it was set (`Prefix::moved`).
+    fn unmoved(&self, f: Frontier) -> bool {
+        self.prefix.as_ref().is_some_and(|p| {
+            let w = f.watch;
+            w.seen == [p.stamp(w.at[0]), p.stamp(w.at[1])]
+        })
+    }
+
+    /// The frontier with the stamps of its keys as they read now.
+    fn stamped(&self, slot: usize, mut f: Frontier) -> Frontier {
+        let Some(p) = self.prefix.as_ref() else {
+            return f;
+        };
+        let next = if f.len < self.seqs[slot].hashed {
+            chain(f.last, self.hashes[self.row(slot) + f.len as usize])
+        } else {
+            f.last
+        };
+        let at = [p.stamp_at(f.last), p.stamp_at(next)];
+        f.watch = Watch {
+            at,
+            seen: [p.stamp(at[0]), p.stamp(at[1])],
+        };
+        f
+    }
+
+    /// [`KvPool::refreshed`] past its O(1) checks.
+    fn found(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> Frontier {
+        if !self.seqs[slot].memo.known {
             return self.walk(slot, self.root_frontier(slot), held, cap);
+        }
+        if self.stands(slot, f, held, cap) {
+            return f;
         }
         if f.len > cap {
             return self.search(slot, held, cap + 1);
@@ -167,6 +213,7 @@ impl<B: Buffers> KvPool<'_, B> {
             len,
             last,
             first_without,
+            watch: Watch::default(),
         }
     }
 
@@ -199,6 +246,25 @@ impl<B: Buffers> KvPool<'_, B> {
         };
         self.seqs[slot].memo = memo;
         memo
+    }
+
+    /// The deepest block count at or before `n` whose chain key the slot knows, and that key: its root,
+    /// its committed blocks' chain, its memo's frontiers.
+    pub(super) fn anchor(&self, slot: usize, n: u32) -> (u32, u64) {
+        let s = self.seqs[slot];
+        let mut best = (0, s.root);
+        let mut known = [(s.committed, s.chain), (0, 0), (0, 0)];
+        if s.memo.known {
+            let (i, h) = (s.memo.indexed, s.memo.held);
+            known[1] = (i.len, i.last);
+            known[2] = (h.len, h.last);
+        }
+        for (len, key) in known {
+            if len <= n && len > best.0 {
+                best = (len, key);
+            }
+        }
+        best
     }
 
     /// Side-effect free: the key of the first block of the slot's chain past its first `k` blocks, for
@@ -248,8 +314,9 @@ impl<B: Buffers> KvPool<'_, B> {
         Some(depth.min(self.match_limit(slot, prep)) * self.cfg.tokens_per_block)
     }
 
-    /// Side-effect free, right after [`KvPool::trial_reuse`] told `reused` tokens: the resize to
-    /// `capacity` after the match would be refused. A match of `m` blocks takes one available GPU page
+    /// Side-effect free, right after [`KvPool::trial_reuse`] told `reused` tokens: whether the resize
+    /// to `capacity` after the match would be refused, and by how many pages at least
+    /// ([`crate::kv::PrefixReuse::trial_refused`]). A match of `m` blocks takes one available GPU page
     /// for each it does not find held by a row (an idle GPU block leaves the evictable count, a host
     /// block is reloaded; with no claimed host block, held blocks are a prefix of the GPU ones).
     pub(super) fn trial_refused(
@@ -258,20 +325,27 @@ impl<B: Buffers> KvPool<'_, B> {
         prep: ContextPrep,
         reused: u32,
         capacity: u32,
-    ) -> bool {
+    ) -> Option<u32> {
         if !self.trial_slot(slot, prep) {
-            return false;
+            return None;
         }
         let m = reused / self.cfg.tokens_per_block;
         let need = blocks_for(capacity, self.cfg.tokens_per_block).max(m);
         let (new, avail) = (need - m, self.gpu_available());
-        if need > self.cfg.max_blocks || new > avail {
-            return true;
+        if need > self.cfg.max_blocks {
+            return Some(u32::MAX);
+        }
+        let short = |want: u32| (want > avail).then(|| want - avail);
+        if new > avail {
+            return short(new);
         }
         let claimed = self.prefix.as_ref().is_some_and(|p| p.claims() > 0);
         if claimed || !self.log_room(m) {
             let (host, idle) = self.matched_tiers(slot, m);
-            return (host > 0 && !self.log_room(host)) || host + idle + new > avail;
+            if host > 0 && !self.log_room(host) {
+                return Some(0);
+            }
+            return short(host + idle + new);
         }
         let memo = self.seqs[slot].memo;
         let unheld = m - memo.held.len.min(m);
@@ -287,15 +361,32 @@ impl<B: Buffers> KvPool<'_, B> {
             },
             "the held frontier counts the blocks a match takes from the available pages (m {m}, held {}, indexed {})", memo.held.len, memo.indexed.len
         );
-        unheld + new > avail
+        short(unheld + new)
     }
 
-    /// What a refused trial read of the pool: the prefix cache's version and the GPU pages available
-    /// (`None` where the trial does not answer).
-    pub(super) fn trial_mark(&self) -> Option<(u64, u32)> {
+    /// What a refused trial read of the pool: the prefix cache's version, the GPU pages available and
+    /// the tokens a page holds (`None` where the trial does not answer, and while a cached host block is claimed: a match
+    /// may then stop short of its chain's depth, which no memo says).
+    pub(super) fn trial_mark(&self) -> Option<TrialMark> {
         let prefix = self.prefix.as_ref()?;
-        let answers = self.connector.is_none() && prefix.window() == 0;
-        answers.then(|| (prefix.version(), self.gpu_available()))
+        let answers = self.connector.is_none() && prefix.window() == 0 && prefix.claims() == 0;
+        answers.then(|| TrialMark {
+            version: prefix.version(),
+            available: self.gpu_available(),
+            block: self.cfg.tokens_per_block,
+        })
+    }
+
+    /// The slot's last trial, under a mark (so with no claimed host block: its memo was set then),
+    /// would read the same frontiers now: none is claimed now either and neither frontier's keys
+    /// moved.
+    pub(super) fn trial_unmoved(&self, slot: usize) -> bool {
+        let m = self.seqs[slot].memo;
+        self.trial_mark().is_some()
+            && m.known
+            && self.seqs[slot].state == SeqState::None
+            && self.unmoved(m.indexed)
+            && self.unmoved(m.held)
     }
 
     /// Of the first `m` blocks of the slot's chain (all indexed): those on the host tier (a match

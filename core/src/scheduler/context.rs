@@ -44,6 +44,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             self.refused_clean = false;
             let step = self.pending_step(p.index as usize, p.planned);
             if runs {
+                if self.refused_clean {
+                    self.keep_short(k, self.refused_short);
+                }
                 self.track_run(k, self.refused_clean, &mut run);
             }
             k += 1;
@@ -62,12 +65,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let slot = self.table.slot(i);
         let e = self.table.entry(slot);
         let phase = e.spec().phase;
-        let first = self.first_chunk(slot);
         if let Some(c) = self.cfg.chunking {
             if phase == Phase::ContextInit && !self.budget.has_chunk_budget(c.policy, c.unit) {
                 return Step::Skip;
             }
         }
+        let first = self.first_chunk(slot);
         let closed = self.admissions_closed && phase == Phase::ContextInit && first;
         if self.marked(slot, Mark::PREEMPTED) || closed {
             return Step::Skip;

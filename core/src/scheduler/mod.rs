@@ -200,6 +200,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             contributed,
             client_sums,
             pending_slots,
+            shorts,
         } = &mut self.scratch;
         let parts = pass::Parts {
             marks,
@@ -211,6 +212,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             adapter_waits: &mut self.adapter_waits,
             failed_loads: pending_slots,
             run: &mut self.run,
+            shorts,
             run_enabled: self.incremental,
         };
         let pass = Pass::begin(

@@ -115,6 +115,9 @@ pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
     pub(crate) pending_slots: S::List<u16, N>,
     /// VTC ordering: per client entry, the remaining prompts of its requests already ordered.
     pub(crate) client_sums: S::Array<u64, N>,
+    /// Kept across passes: per member of the refused run, the pages it was short of
+    /// (`refused_run.rs`).
+    pub(crate) shorts: S::Array<u32, N>,
 }
 
 impl<const N: usize, const T: usize> Scratch<N, T> {
@@ -128,6 +131,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
             contributed: heapless::Vec::new(),
             pending_slots: heapless::Vec::new(),
             client_sums: InlineArray::new([0; N]),
+            shorts: InlineArray::new([0; N]),
         }
     }
 }
@@ -143,6 +147,7 @@ impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
             contributed: S::list(0)?,
             pending_slots: S::list(0)?,
             client_sums: S::array(|| 0)?,
+            shorts: S::array(|| 0)?,
         })
     }
 }
@@ -157,8 +162,10 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
     pub(crate) client_sums: &'a mut [u64; N],
     pub(crate) adapter_waits: &'a mut [u16; N],
     pub(crate) failed_loads: &'a [u16],
-    /// The last pass's refused run, and whether runs are skipped (`refused_run.rs`).
+    /// The last pass's refused run, its members' shortfalls, and whether runs are skipped
+    /// (`refused_run.rs`).
     pub(crate) run: &'a mut RefusedRun,
+    pub(crate) shorts: &'a mut [u32; N],
     pub(crate) run_enabled: bool,
 }
 
@@ -220,10 +227,17 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) decoded: usize,
     /// The last pass's refused run, this pass's when it ends (`refused_run.rs`).
     pub(crate) run: &'a mut RefusedRun,
+    /// Per run member, the pages it was short of (`refused_run.rs`).
+    pub(crate) shorts: &'a mut [u32; N],
+    /// Where the last pass's run ends in this pass's pending list, once its first member was found
+    /// in place (0: not found).
+    pub(crate) run_end: usize,
     /// Runs are skipped and recorded (the incremental pass is on).
     pub(crate) run_enabled: bool,
-    /// The request just visited was a clean trial refusal (`trial.rs`): a run may hold it.
+    /// The request just visited was a clean trial refusal (`trial.rs`): a run may hold it, short of
+    /// `refused_short` pages.
     pub(crate) refused_clean: bool,
+    pub(crate) refused_short: u32,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -246,6 +260,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             adapter_waits,
             failed_loads,
             run,
+            shorts,
             run_enabled,
         }: Parts<'a, N, T, S>,
         out: &'a mut SchedulerOutput<N, S>,
@@ -283,8 +298,11 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             failed_loads,
             decoded: 0,
             run,
+            shorts,
+            run_end: 0,
             run_enabled,
             refused_clean: false,
+            refused_short: 0,
         }
     }
 

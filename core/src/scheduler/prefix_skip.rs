@@ -53,6 +53,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             } else {
                 pending_continuations += 1;
             }
+            if candidates > 0 && candidates + pending_continuations >= 2 {
+                // Live whatever follows: the rest of the queue need not be counted.
+                break;
+            }
         }
         if candidates == 0 {
             return;
@@ -103,7 +107,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    fn probe(&self, slot: u16, first: bool) -> Option<u64> {
+    /// The request's first new block key (§1.6 step 5's probe), side-effect free.
+    pub(crate) fn probe(&self, slot: u16, first: bool) -> Option<u64> {
         let r: KvRef = self.kv_ref(slot);
         let prefix = self.kv.caps().prefix?;
         prefix.probe_first_new_block(r, self.context_prep(slot, first))

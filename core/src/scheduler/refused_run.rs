@@ -1,27 +1,33 @@
 //! The refused run (issue 41): the waiting first chunks that end phase 2 and that their trials
-//! (`trial.rs`) refused for pages, remembered so that the next pass skips them while nothing they
-//! depend on changed. A queue that builds up behind a full pool is then not revisited pass after pass:
-//! a pass costs what changed (the requests before the run, the arrivals after it), not the queue.
+//! (`trial.rs`) refused for pages, remembered with how many pages each was short of, so that the next
+//! pass skips them while nothing they depend on changed enough to admit them. A queue that builds up
+//! behind a full pool is then not revisited pass after pass: a pass costs what changed (the requests
+//! before the run, the members that may now fit, the arrivals after it), not the queue.
 //!
 //! A run member's visit changed nothing (a trial refusal with no KV call, no preemption scan, no
 //! adapter, no deferral), and its verdict depends only on its prompt chain, the token budget left
-//! when phase 2 reaches it and the pages available: the pages a chunk needs never shrink as the budget
-//! grows, and a refused chunk stays refused while its chain and what the pool holds are unchanged and
-//! the pages available do not grow. So the next pass skips the run, exactly, when
-//! - nothing outside a pass changed the table but arrivals (`Scheduler::changed` forgets the run: a
-//!   removal, an update, an adoption, a mark, a transfer's end, an adapter's registration);
+//! when phase 2 reaches it and the pages available. A member short of `s` pages stays refused, exactly,
+//! while its chain is unmoved and the pages available grew by less than `s` less the pages a chunk
+//! shortened by the budget's shrinking can save ([`Pass::saved`]). So the next pass skips a member, without a trial, when
+//! - nothing outside a pass changed the table but arrivals and removals of requests that hold KV on
+//!   the GPU (`Scheduler::changed` forgets the run: a waiting request's removal, an update, an
+//!   adoption, a mark, a transfer's end, an adapter's registration);
 //! - the same requests, and only they, stand between the run's first and last in the pending list (a
-//!   request suspended or paused into the middle of it is seen);
-//! - the prefix cache's version is the run's (no chain's frontier moved) and the pages available are
-//!   at most the run's, the budget left at least the run's, and no block was contributed this pass.
+//!   request suspended or paused into the middle of it is seen), and the member's first new block
+//!   was not contributed this pass (prefix-aware scheduling would defer it);
+//! - the prefix cache's version is the run's, or the member's chain is unmoved (the stamps of the
+//!   keys its frontiers stand on, `page_pool/trial.rs`);
+//! - its shortfall exceeds what the pages and the budget moved since the run was recorded, or no
+//!   chunk budget is left (it would be skipped for that first).
 //!
-//! Only under FCFS admission with whole prompts or FCFS chunking, with no context-side preemption (a
-//! tier below the GPU, or no recompute pause), and with the incremental pass on: the full-pass twin of
-//! the differential checks (`set_incremental(false)`) visits every request, so they compare the two.
+//! A skipped member's shortfall is carried into the next run as that bound less what moved. Only under
+//! FCFS admission with whole prompts or FCFS chunking, with no context-side preemption (a tier below
+//! the GPU, or no recompute pause), and with the incremental pass on: the full-pass twin of the
+//! differential checks (`set_incremental(false)`) visits every request, so they compare the two.
 
 use crate::adapter::PeftBackend;
 use crate::config::{Admission, ChunkPolicy};
-use crate::kv::{KvBackend, KvCaps, PrefixReuse};
+use crate::kv::{KvBackend, KvCaps, PrefixReuse, TrialMark};
 use crate::storage::Storage;
 
 use super::pass::Pass;
@@ -34,9 +40,8 @@ pub(crate) struct RefusedRun {
     first: u16,
     last: u16,
     count: u32,
-    version: u64,
-    available: u32,
-    budget: u32,
+    /// What the members' verdicts read: the backend's mark and the budget left.
+    mark: RunStart,
 }
 
 impl RefusedRun {
@@ -46,9 +51,15 @@ impl RefusedRun {
         first: 0,
         last: 0,
         count: 0,
-        version: 0,
-        available: 0,
-        budget: 0,
+        mark: RunStart {
+            at: 0,
+            mark: TrialMark {
+                version: 0,
+                available: 0,
+                block: 0,
+            },
+            budget: 0,
+        },
     };
 
     /// Something outside a pass changed what a run depends on.
@@ -58,11 +69,10 @@ impl RefusedRun {
 }
 
 /// The run a pass is building: where it starts in the pending list, and what its verdicts read.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RunStart {
     at: usize,
-    version: u64,
-    available: u32,
+    mark: TrialMark,
     budget: u32,
 }
 
@@ -83,41 +93,115 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// What a trial refusal read of the pool and the budget now (`None`: no trial marks).
     fn run_mark(&self) -> Option<RunStart> {
-        let (version, available) = self.kv.caps().prefix?.trial_mark()?;
         Some(RunStart {
             at: 0,
-            version,
-            available,
+            mark: self.kv.caps().prefix?.trial_mark()?,
             budget: self.budget.remaining().unwrap_or(u32::MAX),
         })
     }
 
-    /// At pending position `k`: the end of the last pass's run when it starts here and still stands.
-    pub(crate) fn skip_run(&self, k: usize) -> Option<usize> {
+    /// At pending position `k`: where the members of the last pass's run that certainly stay refused,
+    /// from `k` on, end (`None`: none is skipped here).
+    pub(crate) fn skip_run(&mut self, k: usize) -> Option<usize> {
+        if self.run_end == 0 {
+            self.run_end = self.run_in_place(k)?;
+        }
+        if k >= self.run_end {
+            return None;
+        }
+        let (run, now) = (self.run.mark, self.run_mark()?);
+        let shrunk = run.budget.saturating_sub(now.budget);
+        let grown = i64::from(now.mark.available) - i64::from(run.mark.available);
+        let same = now.mark.version == run.mark.version;
+        // No chunk budget is left: every member is skipped for it (its first check), whatever it is
+        // short of; what it is short of is still carried.
+        let spent = self
+            .cfg
+            .chunking
+            .is_some_and(|c| !self.budget.has_chunk_budget(c.policy, c.unit));
+        let mut j = k;
+        while j < self.run_end {
+            let slot = self.table.slot(usize::from(self.pending[j].index));
+            let short = self.shorts[usize::from(slot)];
+            let moved = grown + self.saved(slot, shrunk, now.mark.block);
+            // A shortfall of 0 bounds nothing: the member is visited (unless skipped for budget).
+            let refused =
+                spent || short > 0 && i64::from(short) > moved && !self.deferred_behind(slot);
+            if !refused || !self.unmoved(slot, same) {
+                break;
+            }
+            if short != 0 && short != u32::MAX {
+                // What it is short of now, at least (the next run's mark is this one); 0 when
+                // nothing is known any more.
+                let left = u32::try_from((i64::from(short) - moved).max(0)).unwrap_or(u32::MAX);
+                self.shorts[usize::from(slot)] = left.min(u32::MAX - 1);
+            }
+            j += 1;
+        }
+        (j > k).then_some(j)
+    }
+
+    /// At most how many fewer pages the member's first chunk needs with `shrunk` tokens less budget:
+    /// FCFS sizes the chunk to the budget, rounded down to the chunk unit, and a chunk that no longer
+    /// ends the prompt loses its draft tokens (a chunk `t` tokens shorter needs at most
+    /// `t / block + 1` fewer pages).
+    fn saved(&self, slot: u16, shrunk: u32, block: u32) -> i64 {
+        let Some(c) = self.cfg.chunking.filter(|_| shrunk > 0) else {
+            return 0;
+        };
+        let draft = self.table.entry(slot).spec().draft;
+        let tokens = u64::from(shrunk) + u64::from(c.unit) + u64::from(draft);
+        i64::try_from(tokens / u64::from(block.max(1)) + 1).unwrap_or(i64::MAX)
+    }
+
+    /// The member's chain is unmoved since its last trial (`same`: the version is the run's).
+    fn unmoved(&self, slot: u16, same: bool) -> bool {
+        same || self
+            .kv
+            .caps()
+            .prefix
+            .is_some_and(|p| p.trial_unmoved(self.kv_ref(slot)))
+    }
+
+    /// A block contributed this pass is the member's first new one: prefix-aware scheduling would
+    /// defer it (`prefix_skip.rs`), not refuse it.
+    fn deferred_behind(&self, slot: u16) -> bool {
+        self.skip_live
+            && !self.contributed.is_empty()
+            && self
+                .probe(slot, true)
+                .is_some_and(|key| self.contributed.contains(&key))
+    }
+
+    /// The last pass's run starts at pending position `k` and still holds the same requests: where it
+    /// ends.
+    fn run_in_place(&self, k: usize) -> Option<usize> {
         let run = *self.run;
         let slot = |at: usize| self.table.slot(usize::from(self.pending[at].index));
-        if !run.live || slot(k) != run.first || !self.contributed.is_empty() {
+        if !run.live || slot(k) != run.first {
             return None;
         }
         let end = k + run.count as usize;
-        if end > self.pending.len() || slot(end - 1) != run.last {
-            return None;
-        }
-        let now = self.run_mark()?;
-        let stands = now.version == run.version
-            && now.available <= run.available
-            && now.budget >= run.budget;
-        stands.then_some(end)
+        (end <= self.pending.len() && slot(end - 1) == run.last).then_some(end)
     }
 
-    /// After the request at pending position `k` was visited (`refused`: a clean trial refusal):
-    /// the run goes on, starts, or ends.
+    /// After the request at pending position `k` was visited (`refused`: a clean trial refusal; the
+    /// pages it was short of are kept) or skipped (its shortfall kept by [`Pass::skip_run`]): the run
+    /// goes on, starts, or ends.
     pub(crate) fn track_run(&mut self, k: usize, refused: bool, start: &mut Option<RunStart>) {
         if !refused {
             *start = None;
-        } else if start.is_none() {
+            return;
+        }
+        if start.is_none() {
             *start = self.run_mark().map(|m| RunStart { at: k, ..m });
         }
+    }
+
+    /// A clean trial refusal at pending position `k`, short of `short` pages: a run may hold it.
+    pub(crate) fn keep_short(&mut self, k: usize, short: u32) {
+        let slot = self.table.slot(usize::from(self.pending[k].index));
+        self.shorts[usize::from(slot)] = short;
     }
 
     /// At the end of phase 2 (`whole`: every pending request was visited or skipped): the run that
@@ -131,9 +215,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                     .table
                     .slot(usize::from(self.pending[self.pending.len() - 1].index)),
                 count: crate::narrow::u32_of(self.pending.len() - s.at),
-                version: s.version,
-                available: s.available,
-                budget: s.budget,
+                mark: s,
             },
             None => RefusedRun::NONE,
         };

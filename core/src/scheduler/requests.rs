@@ -216,7 +216,18 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Takes a live request out of the table and gives up everything it owns (`remove`, and a send's
     /// end, whose KV has left with the transfer).
     pub(crate) fn discard(&mut self, h: Handle) -> Result<RequestSpec, Error> {
-        self.changed();
+        let e = self.table.get(h).ok_or(Error::StaleHandle)?;
+        let r = KvRef {
+            slot: h.index(),
+            id: e.spec().id,
+        };
+        if self.kv.cache(r).exists() {
+            // Not a member of the refused run (a member has no cache): what it frees, the run's
+            // shortfalls account for (`refused_run.rs`).
+            self.steady = false;
+        } else {
+            self.changed();
+        }
         let (held, spec) = self.table.remove(h).ok_or(Error::StaleHandle)?;
         held.finish(&mut self.kv, &mut self.desk);
         if self.vtc() {

@@ -54,14 +54,18 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             .kv
             .caps()
             .prefix
-            .is_some_and(|p| p.trial_refused(r, t.prep, t.reused, capacity));
-        if refused {
+            .and_then(|p| p.trial_refused(r, t.prep, t.reused, capacity));
+        if let Some(short) = refused {
             let e = self.table.entry(slot);
-            let plain = e.task().is_none() && e.spec().lora.is_none();
+            // No adapter, and no multimodal runs (a chunk aligned to them may shrink by a run when
+            // the budget does: `refused_run.rs` bounds the shrink by the chunk unit).
+            let s = e.spec();
+            let plain = e.task().is_none() && s.lora.is_none() && s.mm_runs.is_empty();
             let step = self.pages_refused(i, true);
             // Nothing happened but the refusal: a refused run may hold it (`refused_run.rs`; the
             // phase tracks runs only where they apply).
             self.refused_clean = plain && step == Step::Skip;
+            self.refused_short = short;
             return Err(step);
         }
         let prepared = self.kv.prepare_context(r, t.prep);

@@ -19,7 +19,9 @@ impl<B: Buffers> Prefix<B> {
             claims += u32::from(t == 1 && p.cached && p.refs > 0);
             if p.cached {
                 cached[t] += 1;
-                if self.find(p.key).map(|k| self.index[k] as usize) != Some(at + 1) {
+                if self.find(p.key) != Some(p.entry as usize)
+                    || self.index[p.entry as usize] as usize != at + 1
+                {
                     return false;
                 }
                 if t == 0

@@ -1,6 +1,7 @@
 //! The prefix cache's index: cached blocks by key, open addressing with backward-shift deletion
-//! (the table's entries are info indices + 1, 0 for empty). Every insertion and removal bumps the
-//! cache's version (`trial.rs`: a chain's indexed frontier can only move then).
+//! (the table's entries are info indices + 1, 0 for empty; a cached page keeps its entry's position,
+//! so a block that moves between pages updates it with no probe). Every insertion and removal bumps the
+//! cache's version and the key's stamp (`trial.rs`: a chain's indexed frontier can only move then).
 
 use super::Prefix;
 use crate::narrow::u32_of;
@@ -33,17 +34,18 @@ impl<B: Buffers> Prefix<B> {
     }
 
     pub(super) fn index_insert(&mut self, key: u64, at: usize) {
-        self.version += 1;
+        self.moved(key);
         let mask = self.index.len() - 1;
         let mut k = self.home(key);
         while self.index[k] != 0 {
             k = (k + 1) & mask;
         }
         self.index[k] = u32_of(at) + 1;
+        self.pages[at].entry = u32_of(k);
     }
 
     pub(super) fn index_remove(&mut self, key: u64) {
-        self.version += 1;
+        self.moved(key);
         let Some(mut hole) = self.find(key) else {
             panic!("a cached page is indexed");
         };
@@ -58,16 +60,22 @@ impl<B: Buffers> Prefix<B> {
             let home = self.home(self.pages[(v - 1) as usize].key);
             if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
                 self.index[hole] = v;
+                self.pages[(v - 1) as usize].entry = u32_of(hole);
                 hole = j;
             }
         }
         self.index[hole] = 0;
     }
 
-    pub(super) fn index_set(&mut self, key: u64, at: usize) {
-        let Some(k) = self.find(key) else {
-            panic!("a cached page is indexed");
-        };
+    /// The cached block moved to page `at` with its index entry's position: the entry names it (no
+    /// probe).
+    pub(super) fn index_set(&mut self, at: usize) {
+        let k = self.pages[at].entry as usize;
+        debug_assert_eq!(
+            self.find(self.pages[at].key),
+            Some(k),
+            "a cached page knows its index entry"
+        );
         self.index[k] = u32_of(at) + 1;
     }
 }

@@ -93,12 +93,28 @@ impl<B: Buffers> Prefix<B> {
         self.find(parent).map(|k| (self.index[k] - 1) as usize)
     }
 
-    /// A cached child of the block of `parent` appears (`+1`) or goes (`-1`), on the GPU or not.
-    pub(super) fn adopt(&mut self, parent: u64, gpu: bool, sign: i32) {
+    /// The page caching the parent of the block cached at `child` (none in a sliding window's cache,
+    /// which keeps no child counts): its hint when the parent is still there, else looked up (and the
+    /// hint set), so a demotion or an eviction seldom probes the index for its parent.
+    pub(super) fn parent_of(&mut self, child: usize) -> Option<usize> {
         if self.window > 0 {
-            return;
+            return None;
         }
-        if let Some(at) = self.parent_at(parent) {
+        let (parent, hint) = (self.pages[child].parent, self.pages[child].above);
+        if let Some(p) = self.pages.get(hint as usize) {
+            if p.cached && p.key == parent {
+                return Some(hint as usize);
+            }
+        }
+        let at = self.parent_at(parent)?;
+        self.pages[child].above = u32_of(at);
+        Some(at)
+    }
+
+    /// A cached child of the block at page `up` ([`Prefix::parent_of`]) appears (`+1`) or goes
+    /// (`-1`), on the GPU or not.
+    pub(super) fn adopt(&mut self, up: Option<usize>, gpu: bool, sign: i32) {
+        if let Some(at) = up {
             let p = &mut self.pages[at];
             p.children = p.children.wrapping_add_signed(sign);
             if gpu {
