@@ -522,20 +522,6 @@ pub fn measure_depth(d: Depth, iters: u64) -> DepthMeasured {
 mod tests {
     use super::*;
 
-    /// Each shape at 1k: built, its steady passes asserted (skips, evictions), until spent.
-    #[test]
-    fn every_shape_holds_its_outcome_until_spent() {
-        for d in Depth::ALL.iter().filter(|d| d.waiting == 1_024) {
-            if d.conversations == CACHE_10M && cfg!(debug_assertions) {
-                continue;
-            }
-            let mut b = DepthBench::build(*d);
-            while !b.spent() {
-                b.iteration();
-            }
-        }
-    }
-
     /// Where a build's time goes (`--ignored --nocapture`).
     #[test]
     #[ignore]
