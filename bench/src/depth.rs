@@ -524,7 +524,7 @@ mod tests {
 
     /// Where a build's time goes (`--ignored --nocapture`).
     #[test]
-    #[ignore]
+    #[ignore = "by hand: builds every depth scenario (minutes)"]
     fn build_times() {
         let only = std::env::var("DEPTH_ONLY").ok();
         for d in Depth::ALL {
