@@ -142,7 +142,7 @@ impl Depth {
         }
     }
 
-    /// The pool: the running batch's pages and [`SPARE`] on the GPU, the cache's blocks on the host; a
+    /// The pool: the running batch's pages and 240 spare on the GPU, the cache's blocks on the host; a
     /// slot for each request and one to fill the cache through (its rows are `max_blocks` long: 12
     /// bytes a block, 3.2 GB at 64k, so they are sized to the queue, not to `N`).
     pub const fn kv_config(self) -> KvPoolConfig {
@@ -422,8 +422,9 @@ impl DepthBench {
         assert!(got == self.depth.expected(), "{name}: outcome {got}");
     }
 
-    /// One steady iteration: [`DepthBench::pass`], and how it passed the queue asserted (skipped
-    /// whole; or, evicting, tried again after the pass's evictions). Allocation-free.
+    /// One steady iteration: the pass, `ensure_batch`, the move log drained, the outcome and how it
+    /// passed the queue asserted (skipped whole; or, evicting, tried again after the pass's
+    /// evictions). Allocation-free.
     #[inline(never)]
     pub fn iteration(&mut self) {
         let evicted = |b: &Self| {
