@@ -2,10 +2,14 @@
 
 use std::process::ExitCode;
 
+use kvsched_bench::depth::{measure_depth, Depth, DepthMeasured, DEPTH_PASSES};
 use kvsched_bench::{counting_installed, measure, Measured, Scenario};
 
 /// Default timed iterations per scenario of `kvsched bench`.
 pub const DEFAULT_ITERS: u64 = 10_000;
+/// Default timed iterations per depth scenario: five built states' steady passes (a state serves
+/// `DEPTH_PASSES - 1` of them, the first untimed; building one at 64k takes seconds).
+pub const DEFAULT_DEPTH_ITERS: u64 = 5 * (DEPTH_PASSES as u64 - 2);
 
 /// `kvsched bench`'s options.
 #[derive(Debug, clap::Parser)]
@@ -19,41 +23,52 @@ pub const DEFAULT_ITERS: u64 = 10_000;
         the asserted outcome (gen/ctx/paused/recompute) and the heap allocations counted during the timed \
         iterations. `churn` (last in `all`) replays the shipped Azure conversation slice through the \
         simulator with the incremental pass and with full passes, alternating, and prints each side's \
-        mean, median and p99 pass."
+        mean, median and p99 pass. `depth` (not in `all`) runs the pass-at-depth family \
+        (kvsched_bench::depth: waiting queues of 1k-64k long prompts refused for pages behind a \
+        running batch, over prefix caches of 100k and 10M blocks, and its pathological shapes): the \
+        steady pass's median and p99, the floor, the waiting requests the refused run skipped, the \
+        allocations; each name of the family also runs alone."
 )]
 struct BenchArgs {
     /// S1-64 S1-256 S1-1024 S2 S3 S3s S3h S4 S5 S6 S7, churn (the pass under a shipped trace's
-    /// arrivals and finishes, through the simulator), or all.
+    /// arrivals and finishes, through the simulator), all, depth (the pass-at-depth family) or one
+    /// of its scenarios (depth-1k, depth-64k-10M, evicting-64k, ...).
     #[arg(value_name = "NAME", default_value = "all", value_parser = scenarios)]
     name: Option<Scenarios>,
     /// The same as NAME.
     #[arg(long, value_name = "NAME", value_parser = scenarios, conflicts_with = "name")]
     scenario: Option<Scenarios>,
-    /// Timed iterations per scenario.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_ITERS, value_parser = clap::value_parser!(u64).range(1..))]
-    iters: u64,
+    /// Timed iterations per scenario (default 10,000; a depth scenario's 490).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    iters: Option<u64>,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
 }
 
-/// The scenarios a NAME selects, and whether it selects the churn scenario.
+/// The scenarios a NAME selects, whether it selects the churn scenario, and its depth scenarios.
 #[derive(Debug, Clone)]
-struct Scenarios(Vec<Scenario>, bool);
+struct Scenarios(Vec<Scenario>, bool, Vec<Depth>);
 
 fn scenarios(v: &str) -> Result<Scenarios, String> {
     if v.eq_ignore_ascii_case("all") {
-        return Ok(Scenarios(Scenario::ALL.to_vec(), true));
+        return Ok(Scenarios(Scenario::ALL.to_vec(), true, Vec::new()));
     }
     if v.eq_ignore_ascii_case("churn") {
-        return Ok(Scenarios(Vec::new(), true));
+        return Ok(Scenarios(Vec::new(), true, Vec::new()));
+    }
+    if v.eq_ignore_ascii_case("depth") {
+        return Ok(Scenarios(Vec::new(), false, Depth::ALL.to_vec()));
+    }
+    if let Some(d) = Depth::parse(v) {
+        return Ok(Scenarios(Vec::new(), false, vec![d]));
     }
     Scenario::parse(v)
-        .map(|s| Scenarios(vec![s], false))
+        .map(|s| Scenarios(vec![s], false, Vec::new()))
         .ok_or_else(|| {
             let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
             format!(
-                "unknown scenario {v:?} (one of {}, churn, all)",
+                "unknown scenario {v:?} (one of {}, churn, all, depth, a depth scenario)",
                 names.join(", ")
             )
         })
@@ -65,11 +80,12 @@ pub fn cli(args: &[String]) -> ExitCode {
         Ok(a) => a,
         Err(e) => return crate::args::exit(&e),
     };
-    let Scenarios(which, churn) = a
+    let Scenarios(which, churn, depths) = a
         .scenario
         .or(a.name)
-        .unwrap_or_else(|| Scenarios(Scenario::ALL.to_vec(), true));
-    let (iters, json) = (a.iters, a.json);
+        .unwrap_or_else(|| Scenarios(Scenario::ALL.to_vec(), true, Vec::new()));
+    let json = a.json;
+    let iters = a.iters.unwrap_or(DEFAULT_ITERS);
     let counting = counting_installed();
     if !counting {
         eprintln!(
@@ -104,6 +120,8 @@ pub fn cli(args: &[String]) -> ExitCode {
             println!("{}", table_row(&m, counting));
         }
     }
+    let depth_iters = a.iters.unwrap_or(DEFAULT_DEPTH_ITERS);
+    failed |= run_depths(&depths, depth_iters, json, counting);
     if churn {
         match crate::churn::measure() {
             Ok(c) if json => println!("{}", crate::churn::json(&c)),
@@ -160,5 +178,72 @@ fn table_row(m: &Measured, counting: bool) -> String {
         },
         m.iters,
         m.outcome,
+    )
+}
+
+/// Measures the depth scenarios `depths` (a table or JSON lines); true when one allocated.
+fn run_depths(depths: &[Depth], iters: u64, json: bool, counting: bool) -> bool {
+    if !json && !depths.is_empty() {
+        println!(
+            "{:<14} {:>11} {:>11} {:>10} {:>7} {:>8} {:>6} {:>6} {:>6}  outcome g/c/p/r",
+            "scenario",
+            "median µs",
+            "p99 µs",
+            "floor µs",
+            "ratio",
+            "skipped",
+            "allocs",
+            "iters",
+            "builds"
+        );
+    }
+    let mut failed = false;
+    for &d in depths {
+        let m = measure_depth(d, iters);
+        failed |= counting && m.allocations > 0;
+        if json {
+            println!("{}", depth_json(&m, counting));
+        } else {
+            println!("{}", depth_row(&m, counting));
+        }
+    }
+    failed
+}
+
+/// One depth scenario's figures as a JSON object.
+fn depth_json(m: &DepthMeasured, counting: bool) -> serde_json::Value {
+    serde_json::json!({
+        "scenario": m.depth.name,
+        "waiting": m.depth.waiting,
+        "median_ns": m.median_ns,
+        "p99_ns": m.p99_ns,
+        "floor_ns": m.floor_ns,
+        "ratio_to_floor": m.ratio_to_floor(),
+        "skipped": m.depth.skipped(),
+        "iters": m.iters,
+        "builds": m.builds,
+        "allocations": if counting { serde_json::json!(m.allocations) } else { serde_json::Value::Null },
+        "outcome": m.depth.expected().to_string(),
+    })
+}
+
+/// One depth scenario's figures as a row of its table.
+fn depth_row(m: &DepthMeasured, counting: bool) -> String {
+    format!(
+        "{:<14} {:>11.3} {:>11.3} {:>10.3} {:>7.2} {:>8} {:>6} {:>6} {:>6}  {}",
+        m.depth.name,
+        m.median_ns / 1e3,
+        m.p99_ns / 1e3,
+        m.floor_ns / 1e3,
+        m.ratio_to_floor(),
+        m.depth.skipped(),
+        if counting {
+            m.allocations.to_string()
+        } else {
+            "n/a".into()
+        },
+        m.iters,
+        m.builds,
+        m.depth.expected(),
     )
 }

@@ -99,3 +99,16 @@ fn bench_words_its_units_names_and_columns() {
         "{header}\n{row}"
     );
 }
+
+/// The depth family by name: a scenario runs, asserts its outcome and its skips, counts no allocation.
+#[test]
+fn bench_runs_a_depth_scenario_by_name() {
+    let out = kvsched(&["bench", "depth-1k", "--iters", "2", "--json"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    assert_eq!(v["scenario"], "depth-1k", "{stdout}");
+    assert_eq!(v["outcome"], "64/0/0/0", "{stdout}");
+    assert_eq!(v["skipped"], 1024, "{stdout}");
+    assert_eq!(v["allocations"], 0, "{stdout}");
+}

@@ -11,6 +11,7 @@
 use std::hint::black_box;
 
 use gungraun::{library_benchmark, library_benchmark_group, main};
+use kvsched_bench::depth::{Depth, DepthBench};
 use kvsched_bench::{Bench, Scenario};
 
 macro_rules! scenario {
@@ -47,6 +48,27 @@ steady!(s1_64_incremental, Scenario::S1_64, 64, 8);
 steady!(s1_256_incremental, Scenario::S1_256, 256, 8);
 steady!(s1_1024_incremental, Scenario::S1_1024, 1024, 8);
 steady!(s6_incremental, Scenario::S6, 256, 8);
+
+/// The pass at depth (`kvsched_bench::depth`): a state built and its first pass run (every waiting
+/// first chunk tried and refused), then the measured iteration, the steady pass after it. The 1k and
+/// 16k queues (about 30 s each to build under callgrind); the 64k ones are `benches/depth.rs`'s.
+macro_rules! depth {
+    ($iter:ident, $name:literal) => {
+        #[library_benchmark]
+        #[bench::steady(DepthBench::build(Depth::parse($name).expect("a depth scenario")))]
+        fn $iter(mut b: DepthBench) -> DepthBench {
+            b.iteration();
+            b
+        }
+    };
+}
+
+depth!(depth_1k, "depth-1k");
+depth!(depth_16k, "depth-16k");
+depth!(shared_1k, "shared-1k");
+depth!(unique_1k, "unique-1k");
+depth!(evicting_1k, "evicting-1k");
+depth!(evicting_16k, "evicting-16k");
 
 scenario!(s1_64, s1_64_floor, Scenario::S1_64, 64, 8);
 scenario!(s1_256, s1_256_floor, Scenario::S1_256, 256, 8);
@@ -91,4 +113,21 @@ library_benchmark_group!(
     ]
 );
 
-main!(library_benchmark_groups = iteration, floor, incremental);
+library_benchmark_group!(
+    name = depth,
+    benchmarks = [
+        depth_1k,
+        depth_16k,
+        shared_1k,
+        unique_1k,
+        evicting_1k,
+        evicting_16k
+    ]
+);
+
+main!(
+    library_benchmark_groups = iteration,
+    floor,
+    incremental,
+    depth
+);

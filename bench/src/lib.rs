@@ -18,6 +18,8 @@
 //! iteration allocates nothing (`tests/no_alloc.rs` counts it).
 #![deny(missing_docs)]
 
+pub mod depth;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::Instant;
@@ -888,7 +890,7 @@ impl Measured {
 
 /// The `p`-quantile (0 ≤ p ≤ 1) of `sorted` by nearest rank (as `kvsched-sim`'s reports take it); NaN
 /// when nothing was measured.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     let Some(last) = sorted.len().checked_sub(1) else {
         return f64::NAN;
     };
@@ -897,7 +899,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Cost of an empty timed region (two clock reads), subtracted from every sample.
-fn timer_overhead_ns() -> f64 {
+pub(crate) fn timer_overhead_ns() -> f64 {
     let mut v: Vec<f64> = (0..10_000)
         .map(|_| {
             let t = Instant::now();

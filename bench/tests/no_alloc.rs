@@ -7,10 +7,15 @@
 //! workers can share the scenarios (the reset scenarios rebuild their state before every iteration, which
 //! is slow in a debug build) without one worker's rebuilds landing in the other's window. An allocation
 //! made by the pass runs on the thread that runs the pass, so it is counted.
+//!
+//! The depth family (`kvsched_bench::depth`): every steady pass of one built state of each scenario
+//! (`DEPTH_PASSES - 1`); a debug build checks the 1k queues over the 100k-block cache (a 64k state
+//! takes its debug build minutes), `cargo test --release` every scenario.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use kvsched_bench::depth::{Depth, DepthBench, CACHE_100K, DEPTH_PASSES};
 use kvsched_bench::{allocations, dispatch, Bench, CountingAlloc, Scenario, Visit};
 use kvsched_core::storage::Boxed;
 
@@ -92,5 +97,31 @@ fn bench_iterations_do_not_allocate() {
     for (s, counted, ran) in &report {
         assert_eq!(*ran, iterations(*s), "{}: iterations run", s.name());
         assert_eq!(*counted, 0, "{}: allocations in {ran} iterations", s.name());
+    }
+}
+
+#[test]
+fn depth_iterations_do_not_allocate() {
+    let debug = cfg!(debug_assertions);
+    let which = Depth::ALL
+        .into_iter()
+        .filter(|d| !debug || (d.waiting <= 1_024 && d.conversations == CACHE_100K));
+    for d in which {
+        let t = std::time::Instant::now();
+        let mut b = DepthBench::build(d);
+        let (mut counted, mut ran) = (0u64, 0u32);
+        while !b.spent() {
+            let before = allocations();
+            b.iteration();
+            counted += allocations() - before;
+            ran += 1;
+        }
+        eprintln!(
+            "{}: {ran} iterations, {counted} allocations, {:.1?}",
+            d.name,
+            t.elapsed()
+        );
+        assert_eq!(ran, DEPTH_PASSES - 1, "{}: iterations run", d.name);
+        assert_eq!(counted, 0, "{}: allocations in {ran} iterations", d.name);
     }
 }
