@@ -34,8 +34,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 return self.record_run(None, false);
             }
             // The last pass's refused run, skipped while it stands (`refused_run.rs`).
-            if let Some(end) = runs.then(|| self.skip_run(k)).flatten() {
-                self.track_run(k, true, &mut run);
+            if let Some((end, least)) = runs.then(|| self.skip_run(k)).flatten() {
+                self.track_run(k, Some(least), &mut run);
                 self.stats.skipped += crate::narrow::u32_of(end - k);
                 k = end;
                 continue;
@@ -44,10 +44,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             self.refused_clean = false;
             let step = self.pending_step(p.index as usize, p.planned);
             if runs {
-                if self.refused_clean {
-                    self.keep_short(k, self.refused_short);
+                let refused = self.refused_clean.then_some(self.refused_short);
+                if let Some(short) = refused {
+                    self.keep_short(k, short);
                 }
-                self.track_run(k, self.refused_clean, &mut run);
+                self.track_run(k, refused, &mut run);
             }
             k += 1;
             match step {

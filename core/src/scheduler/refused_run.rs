@@ -59,6 +59,7 @@ impl RefusedRun {
                 block: 0,
             },
             budget: 0,
+            least: 0,
         },
     };
 
@@ -74,6 +75,8 @@ pub(crate) struct RunStart {
     at: usize,
     mark: TrialMark,
     budget: u32,
+    /// The least shortfall of its members (0: one bounds nothing).
+    least: u32,
 }
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -97,12 +100,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             at: 0,
             mark: self.kv.caps().prefix?.trial_mark()?,
             budget: self.budget.remaining().unwrap_or(u32::MAX),
+            least: u32::MAX,
         })
     }
 
     /// At pending position `k`: where the members of the last pass's run that certainly stay refused,
-    /// from `k` on, end (`None`: none is skipped here).
-    pub(crate) fn skip_run(&mut self, k: usize) -> Option<usize> {
+    /// from `k` on, end, and the least they are now short of (`None`: none is skipped here).
+    pub(crate) fn skip_run(&mut self, k: usize) -> Option<(usize, u32)> {
         if self.run_end == 0 {
             self.run_end = self.run_in_place(k)?;
         }
@@ -119,7 +123,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             .cfg
             .chunking
             .is_some_and(|c| !self.budget.has_chunk_budget(c.policy, c.unit));
-        let mut j = k;
+        let undeferred = !self.skip_live || self.contributed.is_empty();
+        if same && shrunk == 0 && grown <= 0 && run.least > 0 && undeferred {
+            // Nothing moved that can admit one (the steady case): every member is skipped in O(1),
+            // and what each is short of stays a bound.
+            return Some((self.run_end, run.least));
+        }
+        let (mut j, mut least) = (k, u32::MAX);
         while j < self.run_end {
             let slot = self.table.slot(usize::from(self.pending[j].index));
             let short = self.shorts[usize::from(slot)];
@@ -136,9 +146,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 let left = u32::try_from((i64::from(short) - moved).max(0)).unwrap_or(u32::MAX);
                 self.shorts[usize::from(slot)] = left.min(u32::MAX - 1);
             }
+            least = least.min(self.shorts[usize::from(slot)]);
             j += 1;
         }
-        (j > k).then_some(j)
+        (j > k).then_some((j, least))
     }
 
     /// At most how many fewer pages the member's first chunk needs with `shrunk` tokens less budget:
@@ -185,16 +196,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         (end <= self.pending.len() && slot(end - 1) == run.last).then_some(end)
     }
 
-    /// After the request at pending position `k` was visited (`refused`: a clean trial refusal; the
-    /// pages it was short of are kept) or skipped (its shortfall kept by [`Pass::skip_run`]): the run
-    /// goes on, starts, or ends.
-    pub(crate) fn track_run(&mut self, k: usize, refused: bool, start: &mut Option<RunStart>) {
-        if !refused {
+    /// After the request at pending position `k` was visited (`refused`: a clean trial refusal short
+    /// of that many pages, kept) or skipped (the least its members are short of, kept by
+    /// [`Pass::skip_run`]): the run goes on, starts, or ends.
+    pub(crate) fn track_run(
+        &mut self,
+        k: usize,
+        refused: Option<u32>,
+        start: &mut Option<RunStart>,
+    ) {
+        let Some(short) = refused else {
             *start = None;
             return;
-        }
+        };
         if start.is_none() {
             *start = self.run_mark().map(|m| RunStart { at: k, ..m });
+        }
+        if let Some(s) = start.as_mut() {
+            s.least = s.least.min(short);
         }
     }
 
