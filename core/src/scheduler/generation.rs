@@ -66,6 +66,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 Exit::End => break,
                 Exit::Stop => Step::Stop,
                 Exit::Refused(r) => self.decode_refused(i, self.table.slot(i), r),
+                Exit::Other if self.table.hot(self.table.slot(i)).deferred() => self.defer(i),
                 Exit::Other => self.general_step(i, self.table.slot(i)),
             };
             if step == Step::Stop {
@@ -164,6 +165,30 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         Step::Scheduled
     }
 
+    /// [`Pass::general_step`] for a context or encoder request, from its hot record alone (a queue of
+    /// waiting requests costs a record read each, not an entry's): the same checks in the same order.
+    fn defer(&mut self, i: usize) -> Step {
+        let slot = self.table.slot(i);
+        let phase = self.table.hot(slot).phase;
+        debug_assert!(!self.table.entry(slot).sits_out());
+        if self.marked(slot, Mark::RECOMPUTED) {
+            return Step::Skip;
+        }
+        if self.budget.requests_full() {
+            return Step::Stop;
+        }
+        if !self.cfg.window.contains(phase) {
+            return Step::Skip;
+        }
+        let deferred = self.pending.push(super::pass::Pending {
+            index: u16_of(i),
+            planned: 0,
+            key: 0,
+        });
+        assert!(deferred.is_ok(), "one pending entry per live request");
+        Step::Skip
+    }
+
     /// The rule order of §1.4 for everything but the first branch's case.
     #[inline(never)]
     fn general_step(&mut self, i: usize, slot: u16) -> Step {
@@ -182,13 +207,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Step::Skip;
         }
         if phase == Phase::EncoderInit || phase == Phase::ContextInit {
-            let deferred = self.pending.push(super::pass::Pending {
-                index: u16_of(i),
-                planned: 0,
-                key: 0,
-            });
-            assert!(deferred.is_ok(), "one pending entry per live request");
-            return Step::Skip;
+            return self.defer(i);
         }
         let on_gpu = e.ownership().on_gpu();
         // A lease holder's adapter is counted: nothing to add. Another must fit (§1.4 step 7).

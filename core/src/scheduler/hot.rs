@@ -25,10 +25,12 @@ pub(crate) const READY: u8 = Ownership::Active as u8 | DECODE;
 pub(crate) const READY_MASK: u8 = OWNERSHIP_BITS | DECODE | INFLIGHT;
 
 /// What the decode loop reads of a request, by slot (16 bytes).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Hot {
     /// Ownership tag | [`DECODE`] | [`INFLIGHT`].
     pub(crate) code: u8,
+    /// The request's phase (phase 1 defers a context or encoder request from it alone).
+    pub(crate) phase: Phase,
     /// Adapter task slot, [`TaskSlot::NONE`] without a LoRA task, [`TaskSlot::UNCACHED`] with one but no cache.
     pub(crate) bucket: TaskSlot,
     /// Beam width.
@@ -39,10 +41,17 @@ pub(crate) struct Hot {
     pub(crate) headroom: u32,
 }
 
+impl Default for Hot {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
 impl Hot {
     /// A vacant slot's record (the default one).
     pub(crate) const EMPTY: Hot = Hot {
         code: 0,
+        phase: Phase::Unknown,
         bucket: TaskSlot(0),
         beam: 0,
         draft: 0,
@@ -71,6 +80,7 @@ impl Hot {
         };
         Self {
             code: e.ownership() as u8 | decode | inflight | loading | flags,
+            phase: spec.phase,
             bucket,
             beam: spec.beam,
             draft: spec.draft,
@@ -89,6 +99,13 @@ impl Hot {
     pub(crate) fn on_gpu(self) -> bool {
         let o = self.ownership();
         o == Ownership::Active as u8 || o == Ownership::Resumed as u8
+    }
+
+    /// A context or encoder request phase 1 defers to phase 2, not in flight (nor waiting on its
+    /// encoder): what `generation.rs`'s general step would push to the pending list.
+    #[inline]
+    pub(crate) fn deferred(self) -> bool {
+        matches!(self.phase, Phase::ContextInit | Phase::EncoderInit) && !self.inflight()
     }
 
     /// In flight.

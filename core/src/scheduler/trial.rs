@@ -37,10 +37,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let (r, prep) = (self.kv_ref(slot), self.context_prep(slot, true));
         let reused = self.kv.prefix()?.trial_reuse(r, prep)?;
-        self.table.edit(slot, |e| {
-            let s = e.spec_mut();
-            s.position = reused.min(s.prompt);
-        });
+        let spec = self.table.entry(slot).spec();
+        if spec.position != reused.min(spec.prompt) {
+            self.table.edit(slot, |e| {
+                let s = e.spec_mut();
+                s.position = reused.min(s.prompt);
+            });
+        }
         Some(Trial { prep, reused })
     }
 
