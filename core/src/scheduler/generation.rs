@@ -180,6 +180,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if !self.cfg.window.contains(phase) {
             return Step::Skip;
         }
+        self.push_pending(i)
+    }
+
+    /// Defers the request at arrival index `i` to phase 2.
+    fn push_pending(&mut self, i: usize) -> Step {
         let deferred = self.pending.push(super::pass::Pending {
             index: u16_of(i),
             planned: 0,
@@ -207,7 +212,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Step::Skip;
         }
         if phase == Phase::EncoderInit || phase == Phase::ContextInit {
-            return self.defer(i);
+            // Checked above already ([`Pass::defer`]'s checks, in the same order).
+            return self.push_pending(i);
         }
         let on_gpu = e.ownership().on_gpu();
         // A lease holder's adapter is counted: nothing to add. Another must fit (§1.4 step 7).
