@@ -195,6 +195,11 @@ fn every_slice_in_data_runs_with_default_options() {
         assert_eq!(r["tokens_generated"], r["completed_output_tokens"], "{p}");
         // The Mooncake slices arrive faster than one engine serves them, and the report says so.
         assert_eq!(r["overloaded"], p.contains("mooncake"), "{p}");
+        // The starvation figure is finite: every request ran again until it finished.
+        let s = &r["starvation"];
+        assert_eq!(s["unfinished"], 0, "{p}: {s}");
+        assert!(s["overtaken"].as_u64() <= s["passes"].as_u64(), "{p}: {s}");
+        assert!(s["passes"].as_u64() < r["iterations"].as_u64(), "{p}: {s}");
     }
 }
 

@@ -584,6 +584,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: &[Report]) -> Report {
         // The replicas run interleaved, each timed from its start: the cluster's wall time is the
         // longest.
         c.wall_seconds = c.wall_seconds.max(r.wall_seconds);
+        c.starvation = c.starvation.max(r.starvation);
         c.sim_seconds = c.sim_seconds.max(r.sim_seconds);
         c.kv_gpu_util_mean_pct += r.kv_gpu_util_mean_pct / n;
         c.adapter_util_mean_pct += r.adapter_util_mean_pct / n;

@@ -27,6 +27,7 @@ pub mod kv_router;
 pub mod plot;
 pub mod report;
 mod run_loop;
+pub mod starvation;
 pub mod stats;
 pub mod sweep;
 

@@ -162,6 +162,8 @@ pub struct Report {
     /// Prefill/decode disaggregation (`--disagg`): the transfers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagg: Option<super::disagg::DisaggFigures>,
+    /// The longest any request waited in the scheduler while others progressed (`starvation.rs`).
+    pub starvation: super::starvation::Starvation,
     /// The distributions behind the quantiles (a cluster's are its replicas' together).
     #[serde(skip)]
     pub raw: RawSamples,
@@ -367,6 +369,7 @@ impl Report {
             format_args!("{paused} ({preempted})"),
         );
         t.row("resumes", self.resumed);
+        t.row("longest wait while others ran", self.starvation_text());
         if self.spec_drafts > 0 {
             let (per, k, steps) = (
                 self.accepted_tokens_per_step,
@@ -378,6 +381,26 @@ impl Report {
                 format_args!("{per:.2} of {k} ({steps} steps)"),
             );
         }
+    }
+
+    /// The starvation figure in words: passes (and ms) and the request, or how many never ran again.
+    pub fn starvation_text(&self) -> String {
+        let s = self.starvation;
+        let who = s
+            .request
+            .map_or(String::new(), |r| format!(", request {r}"));
+        let tail = if s.finite() {
+            String::new()
+        } else {
+            format!("; {} still waiting at the end", s.unfinished)
+        };
+        let overtaken = s.overtaken_request.map_or("never overtaken".into(), |r| {
+            format!("overtaken {} passes (request {r})", s.overtaken)
+        });
+        format!(
+            "{} passes ({:.1} ms{who}); {overtaken}{tail}",
+            s.passes, s.ms
+        )
     }
 
     /// The prefix cache's reuse, and the KV pages moved between tiers.

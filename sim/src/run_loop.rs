@@ -20,6 +20,7 @@ use super::fairness::{Fairness, OUTPUT_WEIGHT};
 use super::faults::{Draw, Outcome};
 use super::kv_router::News;
 use super::report::Quantiles;
+use super::starvation::Waits;
 use super::{
     block_hashes, Live, Out, Report, Samples, Sched, SimError, SimOptions, StepWork, MAX_LIVE,
 };
@@ -76,6 +77,8 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     /// A digest of every pass (`check::pass_digest`), for the differential check: under `--check`,
     /// and in its twin whose passes are all full ones.
     digests: Option<Vec<u64>>,
+    /// The starvation figure's waits (`starvation.rs`).
+    waits: Waits,
 }
 
 /// A disaggregated engine's transfers.
@@ -138,6 +141,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             finished: Vec::new(),
             checker: Checker::new(o),
             digests: (o.check || o.full_passes).then(Vec::new),
+            waits: Waits::default(),
             fair: Fairness::new(o.adapters.count),
             loaded_blocks: 0,
             step_remote_blocks: 0,
@@ -339,11 +343,14 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             if self.disagg.role == Role::Prefill {
                 self.sched.end_send(h, end).map_err(SimError::Scheduler)?;
                 self.live[slot] = None;
+                self.waits.left(h.index());
             } else {
                 // A failed receive recomputes the prompt here (the core's arrow 4).
                 self.sched
                     .end_receive(h, end)
                     .map_err(SimError::Scheduler)?;
+                // Its wait for the scheduler begins when its prompt's KV (or its recompute) is ready.
+                self.waits.entered(h.index(), t.arrival as u64, self.now_ms);
                 let handed = self.disagg.first_tokens.get(&t.arrival).copied();
                 if t.delivered {
                     let handoff = t.at_ms - handed.unwrap_or(t.at_ms);
@@ -397,6 +404,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             n.roots
                 .push((a.adapter, self.sched.kv().lead().seq(h.index()).root));
         }
+        self.waits.entered(h.index(), i as u64, self.now_ms);
         self.live[h.index() as usize] = Some(Live {
             arrival: i,
             handle: h,
@@ -428,6 +436,14 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         }
         self.sched_ns.push(ns);
         r.iterations += 1;
+        let ran = out.context().iter().map(|c| c.listed.slot());
+        let ran = ran.chain(
+            out.generation()
+                .iter()
+                .chain(out.disagg())
+                .map(|l| l.slot()),
+        );
+        self.waits.scheduled(ran, self.pass_ms);
         let stats = sched.last_pass();
         r.suspended += stats.victims as u64 + stats.self_evictions as u64;
         r.self_evicted += stats.self_evictions as u64;
@@ -704,6 +720,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             let Some(lv) = self.live[slot as usize].take() else {
                 continue;
             };
+            self.waits.left(slot);
             self.sched.remove(lv.handle).map_err(SimError::Scheduler)?;
             if let Some(n) = &mut self.news {
                 n.finished.push(lv.arrival);
@@ -819,6 +836,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             self.r.exact_audits = c.audits;
         }
         self.r.incremental_passes = self.sched.replayed_passes();
+        self.r.starvation = std::mem::take(&mut self.waits).finish(self.now_ms);
         if let Some(mut d) = self.digests.take() {
             // The state the run ends in, pools included.
             d.push(super::check::pass_digest(
