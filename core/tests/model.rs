@@ -14,6 +14,7 @@
 
 use kvsched_testkit as harness;
 
+use harness::progress::Progress;
 use harness::{
     run, Admission, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, WindowGroup, N, T,
 };
@@ -241,6 +242,9 @@ struct Req {
     snap_every: u8,
     family: Option<u8>,
     encoder: u8,
+    /// Disaggregated serving: a generation request whose prompt's KV a transfer delivers (`true`) or a
+    /// context-only one (`false`); such a request has no drafts, snapshot points, family or encoder.
+    disagg: Option<bool>,
 }
 
 /// Configurations where every request below fits alone: the token budget admits any whole prompt.
@@ -280,11 +284,12 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
             0u8..=8,
             prop::option::of(1u8..=3),
             prop_oneof![Just(0u8), 1u8..=8],
+            prop::option::weighted(0.2, any::<bool>()),
         ),
     )
         .prop_filter_map(
             "fits alone",
-            move |(prompt, out_len, lora, draft, (snap_every, family, encoder))| {
+            move |(prompt, out_len, lora, draft, (snap_every, family, encoder, disagg))| {
                 let out_len = out_len.min(12);
                 let prompt = prompt.min(40);
                 let total = prompt + out_len * (1 + u32::from(draft)) + u32::from(draft);
@@ -298,6 +303,7 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
                     snap_every,
                     family,
                     encoder,
+                    disagg,
                 })
             },
         );
@@ -349,15 +355,16 @@ fn guaranteed(s: &Setup, reqs: &[Req]) -> bool {
     (s.no_evict || (s.recompute_pause && s.host_pages == 0)) && reqs.iter().all(fits_with_adapter)
 }
 
-/// Submits `reqs` to a fresh harness on `setup`, runs it to completion and drains it: every request
-/// finishes within `pass_bound`, or (only where progress is not guaranteed) a pass reports
-/// `Error::Deadlock`.
-fn fits_alone(setup: &Setup, reqs: &[Req]) -> Result<(), TestCaseError> {
-    let bound = pass_bound(reqs, setup);
-    let mut mem = setup.memory();
-    let mut h = Harness::new(setup.clone(), &mut mem).map_err(|e| TestCaseError::fail(e.0))?;
-    for r in reqs {
-        h.apply(&Op::Submit {
+/// The operation that submits `r`.
+fn submission(r: &Req) -> Op {
+    match r.disagg {
+        Some(generation) => Op::Disagg {
+            prompt: r.prompt,
+            out_len: r.out_len,
+            lora: r.lora,
+            generation,
+        },
+        None => Op::Submit {
             prompt: r.prompt,
             out_len: r.out_len,
             lora: r.lora,
@@ -366,15 +373,70 @@ fn fits_alone(setup: &Setup, reqs: &[Req]) -> Result<(), TestCaseError> {
             duplicate: false,
             family: r.family,
             encoder: r.encoder,
-        })
-        .map_err(|e| TestCaseError::fail(e.0))?;
+        },
     }
-    prop_assert_eq!(h.live(), reqs.len(), "every request was admitted");
-    match h
+}
+
+/// The progress bound (docs/RELIABILITY.md, "The progress bound"): in a run that reports no
+/// `Error::Deadlock` (every run where progress is guaranteed), the oldest runnable request is scheduled
+/// within W + `PROGRESS_SLACK` passes of becoming the oldest, W being the work the other live requests
+/// had left then (`kvsched_testkit::progress`: prompt tokens to compute and output tokens to produce).
+/// The slack is the pass in which it is refused and frees what it needs (a preemption or a recompute
+/// pause of a younger request) without another request's work counting down.
+const PROGRESS_SLACK: u64 = 1;
+
+/// With `KVSCHED_PROGRESS_LOG` set, one line per case: how it ended and the longest waits of the
+/// oldest runnable request (the long run's figures in docs/RELIABILITY.md are these lines, summed).
+fn log_progress(setup: &Setup, reqs: &[Req], done: &Done, p: &Progress) {
+    if std::env::var_os("KVSCHED_PROGRESS_LOG").is_none() {
+        return;
+    }
+    let capacity = if setup.no_evict { "gne" } else { "max_util" };
+    eprintln!(
+        "PROGRESS deadlock={} guaranteed={} longest={} excess={} chunk={:?} capacity={capacity} recompute={} host={} requests={}",
+        matches!(done, Done::Deadlock(_)),
+        guaranteed(setup, reqs),
+        p.longest,
+        p.excess,
+        setup.chunk,
+        setup.recompute_pause,
+        setup.host_pages > 0,
+        reqs.len()
+    );
+}
+
+/// Submits `reqs` to a fresh harness on `setup`, runs it to completion and drains it: every request
+/// finishes within `pass_bound`, or (only where progress is not guaranteed) a pass reports
+/// `Error::Deadlock`.
+fn fits_alone(setup: &Setup, reqs: &[Req]) -> Result<(), TestCaseError> {
+    let bound = pass_bound(reqs, setup);
+    let mut mem = setup.memory();
+    let mut h = Harness::new(setup.clone(), &mut mem).map_err(|e| TestCaseError::fail(e.0))?;
+    for r in reqs {
+        let refused = h.stats.refused;
+        h.apply(&submission(r))
+            .map_err(|e| TestCaseError::fail(e.0))?;
+        // Only a configuration that takes no disaggregated request refuses one (as the model predicts).
+        prop_assert!(
+            h.stats.refused == refused || r.disagg.is_some(),
+            "{:?} was refused",
+            r
+        );
+    }
+    prop_assert_eq!(h.live() as u64 + h.stats.refused, reqs.len() as u64);
+    let done = h
         .run_to_completion(bound)
-        .map_err(|e| TestCaseError::fail(e.0))?
-    {
-        Done::Finished(passes) => prop_assert!(passes <= bound),
+        .map_err(|e| TestCaseError::fail(e.0))?;
+    log_progress(setup, reqs, &done, &h.progress);
+    match done {
+        Done::Finished(passes) => {
+            prop_assert!(passes <= bound);
+            prop_assert!(
+                h.progress.excess <= PROGRESS_SLACK,
+                "the oldest runnable request waited past the bound: (id, passes, the others' work) {:?}",
+                h.progress.worst
+            );
+        }
         Done::Deadlock(passes) => prop_assert!(
             !guaranteed(setup, reqs),
             "deadlock after {} passes where progress is guaranteed",
@@ -816,6 +878,40 @@ fn regression_lora_requests_that_fit_alone_finish_under_recompute_pause() {
             h.apply(&sub(prompt, out_len, lora, 0)).unwrap();
         }
         assert!(matches!(h.run_to_completion(500), Ok(Done::Finished(_))));
+        assert_eq!(h.stats.deadlocks, 0);
+        h.drain().unwrap();
+    }
+}
+
+/// Three disaggregated generation requests (2-token prompts, 2 tokens of output) under
+/// GUARANTEED_NO_EVICT in 6 one-token pages with no host tier: each request's whole life fits alone,
+/// the three together do not. The pass prepared all three prompts' pages (2 each, nothing reserved for
+/// the output), filling the pool; once received, each needed a page for its decode step and under
+/// GUARANTEED_NO_EVICT nothing is ever evicted: `Error::Deadlock` after 51 passes where progress is
+/// guaranteed. Prepared pages now reserve the request's output, as a first chunk's do (difference 5),
+/// so a request waits for its whole reservation. Found by `every_request_that_fits_alone_finishes`
+/// (and its grouped variant) once disaggregated requests joined it.
+#[test]
+fn regression_received_requests_reserve_their_output_under_guaranteed_no_evict() {
+    let mut setup = base(6, 0);
+    setup.tokens_per_block = 1;
+    setup.max_blocks = 4;
+    setup.no_evict = true;
+    setup.deadlock_threshold = 50;
+    for setup in variants(setup) {
+        let mut mem = setup.memory();
+        let mut h = Harness::new(setup, &mut mem).unwrap();
+        for _ in 0..3 {
+            h.apply(&Op::Disagg {
+                prompt: 2,
+                out_len: 2,
+                lora: None,
+                generation: true,
+            })
+            .unwrap();
+        }
+        let done = h.run_to_completion(100);
+        assert!(matches!(done, Ok(Done::Finished(_))), "{done:?}");
         assert_eq!(h.stats.deadlocks, 0);
         h.drain().unwrap();
     }

@@ -31,6 +31,8 @@
 //! Failures are returned as a [`Violation`] describing the broken invariant (the callers panic with it).
 #![deny(missing_docs)]
 
+pub mod progress;
+
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -1131,6 +1133,14 @@ struct Live {
     frontier: u32,
 }
 
+/// A transfer holds the request: it sends its KV, or waits for it to arrive.
+fn transferring(p: Phase) -> bool {
+    matches!(
+        p,
+        Phase::DisaggContextTransInProgress | Phase::DisaggGenerationTransInProgress
+    )
+}
+
 /// Counters of what a run exercised.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stats {
@@ -1195,6 +1205,8 @@ pub struct Harness<'a> {
     pub store_faults: Option<std::rc::Rc<Faults>>,
     /// The blocks the KV events drained so far say the target's prefix cache holds.
     kv_blocks: BTreeMap<u64, Tier>,
+    /// How long the oldest runnable request waited (`progress.rs`).
+    pub progress: progress::Progress,
 }
 
 fn pick<T>(v: &[T], p: u8) -> Option<usize> {
@@ -1290,6 +1302,7 @@ impl<'a> Harness<'a> {
             host_copies: BTreeSet::new(),
             store_faults,
             kv_blocks: BTreeMap::new(),
+            progress: progress::Progress::default(),
         })
     }
 
@@ -1809,8 +1822,11 @@ impl<'a> Harness<'a> {
             self.complete()?;
         }
         let stall_before = self.sched.stall_count();
+        let oldest = self.oldest_runnable();
         let res = self.sched.schedule(&mut self.out);
         self.stats.passes += 1;
+        let ran = res.is_ok() && oldest.is_some_and(|id| self.scheduled(id));
+        self.progress.after(ran);
         match res {
             Ok(()) => {
                 self.sched
@@ -1855,6 +1871,34 @@ impl<'a> Harness<'a> {
             }
             Err(e) => Err(format!("schedule: {e}").into()),
         }
+    }
+
+    /// Before a pass: the oldest runnable request's id, its wait noted (`progress.rs`).
+    fn oldest_runnable(&mut self) -> Option<u64> {
+        let live: Vec<progress::Candidate> = self
+            .live
+            .iter()
+            .map(|l| progress::Candidate {
+                id: l.id,
+                runnable: !l.inflight && !l.loading && !transferring(l.phase),
+                work: u64::from(l.prompt.saturating_sub(l.position))
+                    + u64::from(l.out_len.saturating_sub(l.produced)),
+            })
+            .collect();
+        self.progress.before(&live)
+    }
+
+    /// Whether the last pass scheduled request `id` (a chunk, a decode step or a transfer's pages).
+    fn scheduled(&self, id: u64) -> bool {
+        let o = &self.out;
+        let is = |l: &Listed| {
+            self.sched
+                .get(l.handle())
+                .is_ok_and(|e| e.spec().id.0 == id)
+        };
+        o.context().iter().any(|c| is(&c.listed))
+            || o.generation().iter().any(is)
+            || o.disagg().iter().any(is)
     }
 
     /// Completes the last pass's step.

@@ -76,7 +76,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// What a GUARANTEED_NO_EVICT chunk growing to `capacity` reserves: the whole request (prompt,
     /// output, drafts), and the most any later step of it computes (a later chunk, within the token
     /// budget and the context limit, or a decode step with its drafts).
-    fn reservation(&self, slot: u16, capacity: u32) -> Reservation {
+    pub(crate) fn reservation(&self, slot: u16, capacity: u32) -> Reservation {
         let s = self.table.entry(slot).spec();
         let left = s.prompt.saturating_sub(capacity);
         let later = if left == 0 {

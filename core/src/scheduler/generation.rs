@@ -11,6 +11,7 @@
 //! request whose adapter would not fit stops the phase (§1.4 step 7) before any KV call.
 
 use crate::adapter::PeftBackend;
+use crate::config::CapacityPolicy;
 use crate::ids::TaskSlot;
 use crate::kv::{AdapterPaging, KvBackend, KvCaps, KvRef};
 use crate::phase::Phase;
@@ -344,6 +345,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// counted (difference 1) the shortfall can be the pages of a lease holder behind it, a context
     /// request the break would never defer — nothing would run again, and a disagg-init request is no
     /// stall candidate, so silently (difference 13).
+    ///
+    /// Under GUARANTEED_NO_EVICT the prepared pages are an admission: they reserve what the request
+    /// needs until it completes, its output included, as a first chunk's do (difference 5); the decode
+    /// steps then consume that headroom. Without it two received requests could each hold their prompt
+    /// and wait for ever for pages to decode into, where nothing is ever evicted.
     fn disagg_init(&mut self, slot: u16) -> Step {
         let Some(pages) = self.peft_need(slot) else {
             return Step::Skip;
@@ -354,9 +360,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             slot,
             id: e.spec().id,
         };
+        let existed = self.kv.cache(r).exists();
         if !(self.lease_obtainable(slot) && self.kv.prepare_disagg_gen_init(r, cap)) {
             return Step::Skip;
         }
+        let Some(headroom) = self.reserve_received(slot, cap, existed) else {
+            return Step::Skip;
+        };
         if !self.take_ownership(slot) {
             // A refused lease: a cache it did not own before is released (a suspended one was put back).
             let paused = matches!(self.table.entry(slot).held(), AnyRequest::Paused(_));
@@ -370,7 +380,29 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             AnyRequest::Resumed(a) => listed(self.out.push_disagg(a)),
             _ => panic!("a prepared disagg request owns its KV and its lease"),
         }
+        self.table.set_headroom(slot, headroom);
         self.commit_peft(slot, pages);
         Step::Skip
+    }
+
+    /// Under GUARANTEED_NO_EVICT, the disagg request at `slot`, just prepared to `cap` tokens, reserves
+    /// what it needs until it completes; `None` when refused, its cache as it was before the pass (a
+    /// cache it did not have is released, a suspended one suspended again). Elsewhere nothing is
+    /// reserved. Returns the tokens the cache holds beyond `cap`.
+    fn reserve_received(&mut self, slot: u16, cap: u32, existed: bool) -> Option<u32> {
+        if self.cfg.policy != CapacityPolicy::GuaranteedNoEvict {
+            return Some(0);
+        }
+        let r = self.kv_ref(slot);
+        let reservation = self.reservation(slot, cap);
+        let granted = self.kv.resize_reserving(r, cap, reservation, false);
+        if granted.is_none() {
+            if matches!(self.table.entry(slot).held(), AnyRequest::Paused(_)) {
+                self.kv.suspend(r);
+            } else if !existed {
+                self.kv.free(r);
+            }
+        }
+        granted
     }
 }
