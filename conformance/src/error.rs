@@ -211,8 +211,9 @@ pub enum Reason {
     /// An id no live request has.
     #[error("unknown id {0}")]
     UnknownId(u64),
-    /// The initial leases need more device pages than the adapter cache has.
-    #[error("initial leases need {pinned} pages, the cache has {pages}")]
+    /// The leases of started requests (the initial ones, or a pass's `add`) need more device pages
+    /// than the adapter cache has.
+    #[error("the leases of started requests need {pinned} pages, the cache has {pages}")]
     LeasesOverCache {
         /// Pages the leases pin.
         pinned: u32,

@@ -98,7 +98,7 @@ pub fn left_out(sc: &Scenario) -> Option<&'static str> {
 
 /// The grouped suite's one window group: as long as a request of the scripted pools (so every
 /// release keeps everything), accepting everything, reusing and probing as the target does.
-fn whole_request_window(sc: &Scenario) -> GroupIn {
+pub(crate) fn whole_request_window(sc: &Scenario) -> GroupIn {
     let tpb = sc.config.tokens_per_block.unwrap_or(64).max(1);
     GroupIn {
         window: u32::MAX / tpb * tpb,
@@ -179,7 +179,7 @@ fn run_file_grouped(path: &Path) -> Result<Option<&'static str>, String> {
     // either kind shows.
     let run = |groups: Option<&[GroupIn]>, incremental: bool| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_with(&sc, groups, incremental)
+            run_with(&sc, groups, incremental, false)
         }))
         .map_err(|_| "panicked".to_owned())?
         .map(|(trace, _)| trace)

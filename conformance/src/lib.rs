@@ -8,7 +8,9 @@
 
 pub mod error;
 pub mod grouped;
+mod passes;
 pub mod pools;
+pub mod record;
 pub mod scenario;
 pub mod scripted;
 
@@ -504,8 +506,8 @@ pub fn run_scenario(sc: &Scenario) -> Result<(), ScenarioError> {
 /// every call on the scripted backends: [`Run::trace`]). Returns how many passes were incremental.
 fn run_counted(sc: &Scenario) -> Result<u64, ScenarioError> {
     let groups = sc.kv.groups.as_deref();
-    let (incremental, replayed) = run_with(sc, groups, true)?;
-    let (full, _) = run_with(sc, groups, false)?;
+    let (incremental, replayed) = run_with(sc, groups, true, false)?;
+    let (full, _) = run_with(sc, groups, false, false)?;
     if let Some(k) =
         (0..incremental.len().max(full.len())).find(|&k| incremental.get(k) != full.get(k))
     {
@@ -520,11 +522,14 @@ fn run_counted(sc: &Scenario) -> Result<u64, ScenarioError> {
 
 /// Runs a parsed scenario on the plain set of pools, or on `groups` (the file's `kv.groups`, or the
 /// grouped suite's), with the incremental pass on or off; returns what each pass did
-/// ([`Run::trace`]) and how many passes were incremental.
+/// ([`Run::trace`]) and how many passes were incremental. `record`: the expectations are not checked
+/// ([`record::record`]), and no window group (`groups` empty, the file naming none) is the target alone
+/// as a group of one.
 fn run_with(
     sc: &Scenario,
     groups: Option<&[GroupIn]>,
     incremental: bool,
+    record: bool,
 ) -> Result<(Vec<String>, u64), ScenarioError> {
     let cfg = config_of(sc)?;
     check_shape(sc)?;
@@ -538,18 +543,22 @@ fn run_with(
     let target = target_pool(&sc.kv)?;
     let Some(windows) = groups else {
         let (ctl, backend) = pools::Pools::new(&sc.kv, target)?;
-        return run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental);
+        return run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental, record);
     };
     grouped::check_passes(sc)?;
     let tpb = sc.config.tokens_per_block.unwrap_or(64);
     match windows.len() {
+        0 if record && sc.kv.groups.is_none() => {
+            let (ctl, backend) = pools::Pools::grouped::<1>(&sc.kv, target, windows, tpb)?;
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental, record)
+        }
         1 => {
             let (ctl, backend) = pools::Pools::grouped::<2>(&sc.kv, target, windows, tpb)?;
-            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental)
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental, record)
         }
         2 => {
             let (ctl, backend) = pools::Pools::grouped::<3>(&sc.kv, target, windows, tpb)?;
-            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental)
+            run_on(sc, Run::new(sc, cfg, ctl, backend)?, incremental, record)
         }
         0 => Err(ScenarioError::malformed(
             "kv.groups",
@@ -565,34 +574,17 @@ fn run_with(
     }
 }
 
-/// The scenario's requests and passes on `run`'s scheduler.
+/// The scenario's requests and passes on `run`'s scheduler; `record`: each pass's expectations
+/// unchecked, and a step the scheduler or the runner refuses ends the trace with its reason.
 fn run_on<K: KvBackend>(
     sc: &Scenario,
     mut run: Run<K>,
     incremental: bool,
+    record: bool,
 ) -> Result<(Vec<String>, u64), ScenarioError> {
     run.sched.set_incremental(incremental);
-    for (i, r) in sc.requests.iter().enumerate() {
-        if let Err(refusal) = run.add(&format!("requests[{i}]"), r) {
-            // A refusal the scenario expects (the first pass's `expect.error`) is its outcome.
-            return match expected_error(sc) {
-                Some(want) if refusal.expected(want) => Ok((vec![format!("refused {i}")], 0)),
-                _ => Err(refusal.malformed()),
-            };
-        }
-    }
-    if let Some(p) = &sc.peft {
-        let pinned = run.sched.adapters().pinned_pages();
-        if pinned > p.max_device_pages {
-            return Err(ScenarioError::malformed(
-                "peft.max_device_pages",
-                Reason::LeasesOverCache {
-                    pinned,
-                    pages: p.max_device_pages,
-                },
-            ));
-        }
-        run.peft.load_leased();
+    if let Some(refused) = run.add_initial(sc)? {
+        return Ok((vec![refused], 0));
     }
     let single;
     let passes: &[PassIn] = match (&sc.expect, &sc.passes) {
@@ -606,20 +598,15 @@ fn run_on<K: KvBackend>(
     let mut out =
         Out::new_in().map_err(|e| ScenarioError::malformed("config", Reason::Refused(e)))?;
     let mut trace = Vec::with_capacity(passes.len());
-    for (k, pass) in passes.iter().enumerate() {
-        if k > 0 {
-            run.between_passes(&out, k, pass)?;
+    for k in 0..passes.len() {
+        match run.pass(sc, &mut out, (k, passes), record) {
+            Ok(line) => trace.push(line),
+            Err(why) if record => {
+                trace.push(format!("stopped: {why}"));
+                break;
+            }
+            Err(why) => return Err(why),
         }
-        let inflight = if k == 0 && pass.inflight.is_empty() {
-            &sc.inflight
-        } else {
-            &pass.inflight
-        };
-        run.prepare_pass(pass, inflight)?;
-        let result = run.sched.schedule(&mut out);
-        let at = Pass::new(k, passes.len());
-        trace.push(run.trace(&out, &result));
-        run.check(&out, result, &pass.expect, &at)?;
     }
     Ok((trace, run.sched.replayed_passes()))
 }
@@ -810,8 +797,9 @@ impl<K: KvBackend> Run<K> {
             self.update(&format!("passes[{k}].update[{j}]"), u)?;
         }
         for (j, a) in pass.add.iter().enumerate() {
-            self.add(&format!("passes[{k}].add[{j}]"), a)
-                .map_err(Refusal::malformed)?;
+            let field = format!("passes[{k}].add[{j}]");
+            self.add(&field, a).map_err(Refusal::malformed)?;
+            self.leases_fit(&field)?;
         }
         Ok(())
     }

@@ -325,6 +325,21 @@ impl Pools {
         }
     }
 
+    /// Every call the pools beside the target recorded (draft, cross, then each window group's), for
+    /// a record ([`crate::record`]).
+    pub fn other_calls(&self) -> String {
+        let mut all = Vec::new();
+        for (name, p) in [("draft", &self.draft), ("cross", &self.cross)] {
+            if let Some((p, _)) = p {
+                all.push(format!("{name} {:?}", &*p.calls()));
+            }
+        }
+        for (i, (w, _)) in self.windows.iter().enumerate() {
+            all.push(format!("groups[{}] {:?}", i + 1, &*w.calls()));
+        }
+        all.join("; ")
+    }
+
     /// The pool a `groups[N].` prefix names: group 0 is the target, group `N` the `N`th window group.
     fn group(&self, n: &str) -> Option<&ScriptedKv> {
         match n.parse::<usize>().ok()? {

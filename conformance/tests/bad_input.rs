@@ -19,7 +19,7 @@ fn malformed_scenario_files_are_refused_with_the_field() {
         kvsched_conformance::run_file(&file(&dir, "ok.json", ok)).map_err(|e| e.to_string()),
         Ok("x".into())
     );
-    let cases: [(&str, &str, &str); 11] = [
+    let cases: [(&str, &str, &str); 12] = [
         ("not JSON", "{", "malformed"),
         ("empty", "", "malformed"),
         (
@@ -62,6 +62,14 @@ fn malformed_scenario_files_are_refused_with_the_field() {
             "chunk unit 0",
             r#"{"name": "x", "requests": [], "config": {"chunking": {"policy": "fcfs", "unit": 0}}, "expect": {}}"#,
             "chunk unit",
+        ),
+        (
+            // Found by the differential fuzz: the next pass panicked (pinned adapters over the cache).
+            "added started requests whose leases overfill the adapter cache",
+            r#"{"name": "x", "peft": {"max_device_pages": 1}, "requests": [], "passes": [{},
+                {"add": [{"id": 0, "lora_task": 2, "state": "CONTEXT_INIT", "prompt": 34, "position": 1},
+                         {"id": 1, "lora_task": 1, "state": "CONTEXT_INIT", "prompt": 55, "position": 1}]}]}"#,
+            "passes[1].add[1]",
         ),
     ];
     for (case, text, needle) in cases {

@@ -481,7 +481,10 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
         self.counted(r, |k| {
             for g in &mut k.groups {
                 g.pool.set_peak(r, 0);
-                g.pool.free(r);
+                // As `KvSet` frees: only a cache that exists (a request without one is not freed).
+                if g.pool.cache(r).exists() {
+                    g.pool.free(r);
+                }
             }
         });
     }
