@@ -123,7 +123,13 @@ impl Hot {
     /// Evictable (spec §1.15): not in flight, started, no pending connector load, KV on the GPU.
     #[inline]
     pub(crate) fn evictable(self) -> bool {
-        self.code & (INFLIGHT | STARTED | LOADING) == STARTED && self.on_gpu()
+        self.idle_started() && self.on_gpu()
+    }
+
+    /// Started, not in flight, no pending connector load: evictable wherever its KV is on the GPU.
+    #[inline]
+    pub(crate) fn idle_started(self) -> bool {
+        self.code & (INFLIGHT | STARTED | LOADING) == STARTED
     }
 
     /// Recompute-pause candidate (spec §1.15): not in flight, no pending connector load, not

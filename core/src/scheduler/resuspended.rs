@@ -12,7 +12,10 @@
 //!
 //! - a request refused pages preempts where upstream would (it takes the newest held candidate that is
 //!   not marked, else the newest active one, marked ones included, as upstream);
-//! - the stall remedy never takes a marked request: upstream retries it next pass, its prefill kept.
+//! - the stall remedy never takes a marked request: upstream retries it next pass, its prefill kept;
+//! - the generation ladder's ordinary eviction takes a marked request where upstream's takes the cache
+//!   it left resumed: it is listed in `paused`, its mark cleared (it is now suspended as upstream's is),
+//!   the end index shrinks to it and it counts as a victim. Its KV is suspended already (no call).
 //!
 //! Before the mark such a request counted as held (never an active candidate): a request short of its
 //! pages preempted nobody while another request's decode kept the pass "progressing", the stall remedy
@@ -26,9 +29,10 @@
 
 use crate::adapter::PeftBackend;
 use crate::kv::{KvBackend, KvRef};
+use crate::request::Ownership;
 use crate::storage::Storage;
 
-use super::pass::Pass;
+use super::pass::{listed, Mark, Pass};
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -56,5 +60,29 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         e.record.resuspended
             && matches!(e.held(), AnyRequest::Paused(_))
             && self.kv.cache(r).exists()
+    }
+
+    /// An ordinary eviction candidate as upstream sees it (§1.15): evictable, or a continuation
+    /// difference 3 suspended again, which upstream holds resumed on the GPU.
+    pub(crate) fn ladder_candidate(&self, slot: u16) -> bool {
+        let h = self.table.hot(slot);
+        h.evictable()
+            || (h.ownership() == Ownership::Paused as u8
+                && h.idle_started()
+                && self.resuspended(slot))
+    }
+
+    /// Ordinary eviction takes the marked continuation at `slot`: upstream suspends the cache it left
+    /// resumed; here the KV is suspended already, so the request is listed in `paused` and its mark
+    /// cleared (it is suspended as upstream's now is), marked evicted for the rest of the pass.
+    pub(crate) fn evict_resuspended(&mut self, slot: u16) {
+        debug_assert!(self.resuspended(slot));
+        self.table.edit(slot, |r| r.resuspended = false);
+        match self.table.entry(slot).held() {
+            AnyRequest::Paused(p) => listed(self.out.push_paused(p)),
+            _ => unreachable!("a marked request is suspended"),
+        }
+        self.mark(slot, Mark::EVICTED);
+        self.evictions += 1;
     }
 }

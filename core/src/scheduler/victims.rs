@@ -44,18 +44,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         Some(Step::Stop)
     }
 
-    /// Ordinary eviction (§1.5 step 5): suspend the last evictable request before the end index, shrink
-    /// the end index to it, retry; until the allocation succeeds or no victim is left.
+    /// Ordinary eviction (§1.5 step 5): suspend the last evictable request before the end index (a
+    /// continuation difference 3 suspended again counts, as upstream's is active: `resuspended.rs`),
+    /// shrink the end index to it, retry; until the allocation succeeds or no victim is left.
     fn evict_for_generation(&mut self, i: usize, grow: u32) -> bool {
         let slot = self.table.slot(i);
         loop {
             let Some(j) = (i + 1..self.end)
                 .rev()
-                .find(|&j| self.evictable(self.table.slot(j)))
+                .find(|&j| self.ladder_candidate(self.table.slot(j)))
             else {
                 return false;
             };
-            self.suspend(self.table.slot(j));
+            let victim = self.table.slot(j);
+            if self.evictable(victim) {
+                self.suspend(victim);
+            } else {
+                self.evict_resuspended(victim);
+            }
             self.stats.victims += 1;
             self.end = j;
             if self.allocate_generation(slot, grow) {
