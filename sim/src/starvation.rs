@@ -60,6 +60,7 @@ impl Starvation {
 }
 
 /// One request's ended wait.
+#[derive(Debug, Clone, Copy)]
 struct Wait {
     request: u64,
     passes: u64,

@@ -114,13 +114,27 @@ impl<B: Buffers> KvPool<'_, B> {
     /// blocks past it gained the property, searched for ([`KvPool::search`]) when it lost blocks,
     /// walked from the root for a slot with no memo.
     fn refreshed(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> Frontier {
-        let memo = self.seqs[slot].memo;
-        let current = self.prefix.as_ref().map(super::prefix::Prefix::version);
-        if memo.known && (current == Some(memo.version) || self.unmoved(f) && f.len <= cap) {
+        if self.standing(slot, f, cap) {
             return f;
         }
         let found = self.found(slot, f, held, cap);
         self.stamped(slot, found)
+    }
+
+    /// [`KvPool::refreshed`] for a reader that keeps nothing: a frontier found anew is not stamped.
+    fn current(&self, slot: usize, f: Frontier, held: bool, cap: u32) -> Frontier {
+        if self.standing(slot, f, cap) {
+            return f;
+        }
+        self.found(slot, f, held, cap)
+    }
+
+    /// The remembered frontier `f` stands in O(1): the cache's version is the memo's, or neither of
+    /// its keys moved (within `cap` blocks).
+    fn standing(&self, slot: usize, f: Frontier, cap: u32) -> bool {
+        let memo = self.seqs[slot].memo;
+        let current = self.prefix.as_ref().map(super::prefix::Prefix::version);
+        memo.known && (current == Some(memo.version) || self.unmoved(f) && f.len <= cap)
     }
 
     /// Neither of the frontier's two keys moved since it was set (`Prefix::moved`).
@@ -270,7 +284,8 @@ impl<B: Buffers> KvPool<'_, B> {
     /// Side-effect free: the key of the first block of the slot's chain past its first `k` blocks, for
     /// `k` up to its depth (`None` past its hashed blocks), from the memo where it can.
     pub(super) fn key_after(&self, slot: usize, limit: u32) -> Option<u64> {
-        let f = self.indexed_now(slot);
+        let s = self.seqs[slot];
+        let f = self.current(slot, s.memo.indexed, false, s.hashed);
         match f.len.min(limit) {
             k if k >= self.seqs[slot].hashed => None,
             k if k == f.len => Some(f.first_without),

@@ -62,14 +62,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             && self.kv.cache(r).exists()
     }
 
-    /// An ordinary eviction candidate as upstream sees it (§1.15): evictable, or a continuation
-    /// difference 3 suspended again, which upstream holds resumed on the GPU.
-    pub(crate) fn ladder_candidate(&self, slot: u16) -> bool {
+    /// An ordinary eviction candidate as upstream sees it (§1.15): `Some(false)` when evictable,
+    /// `Some(true)` for a continuation difference 3 suspended again (upstream holds it resumed on the
+    /// GPU), else `None`.
+    #[inline]
+    pub(crate) fn ladder_candidate(&self, slot: u16) -> Option<bool> {
         let h = self.table.hot(slot);
-        h.evictable()
-            || (h.ownership() == Ownership::Paused as u8
-                && h.idle_started()
-                && self.resuspended(slot))
+        if h.evictable() {
+            return Some(false);
+        }
+        let paused = h.ownership() == Ownership::Paused as u8 && h.idle_started();
+        (paused && self.marked_continuation(slot)).then_some(true)
+    }
+
+    /// [`Self::resuspended`], out of the ladder's scan (a suspended request is rare there).
+    #[cold]
+    #[inline(never)]
+    fn marked_continuation(&self, slot: u16) -> bool {
+        self.resuspended(slot)
     }
 
     /// Ordinary eviction takes the marked continuation at `slot`: upstream suspends the cache it left

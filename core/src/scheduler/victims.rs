@@ -50,17 +50,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     fn evict_for_generation(&mut self, i: usize, grow: u32) -> bool {
         let slot = self.table.slot(i);
         loop {
-            let Some(j) = (i + 1..self.end)
+            let Some((j, marked)) = (i + 1..self.end)
                 .rev()
-                .find(|&j| self.ladder_candidate(self.table.slot(j)))
+                .find_map(|j| self.ladder_candidate(self.table.slot(j)).map(|m| (j, m)))
             else {
                 return false;
             };
             let victim = self.table.slot(j);
-            if self.evictable(victim) {
-                self.suspend(victim);
-            } else {
+            if marked {
                 self.evict_resuspended(victim);
+            } else {
+                self.suspend(victim);
             }
             self.stats.victims += 1;
             self.end = j;
@@ -177,12 +177,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         });
         self.freed(slot, task, Mark::PREEMPTED);
         self.stats.preemptions += 1;
-    }
-
-    /// Evictable (§1.15): not in flight, started, KV active on the GPU (from the hot record).
-    #[inline]
-    pub(crate) fn evictable(&self, slot: u16) -> bool {
-        self.table.hot(slot).evictable()
     }
 
     /// Recompute-pause candidate (§1.15): not in flight, not `GENERATION_TO_COMPLETE`, not a generation
