@@ -238,6 +238,9 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     /// `refused_short` pages.
     pub(crate) refused_clean: bool,
     pub(crate) refused_short: u32,
+    /// The pages phase 2's chunks are sure to be granted, and the tokens a page holds (`trial.rs`,
+    /// read at the first trial; `Some((0, _))` once spent or unknown).
+    pub(crate) room: Option<(u32, u32)>,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -303,6 +306,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             run_enabled,
             refused_clean: false,
             refused_short: 0,
+            room: None,
         }
     }
 

@@ -30,9 +30,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
 {
     /// A first chunk's trial: the reuse the backend tells, the request's position moved to it as
-    /// preparing would; `None` where there is no trial (the pass prepares).
+    /// preparing would; `None` where there is no trial (the pass prepares). Every chunk of phase 2
+    /// comes here before its preparation, so that the room is spent by each (`within_room`).
     pub(crate) fn trial(&mut self, slot: u16, first: bool) -> Option<Trial> {
-        if !first || self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
+        if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict || self.within_room(slot) || !first
+        {
             return None;
         }
         let (r, prep) = (self.kv_ref(slot), self.context_prep(slot, true));
@@ -77,5 +79,29 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             "a first chunk's preparation reuses what its trial told"
         );
         Ok(())
+    }
+
+    /// The chunk of the request at `slot` is sure to be granted its pages without a trial: all of
+    /// its prompt and drafts fit in the room left of the pages available when phase 2's first trial
+    /// read them (`TrialMark::available`), which every chunk visited since spent by as many pages
+    /// (a preparation takes at most a page a block, matched or new; a resume its held blocks). The
+    /// pool's own trial would answer the same (`KvPool::trial_reuse`: granted whatever it reuses),
+    /// so the pass prepares as usual, with no trial to pay for. Past the room (or with no mark) the
+    /// room is spent, and every later first chunk has its trial.
+    fn within_room(&mut self, slot: u16) -> bool {
+        let (room, block) = match self.room {
+            Some(r) => r,
+            None => self
+                .kv
+                .caps()
+                .prefix
+                .and_then(|p| p.trial_mark())
+                .map_or((0, 1), |m| (m.available, m.block.max(1))),
+        };
+        let s = self.table.entry(slot).spec();
+        let pages = (s.prompt.saturating_add(s.draft)).div_ceil(block);
+        let fits = pages <= room;
+        self.room = Some((if fits { room - pages } else { 0 }, block));
+        fits
     }
 }
