@@ -335,7 +335,12 @@ impl Pools {
             }
         }
         for (i, (w, _)) in self.windows.iter().enumerate() {
-            all.push(format!("groups[{}] {:?}", i + 1, &*w.calls()));
+            all.push(format!(
+                "groups[{}] {:?} undo {:?}",
+                i + 1,
+                &*w.calls(),
+                &*w.undone()
+            ));
         }
         all.join("; ")
     }
@@ -361,6 +366,10 @@ impl Pools {
             Some((p, rest)) if group(p).is_some() => (group(p).flatten(), rest),
             _ => (Some(&self.target), method),
         };
+        let (undo, rest) = match rest.strip_prefix("undo.") {
+            Some(rest) => (true, rest),
+            None => (false, rest),
+        };
         let (name, arg) = match rest.rsplit_once('.') {
             Some((n, a @ ("limit" | "capacity" | "keep_from"))) => (n, Some(a)),
             _ => (rest, None),
@@ -369,7 +378,7 @@ impl Pools {
         let Some(pool) = pool else {
             return Some(Vec::new());
         };
-        let calls = pool.calls();
+        let calls = if undo { pool.undone() } else { pool.calls() };
         Some(
             calls
                 .iter()

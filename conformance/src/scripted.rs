@@ -159,6 +159,9 @@ pub struct KvState {
     /// Calls in order: method, id, and the argument some record (a claim's limit, a resize's capacity,
     /// a window release's `keep_from`).
     calls: Vec<(KvCall, u64, Option<u32>)>,
+    /// The calls KV groups made as their compensation (`GroupPool::compensating`), kept apart.
+    undone: Vec<(KvCall, u64, Option<u32>)>,
+    compensating: bool,
     /// Page size (what KV groups read: a window is a whole number of pages).
     tokens_per_block: u32,
     /// Capacity and last growth per id, from the resizes and allocations that succeeded.
@@ -208,6 +211,8 @@ impl ScriptedKv {
             disagg: Script::new(scripts.disagg),
             admit: Script::new(scripts.admit),
             calls: Vec::new(),
+            undone: Vec::new(),
+            compensating: false,
             tokens_per_block: 64,
             capacity: BTreeMap::new(),
         };
@@ -307,9 +312,16 @@ impl ScriptedKv {
         Ref::map(self.state.borrow(), |s| s.calls.as_slice())
     }
 
+    /// The calls KV groups made in this pool as their compensation, in order (`undo.` in `calls`).
+    pub fn undone(&self) -> Ref<'_, [(KvCall, u64, Option<u32>)]> {
+        Ref::map(self.state.borrow(), |s| s.undone.as_slice())
+    }
+
     /// Forgets the recorded calls.
     pub fn clear_calls(&self) {
-        self.state.borrow_mut().calls.clear();
+        let mut st = self.state.borrow_mut();
+        st.calls.clear();
+        st.undone.clear();
     }
 }
 
@@ -321,7 +333,12 @@ impl KvState {
 
     /// Records a call for request `r` (with the argument some calls record); returns its id.
     fn record(&mut self, call: KvCall, r: KvRef, arg: Option<u32>) -> u64 {
-        self.calls.push((call, r.id.0, arg));
+        let list = if self.compensating {
+            &mut self.undone
+        } else {
+            &mut self.calls
+        };
+        list.push((call, r.id.0, arg));
         r.id.0
     }
 
@@ -599,6 +616,9 @@ impl GroupPool for ScriptedKv {
     }
     fn release_window(&mut self, r: KvRef, keep_from: u32) {
         self.with(|st| st.record(KvCall::ReleaseWindow, r, Some(keep_from)));
+    }
+    fn compensating(&mut self, on: bool) {
+        self.with(|st| st.compensating = on);
     }
     fn capacity(&self, r: KvRef) -> u32 {
         self.with(|st| st.capacity.get(&r.id.0).map_or(0, |g| g.capacity))

@@ -221,6 +221,18 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         }
     }
 
+    /// Runs `f`, which undoes in some groups what another group refused (or the reservations do not
+    /// back), with every pool told that its calls are the set's compensation (`GroupPool::compensating`).
+    fn compensate(&mut self, f: impl FnOnce(&mut Self)) {
+        for g in &mut self.groups {
+            g.pool.compensating(true);
+        }
+        f(self);
+        for g in &mut self.groups {
+            g.pool.compensating(false);
+        }
+    }
+
     /// Undoes the growth of groups `..upto` (the one that refused it undid its own), suspending again
     /// every cache the growth `resumed`.
     fn undo_growth(&mut self, r: KvRef, upto: usize, resumed: bool) {
@@ -253,13 +265,15 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         let mut reused = 0;
         for i in 0..G {
             let Some(n) = self.groups[i].pool.prepare_context(r, prep) else {
-                for g in &mut self.groups[..i] {
-                    if fresh {
-                        g.pool.free(r);
-                    } else {
-                        g.pool.suspend(r);
+                self.compensate(|k| {
+                    for g in &mut k.groups[..i] {
+                        if fresh {
+                            g.pool.free(r);
+                        } else {
+                            g.pool.suspend(r);
+                        }
                     }
-                }
+                });
                 return None;
             };
             // Every group reuses the hit that all of them hold.
@@ -279,12 +293,14 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
     fn grow_context(&mut self, r: KvRef, capacity: u32, first_chunk: bool) -> bool {
         for i in 0..G {
             if !self.groups[i].pool.resize_context(r, capacity, first_chunk) {
-                for g in &mut self.groups[..i] {
-                    g.pool.revert_allocate_generation(r);
-                }
-                if first_chunk {
-                    self.deactivate(r);
-                }
+                self.compensate(|k| {
+                    for g in &mut k.groups[..i] {
+                        g.pool.revert_allocate_generation(r);
+                    }
+                    if first_chunk {
+                        k.deactivate(r);
+                    }
+                });
                 return false;
             }
         }
@@ -326,7 +342,7 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         }
         for i in 0..G {
             if !self.groups[i].pool.try_allocate_generation(r, grow) {
-                self.undo_growth(r, i, resumed);
+                self.compensate(|k| k.undo_growth(r, i, resumed));
                 return false;
             }
         }
@@ -403,9 +419,11 @@ impl<P: GroupPool, const G: usize> KvBackend for PoolGroups<P, G> {
         let prepare = |k: &mut Self| {
             for i in 0..G {
                 if !k.groups[i].pool.prepare_disagg_gen_init(r, capacity) {
-                    for g in &mut k.groups[..i] {
-                        g.pool.free(r);
-                    }
+                    k.compensate(|k| {
+                        for g in &mut k.groups[..i] {
+                            g.pool.free(r);
+                        }
+                    });
                     return false;
                 }
             }

@@ -60,6 +60,12 @@ pub trait GroupPool: KvBackend + PrefixReuse {
     fn set_peak(&mut self, r: KvRef, peak: u32) {
         let _ = (r, peak);
     }
+    /// While `on`, the calls this pool receives are the group set's compensation (undoing, in this
+    /// group, an operation another group refused or the reservations do not back), not the
+    /// scheduler's: a pool that records its calls can tell them apart. No-op by default.
+    fn compensating(&mut self, on: bool) {
+        let _ = on;
+    }
 }
 
 /// A pool's pages as reservations count them ([`GroupPool::pool_pages`]).

@@ -67,7 +67,7 @@ impl<P: GroupPool, const G: usize> PoolGroups<P, G> {
         if self.backed() {
             return true;
         }
-        self.counted(r, undo);
+        self.counted(r, |k| k.compensate(undo));
         false
     }
 

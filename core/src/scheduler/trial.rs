@@ -95,7 +95,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 .kv
                 .caps()
                 .prefix
-                .and_then(|p| p.trial_mark())
+                .and_then(PrefixReuse::trial_mark)
                 .map_or((0, 1), |m| (m.available, m.block.max(1))),
         };
         let s = self.table.entry(slot).spec();
