@@ -917,6 +917,47 @@ fn regression_received_requests_reserve_their_output_under_guaranteed_no_evict()
     }
 }
 
+/// Unified paging under GUARANTEED_NO_EVICT (7 two-token pages): a received request on a 2-page adapter,
+/// 8 tokens of prompt and 2 of output, fits beside its adapter; an update to one draft token made it 11
+/// tokens, 6 pages beside the adapter's 2, which no pass can ever grant. `update` took it (submission
+/// refuses such a request), and once received requests reserved their output the request waited
+/// unprepared for ever (a disaggregated request is no stall candidate, as upstream's): the settling
+/// phase's livelock bound. `update` now refuses it as submission does (`RequestTooLarge`), changing
+/// nothing. Found by `invariants_hold_after_every_operation` at 20,000 cases in CI.
+#[test]
+fn regression_an_update_past_what_fits_beside_the_adapter_is_refused() {
+    let mut setup = base(7, 0);
+    setup.tokens_per_block = 2;
+    setup.max_blocks = 7;
+    setup.no_evict = true;
+    setup.max_num_tokens = None;
+    setup.max_num_requests = 1;
+    setup.deadlock_threshold = 2;
+    setup.draft = Some(DraftMode::Unpaired);
+    setup.peft = Some(PeftSetup {
+        unified: true,
+        ..split_peft(1, 2, &[1, 1, 1, 1, 2])
+    });
+    let ops = [
+        sub(1, 1, None, 0),
+        sub(1, 1, None, 0),
+        sub(9, 6, None, 0),
+        Op::Disagg {
+            prompt: 8,
+            out_len: 2,
+            lora: Some(4),
+            generation: true,
+        },
+        Op::Complete,
+        Op::Update {
+            pick: 92,
+            beam: 1,
+            draft: 1,
+        },
+    ];
+    run(setup, &ops).unwrap();
+}
+
 /// Submits `(prompt, out_len, draft, snap_every, lora)` requests, in that order.
 fn submit_each(h: &mut Harness<'_>, reqs: &[(u32, u32, u8, u8, Option<u8>)]) {
     for &(prompt, out_len, draft, snap_every, lora) in reqs {

@@ -1654,15 +1654,28 @@ impl<'a> Harness<'a> {
         }
     }
 
+    /// Most tokens an update may leave a request of adapter `lora` holding: what one request can hold,
+    /// and with unified paging what fits beside its adapter (as at submission).
+    fn update_limit(&self, lora: Option<TaskId>) -> u64 {
+        let beside = match (lora, &self.setup.peft) {
+            (Some(t), Some(p)) if p.unified => p
+                .task_pages
+                .get((t.0 - task_id(0)) as usize)
+                .map_or(u64::MAX, |&pages| self.setup.max_tokens_beside(pages)),
+            _ => u64::MAX,
+        };
+        self.setup.max_tokens().min(beside)
+    }
+
     fn update(&mut self, i: usize, beam: u8, draft: u8) -> Result<(), Violation> {
         let h = self.live[i].handle;
         let before = fingerprint(&self.sched);
-        let (prompt, max_new) = {
+        let (prompt, max_new, lora) = {
             let sp = self.sched.get(h).map_err(|e| format!("get: {e}"))?.spec();
-            (sp.prompt, sp.max_new_tokens)
+            (sp.prompt, sp.max_new_tokens, sp.lora)
         };
-        let too_large =
-            u64::from(prompt) + u64::from(max_new) + u64::from(draft) > self.setup.max_tokens();
+        let tokens = u64::from(prompt) + u64::from(max_new) + u64::from(draft);
+        let too_large = tokens > self.update_limit(lora);
         let r = self.sched.update(h, |s| {
             s.beam = u32::from(beam);
             s.draft = u32::from(draft);

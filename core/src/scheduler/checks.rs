@@ -94,7 +94,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// Unified paging: a LoRA request's KV must fit in the pool beside its adapter, which it pins
     /// while it runs (else it could never finish: a prefill that never fits, replayed forever).
-    fn check_beside_adapter(&self, spec: &RequestSpec, task: TaskRef) -> Result<(), Error> {
+    pub(super) fn check_beside_adapter(
+        &self,
+        spec: &RequestSpec,
+        task: TaskRef,
+    ) -> Result<(), Error> {
         let Some(adapters) = self.kv.caps().adapters else {
             return Ok(());
         };

@@ -243,7 +243,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             if self.kv.cache(r).exists() {
                 self.kv.free(r);
             }
-            self.table.edit(slot, |e| e.spec_mut().position = 0);
+            if e.spec().position != 0 {
+                self.table.edit(slot, |e| e.spec_mut().position = 0);
+            }
             self.table.set_headroom(slot, 0);
         } else if paused {
             // Difference 3: suspended again where upstream leaves it resumed (`resuspended.rs`).

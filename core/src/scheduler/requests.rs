@@ -174,7 +174,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id, LoRA task and
     /// tenant cannot change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
-    /// as at submission) is refused and nothing changes.
+    /// beside its adapter too with unified paging, as at submission) is refused and nothing changes.
     pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
         if e.ownership() == Ownership::Sending {
@@ -191,6 +191,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Err(Error::Invalid("position is beyond the prompt"));
         }
         self.check_sizes(&s)?;
+        if let Some(t) = e.task() {
+            // Unified paging: grown drafts or output must still fit beside its adapter, as at
+            // submission (else it could never be admitted whole).
+            self.check_beside_adapter(&s, t)?;
+        }
         if s != *self.table.entry(h.index()).spec() {
             self.changed();
         }
