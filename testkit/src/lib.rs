@@ -1888,17 +1888,19 @@ impl<'a> Harness<'a> {
 
     /// Before a pass: the oldest runnable request's id, its wait noted (`progress.rs`).
     fn oldest_runnable(&mut self) -> Option<u64> {
-        let live: Vec<progress::Candidate> = self
+        let work = |l: &Live| {
+            u64::from(l.prompt.saturating_sub(l.position))
+                + u64::from(l.out_len.saturating_sub(l.produced))
+        };
+        let oldest = self
             .live
             .iter()
-            .map(|l| progress::Candidate {
-                id: l.id,
-                runnable: !l.inflight && !l.loading && !transferring(l.phase),
-                work: u64::from(l.prompt.saturating_sub(l.position))
-                    + u64::from(l.out_len.saturating_sub(l.produced)),
-            })
-            .collect();
-        self.progress.before(&live)
+            .find(|l| !l.inflight && !l.loading && !transferring(l.phase))
+            .map(|l| l.id);
+        let live = &self.live;
+        self.progress.before(oldest, |id| {
+            live.iter().filter(|l| l.id != id).map(work).sum()
+        })
     }
 
     /// Whether the last pass scheduled request `id` (a chunk, a decode step or a transfer's pages).

@@ -4,21 +4,10 @@
 //! not in flight, no transfer in progress (sending its KV or receiving it), no connector load pending.
 //! While it stays the oldest runnable one, [`Progress`] counts the passes that did not schedule it (in
 //! a context, generation or transfer list), and remembers the work the *other* live requests had left
-//! when it became the oldest: their prompt chunks still to compute and their output tokens still to
-//! produce. The bound the model tests hold (`core/tests/model.rs`, `progress_bound`) is stated against
+//! when it became the oldest: their prompt tokens still to compute and their output tokens still to
+//! produce. The bound the model tests hold (`core/tests/model.rs`, `PROGRESS_SLACK`) is stated against
 //! that work: a request waits on work that exists when it becomes the oldest, never on work created
 //! after (a newcomer's, or a replay that overtakes it).
-
-/// One live request, as the bound sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct Candidate {
-    /// Its id.
-    pub id: u64,
-    /// Whether the scheduler may run it now.
-    pub runnable: bool,
-    /// Its chunks and tokens still to come.
-    pub work: u64,
-}
 
 /// The oldest runnable request's wait so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,25 +30,22 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Before a pass: the oldest runnable request among `live` (in arrival order), if any. Returns its id.
-    pub fn before(&mut self, live: &[Candidate]) -> Option<u64> {
-        let Some(oldest) = live.iter().find(|c| c.runnable) else {
+    /// Before a pass: `oldest`, the oldest runnable request (if any), and `others(id)`, the work the
+    /// other live requests have left, asked for only when a new request becomes the oldest. Returns
+    /// the oldest's id.
+    pub fn before(&mut self, oldest: Option<u64>, others: impl FnOnce(u64) -> u64) -> Option<u64> {
+        let Some(id) = oldest else {
             self.current = None;
             return None;
         };
-        if self.current.is_none_or(|e| e.id != oldest.id) {
-            let others = live
-                .iter()
-                .filter(|c| c.id != oldest.id)
-                .map(|c| c.work)
-                .sum();
+        if self.current.is_none_or(|e| e.id != id) {
             self.current = Some(Episode {
-                id: oldest.id,
+                id,
                 waited: 0,
-                others,
+                others: others(id),
             });
         }
-        Some(oldest.id)
+        Some(id)
     }
 
     /// After the pass: whether it scheduled the oldest runnable request.
@@ -87,22 +73,26 @@ impl Progress {
 mod tests {
     use super::*;
 
-    fn c(id: u64, runnable: bool, work: u64) -> Candidate {
-        Candidate { id, runnable, work }
+    /// `before` over `(id, runnable, work)` live requests in arrival order.
+    fn before(p: &mut Progress, live: &[(u64, bool, u64)]) -> Option<u64> {
+        let oldest = live.iter().find(|c| c.1).map(|c| c.0);
+        p.before(oldest, |id| {
+            live.iter().filter(|c| c.0 != id).map(|c| c.2).sum()
+        })
     }
 
     #[test]
     fn a_wait_is_held_against_the_others_work_when_it_began() {
         let mut p = Progress::default();
-        let live = [c(1, false, 9), c(2, true, 4), c(3, true, 2)];
+        let live = [(1, false, 9), (2, true, 4), (3, true, 2)];
         for _ in 0..5 {
-            assert_eq!(p.before(&live), Some(2));
+            assert_eq!(before(&mut p, &live), Some(2));
             p.after(false);
         }
         // Request 2 waited 5 passes; the others had 9 + 2 left.
         assert_eq!((p.longest, p.excess, p.worst), (5, 0, Some((2, 5, 11))));
         p.after(true);
-        assert_eq!(p.before(&[c(3, true, 2)]), Some(3));
+        assert_eq!(before(&mut p, &[(3, true, 2)]), Some(3));
         p.after(false);
         p.after(false);
         assert_eq!((p.longest, p.excess, p.worst), (5, 2, Some((3, 2, 0))));

@@ -141,14 +141,19 @@ fn side_pool(draft: bool) -> impl Strategy<Value = Value> {
             put(&mut m, "resize_context", resize);
             put(&mut m, "try_allocate_generation", alloc);
             put(&mut m, "admit_mirror", admit);
-            let reuse: Map<_, _> = reuse
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.into()))
-                .collect();
-            m.insert("reuse".into(), reuse.into());
+            m.insert("reuse".into(), by_id(reuse));
             m.insert("inactive".into(), inactive.into());
             Value::Object(m)
         })
+}
+
+/// A per-request map of the format (`{"id": tokens}`).
+fn by_id(m: std::collections::BTreeMap<u64, u32>) -> Value {
+    let m: Map<_, _> = m
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into()))
+        .collect();
+    m.into()
 }
 
 fn kv(shape: Shape) -> impl Strategy<Value = Value> {
@@ -197,11 +202,7 @@ fn kv(shape: Shape) -> impl Strategy<Value = Value> {
                 put(&mut m, "prepare_disagg_gen_init", d);
                 put(&mut m, "block_reuse", reuse);
                 put(&mut m, "reuse_policy", policy);
-                let probe: Map<_, _> = probe
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v.into()))
-                    .collect();
-                m.insert("probe".into(), probe.into());
+                m.insert("probe".into(), by_id(probe));
                 put(&mut m, "draft", draft);
                 put(&mut m, "cross", cross);
                 put(&mut m, "connector", conn);
