@@ -161,6 +161,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// recompute-paused request) keep arrival order ahead of the waiting ones, as under FCFS, so a
     /// policy never makes two partially prefilled requests take turns preempting each other.
     pub(crate) fn order_admissions(&mut self) {
+        debug_assert!(
+            self.no_span() || self.cfg.admission == Admission::Fcfs,
+            "runs apply under FCFS admission only"
+        );
         match self.cfg.admission {
             Admission::Fcfs => return,
             Admission::Deadline { ttft } => {

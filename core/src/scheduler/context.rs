@@ -18,7 +18,8 @@ use crate::phase::Phase;
 use crate::request::KvReturn;
 use crate::storage::Storage;
 
-use super::pass::{listed, Mark, Pass, Step};
+use super::marks::Mark;
+use super::pass::{listed, Pass, Step};
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -29,7 +30,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         self.begin_prefix_skip();
         let runs = self.runs_apply();
         let (mut k, mut run) = (0, None);
-        while k < self.pending.len() {
+        // Phase 2 adds no pending entry.
+        let len = self.pending_len();
+        while k < len {
             if self.budget.requests_full() {
                 return self.record_run(None, false);
             }
@@ -40,7 +43,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 k = end;
                 continue;
             }
-            let p = self.pending[k];
+            let p = self.pending_at(k);
             self.refused_clean = false;
             let step = self.pending_step(p.index as usize, p.planned);
             if runs {
@@ -58,6 +61,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 _ => {}
             }
         }
+        debug_assert_eq!(len, self.pending_len());
         self.record_run(run, true);
     }
 
@@ -261,6 +265,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// the chunked contexts until the budget left after phase 1 is used; each request's plan is stored
     /// with its pending entry.
     pub(crate) fn plan_equal_progress(&mut self, unit: u32) {
+        debug_assert!(self.no_span(), "runs apply under FCFS chunking only");
         let Some(left) = self.budget.remaining() else {
             for k in 0..self.pending.len() {
                 let s = self
@@ -287,6 +292,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let (Some(c), Some(left)) = (self.cfg.chunking, self.budget.remaining()) else {
             return;
         };
+        debug_assert!(self.no_span(), "runs apply under FCFS chunking only");
         for k in from..self.pending.len() {
             self.pending[k].planned = 0;
         }

@@ -26,7 +26,8 @@ use crate::kv::{KvBackend, KvCaps};
 use crate::phase::Phase;
 use crate::storage::Storage;
 
-use super::pass::{Mark, Pass};
+use super::marks::Mark;
+use super::pass::Pass;
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -73,8 +74,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 && !e.pending_load()
         });
         generation
-            || self.pending.iter().any(|p| {
-                let s = self.table.slot(p.index as usize);
+            || (0..self.pending_len()).any(|k| {
+                let s = self.table.slot(usize::from(self.pending_at(k).index));
                 !self.marked(s, Mark::PREEMPTED)
             })
     }

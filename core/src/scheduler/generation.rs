@@ -19,7 +19,8 @@ use crate::request::KvReturn;
 use crate::storage::{FixedList, Storage};
 
 use super::hot::{READY, READY_MASK};
-use super::pass::{listed, Mark, Pass, Step};
+use super::marks::Mark;
+use super::pass::{listed, Pass, Step};
 use super::table::AnyRequest;
 use crate::narrow::u16_of;
 
@@ -67,7 +68,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 Exit::End => break,
                 Exit::Stop => Step::Stop,
                 Exit::Refused(r) => self.decode_refused(i, self.table.slot(i), r),
-                Exit::Other if self.table.hot(self.table.slot(i)).deferred() => self.defer(i),
+                Exit::Other if self.table.hot(self.table.slot(i)).deferred() => self.defer(&mut i),
                 Exit::Other => self.general_step(i, self.table.slot(i)),
             };
             if step == Step::Stop {
@@ -92,6 +93,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             &mut *self.plan,
             &mut *self.marks,
         );
+        let stamp = self.stamp;
         let (used, cap, requests, max_requests) = self.budget.raw();
         // What the batch still takes, counted down: requests, and tokens (one register each).
         let mut room = max_requests.saturating_sub(requests);
@@ -137,7 +139,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 listed(out.push_generation(r));
                 plan.count_decode(h.bucket);
                 h.headroom = after;
-                marks[usize::from(slot)] = Mark::SCHEDULED;
+                stamp.set(&mut marks[usize::from(slot)], Mark::SCHEDULED);
                 tokens_left -= u64::from(tokens);
                 room -= 1;
                 beam = h.beam;
@@ -168,8 +170,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// [`Pass::general_step`] for a context or encoder request, from its hot record alone (a queue of
     /// waiting requests costs a record read each, not an entry's): the same checks in the same order.
-    fn defer(&mut self, i: usize) -> Step {
-        let slot = self.table.slot(i);
+    /// The last pass's refused run, met at its first member, is deferred whole (`span.rs`): `i` moves
+    /// to its last.
+    fn defer(&mut self, i: &mut usize) -> Step {
+        let slot = self.table.slot(*i);
         let phase = self.table.hot(slot).phase;
         debug_assert!(!self.table.entry(slot).sits_out());
         if self.marked(slot, Mark::RECOMPUTED) {
@@ -181,7 +185,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if !self.cfg.window.contains(phase) {
             return Step::Skip;
         }
-        self.push_pending(i)
+        if slot == self.span_first {
+            if let Some(count) = self.defer_span(*i) {
+                *i += count - 1;
+                return Step::Skip;
+            }
+        }
+        self.push_pending(*i)
     }
 
     /// Defers the request at arrival index `i` to phase 2.

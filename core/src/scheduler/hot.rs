@@ -114,6 +114,12 @@ impl Hot {
         self.code & INFLIGHT != 0
     }
 
+    /// A context request in flight (`Table::contexts_in_flight` counts them).
+    #[inline]
+    pub(crate) fn context_in_flight(self) -> bool {
+        self.inflight() && self.phase == Phase::ContextInit
+    }
+
     /// A KV connector load into its pages is pending.
     #[inline]
     pub(crate) fn loading(self) -> bool {

@@ -28,7 +28,8 @@ use crate::storage::Storage;
 
 use super::generation::Refusal;
 use super::hot::{READY, READY_MASK};
-use super::pass::{listed, Mark, Pass};
+use super::marks::Mark;
+use super::pass::{listed, Pass};
 use super::table::AnyRequest;
 use super::Scheduler;
 
@@ -138,7 +139,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 _ => unreachable!("a steady batch holds active requests only"),
             }
             self.plan.count_decode(h.bucket);
-            self.marks[usize::from(slot)] = Mark::SCHEDULED;
+            self.mark(slot, Mark::SCHEDULED);
             self.budget.commit(h.beam + h.draft);
             self.beam = h.beam;
             self.decoded += 1;

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `table.rs` | the table: typed ownership, hot records, arrival order, id index; `hot.rs`: the hot record |
 //! | `pass.rs` | the [`PassStats`] and the `Pass` value: per-pass state, the algorithm in a few lines |
+//! | `marks.rs` | what a pass did to each request, stamped so that no pass clears every slot |
 //! | `generation.rs` | phase 1: the decode step (fast case first), §1.4–§1.5 |
 //! | `victims.rs` | the generation ladder: eviction, recompute pause, self-eviction; §1.15 predicates |
 //! | `context.rs` | phase 2: deferred contexts and encoders, ownership on admission, roll-back |
@@ -13,6 +14,7 @@
 //! | `deadlock.rs` | deadlock detection and the remedies before a stall counts, §1.12 |
 //! | `plan.rs` | the adapter plan: PEFT page budget and distinct adapters |
 //! | `sort.rs` | the LoRA sort, §1.13 |
+//! | `span.rs` | the refused run deferred whole by phase 1: the pending list reads it where it stands |
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
 //! | `failed_loads.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
@@ -49,6 +51,7 @@ mod generation;
 mod hot;
 mod incremental;
 mod inspection;
+mod marks;
 mod multimodal;
 mod pass;
 mod plan;
@@ -58,6 +61,7 @@ mod refused_run;
 mod requests;
 mod resuspended;
 mod sort;
+mod span;
 mod table;
 mod transfer;
 mod trial;
@@ -193,6 +197,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         self.last_full = self.passes;
         let Scratch {
             marks,
+            clock,
             pending,
             plan,
             listed,
@@ -204,6 +209,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         } = &mut self.scratch;
         let parts = pass::Parts {
             marks,
+            clock,
             contributed,
             pending,
             plan,

@@ -23,8 +23,10 @@ use crate::output::{Chunk, Full, Listed, SchedulerOutput};
 use crate::storage::{FixedList, Inline, InlineArray, Storage};
 
 use super::admission::Clients;
+use super::marks::{Clock, Mark, Marks, Stamp};
 use super::plan::Plan;
 use super::refused_run::RefusedRun;
+use super::span::Span;
 use super::table::Table;
 
 /// What the last pass did, beyond its output lists.
@@ -60,36 +62,6 @@ impl PassStats {
     };
 }
 
-/// What a pass did to a request, a bit each (a request may be scheduled and then evicted).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub(crate) struct Mark(u8);
-
-impl Mark {
-    /// Nothing yet in this pass.
-    pub(crate) const NONE: Mark = Mark(0);
-    /// Scheduled (generation, context or encoder) in this pass: protected from preemption.
-    pub(crate) const SCHEDULED: Mark = Mark(1);
-    /// Recompute-paused in this pass: never visited again.
-    pub(crate) const RECOMPUTED: Mark = Mark(2);
-    /// Preempted in this pass: never admitted again in it.
-    pub(crate) const PREEMPTED: Mark = Mark(4);
-    /// Ordinarily suspended in this pass.
-    pub(crate) const EVICTED: Mark = Mark(8);
-
-    /// Whether any bit of `other` is set.
-    #[inline(always)]
-    pub(crate) const fn has(self, other: Mark) -> bool {
-        self.0 & other.0 != 0
-    }
-
-    /// `self` with the bits of `other` set.
-    #[inline(always)]
-    pub(crate) const fn with(self, other: Mark) -> Mark {
-        Mark(self.0 | other.0)
-    }
-}
-
 /// A deferred context or encoder request: its arrival index and, under EQUAL_PROGRESS, its planned
 /// chunk.
 #[derive(Debug, Clone, Copy, Default)]
@@ -103,7 +75,9 @@ pub(crate) struct Pending {
 /// Storage a pass uses and clears: kept by the scheduler so that a pass allocates nothing (its arrays
 /// where `S` keeps them).
 pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
-    pub(crate) marks: S::Array<Mark, N>,
+    pub(crate) marks: S::Array<Marks, N>,
+    /// Which marks are the pass's own (`marks.rs`).
+    pub(crate) clock: Clock,
     pub(crate) pending: S::List<Pending, N>,
     pub(crate) plan: Plan<T, S>,
     pub(crate) listed: S::Array<Listed, N>,
@@ -123,7 +97,8 @@ pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
 impl<const N: usize, const T: usize> Scratch<N, T> {
     pub(crate) const fn new() -> Self {
         Self {
-            marks: InlineArray::new([Mark::NONE; N]),
+            marks: InlineArray::new([Marks::NONE; N]),
+            clock: Clock::NEW,
             pending: heapless::Vec::new(),
             plan: Plan::new(),
             listed: InlineArray::new([Listed::EMPTY; N]),
@@ -139,7 +114,8 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
 impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
     pub(crate) fn new_in() -> Result<Self, Error> {
         Ok(Self {
-            marks: S::array(|| Mark::NONE)?,
+            marks: S::array(|| Marks::NONE)?,
+            clock: Clock::NEW,
             pending: S::list(Pending::default())?,
             plan: Plan::new_in()?,
             listed: S::array(Listed::default)?,
@@ -154,7 +130,8 @@ impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
 
 /// The scratch a pass borrows for its marks, pending list and plan.
 pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
-    pub(crate) marks: &'a mut [Mark; N],
+    pub(crate) marks: &'a mut [Marks; N],
+    pub(crate) clock: &'a mut Clock,
     pub(crate) contributed: &'a mut S::List<u64, N>,
     pub(crate) pending: &'a mut S::List<Pending, N>,
     pub(crate) plan: &'a mut Plan<T, S>,
@@ -187,11 +164,17 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) desk: &'a mut AdapterDesk<P, T, S>,
     pub(crate) table: &'a mut Table<N, S>,
     pub(crate) out: &'a mut SchedulerOutput<N, S>,
-    pub(crate) marks: &'a mut [Mark; N],
+    pub(crate) marks: &'a mut [Marks; N],
+    /// This pass's stamp: the marks it wrote (`marks.rs`).
+    pub(crate) stamp: Stamp,
     pub(crate) contributed: &'a mut S::List<u64, N>,
     /// Prefix-aware skip is live this pass (`prefix_skip.rs`).
     pub(crate) skip_live: bool,
     pub(crate) pending: &'a mut S::List<Pending, N>,
+    /// The last pass's refused run where phase 1 deferred it whole, and the slot of its first
+    /// member, where phase 1 may meet it (`span.rs`).
+    pub(crate) span: Span,
+    pub(crate) span_first: u16,
     pub(crate) plan: &'a mut Plan<T, S>,
     /// The VTC counters (read-only in a pass: service is charged when a step completes).
     pub(crate) clients: &'a Clients<N, S>,
@@ -255,6 +238,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         table: &'a mut Table<N, S>,
         Parts {
             marks,
+            clock,
             contributed,
             pending,
             plan,
@@ -270,7 +254,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
     ) -> Self {
         out.clear();
         let len = table.len();
-        marks.fill(Mark::NONE);
+        let stamp = clock.begin(marks);
         pending.clear();
         plan.begin(desk);
         Self {
@@ -280,9 +264,12 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             table,
             out,
             marks,
+            stamp,
             contributed,
             skip_live: false,
             pending,
+            span: Span::NONE,
+            span_first: u16::MAX,
             plan,
             clients,
             client_sums,
@@ -321,6 +308,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         replayed: Option<(usize, super::generation::Refusal)>,
     ) -> (PassStats, Result<(), Error>, usize) {
         self.abandon_failed_loads();
+        self.span_first = self.span_first();
         match replayed {
             None => self.generation_phase(0, None),
             Some((k, refusal)) => {
@@ -349,16 +337,16 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
 
     // --- Shared helpers of the phases. ---
 
-    /// The pass's mark of a slot has `bit`.
+    /// This pass set `mark` on the slot.
     #[inline]
-    pub(crate) fn marked(&self, slot: u16, bit: Mark) -> bool {
-        self.marks[usize::from(slot)].has(bit)
+    pub(crate) fn marked(&self, slot: u16, mark: Mark) -> bool {
+        self.stamp.reads(&self.marks[usize::from(slot)], mark)
     }
 
+    /// This pass sets `mark` on the slot.
     #[inline]
-    pub(crate) fn mark(&mut self, slot: u16, bit: Mark) {
-        let m = &mut self.marks[usize::from(slot)];
-        *m = m.with(bit);
+    pub(crate) fn mark(&mut self, slot: u16, mark: Mark) {
+        self.stamp.set(&mut self.marks[usize::from(slot)], mark);
     }
 
     /// Pages the request's adapter adds to the pass (`Some(0)` without one), `None` when it does not fit.

@@ -22,7 +22,8 @@ use crate::config::CapacityPolicy;
 use crate::kv::KvBackend;
 use crate::storage::Storage;
 
-use super::pass::{Mark, Pass};
+use super::marks::Mark;
+use super::pass::Pass;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>

@@ -43,8 +43,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let context = |e: &crate::scheduler::Entry<'_>| e.spec().phase == Phase::ContextInit;
         let (mut candidates, mut pending_continuations) = (0u32, 0u32);
-        for p in self.pending.iter() {
-            let slot = self.table.slot(usize::from(p.index));
+        for k in 0..self.pending_len() {
+            let slot = self.table.slot(usize::from(self.pending_at(k).index));
             if !context(&self.table.entry(slot)) {
                 continue;
             }
@@ -63,8 +63,23 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         // The in-flight continuations seed the contributed set; with none, one candidate and no pending
         // continuation there is nothing to defer (and nothing was probed).
+        // The span's members are fresh first chunks, none in flight (`span.rs`): not read; nor is the
+        // table when no context request is in flight.
+        let (from, to) = self.span.arrivals();
+        let len = self.table.len();
+        let seeds = if self.table.contexts_in_flight() == 0 {
+            0
+        } else {
+            self.seed(0, from.min(len)) + self.seed(to.min(len), len)
+        };
+        self.skip_live = seeds > 0 || candidates >= 2 || pending_continuations > 0;
+    }
+
+    /// The in-flight continuations among arrival indices `from..to` contribute their next keys;
+    /// returns how many there were.
+    fn seed(&mut self, from: usize, to: usize) -> u32 {
         let mut seeds = 0u32;
-        for i in 0..self.table.len() {
+        for i in from..to {
             let slot = self.table.slot(i);
             if self.table.hot(slot).inflight() && self.in_flight_continuation(slot) {
                 seeds += 1;
@@ -73,7 +88,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 }
             }
         }
-        self.skip_live = seeds > 0 || candidates >= 2 || pending_continuations > 0;
+        seeds
     }
 
     /// A context request past its first chunk, in flight: it contributes whatever it computes next.

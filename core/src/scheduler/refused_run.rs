@@ -40,6 +40,8 @@ pub(crate) struct RefusedRun {
     first: u16,
     last: u16,
     count: u32,
+    /// The members are consecutive in arrival order (phase 1 may defer them whole, `span.rs`).
+    consecutive: bool,
     /// What the members' verdicts read: the backend's mark and the budget left.
     mark: RunStart,
 }
@@ -51,6 +53,7 @@ impl RefusedRun {
         first: 0,
         last: 0,
         count: 0,
+        consecutive: false,
         mark: RunStart {
             at: 0,
             mark: TrialMark {
@@ -66,6 +69,26 @@ impl RefusedRun {
     /// Something outside a pass changed what a run depends on.
     pub(crate) fn forget(&mut self) {
         self.live = false;
+    }
+
+    /// Recorded, not forgotten, and its members consecutive in arrival order.
+    pub(crate) fn consecutive(&self) -> bool {
+        self.live && self.consecutive
+    }
+
+    /// Its first member's slot.
+    pub(crate) fn first(&self) -> u16 {
+        self.first
+    }
+
+    /// Its last member's slot.
+    pub(crate) fn last(&self) -> u16 {
+        self.last
+    }
+
+    /// Its members.
+    pub(crate) fn len(&self) -> usize {
+        self.count as usize
     }
 }
 
@@ -131,7 +154,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let (mut j, mut least) = (k, u32::MAX);
         while j < self.run_end {
-            let slot = self.table.slot(usize::from(self.pending[j].index));
+            let slot = self.table.slot(usize::from(self.pending_at(j).index));
             let short = self.shorts[usize::from(slot)];
             let moved = grown + self.saved(slot, shrunk, now.mark.block);
             // A shortfall of 0 bounds nothing: the member is visited (unless skipped for budget).
@@ -188,12 +211,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// ends.
     fn run_in_place(&self, k: usize) -> Option<usize> {
         let run = *self.run;
-        let slot = |at: usize| self.table.slot(usize::from(self.pending[at].index));
+        let slot = |at: usize| self.table.slot(usize::from(self.pending_at(at).index));
         if !run.live || slot(k) != run.first {
             return None;
         }
         let end = k + run.count as usize;
-        (end <= self.pending.len() && slot(end - 1) == run.last).then_some(end)
+        (end <= self.pending_len() && slot(end - 1) == run.last).then_some(end)
     }
 
     /// After the request at pending position `k` was visited (`refused`: a clean trial refusal short
@@ -219,7 +242,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// A clean trial refusal at pending position `k`, short of `short` pages: a run may hold it.
     pub(crate) fn keep_short(&mut self, k: usize, short: u32) {
-        let slot = self.table.slot(usize::from(self.pending[k].index));
+        let slot = self.table.slot(usize::from(self.pending_at(k).index));
         self.shorts[usize::from(slot)] = short;
     }
 
@@ -227,15 +250,21 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// ends it is the next pass's (`start` is `None` where runs do not apply: none was tracked).
     pub(crate) fn record_run(&mut self, start: Option<RunStart>, whole: bool) {
         *self.run = match start.filter(|_| whole) {
-            Some(s) => RefusedRun {
-                live: true,
-                first: self.table.slot(usize::from(self.pending[s.at].index)),
-                last: self
-                    .table
-                    .slot(usize::from(self.pending[self.pending.len() - 1].index)),
-                count: crate::narrow::u32_of(self.pending.len() - s.at),
-                mark: s,
-            },
+            Some(s) => {
+                let (first, last) = (
+                    self.pending_at(s.at).index,
+                    self.pending_at(self.pending_len() - 1).index,
+                );
+                let count = self.pending_len() - s.at;
+                RefusedRun {
+                    live: true,
+                    first: self.table.slot(usize::from(first)),
+                    last: self.table.slot(usize::from(last)),
+                    count: crate::narrow::u32_of(count),
+                    consecutive: usize::from(last).wrapping_sub(usize::from(first)) + 1 == count,
+                    mark: s,
+                }
+            }
             None => RefusedRun::NONE,
         };
     }

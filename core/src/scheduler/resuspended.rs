@@ -32,7 +32,8 @@ use crate::kv::{KvBackend, KvRef};
 use crate::request::Ownership;
 use crate::storage::Storage;
 
-use super::pass::{listed, Mark, Pass};
+use super::marks::Mark;
+use super::pass::{listed, Pass};
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>

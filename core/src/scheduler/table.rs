@@ -31,6 +31,8 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 use super::hot::{Hot, OWNERSHIP_BITS};
 use crate::narrow::u32_of;
 
+mod check;
+
 /// Why a [`AnyRequest::Sending`] request never reaches the pass's transitions: its phase is
 /// `DISAGG_CONTEXT_TRANS_IN_PROGRESS` (outside the window, not started, so never a victim) and
 /// `update` refuses to change it.
@@ -220,6 +222,9 @@ pub(crate) struct Table<const N: usize, S: Storage = Inline> {
     /// overflows, settlement scans the table).
     resumed_slots: S::List<u16, N>,
     resumed_overflow: bool,
+    /// Entries whose hot record is an in-flight context request (a pass reads the table for them
+    /// only when there is one: `prefix_skip.rs`).
+    contexts_in_flight: u32,
 }
 
 impl<const N: usize> Table<N> {
@@ -233,6 +238,7 @@ impl<const N: usize> Table<N> {
             resumed: 0,
             resumed_slots: heapless::Vec::new(),
             resumed_overflow: false,
+            contexts_in_flight: 0,
         }
     }
 }
@@ -248,6 +254,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
             resumed: 0,
             resumed_slots: S::list(0)?,
             resumed_overflow: false,
+            contexts_in_flight: 0,
         })
     }
 
@@ -397,7 +404,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
         };
         let gone = self.ids.remove(r.spec.id);
         assert_eq!(gone, Some(h.index()));
-        self.hot[h.index() as usize] = Hot::default();
+        self.vacate_hot(h.index());
         match self.held[h.index() as usize].take() {
             Some(AnyRequest::Waiting(w)) => w.abandon(),
             _ => panic!("a cancelled insertion owns nothing"),
@@ -415,7 +422,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
         if let Some(i) = i {
             self.order.remove(i);
         }
-        self.hot[slot as usize] = Hot::default();
+        self.vacate_hot(slot);
         let Some(held) = self.held[slot as usize].take() else {
             panic!("a live slot holds its request");
         };
@@ -484,7 +491,20 @@ impl<const N: usize, S: Storage> Table<N, S> {
 
     fn refresh(&mut self, slot: u16, headroom: u32) {
         let hot = Hot::derive(self.entry(slot), headroom);
+        let was = self.hot[slot as usize].context_in_flight();
+        self.contexts_in_flight =
+            self.contexts_in_flight + u32::from(hot.context_in_flight()) - u32::from(was);
         self.hot[slot as usize] = hot;
+    }
+
+    fn vacate_hot(&mut self, slot: u16) {
+        self.contexts_in_flight -= u32::from(self.hot[slot as usize].context_in_flight());
+        self.hot[slot as usize] = Hot::default();
+    }
+
+    /// Live context requests in flight.
+    pub(crate) fn contexts_in_flight(&self) -> u32 {
+        self.contexts_in_flight
     }
 
     /// Entries in arrival order, with their handles.
@@ -497,76 +517,6 @@ impl<const N: usize, S: Storage> Table<N, S> {
             })
     }
 
-    /// Feeds the table's whole state to `h`.
-    pub(crate) fn hash_state<H: core::hash::Hasher>(&self, h: &mut H) {
-        use core::hash::Hash;
-        self.records.hash_state(h, Record::hash_state);
-        for held in self.held.iter() {
-            match held {
-                None => 0u8.hash(h),
-                Some(x) => x.hash_state(h),
-            }
-        }
-        self.hot.hash(h);
-        self.order.hash(h);
-        self.ids.hash_state(h);
-        self.resumed.hash(h);
-        self.resumed_slots.hash(h);
-        self.resumed_overflow.hash(h);
-    }
-
-    /// Invariants 1–3 of the module.
-    pub(crate) fn check(&self) -> bool {
-        if !self.records.check() || self.records.len() != self.order.len() {
-            return false;
-        }
-        let live = self.held.iter().filter(|h| h.is_some()).count();
-        let resumed = self
-            .order
-            .iter()
-            .filter(|&&s| self.hot[s as usize].ownership() == Ownership::Resumed as u8)
-            .count();
-        if live != self.order.len() || resumed != self.resumed as usize {
-            return false;
-        }
-        let listed = |s: u16| self.resumed_overflow || self.resumed_slots.contains(&s);
-        if self
-            .order
-            .iter()
-            .any(|&s| self.hot[s as usize].ownership() == Ownership::Resumed as u8 && !listed(s))
-        {
-            return false;
-        }
-        distinct(&self.order) && self.order.iter().all(|&s| self.entry_ok(s))
-    }
-
-    /// One slot's part of invariants 1–3 in O(1): a held entry's hot record derives from it, the id
-    /// index and its place name the slot at its version; a vacant slot holds nothing. The spot check of
-    /// a request a pass touched (`Scheduler::check_requests`).
-    pub(crate) fn check_slot(&self, s: u16) -> bool {
-        match self.held.get(usize::from(s)) {
-            None => false,
-            Some(None) => self.records.at(s).is_none(),
-            Some(Some(_)) => self.entry_ok(s),
-        }
-    }
-
-    fn entry_ok(&self, s: u16) -> bool {
-        let (Some(record), Some(held)) = (self.records.at(s), &self.held[s as usize]) else {
-            return false;
-        };
-        let place = held.place();
-        let e = Entry {
-            record,
-            held: &self.held[s as usize],
-        };
-        self.hot[s as usize] == Hot::derive(e, self.hot[s as usize].headroom)
-            && self.ids.get(record.spec.id) == Some(s)
-            && place.slot == s
-            && place.version == self.records.version_at(s)
-            && held.id() == record.spec.id
-    }
-
     /// Tears the table down without releasing anything (the backends go with it).
     pub(crate) fn abandon_all(&mut self) {
         for held in self.held.iter_mut() {
@@ -575,24 +525,4 @@ impl<const N: usize, S: Storage> Table<N, S> {
             }
         }
     }
-}
-
-/// Whether `slots` names no slot twice: O(length) per window of 4,096 slots the largest one spans,
-/// with the window's bits on the stack (512 bytes).
-fn distinct(slots: &[u16]) -> bool {
-    const WINDOW: usize = 4096;
-    let largest = slots.iter().copied().max().map_or(0, usize::from);
-    (0..=largest / WINDOW).all(|w| {
-        let mut seen = [0u64; WINDOW / 64];
-        let mut in_window = slots
-            .iter()
-            .map(|&s| usize::from(s))
-            .filter(|s| s / WINDOW == w);
-        in_window.all(|s| {
-            let (word, bit) = ((s % WINDOW) / 64, 1u64 << (s % 64));
-            let fresh = seen[word] & bit == 0;
-            seen[word] |= bit;
-            fresh
-        })
-    })
 }

@@ -12,7 +12,8 @@ use crate::config::CapacityPolicy;
 use crate::kv::KvBackend;
 use crate::storage::Storage;
 
-use super::pass::{listed, Mark, Pass, Step};
+use super::marks::Mark;
+use super::pass::{listed, Pass, Step};
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
