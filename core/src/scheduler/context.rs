@@ -44,12 +44,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 continue;
             }
             let p = self.pending_at(k);
+            let slot = self.table.slot(usize::from(p.index));
+            // Its own last refusal, where it stands (`refusal_mark.rs`).
+            if let Some(short) = runs.then(|| self.remembered_refusal(slot)).flatten() {
+                self.keep_short(k, short);
+                self.track_run(k, Some(short), &mut run);
+                self.stats.skipped += 1;
+                k += 1;
+                continue;
+            }
             self.refused_clean = false;
-            let step = self.pending_step(p.index as usize, p.planned);
+            let step = self.pending_step(p.index as usize, slot, p.planned);
             if runs {
                 let refused = self.refused_clean.then_some(self.refused_short);
                 if let Some(short) = refused {
                     self.keep_short(k, short);
+                    self.remember_refusal(slot, short);
                 }
                 self.track_run(k, refused, &mut run);
             }
@@ -66,8 +76,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// §1.6 steps 2–8 for one deferred request.
-    fn pending_step(&mut self, i: usize, planned: u32) -> Step {
-        let slot = self.table.slot(i);
+    fn pending_step(&mut self, i: usize, slot: u16, planned: u32) -> Step {
         let e = self.table.entry(slot);
         let phase = e.spec().phase;
         if let Some(c) = self.cfg.chunking {

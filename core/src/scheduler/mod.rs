@@ -14,6 +14,7 @@
 //! | `deadlock.rs` | deadlock detection and the remedies before a stall counts, §1.12 |
 //! | `plan.rs` | the adapter plan: PEFT page budget and distinct adapters |
 //! | `sort.rs` | the LoRA sort, §1.13 |
+//! | `refusal_mark.rs` | a waiting first chunk's own refusal, remembered: skipped while it stands |
 //! | `span.rs` | the refused run deferred whole by phase 1: the pending list reads it where it stands |
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
@@ -57,6 +58,7 @@ mod pass;
 mod plan;
 mod preempt;
 mod prefix_skip;
+mod refusal_mark;
 mod refused_run;
 mod requests;
 mod resuspended;
@@ -206,6 +208,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             client_sums,
             pending_slots,
             shorts,
+            refusals,
         } = &mut self.scratch;
         let parts = pass::Parts {
             marks,
@@ -219,6 +222,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             failed_loads: pending_slots,
             run: &mut self.run,
             shorts,
+            refusals,
             run_enabled: self.incremental,
         };
         let pass = Pass::begin(

@@ -25,6 +25,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 use super::admission::Clients;
 use super::marks::{Clock, Mark, Marks, Stamp};
 use super::plan::Plan;
+use super::refusal_mark::RefusalMark;
 use super::refused_run::RefusedRun;
 use super::span::Span;
 use super::table::Table;
@@ -92,6 +93,9 @@ pub(crate) struct Scratch<const N: usize, const T: usize, S: Storage = Inline> {
     /// Kept across passes: per member of the refused run, the pages it was short of
     /// (`refused_run.rs`).
     pub(crate) shorts: S::Array<u32, N>,
+    /// Kept across passes: per waiting first chunk, what its last clean trial refusal read
+    /// (`refusal_mark.rs`).
+    pub(crate) refusals: S::Array<RefusalMark, N>,
 }
 
 impl<const N: usize, const T: usize> Scratch<N, T> {
@@ -107,6 +111,7 @@ impl<const N: usize, const T: usize> Scratch<N, T> {
             pending_slots: heapless::Vec::new(),
             client_sums: InlineArray::new([0; N]),
             shorts: InlineArray::new([0; N]),
+            refusals: InlineArray::new([RefusalMark::NONE; N]),
         }
     }
 }
@@ -124,6 +129,7 @@ impl<const N: usize, const T: usize, S: Storage> Scratch<N, T, S> {
             pending_slots: S::list(0)?,
             client_sums: S::array(|| 0)?,
             shorts: S::array(|| 0)?,
+            refusals: S::array(|| RefusalMark::NONE)?,
         })
     }
 }
@@ -143,6 +149,7 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
     /// (`refused_run.rs`).
     pub(crate) run: &'a mut RefusedRun,
     pub(crate) shorts: &'a mut [u32; N],
+    pub(crate) refusals: &'a mut [RefusalMark; N],
     pub(crate) run_enabled: bool,
 }
 
@@ -212,6 +219,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) run: &'a mut RefusedRun,
     /// Per run member, the pages it was short of (`refused_run.rs`).
     pub(crate) shorts: &'a mut [u32; N],
+    /// Per waiting first chunk, its last clean trial refusal (`refusal_mark.rs`).
+    pub(crate) refusals: &'a mut [RefusalMark; N],
     /// Where the last pass's run ends in this pass's pending list, once its first member was found
     /// in place (0: not found).
     pub(crate) run_end: usize,
@@ -248,6 +257,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             failed_loads,
             run,
             shorts,
+            refusals,
             run_enabled,
         }: Parts<'a, N, T, S>,
         out: &'a mut SchedulerOutput<N, S>,
@@ -289,6 +299,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             decoded: 0,
             run,
             shorts,
+            refusals,
             run_end: 0,
             run_enabled,
             refused_clean: false,

@@ -42,6 +42,9 @@ pub(crate) struct RefusedRun {
     count: u32,
     /// The members are consecutive in arrival order (phase 1 may defer them whole, `span.rs`).
     consecutive: bool,
+    /// Counts the times a run was forgotten: a remembered refusal stands only in its epoch
+    /// (`refusal_mark.rs`).
+    epoch: u32,
     /// What the members' verdicts read: the backend's mark and the budget left.
     mark: RunStart,
 }
@@ -54,6 +57,7 @@ impl RefusedRun {
         last: 0,
         count: 0,
         consecutive: false,
+        epoch: 0,
         mark: RunStart {
             at: 0,
             mark: TrialMark {
@@ -69,6 +73,12 @@ impl RefusedRun {
     /// Something outside a pass changed what a run depends on.
     pub(crate) fn forget(&mut self) {
         self.live = false;
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// The times a run was forgotten.
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// Recorded, not forgotten, and its members consecutive in arrival order.
@@ -179,7 +189,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// FCFS sizes the chunk to the budget, rounded down to the chunk unit, and a chunk that no longer
     /// ends the prompt loses its draft tokens (a chunk `t` tokens shorter needs at most
     /// `t / block + 1` fewer pages).
-    fn saved(&self, slot: u16, shrunk: u32, block: u32) -> i64 {
+    pub(crate) fn saved(&self, slot: u16, shrunk: u32, block: u32) -> i64 {
         let Some(c) = self.cfg.chunking.filter(|_| shrunk > 0) else {
             return 0;
         };
@@ -189,7 +199,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// The member's chain is unmoved since its last trial (`same`: the version is the run's).
-    fn unmoved(&self, slot: u16, same: bool) -> bool {
+    pub(crate) fn unmoved(&self, slot: u16, same: bool) -> bool {
         same || self
             .kv
             .caps()
@@ -199,7 +209,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// A block contributed this pass is the member's first new one: prefix-aware scheduling would
     /// defer it (`prefix_skip.rs`), not refuse it.
-    fn deferred_behind(&self, slot: u16) -> bool {
+    pub(crate) fn deferred_behind(&self, slot: u16) -> bool {
         self.skip_live
             && !self.contributed.is_empty()
             && self
@@ -249,6 +259,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// At the end of phase 2 (`whole`: every pending request was visited or skipped): the run that
     /// ends it is the next pass's (`start` is `None` where runs do not apply: none was tracked).
     pub(crate) fn record_run(&mut self, start: Option<RunStart>, whole: bool) {
+        let epoch = self.run.epoch;
         *self.run = match start.filter(|_| whole) {
             Some(s) => {
                 let (first, last) = (
@@ -262,10 +273,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                     last: self.table.slot(usize::from(last)),
                     count: crate::narrow::u32_of(count),
                     consecutive: usize::from(last).wrapping_sub(usize::from(first)) + 1 == count,
+                    epoch,
                     mark: s,
                 }
             }
-            None => RefusedRun::NONE,
+            None => RefusedRun {
+                epoch,
+                ..RefusedRun::NONE
+            },
         };
     }
 }

@@ -294,6 +294,10 @@ impl<const N: usize, S: Storage> Table<N, S> {
     pub(crate) fn slot(&self, i: usize) -> u16 {
         self.order[i]
     }
+    /// The version of a slot (its live request's handle's).
+    pub(crate) fn version_at(&self, slot: u16) -> u32 {
+        self.records.version_at(slot)
+    }
     /// The arrival index of a live slot.
     pub(crate) fn index_of(&self, slot: u16) -> Option<usize> {
         self.order.iter().position(|&s| s == slot)
