@@ -10,6 +10,10 @@
 //!
 //! The plan also keeps the LoRA sort's per-task counters, filled as the generation list is filled.
 //!
+//! A pass begins by clearing only the tasks the last pass touched (its pinned tasks and the ones it
+//! counted): every other task slot's flags and counters are zero already, so a pass costs the tasks it
+//! touches, not the `T` slots.
+//!
 //! Invariants (asserted): `claimed` = the pages of the counted tasks ≤ the device cache (each claim is
 //! checked against it when made); a scheduled task is counted.
 
@@ -28,6 +32,9 @@ pub(crate) struct Plan<const T: usize, S: Storage = Inline> {
     /// The tasks pinned when the pass began (the decode steps of their lease holders are counted in
     /// `counts` only, and enter the plan after phase 1: [`Plan::enter_counted`]).
     pinned: S::List<TaskSlot, T>,
+    /// The tasks this pass counted that were not pinned (cleared, with `pinned`, when the next pass
+    /// begins).
+    touched: S::List<TaskSlot, T>,
     /// Per task slot, `[part 0, part 1]` counters of the LoRA sort (zero when the pass begins; the
     /// generation list's part 0 is counted as it is filled).
     pub(crate) counts: S::Array<[u32; 2], T>,
@@ -46,6 +53,7 @@ impl<const T: usize> Plan<T> {
         Self {
             flags: InlineArray::new([0; T]),
             pinned: heapless::Vec::new(),
+            touched: heapless::Vec::new(),
             counts: InlineArray::new([[0; 2]; T]),
             rank: InlineArray::new([0; T]),
             plain: 0,
@@ -61,6 +69,7 @@ impl<const T: usize, S: Storage> Plan<T, S> {
         Ok(Self {
             flags: S::array(|| 0)?,
             pinned: S::list(TaskSlot(0))?,
+            touched: S::list(TaskSlot(0))?,
             counts: S::array(|| [0; 2])?,
             rank: S::array(|| 0)?,
             plain: 0,
@@ -72,8 +81,16 @@ impl<const T: usize, S: Storage> Plan<T, S> {
 
     /// Starts a pass: every pinned adapter is counted.
     pub(crate) fn begin<P: PeftBackend>(&mut self, desk: &AdapterDesk<P, T, S>) {
-        self.flags.fill(0);
-        self.counts.fill([0, 0]);
+        for &s in self.pinned.iter().chain(self.touched.iter()) {
+            self.flags[s.index()] = 0;
+            self.counts[s.index()] = [0, 0];
+        }
+        self.touched.clear();
+        debug_assert!(
+            self.flags.iter().all(|&f| f == 0),
+            "only touched tasks were flagged"
+        );
+        debug_assert!(self.counts.iter().all(|&c| c == [0, 0]), "and counted");
         self.plain = 0;
         self.unbucketed = 0;
         self.max_pages = desk.backend().max_device_pages();
@@ -127,6 +144,10 @@ impl<const T: usize, S: Storage> Plan<T, S> {
     ) -> Result<(), Full> {
         let f = &mut self.flags[task.slot.index()];
         if *f & COUNTED == 0 {
+            if *f == 0 {
+                let pushed = self.touched.push(task.slot);
+                assert!(pushed.is_ok(), "a task is touched once a pass");
+            }
             *f |= COUNTED;
             self.claimed += pages;
             assert!(self.claimed <= self.max_pages, "a claim was checked to fit");
