@@ -200,12 +200,20 @@ impl Fields<'_> {
         }
     }
 
-    /// A token count of at least 1.
+    /// A token count of at least 1: an integer of any size (one past `usize` reads as `usize::MAX`,
+    /// which the context-length check then refuses, as vLLM does), or a number with no fraction.
     fn count(&self, name: &str) -> Result<Option<usize>, ApiError> {
         let Some(v) = self.get(name) else {
             return Ok(None);
         };
-        match v.as_i64() {
+        let integral = v.as_f64().filter(|x| x.fract() == 0.0);
+        // No loss: a JSON integer past `i64` and `u64` is read as an integral `f64`, which the
+        // saturating cast keeps on its side of 1.
+        #[allow(clippy::cast_possible_truncation)]
+        let n = (v.as_i64().map(i128::from))
+            .or_else(|| v.as_u64().map(i128::from))
+            .or_else(|| integral.map(|x| x as i128));
+        match n {
             Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
             Some(n) => Err(ApiError::invalid(
                 name,
@@ -520,6 +528,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.prompt, Prompt::Tokens(vec![1, 2, 3]));
+    }
+
+    /// An integer too large for `i64` was refused as "not an integer" (issue 43); it is a count, and a
+    /// number with no fraction is one too.
+    #[test]
+    fn a_count_of_any_size_is_a_count() {
+        let max_tokens = |v: &str| {
+            let body = format!(r#"{{"model":"m","prompt":"x","max_tokens":{v}}}"#);
+            parse(Endpoint::Completions, body.as_bytes()).map(|r| r.max_tokens)
+        };
+        assert_eq!(max_tokens("100000000000000000000"), Ok(Some(usize::MAX)));
+        assert_eq!(max_tokens("18446744073709551615"), Ok(Some(usize::MAX)));
+        assert_eq!(max_tokens("5.0"), Ok(Some(5)));
+        let code = |v: &str| max_tokens(v).expect_err(v).code;
+        assert_eq!(code("-100000000000000000000"), "invalid_value");
+        assert_eq!(code("5.5"), "invalid_type");
     }
 
     #[test]

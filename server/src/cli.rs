@@ -2,7 +2,7 @@
 //! Ctrl-C turned into a graceful shutdown.
 
 use std::io::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,8 +34,8 @@ struct ServeArgs {
     /// The base model's name in the API (default: the model file's name without .gguf).
     #[arg(long, value_name = "NAME")]
     served_model_name: Option<String>,
-    /// The address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    /// The address to listen on: an IP address or a host name (`localhost`), resolved once at start.
+    #[arg(long, default_value = "127.0.0.1", value_parser = host_address)]
     host: IpAddr,
     /// The port (0: any free port; the line printed once ready says which).
     #[arg(long, default_value_t = 8000)]
@@ -81,6 +81,22 @@ struct ServeArgs {
     /// candle's CPU threads (its pool busy-waits: on contended cores 1 is fastest).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
+}
+
+/// An IP address, or a host name resolved to its first address (IPv4 first, as `localhost` is
+/// usually meant).
+fn host_address(s: &str) -> Result<IpAddr, String> {
+    if let Ok(ip) = s.parse() {
+        return Ok(ip);
+    }
+    let resolved: Vec<SocketAddr> = (s, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?} is neither an IP address nor a host name that resolves: {e}"))?
+        .collect();
+    let first = resolved.iter().find(|a| a.is_ipv4()).or(resolved.first());
+    first
+        .map(SocketAddr::ip)
+        .ok_or_else(|| format!("host name {s:?} resolves to no address"))
 }
 
 fn named_path(s: &str) -> Result<(String, PathBuf), String> {
@@ -207,4 +223,26 @@ fn run(model: Arc<Model>, config: &ServeConfig) -> Result<(), String> {
         );
         server.shutdown().map_err(|e| e.to_string())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_address;
+
+    /// `--host localhost` was refused as not an IP address (issue 43). (No name here that would be
+    /// looked up beyond this machine's hosts file.)
+    #[test]
+    fn a_host_name_resolves_and_an_address_stands() {
+        assert!(host_address("localhost").is_ok_and(|ip| ip.is_loopback()));
+        assert_eq!(
+            host_address("127.0.0.1")
+                .map(|ip| ip.to_string())
+                .as_deref(),
+            Ok("127.0.0.1")
+        );
+        assert_eq!(
+            host_address("::1").map(|ip| ip.to_string()).as_deref(),
+            Ok("::1")
+        );
+    }
 }

@@ -108,7 +108,7 @@ impl AppState {
             Some(n) if n > room => Err(ApiError::invalid(
                 "max_tokens",
                 "context_length_exceeded",
-                format!("This model's maximum context length is {limit} tokens; you requested {} ({prompt} in the prompt, {n} in the completion).", prompt + n),
+                format!("This model's maximum context length is {limit} tokens; you requested {} ({prompt} in the prompt, {n} in the completion).", prompt.saturating_add(n)),
             )),
             Some(n) => Ok(n),
             None if r.endpoint == Endpoint::Completions => Ok(COMPLETION_DEFAULT_TOKENS.min(room)),
