@@ -47,7 +47,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             let slot = self.table.slot(usize::from(p.index));
             // Its own last refusal, where it stands (`refusal_mark.rs`).
             if let Some(short) = runs.then(|| self.remembered_refusal(slot)).flatten() {
-                self.keep_short(k, short);
+                self.keep_short(slot, short);
                 self.track_run(k, Some(short), &mut run);
                 self.stats.skipped += 1;
                 k += 1;
@@ -58,7 +58,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             if runs {
                 let refused = self.refused_clean.then_some(self.refused_short);
                 if let Some(short) = refused {
-                    self.keep_short(k, short);
+                    self.keep_short(slot, short);
                     self.remember_refusal(slot, short);
                 }
                 self.track_run(k, refused, &mut run);

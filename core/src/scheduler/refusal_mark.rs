@@ -77,22 +77,18 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     #[inline(never)]
     fn refusal_stands(&self, slot: u16) -> Option<u32> {
         let m = self.refusals[usize::from(slot)];
-        let e = self.table.entry(slot);
         let fresh = m.epoch == self.run.epoch()
             && m.request == self.table.version_at(slot)
-            && e.ownership() == Ownership::Waiting;
+            && self.table.hot(slot).ownership() == Ownership::Waiting as u8;
         if !fresh || !self.chunk_budget_left() {
             return None;
         }
         let now = self.kv.caps().prefix?.trial_mark()?;
         let budget = self.budget.remaining().unwrap_or(u32::MAX);
         let grown = i64::from(now.available) - i64::from(m.available);
-        let moved = grown + self.saved(slot, m.budget.saturating_sub(budget), now.block);
-        let refused = i64::from(m.short) > moved && !self.deferred_behind(slot);
-        if !refused || !self.unmoved(slot, now.version == m.version) {
-            return None;
-        }
-        u32::try_from(i64::from(m.short) - moved).ok()
+        let shrunk = m.budget.saturating_sub(budget);
+        let same = now.version == m.version;
+        self.still_short(slot, m.short, grown, shrunk, now.block, same)
     }
 
     /// Phase 2's first check of a first chunk passes: a chunk budget is left.

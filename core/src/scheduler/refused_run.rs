@@ -166,18 +166,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         while j < self.run_end {
             let slot = self.table.slot(usize::from(self.pending_at(j).index));
             let short = self.shorts[usize::from(slot)];
-            let moved = grown + self.saved(slot, shrunk, now.mark.block);
-            // A shortfall of 0 bounds nothing: the member is visited (unless skipped for budget).
-            let refused =
-                spent || short > 0 && i64::from(short) > moved && !self.deferred_behind(slot);
-            if !refused || !self.unmoved(slot, same) {
+            let left = self.still_short(slot, short, grown, shrunk, now.mark.block, same);
+            // Skipped for budget, a member is not tried whatever it is short of.
+            if left.is_none() && !(spent && self.unmoved(slot, same)) {
                 break;
             }
             if short != 0 && short != u32::MAX {
                 // What it is short of now, at least (the next run's mark is this one); 0 when
                 // nothing is known any more.
-                let left = u32::try_from((i64::from(short) - moved).max(0)).unwrap_or(u32::MAX);
-                self.shorts[usize::from(slot)] = left.min(u32::MAX - 1);
+                self.shorts[usize::from(slot)] = left.unwrap_or(0).min(u32::MAX - 1);
             }
             least = least.min(self.shorts[usize::from(slot)]);
             j += 1;
@@ -185,11 +182,33 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         (j > k).then_some((j, least))
     }
 
+    /// A waiting first chunk whose trial found it `short` pages short, since when the pages available
+    /// grew by `grown` and the budget shrank by `shrunk` (`same`: the prefix cache's version is the
+    /// one read then): its trial would refuse it again, exactly, short of the returned pages at least
+    /// (`None`: it may fit now, or its chain moved, or prefix-aware scheduling would defer it). A
+    /// shortfall of 0 bounds nothing. The rule of both the refused run and a remembered refusal
+    /// (`refusal_mark.rs`).
+    #[inline(always)]
+    pub(crate) fn still_short(
+        &self,
+        slot: u16,
+        short: u32,
+        grown: i64,
+        shrunk: u32,
+        block: u32,
+        same: bool,
+    ) -> Option<u32> {
+        let moved = grown + self.saved(slot, shrunk, block);
+        let refused = short > 0 && i64::from(short) > moved && !self.deferred_behind(slot);
+        (refused && self.unmoved(slot, same))
+            .then(|| u32::try_from(i64::from(short) - moved).unwrap_or(u32::MAX))
+    }
+
     /// At most how many fewer pages the member's first chunk needs with `shrunk` tokens less budget:
     /// FCFS sizes the chunk to the budget, rounded down to the chunk unit, and a chunk that no longer
     /// ends the prompt loses its draft tokens (a chunk `t` tokens shorter needs at most
     /// `t / block + 1` fewer pages).
-    pub(crate) fn saved(&self, slot: u16, shrunk: u32, block: u32) -> i64 {
+    fn saved(&self, slot: u16, shrunk: u32, block: u32) -> i64 {
         let Some(c) = self.cfg.chunking.filter(|_| shrunk > 0) else {
             return 0;
         };
@@ -199,7 +218,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// The member's chain is unmoved since its last trial (`same`: the version is the run's).
-    pub(crate) fn unmoved(&self, slot: u16, same: bool) -> bool {
+    fn unmoved(&self, slot: u16, same: bool) -> bool {
         same || self
             .kv
             .caps()
@@ -209,7 +228,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// A block contributed this pass is the member's first new one: prefix-aware scheduling would
     /// defer it (`prefix_skip.rs`), not refuse it.
-    pub(crate) fn deferred_behind(&self, slot: u16) -> bool {
+    fn deferred_behind(&self, slot: u16) -> bool {
         self.skip_live
             && !self.contributed.is_empty()
             && self
@@ -250,9 +269,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    /// A clean trial refusal at pending position `k`, short of `short` pages: a run may hold it.
-    pub(crate) fn keep_short(&mut self, k: usize, short: u32) {
-        let slot = self.table.slot(usize::from(self.pending_at(k).index));
+    /// A clean trial refusal of the request at `slot`, short of `short` pages: a run may hold it.
+    pub(crate) fn keep_short(&mut self, slot: u16, short: u32) {
         self.shorts[usize::from(slot)] = short;
     }
 
