@@ -1,6 +1,9 @@
-//! The `kvsched serve` binary: it listens on a free loopback port and says where; SIGTERM stops it
-//! accepting, aborts an in-flight stream at the deadline (`finish_reason: "abort"`, then
-//! `data: [DONE]`) and exits 0; a bad flag or a missing model is a one-line error with status 2.
+//! The `kvsched serve` binary: it listens on a free loopback port and says where; after SIGTERM a
+//! new request gets 503 (the listener stays open while in-flight requests run on), an in-flight
+//! stream is aborted at the deadline (`finish_reason: "abort"`, then `data: [DONE]`) and the
+//! process exits 0; every start-up error (a bad flag, a missing model, an adapter that does not
+//! load, a `--max-model-len` past the model's context, a KV events endpoint that does not bind) is
+//! a one-line error with status 2.
 
 #[path = "../engine/tests/common/mod.rs"]
 mod common;
@@ -71,6 +74,14 @@ fn sigterm_aborts_in_flight_streams_at_the_deadline_and_exits_0() {
         .expect("kill runs");
     assert!(term.success());
     let signalled = Instant::now();
+    // Draining: the listener is open, and a new request is refused as the docs say (before,
+    // "connection refused").
+    std::thread::sleep(Duration::from_millis(200));
+    let refused = http::post(addr, "/v1/completions", &body);
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "shutting_down");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(http::get(addr, "/health").status, 503);
     let mut last = None;
     while let Some(data) = events.next_data() {
         if data == "[DONE]" {
@@ -118,4 +129,30 @@ fn a_bad_flag_or_a_missing_model_is_one_line_and_status_2() {
     let out = run(&["--model", "m.gguf", "--kv-pages", "4"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-pages 4 cannot hold"));
+}
+
+/// These exited 1 (issue 43), where the docs promise 2 for every start-up error.
+#[test]
+fn an_adapter_a_context_or_an_endpoint_that_cannot_be_is_status_2() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    let model = model.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvsched"))
+            .args(["serve", "--model", model, "--port", "0"])
+            .args(args)
+            .output()
+            .expect("kvsched runs");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        err
+    };
+    let err = run(&["--adapter", "a=/nonexistent/adapter"]);
+    assert!(err.contains("--adapter a=/nonexistent/adapter"), "{err}");
+    let err = run(&["--max-model-len", "1048576", "--kv-pages", "65536"]);
+    assert!(err.contains("longer than the model's context"), "{err}");
+    let err = run(&["--kv-events", "tcp://no-such-host.invalid:1"]);
+    assert!(err.contains("--kv-events"), "{err}");
 }

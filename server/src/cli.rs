@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kvsched_engine::{Model, MAX_ADAPTERS, MAX_REQUESTS};
 
-use crate::{ServeConfig, Server};
+use crate::{ServeConfig, Server, StartError};
 
 /// `kvsched serve`'s options.
 #[derive(Debug, clap::Parser)]
@@ -43,6 +43,10 @@ struct ServeArgs {
     /// Requests that may wait for the engine (beyond the ones it holds); past it, 429.
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_queue: usize,
+    /// The largest request body taken, bytes; past it, 413 (a prompt too long for --max-model-len
+    /// is refused by its length before it is tokenized, whatever this says).
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    max_body_bytes: usize,
     /// Seconds in-flight requests may run on after SIGTERM before they are aborted.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -109,7 +113,11 @@ fn named_path(s: &str) -> Result<(String, PathBuf), String> {
 }
 
 impl ServeArgs {
-    fn config(&self) -> Result<ServeConfig, String> {
+    fn config(&self) -> Result<ServeConfig, StartError> {
+        self.checked().map_err(StartError::Flags)
+    }
+
+    fn checked(&self) -> Result<ServeConfig, String> {
         if self.adapters.len() > MAX_ADAPTERS {
             return Err(format!(
                 "{} adapters given; at most {MAX_ADAPTERS}",
@@ -162,6 +170,7 @@ impl ServeArgs {
             adapters: self.adapters.clone(),
             addr: SocketAddr::new(self.host, self.port),
             max_queue: self.max_queue,
+            max_body_bytes: self.max_body_bytes,
             shutdown_timeout: Duration::from_secs_f64(self.shutdown_timeout),
             engine,
             kv_events,
@@ -184,16 +193,27 @@ pub fn cli(args: &[String]) -> ExitCode {
     };
     let config = match a.config() {
         Ok(c) => c,
-        Err(e) => return fail(&e, 2),
+        Err(e) => return fail(&e.to_string(), 2),
     };
     kvsched_engine::init_threads(usize::from(a.threads));
     let model = match Model::load(&a.model) {
         Ok(m) => Arc::new(m),
         Err(e) => return fail(&e.to_string(), 2),
     };
-    match run(model, &config) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}"), 2),
+    };
+    let server = match Server::start(model, &config) {
+        Ok(s) => s,
+        Err(e) => return fail(&e.to_string(), 2),
+    };
+    match rt.block_on(run(server, &config)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&e, 1),
+        Err(e) => fail(&e.to_string(), 1),
     }
 }
 
@@ -202,27 +222,20 @@ fn fail(message: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn run(model: Arc<Model>, config: &ServeConfig) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
-        let server = Server::start(model, config)?;
-        println!("kvsched serve: listening on http://{}", server.addr());
-        let _ = std::io::stdout().flush();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        eprintln!(
-            "kvsched serve: shutting down (in-flight requests have {:.1} s)",
-            config.shutdown_timeout.as_secs_f64()
-        );
-        server.shutdown().map_err(|e| e.to_string())
-    })
+/// Serves until SIGTERM or Ctrl-C, then shuts down.
+async fn run(server: Server, config: &ServeConfig) -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    println!("kvsched serve: listening on http://{}", server.addr());
+    let _ = std::io::stdout().flush();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!(
+        "kvsched serve: shutting down (in-flight requests have {:.1} s)",
+        config.shutdown_timeout.as_secs_f64()
+    );
+    server.shutdown()
 }
 
 #[cfg(test)]

@@ -42,12 +42,45 @@ impl ApiError {
         }
     }
 
-    /// 429: the queue is full.
-    pub fn overloaded(depth: usize) -> Self {
+    /// 404: no such route.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: "not_found",
+        }
+    }
+
+    /// 405: the route takes another method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{path} does not take {method}."),
+            kind: "invalid_request_error",
+            param: None,
+            code: "method_not_allowed",
+        }
+    }
+
+    /// 413: the body is longer than `limit` bytes.
+    pub fn too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("The request body is larger than {limit} bytes."),
+            kind: "invalid_request_error",
+            param: None,
+            code: "request_too_large",
+        }
+    }
+
+    /// 429: every engine slot (`slots`) and queue place (`depth`) is taken.
+    pub fn overloaded(slots: usize, depth: usize) -> Self {
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,
             message: format!(
-                "The server is overloaded: {depth} requests are already waiting; retry later."
+                "The server is overloaded: {slots} requests are running and {depth} waiting; retry later."
             ),
             kind: "rate_limit_error",
             param: None,
@@ -88,8 +121,51 @@ impl ApiError {
     }
 }
 
+/// How long a refused client should wait before it retries, seconds (`Retry-After` on 429 and 503).
+const RETRY_AFTER_SECONDS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        crate::routes::json_response(self.status, &self.body())
+        let mut r = crate::routes::json_response(self.status, &self.body());
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        r
     }
 }
+
+/// Why the server did not start (`kvsched serve` exits 2 for each).
+#[derive(Debug)]
+pub enum StartError {
+    /// The flags contradict each other or the model.
+    Flags(String),
+    /// An adapter did not load, or its name is taken.
+    Adapter(String),
+    /// The engine refused its configuration or an adapter.
+    Engine(String),
+    /// A KV event socket did not bind.
+    KvEvents(String),
+    /// The address does not listen.
+    Listen(std::net::SocketAddr, std::io::Error),
+    /// A thread did not start.
+    Thread(&'static str, std::io::Error),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Flags(why) | Self::Adapter(why) | Self::KvEvents(why) => f.write_str(why),
+            Self::Engine(why) => write!(f, "the engine refused its configuration: {why}"),
+            Self::Listen(addr, e) => write!(f, "cannot listen on {addr}: {e}"),
+            Self::Thread(name, e) => write!(f, "cannot start the {name} thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}

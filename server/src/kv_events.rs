@@ -18,6 +18,8 @@ use kvsched_core::kv_events::KvEventKind;
 use kvsched_engine::KvBlockEvent;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use crate::error::StartError;
+
 /// Batches kept for replay.
 pub const REPLAY: usize = 10_000;
 
@@ -58,7 +60,7 @@ impl Publisher {
         cfg: &KvEventsConfig,
         names: HashMap<u64, String>,
         block_size: u32,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StartError> {
         let (payloads, rx) = tokio::sync::mpsc::unbounded_channel();
         let (ready, bound) = std::sync::mpsc::channel();
         let cfg = cfg.clone();
@@ -75,10 +77,11 @@ impl Publisher {
                     }
                 }
             })
-            .map_err(|e| format!("cannot start the KV events thread: {e}"))?;
+            .map_err(|e| StartError::Thread("KV events", e))?;
         bound
             .recv()
-            .map_err(|_| "the KV events thread ended".to_string())??;
+            .map_err(|_| StartError::KvEvents("the KV events thread ended".into()))?
+            .map_err(StartError::KvEvents)?;
         Ok(Self {
             payloads,
             names,

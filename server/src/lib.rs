@@ -23,8 +23,11 @@
 pub mod api;
 mod cli;
 pub mod error;
+mod generate;
 pub mod kv_events;
 pub mod metrics;
+mod output;
+pub mod request_id;
 pub mod routes;
 pub mod text;
 pub mod worker;
@@ -39,6 +42,7 @@ use axum::serve::ListenerExt as _;
 use kvsched_engine::{ChunkPolicy, Chunking, EngineConfig, Lora, Model};
 
 pub use cli::cli;
+pub use error::StartError;
 use routes::AppState;
 
 /// How a server is set up.
@@ -51,8 +55,10 @@ pub struct ServeConfig {
     pub adapters: Vec<(String, PathBuf)>,
     /// Where to listen (port 0: any free port).
     pub addr: SocketAddr,
-    /// Requests that may wait for the engine; past it, 429.
+    /// Requests that may wait beyond the engine's `max_num_requests`; past both, 429.
     pub max_queue: usize,
+    /// The largest request body taken, bytes; past it, 413.
+    pub max_body_bytes: usize,
     /// How long in-flight requests may run on after shutdown begins.
     pub shutdown_timeout: Duration,
     /// The engine.
@@ -70,6 +76,7 @@ impl Default for ServeConfig {
             adapters: Vec::new(),
             addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             max_queue: 64,
+            max_body_bytes: 16 << 20,
             shutdown_timeout: Duration::from_secs(30),
             engine: Self::engine(2048, 16, 512),
             kv_events: None,
@@ -110,16 +117,12 @@ pub struct Server {
 
 impl Server {
     /// Starts serving `model` as `config` says, on a thread of its own; returns once it listens.
-    pub fn start(model: Arc<Model>, config: &ServeConfig) -> Result<Self, String> {
+    pub fn start(model: Arc<Model>, config: &ServeConfig) -> Result<Self, StartError> {
         let state = state(model, config)?;
-        let listener = std::net::TcpListener::bind(config.addr)
-            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
+        let listen = |e| StartError::Listen(config.addr, e);
+        let listener = std::net::TcpListener::bind(config.addr).map_err(listen)?;
+        listener.set_nonblocking(true).map_err(listen)?;
+        let addr = listener.local_addr().map_err(listen)?;
         let (trigger, stop) = tokio::sync::oneshot::channel::<()>();
         let deadline = config.shutdown_timeout;
         let thread = std::thread::Builder::new()
@@ -139,7 +142,7 @@ impl Server {
                     .await
                 })
             })
-            .map_err(|e| format!("cannot start the server thread: {e}"))?;
+            .map_err(|e| StartError::Thread("server", e))?;
         Ok(Self {
             addr,
             trigger: Some(trigger),
@@ -176,22 +179,32 @@ impl Drop for Server {
 }
 
 /// The routes' state: the engine thread started, the adapters loaded and registered.
-fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, String> {
+fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, StartError> {
     let mut adapters = Vec::new();
     let mut names = Vec::new();
     for (i, (name, path)) in config.adapters.iter().enumerate() {
         if *name == config.served_model_name || names.iter().any(|(n, _)| n == name) {
-            return Err(format!("adapter name {name:?} is used twice"));
+            return Err(StartError::Adapter(format!(
+                "adapter name {name:?} is used twice"
+            )));
         }
-        let lora = Lora::load_peft(model.config(), path)
-            .map_err(|e| format!("--adapter {name}={}: {e}", path.display()))?;
+        let lora = Lora::load_peft(model.config(), path).map_err(|e| {
+            StartError::Adapter(format!("--adapter {name}={}: {e}", path.display()))
+        })?;
         let id = i as u64 + 1;
         adapters.push((id, lora));
         names.push((name.clone(), id));
     }
     let mut engine = config.engine;
-    let max_model_len = (engine.max_blocks as usize * engine.tokens_per_block as usize)
-        .min(model.config().context_length);
+    let tpb = engine.tokens_per_block as usize;
+    let context = model.config().context_length;
+    let max_model_len = engine.max_blocks as usize * tpb;
+    if max_model_len > context.div_ceil(tpb) * tpb {
+        return Err(StartError::Flags(format!(
+            "--max-model-len {max_model_len} is longer than the model's context of {context} tokens"
+        )));
+    }
+    let max_model_len = max_model_len.min(context);
     let publisher = match &config.kv_events {
         Some(k) => {
             engine.kv_events = true;
@@ -212,12 +225,14 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Strin
         publisher,
     )?;
     Ok(Arc::new(AppState {
+        longest_token: longest_token(&model),
         model,
         base: config.served_model_name.clone(),
         adapters: names,
         worker,
         metrics: metrics::Metrics::new(&config.served_model_name),
         max_model_len,
+        max_body_bytes: config.max_body_bytes,
         draining: AtomicBool::new(false),
         next: AtomicU64::new(1),
         created: std::time::SystemTime::now()
@@ -225,6 +240,33 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Strin
             .map_or(0, |d| d.as_secs()),
     }))
 }
+
+/// The most bytes one token of `model`'s vocabulary is written with (its text form is at least as
+/// long as the bytes it decodes to: a byte-level or SentencePiece piece, or a byte token `<0xNN>`).
+fn longest_token(model: &Model) -> usize {
+    let tok = model.tokenizer();
+    (0..tok.vocab_size() as u32)
+        .filter_map(|id| tok.token(id).map(str::len))
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// While shutdown drains, the listener stays open (new requests get 503) and the admitted requests
+/// run on: until none is left, or `deadline`, when the rest are aborted.
+async fn drain(state: &AppState, deadline: Duration) {
+    let until = tokio::time::Instant::now() + deadline;
+    while state.worker.shared.admitted.load(Ordering::SeqCst) > 0 {
+        if tokio::time::Instant::now() >= until {
+            state.worker.abort();
+            return;
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+}
+
+/// How often a drain looks whether the admitted requests are done.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
 
 /// Serves on `listener` until `trigger`; then drains: 503 to new requests, in-flight ones run on
 /// until `deadline`, then are aborted; returns once every connection closed (or a grace period
@@ -241,11 +283,7 @@ async fn serve(
         trigger.await;
         drain_state.draining.store(true, Ordering::SeqCst);
         let _ = begun.send(true);
-        let aborting = Arc::clone(&drain_state);
-        tokio::spawn(async move {
-            tokio::time::sleep(deadline).await;
-            aborting.worker.abort();
-        });
+        drain(&drain_state, deadline).await;
     };
     let app = routes::router(Arc::clone(&state));
     // Each streamed chunk leaves at once: without TCP_NODELAY, Nagle's algorithm holds a small

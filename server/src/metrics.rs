@@ -76,19 +76,33 @@ struct Requests {
     generation_tokens: u64,
     /// Finished requests by reason: stop, length, abort.
     ended: [u64; 3],
-    /// Requests refused: invalid (400/404), overloaded (429), shutting down (503).
-    refused: [u64; 3],
+    /// Requests refused, by [`Refusal`].
+    refused: [u64; 4],
 }
 
 /// Why a request was refused, for `kvsched:requests_refused_total`.
 #[derive(Debug, Clone, Copy)]
 pub enum Refusal {
-    /// A 400 or 404.
+    /// A 400 or 404 (or a 500 before the engine took it).
     Invalid,
     /// A 429.
     Overloaded,
     /// A 503.
     ShuttingDown,
+    /// A 413.
+    TooLarge,
+}
+
+impl Refusal {
+    /// The reason a refusal of `status` is counted under.
+    pub fn of(status: axum::http::StatusCode) -> Self {
+        match status.as_u16() {
+            429 => Self::Overloaded,
+            503 => Self::ShuttingDown,
+            413 => Self::TooLarge,
+            _ => Self::Invalid,
+        }
+    }
 }
 
 /// The server's metrics.
@@ -111,7 +125,7 @@ impl Metrics {
                 prompt_tokens: 0,
                 generation_tokens: 0,
                 ended: [0; 3],
-                refused: [0; 3],
+                refused: [0; 4],
             }),
         }
     }
@@ -193,7 +207,7 @@ impl Metrics {
             );
         }
         let _ = writeln!(out, "# HELP kvsched:requests_refused_total Requests refused before the engine, by reason.\n# TYPE kvsched:requests_refused_total counter");
-        for (reason, n) in ["invalid", "overloaded", "shutting_down"]
+        for (reason, n) in ["invalid", "overloaded", "shutting_down", "too_large"]
             .iter()
             .zip(r.refused)
         {

@@ -1,5 +1,11 @@
-//! The engine's thread: it owns the [`Engine`], takes requests from a bounded queue while the
-//! engine holds fewer than its scheduler's `max_num_requests`, steps, and sends each request's new tokens to its handler. A handler that went away
+//! The engine's thread: it owns the [`Engine`], takes requests from a queue while the engine holds
+//! fewer than its scheduler's `max_num_requests`, steps, and sends each request's new tokens to its
+//! handler.
+//!
+//! Admission counts requests, not queue places: a request is taken at once while fewer than
+//! `max_num_requests + depth` are admitted (waiting or in the engine), whether or not the engine
+//! is between steps, and refused (429) only past that. Each admitted request holds a [`Ticket`]
+//! from [`Worker::submit`] until it ends, however it ends. A handler that went away
 //! (its client disconnected, or a stop string ended its text) closes its channel; the next step
 //! cancels its request, so the scheduler frees its pages and returns its adapter lease.
 
@@ -14,6 +20,8 @@ use kvsched_engine::{
     Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sampler, STALL_STEPS,
 };
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::StartError;
 
 /// How long an idle engine thread waits for a request before it looks at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
@@ -64,6 +72,19 @@ pub struct Job {
     pub sampler: Sampler,
     /// Where its events go.
     pub events: UnboundedSender<Event>,
+    /// Its place among the admitted requests.
+    pub ticket: Ticket,
+}
+
+/// An admitted request's place: taken by [`Worker::submit`], given back when dropped (the request
+/// ended, was cancelled or refused by the engine).
+#[derive(Debug)]
+pub struct Ticket(Arc<Shared>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.admitted.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What the engine thread last saw, for `/metrics`.
@@ -82,6 +103,8 @@ pub struct Snapshot {
 pub struct Shared {
     /// Jobs in the queue, not yet in the engine.
     pub queued: AtomicUsize,
+    /// Requests admitted and not ended: queued or in the engine.
+    pub admitted: AtomicUsize,
     /// Abort every request now (shutdown past its deadline).
     pub abort: AtomicBool,
     /// Stop once the queue and the engine are empty.
@@ -96,15 +119,18 @@ pub struct Worker {
     queue: SyncSender<Job>,
     /// Shared with the thread.
     pub shared: Arc<Shared>,
+    /// The engine's requests at once (its scheduler's `max_num_requests`).
+    slots: usize,
+    /// Requests that may wait beyond them.
     depth: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Why [`Worker::submit`] refused a job.
-#[derive(Debug)]
+/// Why [`Worker::admit`] or [`Worker::submit`] refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
-    /// The queue holds its depth already.
-    Full(usize),
+    /// Every engine slot and every queue place is taken: `(slots, depth)`.
+    Full(usize, usize),
     /// The engine thread is gone.
     Gone,
 }
@@ -118,8 +144,10 @@ impl Worker {
         adapters: Vec<(u64, Lora)>,
         depth: usize,
         kv_events: Option<crate::kv_events::Publisher>,
-    ) -> Result<Self, String> {
-        let (queue, jobs) = std::sync::mpsc::sync_channel(depth);
+    ) -> Result<Self, StartError> {
+        let slots = config.scheduler.max_num_requests as usize;
+        // Never full: admission (`slots + depth` tickets) bounds what is in it.
+        let (queue, jobs) = std::sync::mpsc::sync_channel(slots + depth);
         let (ready, started) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared::default());
         let thread_shared = Arc::clone(&shared);
@@ -142,29 +170,49 @@ impl Worker {
                     }
                 }
             })
-            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+            .map_err(|e| StartError::Thread("engine", e))?;
         started
             .recv()
-            .map_err(|_| "the engine thread stopped while starting".to_string())??;
+            .map_err(|_| StartError::Engine("the engine thread stopped while starting".into()))?
+            .map_err(StartError::Engine)?;
         Ok(Self {
             queue,
             shared,
+            slots,
             depth,
             thread: Mutex::new(Some(thread)),
         })
     }
 
-    /// Queues `job`; refused when the queue is full (overload) or the engine thread is gone.
+    /// A place for one more request: refused only when `slots + depth` requests are admitted
+    /// already. Taken before the request is read, so a refusal costs nothing.
+    pub fn admit(&self) -> Result<Ticket, Refused> {
+        let capacity = self.slots + self.depth;
+        let taken = self
+            .shared
+            .admitted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < capacity).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Ok(Ticket(Arc::clone(&self.shared))),
+            Err(_) => Err(Refused::Full(self.slots, self.depth)),
+        }
+    }
+
+    /// Queues `job` (its ticket from [`Worker::admit`]); refused only when the engine thread is
+    /// gone.
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
         match self.queue.try_send(job) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                Err(match e {
-                    TrySendError::Full(_) => Refused::Full(self.depth),
-                    TrySendError::Disconnected(_) => Refused::Gone,
-                })
+                debug_assert!(
+                    matches!(e, TrySendError::Disconnected(_)),
+                    "admission bounds the queue"
+                );
+                Err(Refused::Gone)
             }
         }
     }
@@ -195,6 +243,7 @@ impl Drop for Worker {
 struct Live {
     events: UnboundedSender<Event>,
     sent: usize,
+    ticket: Ticket,
 }
 
 /// The engine thread's loop.
@@ -309,6 +358,7 @@ impl<'m> Loop<'m> {
                     Live {
                         events: job.events,
                         sent: 0,
+                        ticket: job.ticket,
                     },
                 );
             }
@@ -332,6 +382,9 @@ impl<'m> Loop<'m> {
         }
         for c in done {
             if let Some(live) = self.live.remove(&c.id) {
+                // The place is free before the handler hears of the end: a client that sends its
+                // next request on it finds the place.
+                drop(live.ticket);
                 if c.tokens.len() > live.sent {
                     let _ = live
                         .events

@@ -36,10 +36,14 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
-fn send(s: &mut TcpStream, method: &str, path: &str, body: Option<&str>) {
+fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) {
     let body = body.unwrap_or("");
+    let extra: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("send the request");
@@ -70,8 +74,19 @@ fn head(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
 
 /// Sends one request and reads the whole response.
 pub fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Response {
+    request_with(addr, method, path, &[], body)
+}
+
+/// Sends one request with extra `headers` and reads the whole response.
+pub fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Response {
     let mut s = connect(addr);
-    send(&mut s, method, path, body);
+    send(&mut s, method, path, headers, body);
     let mut r = BufReader::new(s);
     let (status, headers) = head(&mut r);
     let chunked = headers
@@ -125,7 +140,7 @@ impl Events {
     /// Posts `body` to `path` and reads the response head.
     pub fn open(addr: SocketAddr, path: &str, body: &Value) -> Self {
         let mut s = connect(addr);
-        send(&mut s, "POST", path, Some(&body.to_string()));
+        send(&mut s, "POST", path, &[], Some(&body.to_string()));
         let mut reader = BufReader::new(s);
         let (status, headers) = head(&mut reader);
         Self {

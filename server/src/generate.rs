@@ -1,0 +1,243 @@
+//! A generation request's way in: refused at once when shutting down or full (before its body is
+//! read), its body read within the size limit, then parsed, tokenized and checked on a blocking
+//! thread (never on the thread that serves every stream), queued, and answered.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::Request;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use kvsched_engine::Sampler;
+
+use crate::api::{self, Endpoint, Prompt};
+use crate::error::ApiError;
+use crate::metrics::Refusal;
+use crate::output::{stream, whole, Generation, Meta};
+use crate::request_id::RequestId;
+use crate::routes::AppState;
+use crate::worker::{Job, Refused};
+
+/// Tokens a completion generates when its request does not say (the OpenAI API's default).
+const COMPLETION_DEFAULT_TOKENS: usize = 16;
+
+/// A request read and checked: ready for the engine.
+struct Checked {
+    request: api::Request,
+    adapter: Option<u64>,
+    prompt: Vec<u32>,
+    max_new: usize,
+}
+
+/// Answers a generation request to `endpoint`; a refusal is counted by its reason.
+pub(crate) async fn respond(
+    s: Arc<AppState>,
+    endpoint: Endpoint,
+    id: RequestId,
+    request: Request,
+) -> Response {
+    match generate(&s, endpoint, id, request).await {
+        Ok(r) => r,
+        Err(e) => {
+            s.metrics.refused(Refusal::of(e.status));
+            e.into_response()
+        }
+    }
+}
+
+async fn generate(
+    s: &Arc<AppState>,
+    endpoint: Endpoint,
+    id: RequestId,
+    request: Request,
+) -> Result<Response, ApiError> {
+    if s.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::shutting_down());
+    }
+    let arrived = Instant::now();
+    let body = read_body(request, s.max_body_bytes).await?;
+    let ticket = s.worker.admit().map_err(refused)?;
+    let state = Arc::clone(s);
+    let checked = tokio::task::spawn_blocking(move || state.check(endpoint, &body))
+        .await
+        .map_err(|e| ApiError::engine(format!("checking the request failed: {e}")))??;
+    let n = s.next.fetch_add(1, Ordering::SeqCst);
+    let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+    let r = checked.request;
+    let prompt = checked.prompt.len();
+    s.worker
+        .submit(Job {
+            prompt: checked.prompt,
+            max_new: checked.max_new,
+            adapter: checked.adapter,
+            sampler: sampler(&r, n),
+            events,
+            ticket,
+        })
+        .map_err(refused)?;
+    let gen = Generation::new(Arc::clone(s), rx, r.stop.clone(), prompt, arrived);
+    let kind = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    let meta = Meta {
+        id: format!("{kind}-{}", id.0),
+        created: unix_now(),
+        model: r.model.clone(),
+        endpoint,
+        include_usage: r.include_usage,
+    };
+    if r.stream {
+        Ok(stream(gen, meta))
+    } else {
+        whole(gen, &meta).await
+    }
+}
+
+fn refused(e: Refused) -> ApiError {
+    match e {
+        Refused::Full(slots, depth) => ApiError::overloaded(slots, depth),
+        Refused::Gone => ApiError::shutting_down(),
+    }
+}
+
+/// The body, refused (413) past `limit` bytes: by its declared length before a byte is read, or
+/// as it arrives.
+async fn read_body(request: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| ApiError::too_large(limit))
+}
+
+impl AppState {
+    /// Parses, tokenizes and checks a body (on a blocking thread: a long prompt takes a while).
+    fn check(&self, endpoint: Endpoint, body: &[u8]) -> Result<Checked, ApiError> {
+        let request = api::parse(endpoint, body)?;
+        let adapter = self.adapter_of(&request.model)?;
+        let prompt = self.tokens(&request.prompt)?;
+        let max_new = self.max_new(&request, prompt.len())?;
+        Ok(Checked {
+            request,
+            adapter,
+            prompt,
+            max_new,
+        })
+    }
+
+    /// A request's prompt tokens. A text too long to fit whatever it tokenizes to is refused by
+    /// its length before the tokenizer runs.
+    fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+        let tok = self.model.tokenizer();
+        let (bytes, param) = match prompt {
+            Prompt::Text(t) => (t.len(), "prompt"),
+            Prompt::Tokens(_) => (0, "prompt"),
+            Prompt::Chat(m) => (m.iter().map(|m| m.content.len()).sum(), "messages"),
+        };
+        if bytes > self.longest_text() {
+            return Err(too_long(param, self.max_model_len, None));
+        }
+        let tokens = match prompt {
+            Prompt::Text(t) => tok.encode(t),
+            Prompt::Tokens(t) => Ok(t.clone()),
+            Prompt::Chat(m) => tok.encode_chat(m, true),
+        };
+        let tokens =
+            tokens.map_err(|e| ApiError::invalid(param, "invalid_value", e.to_string()))?;
+        let vocab = tok.vocab_size();
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::invalid(
+                param,
+                "invalid_value",
+                format!("Token id {t} is outside the vocabulary of {vocab}."),
+            ));
+        }
+        if tokens.is_empty() {
+            return Err(ApiError::invalid(
+                param,
+                "invalid_value",
+                "The prompt is empty.",
+            ));
+        }
+        Ok(tokens)
+    }
+
+    /// The most bytes of text that could tokenize to fewer than `max_model_len` tokens: each token
+    /// stands for at most `longest_token` bytes; four times that, for normalizers that shorten.
+    fn longest_text(&self) -> usize {
+        self.max_model_len
+            .saturating_mul(self.longest_token)
+            .saturating_mul(4)
+    }
+
+    /// The tokens to generate: the request's `max_tokens`, or the endpoint's default, within
+    /// the longest request.
+    fn max_new(&self, r: &api::Request, prompt: usize) -> Result<usize, ApiError> {
+        let limit = self.max_model_len;
+        let param = match r.endpoint {
+            Endpoint::Completions => "prompt",
+            Endpoint::Chat => "messages",
+        };
+        if prompt >= limit {
+            return Err(too_long(param, limit, Some(prompt)));
+        }
+        let room = limit - prompt;
+        match r.max_tokens {
+            Some(n) if n > room => Err(ApiError::invalid(
+                "max_tokens",
+                "context_length_exceeded",
+                format!("This model's maximum context length is {limit} tokens; you requested {} ({prompt} in the prompt, {n} in the completion).", prompt.saturating_add(n)),
+            )),
+            Some(n) => Ok(n),
+            None if r.endpoint == Endpoint::Completions => Ok(COMPLETION_DEFAULT_TOKENS.min(room)),
+            None => Ok(room),
+        }
+    }
+}
+
+/// A prompt of `tokens` (unknown: too long to tokenize) that leaves no room within `limit`.
+fn too_long(param: &str, limit: usize, tokens: Option<usize>) -> ApiError {
+    let has = tokens.map_or_else(|| format!("more than {limit}"), |n| n.to_string());
+    ApiError::invalid(
+        param,
+        "context_length_exceeded",
+        format!("This model's maximum context length is {limit} tokens; the prompt has {has}, leaving no room for a completion."),
+    )
+}
+
+fn sampler(r: &api::Request, n: u64) -> Sampler {
+    let sampler = if r.temperature == 0.0 {
+        Sampler::greedy()
+    } else {
+        let seed = r.seed.unwrap_or_else(|| fresh_seed(n));
+        Sampler::seeded(seed, r.temperature).with_top_p(r.top_p)
+    };
+    if r.ignore_eos {
+        sampler.ignoring_stop()
+    } else {
+        sampler
+    }
+}
+
+/// A seed no earlier request had: the clock mixed with the request counter.
+fn fresh_seed(n: u64) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
