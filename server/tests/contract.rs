@@ -1,0 +1,91 @@
+//! The HTTP contract around the generation endpoints (issue 43): every refusal in the OpenAI error
+//! shape (a body too large 413, a wrong method 405, each counted), request ids that do not repeat
+//! across servers (a random UUID, or the client's `X-Request-Id`, echoed), and `GET /v1/models/{id}`.
+
+#[path = "support/http.rs"]
+mod http;
+#[path = "support/serve.rs"]
+mod serve;
+
+use serde_json::json;
+
+use http::{get, metric, post, request, request_with};
+use serve::{config, model, start, BASE};
+
+#[test]
+fn a_body_too_large_and_a_wrong_method_are_refused_in_the_openai_shape() {
+    let Some(m) = model() else { return };
+    let mut cfg = config();
+    cfg.max_body_bytes = 1000;
+    let server = start(&m, &cfg);
+    let addr = server.addr();
+    let big = json!({"model": BASE, "prompt": "x".repeat(2000)});
+    let r = post(addr, "/v1/completions", &big);
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = get(addr, "/v1/completions");
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "method_not_allowed");
+    assert!(r.header("allow").is_some_and(|a| a.contains("POST")), "{:?}", r.headers);
+    let r = request(addr, "DELETE", "/v1/models", None);
+    assert_eq!(r.status, 405);
+    assert_eq!(r.json()["error"]["code"], "method_not_allowed");
+    let r = get(addr, "/nothing");
+    assert_eq!((r.status, r.json()["error"]["code"].as_str()), (404, Some("not_found")));
+    let text = get(addr, "/metrics").body;
+    assert_eq!(
+        metric(&text, "kvsched:requests_refused_total", "too_large"),
+        1.0
+    );
+}
+
+#[test]
+fn request_ids_are_uuids_or_the_clients_and_are_echoed() {
+    let Some(m) = model() else { return };
+    let server = start(&m, &config());
+    let addr = server.addr();
+    let body = json!({"model": BASE, "prompt": "Hi", "max_tokens": 1}).to_string();
+    let ids: Vec<(String, String)> = (0..2)
+        .map(|_| {
+            let r = request(addr, "POST", "/v1/completions", Some(&body));
+            assert_eq!(r.status, 200, "{}", r.body);
+            let header = r.header("x-request-id").expect("an id").to_string();
+            (header, r.json()["id"].as_str().unwrap().to_string())
+        })
+        .collect();
+    for (header, id) in &ids {
+        assert_eq!(header.len(), 36, "{header}");
+        assert_eq!(id, &format!("cmpl-{header}"));
+    }
+    assert_ne!(ids[0], ids[1]);
+    let r = request_with(
+        addr,
+        "POST",
+        "/v1/completions",
+        &[("X-Request-Id", "trace-7f3a")],
+        Some(&body),
+    );
+    assert_eq!(r.header("x-request-id"), Some("trace-7f3a"));
+    assert_eq!(r.json()["id"], "cmpl-trace-7f3a");
+    let refused = request_with(addr, "GET", "/nothing", &[("X-Request-Id", "t-2")], None);
+    assert_eq!(refused.header("x-request-id"), Some("t-2"));
+}
+
+#[test]
+fn one_model_is_retrieved_by_its_id() {
+    let Some(m) = model() else { return };
+    let (_, dir) = serve::peft_adapter(&m, 9);
+    let mut cfg = config();
+    cfg.adapters = vec![("tuned".into(), dir)];
+    let server = start(&m, &cfg);
+    let addr = server.addr();
+    let base = get(addr, &format!("/v1/models/{BASE}")).json();
+    assert_eq!((base["id"].as_str(), base["object"].as_str()), (Some(BASE), Some("model")));
+    assert!(base["parent"].is_null());
+    let tuned = get(addr, "/v1/models/tuned").json();
+    assert_eq!(tuned["parent"], BASE);
+    let r = get(addr, "/v1/models/none");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+}
