@@ -201,6 +201,9 @@ pub struct EngineStats {
     /// Suspensions (the KV pool's: pages offloaded to the host tier, or held; a chunked context
     /// the pass did not schedule counts too).
     pub suspensions: u64,
+    /// Of those, the ones that moved nothing: the request's pages stayed held on the GPU (no host
+    /// tier, or no room there), as for a request merely not scheduled this step.
+    pub held_suspensions: u64,
     /// Of those, the pass's evictions under KV pressure (victims and self-evictions).
     pub evictions: u64,
     /// Requests recompute-paused or preempted (their KV dropped, their prefill replayed).
@@ -209,6 +212,9 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Prompt positions a first chunk found in the prefix cache instead of computing them.
     pub prefix_reused_tokens: u64,
+    /// Positions first chunks looked up in the prefix cache (a prompt, or a replay's context, once
+    /// each time it is prefilled; none without a prefix cache): never fewer than the reused ones.
+    pub prefix_queried_tokens: u64,
     /// KV pages copied GPU → host.
     pub pages_offloaded: u64,
     /// KV pages copied host → GPU.
@@ -416,7 +422,9 @@ impl<'m> Engine<'m> {
     /// a request together) and the pages offloaded and reloaded are summed over the groups.
     pub fn stats(&self) -> EngineStats {
         let mut s = self.stats;
-        s.suspensions = self.sched.leader().stats().suspends;
+        let leader = self.sched.leader().stats();
+        s.suspensions = leader.suspends;
+        s.held_suspensions = leader.held_suspends;
         s.pages_offloaded = 0;
         s.pages_reloaded = 0;
         for g in 0..self.sched.groups() {

@@ -77,7 +77,13 @@ async fn generate(
             ticket,
         })
         .map_err(refused)?;
-    let gen = Generation::new(Arc::clone(s), rx, r.stop.clone(), prompt, arrived);
+    let gen = Generation::new(
+        Arc::clone(s),
+        rx,
+        r.stop.clone(),
+        (prompt, checked.max_new),
+        arrived,
+    );
     let kind = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",

@@ -230,7 +230,7 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         base: config.served_model_name.clone(),
         adapters: names,
         worker,
-        metrics: metrics::Metrics::new(&config.served_model_name),
+        metrics: metrics::Metrics::new(&config.served_model_name, max_model_len),
         max_model_len,
         max_body_bytes: config.max_body_bytes,
         draining: AtomicBool::new(false),

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::worker::{End, Snapshot};
 
@@ -24,32 +24,55 @@ const E2E_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// vLLM's buckets for the request phases (queue, prefill, decode, inference), seconds.
+const PHASE_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, … up to `max`.
+fn token_buckets(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut scale = 1usize;
+    'outer: loop {
+        for m in [1, 2, 5] {
+            let b = m * scale;
+            if b > max.max(1) {
+                break 'outer;
+            }
+            out.push(b as f64);
+        }
+        scale = scale.saturating_mul(10);
+    }
+    out
+}
+
 /// A cumulative histogram.
 #[derive(Debug, Clone)]
 struct Histogram {
-    bounds: &'static [f64],
+    bounds: Vec<f64>,
     counts: Vec<u64>,
     sum: f64,
     count: u64,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    fn new(bounds: &[f64]) -> Self {
         Self {
-            bounds,
+            bounds: bounds.to_vec(),
             counts: vec![0; bounds.len()],
             sum: 0.0,
             count: 0,
         }
     }
 
-    fn observe(&mut self, secs: f64) {
-        for (c, &b) in self.counts.iter_mut().zip(self.bounds) {
-            if secs <= b {
+    fn observe(&mut self, x: f64) {
+        for (c, &b) in self.counts.iter_mut().zip(&self.bounds) {
+            if x <= b {
                 *c += 1;
             }
         }
-        self.sum += secs;
+        self.sum += x;
         self.count += 1;
     }
 
@@ -65,13 +88,71 @@ impl Histogram {
     }
 }
 
+/// The histograms, in the order they are written: name, help.
+const HISTOGRAMS: [(&str, &str); 11] = [
+    (
+        "vllm:time_to_first_token_seconds",
+        "Time to first token, seconds.",
+    ),
+    (
+        "vllm:inter_token_latency_seconds",
+        "Time between two streamed tokens, seconds.",
+    ),
+    (
+        "vllm:request_time_per_output_token_seconds",
+        "A request's mean time per output token after its first, seconds.",
+    ),
+    (
+        "vllm:e2e_request_latency_seconds",
+        "End-to-end request latency, seconds.",
+    ),
+    (
+        "vllm:request_queue_time_seconds",
+        "Time from arrival to the request's first scheduled step, seconds.",
+    ),
+    (
+        "vllm:request_prefill_time_seconds",
+        "Time from the first scheduled step to the first token, seconds.",
+    ),
+    (
+        "vllm:request_decode_time_seconds",
+        "Time from the first token to the last, seconds.",
+    ),
+    (
+        "vllm:request_inference_time_seconds",
+        "Time from the first scheduled step to the end, seconds.",
+    ),
+    (
+        "vllm:request_prompt_tokens",
+        "Prompt tokens of each finished request.",
+    ),
+    (
+        "vllm:request_generation_tokens",
+        "Generated tokens of each finished request.",
+    ),
+    (
+        "vllm:request_params_max_tokens",
+        "The max_tokens of each finished request.",
+    ),
+];
+
+/// Indexes into [`HISTOGRAMS`].
+const TTFT: usize = 0;
+const ITL: usize = 1;
+const TPOT: usize = 2;
+const E2E: usize = 3;
+const QUEUE: usize = 4;
+const PREFILL: usize = 5;
+const DECODE: usize = 6;
+const INFERENCE: usize = 7;
+const PROMPT: usize = 8;
+const GENERATION: usize = 9;
+const MAX_TOKENS: usize = 10;
+
 /// What the handlers measured.
 #[derive(Debug, Clone)]
 struct Requests {
-    ttft: Histogram,
-    itl: Histogram,
-    tpot: Histogram,
-    e2e: Histogram,
+    histograms: Vec<Histogram>,
     prompt_tokens: u64,
     generation_tokens: u64,
     /// Finished requests by reason: stop, length, abort.
@@ -80,6 +161,28 @@ struct Requests {
     refused: [u64; 4],
 }
 
+/// A request's life, as its handler saw it, once it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished {
+    /// Why it ended.
+    pub end: End,
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Tokens generated.
+    pub generated: usize,
+    /// Tokens it could have generated at most.
+    pub max_tokens: usize,
+    /// When it arrived.
+    pub arrived: Instant,
+    /// The start of the engine step that first ran it, if one did.
+    pub scheduled: Option<Instant>,
+    /// Its first and last tokens, if it had any.
+    pub first: Option<Instant>,
+    /// Its last token.
+    pub last: Option<Instant>,
+    /// When it ended.
+    pub ended: Instant,
+}
 /// Why a request was refused, for `kvsched:requests_refused_total`.
 #[derive(Debug, Clone, Copy)]
 pub enum Refusal {
@@ -113,15 +216,23 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Metrics labelled with `model` (the served model's name).
-    pub fn new(model: &str) -> Self {
+    /// Metrics labelled with `model` (the served model's name), token histograms up to
+    /// `max_model_len`.
+    pub fn new(model: &str, max_model_len: usize) -> Self {
+        let tokens = token_buckets(max_model_len);
+        let histograms = (0..HISTOGRAMS.len())
+            .map(|i| match i {
+                TTFT => Histogram::new(TTFT_BUCKETS),
+                ITL | TPOT => Histogram::new(ITL_BUCKETS),
+                E2E => Histogram::new(E2E_BUCKETS),
+                PROMPT | GENERATION | MAX_TOKENS => Histogram::new(&tokens),
+                _ => Histogram::new(PHASE_BUCKETS),
+            })
+            .collect();
         Self {
             model: model.replace(['"', '\\', '\n'], "_"),
             requests: Mutex::new(Requests {
-                ttft: Histogram::new(TTFT_BUCKETS),
-                itl: Histogram::new(ITL_BUCKETS),
-                tpot: Histogram::new(ITL_BUCKETS),
-                e2e: Histogram::new(E2E_BUCKETS),
+                histograms,
                 prompt_tokens: 0,
                 generation_tokens: 0,
                 ended: [0; 3],
@@ -138,30 +249,38 @@ impl Metrics {
 
     /// A request's first token, `ttft` after it arrived.
     pub fn first_token(&self, ttft: Duration) {
-        self.with(|r| r.ttft.observe(ttft.as_secs_f64()));
+        self.with(|r| r.histograms[TTFT].observe(ttft.as_secs_f64()));
     }
 
     /// A later token, `gap` after the one before.
     pub fn next_token(&self, gap: Duration) {
-        self.with(|r| r.itl.observe(gap.as_secs_f64()));
+        self.with(|r| r.histograms[ITL].observe(gap.as_secs_f64()));
     }
 
-    /// A request ended: its tokens, its latency, its time per output token (after the first).
-    pub fn ended(
-        &self,
-        end: End,
-        prompt: usize,
-        generated: usize,
-        e2e: Duration,
-        tpot: Option<Duration>,
-    ) {
+    /// A request ended: its tokens and the phases of its life.
+    pub fn ended(&self, f: &Finished) {
+        let secs = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64();
         self.with(|r| {
-            r.prompt_tokens += prompt as u64;
-            r.generation_tokens += generated as u64;
-            r.ended[end as usize] += 1;
-            r.e2e.observe(e2e.as_secs_f64());
-            if let Some(t) = tpot {
-                r.tpot.observe(t.as_secs_f64());
+            r.prompt_tokens += f.prompt as u64;
+            r.generation_tokens += f.generated as u64;
+            r.ended[f.end as usize] += 1;
+            let h = &mut r.histograms;
+            h[E2E].observe(secs(f.arrived, f.ended));
+            h[PROMPT].observe(f.prompt as f64);
+            h[GENERATION].observe(f.generated as f64);
+            h[MAX_TOKENS].observe(f.max_tokens as f64);
+            if let (Some(first), Some(last)) = (f.first, f.last) {
+                if f.generated > 1 {
+                    h[TPOT].observe(secs(first, last) / (f.generated - 1) as f64);
+                }
+                h[DECODE].observe(secs(first, last));
+            }
+            if let Some(scheduled) = f.scheduled {
+                h[QUEUE].observe(secs(f.arrived, scheduled));
+                h[INFERENCE].observe(secs(scheduled, f.ended));
+                if let Some(first) = f.first {
+                    h[PREFILL].observe(secs(scheduled, first));
+                }
             }
         });
     }
@@ -171,75 +290,63 @@ impl Metrics {
         self.with(|r| r.refused[why as usize] += 1);
     }
 
-    /// The Prometheus text: the handlers' measures, then the engine's `snapshot` and `queued` jobs.
+    /// The Prometheus text: the engine's `snapshot` and `queued` jobs, then the handlers' measures.
     pub fn render(&self, snapshot: &Snapshot, queued: usize) -> String {
         let labels = format!("model_name=\"{}\"", self.model);
-        let mut out = String::with_capacity(8192);
+        let mut out = String::with_capacity(16384);
         let Ok(r) = self.requests.lock().map(|r| r.clone()) else {
             return out;
         };
         render_engine(&mut out, &labels, snapshot, queued);
-        let counter = |out: &mut String, name: &str, help: &str, extra: &str, v: u64| {
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}{extra}}} {v}"
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}"
             );
         };
         counter(
             &mut out,
             "vllm:prompt_tokens_total",
-            "Prompt tokens processed.",
-            "",
+            "Prompt tokens of the finished requests.",
             r.prompt_tokens,
         );
         counter(
             &mut out,
             "vllm:generation_tokens_total",
-            "Generation tokens processed.",
-            "",
+            "Tokens the finished requests generated.",
             r.generation_tokens,
         );
-        let _ = writeln!(out, "# HELP vllm:request_success_total Finished requests by finish reason.\n# TYPE vllm:request_success_total counter");
-        for (reason, n) in ["stop", "length", "abort"].iter().zip(r.ended) {
-            let _ = writeln!(
-                out,
-                "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {n}"
-            );
+        let labelled =
+            |out: &mut String, name: &str, help: &str, label: &str, values: &[(&str, u64)]| {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+                for (v, n) in values {
+                    let _ = writeln!(out, "{name}{{{labels},{label}=\"{v}\"}} {n}");
+                }
+            };
+        let [stop, length, abort] = r.ended;
+        labelled(
+            &mut out,
+            "vllm:request_success_total",
+            "Finished requests by finish reason.",
+            "finished_reason",
+            &[("stop", stop), ("length", length), ("abort", abort)],
+        );
+        let [invalid, overloaded, shutting_down, too_large] = r.refused;
+        labelled(
+            &mut out,
+            "kvsched:requests_refused_total",
+            "Requests refused before the engine, by reason.",
+            "reason",
+            &[
+                ("invalid", invalid),
+                ("overloaded", overloaded),
+                ("shutting_down", shutting_down),
+                ("too_large", too_large),
+            ],
+        );
+        for ((name, help), h) in HISTOGRAMS.iter().zip(&r.histograms) {
+            h.render(&mut out, name, help, &labels);
         }
-        let _ = writeln!(out, "# HELP kvsched:requests_refused_total Requests refused before the engine, by reason.\n# TYPE kvsched:requests_refused_total counter");
-        for (reason, n) in ["invalid", "overloaded", "shutting_down", "too_large"]
-            .iter()
-            .zip(r.refused)
-        {
-            let _ = writeln!(
-                out,
-                "kvsched:requests_refused_total{{{labels},reason=\"{reason}\"}} {n}"
-            );
-        }
-        r.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Time to first token, seconds.",
-            &labels,
-        );
-        r.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Time between two streamed tokens, seconds.",
-            &labels,
-        );
-        r.tpot.render(
-            &mut out,
-            "vllm:request_time_per_output_token_seconds",
-            "A request's mean time per output token after its first, seconds.",
-            &labels,
-        );
-        r.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency, seconds.",
-            &labels,
-        );
         out
     }
 }
@@ -300,11 +407,12 @@ fn render_engine(out: &mut String, labels: &str, s: &Snapshot, queued: usize) {
         );
     }
     let st = &s.stats;
-    let counters: [(&str, &str, u64); 11] = [
-        ("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", s.prompt_tokens),
+    let counters: [(&str, &str, u64); 12] = [
+        ("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (each prefill, replays included).", st.prefix_queried_tokens),
         ("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", st.prefix_reused_tokens),
         ("vllm:num_preemptions_total", "Requests whose KV was dropped and their prefill replayed (recompute pauses and preemptions).", st.recomputes),
-        ("kvsched:suspensions_total", "Requests suspended (KV offloaded to the host tier or held).", st.suspensions),
+        ("kvsched:suspensions_total", "Requests suspended to the host tier (their pages moved off the GPU).", st.suspensions - st.held_suspensions),
+        ("kvsched:suspensions_in_place_total", "Steps a request was suspended in place: not scheduled, its pages held on the GPU.", st.held_suspensions),
         ("kvsched:kv_pages_offloaded_total", "KV pages copied GPU to host.", st.pages_offloaded),
         ("kvsched:kv_pages_reloaded_total", "KV pages copied host to GPU.", st.pages_reloaded),
         ("kvsched:adapter_loads_total", "LoRA adapters uploaded to device pages.", st.adapter_loads),

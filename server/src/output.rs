@@ -13,6 +13,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::Endpoint;
 use crate::error::ApiError;
+use crate::metrics::Finished;
 use crate::routes::{json_response, AppState};
 use crate::text::TextStream;
 use crate::worker::{End, Event};
@@ -25,9 +26,11 @@ pub(crate) struct Generation {
     rx: UnboundedReceiver<Event>,
     text: TextStream,
     arrived: Instant,
+    scheduled: Option<Instant>,
     last: Option<Instant>,
     first: Option<Instant>,
     prompt: usize,
+    max_new: usize,
     generated: usize,
     ended: bool,
 }
@@ -39,13 +42,13 @@ struct Out {
 }
 
 impl Generation {
-    /// A request of `prompt` tokens that arrived at `arrived`, its events on `rx`, its text ended by
-    /// any of `stop`.
+    /// A request of `prompt` tokens (`max_new` to generate at most) that arrived at `arrived`, its
+    /// events on `rx`, its text ended by any of `stop`.
     pub(crate) fn new(
         state: Arc<AppState>,
         rx: UnboundedReceiver<Event>,
         stop: Vec<String>,
-        prompt: usize,
+        (prompt, max_new): (usize, usize),
         arrived: Instant,
     ) -> Self {
         Self {
@@ -53,9 +56,11 @@ impl Generation {
             rx,
             text: TextStream::new(stop),
             arrived,
+            scheduled: None,
             last: None,
             first: None,
             prompt,
+            max_new,
             generated: 0,
             ended: false,
         }
@@ -67,6 +72,10 @@ impl Generation {
         let tok = state.model.tokenizer();
         loop {
             let (tokens, end) = match self.rx.recv().await {
+                Some(Event::Scheduled(at)) => {
+                    self.scheduled = Some(at);
+                    continue;
+                }
                 Some(Event::Tokens(t)) => (t, None),
                 Some(Event::Done(end)) => (Vec::new(), Some(end)),
                 Some(Event::Failed(why)) => {
@@ -115,16 +124,17 @@ impl Generation {
 
     fn finish(&mut self, end: End) {
         self.ended = true;
-        let tpot = match (self.first, self.last) {
-            (Some(f), Some(l)) if self.generated > 1 => {
-                Some((l - f) / u32::try_from(self.generated - 1).unwrap_or(u32::MAX))
-            }
-            _ => None,
-        };
-        let e2e = self.arrived.elapsed();
-        self.state
-            .metrics
-            .ended(end, self.prompt, self.generated, e2e, tpot);
+        self.state.metrics.ended(&Finished {
+            end,
+            prompt: self.prompt,
+            generated: self.generated,
+            max_tokens: self.max_new,
+            arrived: self.arrived,
+            scheduled: self.scheduled,
+            first: self.first,
+            last: self.last,
+            ended: Instant::now(),
+        });
     }
 
     fn usage(&self) -> Value {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvsched_engine::{
     Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sampler, STALL_STEPS,
@@ -51,6 +51,8 @@ impl End {
 /// What the engine thread tells a request's handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
+    /// The engine first ran the request in the step that began then.
+    Scheduled(Instant),
     /// Tokens generated since the last event.
     Tokens(Vec<u32>),
     /// The request is over.
@@ -94,8 +96,6 @@ pub struct Snapshot {
     pub load: EngineLoad,
     /// The engine's counters.
     pub stats: EngineStats,
-    /// Prompt tokens submitted (the prefix cache's lookups).
-    pub prompt_tokens: u64,
 }
 
 /// State the engine thread shares with the handlers.
@@ -243,6 +243,8 @@ impl Drop for Worker {
 struct Live {
     events: UnboundedSender<Event>,
     sent: usize,
+    /// Whether a step ran it yet.
+    scheduled: bool,
     ticket: Ticket,
 }
 
@@ -252,7 +254,6 @@ struct Loop<'m> {
     jobs: Receiver<Job>,
     shared: Arc<Shared>,
     live: HashMap<u64, Live>,
-    prompt_tokens: u64,
     /// Consecutive steps that ran no model step.
     stalled: u32,
     /// Where each step's KV events go (`--kv-events`).
@@ -271,13 +272,13 @@ impl<'m> Loop<'m> {
             jobs,
             shared,
             live: HashMap::new(),
-            prompt_tokens: 0,
             stalled: 0,
             kv_events,
         }
     }
 
     fn run(mut self) {
+        self.publish();
         loop {
             if self.shared.abort.load(Ordering::SeqCst) {
                 self.abort_all();
@@ -294,8 +295,12 @@ impl<'m> Loop<'m> {
                 continue;
             }
             let before = self.engine.stats().model_steps;
+            let began = Instant::now();
             match self.engine.step() {
-                Ok(done) => self.send(&done),
+                Ok(done) => {
+                    self.mark_scheduled(began);
+                    self.send(&done);
+                }
                 Err(e) => self.fail_all(&e.to_string()),
             }
             self.stalled = if self.engine.stats().model_steps == before {
@@ -352,18 +357,29 @@ impl<'m> Loop<'m> {
             .submit(&job.prompt, job.max_new, job.adapter, job.sampler)
         {
             Ok(id) => {
-                self.prompt_tokens += job.prompt.len() as u64;
                 self.live.insert(
                     id,
                     Live {
                         events: job.events,
                         sent: 0,
+                        scheduled: false,
                         ticket: job.ticket,
                     },
                 );
             }
             Err(e) => {
                 let _ = job.events.send(Event::Failed(e.to_string()));
+            }
+        }
+    }
+
+    /// Tells each request the step that began at `began` ran first that it was scheduled: its KV
+    /// holds positions, or it finished.
+    fn mark_scheduled(&mut self, began: Instant) {
+        for (&id, live) in &mut self.live {
+            if !live.scheduled && self.engine.kv_extent(id).is_none_or(|kv| kv.computed > 0) {
+                live.scheduled = true;
+                let _ = live.events.send(Event::Scheduled(began));
             }
         }
     }
@@ -436,7 +452,6 @@ impl<'m> Loop<'m> {
         let snapshot = Snapshot {
             load: self.engine.load(),
             stats: self.engine.stats(),
-            prompt_tokens: self.prompt_tokens,
         };
         if let Ok(mut s) = self.shared.snapshot.lock() {
             *s = snapshot;

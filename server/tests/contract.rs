@@ -27,12 +27,19 @@ fn a_body_too_large_and_a_wrong_method_are_refused_in_the_openai_shape() {
     let r = get(addr, "/v1/completions");
     assert_eq!(r.status, 405, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "method_not_allowed");
-    assert!(r.header("allow").is_some_and(|a| a.contains("POST")), "{:?}", r.headers);
+    assert!(
+        r.header("allow").is_some_and(|a| a.contains("POST")),
+        "{:?}",
+        r.headers
+    );
     let r = request(addr, "DELETE", "/v1/models", None);
     assert_eq!(r.status, 405);
     assert_eq!(r.json()["error"]["code"], "method_not_allowed");
     let r = get(addr, "/nothing");
-    assert_eq!((r.status, r.json()["error"]["code"].as_str()), (404, Some("not_found")));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
     let text = get(addr, "/metrics").body;
     assert_eq!(
         metric(&text, "kvsched:requests_refused_total", "too_large"),
@@ -81,7 +88,10 @@ fn one_model_is_retrieved_by_its_id() {
     let server = start(&m, &cfg);
     let addr = server.addr();
     let base = get(addr, &format!("/v1/models/{BASE}")).json();
-    assert_eq!((base["id"].as_str(), base["object"].as_str()), (Some(BASE), Some("model")));
+    assert_eq!(
+        (base["id"].as_str(), base["object"].as_str()),
+        (Some(BASE), Some("model"))
+    );
     assert!(base["parent"].is_null());
     let tuned = get(addr, "/v1/models/tuned").json();
     assert_eq!(tuned["parent"], BASE);

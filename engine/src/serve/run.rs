@@ -213,8 +213,9 @@ impl Engine<'_> {
                 continue;
             };
             if r.context {
-                if live.computed == 0 {
+                if live.computed == 0 && self.cfg.prefix_cache {
                     self.stats.prefix_reused_tokens += r.start as u64;
+                    self.stats.prefix_queried_tokens += live.tokens.len() as u64;
                 }
                 self.stats.prefill_tokens += r.len as u64;
                 self.stats.context_chunks += 1;

@@ -38,10 +38,12 @@ fn connect(addr: SocketAddr) -> TcpStream {
 
 fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) {
     let body = body.unwrap_or("");
-    let extra: String = headers
-        .iter()
-        .map(|(n, v)| format!("{n}: {v}\r\n"))
-        .collect();
+    let mut extra = String::new();
+    for (n, v) in headers {
+        for part in [*n, ": ", *v, "\r\n"] {
+            extra.push_str(part);
+        }
+    }
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
