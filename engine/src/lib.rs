@@ -68,10 +68,10 @@ pub use lora::{Lora, Projection};
 pub use math::argmax;
 pub use model::{Model, Weight};
 pub use reference::Reference;
-pub use sample::Sampler;
+pub use sample::{Logprob, Penalties, Sampler};
 pub use serve::{
     block_hashes, events::KvBlockEvent, Completion, Engine, EngineConfig, EngineLoad, EngineStats,
-    Finish, KvExtent, KvTransfer, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
+    Finish, Guide, KvExtent, KvTransfer, SubmitOptions, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, GroupedKv, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer};

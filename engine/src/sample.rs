@@ -1,6 +1,15 @@
 //! Choosing the next token from a row of logits: greedy, or a seeded draw from the softmax at a
-//! temperature (optionally cut to its nucleus, top-p), the same draw for the same seed and logits on
-//! every run.
+//! temperature (optionally cut to its top-k, to the tokens of at least min-p of the likeliest's
+//! probability, and to its nucleus, top-p), the same draw for the same seed and logits on every run.
+//! Before the draw, [`Sampler::adjust`] applies the request's rules that read what it generated:
+//! penalties, a logit bias, and no stop token before `min_tokens`. [`Sampler::logprob`] reports a
+//! token's log probability under the model's own distribution.
+
+mod adjust;
+mod logprob;
+
+pub use adjust::Penalties;
+pub use logprob::Logprob;
 
 use crate::math::argmax;
 
@@ -13,9 +22,17 @@ pub struct Sampler {
     temperature: Option<f64>,
     /// The nucleus's probability mass, in (0, 1); 1: no filtering.
     top_p: f64,
+    /// The likeliest tokens kept; 0: every token.
+    top_k: usize,
+    /// Tokens less likely than this fraction of the likeliest are dropped; 0: none.
+    min_p: f64,
     state: u64,
     /// A stop token does not end the request (vLLM's `ignore_eos`): it runs to `max_new_tokens`.
     ignore_stop: bool,
+    /// The rules [`Sampler::adjust`] applies.
+    rules: adjust::Rules,
+    /// Report each token's log probability and this many likeliest alternatives.
+    logprobs: Option<usize>,
 }
 
 impl Default for Sampler {
@@ -30,8 +47,12 @@ impl Sampler {
         Self {
             temperature: None,
             top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
             state: 0,
             ignore_stop: false,
+            rules: adjust::Rules::NONE,
+            logprobs: None,
         }
     }
 
@@ -41,9 +62,8 @@ impl Sampler {
         let t = f64::from(temperature);
         Self {
             temperature: (t.is_finite() && t > 0.0).then_some(t),
-            top_p: 1.0,
             state: seed,
-            ignore_stop: false,
+            ..Self::greedy()
         }
     }
 
@@ -68,9 +88,65 @@ impl Sampler {
         self
     }
 
+    /// This sampler, drawing among the `k` likeliest tokens only (equal logits by lower id first);
+    /// 0 keeps every token. A greedy sampler stays greedy.
+    pub const fn with_top_k(mut self, k: usize) -> Self {
+        self.top_k = k;
+        self
+    }
+
+    /// This sampler, dropping the tokens whose probability is below `p` times the likeliest's;
+    /// `p` in [0, 1] (0, or a value outside, keeps every token). A greedy sampler stays greedy.
+    pub fn with_min_p(mut self, p: f32) -> Self {
+        let p = f64::from(p);
+        self.min_p = if p > 0.0 && p <= 1.0 { p } else { 0.0 };
+        self
+    }
+
+    /// This sampler, with `penalties` on the tokens the request already has.
+    pub fn with_penalties(mut self, penalties: Penalties) -> Self {
+        self.rules.penalties = penalties;
+        self
+    }
+
+    /// This sampler, adding `bias` (token, amount) to the logits before the draw.
+    pub fn with_logit_bias(mut self, bias: Vec<(u32, f32)>) -> Self {
+        self.rules.bias = bias;
+        self
+    }
+
+    /// This sampler, never drawing a stop token before the request has `n` tokens.
+    pub fn with_min_tokens(mut self, n: usize) -> Self {
+        self.rules.min_tokens = n;
+        self
+    }
+
+    /// This sampler, ending the request at any of `tokens` too (even with [`Self::ignoring_stop`]).
+    pub fn with_stop_tokens(mut self, tokens: Vec<u32>) -> Self {
+        self.rules.stop_tokens = tokens;
+        self
+    }
+
+    /// This sampler, reporting each token's log probability and the `top` likeliest tokens'.
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.logprobs = Some(top);
+        self
+    }
+
+    /// How many alternatives each token's log probability comes with; `None`: not reported.
+    pub const fn logprobs(&self) -> Option<usize> {
+        self.logprobs
+    }
+
     /// Whether a stop token ends the request.
     pub const fn stops(&self) -> bool {
         !self.ignore_stop
+    }
+
+    /// Whether `token` ends the request: one of the model's stop tokens (unless ignored) or of the
+    /// request's own.
+    pub fn ends_at(&self, token: u32, model_stop: impl Fn(u32) -> bool) -> bool {
+        (self.stops() && model_stop(token)) || self.rules.stop_tokens.contains(&token)
     }
 
     /// Whether this sampler is greedy.
@@ -87,8 +163,14 @@ impl Sampler {
         let best = argmax(logits);
         let max = f64::from(logits[best as usize]);
         let weight = |l: f32| ((f64::from(l) - max) / t).exp();
-        if self.top_p < 1.0 {
-            let weights: Vec<f64> = logits.iter().map(|&l| weight(l)).collect();
+        if self.top_p < 1.0 || self.top_k > 0 || self.min_p > 0.0 {
+            let mut weights: Vec<f64> = logits.iter().map(|&l| weight(l)).collect();
+            adjust::keep_top_k(&mut weights, self.top_k);
+            // The likeliest token's weight is 1.
+            weights
+                .iter_mut()
+                .filter(|w| **w < self.min_p)
+                .for_each(|w| *w = 0.0);
             return nucleus_draw(&weights, self.top_p, u).unwrap_or(best);
         }
         let total: f64 = logits.iter().map(|&l| weight(l)).sum();

@@ -158,7 +158,7 @@ impl Default for EngineConfig {
 /// Why a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// It sampled a stop token (the last token of its completion).
+    /// It sampled a stop token (the last token of its completion), or its guide ended it.
     Stop,
     /// It generated `max_new_tokens` tokens.
     Length,
@@ -177,6 +177,10 @@ pub struct Completion {
     pub finish: Finish,
     /// The logits each token was drawn from (with [`EngineConfig::keep_logits`]; else empty).
     pub logits: Vec<Vec<f32>>,
+    /// Each token's log probability (with a sampler that reports them; else empty).
+    pub logprobs: Vec<crate::sample::Logprob>,
+    /// Prompt positions its first chunk found in the prefix cache.
+    pub cached_tokens: usize,
 }
 
 /// What an engine did so far.
@@ -277,6 +281,8 @@ struct Live {
     incoming: Option<Vec<Vec<u8>>>,
     /// Its prompt blocks' keys in the prefix cache, when the engine logs KV events.
     keys: Vec<u64>,
+    /// Its guide, log probabilities and cached positions.
+    extras: options::Extras,
 }
 
 impl Live {
@@ -364,7 +370,10 @@ mod disagg;
 pub(crate) mod events;
 #[cfg(test)]
 mod measure;
+mod options;
 mod run;
+
+pub use options::{Guide, SubmitOptions};
 mod spec;
 
 impl<'m> Engine<'m> {
@@ -532,9 +541,7 @@ impl<'m> Engine<'m> {
         self.enqueue(
             spec,
             prompt.to_vec(),
-            max_new_tokens,
-            adapter,
-            sampler,
+            (max_new_tokens, adapter, sampler),
             None,
         )
     }

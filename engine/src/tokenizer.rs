@@ -268,6 +268,11 @@ impl Tokenizer {
         self.stop.contains(&id)
     }
 
+    /// The tokens [`Tokenizer::is_stop`] stops at.
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stop
+    }
+
     /// The chat template from the metadata (`tokenizer.chat_template`); for a SentencePiece file
     /// without one whose vocabulary has `<start_of_turn>` and `<end_of_turn>`, Gemma's turn format.
     pub fn chat_template(&self) -> Option<&str> {

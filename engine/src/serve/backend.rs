@@ -105,9 +105,10 @@ impl Sched {
     pub(super) fn submit_with_prefix(
         &mut self,
         spec: RequestSpec,
+        salt: u64,
         hashes: &[u64],
     ) -> Result<Handle, kvsched_core::Error> {
-        on!(self, s => s.submit_with_prefix(spec, 0, hashes))
+        on!(self, s => s.submit_with_prefix(spec, salt, hashes))
     }
 
     pub(super) fn register_adapter(

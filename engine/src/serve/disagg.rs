@@ -20,6 +20,7 @@ use kvsched_core::scheduler::TransferEnd;
 use kvsched_core::{Phase, TaskId};
 use kvsched_gpu::{PageStore, Tier};
 
+use super::options::Extras;
 use super::{block_hashes, gpu_pages, Engine, Live};
 use crate::error::{EngineError, Grouped, Refusal, Result};
 use crate::sample::Sampler;
@@ -58,7 +59,7 @@ impl Engine<'_> {
         let mut spec = RequestSpec::context_only(self.next_id, prompt.len() as u32);
         spec.max_new_tokens = 1;
         spec.lora = adapter.map(TaskId);
-        self.enqueue(spec, prompt.to_vec(), 1, adapter, sampler, None)
+        self.enqueue(spec, prompt.to_vec(), (1, adapter, sampler), None)
     }
 
     /// Context-only requests whose KV is ready to send (their first token sampled), by id.
@@ -171,9 +172,7 @@ impl Engine<'_> {
         let id = self.enqueue(
             spec,
             tokens,
-            max_new_tokens,
-            kv.adapter,
-            kv.sampler,
+            (max_new_tokens, kv.adapter, kv.sampler),
             Some(kv.pages),
         )?;
         if let Some(live) = self.live.iter_mut().flatten().find(|l| l.id == id) {
@@ -232,10 +231,23 @@ impl Engine<'_> {
         &mut self,
         spec: RequestSpec,
         tokens: Vec<u32>,
-        max_new: usize,
-        adapter: Option<u64>,
-        sampler: Sampler,
+        how: (usize, Option<u64>, Sampler),
         incoming: Option<Vec<Vec<u8>>>,
+    ) -> Result<u64> {
+        let id = self.enqueue_salted(spec, tokens, how, 0)?;
+        if let Some(live) = self.live.iter_mut().flatten().find(|l| l.id == id) {
+            live.incoming = incoming;
+        }
+        Ok(id)
+    }
+
+    /// [`Self::enqueue`] with a cache salt (the prefix cache's root) and nothing incoming.
+    pub(super) fn enqueue_salted(
+        &mut self,
+        spec: RequestSpec,
+        tokens: Vec<u32>,
+        (max_new, adapter, sampler): (usize, Option<u64>, Sampler),
+        salt: u64,
     ) -> Result<u64> {
         let id = self.next_id;
         let prompt = spec.prompt as usize;
@@ -243,7 +255,7 @@ impl Engine<'_> {
         let hashes = block_hashes(&tokens[..prompt], self.cfg.tokens_per_block as usize);
         let handle = self
             .sched
-            .submit_with_prefix(spec, &hashes)
+            .submit_with_prefix(spec, salt, &hashes)
             .map_err(Refusal::Scheduler)?;
         self.next_id += 1;
         let keys = self.keys_of(handle.index(), &hashes);
@@ -259,8 +271,9 @@ impl Engine<'_> {
             logits: Vec::new(),
             draft: Vec::new(),
             context_only,
-            incoming,
+            incoming: None,
             keys,
+            extras: Extras::default(),
         });
         Ok(id)
     }

@@ -78,7 +78,7 @@ fn run(context: usize, grouped: bool) -> Result<Held> {
     let mut out = Output::new_in()?;
     let mut spec = RequestSpec::new(1, Phase::ContextInit, (context - DECODE) as u32);
     spec.max_new_tokens = DECODE as u32;
-    let h = sched.submit_with_prefix(spec, &[])?;
+    let h = sched.submit_with_prefix(spec, 0, &[])?;
     let held = |sched: &backend::Sched, g: usize| {
         sched.pool(g).map_or(0, |p| {
             let table = p.table(h.index());

@@ -214,6 +214,9 @@ impl Engine<'_> {
             };
             if r.context {
                 if live.computed == 0 && self.cfg.prefix_cache {
+                    if live.extras.cached == 0 {
+                        live.extras.cached = r.start;
+                    }
                     self.stats.prefix_reused_tokens += r.start as u64;
                     self.stats.prefix_queried_tokens += live.tokens.len() as u64;
                 }
@@ -250,6 +253,8 @@ impl Engine<'_> {
             tokens,
             finish,
             logits: live.logits,
+            logprobs: live.extras.logprobs,
+            cached_tokens: live.extras.cached,
         })
     }
 

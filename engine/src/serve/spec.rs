@@ -68,15 +68,19 @@ impl Engine<'_> {
             )));
         }
         let (mut kept, mut finish) = (0, None);
+        let tokenizer = self.model.tokenizer();
         for j in 0..=draft.len() {
             let Some(row) = logits.row(i, j) else { break };
-            let token = live.sampler.sample(row);
+            let Some(token) = live.draw(row, tokenizer.stop_tokens()) else {
+                finish = Some(Finish::Stop);
+                break;
+            };
             live.tokens.push(token);
             if self.cfg.keep_logits {
                 live.logits.push(row.to_vec());
             }
             self.stats.tokens += 1;
-            if live.sampler.stops() && self.model.tokenizer().is_stop(token) {
+            if live.sampler.ends_at(token, |t| tokenizer.is_stop(t)) {
                 finish = Some(Finish::Stop);
             } else if live.generated() >= live.max_new {
                 finish = Some(Finish::Length);
