@@ -26,6 +26,10 @@ use crate::gguf::Gguf;
 const NORMAL: i32 = 1;
 /// GGUF token type of a control token (`<|im_start|>`, `<|endoftext|>`, ...).
 const CONTROL: i32 = 3;
+/// GGUF token type of an unknown token.
+const UNKNOWN: i32 = 2;
+/// GGUF token type of an unused token.
+const UNUSED: i32 = 5;
 /// GGUF token type of a user-defined token (Gemma's runs of newlines, spaces and tabs, ...):
 /// always matched whole in the text, as llama.cpp does.
 const USER_DEFINED: i32 = 4;
@@ -98,6 +102,10 @@ impl Message {
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     tokens: Vec<String>,
+    /// Each token's GGUF type.
+    types: Vec<i32>,
+    /// Byte-level BPE ("gpt2"), else SentencePiece ("llama").
+    byte_level: bool,
     special: Vec<u32>,
     eos: u32,
     bos: Option<u32>,
@@ -121,6 +129,23 @@ fn tok_err(e: impl std::fmt::Display) -> EngineError {
 }
 
 impl Tokenizer {
+    /// The bytes each token stands for in the text, by id: a byte-level entry's bytes (`Ġ` is a
+    /// space), a SentencePiece entry's (`▁` is a space, `<0xNN>` one byte), a user-defined entry's
+    /// text; `None` for a token that is never text (control, unknown, unused). What a grammar
+    /// engine matches a token against.
+    pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        let bytes = byte_level_bytes();
+        self.tokens
+            .iter()
+            .zip(&self.types)
+            .map(|(t, &ty)| match ty {
+                CONTROL | UNKNOWN | UNUSED => None,
+                USER_DEFINED => Some(t.as_bytes().to_vec()),
+                _ if self.byte_level => t.chars().map(&bytes).collect(),
+                _ => Some(sentencepiece_bytes(t)),
+            })
+            .collect()
+    }
     /// Reads the tokenizer of the GGUF file at `path` (its metadata only, no weights).
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         Self::from_gguf(&Gguf::open(path.as_ref())?)
@@ -163,6 +188,8 @@ impl Tokenizer {
         Ok(Self {
             inner,
             tokens,
+            types,
+            byte_level: model == "gpt2",
             special,
             eos,
             bos,
@@ -490,4 +517,37 @@ fn sentencepiece_bpe(g: &Gguf, tokens: &[String], types: &[i32]) -> Result<token
     inner.add_special_tokens(control).map_err(tok_err)?;
     inner.add_tokens(user).map_err(tok_err)?;
     Ok(inner)
+}
+
+/// Byte-level BPE's alphabet read back: the printable bytes stand for themselves, the other 68 for
+/// U+0100 on in byte order (GPT-2's map).
+fn byte_level_bytes() -> impl Fn(char) -> Option<u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut shifted = [0u8; 68];
+    let mut n = 0;
+    for b in 0..=255u8 {
+        if !printable(b) {
+            shifted[n] = b;
+            n += 1;
+        }
+    }
+    move |c: char| {
+        let code = u32::from(c);
+        match u8::try_from(code) {
+            Ok(b) if printable(b) => Some(b),
+            _ => code
+                .checked_sub(256)
+                .and_then(|i| shifted.get(i as usize).copied()),
+        }
+    }
+}
+
+/// A SentencePiece entry's bytes: `<0xNN>` is one byte, `▁` a space.
+fn sentencepiece_bytes(t: &str) -> Vec<u8> {
+    let hex = t
+        .strip_prefix("<0x")
+        .and_then(|h| h.strip_suffix('>'))
+        .filter(|h| h.len() == 2)
+        .and_then(|h| u8::from_str_radix(h, 16).ok());
+    hex.map_or_else(|| t.replace(SPACE, " ").into_bytes(), |b| vec![b])
 }

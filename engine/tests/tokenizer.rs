@@ -75,3 +75,34 @@ fn special_tokens_and_the_chat_template() {
     assert_eq!(ids.iter().filter(|&&i| i == end).count(), 2);
     assert_eq!(t.decode(&ids).unwrap(), t.render_chat(&own, true).unwrap());
 }
+
+/// Each token's bytes (what a grammar engine matches tokens against) spell the text its tokens
+/// encode, on both tokenizer kinds (byte-level BPE and SentencePiece); a control token has none.
+#[test]
+fn token_bytes_spell_the_text() {
+    let paths = [common::model_path(), common::gemma3_path()];
+    for path in paths.into_iter().flatten() {
+        let t = Tokenizer::load(&path).expect("the tokenizer loads");
+        let bytes = t.token_bytes();
+        assert_eq!(bytes.len(), t.vocab_size());
+        for text in [
+            "Hello, world! It's 2024-06-01 and π ≈ 3.14159;\n\n\tindented {\"a\": [1, 2]}",
+            "naïve café, 日本語のテキスト, 🙂🚀 emoji",
+        ] {
+            let ids = t.encode_text(text).unwrap();
+            let spelled: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| bytes[id as usize].clone().expect("a text token"))
+                .collect();
+            assert_eq!(
+                String::from_utf8_lossy(&spelled),
+                text,
+                "{}: {ids:?}",
+                path.display()
+            );
+        }
+        for &s in t.special_tokens() {
+            assert!(bytes[s as usize].is_none(), "control token {s}");
+        }
+    }
+}

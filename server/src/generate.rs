@@ -9,13 +9,15 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::Request;
 use axum::http::header;
+use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
-use kvsched_engine::Sampler;
+use kvsched_engine::{Guide, Penalties, Sampler, SubmitOptions};
 
 use crate::api::{self, Endpoint, Prompt};
+use crate::choice::Meta;
 use crate::error::ApiError;
 use crate::metrics::Refusal;
-use crate::output::{stream, whole, Generation, Meta};
+use crate::output::{stream, whole, Generation};
 use crate::request_id::RequestId;
 use crate::routes::AppState;
 use crate::worker::{Job, Refused};
@@ -29,6 +31,8 @@ struct Checked {
     adapter: Option<u64>,
     prompt: Vec<u32>,
     max_new: usize,
+    /// Its structured-output constraint, compiled.
+    guide: Option<Box<dyn Guide>>,
 }
 
 /// Answers a generation request to `endpoint`; a refusal is counted by its reason.
@@ -67,23 +71,23 @@ async fn generate(
     let (events, rx) = tokio::sync::mpsc::unbounded_channel();
     let r = checked.request;
     let prompt = checked.prompt.len();
+    let options = SubmitOptions {
+        cache_salt: r.cache_salt.as_deref().map_or(0, salt),
+        guide: checked.guide,
+    };
     s.worker
         .submit(Job {
             prompt: checked.prompt,
             max_new: checked.max_new,
             adapter: checked.adapter,
             sampler: sampler(&r, n),
+            options,
             events,
             ticket,
         })
         .map_err(refused)?;
-    let gen = Generation::new(
-        Arc::clone(s),
-        rx,
-        r.stop.clone(),
-        (prompt, checked.max_new),
-        arrived,
-    );
+    let stops = (r.stop.clone(), r.sampling.stop_token_ids.clone());
+    let gen = Generation::new(Arc::clone(s), rx, stops, (prompt, checked.max_new), arrived);
     let kind = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
@@ -94,12 +98,34 @@ async fn generate(
         model: r.model.clone(),
         endpoint,
         include_usage: r.include_usage,
+        continuous_usage: r.continuous_usage,
+        logprobs: r.logprobs.is_some(),
     };
-    if r.stream {
-        Ok(stream(gen, meta))
+    let mut response = if r.stream {
+        stream(gen, meta)
     } else {
-        whole(gen, &meta).await
+        whole(gen, &meta).await?
+    };
+    if !r.ignored.is_empty() {
+        let names = r.ignored.join(", ");
+        eprintln!("kvsched serve: request {}: ignored fields: {names}", id.0);
+        if let Ok(v) = HeaderValue::from_str(&names) {
+            response.headers_mut().insert(IGNORED_HEADER, v);
+        }
     }
+    Ok(response)
+}
+
+/// The response header that names the request's ignored fields.
+pub const IGNORED_HEADER: &str = "x-kvsched-ignored-fields";
+
+/// A cache salt's key: FNV-1a over its bytes (the same on every replica and restart), never 0 (the
+/// unsalted root).
+fn salt(s: &str) -> u64 {
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    h.max(1)
 }
 
 fn refused(e: Refused) -> ApiError {
@@ -132,12 +158,33 @@ impl AppState {
         let adapter = self.adapter_of(&request.model)?;
         let prompt = self.tokens(&request.prompt)?;
         let max_new = self.max_new(&request, prompt.len())?;
+        self.in_vocabulary(&request.sampling)?;
+        let guide = match &request.format {
+            Some(f) => Some(self.guides.guide(self.model.tokenizer(), f)?),
+            None => None,
+        };
         Ok(Checked {
             request,
             adapter,
             prompt,
             max_new,
+            guide,
         })
+    }
+
+    /// Refuses a token id outside the vocabulary in `stop_token_ids` or `logit_bias`.
+    fn in_vocabulary(&self, s: &api::Sampling) -> Result<(), ApiError> {
+        let vocab = self.model.tokenizer().vocab_size();
+        let biased = s.logit_bias.iter().map(|&(t, _)| ("logit_bias", t));
+        let stops = s.stop_token_ids.iter().map(|&t| ("stop_token_ids", t));
+        match stops.chain(biased).find(|&(_, t)| t as usize >= vocab) {
+            Some((param, t)) => Err(ApiError::invalid(
+                param,
+                "invalid_value",
+                format!("Token id {t} is outside the vocabulary of {vocab}."),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// A request's prompt tokens. A text too long to fit whatever it tokenizes to is refused by
@@ -221,17 +268,33 @@ fn too_long(param: &str, limit: usize, tokens: Option<usize>) -> ApiError {
 }
 
 fn sampler(r: &api::Request, n: u64) -> Sampler {
-    let sampler = if r.temperature == 0.0 {
+    let s = &r.sampling;
+    let mut sampler = if s.temperature == 0.0 {
         Sampler::greedy()
     } else {
-        let seed = r.seed.unwrap_or_else(|| fresh_seed(n));
-        Sampler::seeded(seed, r.temperature).with_top_p(r.top_p)
+        let seed = s.seed.unwrap_or_else(|| fresh_seed(n));
+        Sampler::seeded(seed, s.temperature)
+            .with_top_p(s.top_p)
+            .with_top_k(s.top_k)
+            .with_min_p(s.min_p)
     };
-    if r.ignore_eos {
-        sampler.ignoring_stop()
-    } else {
-        sampler
+    let [presence, frequency, repetition] = s.penalties;
+    sampler = sampler
+        .with_penalties(Penalties {
+            presence,
+            frequency,
+            repetition,
+        })
+        .with_logit_bias(s.logit_bias.clone())
+        .with_min_tokens(s.min_tokens)
+        .with_stop_tokens(s.stop_token_ids.clone());
+    if let Some(top) = r.logprobs {
+        sampler = sampler.with_logprobs(top);
     }
+    if s.ignore_eos {
+        sampler = sampler.ignoring_stop();
+    }
+    sampler
 }
 
 /// A seed no earlier request had: the clock mixed with the request counter.

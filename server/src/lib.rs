@@ -21,9 +21,11 @@
 #![deny(missing_docs)]
 
 pub mod api;
+mod choice;
 mod cli;
 pub mod error;
 mod generate;
+pub mod guided;
 pub mod kv_events;
 pub mod metrics;
 mod output;
@@ -233,6 +235,7 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         metrics: metrics::Metrics::new(&config.served_model_name, max_model_len),
         max_model_len,
         max_body_bytes: config.max_body_bytes,
+        guides: guided::Guides::default(),
         draining: AtomicBool::new(false),
         next: AtomicU64::new(1),
         created: std::time::SystemTime::now()

@@ -8,10 +8,12 @@ use std::time::Instant;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use kvsched_engine::Logprob;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::Endpoint;
+use crate::choice::{usage, Meta, Part};
 use crate::error::ApiError;
 use crate::metrics::Finished;
 use crate::routes::{json_response, AppState};
@@ -31,23 +33,31 @@ pub(crate) struct Generation {
     first: Option<Instant>,
     prompt: usize,
     max_new: usize,
+    cached: usize,
     generated: usize,
+    /// The request's own stop tokens (for `stop_reason`).
+    stop_tokens: Vec<u32>,
+    last_token: Option<u32>,
+    /// Log probabilities of tokens whose text was not released yet.
+    logprobs: Vec<Logprob>,
     ended: bool,
 }
 
-/// Text released by [`Generation::next`], and the request's end once it came.
-struct Out {
+/// Text released by [`Generation::next`], its tokens' log probabilities, and the request's end
+/// once it came.
+pub(crate) struct Out {
     text: String,
+    logprobs: Vec<Logprob>,
     end: Option<End>,
 }
 
 impl Generation {
     /// A request of `prompt` tokens (`max_new` to generate at most) that arrived at `arrived`, its
-    /// events on `rx`, its text ended by any of `stop`.
+    /// events on `rx`, its text ended by any of `stop`, its own stop tokens `stop_tokens`.
     pub(crate) fn new(
         state: Arc<AppState>,
         rx: UnboundedReceiver<Event>,
-        stop: Vec<String>,
+        (stop, stop_tokens): (Vec<String>, Vec<u32>),
         (prompt, max_new): (usize, usize),
         arrived: Instant,
     ) -> Self {
@@ -61,7 +71,11 @@ impl Generation {
             first: None,
             prompt,
             max_new,
+            cached: 0,
             generated: 0,
+            stop_tokens,
+            last_token: None,
+            logprobs: Vec::new(),
             ended: false,
         }
     }
@@ -72,11 +86,14 @@ impl Generation {
         let tok = state.model.tokenizer();
         loop {
             let (tokens, end) = match self.rx.recv().await {
-                Some(Event::Scheduled(at)) => {
-                    self.scheduled = Some(at);
+                Some(Event::Scheduled(at, cached)) => {
+                    (self.scheduled, self.cached) = (Some(at), cached);
                     continue;
                 }
-                Some(Event::Tokens(t)) => (t, None),
+                Some(Event::Tokens(t, lps)) => {
+                    self.logprobs.extend(lps);
+                    (t, None)
+                }
                 Some(Event::Done(end)) => (Vec::new(), Some(end)),
                 Some(Event::Failed(why)) => {
                     self.ended = true;
@@ -86,6 +103,7 @@ impl Generation {
             };
             if !tokens.is_empty() {
                 self.timed(tokens.len());
+                self.last_token = tokens.last().copied();
             }
             let piece = self
                 .text
@@ -103,6 +121,7 @@ impl Generation {
             if !piece.text.is_empty() || end.is_some() {
                 return Ok(Out {
                     text: piece.text,
+                    logprobs: std::mem::take(&mut self.logprobs),
                     end,
                 });
             }
@@ -138,8 +157,19 @@ impl Generation {
     }
 
     fn usage(&self) -> Value {
-        json!({"prompt_tokens": self.prompt, "completion_tokens": self.generated,
-               "total_tokens": self.prompt + self.generated})
+        usage(self.prompt, self.cached, self.generated)
+    }
+
+    /// What stopped the request: the stop string, or one of its own stop tokens; null for the
+    /// model's stop token or a length.
+    fn stop_reason(&self) -> Value {
+        if let Some(s) = self.text.stop_hit() {
+            return json!(s);
+        }
+        match self.last_token {
+            Some(t) if self.stop_tokens.contains(&t) => json!(t),
+            _ => Value::Null,
+        }
     }
 }
 
@@ -151,66 +181,24 @@ impl Drop for Generation {
     }
 }
 
-/// What every response of one request repeats.
-pub(crate) struct Meta {
-    pub(crate) id: String,
-    pub(crate) created: u64,
-    pub(crate) model: String,
-    pub(crate) endpoint: Endpoint,
-    pub(crate) include_usage: bool,
-}
-
-impl Meta {
-    /// One choice's JSON: the whole text (`whole`) or a chunk's.
-    fn choice(&self, text: &str, end: Option<End>, whole: bool) -> Value {
-        let reason = end.map(End::reason);
-        match (self.endpoint, whole) {
-            (Endpoint::Completions, _) => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason})
-            }
-            (Endpoint::Chat, true) => json!({"index": 0, "logprobs": null, "finish_reason": reason,
-                "message": {"role": "assistant", "content": text}}),
-            (Endpoint::Chat, false) => {
-                let delta = if end.is_some() && text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": text})
-                };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
-            }
-        }
-    }
-
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.endpoint, chunk) {
-            (Endpoint::Completions, _) => "text_completion",
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Chat, true) => "chat.completion.chunk",
-        }
-    }
-
-    fn body(&self, choices: &Value, usage: Option<Value>, chunk: bool) -> Value {
-        let mut v = json!({"id": self.id, "object": self.object(chunk), "created": self.created,
-                           "model": self.model, "choices": choices});
-        if !chunk || self.include_usage {
-            v["usage"] = usage.unwrap_or(Value::Null);
-        }
-        v
-    }
-}
-
 /// The whole completion in one body.
 pub(crate) async fn whole(mut gen: Generation, meta: &Meta) -> Result<Response, ApiError> {
-    let mut text = String::new();
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
     loop {
         let out = gen.next().await.map_err(ApiError::engine)?;
         text.push_str(&out.text);
+        logprobs.extend(out.logprobs);
         if let Some(end) = out.end {
-            let body = meta.body(
-                &json!([meta.choice(&text, Some(end), true)]),
-                Some(gen.usage()),
-                false,
-            );
+            let reason = gen.stop_reason();
+            let part = Part {
+                text: &text,
+                logprobs: &logprobs,
+                end: Some(end),
+                stop_reason: &reason,
+            };
+            let tok = gen.state.model.tokenizer();
+            let choice = meta.choice(tok, &part, true, 0);
+            let body = meta.body(&json!([choice]), Some(gen.usage()), false);
             return Ok(json_response(StatusCode::OK, &body));
         }
     }
@@ -227,60 +215,97 @@ fn sse(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
+/// A stream's state between events: the characters sent so far (`text_offset`).
+struct Streaming {
+    gen: Generation,
+    meta: Meta,
+    phase: Phase,
+    sent: usize,
+}
+
+impl Streaming {
+    /// The usage on a chunk: the usage so far with `continuous_usage_stats`, else none.
+    fn running(&self) -> Option<Value> {
+        self.meta.continuous_usage.then(|| self.gen.usage())
+    }
+
+    /// The events of one piece of output.
+    fn events(&mut self, out: &Out) -> String {
+        let mut s = String::new();
+        let tok = self.gen.state.model.tokenizer();
+        let none = Value::Null;
+        if !out.text.is_empty() || (!out.logprobs.is_empty() && out.end.is_none()) {
+            let part = Part {
+                text: &out.text,
+                logprobs: &out.logprobs,
+                end: None,
+                stop_reason: &none,
+            };
+            let c = self.meta.choice(tok, &part, false, self.sent);
+            s.push_str(&sse(&self.meta.body(&json!([c]), self.running(), true)));
+            self.sent += out.text.chars().count();
+        }
+        let Some(end) = out.end else { return s };
+        let reason = self.gen.stop_reason();
+        let part = Part {
+            text: "",
+            logprobs: &[],
+            end: Some(end),
+            stop_reason: &reason,
+        };
+        let c = self.meta.choice(tok, &part, false, self.sent);
+        s.push_str(&sse(&self.meta.body(&json!([c]), self.running(), true)));
+        if self.meta.include_usage {
+            s.push_str(&sse(&self.meta.body(
+                &json!([]),
+                Some(self.gen.usage()),
+                true,
+            )));
+        }
+        s.push_str("data: [DONE]\n\n");
+        self.phase = Phase::Over;
+        s
+    }
+
+    async fn advance(&mut self) -> Option<String> {
+        match self.phase {
+            Phase::Over => None,
+            Phase::Head if self.meta.endpoint == Endpoint::Chat => {
+                self.phase = Phase::Body;
+                let delta = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": null, "finish_reason": null}]);
+                Some(sse(&self.meta.body(&delta, self.running(), true)))
+            }
+            Phase::Head | Phase::Body => {
+                self.phase = Phase::Body;
+                match self.gen.next().await {
+                    Ok(out) => Some(self.events(&out)),
+                    Err(why) => {
+                        self.phase = Phase::Over;
+                        Some(format!(
+                            "{}data: [DONE]\n\n",
+                            sse(&ApiError::engine(why).body())
+                        ))
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The completion as server-sent events: (chat: a first chunk with the role), a chunk per piece of
 /// text, a last chunk with the finish reason, the usage chunk when asked, then `data: [DONE]`.
 pub(crate) fn stream(gen: Generation, meta: Meta) -> Response {
-    let events = futures_util::stream::unfold(
-        (gen, meta, Phase::Head),
-        |(mut gen, meta, phase)| async move {
-            let mut out = String::new();
-            let next = match phase {
-                Phase::Over => return None,
-                Phase::Head if meta.endpoint == Endpoint::Chat => {
-                    let delta = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": null, "finish_reason": null}]);
-                    out.push_str(&sse(&meta.body(&delta, None, true)));
-                    Phase::Body
-                }
-                Phase::Head | Phase::Body => match gen.next().await {
-                    Ok(piece) => {
-                        if !piece.text.is_empty() {
-                            out.push_str(&sse(&meta.body(
-                                &json!([meta.choice(&piece.text, None, false)]),
-                                None,
-                                true,
-                            )));
-                        }
-                        match piece.end {
-                            Some(end) => {
-                                out.push_str(&sse(&meta.body(
-                                    &json!([meta.choice("", Some(end), false)]),
-                                    None,
-                                    true,
-                                )));
-                                if meta.include_usage {
-                                    out.push_str(&sse(&meta.body(
-                                        &json!([]),
-                                        Some(gen.usage()),
-                                        true,
-                                    )));
-                                }
-                                out.push_str("data: [DONE]\n\n");
-                                Phase::Over
-                            }
-                            None => Phase::Body,
-                        }
-                    }
-                    Err(why) => {
-                        out.push_str(&sse(&ApiError::engine(why).body()));
-                        out.push_str("data: [DONE]\n\n");
-                        Phase::Over
-                    }
-                },
-            };
-            Some((Ok::<_, Infallible>(Bytes::from(out)), (gen, meta, next)))
-        },
-    );
+    let state = Streaming {
+        gen,
+        meta,
+        phase: Phase::Head,
+        sent: 0,
+    };
+    let events = futures_util::stream::unfold(state, |mut s| async move {
+        let out = s.advance().await?;
+        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
+    });
     (
         StatusCode::OK,
         [

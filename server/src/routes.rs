@@ -40,6 +40,8 @@ pub struct AppState {
     pub longest_token: usize,
     /// The largest request body taken, bytes.
     pub max_body_bytes: usize,
+    /// Structured output's compiler.
+    pub guides: crate::guided::Guides,
     /// Set once shutdown began: generation requests and `/health` answer 503.
     pub draining: AtomicBool,
     /// Request counter (fresh seeds).

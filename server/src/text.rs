@@ -26,6 +26,8 @@ pub struct TextStream {
     /// Bytes held back while streaming (the longest stop string's length minus one).
     hold: usize,
     stopped: bool,
+    /// The stop string that ended the text.
+    hit: Option<usize>,
 }
 
 /// What [`TextStream::push`] released.
@@ -50,7 +52,13 @@ impl TextStream {
             stops,
             hold,
             stopped: false,
+            hit: None,
         }
+    }
+
+    /// The stop string that ended the text, once one did.
+    pub fn stop_hit(&self) -> Option<&str> {
+        self.hit.map(|i| self.stops[i].as_str())
     }
 
     /// Adds `tokens` (generated, in order); `last` when no more will come. Returns the text that
@@ -66,8 +74,9 @@ impl TextStream {
         self.body
             .extend(tokens.iter().filter(|t| special.binary_search(t).is_err()));
         self.decode_new(tok, last)?;
-        if let Some(at) = self.first_stop() {
+        if let Some((at, which)) = self.first_stop() {
             self.stopped = true;
+            self.hit = Some(which);
             let text = self.text.get(self.sent..at).unwrap_or_default().to_string();
             self.sent = at;
             return Ok(Piece {
@@ -116,14 +125,15 @@ impl TextStream {
         Ok(())
     }
 
-    /// Where the first stop string begins in the text, if one is there.
-    fn first_stop(&self) -> Option<usize> {
+    /// Where the first stop string begins in the text, and which it is, if one is there.
+    fn first_stop(&self) -> Option<(usize, usize)> {
         let full = self.text.as_str();
         let from = self.sent.saturating_sub(self.hold).min(full.len());
         let from = (0..=from).rev().find(|&i| full.is_char_boundary(i))?;
         self.stops
             .iter()
-            .filter_map(|s| full[from..].find(s.as_str()).map(|i| from + i))
+            .enumerate()
+            .filter_map(|(k, s)| full[from..].find(s.as_str()).map(|i| (from + i, k)))
             .min()
     }
 }

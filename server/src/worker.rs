@@ -17,7 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvsched_engine::{
-    Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sampler, STALL_STEPS,
+    Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, Logprob, Lora, Model,
+    Sampler, SubmitOptions, STALL_STEPS,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -49,12 +50,13 @@ impl End {
 }
 
 /// What the engine thread tells a request's handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// The engine first ran the request in the step that began then.
-    Scheduled(Instant),
-    /// Tokens generated since the last event.
-    Tokens(Vec<u32>),
+    /// The engine first ran the request in the step that began then; its first chunk found this
+    /// many prompt positions in the prefix cache.
+    Scheduled(Instant, usize),
+    /// Tokens generated since the last event, and their log probabilities (when asked for).
+    Tokens(Vec<u32>, Vec<Logprob>),
     /// The request is over.
     Done(End),
     /// The engine refused or failed the request.
@@ -72,6 +74,8 @@ pub struct Job {
     pub adapter: Option<u64>,
     /// How tokens are picked.
     pub sampler: Sampler,
+    /// Its cache salt and guide.
+    pub options: SubmitOptions,
     /// Where its events go.
     pub events: UnboundedSender<Event>,
     /// Its place among the admitted requests.
@@ -298,7 +302,7 @@ impl<'m> Loop<'m> {
             let began = Instant::now();
             match self.engine.step() {
                 Ok(done) => {
-                    self.mark_scheduled(began);
+                    self.mark_scheduled(began, &done);
                     self.send(&done);
                 }
                 Err(e) => self.fail_all(&e.to_string()),
@@ -352,10 +356,13 @@ impl<'m> Loop<'m> {
             let _ = job.events.send(Event::Done(End::Abort));
             return;
         }
-        match self
-            .engine
-            .submit(&job.prompt, job.max_new, job.adapter, job.sampler)
-        {
+        match self.engine.submit_with(
+            &job.prompt,
+            job.max_new,
+            job.adapter,
+            job.sampler,
+            job.options,
+        ) {
             Ok(id) => {
                 self.live.insert(
                     id,
@@ -375,23 +382,34 @@ impl<'m> Loop<'m> {
 
     /// Tells each request the step that began at `began` ran first that it was scheduled: its KV
     /// holds positions, or it finished.
-    fn mark_scheduled(&mut self, began: Instant) {
+    fn mark_scheduled(&mut self, began: Instant, done: &[Completion]) {
         for (&id, live) in &mut self.live {
-            if !live.scheduled && self.engine.kv_extent(id).is_none_or(|kv| kv.computed > 0) {
-                live.scheduled = true;
-                let _ = live.events.send(Event::Scheduled(began));
+            if live.scheduled {
+                continue;
             }
+            let cached = match self.engine.kv_extent(id) {
+                Some(kv) if kv.computed == 0 => continue,
+                Some(_) => self.engine.cached_tokens(id).unwrap_or(0),
+                None => done
+                    .iter()
+                    .find(|c| c.id == id)
+                    .map_or(0, |c| c.cached_tokens),
+            };
+            live.scheduled = true;
+            let _ = live.events.send(Event::Scheduled(began, cached));
         }
     }
 
     /// New tokens to every running request; the finished ones' last tokens and their end.
-    fn send(&mut self, done: &[kvsched_engine::Completion]) {
+    fn send(&mut self, done: &[Completion]) {
         for (&id, live) in &mut self.live {
             if let Some(tokens) = self.engine.tokens(id) {
                 if tokens.len() > live.sent {
-                    let _ = live
-                        .events
-                        .send(Event::Tokens(tokens[live.sent..].to_vec()));
+                    let lps = self.engine.logprobs(id).unwrap_or_default();
+                    let _ = live.events.send(Event::Tokens(
+                        tokens[live.sent..].to_vec(),
+                        lps.get(live.sent..).unwrap_or_default().to_vec(),
+                    ));
                     live.sent = tokens.len();
                 }
             }
@@ -402,9 +420,10 @@ impl<'m> Loop<'m> {
                 // next request on it finds the place.
                 drop(live.ticket);
                 if c.tokens.len() > live.sent {
-                    let _ = live
-                        .events
-                        .send(Event::Tokens(c.tokens[live.sent..].to_vec()));
+                    let _ = live.events.send(Event::Tokens(
+                        c.tokens[live.sent..].to_vec(),
+                        c.logprobs.get(live.sent..).unwrap_or_default().to_vec(),
+                    ));
                 }
                 let end = match c.finish {
                     Finish::Stop => End::Stop,

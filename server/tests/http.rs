@@ -375,10 +375,26 @@ fn each_malformed_request_gets_a_400_naming_its_field() {
         ),
         (
             "/v1/completions",
-            json!({"model": BASE, "prompt": "x", "top_k": 5}).to_string(),
+            json!({"model": BASE, "prompt": "x", "top_k": -5}).to_string(),
             400,
             Some("top_k"),
-            "unknown_field",
+            "invalid_value",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": BASE, "prompt": "x", "stop_token_ids": [99_999_999]}).to_string(),
+            400,
+            Some("stop_token_ids"),
+            "invalid_value",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": BASE, "prompt": "x", "response_format":
+                   {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}})
+            .to_string(),
+            400,
+            Some("response_format"),
+            "invalid_value",
         ),
         (
             "/v1/completions",

@@ -33,7 +33,7 @@ fn request(i: usize) -> (&'static str, Value) {
     };
     body["max_tokens"] = json!(120 + 10 * i);
     body["temperature"] = json!(0);
-    body["ignore_eos"] = json!(i % 3 != 0);
+    body["ignore_eos"] = json!(!i.is_multiple_of(3));
     if stream {
         body["stream"] = json!(true);
         body["stream_options"] = json!({"include_usage": true});
