@@ -658,7 +658,8 @@ uint64_t kvsched_chain(uint64_t parent,
 
 /**
  * Writes the batch `[ts, events, data_parallel_rank]` in vLLM 0.33's format into `out` (`cap`
- * bytes); `*written` is its length. `KVSCHED_STATUS_CAPACITY` when `out` is too small;
+ * bytes); `*written` is its length. `KVSCHED_STATUS_CAPACITY` when `out` is too small, with
+ * `*written` the bytes the batch takes (call again with a buffer that large);
  * `KVSCHED_STATUS_INVALID` for an event out of range
  * (a kind or tier, a token count that is not `n_blocks × block_size`, a name that is not UTF-8).
  * Nothing is meaningful in `out` after a refusal.

@@ -138,7 +138,8 @@ pub extern "C" fn kvsched_chain(parent: u64, hash: u64) -> u64 {
 }
 
 /// Writes the batch `[ts, events, data_parallel_rank]` in vLLM 0.33's format into `out` (`cap`
-/// bytes); `*written` is its length. `KVSCHED_STATUS_CAPACITY` when `out` is too small;
+/// bytes); `*written` is its length. `KVSCHED_STATUS_CAPACITY` when `out` is too small, with
+/// `*written` the bytes the batch takes (call again with a buffer that large);
 /// `KVSCHED_STATUS_INVALID` for an event out of range
 /// (a kind or tier, a token count that is not `n_blocks × block_size`, a name that is not UTF-8).
 /// Nothing is meaningful in `out` after a refusal.
@@ -180,12 +181,16 @@ pub unsafe extern "C" fn kvsched_encode_kv_events(
     let vllm = events
         .iter()
         .map(|e| unsafe { vllm_event(e) }.unwrap_or(VllmEvent::Cleared));
-    if let Ok(len) = encode_batch(out, ts, vllm, data_parallel_rank) {
-        *written = len;
-        KvschedStatus::Ok
-    } else {
-        set_error("kvsched_encode_kv_events: the buffer cannot hold the batch");
-        KvschedStatus::Capacity
+    match encode_batch(out, ts, vllm, data_parallel_rank) {
+        Ok(len) => {
+            *written = len;
+            KvschedStatus::Ok
+        }
+        Err(full) => {
+            *written = full.needed;
+            set_error("kvsched_encode_kv_events: the buffer cannot hold the batch (*written: the bytes it takes)");
+            KvschedStatus::Capacity
+        }
     }
 }
 

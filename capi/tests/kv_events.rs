@@ -185,6 +185,9 @@ fn encode(events: &[KvschedVllmEvent], cap: usize) -> (KvschedStatus, Vec<u8>) {
         )
     };
     out.truncate(if s == KvschedStatus::Ok { n } else { 0 });
+    if s == KvschedStatus::Capacity {
+        out = vec![0; n]; // the size the refusal asks for, zeroed
+    }
     (s, out)
 }
 
@@ -233,11 +236,9 @@ fn the_vllm_batch_is_the_cores_encoding_of_the_same_events() {
     let mut want = vec![0u8; 4096];
     let n = encode_batch(&mut want, 1.5, &core, 3).expect("room");
     assert_eq!(bytes, want[..n]);
-    // One byte short: refused.
-    assert_eq!(
-        encode(&[a, b, removed, cleared], n - 1).0,
-        KvschedStatus::Capacity
-    );
+    // One byte short: refused, saying how many bytes the batch takes (it said 0 before, issue 43).
+    let (s, asked) = encode(&[a, b, removed, cleared], n - 1);
+    assert_eq!((s, asked.len()), (KvschedStatus::Capacity, n));
     // An empty batch is a batch.
     let (s, empty) = encode(&[], 64);
     assert_eq!((s, empty[0]), (KvschedStatus::Ok, 0x93));

@@ -227,7 +227,9 @@ static int publish(void) {
     size_t len = 0;
     CHECK(kvsched_encode_kv_events(wire, n, 1.0, 0, buf, sizeof buf, &len));
     EXPECT(len > 4 * 16 && buf[0] == 0x93); /* [ts, events, rank] */
-    EXPECT(kvsched_encode_kv_events(wire, n, 1.0, 0, buf, 8, &len) == KVSCHED_STATUS_CAPACITY);
+    size_t needed = 0; /* a buffer too small: refused, with the size the batch takes */
+    EXPECT(kvsched_encode_kv_events(wire, n, 1.0, 0, buf, 8, &needed) == KVSCHED_STATUS_CAPACITY);
+    EXPECT(needed == len);
     CHECK(kvsched_finish(e, 7));
     printf("published 4 stored blocks in a %zu-byte vLLM batch\n", len);
     kvsched_engine_free(e);

@@ -277,18 +277,32 @@ mod tests {
     /// LLVM's `llc` is installed.
     #[test]
     fn the_checked_in_ptx_is_what_the_ir_compiles_to() {
-        let ir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/kernel/copy_pages.ll");
+        // The IR goes in on stdin, read at compile time: no source path is baked into the test (a
+        // build folder shared between checkouts would point it at another one).
+        let ir = include_str!("kernel/copy_pages.ll");
         let out = std::process::Command::new("llc")
             .args([
                 "-O3",
                 "-march=nvptx64",
                 "-mcpu=sm_70",
                 "-mattr=+ptx64",
-                ir,
+                "-",
                 "-o",
                 "-",
             ])
-            .output();
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write as _;
+                child
+                    .stdin
+                    .take()
+                    .expect("a piped stdin")
+                    .write_all(ir.as_bytes())?;
+                child.wait_with_output()
+            });
         match out {
             Ok(out) if out.status.success() => {
                 let ptx = String::from_utf8(out.stdout).unwrap();

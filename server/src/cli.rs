@@ -47,6 +47,19 @@ struct ServeArgs {
     /// is refused by its length before it is tokenized, whatever this says).
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// The key clients must send (`Authorization: Bearer KEY`) on every route but /health and
+    /// /metrics; else 401. Default: `$KVSCHED_API_KEY`, else none.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "KVSCHED_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
+    /// Origins a browser page may call the server from (CORS), comma-separated; `*` for any.
+    /// Default: none.
+    #[arg(long, value_name = "ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     /// Seconds in-flight requests may run on after SIGTERM before they are aborted.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -171,6 +184,10 @@ impl ServeArgs {
             addr: SocketAddr::new(self.host, self.port),
             max_queue: self.max_queue,
             max_body_bytes: self.max_body_bytes,
+            guard: crate::guard::Guard {
+                api_key: self.api_key.clone(),
+                allowed_origins: self.allowed_origins.clone(),
+            },
             shutdown_timeout: Duration::from_secs_f64(self.shutdown_timeout),
             engine,
             kv_events,

@@ -42,6 +42,17 @@ impl ApiError {
         }
     }
 
+    /// 401: no API key, or the wrong one.
+    pub fn unauthorized() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: "Incorrect API key provided: send `Authorization: Bearer KEY`.".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: "invalid_api_key",
+        }
+    }
+
     /// 404: no such route.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self {

@@ -137,7 +137,7 @@ fn refused(e: Refused) -> ApiError {
 
 /// The body, refused (413) past `limit` bytes: by its declared length before a byte is read, or
 /// as it arrives.
-async fn read_body(request: Request, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, ApiError> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)

@@ -25,9 +25,11 @@ mod choice;
 mod cli;
 pub mod error;
 mod generate;
+pub mod guard;
 pub mod guided;
 pub mod kv_events;
 pub mod metrics;
+mod ops;
 mod output;
 pub mod request_id;
 pub mod routes;
@@ -61,6 +63,8 @@ pub struct ServeConfig {
     pub max_queue: usize,
     /// The largest request body taken, bytes; past it, 413.
     pub max_body_bytes: usize,
+    /// The API key and the origins a browser may call from.
+    pub guard: guard::Guard,
     /// How long in-flight requests may run on after shutdown begins.
     pub shutdown_timeout: Duration,
     /// The engine.
@@ -79,6 +83,7 @@ impl Default for ServeConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             max_queue: 64,
             max_body_bytes: 16 << 20,
+            guard: guard::Guard::default(),
             shutdown_timeout: Duration::from_secs(30),
             engine: Self::engine(2048, 16, 512),
             kv_events: None,
@@ -236,6 +241,7 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         max_model_len,
         max_body_bytes: config.max_body_bytes,
         guides: guided::Guides::default(),
+        guard: Arc::new(config.guard.clone()),
         draining: AtomicBool::new(false),
         next: AtomicU64::new(1),
         created: std::time::SystemTime::now()

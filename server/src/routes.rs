@@ -20,6 +20,7 @@ use crate::generate::respond;
 use crate::metrics::Metrics;
 use crate::request_id::{self, RequestId};
 use crate::worker::Worker;
+use crate::{guard, ops};
 
 /// What the routes share.
 #[derive(Debug)]
@@ -42,6 +43,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Structured output's compiler.
     pub guides: crate::guided::Guides,
+    /// The API key and the allowed origins.
+    pub guard: Arc<crate::guard::Guard>,
     /// Set once shutdown began: generation requests and `/health` answer 503.
     pub draining: AtomicBool,
     /// Request counter (fresh seeds).
@@ -87,8 +90,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/tokenize", post(ops::tokenize))
+        .route("/detokenize", post(ops::detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state.guard),
+            guard::check,
+        ))
         .layer(axum::middleware::from_fn(request_id::tag))
         .with_state(state)
 }

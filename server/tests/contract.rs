@@ -1,6 +1,7 @@
 //! The HTTP contract around the generation endpoints (issue 43): every refusal in the OpenAI error
 //! shape (a body too large 413, a wrong method 405, each counted), request ids that do not repeat
-//! across servers (a random UUID, or the client's `X-Request-Id`, echoed), and `GET /v1/models/{id}`.
+//! across servers (a random UUID, or the client's `X-Request-Id`, echoed), `GET /v1/models/{id}`,
+//! `/tokenize` and `/detokenize`, the API key, and CORS for the allowed origins only.
 
 #[path = "support/http.rs"]
 mod http;
@@ -98,4 +99,136 @@ fn one_model_is_retrieved_by_its_id() {
     let r = get(addr, "/v1/models/none");
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["code"], "model_not_found");
+}
+
+#[test]
+fn tokenize_and_detokenize_round_trip() {
+    let Some(m) = model() else { return };
+    let server = start(&m, &config());
+    let addr = server.addr();
+    let r = post(
+        addr,
+        "/tokenize",
+        &json!({"model": BASE, "prompt": "Hello there"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let t = r.json();
+    let tokens = t["tokens"].as_array().unwrap().clone();
+    assert_eq!(t["count"], tokens.len());
+    assert_eq!(t["max_model_len"], 2048);
+    assert_eq!(
+        tokens,
+        json!(m.tokenizer().encode("Hello there").unwrap())
+            .as_array()
+            .unwrap()
+            .clone()
+    );
+    let back = post(addr, "/detokenize", &json!({"tokens": tokens})).json();
+    assert_eq!(back["prompt"], "Hello there");
+    let chat = post(
+        addr,
+        "/tokenize",
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .json();
+    let chat_tokens: Vec<u32> = serde_json::from_value(chat["tokens"].clone()).unwrap();
+    let want = m
+        .tokenizer()
+        .encode_chat(&[kvsched_engine::Message::user("Hi")], true)
+        .unwrap();
+    assert_eq!(chat_tokens, want);
+    let r = post(addr, "/tokenize", &json!({"model": "nope", "prompt": "x"}));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+    let r = post(addr, "/detokenize", &json!({"tokens": [99_999_999]}));
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].as_str()),
+        (400, Some("tokens"))
+    );
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_the_probes() {
+    let Some(m) = model() else { return };
+    let mut cfg = config();
+    cfg.guard.api_key = Some("sesame".into());
+    let server = start(&m, &cfg);
+    let addr = server.addr();
+    let r = get(addr, "/v1/models");
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    let wrong = request_with(
+        addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer open")],
+        None,
+    );
+    assert_eq!(wrong.status, 401);
+    let right = request_with(
+        addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sesame")],
+        None,
+    );
+    assert_eq!(right.status, 200, "{}", right.body);
+    assert_eq!(get(addr, "/health").status, 200);
+    assert_eq!(get(addr, "/metrics").status, 200);
+}
+
+/// A CORS preflight got an empty 405 (issue 43). With the origin allowed it gets 204 and the
+/// headers a browser needs; with none allowed it is refused in the OpenAI shape, and no response
+/// carries a CORS header.
+#[test]
+fn an_allowed_origin_gets_its_preflight_and_others_do_not() {
+    let Some(m) = model() else { return };
+    let preflight = [
+        ("Origin", "http://app.example"),
+        ("Access-Control-Request-Method", "POST"),
+        (
+            "Access-Control-Request-Headers",
+            "content-type, authorization",
+        ),
+    ];
+    let closed = start(&m, &config());
+    let r = request_with(
+        closed.addr(),
+        "OPTIONS",
+        "/v1/completions",
+        &preflight,
+        None,
+    );
+    assert_eq!(r.status, 405);
+    assert_eq!(r.json()["error"]["code"], "method_not_allowed");
+    let r = request_with(closed.addr(), "GET", "/v1/models", &preflight[..1], None);
+    assert!(r.header("access-control-allow-origin").is_none());
+    let mut cfg = config();
+    cfg.guard.allowed_origins = vec!["http://app.example".into()];
+    cfg.guard.api_key = Some("k".into());
+    let open = start(&m, &cfg);
+    let r = request_with(open.addr(), "OPTIONS", "/v1/completions", &preflight, None);
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://app.example")
+    );
+    assert!(r
+        .header("access-control-allow-methods")
+        .is_some_and(|m| m.contains("POST")));
+    assert_eq!(
+        r.header("access-control-allow-headers"),
+        Some("content-type, authorization")
+    );
+    let auth = [preflight[0], ("Authorization", "Bearer k")];
+    let r = request_with(open.addr(), "GET", "/v1/models", &auth, None);
+    assert_eq!(
+        (r.status, r.header("access-control-allow-origin")),
+        (200, Some("http://app.example"))
+    );
+    let other = [("Origin", "http://evil.example"), preflight[1]];
+    let r = request_with(open.addr(), "OPTIONS", "/v1/completions", &other, None);
+    assert_eq!(r.status, 405, "an origin not allowed gets no preflight");
 }

@@ -119,7 +119,7 @@ fn vllm_decodes_every_kind_of_event_as_msgspec_writes_it() {
 }
 
 #[test]
-fn a_buffer_too_small_is_refused() {
+fn a_buffer_too_small_is_refused_with_the_size_it_needs() {
     let e = [VllmEvent::Removed {
         block_hashes: &[1, 2, 3],
         tier: Tier::Gpu,
@@ -130,8 +130,8 @@ fn a_buffer_too_small_is_refused() {
     for n in 0..whole {
         assert_eq!(
             encode_batch(&mut buf[..n], 2.0, &e, 0),
-            Err(BufferFull),
-            "{n} bytes"
+            Err(BufferFull { needed: whole }),
+            "{n} bytes: the refusal says how many the batch takes"
         );
     }
 }

@@ -1,7 +1,8 @@
 //! The official `openai` Python client (pinned, installed into a virtualenv under the build folder,
 //! never into the system Python) against a server started in process: completions and chat, whole
-//! and streamed, an adapter as `model`, stop sequences, seeds, and the client's typed errors
-//! (server/tests/python/openai_client.py).
+//! and streamed, an adapter as `model`, stop sequences, seeds, the client's typed errors,
+//! `models.retrieve`, log probabilities, `response_format` with a JSON schema (the output parsed and
+//! validated against it), `cache_salt` and `cached_tokens` (server/tests/python/openai_client.py).
 
 #[path = "support/serve.rs"]
 mod serve;
@@ -74,5 +75,5 @@ fn the_openai_client_completes_chats_streams_and_reads_errors() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("8 checks passed"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("12 checks passed"), "{stdout}\n{stderr}");
 }

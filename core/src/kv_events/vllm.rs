@@ -59,9 +59,13 @@ pub enum VllmEvent<'a> {
     Cleared,
 }
 
-/// The buffer cannot hold the batch (nothing meaningful was written).
+/// The buffer cannot hold the batch (nothing meaningful was written); `needed` is the batch's length
+/// in bytes (`usize::MAX` when a length in it is past MessagePack's 32 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferFull;
+pub struct BufferFull {
+    /// The bytes the batch takes.
+    pub needed: usize,
+}
 
 /// Writes `[ts, events, data_parallel_rank]` into `out`; returns the bytes written. `events` is a
 /// slice of events or any iterator that knows its length (events built as they are written).
@@ -77,40 +81,62 @@ where
     I::Item: Borrow<VllmEvent<'e>>,
 {
     let events = events.into_iter();
-    let mut w = Writer { out, at: 0 };
-    w.byte(0x93)?;
-    w.byte(0xcb)?;
-    w.bytes(&ts.to_bits().to_be_bytes())?;
-    w.array(events.len())?;
-    for e in events {
-        w.event(e.borrow())?;
+    let mut w = Writer {
+        out,
+        at: 0,
+        full: false,
+    };
+    let written = w.batch(ts, events, data_parallel_rank);
+    match (written, w.full) {
+        (Ok(()), false) => Ok(w.at),
+        (Ok(()), true) => Err(BufferFull { needed: w.at }),
+        (Err(Oversize), _) => Err(BufferFull { needed: usize::MAX }),
     }
-    w.uint(u64::from(data_parallel_rank))?;
-    Ok(w.at)
 }
 
-/// MessagePack into a byte buffer.
+/// A length past MessagePack's 32 bits.
+#[derive(Debug)]
+struct Oversize;
+
+/// MessagePack into a byte buffer; past its end it goes on counting (`full`), so a refusal says how
+/// long the batch is.
 struct Writer<'o> {
     out: &'o mut [u8],
     at: usize,
+    full: bool,
 }
 
 impl Writer<'_> {
-    fn bytes(&mut self, b: &[u8]) -> Result<(), BufferFull> {
-        let end = self.at.checked_add(b.len()).ok_or(BufferFull)?;
-        self.out
-            .get_mut(self.at..end)
-            .ok_or(BufferFull)?
-            .copy_from_slice(b);
+    fn batch<'e, I>(&mut self, ts: f64, events: I, rank: u32) -> Result<(), Oversize>
+    where
+        I: ExactSizeIterator,
+        I::Item: Borrow<VllmEvent<'e>>,
+    {
+        self.byte(0x93)?;
+        self.byte(0xcb)?;
+        self.bytes(&ts.to_bits().to_be_bytes())?;
+        self.array(events.len())?;
+        for e in events {
+            self.event(e.borrow())?;
+        }
+        self.uint(u64::from(rank))
+    }
+
+    fn bytes(&mut self, b: &[u8]) -> Result<(), Oversize> {
+        let end = self.at.checked_add(b.len()).ok_or(Oversize)?;
+        match self.out.get_mut(self.at..end) {
+            Some(room) if !self.full => room.copy_from_slice(b),
+            _ => self.full = true,
+        }
         self.at = end;
         Ok(())
     }
 
-    fn byte(&mut self, b: u8) -> Result<(), BufferFull> {
+    fn byte(&mut self, b: u8) -> Result<(), Oversize> {
         self.bytes(&[b])
     }
 
-    fn uint(&mut self, v: u64) -> Result<(), BufferFull> {
+    fn uint(&mut self, v: u64) -> Result<(), Oversize> {
         let b = v.to_be_bytes();
         let (tag, from) = match v {
             0..=0x7f => return self.bytes(&b[7..]),
@@ -124,8 +150,8 @@ impl Writer<'_> {
     }
 
     /// A length header: `fix | len` up to 15, else `wide` and 16 bits, else `wide + 1` and 32.
-    fn header(&mut self, len: usize, fix: u8, wide: u8) -> Result<(), BufferFull> {
-        let n = u32::try_from(len).map_err(|_| BufferFull)?;
+    fn header(&mut self, len: usize, fix: u8, wide: u8) -> Result<(), Oversize> {
+        let n = u32::try_from(len).map_err(|_| Oversize)?;
         let b = n.to_be_bytes();
         match n {
             0..=15 => self.byte(fix | b[3]),
@@ -140,13 +166,13 @@ impl Writer<'_> {
         }
     }
 
-    fn array(&mut self, len: usize) -> Result<(), BufferFull> {
+    fn array(&mut self, len: usize) -> Result<(), Oversize> {
         self.header(len, 0x90, 0xdc)
     }
 
-    fn str(&mut self, s: &str) -> Result<(), BufferFull> {
+    fn str(&mut self, s: &str) -> Result<(), Oversize> {
         let b = u32::try_from(s.len())
-            .map_err(|_| BufferFull)?
+            .map_err(|_| Oversize)?
             .to_be_bytes();
         match s.len() {
             0..=31 => self.byte(0xa0 | b[3])?,
@@ -156,28 +182,28 @@ impl Writer<'_> {
         self.bytes(s.as_bytes())
     }
 
-    fn nil(&mut self) -> Result<(), BufferFull> {
+    fn nil(&mut self) -> Result<(), Oversize> {
         self.byte(0xc0)
     }
 
-    fn opt_uint(&mut self, v: Option<u64>) -> Result<(), BufferFull> {
+    fn opt_uint(&mut self, v: Option<u64>) -> Result<(), Oversize> {
         match v {
             Some(v) => self.uint(v),
             None => self.nil(),
         }
     }
 
-    fn key(&mut self, k: &str) -> Result<(), BufferFull> {
+    fn key(&mut self, k: &str) -> Result<(), Oversize> {
         self.str(k)
     }
 
-    fn hashes(&mut self, h: &[u64]) -> Result<(), BufferFull> {
+    fn hashes(&mut self, h: &[u64]) -> Result<(), Oversize> {
         self.key("block_hashes")?;
         self.array(h.len())?;
         h.iter().try_for_each(|&x| self.uint(x))
     }
 
-    fn event(&mut self, e: &VllmEvent<'_>) -> Result<(), BufferFull> {
+    fn event(&mut self, e: &VllmEvent<'_>) -> Result<(), Oversize> {
         match *e {
             VllmEvent::Stored {
                 block_hashes,

@@ -12,6 +12,7 @@ mod prompt;
 mod sampling;
 #[cfg(test)]
 mod tests;
+mod tokenize;
 
 use kvsched_engine::Message;
 use serde_json::Value;
@@ -19,6 +20,7 @@ use serde_json::Value;
 use crate::error::ApiError;
 use fields::Fields;
 pub use sampling::{Format, Sampling};
+pub use tokenize::{parse_detokenize, parse_tokenize, Tokenize};
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,7 @@ model's name) and KVSCHED_ADAPTER (an adapter's name). Every check is greedy (te
 streamed and whole responses must carry the same text. Prints one line per check, then "N checks passed".
 """
 
+import json
 import os
 import sys
 
@@ -129,6 +130,99 @@ def _():
         raise AssertionError("an unknown model was accepted")
     except openai.NotFoundError as e:
         assert e.status_code == 404 and e.body["code"] == "model_not_found", e.body
+
+
+@check("models.retrieve: the base model and the adapter by id; NotFoundError for another")
+def _():
+    assert client.models.retrieve(BASE).id == BASE
+    tuned = client.models.retrieve(ADAPTER)
+    assert tuned.id == ADAPTER and tuned.parent == BASE, tuned
+    try:
+        client.models.retrieve("no-such-model")
+        raise AssertionError("an unknown model was retrieved")
+    except openai.NotFoundError as e:
+        assert e.status_code == 404, e
+
+
+@check("logprobs: completions' tokens and top_logprobs, chat's content entries")
+def _():
+    r = client.completions.create(model=BASE, prompt="The three primary colours are", max_tokens=6,
+                                  temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6, lp
+    assert "".join(lp.tokens) == r.choices[0].text, (lp.tokens, r.choices[0].text)
+    for value, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and len(top) <= 3 and max(top.values()) == value, (value, top)
+    c = client.chat.completions.create(model=BASE, messages=[{"role": "user", "content": "Say hi."}],
+                                       max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    assert len(content) == c.usage.completion_tokens, (content, c.usage)
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2, entry
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob, entry
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "colour": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["name", "age", "colour"],
+    "additionalProperties": False,
+}
+
+
+def validate(value, schema):
+    """A JSON schema check of the keywords PERSON uses (type, properties, required,
+    additionalProperties, maxLength, minimum, maximum, enum)."""
+    if "enum" in schema:
+        assert value in schema["enum"], (value, schema)
+    kind = schema.get("type")
+    if kind == "object":
+        assert isinstance(value, dict), value
+        for key in schema.get("required", []):
+            assert key in value, (key, value)
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(schema["properties"]), value
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                validate(value[key], sub)
+    elif kind == "string":
+        assert isinstance(value, str) and len(value) <= schema.get("maxLength", len(value)), value
+    elif kind == "integer":
+        assert isinstance(value, int) and not isinstance(value, bool), value
+        assert schema.get("minimum", value) <= value <= schema.get("maximum", value), value
+
+
+@check("response_format json_schema: the output parses and validates, whole and streamed")
+def _():
+    args = dict(model=BASE, temperature=0, max_tokens=80,
+                messages=[{"role": "user", "content": "Describe a person as JSON."}],
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    whole = client.chat.completions.create(**args).choices[0].message.content
+    person = json.loads(whole)
+    validate(person, PERSON)
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(stream=True, **args) if c.choices)
+    assert streamed == whole, (streamed, whole)
+
+
+@check("cache_salt keys the prefix cache; usage.prompt_tokens_details.cached_tokens reports the hit")
+def _():
+    prompt = "A shared preamble that several tenants send, long enough to fill pages. " * 6
+    def cached(salt):
+        extra = {"cache_salt": salt} if salt else {}
+        r = client.completions.create(model=BASE, prompt=prompt, max_tokens=2, temperature=0,
+                                      extra_body=extra)
+        return r.usage.prompt_tokens_details.cached_tokens
+    first = cached(None)
+    again = cached(None)
+    assert again > first, (first, again)
+    assert cached("tenant-b") == 0
+    assert cached("tenant-b") == again
 
 
 print(f"{len(checks)} checks passed")
