@@ -230,5 +230,7 @@ fn an_allowed_origin_gets_its_preflight_and_others_do_not() {
     );
     let other = [("Origin", "http://evil.example"), preflight[1]];
     let r = request_with(open.addr(), "OPTIONS", "/v1/completions", &other, None);
-    assert_eq!(r.status, 405, "an origin not allowed gets no preflight");
+    // Not a preflight then: a request without the key, refused.
+    assert_eq!(r.status, 401, "an origin not allowed gets no preflight");
+    assert!(r.header("access-control-allow-origin").is_none());
 }
