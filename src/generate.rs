@@ -49,6 +49,13 @@ struct GenerateArgs {
     /// A file of prompts, one per non-blank line, after those on the command line.
     #[arg(long, value_name = "FILE")]
     prompts_file: Option<PathBuf>,
+    /// A Jinja chat template to render the prompts through, instead of the model file's (a file
+    /// without one refuses chat: give one, or --raw).
+    #[arg(long, value_name = "FILE", conflicts_with = "raw")]
+    chat_template: Option<PathBuf>,
+    /// The prompts as they are, no chat template (a base model's continuation).
+    #[arg(long)]
+    raw: bool,
     /// Rebuild the step's batch from the scheduler's full lists every step instead of applying its
     /// batch delta to the engine's persistent batch (the peer the batch preparation figure is
     /// compared with).
@@ -103,7 +110,19 @@ fn run(a: &GenerateArgs) -> Result<(), Failure> {
         )));
     }
     kvsched_engine::init_threads(usize::from(a.threads));
-    let model = Model::load(&a.model).map_err(|e| bad(e.to_string()))?;
+    let mut model = Model::load(&a.model).map_err(|e| bad(e.to_string()))?;
+    if let Some(path) = &a.chat_template {
+        let t = std::fs::read_to_string(path)
+            .map_err(|e| bad(format!("--chat-template {}: {e}", path.display())))?;
+        model.set_chat_template(t);
+    }
+    if !a.raw && model.tokenizer().chat_template().is_none() {
+        return Err(bad(format!(
+            "{} has no chat template (no tokenizer.chat_template): give one with --chat-template FILE, \
+             or --raw for the prompts as they are",
+            a.model.display()
+        )));
+    }
     let requests = encode(&model, a, &texts)?;
     let config = EngineConfig {
         tokens_per_block: TOKENS_PER_BLOCK,
@@ -174,12 +193,16 @@ fn encode(model: &Model, a: &GenerateArgs, texts: &[String]) -> Result<Vec<Vec<u
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            let mut messages = Vec::with_capacity(2);
-            if let Some(system) = &a.system {
-                messages.push(Message::system(system.clone()));
-            }
-            messages.push(Message::user(text.clone()));
-            let ids = tok.encode_chat(&messages, true).map_err(|e| failed(&e))?;
+            let ids = if a.raw {
+                tok.encode(text).map_err(|e| failed(&e))?
+            } else {
+                let mut messages = Vec::with_capacity(2);
+                if let Some(system) = &a.system {
+                    messages.push(Message::system(system.clone()));
+                }
+                messages.push(Message::user(text.clone()));
+                tok.encode_chat(&messages, true).map_err(|e| failed(&e))?
+            };
             if ids.len() + max_new > limit {
                 return Err(bad(format!(
                     "prompt {}: {} chat tokens + --max-new-tokens {max_new} exceed the limit of {limit} \

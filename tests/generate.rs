@@ -162,3 +162,32 @@ fn more_prompts_than_the_engine_holds_are_all_served() {
     assert!(stdout.contains("--- 34: Say the number 34."), "{stdout}");
     assert!(stdout.contains("requests 34,"), "{stdout}");
 }
+
+/// Gemma 3 270M's file has no chat template: `generate` invented a turn format and printed junk
+/// (issue 43). It refuses now, naming the file and the two ways on; either way serves.
+#[test]
+fn a_model_without_a_chat_template_needs_one_or_raw() {
+    let Some(gemma) = common::gemma3_path() else {
+        return;
+    };
+    let gemma = gemma.to_str().unwrap();
+    let out = kvsched(&["generate", "--model", gemma, "The Eiffel Tower is in"]);
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(gemma) && err.contains("--chat-template") && err.contains("--raw"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let args = ["generate", "--model", gemma, "--max-new-tokens", "4"];
+    let raw = kvsched(&[&args[..], &["--raw", "The Eiffel Tower is in the city of"]].concat());
+    let (stdout, err) = text(&raw);
+    assert!(raw.status.success(), "{err}");
+    assert!(stdout.contains("Paris"), "{stdout}");
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/engine/templates/gemma-turns.jinja"
+    );
+    let chat = kvsched(&[&args[..], &["--chat-template", template, "Hi"]].concat());
+    assert!(chat.status.success(), "{}", text(&chat).1);
+}

@@ -156,3 +156,41 @@ fn an_adapter_a_context_or_an_endpoint_that_cannot_be_is_status_2() {
     let err = run(&["--kv-events", "tcp://no-such-host.invalid:1"]);
     assert!(err.contains("--kv-events"), "{err}");
 }
+
+/// A model file without a chat template: chat is a 400 saying how to give one (issue 43: the server
+/// invented a turn format), completions serve.
+#[test]
+fn a_model_without_a_chat_template_refuses_chat_only() {
+    let Some(gemma) = common::gemma3_path() else {
+        return;
+    };
+    let (mut child, addr) = serve(&[
+        "--model",
+        gemma.to_str().unwrap(),
+        "--port",
+        "0",
+        "--served-model-name",
+        "g",
+    ]);
+    let chat =
+        json!({"model": "g", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+    let r = http::post(addr, "/v1/chat/completions", &chat);
+    let e = r.json();
+    assert_eq!(
+        (r.status, e["error"]["code"].as_str()),
+        (400, Some("no_chat_template")),
+        "{e}"
+    );
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--chat-template"));
+    let done = http::post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "g", "prompt": "Hi", "max_tokens": 2}),
+    );
+    assert_eq!(done.status, 200, "{}", done.body);
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -74,7 +74,7 @@ pub use serve::{
     Finish, Guide, KvExtent, KvTransfer, SubmitOptions, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, GroupedKv, Logits, Sequence};
-pub use tokenizer::{Message, Tokenizer};
+pub use tokenizer::{Message, Tokenizer, GEMMA_TURNS};
 
 /// The scheduler's configuration types and a request's lifecycle state, re-exported from
 /// kvsched-core.

@@ -319,6 +319,12 @@ impl Model {
         &self.tokenizer
     }
 
+    /// Renders chats through `template` instead of the file's chat template
+    /// ([`Tokenizer::set_chat_template`]).
+    pub fn set_chat_template(&mut self, template: impl Into<String>) {
+        self.tokenizer.set_chat_template(template);
+    }
+
     /// The KV page layout for `tokens_per_block` positions a page.
     pub fn kv_layout(&self, tokens_per_block: usize) -> KvLayout {
         KvLayout::new(&self.config, tokens_per_block)

@@ -37,28 +37,10 @@ const USER_DEFINED: i32 = 4;
 /// SentencePiece's spelling of a space.
 const SPACE: &str = "\u{2581}";
 
-/// Gemma's turn format, for a Gemma file without a template of its own: a system message is put
-/// in front of the first user turn, `assistant` is called `model`.
-const GEMMA_TEMPLATE: &str = "{{ bos_token }}
-{%- if messages and messages[0].role == 'system' -%}
-{%- set system = messages[0].content + '\n\n' -%}
-{%- set turns = messages[1:] -%}
-{%- else -%}
-{%- set system = '' -%}
-{%- set turns = messages -%}
-{%- endif -%}
-{%- for m in turns -%}
-{%- if m.role == 'system' -%}
-{{ raise_exception('a system message must come first') }}
-{%- endif -%}
-<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}
-{{ (system if loop.first else '') + m.content | trim }}<end_of_turn>
-{{ '' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-<start_of_turn>model
-{{ '' }}
-{%- endif -%}";
+/// Gemma's turn format (`engine/templates/gemma-turns.jinja`), for a Gemma file without a template
+/// of its own, given by hand (`--chat-template`): a system message is put in front of the first user
+/// turn, `assistant` is called `model`. Never applied unasked: a base model has no turn format.
+pub const GEMMA_TURNS: &str = include_str!("../templates/gemma-turns.jinja");
 
 /// One chat message: a role (`system`, `user`, `assistant`) and its text.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -178,12 +160,9 @@ impl Tokenizer {
                 }
             }
         }
-        let gemma_turns = ["<start_of_turn>", "<end_of_turn>"]
-            .iter()
-            .all(|t| special.iter().any(|&i| tokens[i as usize] == *t));
         let chat_template = match g.content.metadata.get("tokenizer.chat_template") {
             Some(Value::String(s)) => Some(s.clone()),
-            _ => (model == "llama" && gemma_turns).then(|| GEMMA_TEMPLATE.to_string()),
+            _ => None,
         };
         Ok(Self {
             inner,
@@ -300,19 +279,28 @@ impl Tokenizer {
         &self.stop
     }
 
-    /// The chat template from the metadata (`tokenizer.chat_template`); for a SentencePiece file
-    /// without one whose vocabulary has `<start_of_turn>` and `<end_of_turn>`, Gemma's turn format.
+    /// The chat template: the file's (`tokenizer.chat_template`), or the one given with
+    /// [`Tokenizer::set_chat_template`]; `None`: chat is refused (a base model has no turn format).
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// Renders chats through `template` (Jinja, as Hugging Face's `chat_template`) instead of the
+    /// file's (e.g. [`GEMMA_TURNS`] for a Gemma file without one).
+    pub fn set_chat_template(&mut self, template: impl Into<String>) {
+        self.chat_template = Some(template.into());
     }
 
     /// `messages` rendered through the file's chat template (Jinja, as Hugging Face renders it:
     /// blocks trimmed), with the assistant's turn opened when `add_generation_prompt`.
     pub fn render_chat(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| EngineError::Template("the model file has no chat template".into()))?;
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            EngineError::Template(
+                "the model file has no chat template (no tokenizer.chat_template): give one \
+                     (--chat-template FILE), or send the text as is"
+                    .into(),
+            )
+        })?;
         let mut env = minijinja::Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Instant;
 
-use kvsched_engine::{Message, Model, Reference};
+use kvsched_engine::{Message, Model, Reference, Tokenizer, GEMMA_TURNS};
 
 fn model() -> Option<&'static Model> {
     common::gemma3()
@@ -90,10 +90,31 @@ fn answers_paris_and_completes_sentences() {
     assert!(text.starts_with(" Paris"), "{text:?}");
 }
 
+/// Gemma 3 270M's tokenizer with Gemma's turn format given by hand (its GGUF file has none).
+fn turns() -> Option<Tokenizer> {
+    let mut t = Tokenizer::load(common::gemma3_path()?).expect("the tokenizer loads");
+    t.set_chat_template(GEMMA_TURNS);
+    Some(t)
+}
+
+/// The file has no chat template, and none is invented for it (issue 43: chat on a base model
+/// printed junk in a made-up turn format): chat is refused, saying how to give one.
+#[test]
+fn a_file_without_a_chat_template_refuses_chat() {
+    let Some(m) = model() else { return };
+    assert!(m.tokenizer().chat_template().is_none());
+    let e = m
+        .tokenizer()
+        .encode_chat(&[Message::user("Hi")], true)
+        .expect_err("no template");
+    assert!(e.to_string().contains("no chat template"), "{e}");
+    assert!(e.to_string().contains("--chat-template"), "{e}");
+}
+
 #[test]
 fn answers_a_chat_prompt_in_english() {
     let Some(m) = model() else { return };
-    let t = m.tokenizer();
+    let t = &turns().expect("the model is there");
     let prompt = t
         .encode_chat(&[Message::user("What is the capital of France?")], true)
         .unwrap();
@@ -225,8 +246,8 @@ fn round_trips_text_exactly_and_puts_bos_in_front() {
 
 #[test]
 fn renders_gemmas_turns() {
-    let Some(m) = model() else { return };
-    let t = m.tokenizer();
+    let Some(t) = turns() else { return };
+    let t = &t;
     let messages = [
         Message::system("Be brief."),
         Message::user("Hi!"),

@@ -43,6 +43,10 @@ struct ServeArgs {
     /// Requests that may wait for the engine (beyond the ones it holds); past it, 429.
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_queue: usize,
+    /// A Jinja chat template for /v1/chat/completions instead of the model file's (a file without
+    /// one refuses chat with a 400; `engine/templates/gemma-turns.jinja` is Gemma's turn format).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     /// The largest request body taken, bytes; past it, 413 (a prompt too long for --max-model-len
     /// is refused by its length before it is tokenized, whatever this says).
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
@@ -213,10 +217,23 @@ pub fn cli(args: &[String]) -> ExitCode {
         Err(e) => return fail(&e.to_string(), 2),
     };
     kvsched_engine::init_threads(usize::from(a.threads));
-    let model = match Model::load(&a.model) {
-        Ok(m) => Arc::new(m),
+    let mut model = match Model::load(&a.model) {
+        Ok(m) => m,
         Err(e) => return fail(&e.to_string(), 2),
     };
+    if let Some(path) = &a.chat_template {
+        match std::fs::read_to_string(path) {
+            Ok(t) => model.set_chat_template(t),
+            Err(e) => return fail(&format!("--chat-template {}: {e}", path.display()), 2),
+        }
+    }
+    if model.tokenizer().chat_template().is_none() {
+        eprintln!(
+            "kvsched serve: {} has no chat template: /v1/chat/completions is refused (give one with --chat-template FILE)",
+            a.model.display()
+        );
+    }
+    let model = Arc::new(model);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -199,6 +199,14 @@ impl AppState {
         if bytes > self.longest_text() {
             return Err(too_long(param, self.max_model_len, None));
         }
+        if matches!(prompt, Prompt::Chat(_)) && tok.chat_template().is_none() {
+            return Err(ApiError::invalid(
+                "messages",
+                "no_chat_template",
+                "This model has no chat template (its file has no tokenizer.chat_template), so chat is \
+                 refused: start the server with --chat-template FILE, or send the text to /v1/completions.",
+            ));
+        }
         let tokens = match prompt {
             Prompt::Text(t) => tok.encode(t),
             Prompt::Tokens(t) => Ok(t.clone()),

@@ -590,6 +590,7 @@ fn merge(o: &SimOptions, w: &Workload, reports: &[Report]) -> Report {
         c.adapter_util_mean_pct += r.adapter_util_mean_pct / n;
         c.kv_gpu_util_peak_pct = c.kv_gpu_util_peak_pct.max(r.kv_gpu_util_peak_pct);
         c.kv_host_util_peak_pct = c.kv_host_util_peak_pct.max(r.kv_host_util_peak_pct);
+        c.kv_host_cached_peak_pct = c.kv_host_cached_peak_pct.max(r.kv_host_cached_peak_pct);
         ttft.extend_from_slice(&r.raw.ttft);
         tpot.extend_from_slice(&r.raw.tpot);
         sched.extend_from_slice(&r.raw.sched_ns);

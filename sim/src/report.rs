@@ -58,8 +58,10 @@ pub struct Report {
     pub kv_gpu_util_mean_pct: f64,
     /// Peak GPU KV utilization, %.
     pub kv_gpu_util_peak_pct: f64,
-    /// Peak host KV utilization, %.
+    /// Peak host KV utilization by requests (their suspended pages), %.
     pub kv_host_util_peak_pct: f64,
+    /// Peak share of the host tier holding prefix-cache blocks (demoted, idle), %.
+    pub kv_host_cached_peak_pct: f64,
     /// Mean device adapter-cache utilization, %.
     pub adapter_util_mean_pct: f64,
     /// Scheduler wall time per iteration, ns: the pass plus ensure-batch, measured for real.
@@ -484,8 +486,11 @@ impl Report {
             format_args!("{mean:.1} % / {peak:.1} %"),
         );
         t.row(
-            "KV host utilization peak",
-            format_args!("{:.1} %", self.kv_host_util_peak_pct),
+            "KV host peak: requests / prefix cache",
+            format_args!(
+                "{:.1} % / {:.1} %",
+                self.kv_host_util_peak_pct, self.kv_host_cached_peak_pct
+            ),
         );
         let us = |ns: f64| ns / 1000.0;
         let sched = self.sched_ns_per_iter;

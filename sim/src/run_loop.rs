@@ -774,6 +774,8 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         self.adapter_sum += 100.0 * device_used as f64 / device_pages.max(1) as f64;
         r.kv_gpu_util_peak_pct = r.kv_gpu_util_peak_pct.max(kv_gpu);
         r.kv_host_util_peak_pct = r.kv_host_util_peak_pct.max(kv_host);
+        let cached = pct(kv.idle_pages(Tier::Host), host);
+        r.kv_host_cached_peak_pct = r.kv_host_cached_peak_pct.max(cached);
         if r.iterations % self.sample_every == 0 {
             let waiting = self.queue.len()
                 + sched

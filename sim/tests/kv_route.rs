@@ -47,6 +47,13 @@ fn the_router_knows_each_replicas_cache_through_demotions_and_evictions() {
     assert!(r.cached_blocks_demoted > 0, "{}", r.cached_blocks_demoted);
     assert!(r.cached_blocks_evicted > 0, "{}", r.cached_blocks_evicted);
     assert!(r.host_cache_hits > 0, "{}", r.host_cache_hits);
+    // The host tier full of prefix cache was reported as "host utilization peak 0.0 %" (issue 43):
+    // requests' pages and cached blocks are told apart.
+    assert!(
+        r.kv_host_cached_peak_pct > 0.0,
+        "{}",
+        r.kv_host_cached_peak_pct
+    );
 }
 
 #[test]

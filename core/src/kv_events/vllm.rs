@@ -171,9 +171,7 @@ impl Writer<'_> {
     }
 
     fn str(&mut self, s: &str) -> Result<(), Oversize> {
-        let b = u32::try_from(s.len())
-            .map_err(|_| Oversize)?
-            .to_be_bytes();
+        let b = u32::try_from(s.len()).map_err(|_| Oversize)?.to_be_bytes();
         match s.len() {
             0..=31 => self.byte(0xa0 | b[3])?,
             32..=0xff => self.bytes(&[0xd9, b[3]])?,
