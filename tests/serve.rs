@@ -129,6 +129,11 @@ fn a_bad_flag_or_a_missing_model_is_one_line_and_status_2() {
     let out = run(&["--model", "m.gguf", "--kv-pages", "4"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-pages 4 cannot hold"));
+    // One page of budget was accepted and serialized prefill behind the decodes (issue 43).
+    let out = run(&["--model", "m.gguf", "--max-num-batched-tokens", "16"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("give at least 48"), "{err}");
 }
 
 /// These exited 1 (issue 43), where the docs promise 2 for every start-up error.

@@ -556,6 +556,13 @@ impl<P: GroupPool, const G: usize> PrefixReuse for PoolGroups<P, G> {
         self.groups[0].pool.all_blocks_reusable()
     }
 
+    fn drop_idle_blocks(&mut self) -> u32 {
+        self.groups
+            .iter_mut()
+            .map(|g| g.pool.drop_idle_blocks())
+            .sum()
+    }
+
     fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
         let lead = &self.groups[0].pool;
         if !prep.first_chunk || G == 1 {

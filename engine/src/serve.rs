@@ -63,8 +63,12 @@ pub use control::EngineLoad;
 pub use disagg::KvTransfer;
 pub use run::STALL_STEPS;
 
-/// Requests the engine holds at once (its scheduler's table).
-pub const MAX_REQUESTS: usize = 32;
+/// The most requests an engine can hold at once (its scheduler's table, allocated once on the
+/// heap); `EngineConfig::scheduler.max_num_requests` chooses how many it does, up to this.
+pub const MAX_REQUESTS: usize = 256;
+/// Requests an engine holds at once by default (vLLM's CPU default, and this engine's before the
+/// table grew).
+pub const DEFAULT_REQUESTS: u32 = 32;
 /// Adapters the engine can register (its adapter cache's task slots).
 pub const MAX_ADAPTERS: usize = 8;
 
@@ -127,7 +131,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             scheduler: Config {
-                max_num_requests: MAX_REQUESTS as u32,
+                max_num_requests: DEFAULT_REQUESTS,
                 max_context_length: None,
                 chunking: Some(Chunking {
                     policy: ChunkPolicy::FirstComeFirstServed,

@@ -67,7 +67,7 @@ struct ServeArgs {
     /// Seconds in-flight requests may run on after SIGTERM before they are aborted.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     shutdown_timeout: f64,
-    /// Requests the engine runs at once (at most 32).
+    /// Requests the engine runs at once (at most 256: the engine's table).
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=MAX_REQUESTS as i64))]
     max_num_seqs: u32,
     /// The longest request, prompt and completion, in tokens.
@@ -148,8 +148,15 @@ impl ServeArgs {
             );
         }
         let max_blocks = self.max_model_len.div_ceil(self.tokens_per_block);
-        if self.max_num_batched_tokens < self.tokens_per_block {
-            return Err("--max-num-batched-tokens must be at least --tokens-per-block".into());
+        // A step holds every running request's decode and a page of prefill: with less, prefill
+        // waits until the decodes end (prompts serialized behind them).
+        let floor = self.max_num_seqs + self.tokens_per_block;
+        if self.max_num_batched_tokens < floor {
+            return Err(format!(
+                "--max-num-batched-tokens {} cannot hold a step of --max-num-seqs {} decodes and a page \
+                 of prefill (--tokens-per-block {}): give at least {floor}",
+                self.max_num_batched_tokens, self.max_num_seqs, self.tokens_per_block
+            ));
         }
         if self.kv_pages < max_blocks {
             return Err(format!(

@@ -1,5 +1,5 @@
 //! vLLM's operational endpoints: `POST /tokenize` and `POST /detokenize` (on a blocking thread: a
-//! long prompt takes a while), and `POST /reset_prefix_cache`.
+//! long prompt takes a while), and `POST /reset_prefix_cache` (between two engine steps).
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use crate::api::{self, Prompt};
 use crate::error::ApiError;
 use crate::generate::read_body;
 use crate::routes::{json_response, AppState};
+use crate::worker::Control;
 
 /// `POST /tokenize`: `{count, max_model_len, tokens}`.
 pub(crate) async fn tokenize(State(s): State<Arc<AppState>>, request: Request) -> Response {
@@ -56,6 +57,19 @@ pub(crate) async fn detokenize(State(s): State<Arc<AppState>>, request: Request)
         Ok(json!({"prompt": text}))
     })
     .await
+}
+
+/// `POST /reset_prefix_cache`: every idle cached block dropped (blocks live requests hold stay);
+/// `{dropped_blocks}`.
+pub(crate) async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Response {
+    let (reply, dropped) = tokio::sync::oneshot::channel();
+    if s.worker.control(Control::ResetPrefixCache(reply)).is_err() {
+        return ApiError::shutting_down().into_response();
+    }
+    match dropped.await {
+        Ok(n) => json_response(StatusCode::OK, &json!({"dropped_blocks": n})),
+        Err(_) => ApiError::shutting_down().into_response(),
+    }
 }
 
 /// Runs `f` on a blocking thread; its JSON with 200, or its error.

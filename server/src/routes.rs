@@ -92,6 +92,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/tokenize", post(ops::tokenize))
         .route("/detokenize", post(ops::detokenize))
+        .route("/reset_prefix_cache", post(ops::reset_prefix_cache))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

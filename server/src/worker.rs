@@ -93,6 +93,13 @@ impl Drop for Ticket {
     }
 }
 
+/// An operation on the engine, run between two steps.
+#[derive(Debug)]
+pub enum Control {
+    /// Drop the prefix cache's idle blocks (`POST /reset_prefix_cache`); the reply: how many.
+    ResetPrefixCache(tokio::sync::oneshot::Sender<u32>),
+}
+
 /// What the engine thread last saw, for `/metrics`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Snapshot {
@@ -121,6 +128,7 @@ pub struct Shared {
 #[derive(Debug)]
 pub struct Worker {
     queue: SyncSender<Job>,
+    controls: std::sync::mpsc::Sender<Control>,
     /// Shared with the thread.
     pub shared: Arc<Shared>,
     /// The engine's requests at once (its scheduler's `max_num_requests`).
@@ -152,6 +160,7 @@ impl Worker {
         let slots = config.scheduler.max_num_requests as usize;
         // Never full: admission (`slots + depth` tickets) bounds what is in it.
         let (queue, jobs) = std::sync::mpsc::sync_channel(slots + depth);
+        let (controls, inbox) = std::sync::mpsc::channel();
         let (ready, started) = std::sync::mpsc::channel();
         let shared = Arc::new(Shared::default());
         let thread_shared = Arc::clone(&shared);
@@ -167,7 +176,7 @@ impl Worker {
                 match engine {
                     Ok(engine) => {
                         let _ = ready.send(Ok(()));
-                        Loop::new(engine, jobs, thread_shared, kv_events).run();
+                        Loop::new(engine, (jobs, inbox), thread_shared, kv_events).run();
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e.to_string()));
@@ -181,6 +190,7 @@ impl Worker {
             .map_err(StartError::Engine)?;
         Ok(Self {
             queue,
+            controls,
             shared,
             slots,
             depth,
@@ -221,6 +231,12 @@ impl Worker {
         }
     }
 
+    /// Runs `c` on the engine between two steps (within the idle poll when it is idle); refused when
+    /// the engine thread is gone.
+    pub fn control(&self, c: Control) -> Result<(), Refused> {
+        self.controls.send(c).map_err(|_| Refused::Gone)
+    }
+
     /// Tells the thread to stop once idle and waits for it.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -256,6 +272,7 @@ struct Live {
 struct Loop<'m> {
     engine: Engine<'m>,
     jobs: Receiver<Job>,
+    controls: Receiver<Control>,
     shared: Arc<Shared>,
     live: HashMap<u64, Live>,
     /// Consecutive steps that ran no model step.
@@ -267,13 +284,14 @@ struct Loop<'m> {
 impl<'m> Loop<'m> {
     fn new(
         engine: Engine<'m>,
-        jobs: Receiver<Job>,
+        (jobs, controls): (Receiver<Job>, Receiver<Control>),
         shared: Arc<Shared>,
         kv_events: Option<crate::kv_events::Publisher>,
     ) -> Self {
         Self {
             engine,
             jobs,
+            controls,
             shared,
             live: HashMap::new(),
             stalled: 0,
@@ -286,6 +304,9 @@ impl<'m> Loop<'m> {
         loop {
             if self.shared.abort.load(Ordering::SeqCst) {
                 self.abort_all();
+            }
+            while let Ok(c) = self.controls.try_recv() {
+                self.apply(c);
             }
             if !self.admit() {
                 return;
@@ -446,6 +467,19 @@ impl<'m> Loop<'m> {
             self.live.remove(&id);
             if let Err(e) = self.engine.cancel(id) {
                 eprintln!("kvsched serve: cancelling request {id}: {e}");
+            }
+        }
+    }
+
+    fn apply(&mut self, c: Control) {
+        match c {
+            Control::ResetPrefixCache(reply) => {
+                let dropped = self.engine.reset_prefix_cache();
+                if let Some(p) = &self.kv_events {
+                    p.publish(&self.engine.take_kv_events());
+                }
+                self.publish();
+                let _ = reply.send(dropped);
             }
         }
     }

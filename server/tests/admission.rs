@@ -116,3 +116,23 @@ fn with_no_queue_every_free_slot_takes_a_request() {
     assert_eq!(statuses(&streams), [200; 8]);
     assert_eq!(post(addr, "/v1/completions", &long()).status, 429);
 }
+
+/// `--max-num-seqs` was capped at 32 (issue 43): the engine's table is chosen at start-up now, up
+/// to 256. Forty requests run at once, none waiting.
+#[test]
+fn more_than_32_requests_run_at_once() {
+    let Some(m) = model() else { return };
+    let mut cfg = config();
+    cfg.engine.scheduler.max_num_requests = 40;
+    cfg.max_queue = 0;
+    let server = start(&m, &cfg);
+    let addr = server.addr();
+    let mut streams = at_once(addr, 40);
+    assert_eq!(statuses(&streams), [200; 40]);
+    for s in &mut streams {
+        s.next_data().expect("every request streams");
+    }
+    let text = get(addr, "/metrics").body;
+    assert_eq!(metric(&text, "vllm:num_requests_running", ""), 40.0, "{text}");
+    assert_eq!(post(addr, "/v1/completions", &long()).status, 429);
+}

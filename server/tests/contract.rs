@@ -234,3 +234,29 @@ fn an_allowed_origin_gets_its_preflight_and_others_do_not() {
     assert_eq!(r.status, 401, "an origin not allowed gets no preflight");
     assert!(r.header("access-control-allow-origin").is_none());
 }
+
+/// `POST /reset_prefix_cache`: the next identical prompt finds nothing cached.
+#[test]
+fn resetting_the_prefix_cache_empties_it() {
+    let Some(m) = model() else { return };
+    let server = start(&m, &config());
+    let addr = server.addr();
+    let body = json!({"model": BASE, "prompt": "A preamble long enough to fill two pages of sixteen tokens each, then some.",
+                      "max_tokens": 1, "temperature": 0});
+    let cached = || {
+        post(addr, "/v1/completions", &body).json()["usage"]["prompt_tokens_details"]
+            ["cached_tokens"]
+            .clone()
+    };
+    assert_eq!(cached(), 0);
+    assert_ne!(cached(), 0, "the prompt's pages are cached");
+    let r = post(addr, "/reset_prefix_cache", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["dropped_blocks"].as_u64().unwrap() >= 1);
+    assert_eq!(cached(), 0, "nothing is cached after the reset");
+    let text = get(addr, "/metrics").body;
+    assert_eq!(
+        metric(&text, "kvsched:kv_pages", "tier=\"gpu\",state=\"used\""),
+        0.0
+    );
+}

@@ -140,6 +140,12 @@ pub trait PrefixReuse {
     fn take_kv_events(&mut self) -> &[crate::kv_events::KvEvent] {
         &[]
     }
+    /// Drops every idle cached block (one no request holds), host tier first, as vLLM's
+    /// `reset_prefix_cache`: their pages are free, each drop logged as a removal; blocks a request
+    /// holds stay. Returns the blocks dropped (the default: none).
+    fn drop_idle_blocks(&mut self) -> u32 {
+        0
+    }
 }
 
 /// Unified paging (beyond the reference): the pool also holds the adapters' device copies. A lease pins

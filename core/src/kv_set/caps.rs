@@ -130,6 +130,13 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
         }
     }
 
+    fn drop_idle_blocks(&mut self) -> u32 {
+        use super::super::kv::caps::PrefixReuse as Reuse;
+        let target = self.target.prefix().map_or(0, Reuse::drop_idle_blocks);
+        let draft = self.draft.as_mut().and_then(|(_, d)| d.prefix());
+        target + draft.map_or(0, Reuse::drop_idle_blocks)
+    }
+
     fn all_blocks_reusable(&self) -> bool {
         self.target
             .caps()

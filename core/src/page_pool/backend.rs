@@ -322,6 +322,10 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
         self.prefix.is_some()
     }
 
+    fn drop_idle_blocks(&mut self) -> u32 {
+        self.drop_idle()
+    }
+
     fn probe_first_new_block(&self, r: KvRef, prep: ContextPrep) -> Option<u64> {
         self.probe_row(self.slot(r)?, prep)
     }

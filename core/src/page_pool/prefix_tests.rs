@@ -458,3 +458,22 @@ fn blocks_released_before_their_commit_are_skipped_by_it() {
     assert_eq!(p.seq(0).chain, chain(chain(chain(A, 1), 2), 3));
     assert!(audited(&p));
 }
+
+/// vLLM's `reset_prefix_cache`: the idle cached blocks go (their pages free, nothing matched
+/// after); a block a live request holds stays.
+#[test]
+fn dropping_the_idle_blocks_frees_them_and_keeps_the_held() {
+    let (mut b, mut c) = (Buf::new(), Cache::new());
+    let mut p = b.pool_with(0, 4, Some(&mut c));
+    computed(&mut p, 0, A, &[1, 2], 10);
+    computed(&mut p, 1, B, &[3], 4);
+    p.free(r(0));
+    assert_eq!(p.cached_pages(Tier::Gpu), 3);
+    assert_eq!(p.drop_idle_blocks(), 2, "A's two blocks; B's is held");
+    assert_eq!(p.cached_pages(Tier::Gpu), 1);
+    assert_eq!(p.gpu_free(), 7);
+    assert!(audited(&p));
+    assert_eq!(admit(&mut p, 2, A, &[1, 2], 10), 0, "nothing of A is found");
+    assert!(admit(&mut p, 3, B, &[3, 4], 9) > 0, "B's held block is");
+    assert!(audited(&p));
+}

@@ -141,6 +141,27 @@ impl<B: Buffers> KvPool<'_, B> {
         true
     }
 
+    /// Drops the idle cached blocks, leaves first (host leaves, then GPU leaves, whose parents become
+    /// leaves in turn); stops at a GPU leaf whose host child a request holds. Returns how many.
+    pub(super) fn drop_idle(&mut self) -> u32 {
+        let mut dropped = 0;
+        while let Some(prefix) = self.prefix.as_mut() {
+            let host = prefix.oldest(Tier::Host);
+            let gpu = || {
+                prefix
+                    .oldest(Tier::Gpu)
+                    .filter(|&p| !prefix.has_children(p))
+            };
+            let Some(entry) = host.or_else(gpu) else {
+                break;
+            };
+            prefix.drop_block(entry);
+            self.push_free(entry);
+            dropped += 1;
+        }
+        dropped
+    }
+
     /// A GPU page off the free stack, evicting a cached block for it when none is free (`reserve`: moves
     /// the caller still logs after this). Its prefix entry is the caller's to set.
     fn take_gpu(&mut self, who: RequestId, reserve: u32) -> Option<u32> {

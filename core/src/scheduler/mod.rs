@@ -22,8 +22,8 @@
 //!
 //! Its public API, beyond the engine's loop kept here, is grouped by what it serves: `requests.rs`
 //! (submission, [`Adopt`]ion, marks, update, removal), `adapters.rs` (registering and reloading adapters,
-//! their evictions and host-copy changes), `inspection.rs` (configuration, requests, fingerprint, check)
-//! and `transfer.rs` (the disaggregated ends).
+//! their evictions and host-copy changes), `inspection.rs` (configuration, requests, fingerprint, check),
+//! `reset.rs` (the prefix cache reset) and `transfer.rs` (the disaggregated ends).
 //!
 //! Every resource change goes through a type-state transition of [`crate::request`], so the PEFT
 //! lifecycle of DESIGN.md §3 holds by construction.
@@ -61,6 +61,7 @@ mod prefix_skip;
 mod refusal_mark;
 mod refused_run;
 mod requests;
+mod reset;
 mod resuspended;
 mod sort;
 mod span;

@@ -96,6 +96,10 @@ impl Sched {
         on!(self, s => s.remove(h))
     }
 
+    pub(super) fn reset_prefix_cache(&mut self) -> u32 {
+        on!(self, s => s.reset_prefix_cache())
+    }
+
     pub(super) fn rewind(&mut self, h: Handle, tokens: u32) -> Result<(), kvsched_core::Error> {
         on!(self, s => s.rewind(h, tokens))
     }

@@ -28,6 +28,12 @@ pub struct EngineLoad {
 }
 
 impl Engine<'_> {
+    /// Drops every idle block of the prefix cache (vLLM's `reset_prefix_cache`): the pages free,
+    /// each drop a KV event; blocks a live request holds stay. Returns the blocks dropped.
+    pub fn reset_prefix_cache(&mut self) -> u32 {
+        self.sched.reset_prefix_cache()
+    }
+
     /// The tokens request `id` has generated so far (a stop token included); `None` once it
     /// finished, or for an unknown id.
     pub fn tokens(&self, id: u64) -> Option<&[u32]> {
