@@ -1,22 +1,28 @@
 //! `kvsched serve`: an OpenAI-compatible HTTP server over the kvsched-engine serving loop.
 //!
 //! ```text
-//!   clients ──HTTP──▶ axum routes (tokio, one thread)          engine thread
-//!                     parse · tokenize · check ──Job──▶ bounded queue ──▶ Engine::submit
-//!                     SSE / JSON ◀──Event (tokens, end)────────────────── Engine::step
-//!                     a dropped handler closes its channel ─────────────▶ Engine::cancel
+//!   clients ──HTTP──▶ listen (hyper HTTP/1) ─▶ guard (key, CORS) ─▶ axum routes      engine thread
+//!                     admit (a ticket, 429 past slots + queue) · the body within its size
+//!                     parse · tokenize · check · compile a grammar (a blocking thread)
+//!                        ──Job──▶ queue ───────────────────────────────────▶ Engine::submit_with
+//!                     SSE / JSON ◀──Event (scheduled, tokens + logprobs, end)── Engine::step
+//!                     a dropped handler closes its channel ────────────────▶ Engine::cancel
+//!                     /reset_prefix_cache ──Control──────────────────────▶ between two steps
 //! ```
 //!
 //! - [`api`]: the requests, read field by field (every refusal names its field);
-//! - [`routes`]: the endpoints, the streams, the latencies;
-//! - [`worker`]: the engine thread and its queue (past its depth a request is refused with 429);
+//! - [`routes`]: the endpoints; `generate.rs` a generation's way in, `output.rs` and `choice.rs` its
+//!   stream or body and latencies, `ops.rs` tokenize, detokenize and the prefix cache reset;
+//! - [`worker`]: the engine thread, its admission (tickets) and its controls;
+//! - [`guided`]: structured output through llguidance; [`guard`]: the API key and CORS;
+//! - [`request_id`]: request ids; `listen.rs`: the accept loop;
 //! - [`text`]: detokenizing as tokens arrive, stop strings;
 //! - [`metrics`]: `/metrics` in the Prometheus text format, vLLM's names;
-//! - [`error`]: the OpenAI error shape.
+//! - [`error`]: the OpenAI error shape, and why the server did not start.
 //!
 //! Shutdown (SIGTERM or Ctrl-C for the command, [`Server::shutdown`] in process): new requests get
-//! 503, the listener closes, in-flight requests run on until the deadline, then are aborted
-//! (`finish_reason: "abort"`), and the process exits 0.
+//! 503 while in-flight requests run on, until they are done or the deadline aborts them
+//! (`finish_reason: "abort"`); then the listener closes and the process exits 0.
 
 #![deny(missing_docs)]
 
@@ -28,6 +34,7 @@ mod generate;
 pub mod guard;
 pub mod guided;
 pub mod kv_events;
+mod listen;
 pub mod metrics;
 mod ops;
 mod output;
@@ -42,7 +49,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt as _;
 use kvsched_engine::{ChunkPolicy, Chunking, EngineConfig, Lora, Model};
 
 pub use cli::cli;
@@ -274,6 +280,9 @@ async fn drain(state: &AppState, deadline: Duration) {
     }
 }
 
+/// How long connections may stay open once the drain ended (aborted streams closing).
+const GRACE: Duration = Duration::from_secs(5);
+
 /// How often a drain looks whether the admitted requests are done.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
 
@@ -286,28 +295,17 @@ async fn serve(
     trigger: impl std::future::Future<Output = ()> + Send + 'static,
     deadline: Duration,
 ) -> std::io::Result<()> {
-    let (begun, mut shutting) = tokio::sync::watch::channel(false);
     let drain_state = Arc::clone(&state);
     let graceful = async move {
         trigger.await;
         drain_state.draining.store(true, Ordering::SeqCst);
-        let _ = begun.send(true);
         drain(&drain_state, deadline).await;
     };
     let app = routes::router(Arc::clone(&state));
-    // Each streamed chunk leaves at once: without TCP_NODELAY, Nagle's algorithm holds a small
-    // write until the peer acknowledges the last one (a delayed ACK, tens of milliseconds).
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
-    let hard_stop = async move {
-        let _ = shutting.wait_for(|&b| b).await;
-        tokio::time::sleep(deadline + Duration::from_secs(5)).await;
-    };
-    tokio::select! {
-        r = server => r?,
-        () = hard_stop => eprintln!("kvsched serve: connections still open past the deadline; stopping"),
+    let grace = async { tokio::time::sleep(GRACE).await };
+    let closed = listen::serve(listener, app, graceful, grace).await;
+    if !closed {
+        eprintln!("kvsched serve: connections still open past the deadline; stopping");
     }
     state.worker.abort();
     let worker_state = Arc::clone(&state);

@@ -81,7 +81,7 @@ impl Generation {
     }
 
     /// Waits for the next text or the end; `Err` with the engine's message if it failed the request.
-    async fn next(&mut self) -> Result<Out, String> {
+    async fn next(&mut self) -> Result<Out, ApiError> {
         let state = Arc::clone(&self.state);
         let tok = state.model.tokenizer();
         loop {
@@ -97,9 +97,9 @@ impl Generation {
                 Some(Event::Done(end)) => (Vec::new(), Some(end)),
                 Some(Event::Failed(why)) => {
                     self.ended = true;
-                    return Err(why);
+                    return Err(ApiError::engine(why));
                 }
-                None => return Err("the engine dropped the request".into()),
+                None => return Err(ApiError::engine("the engine dropped the request")),
             };
             if !tokens.is_empty() {
                 self.timed(tokens.len());
@@ -108,7 +108,7 @@ impl Generation {
             let piece = self
                 .text
                 .push(tok, &tokens, end.is_some())
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| ApiError::engine(e.to_string()))?;
             let end = if piece.stopped {
                 self.rx.close();
                 Some(End::Stop)
@@ -185,7 +185,7 @@ impl Drop for Generation {
 pub(crate) async fn whole(mut gen: Generation, meta: &Meta) -> Result<Response, ApiError> {
     let (mut text, mut logprobs) = (String::new(), Vec::new());
     loop {
-        let out = gen.next().await.map_err(ApiError::engine)?;
+        let out = gen.next().await?;
         text.push_str(&out.text);
         logprobs.extend(out.logprobs);
         if let Some(end) = out.end {
@@ -280,12 +280,9 @@ impl Streaming {
                 self.phase = Phase::Body;
                 match self.gen.next().await {
                     Ok(out) => Some(self.events(&out)),
-                    Err(why) => {
+                    Err(e) => {
                         self.phase = Phase::Over;
-                        Some(format!(
-                            "{}data: [DONE]\n\n",
-                            sse(&ApiError::engine(why).body())
-                        ))
+                        Some(format!("{}data: [DONE]\n\n", sse(&e.body())))
                     }
                 }
             }

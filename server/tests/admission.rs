@@ -133,6 +133,10 @@ fn more_than_32_requests_run_at_once() {
         s.next_data().expect("every request streams");
     }
     let text = get(addr, "/metrics").body;
-    assert_eq!(metric(&text, "vllm:num_requests_running", ""), 40.0, "{text}");
+    assert_eq!(
+        metric(&text, "vllm:num_requests_running", ""),
+        40.0,
+        "{text}"
+    );
     assert_eq!(post(addr, "/v1/completions", &long()).status, 429);
 }

@@ -260,3 +260,30 @@ fn resetting_the_prefix_cache_empties_it() {
         0.0
     );
 }
+
+/// A client that shuts its sending side once the request is sent got an empty reply, and its
+/// request was aborted (issue 43): the connection is kept half-closed until the response is out.
+#[test]
+fn a_client_that_half_closes_after_its_request_gets_the_response() {
+    use std::io::{Read, Write};
+    let Some(m) = model() else { return };
+    let server = start(&m, &config());
+    let body =
+        json!({"model": BASE, "prompt": "Hello", "max_tokens": 3, "temperature": 0}).to_string();
+    let mut s = std::net::TcpStream::connect(server.addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    assert!(reply.contains("\"finish_reason\":\"length\""), "{reply}");
+    let text = get(server.addr(), "/metrics").body;
+    assert_eq!(metric(&text, "vllm:request_success_total", "abort"), 0.0);
+}
