@@ -486,7 +486,7 @@ impl Report {
             format_args!("{mean:.1} % / {peak:.1} %"),
         );
         t.row(
-            "KV host peak: requests / prefix cache",
+            "KV host peak: requests / cache",
             format_args!(
                 "{:.1} % / {:.1} %",
                 self.kv_host_util_peak_pct, self.kv_host_cached_peak_pct
