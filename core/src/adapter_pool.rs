@@ -31,6 +31,8 @@ pub struct TaskEntry {
     pub last_use: u64,
     /// The version of its weights (bumped by [`AdapterPool::reload`]): the prefix cache keys KV by it.
     pub version: u64,
+    /// Retired ([`AdapterPool::retire`]): no task by its id, the slot free for the next registration.
+    pub retired: bool,
 }
 
 /// Counters of adapter-cache activity.
@@ -104,9 +106,10 @@ impl<const T: usize> AdapterPool<T> {
         self.unified
     }
 
-    /// Registers a task whose adapter occupies `pages` pages.
+    /// Registers a task whose adapter occupies `pages` pages, in a retired task's slot when there is
+    /// one ([`AdapterPool::retire`]).
     pub fn register(&mut self, id: TaskId, pages: u32) -> Result<TaskRef, PeftError> {
-        if self.tasks.iter().any(|t| t.id == id) {
+        if self.tasks.iter().any(|t| t.id == id && !t.retired) {
             return Err(PeftError::DuplicateTask(id));
         }
         let capacity = self.device_pages.min(self.host_pages);
@@ -116,6 +119,9 @@ impl<const T: usize> AdapterPool<T> {
                 pages,
                 capacity,
             });
+        }
+        if let Some(slot) = self.tasks.iter().position(|t| t.retired) {
+            return Ok(self.reuse(slot, id, pages));
         }
         let slot = TaskSlot(u16_of(self.tasks.len()));
         self.tasks
@@ -128,6 +134,7 @@ impl<const T: usize> AdapterPool<T> {
                 on_host: false,
                 last_use: 0,
                 version: 0,
+                retired: false,
             })
             .map_err(|_| PeftError::TaskTableFull)?;
         Ok(TaskRef { id, slot })
@@ -141,7 +148,7 @@ impl<const T: usize> AdapterPool<T> {
         let slot = self
             .tasks
             .iter()
-            .position(|t| t.id == id)
+            .position(|t| t.id == id && !t.retired)
             .ok_or(PeftError::UnknownTask(id))?;
         let capacity = self.device_pages.min(self.host_pages);
         if pages == 0 || pages > capacity {
@@ -411,7 +418,7 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
     fn lookup(&self, task: TaskId) -> Option<TaskRef> {
         self.tasks
             .iter()
-            .position(|t| t.id == task)
+            .position(|t| t.id == task && !t.retired)
             .map(|i| TaskRef {
                 id: task,
                 slot: TaskSlot(u16_of(i)),
@@ -562,5 +569,6 @@ impl<const T: usize> PeftBackend for AdapterPool<T> {
     }
 }
 
+mod retire;
 #[cfg(test)]
 mod tests;

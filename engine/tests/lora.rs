@@ -82,3 +82,38 @@ fn an_adapter_changes_the_tokens_and_is_identical_paged() {
     assert_identical("adapter B shared, chunks of 3", &got[3], &want_b);
     let _ = store.shape();
 }
+
+/// Adapters registered and retired while the engine runs: a retired adapter's slot serves the next
+/// one (more adapters over the engine's life than it has slots), each request's tokens equal the
+/// reference's on its adapter; an adapter a request holds cannot be retired (issue 43).
+#[test]
+fn adapters_are_registered_and_retired_while_the_engine_runs() {
+    use kvsched_engine::{Engine, EngineConfig, Sampler, MAX_ADAPTERS};
+    let Some(model) = common::model() else { return };
+    let mut engine = Engine::new(model, EngineConfig::default()).unwrap();
+    let prompt = &prompts(model)[0];
+    let total = MAX_ADAPTERS as u64 + 3;
+    for id in 1..=total {
+        let lora = adapter(model, 100 + id);
+        if id > MAX_ADAPTERS as u64 {
+            assert!(
+                engine.register_adapter(id, &lora).is_err(),
+                "the table is full"
+            );
+            engine.unregister_adapter(id - MAX_ADAPTERS as u64).unwrap();
+        }
+        engine.register_adapter(id, &lora).unwrap();
+        let want = reference(model, prompt, 4, Some(lora)).tokens;
+        let sub = engine
+            .submit(prompt, 4, Some(id), Sampler::greedy())
+            .unwrap();
+        assert!(engine.unregister_adapter(id).is_err(), "held by a request");
+        let done = engine.run().unwrap();
+        let got = &done.iter().find(|c| c.id == sub).unwrap().tokens;
+        assert_eq!(got, &want, "adapter {id}");
+    }
+    assert!(engine.unregister_adapter(1).is_err(), "retired already");
+    assert!(engine
+        .submit(prompt, 4, Some(1), Sampler::greedy())
+        .is_err());
+}

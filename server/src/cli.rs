@@ -47,6 +47,10 @@ struct ServeArgs {
     /// one refuses chat with a 400; `engine/templates/gemma-turns.jinja` is Gemma's turn format).
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
+    /// Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter: adapters loaded from a path on
+    /// this machine while the server runs (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING). Off by default.
+    #[arg(long)]
+    allow_runtime_lora: bool,
     /// The largest request body taken, bytes; past it, 413 (a prompt too long for --max-model-len
     /// is refused by its length before it is tokenized, whatever this says).
     #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
@@ -195,6 +199,7 @@ impl ServeArgs {
             addr: SocketAddr::new(self.host, self.port),
             max_queue: self.max_queue,
             max_body_bytes: self.max_body_bytes,
+            runtime_lora: self.allow_runtime_lora,
             guard: crate::guard::Guard {
                 api_key: self.api_key.clone(),
                 allowed_origins: self.allowed_origins.clone(),

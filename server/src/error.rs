@@ -75,6 +75,19 @@ impl ApiError {
         }
     }
 
+    /// 409: an adapter with requests on it cannot be unloaded.
+    pub fn adapter_busy(name: &str, requests: usize) -> Self {
+        Self {
+            status: StatusCode::CONFLICT,
+            message: format!(
+                "The LoRA adapter '{name}' has {requests} requests running or waiting on it; unload it once they end."
+            ),
+            kind: "invalid_request_error",
+            param: Some("lora_name".into()),
+            code: "adapter_busy",
+        }
+    }
+
     /// 413: the body is longer than `limit` bytes.
     pub fn too_large(limit: usize) -> Self {
         Self {

@@ -28,7 +28,7 @@ const COMPLETION_DEFAULT_TOKENS: usize = 16;
 /// A request read and checked: ready for the engine.
 struct Checked {
     request: api::Request,
-    adapter: Option<u64>,
+    adapter: Option<crate::adapters::Held>,
     prompt: Vec<u32>,
     max_new: usize,
     /// Its structured-output constraint, compiled.
@@ -79,7 +79,8 @@ async fn generate(
         .submit(Job {
             prompt: checked.prompt,
             max_new: checked.max_new,
-            adapter: checked.adapter,
+            adapter: checked.adapter.as_ref().map(|h| h.id),
+            hold: checked.adapter,
             sampler: sampler(&r, n),
             options,
             events,

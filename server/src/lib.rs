@@ -26,6 +26,7 @@
 
 #![deny(missing_docs)]
 
+pub mod adapters;
 pub mod api;
 mod choice;
 mod cli;
@@ -71,6 +72,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// The API key and the origins a browser may call from.
     pub guard: guard::Guard,
+    /// Serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`): adapters loaded from a path on this machine at run time.
+    pub runtime_lora: bool,
     /// How long in-flight requests may run on after shutdown begins.
     pub shutdown_timeout: Duration,
     /// The engine.
@@ -90,6 +94,7 @@ impl Default for ServeConfig {
             max_queue: 64,
             max_body_bytes: 16 << 20,
             guard: guard::Guard::default(),
+            runtime_lora: false,
             shutdown_timeout: Duration::from_secs(30),
             engine: Self::engine(2048, 16, 512),
             kv_events: None,
@@ -241,7 +246,8 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         longest_token: longest_token(&model),
         model,
         base: config.served_model_name.clone(),
-        adapters: names,
+        adapters: Arc::new(adapters::Adapters::new(names)),
+        runtime_lora: config.runtime_lora,
         worker,
         metrics: metrics::Metrics::new(&config.served_model_name, max_model_len),
         max_model_len,

@@ -72,6 +72,120 @@ pub(crate) async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Respon
     }
 }
 
+/// `POST /v1/load_lora_adapter` (`lora_name`, `lora_path`: a PEFT directory or its safetensors file):
+/// the adapter is read on a blocking thread, registered between two engine steps, then served.
+pub(crate) async fn load_lora_adapter(
+    State(s): State<Arc<AppState>>,
+    request: Request,
+) -> Response {
+    match load(&s, request).await {
+        Ok(name) => text(format!(
+            "Success: LoRA adapter '{name}' added successfully."
+        )),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn load(s: &Arc<AppState>, request: Request) -> Result<String, ApiError> {
+    let body = read_body(request, s.max_body_bytes).await?;
+    let (name, path) = lora_fields(&body, true)?;
+    let path = path.unwrap_or_default();
+    if name == s.base {
+        return Err(ApiError::invalid(
+            "lora_name",
+            "invalid_value",
+            "That is the base model's name.",
+        ));
+    }
+    let id = s.adapters.reserve(&name)?;
+    let model = Arc::clone(&s.model);
+    let lora = tokio::task::spawn_blocking(move || {
+        kvsched_engine::Lora::load_peft(model.config(), &path).map_err(|e| {
+            ApiError::invalid(
+                "lora_path",
+                "invalid_value",
+                format!("{}: {e}", path.display()),
+            )
+        })
+    })
+    .await
+    .map_err(|e| ApiError::engine(e.to_string()))??;
+    let (reply, done) = tokio::sync::oneshot::channel();
+    s.worker
+        .control(Control::LoadAdapter(id, Box::new(lora), reply))
+        .map_err(|_| ApiError::shutting_down())?;
+    done.await
+        .map_err(|_| ApiError::shutting_down())?
+        .map_err(|e| ApiError::invalid("lora_path", "invalid_value", e))?;
+    s.adapters.add(&name, id)?;
+    Ok(name)
+}
+
+/// `POST /v1/unload_lora_adapter` (`lora_name`): refused (409) while any request, running or
+/// waiting, is on it; else no longer served, and its engine slot retired.
+pub(crate) async fn unload_lora_adapter(
+    State(s): State<Arc<AppState>>,
+    request: Request,
+) -> Response {
+    let unload = async {
+        let body = read_body(request, s.max_body_bytes).await?;
+        let (name, _) = lora_fields(&body, false)?;
+        let id = s.adapters.remove_idle(&name)?;
+        let (reply, done) = tokio::sync::oneshot::channel();
+        s.worker
+            .control(Control::UnloadAdapter(id, reply))
+            .map_err(|_| ApiError::shutting_down())?;
+        done.await
+            .map_err(|_| ApiError::shutting_down())?
+            .map_err(ApiError::engine)?;
+        Ok::<_, ApiError>(name)
+    };
+    match unload.await {
+        Ok(name) => text(format!(
+            "Success: LoRA adapter '{name}' removed successfully."
+        )),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `lora_name` (and `lora_path` when `with_path`) from a body.
+fn lora_fields(
+    body: &[u8],
+    with_path: bool,
+) -> Result<(String, Option<std::path::PathBuf>), ApiError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(
+            "",
+            "invalid_json",
+            format!("The body is not valid JSON: {e}"),
+        )
+    })?;
+    let field = |name: &str| {
+        v.get(name)
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    name,
+                    "missing_field",
+                    format!("`{name}` is a required string."),
+                )
+            })
+    };
+    let path = if with_path {
+        Some(field("lora_path")?.into())
+    } else {
+        None
+    };
+    Ok((field("lora_name")?, path))
+}
+
+/// A 200 with a line of text (vLLM's answer to the adapter endpoints).
+fn text(line: String) -> Response {
+    (StatusCode::OK, line).into_response()
+}
+
 /// Runs `f` on a blocking thread; its JSON with 200, or its error.
 async fn blocking(
     f: impl FnOnce() -> Result<serde_json::Value, ApiError> + Send + 'static,
@@ -86,6 +200,11 @@ async fn blocking(
 impl AppState {
     /// Refuses a model name no model or adapter has.
     fn known(&self, model: Option<&str>) -> Result<(), ApiError> {
-        model.map_or(Ok(()), |m| self.adapter_of(m).map(|_| ()))
+        match model {
+            Some(m) if m != self.base && !self.adapters.contains(m) => {
+                Err(ApiError::unknown_model(m))
+            }
+            _ => Ok(()),
+        }
     }
 }

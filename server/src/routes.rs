@@ -29,8 +29,10 @@ pub struct AppState {
     pub model: Arc<Model>,
     /// The base model's name.
     pub base: String,
-    /// Adapter names and their engine ids, in `--adapter` order.
-    pub adapters: Vec<(String, u64)>,
+    /// The served adapters (given at start, loaded since).
+    pub adapters: Arc<crate::adapters::Adapters>,
+    /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served (`--allow-runtime-lora`).
+    pub runtime_lora: bool,
     /// The engine thread.
     pub worker: Worker,
     /// The metrics.
@@ -54,15 +56,17 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The adapter a request's `model` names (`None`: the base model).
-    pub(crate) fn adapter_of(&self, model: &str) -> Result<Option<u64>, ApiError> {
+    /// The adapter a request's `model` names, held for the request (`None`: the base model).
+    pub(crate) fn adapter_of(
+        &self,
+        model: &str,
+    ) -> Result<Option<crate::adapters::Held>, ApiError> {
         if model == self.base {
             return Ok(None);
         }
         self.adapters
-            .iter()
-            .find(|(name, _)| name == model)
-            .map(|&(_, id)| Some(id))
+            .hold(model)
+            .map(Some)
             .ok_or_else(|| ApiError::unknown_model(model))
     }
 
@@ -71,7 +75,7 @@ impl AppState {
         let parent = if id == self.base {
             None
         } else {
-            self.adapters.iter().find(|(n, _)| n == id)?;
+            self.adapters.contains(id).then_some(())?;
             Some(self.base.as_str())
         };
         Some(
@@ -83,7 +87,13 @@ impl AppState {
 
 /// The router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let mut routes = Router::new();
+    if state.runtime_lora {
+        routes = routes
+            .route("/v1/load_lora_adapter", post(ops::load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(ops::unload_lora_adapter));
+    }
+    routes
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -131,7 +141,7 @@ async fn method_not_allowed(request: Request) -> ApiError {
 
 async fn models(State(s): State<Arc<AppState>>) -> Response {
     let mut data = vec![s.model_entry(&s.base)];
-    data.extend(s.adapters.iter().map(|(n, _)| s.model_entry(n)));
+    data.extend(s.adapters.names().iter().map(|n| s.model_entry(n)));
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 

@@ -72,6 +72,8 @@ pub struct Job {
     pub max_new: usize,
     /// The adapter (its engine id), or the base model.
     pub adapter: Option<u64>,
+    /// The request's hold on its adapter, given back when it ends.
+    pub hold: Option<crate::adapters::Held>,
     /// How tokens are picked.
     pub sampler: Sampler,
     /// Its cache salt and guide.
@@ -98,6 +100,14 @@ impl Drop for Ticket {
 pub enum Control {
     /// Drop the prefix cache's idle blocks (`POST /reset_prefix_cache`); the reply: how many.
     ResetPrefixCache(tokio::sync::oneshot::Sender<u32>),
+    /// Register an adapter's weights under an engine id (`POST /v1/load_lora_adapter`).
+    LoadAdapter(
+        u64,
+        Box<Lora>,
+        tokio::sync::oneshot::Sender<Result<(), String>>,
+    ),
+    /// Retire an adapter (`POST /v1/unload_lora_adapter`): no request holds it.
+    UnloadAdapter(u64, tokio::sync::oneshot::Sender<Result<(), String>>),
 }
 
 /// What the engine thread last saw, for `/metrics`.
@@ -175,8 +185,11 @@ impl Worker {
                 });
                 match engine {
                     Ok(engine) => {
+                        let run = Loop::new(engine, (jobs, inbox), thread_shared, kv_events);
+                        // The pool's size is in /metrics before the server takes a request.
+                        run.publish();
                         let _ = ready.send(Ok(()));
-                        Loop::new(engine, (jobs, inbox), thread_shared, kv_events).run();
+                        run.run();
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e.to_string()));
@@ -266,6 +279,8 @@ struct Live {
     /// Whether a step ran it yet.
     scheduled: bool,
     ticket: Ticket,
+    /// Its hold on its adapter.
+    _hold: Option<crate::adapters::Held>,
 }
 
 /// The engine thread's loop.
@@ -300,7 +315,6 @@ impl<'m> Loop<'m> {
     }
 
     fn run(mut self) {
-        self.publish();
         loop {
             if self.shared.abort.load(Ordering::SeqCst) {
                 self.abort_all();
@@ -392,6 +406,7 @@ impl<'m> Loop<'m> {
                         sent: 0,
                         scheduled: false,
                         ticket: job.ticket,
+                        _hold: job.hold,
                     },
                 );
             }
@@ -480,6 +495,15 @@ impl<'m> Loop<'m> {
                 }
                 self.publish();
                 let _ = reply.send(dropped);
+            }
+            Control::LoadAdapter(id, lora, reply) => {
+                let done = self.engine.register_adapter(id, &lora);
+                let _ = reply.send(done.map_err(|e| e.to_string()));
+            }
+            Control::UnloadAdapter(id, reply) => {
+                let done = self.engine.unregister_adapter(id);
+                self.publish();
+                let _ = reply.send(done.map_err(|e| e.to_string()));
             }
         }
     }

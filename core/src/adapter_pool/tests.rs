@@ -128,3 +128,26 @@ fn host_copy_of_a_paused_task_is_not_evicted() {
     p.add_request(r(1), b, false).unwrap();
     assert!(p.check());
 }
+
+/// A retired task drops its copies, is found no more, and gives its slot to the next registration
+/// under a new version; a held one is refused.
+#[test]
+fn a_retired_task_gives_its_slot_to_the_next() {
+    let mut p: AdapterPool<2> = AdapterPool::new(4, 4).unwrap();
+    let a = p.register(TaskId(1), 2).unwrap();
+    p.register(TaskId(2), 2).unwrap();
+    assert_eq!(p.register(TaskId(3), 2), Err(PeftError::TaskTableFull));
+    p.add_request(r(0), a, false).unwrap();
+    assert_eq!(p.retire(TaskId(1)), Err(PeftError::TaskBusy(TaskId(1))));
+    let _ = host_changes(&mut p);
+    p.mark_request_done(r(0), a, false, AdapterHold::Lease);
+    assert_eq!(p.retire(TaskId(1)), Ok(a));
+    assert_eq!(host_changes(&mut p), [(1, HostChange::Dropped)]);
+    assert_eq!(p.lookup(TaskId(1)), None);
+    assert_eq!(p.retire(TaskId(1)), Err(PeftError::UnknownTask(TaskId(1))));
+    let c = p.register(TaskId(3), 1).unwrap();
+    assert_eq!(c.slot, a.slot, "the retired slot");
+    assert_eq!(p.lookup(TaskId(3)), Some(c));
+    assert_eq!((p.tasks()[0].version, p.tasks()[0].pages), (1, 1));
+    assert!(p.check());
+}

@@ -1,5 +1,5 @@
-//! The scheduler's public API for adapters: registering and reloading one in the built-in adapter cache,
-//! and the evictions and host-copy changes a device binding applies.
+//! The scheduler's public API for adapters: registering, reloading and retiring one in the built-in
+//! adapter cache, and the evictions and host-copy changes a device binding applies.
 
 use crate::adapter::{PeftBackend, TaskRef};
 use crate::error::PeftError;
@@ -38,6 +38,23 @@ impl<K: KvBackend, const N: usize, const T: usize, S: Storage>
         }
         let task = self.desk.backend_mut().reload(id, pages)?;
         // Unified paging: the old weights' device copy leaves the KV pool.
+        if let Some(a) = self.kv.adapters() {
+            a.drop_adapter(task.slot);
+        }
+        Ok(task)
+    }
+
+    /// Retires an adapter (see [`crate::AdapterPool::retire`]): its copies dropped, its slot free for
+    /// the next registration. Refused ([`PeftError::TaskBusy`], nothing changes) while any live request
+    /// uses the task, waiting ones included.
+    pub fn retire_adapter(&mut self, id: crate::ids::TaskId) -> Result<TaskRef, PeftError> {
+        self.changed();
+        let in_use = (0..self.table.len())
+            .any(|i| self.table.entry(self.table.slot(i)).spec().lora == Some(id));
+        if in_use {
+            return Err(PeftError::TaskBusy(id));
+        }
+        let task = self.desk.backend_mut().retire(id)?;
         if let Some(a) = self.kv.adapters() {
             a.drop_adapter(task.slot);
         }

@@ -96,6 +96,10 @@ impl Sched {
         on!(self, s => s.remove(h))
     }
 
+    pub(super) fn retire_adapter(&mut self, id: TaskId) -> Result<TaskRef, PeftError> {
+        on!(self, s => s.retire_adapter(id))
+    }
+
     pub(super) fn reset_prefix_cache(&mut self) -> u32 {
         on!(self, s => s.reset_prefix_cache())
     }

@@ -3,8 +3,10 @@
 
 use kvsched_core::kv::Tier;
 
+use kvsched_core::TaskId;
+
 use super::Engine;
-use crate::error::Result;
+use crate::error::{Refusal, Result};
 
 /// Where the engine's requests and KV pages stand ([`Engine::load`]). On KV groups the page
 /// counts are group 0's (full attention: the pages that grow with every request's context).
@@ -28,6 +30,30 @@ pub struct EngineLoad {
 }
 
 impl Engine<'_> {
+    /// Retires adapter `id` (registered with [`Engine::register_adapter`]): its copies dropped now,
+    /// its pages free, its slot ready for the next registration (under a new weights version, so no
+    /// KV of it is reused). Refused, changing nothing, while a request the engine holds uses it, or
+    /// for an unknown id.
+    pub fn unregister_adapter(&mut self, id: u64) -> Result<()> {
+        if !self.tasks.contains_key(&id) {
+            return Err(Refusal::UnknownAdapter(id).into());
+        }
+        let task = self.sched.retire_adapter(TaskId(id))?;
+        self.apply_host_changes()?;
+        self.evicted.clear();
+        let evicted = &mut self.evicted;
+        self.sched.take_adapter_evictions(|t| evicted.push(t));
+        let freed = self.slots.apply(&mut self.adapters, &self.evicted, &[])?;
+        freed.event.wait()?;
+        self.stats.adapter_evictions += u64::from(freed.evicted);
+        self.slots.unregister_task(task)?;
+        if let Some(w) = self.weights.get_mut(usize::from(task.slot)) {
+            *w = Vec::new();
+        }
+        self.tasks.remove(&id);
+        Ok(())
+    }
+
     /// Drops every idle block of the prefix cache (vLLM's `reset_prefix_cache`): the pages free,
     /// each drop a KV event; blocks a live request holds stay. Returns the blocks dropped.
     pub fn reset_prefix_cache(&mut self) -> u32 {

@@ -114,6 +114,25 @@ impl Engine<'_> {
 
     /// The adapters' host copies, then the adapter plan (evictions, uploads to device pages).
     fn apply_adapters(&mut self) -> Result<()> {
+        self.apply_host_changes()?;
+        self.evicted.clear();
+        let evicted = &mut self.evicted;
+        self.sched.take_adapter_evictions(|task| evicted.push(task));
+        let uploads = self.slots.apply_plan(
+            &mut self.adapters,
+            self.sched.adapters(),
+            &self.evicted,
+            &self.out,
+        )?;
+        uploads.event.wait()?;
+        self.stats.adapter_loads += u64::from(uploads.loaded);
+        self.stats.adapter_evictions += u64::from(uploads.evicted);
+        Ok(())
+    }
+
+    /// The adapters' host copies as the core changed them: dropped copies' pages freed, filled ones
+    /// written from the registered weights.
+    pub(super) fn apply_host_changes(&mut self) -> Result<()> {
         self.host_changes.clear();
         let changes = &mut self.host_changes;
         self.sched
@@ -131,18 +150,6 @@ impl Engine<'_> {
                 Ok(())
             },
         )?;
-        self.evicted.clear();
-        let evicted = &mut self.evicted;
-        self.sched.take_adapter_evictions(|task| evicted.push(task));
-        let uploads = self.slots.apply_plan(
-            &mut self.adapters,
-            self.sched.adapters(),
-            &self.evicted,
-            &self.out,
-        )?;
-        uploads.event.wait()?;
-        self.stats.adapter_loads += u64::from(uploads.loaded);
-        self.stats.adapter_evictions += u64::from(uploads.evicted);
         Ok(())
     }
 

@@ -169,6 +169,29 @@ impl AdapterSlots {
         Ok(())
     }
 
+    /// Forgets a retired task's placement (the core's [`AdapterPool::retire`], its drops applied), so
+    /// its slot can be registered again. Refuses (changing nothing): an unregistered slot, or one whose
+    /// copy still holds host or device pages.
+    ///
+    /// [`AdapterPool::retire`]: kvsched_core::AdapterPool::retire
+    pub fn unregister_task(&mut self, task: TaskRef) -> Result<(), MemError> {
+        let slot = usize::from(task.slot);
+        let refuse = |reason| MemError::AdapterPlan {
+            slot: task.slot,
+            reason,
+        };
+        let placement = self
+            .tasks
+            .get(slot)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| refuse("task slot not registered"))?;
+        if !placement.host.is_empty() || !placement.device.is_empty() {
+            return Err(refuse("a retired task still holds pages"));
+        }
+        self.tasks[slot] = None;
+        Ok(())
+    }
+
     /// Follows the core's host tier: `changes` as [`Scheduler::take_adapter_host_changes`] handed
     /// them over. First frees the host pages of every dropped or replaced copy, then, for every filled
     /// or replaced one, takes free host pages and writes the task's weights there: `weights(task,
