@@ -219,3 +219,20 @@ cat shared/bench/SCENARIOS.md `docs/IN-A-CODE-BLOCK.md`\n\
         ]
     );
 }
+
+/// The README's first screen says what kvsched is, then how to set up and the commands (issue 43:
+/// they began at line 117 of 167).
+#[test]
+fn the_readmes_first_screen_has_the_setup_and_the_commands() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let screen: Vec<&str> = readme.lines().take(30).collect();
+    let at = |needle: &str| screen.iter().position(|l| l.contains(needle));
+    let setup = at("## Setup").expect("a setup section on the first screen");
+    assert!(
+        setup <= 8,
+        "two sentences first, then the setup (line {setup})"
+    );
+    for command in ["cargo test --workspace", "kvsched simulate"] {
+        assert!(at(command).is_some(), "{command} on the first screen");
+    }
+}

@@ -127,3 +127,49 @@ fn the_dynamic_library_is_installed_with_its_soname_and_a_pkg_config_file() {
     let stdout = build::run_c(&bin, &[("LD_LIBRARY_PATH", lib.as_os_str())]);
     assert!(stdout.contains("served 24 requests"), "{stdout}");
 }
+
+/// Dynamic linking without installing, as docs/CAPI.md gives it (issue 43: the docs said
+/// `LD_LIBRARY_PATH` was enough, and the program did not start until a link was made by hand): the
+/// docs' `ln -sf` line, run in a copy of the build folder, then the program links and runs; without
+/// the link it does not start.
+#[test]
+fn the_documented_uninstalled_dynamic_link_runs() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let built = build::build_library("kvsched-capi");
+    let docs = std::fs::read_to_string(root.join("docs/CAPI.md")).expect("docs/CAPI.md");
+    let ln = docs
+        .lines()
+        .find(|l| l.starts_with("ln -sf "))
+        .expect("docs/CAPI.md gives the link command");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("uninstalled");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        built.join("libkvsched_capi.so"),
+        dir.join("libkvsched_capi.so"),
+    )
+    .unwrap();
+    let bin = dir.join("serve_loop");
+    let flags: Vec<std::ffi::OsString> = vec![
+        format!("-I{}", root.join("capi/include").display()).into(),
+        format!("-L{}", dir.display()).into(),
+        "-lkvsched_capi".into(),
+    ];
+    build::compile_c(&root.join("examples/c/serve_loop.c"), &bin, &flags);
+    let without = Command::new(&bin)
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .expect("run the example");
+    assert!(
+        !without.status.success(),
+        "the loader needs the SONAME link"
+    );
+    let cmd = ln.replace("target/release", &dir.display().to_string());
+    let made = Command::new("sh")
+        .args(["-c", &cmd])
+        .current_dir(&dir)
+        .status();
+    assert!(made.is_ok_and(|s| s.success()), "{cmd}");
+    let stdout = build::run_c(&bin, &[("LD_LIBRARY_PATH", dir.as_os_str())]);
+    assert!(stdout.contains("served 24 requests"), "{stdout}");
+}

@@ -71,7 +71,7 @@ pub use reference::Reference;
 pub use sample::{Logprob, Penalties, Sampler};
 pub use serve::{
     block_hashes, events::KvBlockEvent, Completion, Engine, EngineConfig, EngineLoad, EngineStats,
-    Finish, Guide, KvExtent, KvTransfer, SubmitOptions, DEFAULT_REQUESTS, MAX_ADAPTERS,
+    Finish, Guide, GuideError, KvExtent, KvTransfer, SubmitOptions, DEFAULT_REQUESTS, MAX_ADAPTERS,
     MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, GroupedKv, Logits, Sequence};

@@ -275,7 +275,7 @@ mod options;
 mod report;
 mod run;
 
-pub use options::{Guide, SubmitOptions};
+pub use options::{Guide, GuideError, SubmitOptions};
 mod spec;
 
 impl<'m> Engine<'m> {

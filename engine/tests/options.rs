@@ -5,7 +5,7 @@
 mod common;
 
 use kvsched_engine::{
-    Completion, Engine, EngineConfig, Finish, Guide, Penalties, Sampler, SubmitOptions,
+    Completion, Engine, EngineConfig, Finish, Guide, GuideError, Penalties, Sampler, SubmitOptions,
 };
 
 fn engine(model: &kvsched_engine::Model) -> Engine<'_> {
@@ -84,7 +84,7 @@ fn greedy_logprobs_rank_the_drawn_token_first() {
 struct Only(Vec<u32>, usize);
 
 impl Guide for Only {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), GuideError> {
         for (t, l) in logits.iter_mut().enumerate() {
             if !self.0.contains(&(t as u32)) {
                 *l = f32::NEG_INFINITY;
@@ -92,7 +92,7 @@ impl Guide for Only {
         }
         Ok(())
     }
-    fn commit(&mut self, token: u32) -> Result<(), String> {
+    fn commit(&mut self, token: u32) -> Result<(), GuideError> {
         assert!(self.0.contains(&token), "only allowed tokens are drawn");
         self.1 += 1;
         Ok(())

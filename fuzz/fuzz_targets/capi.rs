@@ -508,10 +508,13 @@ fn encode(
         assert_eq!(s, KvschedStatus::NullPointer);
         return (s, 0);
     }
-    if s == KvschedStatus::Ok {
-        assert!(written <= cap, "{written} bytes written into {cap}");
-    } else {
-        assert_eq!(written, 0, "a refused encoding reports bytes written");
+    match s {
+        KvschedStatus::Ok => assert!(written <= cap, "{written} bytes written into {cap}"),
+        // A buffer too small: the refusal says how many bytes the batch takes.
+        KvschedStatus::Capacity => assert!(written > cap, "{written} bytes asked of {cap}"),
+        _ => assert_eq!(written, 0, "a refused encoding reports bytes written"),
+    }
+    if s != KvschedStatus::Ok {
         assert!(!last_error().is_empty());
     }
     (s, written)
@@ -751,13 +754,14 @@ fn take_kv_events(s: &mut State, b: &mut Bytes) {
     }
 }
 
-/// `kvsched_encode_kv_events`: a random batch into a random buffer; a batch that encodes fits its own length and not one byte less.
+/// `kvsched_encode_kv_events`: a random batch into a random buffer; a batch that encodes fits its own length
+/// and not one byte less, and a refusal for room asks for exactly that length.
 fn encode_batch(b: &mut Bytes) {
     let batch = batch(b);
     let null_events = !batch.events.is_empty() && b.one_in(16);
     let written_null = b.one_in(32);
     let cap = b.below(160) as usize;
-    let (st, _) = encode(&batch.events, null_events, cap, written_null);
+    let (st, asked) = encode(&batch.events, null_events, cap, written_null);
     if null_events && !written_null {
         assert_eq!(st, KvschedStatus::NullPointer);
     }
@@ -774,6 +778,9 @@ fn encode_batch(b: &mut Bytes) {
             encode(&batch.events, false, len, false),
             (KvschedStatus::Ok, len)
         );
+        if st == KvschedStatus::Capacity {
+            assert_eq!(asked, len, "the size a refusal asks is the batch's");
+        }
         if len > 0 {
             assert_eq!(
                 encode(&batch.events, false, len - 1, false).0,

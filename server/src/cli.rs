@@ -133,43 +133,46 @@ fn named_path(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// A flag that contradicts another or the model.
+const fn flags(why: String) -> StartError {
+    StartError::Flags(why)
+}
+
 impl ServeArgs {
     fn config(&self) -> Result<ServeConfig, StartError> {
-        self.checked().map_err(StartError::Flags)
-    }
-
-    fn checked(&self) -> Result<ServeConfig, String> {
         if self.adapters.len() > MAX_ADAPTERS {
-            return Err(format!(
+            return Err(flags(format!(
                 "{} adapters given; at most {MAX_ADAPTERS}",
                 self.adapters.len()
-            ));
+            )));
         }
         if self.tokens_per_block == 0 || self.max_model_len < self.tokens_per_block {
-            return Err(
+            return Err(flags(
                 "--max-model-len must be at least --tokens-per-block, which must be at least 1"
                     .into(),
-            );
+            ));
         }
         let max_blocks = self.max_model_len.div_ceil(self.tokens_per_block);
         // A step holds every running request's decode and a page of prefill: with less, prefill
         // waits until the decodes end (prompts serialized behind them).
         let floor = self.max_num_seqs + self.tokens_per_block;
         if self.max_num_batched_tokens < floor {
-            return Err(format!(
+            return Err(flags(format!(
                 "--max-num-batched-tokens {} cannot hold a step of --max-num-seqs {} decodes and a page \
                  of prefill (--tokens-per-block {}): give at least {floor}",
                 self.max_num_batched_tokens, self.max_num_seqs, self.tokens_per_block
-            ));
+            )));
         }
         if self.kv_pages < max_blocks {
-            return Err(format!(
+            return Err(flags(format!(
                 "--kv-pages {} cannot hold one request of --max-model-len {} ({max_blocks} pages)",
                 self.kv_pages, self.max_model_len
-            ));
+            )));
         }
         if !(self.shutdown_timeout.is_finite() && self.shutdown_timeout >= 0.0) {
-            return Err("--shutdown-timeout must be a number of seconds".into());
+            return Err(flags(
+                "--shutdown-timeout must be a number of seconds".into(),
+            ));
         }
         let mut engine =
             ServeConfig::engine(self.max_model_len, self.tokens_per_block, self.kv_pages);
@@ -178,7 +181,9 @@ impl ServeArgs {
         engine.scheduler.max_num_requests = self.max_num_seqs;
         engine.scheduler.max_num_tokens = Some(self.max_num_batched_tokens);
         if self.kv_events.is_some() && self.no_prefix_cache {
-            return Err("--kv-events needs the prefix cache (drop --no-prefix-cache)".into());
+            return Err(flags(
+                "--kv-events needs the prefix cache (drop --no-prefix-cache)".into(),
+            ));
         }
         let kv_events = self
             .kv_events

@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use kvsched_engine::{Guide, Tokenizer};
+use kvsched_engine::{Guide, GuideError, Tokenizer};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
@@ -37,7 +37,7 @@ impl TokenizerEnv for Vocabulary {
 /// Compiles structured-output requests for one model (its tables built on first use).
 #[derive(Default)]
 pub struct Guides {
-    factory: OnceLock<Result<Arc<ParserFactory>, String>>,
+    factory: OnceLock<Result<Arc<ParserFactory>, GuideError>>,
 }
 
 impl std::fmt::Debug for Guides {
@@ -77,7 +77,7 @@ impl Guides {
 
 /// The tables of `tok`'s vocabulary: each token's bytes (a control token gets a name no text
 /// matches), the model's stop tokens as the ends a grammar may allow.
-fn factory(tok: &Tokenizer) -> Result<Arc<ParserFactory>, String> {
+fn factory(tok: &Tokenizer) -> Result<Arc<ParserFactory>, GuideError> {
     let words: Vec<Vec<u8>> = tok
         .token_bytes()
         .into_iter()
@@ -94,7 +94,7 @@ fn factory(tok: &Tokenizer) -> Result<Arc<ParserFactory>, String> {
     let info = TokRxInfo::new(words.len() as u32, stops[0]);
     let trie = TokTrie::from(&info, &words).with_eos_tokens(stops);
     let env: TokEnv = Arc::new(Vocabulary { trie });
-    let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+    let mut factory = ParserFactory::new_simple(&env).map_err(|e| GuideError(e.to_string()))?;
     factory.quiet();
     Ok(Arc::new(factory))
 }
@@ -132,21 +132,23 @@ struct Constraint {
 }
 
 impl Guide for Constraint {
-    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), GuideError> {
         // Once the text is complete, only a stop token is allowed.
         let allowed = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| GuideError(e.to_string()))?;
         apply(&allowed, logits);
         Ok(())
     }
 
-    fn commit(&mut self, token: u32) -> Result<(), String> {
+    fn commit(&mut self, token: u32) -> Result<(), GuideError> {
         if self.matcher.is_stopped() {
             return Ok(());
         }
-        self.matcher.consume_token(token).map_err(|e| e.to_string())
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| GuideError(e.to_string()))
     }
 }
 

@@ -73,15 +73,14 @@ impl Publisher {
                 match rt {
                     Ok(rt) => rt.block_on(sockets(cfg, rx, ready)),
                     Err(e) => {
-                        let _ = ready.send(Err(e.to_string()));
+                        let _ = ready.send(Err(StartError::Thread("KV events", e)));
                     }
                 }
             })
             .map_err(|e| StartError::Thread("KV events", e))?;
         bound
             .recv()
-            .map_err(|_| StartError::KvEvents("the KV events thread ended".into()))?
-            .map_err(StartError::KvEvents)?;
+            .map_err(|_| StartError::KvEvents("the KV events thread ended".into()))??;
         Ok(Self {
             payloads,
             names,
@@ -187,18 +186,23 @@ fn runs(events: &[KvBlockEvent]) -> Vec<Run> {
 async fn sockets(
     cfg: KvEventsConfig,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
-    ready: std::sync::mpsc::Sender<Result<(), String>>,
+    ready: std::sync::mpsc::Sender<Result<(), StartError>>,
 ) {
     let mut publisher = zeromq::PubSocket::new();
     if let Err(e) = publisher.bind(&cfg.endpoint).await {
-        let _ = ready.send(Err(format!("--kv-events {}: {e}", cfg.endpoint)));
+        let _ = ready.send(Err(StartError::KvEvents(format!(
+            "--kv-events {}: {e}",
+            cfg.endpoint
+        ))));
         return;
     }
     let mut replay = match &cfg.replay {
         Some(at) => {
             let mut r = zeromq::RouterSocket::new();
             if let Err(e) = r.bind(at).await {
-                let _ = ready.send(Err(format!("--kv-events-replay {at}: {e}")));
+                let _ = ready.send(Err(StartError::KvEvents(format!(
+                    "--kv-events-replay {at}: {e}"
+                ))));
                 return;
             }
             Some(r)

@@ -15,10 +15,22 @@ use kvsched_core::{Phase, TaskId};
 pub trait Guide: Send {
     /// Sets the logit of every token the constraint does not allow next to negative infinity.
     /// `Err`: the constraint failed; the request ends (`Finish::Stop`).
-    fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), String>;
+    fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), GuideError>;
     /// Records the token drawn (one the mask allowed).
-    fn commit(&mut self, token: u32) -> std::result::Result<(), String>;
+    fn commit(&mut self, token: u32) -> std::result::Result<(), GuideError>;
 }
+
+/// Why a [`Guide`] failed: its grammar engine's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuideError(pub String);
+
+impl std::fmt::Display for GuideError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the output constraint failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for GuideError {}
 
 /// What a request carries besides its prompt, length, adapter and sampler.
 #[derive(Default)]
