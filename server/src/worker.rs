@@ -338,6 +338,8 @@ impl<'m> Loop<'m> {
             match self.engine.step() {
                 Ok(done) => {
                     self.mark_scheduled(began, &done);
+                    // /metrics first: a client that saw this step's tokens reads this step's load.
+                    self.publish();
                     self.send(&done);
                 }
                 Err(e) => self.fail_all(&e.to_string()),

@@ -130,7 +130,8 @@ fn more_than_32_requests_run_at_once() {
     let mut streams = at_once(addr, 40);
     assert_eq!(statuses(&streams), [200; 40]);
     for s in &mut streams {
-        s.next_data().expect("every request streams");
+        let first = s.next_data().expect("every request streams");
+        assert!(first.contains("\"choices\""), "{first}");
     }
     let text = get(addr, "/metrics").body;
     assert_eq!(
