@@ -162,22 +162,8 @@ impl<const T: usize> AdapterPool<T> {
         if t.active > 0 || t.paused > 0 {
             return Err(PeftError::TaskBusy(id));
         }
-        let task = TaskRef {
-            id,
-            slot: TaskSlot(u16_of(slot)),
-        };
-        if t.on_device {
-            self.device_used -= t.pages;
-            let logged = self.device_evicted.push(task);
-            debug_assert!(logged.is_ok(), "one eviction per task before its next load");
-        }
-        if t.on_host {
-            self.host_used -= t.pages;
-            self.host_dropped(slot);
-        }
+        let task = self.drop_copies(slot);
         let e = &mut self.tasks[slot];
-        e.on_device = false;
-        e.on_host = false;
         e.pages = pages;
         e.version += 1;
         Ok(task)

@@ -153,13 +153,7 @@ fn lora_fields(
     body: &[u8],
     with_path: bool,
 ) -> Result<(String, Option<std::path::PathBuf>), ApiError> {
-    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid(
-            "",
-            "invalid_json",
-            format!("The body is not valid JSON: {e}"),
-        )
-    })?;
+    let v = api::object(body)?;
     let field = |name: &str| {
         v.get(name)
             .and_then(serde_json::Value::as_str)

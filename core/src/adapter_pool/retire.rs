@@ -1,4 +1,4 @@
-//! Retiring an adapter (beyond the reference: a server loads and unloads adapters while it runs): its
+//! Retiring an adapter, and the copies a reload or a retirement drops (beyond the reference: a server loads and unloads adapters while it runs): its
 //! cached copies are dropped as a reload drops them, its id is no task's any more, and its slot goes
 //! to the next registration, under a new weights version so no KV of the old adapter is reused.
 
@@ -22,8 +22,17 @@ impl<const T: usize> AdapterPool<T> {
         if t.active > 0 || t.paused > 0 {
             return Err(PeftError::TaskBusy(id));
         }
+        let task = self.drop_copies(slot);
+        self.tasks[slot].retired = true;
+        Ok(task)
+    }
+
+    /// Drops task `slot`'s cached copies (a reload's, a retirement's): the device copy logged as
+    /// evicted for the binding, the host copy as dropped. Returns the task.
+    pub(super) fn drop_copies(&mut self, slot: usize) -> TaskRef {
+        let t = self.tasks[slot];
         let task = TaskRef {
-            id,
+            id: t.id,
             slot: TaskSlot(u16_of(slot)),
         };
         if t.on_device {
@@ -38,8 +47,7 @@ impl<const T: usize> AdapterPool<T> {
         let e = &mut self.tasks[slot];
         e.on_device = false;
         e.on_host = false;
-        e.retired = true;
-        Ok(task)
+        task
     }
 
     /// Registers `id` (`pages` pages) in retired `slot`: a new version, nothing cached.

@@ -99,18 +99,17 @@ fn penalize(row: &mut [f32], p: &Penalties, tokens: &[u32], output: &[u32]) {
         return;
     }
     if p.repetition != 1.0 {
-        let mut seen = vec![false; row.len()];
-        for &t in tokens {
-            if let Some(s) = seen.get_mut(t as usize) {
-                *s = true;
+        let mut seen = tokens.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for &t in &seen {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l = if *l > 0.0 {
+                    *l / p.repetition
+                } else {
+                    *l * p.repetition
+                };
             }
-        }
-        for (l, _) in row.iter_mut().zip(&seen).filter(|(_, &s)| s) {
-            *l = if *l > 0.0 {
-                *l / p.repetition
-            } else {
-                *l * p.repetition
-            };
         }
     }
     if p.frequency != 0.0 || p.presence != 0.0 {

@@ -22,18 +22,17 @@ impl Sampler {
         let total: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
         let norm = f64::from(max) + total.ln();
         let lp = |t: u32| (f64::from(logits[t as usize]) - norm) as f32;
-        let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
-        let by_logit = |a: &u32, b: &u32| {
-            logits[*b as usize]
-                .total_cmp(&logits[*a as usize])
-                .then(a.cmp(b))
-        };
-        let k = top.min(ids.len());
-        if k > 0 && k < ids.len() {
-            ids.select_nth_unstable_by(k - 1, by_logit);
+        // The `top` likeliest, most likely first (equal logits by lower id): one pass, a short list.
+        let mut ids: Vec<u32> = Vec::with_capacity(top + 1);
+        let before = |a: u32, b: u32| logits[a as usize] > logits[b as usize];
+        for t in 0..logits.len() as u32 {
+            if ids.len() == top && ids.last().is_none_or(|&l| !before(t, l)) {
+                continue;
+            }
+            let at = ids.partition_point(|&x| !before(t, x));
+            ids.insert(at, t);
+            ids.truncate(top);
         }
-        ids.truncate(k);
-        ids.sort_unstable_by(by_logit);
         Some(Logprob {
             token,
             logprob: lp(token),

@@ -199,3 +199,20 @@ impl Fields<'_> {
             .ok_or_else(|| wrong_type(name, "a list of token ids"))
     }
 }
+
+/// A request body: a JSON object, else a 400 (`invalid_json`, `invalid_type`).
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::invalid(
+            "",
+            "invalid_type",
+            "The body must be a JSON object.",
+        )),
+        Err(e) => Err(ApiError::invalid(
+            "",
+            "invalid_json",
+            format!("The body is not valid JSON: {e}"),
+        )),
+    }
+}

@@ -15,9 +15,9 @@ mod tests;
 mod tokenize;
 
 use kvsched_engine::Message;
-use serde_json::Value;
 
 use crate::error::ApiError;
+pub use fields::object;
 use fields::Fields;
 pub use sampling::{Format, Sampling};
 pub use tokenize::{parse_detokenize, parse_tokenize, Tokenize};
@@ -129,20 +129,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Parses `body` as a request to `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::invalid(
-            "",
-            "invalid_json",
-            format!("The body is not valid JSON: {e}"),
-        )
-    })?;
-    let Value::Object(map) = value else {
-        return Err(ApiError::invalid(
-            "",
-            "invalid_type",
-            "The body must be a JSON object.",
-        ));
-    };
+    let map = fields::object(body)?;
     let f = Fields(&map);
     let mut ignored: Vec<String> = map.keys().filter(|k| !endpoint.knows(k)).cloned().collect();
     ignored.sort_unstable();

@@ -1,9 +1,9 @@
 //! The bodies of vLLM's `POST /tokenize` (`prompt`, or chat `messages` with
 //! `add_generation_prompt`) and `POST /detokenize` (`tokens`).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::fields::{wrong_type, Fields};
+use super::fields::{object, wrong_type, Fields};
 use super::{prompt, Prompt};
 use crate::error::ApiError;
 
@@ -16,22 +16,6 @@ pub struct Tokenize {
     pub prompt: Prompt,
     /// Chat: end with the assistant's turn opened (default true).
     pub add_generation_prompt: bool,
-}
-
-fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::invalid(
-            "",
-            "invalid_type",
-            "The body must be a JSON object.",
-        )),
-        Err(e) => Err(ApiError::invalid(
-            "",
-            "invalid_json",
-            format!("The body is not valid JSON: {e}"),
-        )),
-    }
 }
 
 fn model(f: &Fields<'_>) -> Result<Option<String>, ApiError> {
