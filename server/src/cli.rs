@@ -110,28 +110,52 @@ struct ServeArgs {
 
 /// An IP address, or a host name resolved to its first address (IPv4 first, as `localhost` is
 /// usually meant).
-fn host_address(s: &str) -> Result<IpAddr, String> {
+fn host_address(s: &str) -> Result<IpAddr, FlagValue> {
     if let Ok(ip) = s.parse() {
         return Ok(ip);
     }
     let resolved: Vec<SocketAddr> = (s, 0)
         .to_socket_addrs()
-        .map_err(|e| format!("{s:?} is neither an IP address nor a host name that resolves: {e}"))?
+        .map_err(|e| FlagValue::Unresolved(s.to_string(), Some(e)))?
         .collect();
     let first = resolved.iter().find(|a| a.is_ipv4()).or(resolved.first());
     first
         .map(SocketAddr::ip)
-        .ok_or_else(|| format!("host name {s:?} resolves to no address"))
+        .ok_or_else(|| FlagValue::Unresolved(s.to_string(), None))
 }
 
-fn named_path(s: &str) -> Result<(String, PathBuf), String> {
+fn named_path(s: &str) -> Result<(String, PathBuf), FlagValue> {
     match s.split_once('=') {
         Some((name, path)) if !name.is_empty() && !path.is_empty() => {
             Ok((name.to_string(), PathBuf::from(path)))
         }
-        _ => Err(format!("{s:?} is not NAME=PATH")),
+        _ => Err(FlagValue::NotNamedPath(s.to_string())),
     }
 }
+
+/// A flag's value that does not parse (clap prints it and exits 2).
+#[derive(Debug)]
+enum FlagValue {
+    /// `--host`: neither an IP address nor a host name that resolves (the resolver's error, if any).
+    Unresolved(String, Option<std::io::Error>),
+    /// `--adapter`: not `NAME=PATH`.
+    NotNamedPath(String),
+}
+
+impl std::fmt::Display for FlagValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unresolved(s, Some(e)) => write!(
+                f,
+                "{s:?} is neither an IP address nor a host name that resolves: {e}"
+            ),
+            Self::Unresolved(s, None) => write!(f, "host name {s:?} resolves to no address"),
+            Self::NotNamedPath(s) => write!(f, "{s:?} is not NAME=PATH"),
+        }
+    }
+}
+
+impl std::error::Error for FlagValue {}
 
 /// A flag that contradicts another or the model.
 const fn flags(why: String) -> StartError {
@@ -298,15 +322,19 @@ mod tests {
     #[test]
     fn a_host_name_resolves_and_an_address_stands() {
         assert!(host_address("localhost").is_ok_and(|ip| ip.is_loopback()));
-        assert_eq!(
-            host_address("127.0.0.1")
-                .map(|ip| ip.to_string())
-                .as_deref(),
-            Ok("127.0.0.1")
-        );
-        assert_eq!(
-            host_address("::1").map(|ip| ip.to_string()).as_deref(),
-            Ok("::1")
-        );
+        for ip in ["127.0.0.1", "::1"] {
+            assert_eq!(
+                host_address(ip).ok().map(|a| a.to_string()).as_deref(),
+                Some(ip)
+            );
+        }
+    }
+
+    /// A value that does not parse is refused with its own words, not as another flag's.
+    #[test]
+    fn a_bad_value_names_itself() {
+        let adapter = super::named_path("no-equals").unwrap_err().to_string();
+        assert_eq!(adapter, r#""no-equals" is not NAME=PATH"#);
+        assert!(host_address("").is_err());
     }
 }

@@ -89,6 +89,12 @@ impl Publisher {
         })
     }
 
+    /// Names an adapter loaded at run time: its blocks' events carry the name from now on (ids are
+    /// never reused, so an unloaded adapter's name stays for its blocks still to be removed).
+    pub fn name_adapter(&mut self, id: u64, name: String) {
+        self.names.insert(id, name);
+    }
+
     /// Publishes one step's events as one batch (nothing for none).
     pub fn publish(&self, events: &[KvBlockEvent]) {
         if events.is_empty() {

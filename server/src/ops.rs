@@ -112,11 +112,16 @@ async fn load(s: &Arc<AppState>, request: Request) -> Result<String, ApiError> {
     .map_err(|e| ApiError::engine(e.to_string()))??;
     let (reply, done) = tokio::sync::oneshot::channel();
     s.worker
-        .control(Control::LoadAdapter(id, Box::new(lora), reply))
+        .control(Control::LoadAdapter {
+            id,
+            name: name.clone(),
+            lora: Box::new(lora),
+            reply,
+        })
         .map_err(|_| ApiError::shutting_down())?;
     done.await
         .map_err(|_| ApiError::shutting_down())?
-        .map_err(|e| ApiError::invalid("lora_path", "invalid_value", e))?;
+        .map_err(|e| ApiError::invalid("lora_path", "invalid_value", e.to_string()))?;
     s.adapters.add(&name, id)?;
     Ok(name)
 }
@@ -137,7 +142,7 @@ pub(crate) async fn unload_lora_adapter(
             .map_err(|_| ApiError::shutting_down())?;
         done.await
             .map_err(|_| ApiError::shutting_down())?
-            .map_err(ApiError::engine)?;
+            .map_err(|e| ApiError::engine(e.to_string()))?;
         Ok::<_, ApiError>(name)
     };
     match unload.await {

@@ -100,15 +100,24 @@ impl Drop for Ticket {
 pub enum Control {
     /// Drop the prefix cache's idle blocks (`POST /reset_prefix_cache`); the reply: how many.
     ResetPrefixCache(tokio::sync::oneshot::Sender<u32>),
-    /// Register an adapter's weights under an engine id (`POST /v1/load_lora_adapter`).
-    LoadAdapter(
-        u64,
-        Box<Lora>,
-        tokio::sync::oneshot::Sender<Result<(), String>>,
-    ),
+    /// Register an adapter's weights under an engine id and its served name, which its KV
+    /// events carry (`POST /v1/load_lora_adapter`).
+    LoadAdapter {
+        /// The engine id.
+        id: u64,
+        /// The served name.
+        name: String,
+        /// The weights.
+        lora: Box<Lora>,
+        /// The engine's answer.
+        reply: Reply,
+    },
     /// Retire an adapter (`POST /v1/unload_lora_adapter`): no request holds it.
-    UnloadAdapter(u64, tokio::sync::oneshot::Sender<Result<(), String>>),
+    UnloadAdapter(u64, Reply),
 }
+
+/// Where the engine thread answers an adapter operation.
+pub type Reply = tokio::sync::oneshot::Sender<kvsched_engine::Result<()>>;
 
 /// What the engine thread last saw, for `/metrics`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -498,14 +507,22 @@ impl<'m> Loop<'m> {
                 self.publish();
                 let _ = reply.send(dropped);
             }
-            Control::LoadAdapter(id, lora, reply) => {
+            Control::LoadAdapter {
+                id,
+                name,
+                lora,
+                reply,
+            } => {
                 let done = self.engine.register_adapter(id, &lora);
-                let _ = reply.send(done.map_err(|e| e.to_string()));
+                if let (Ok(()), Some(p)) = (&done, &mut self.kv_events) {
+                    p.name_adapter(id, name);
+                }
+                let _ = reply.send(done);
             }
             Control::UnloadAdapter(id, reply) => {
                 let done = self.engine.unregister_adapter(id);
                 self.publish();
-                let _ = reply.send(done.map_err(|e| e.to_string()));
+                let _ = reply.send(done);
             }
         }
     }

@@ -2,7 +2,8 @@
 //! on loopback ZMQ sockets on free ports; a pyzmq subscriber (in the test virtualenv, beside vLLM's
 //! own structs from the pinned wheel) sends a prompt to the base model and to an adapter, decodes
 //! every batch with vLLM's decoder (msgspec re-encodes the same bytes), checks the sequence numbers,
-//! the first block's missing parent, the adapter's blocks keyed apart under its served name, and
+//! the first block's missing parent, each adapter's blocks keyed apart under its served name (one
+//! given at start, one loaded at run time), and
 //! replays every batch from 0 through the replay socket
 //! (server/tests/python/kv_events_subscribe.py).
 
@@ -28,10 +29,12 @@ fn a_subscriber_decodes_every_batch_with_vllms_structs_and_replays_them() {
     let py = vllm::python();
     let wheel = vllm::wheel(&py);
     let (_, dir) = serve::peft_adapter(&m, 33);
+    let (_, loaded) = serve::peft_adapter(&m, 34);
     let endpoint = format!("tcp://127.0.0.1:{}", free_port());
     let replay = format!("tcp://127.0.0.1:{}", free_port());
     let mut cfg = serve::config();
     cfg.adapters = vec![("tuned".into(), dir)];
+    cfg.runtime_lora = true;
     cfg.kv_events = Some(KvEventsConfig {
         endpoint: endpoint.clone(),
         replay: Some(replay.clone()),
@@ -55,6 +58,7 @@ fn a_subscriber_decodes_every_batch_with_vllms_structs_and_replays_them() {
                 serve::BASE,
                 "tuned",
                 prompt,
+                loaded.to_str().unwrap(),
             ])
             .env("NO_PROXY", "127.0.0.1"),
         "the subscriber",
