@@ -88,6 +88,15 @@ pub trait PrefixReuse {
     /// The request's prompt KV is computed up to `computed` tokens: its full blocks may join the prefix
     /// cache.
     fn commit(&mut self, r: KvRef, computed: u32);
+    /// A fork (beyond the reference): request `child`, which has no cache, takes by reference the
+    /// full blocks of `parent` (active on the GPU) before the last of its first `tokens` tokens,
+    /// which the caller vouches are the child's first `tokens` (a child computes at least its last
+    /// token, and its partial last block). Returns the tokens shared, a whole number of blocks;
+    /// `None` (the default), changing nothing: the backend cannot fork these requests.
+    fn fork(&mut self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        let _ = (parent, child, tokens);
+        None
+    }
     /// Block reuse is on for every block (the reference's ALL_REUSABLE policy): the pass may defer a
     /// first chunk behind another request that contributes its first new block (spec §1.10).
     fn all_blocks_reusable(&self) -> bool;

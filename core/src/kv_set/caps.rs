@@ -130,6 +130,14 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
         }
     }
 
+    /// The target's, without a draft or a cross pool (whose rows a fork would have to pair).
+    fn fork(&mut self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        if self.draft.is_some() || self.cross.is_some() {
+            return None;
+        }
+        self.target.prefix()?.fork(parent, child, tokens)
+    }
+
     fn drop_idle_blocks(&mut self) -> u32 {
         use super::super::kv::caps::PrefixReuse as Reuse;
         let target = self.target.prefix().map_or(0, Reuse::drop_idle_blocks);

@@ -322,6 +322,11 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
         self.prefix.is_some()
     }
 
+    fn fork(&mut self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        let (p, c) = (self.slot(parent)?, self.slot(child)?);
+        self.fork_row(p, c, tokens)
+    }
+
     fn drop_idle_blocks(&mut self) -> u32 {
         self.drop_idle()
     }

@@ -33,6 +33,7 @@ mod connector_slots;
 mod events;
 #[cfg(feature = "fault-injection")]
 mod faults;
+mod fork;
 #[cfg(feature = "alloc")]
 mod owned;
 mod prefix;

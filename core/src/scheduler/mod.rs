@@ -48,6 +48,7 @@ mod cross;
 mod deadlock;
 mod delta;
 mod failed_loads;
+mod fork;
 mod generation;
 mod hot;
 mod incremental;
