@@ -18,7 +18,8 @@
 //!       on the adapter         (Active too)     lease returned (pause=true)     a fresh lease
 //! ```
 //!
-//! 1. [`Request<Waiting>::admit`] — the pass allocated the first chunk's KV; the desk mints the lease.
+//! 1. [`Request<Waiting>::admit`] — the pass allocated the first chunk's KV; the desk mints the lease
+//!    (a fork's child: the lease first, then its parent's pages shared, `Scheduler::fork`).
 //! 2. [`Request::suspend`] (on [`Active`] or [`Resumed`]) — victim or self-eviction: KV suspended, lease
 //!    returned with pause.
 //! 3. [`Request<Suspended<Paused>>::resume`] — needs the KV backend *and* the adapter desk; the only way
@@ -362,6 +363,44 @@ impl Request<Waiting> {
                 }
             },
         };
+        let (core, _) = self.into_parts();
+        Ok(Self::build(core, Active { lease }))
+    }
+
+    /// (1) Admission of a fork's child (beyond the reference; `Scheduler::fork`): the desk mints the
+    /// lease first, then `share` gives the request its parent's pages (the scheduler has asked the
+    /// backend whether it can). Refused, nothing changed, when the adapter cache refuses the lease;
+    /// if `share` fails after all, the lease goes back (pause = false) and the request is refused.
+    pub(crate) fn admit_fork<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
+        self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T, St>,
+        share: impl FnOnce(&mut K) -> bool,
+    ) -> Result<Request<Active>, Refused<Waiting>> {
+        let lease = match self.task() {
+            None => None,
+            Some(t) => match desk.acquire(kv, self.core.id, t, None) {
+                Ok(l) => Some(l),
+                Err((_, e)) => {
+                    return Err(Refused {
+                        request: self,
+                        error: Error::Peft(e),
+                    })
+                }
+            },
+        };
+        if !share(kv) || !kv.cache(self.kv_ref()).is_active() {
+            if kv.cache(self.kv_ref()).exists() {
+                kv.free(self.kv_ref());
+            }
+            if let Some(l) = lease {
+                let _ = desk.release(kv, self.core.id, l, false);
+            }
+            return Err(Refused {
+                request: self,
+                error: Error::Invalid("the KV backend refused a fork it said it could make"),
+            });
+        }
         let (core, _) = self.into_parts();
         Ok(Self::build(core, Active { lease }))
     }

@@ -168,10 +168,31 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|pick| Op::Inflight { pick }),
         1 => any::<u8>().prop_map(|pick| Op::Load { pick }),
         1 => (any::<u8>(), 0u8..=2, 0u8..=2).prop_map(|(pick, beam, draft)| Op::Update { pick, beam, draft }),
+        // Forks (issue 44): children sharing their parent's full blocks.
+        2 => (any::<u8>(), 1u8..=12).prop_map(|(pick, out_len)| Op::Fork { pick, out_len }),
         // Disaggregated serving: context-only and generation-side requests, and their transfers' ends.
         1 => (1u32..=40, 1u32..=12, prop::option::weighted(0.6, 0u8..(T as u8 + 1)), any::<bool>())
             .prop_map(|(prompt, out_len, lora, generation)| Op::Disagg { prompt, out_len, lora, generation }),
         2 => (any::<u8>(), prop::bool::weighted(0.8)).prop_map(|(pick, delivered)| Op::EndTransfer { pick, delivered }),
+    ]
+}
+
+/// The configurations of `setups` in which a fork can be made (`Scheduler::fork`).
+fn forkable(setups: impl Strategy<Value = Setup>) -> impl Strategy<Value = Setup> {
+    setups.prop_map(|s| Setup {
+        prefix: true,
+        draft: None,
+        cross: false,
+        connector: false,
+        ..s
+    })
+}
+
+/// Operations with a fork among every four.
+fn fork_heavy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => op(),
+        1 => (any::<u8>(), 1u8..=12).prop_map(|(pick, out_len)| Op::Fork { pick, out_len }),
     ]
 }
 
@@ -217,6 +238,18 @@ proptest! {
     fn invariants_hold_after_every_operation(
         setup in setup(),
         ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
+    }
+
+    /// Forks (issue 44) where they can be made: a prefix cache on a plain pool, no draft, cross pool
+    /// or connector. Children are suspended, resumed, recompute-paused, preempted and removed in
+    /// random orders, parents removed before their children; every pool audit counts each shared
+    /// page's references after every operation.
+    #[test]
+    fn invariants_hold_with_forks(
+        setup in forkable(setup()),
+        ops in prop::collection::vec(fork_heavy(), 1..160),
     ) {
         run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
     }
@@ -1502,4 +1535,38 @@ fn incremental_passes_equal_full_passes_through_exhaustion() {
             }
         }
     }
+}
+
+/// The fork property is not vacuous: over a fixed set of its cases, forks are made, and children are
+/// suspended, recompute-paused and resumed, and parents removed before their children.
+#[test]
+fn forks_are_made_and_their_children_live_every_lifecycle() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[44; 32]);
+    let mut runner = TestRunner::new_with_rng(PtConfig::default(), rng);
+    let cases = (
+        forkable(setup()),
+        prop::collection::vec(fork_heavy(), 1..160),
+    );
+    let mut total = Stats::default();
+    for _ in 0..300 {
+        let (setup, ops) = cases.new_tree(&mut runner).unwrap().current();
+        let s = run(setup, &ops).unwrap_or_else(|e| panic!("{e}"));
+        total.forked += s.forked;
+        total.parents_first += s.parents_first;
+        for k in 0..3 {
+            total.children_moved[k] += s.children_moved[k];
+        }
+    }
+    eprintln!(
+        "300 cases: {} forks; children suspended {}, recompute-paused {}, resumed {}; {} parents removed first",
+        total.forked,
+        total.children_moved[0],
+        total.children_moved[1],
+        total.children_moved[2],
+        total.parents_first
+    );
+    assert!(total.forked > 100 && total.parents_first > 0, "{total:?}");
+    assert!(total.children_moved.iter().all(|&n| n > 0), "{total:?}");
 }

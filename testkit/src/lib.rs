@@ -31,6 +31,7 @@
 //! Failures are returned as a [`Violation`] describing the broken invariant (the callers panic with it).
 #![deny(missing_docs)]
 
+mod fork;
 pub mod progress;
 
 use std::cell::Cell;
@@ -554,6 +555,13 @@ pub enum Op {
         /// The generation side (`DISAGG_GENERATION_INIT`), else context-only.
         generation: bool,
     },
+    /// Fork a live request into a child sharing its full blocks (`Scheduler::fork`).
+    Fork {
+        /// Which live request.
+        pick: u8,
+        /// The child's output tokens (at most its parent's).
+        out_len: u8,
+    },
     /// End a transfer in flight (a send or a receive), delivered or failed; on a request with none,
     /// both ends must be refused and change nothing.
     EndTransfer {
@@ -851,6 +859,12 @@ impl PrefixReuse for FaultKv<'_> {
     }
     fn probe_context_reuse(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         each!(&self.inner, k => k.caps().prefix?.probe_context_reuse(r, prep))
+    }
+    fn can_fork(&self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        each!(&self.inner, k => k.caps().prefix?.can_fork(parent, child, tokens))
+    }
+    fn fork(&mut self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        each!(&mut self.inner, k => k.prefix()?.fork(parent, child, tokens))
     }
     fn take_kv_events(&mut self) -> &[kvsched_core::kv_events::KvEvent] {
         match &mut self.inner {
@@ -1173,6 +1187,14 @@ pub struct Stats {
     pub released: u64,
     /// Passes that were incremental ([`run`]: each checked against a twin's full pass).
     pub replayed: u64,
+    /// Children forked off live requests.
+    pub forked: u64,
+    /// Forks refused (as the model allows).
+    pub fork_refused: u64,
+    /// Forked children in an output's suspended, recompute-paused (or preempted) and resumed lists.
+    pub children_moved: [u64; 3],
+    /// Parents removed while a child of theirs lived.
+    pub parents_first: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -1207,6 +1229,8 @@ pub struct Harness<'a> {
     kv_blocks: BTreeMap<u64, Tier>,
     /// How long the oldest runnable request waited (`progress.rs`).
     pub progress: progress::Progress,
+    /// Each forked child's parent, by id (`fork.rs`).
+    forks: BTreeMap<u64, u64>,
 }
 
 fn pick<T>(v: &[T], p: u8) -> Option<usize> {
@@ -1297,6 +1321,7 @@ impl<'a> Harness<'a> {
             live: Vec::new(),
             finished: BTreeSet::new(),
             removed: BTreeSet::new(),
+            forks: BTreeMap::new(),
             next_id: 1,
             stats: Stats::default(),
             host_copies: BTreeSet::new(),
@@ -1374,6 +1399,7 @@ impl<'a> Harness<'a> {
             }
             Op::Pass => self.pass()?,
             Op::Complete => self.complete()?,
+            Op::Fork { pick: p, out_len } => self.fork(p, out_len)?,
             Op::Finish { pick: p } => {
                 let generating: Vec<usize> = (0..self.live.len())
                     .filter(|&i| self.live[i].phase.is_generation())
@@ -1698,6 +1724,14 @@ impl<'a> Harness<'a> {
 
     fn remove(&mut self, i: usize, finished: bool) -> Result<(), Violation> {
         let l = self.live.remove(i);
+        let parent = |p: &u64| *p == l.id;
+        if self
+            .live
+            .iter()
+            .any(|c| self.forks.get(&c.id).is_some_and(parent))
+        {
+            self.stats.parents_first += 1;
+        }
         let slot = l.handle.index();
         let on_gpu = self
             .sched
@@ -2030,6 +2064,16 @@ impl<'a> Harness<'a> {
         self.stats.paused += o.paused().len() as u64;
         self.stats.recomputed += o.recompute_paused().len() as u64;
         self.stats.resumed += o.resumed().len() as u64;
+        for (k, list) in [o.paused(), o.recompute_paused(), o.resumed()]
+            .iter()
+            .enumerate()
+        {
+            let child = |l: &&Listed| {
+                let id = self.sched.get(l.handle()).map(|e| e.spec().id.0);
+                id.is_ok_and(|id| self.forks.contains_key(&id))
+            };
+            self.stats.children_moved[k] += list.iter().filter(child).count() as u64;
+        }
         let lists = output_lists(o);
         listed_once(o, &lists)?;
         // Every listed request is live, named by its handle, and in the state its list says.
@@ -2770,6 +2814,10 @@ fn decode_op(r: &mut Bytes<'_>) -> Op {
         12 => Op::Cancel { pick: r.byte() },
         13 => decode_inject(r),
         14 if b & 0x80 != 0 => Op::Load { pick: r.byte() },
+        14 if b & 0x40 != 0 => Op::Fork {
+            pick: r.byte(),
+            out_len: r.byte() % 24,
+        },
         14 => Op::Inflight { pick: r.byte() },
         _ => Op::Update {
             pick: r.byte(),

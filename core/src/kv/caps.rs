@@ -88,6 +88,12 @@ pub trait PrefixReuse {
     /// The request's prompt KV is computed up to `computed` tokens: its full blocks may join the prefix
     /// cache.
     fn commit(&mut self, r: KvRef, computed: u32);
+    /// Side-effect free: the tokens [`PrefixReuse::fork`] would share now (`None`, the default:
+    /// it would refuse).
+    fn can_fork(&self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        let _ = (parent, child, tokens);
+        None
+    }
     /// A fork (beyond the reference): request `child`, which has no cache, takes by reference the
     /// full blocks of `parent` (active on the GPU) before the last of its first `tokens` tokens,
     /// which the caller vouches are the child's first `tokens` (a child computes at least its last

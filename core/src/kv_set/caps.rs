@@ -131,6 +131,13 @@ impl<T: PairedPool, D: PairedPool, X: KvBackend> PrefixReuse for KvSet<T, D, X> 
     }
 
     /// The target's, without a draft or a cross pool (whose rows a fork would have to pair).
+    fn can_fork(&self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        if self.draft.is_some() || self.cross.is_some() {
+            return None;
+        }
+        self.target.caps().prefix?.can_fork(parent, child, tokens)
+    }
+
     fn fork(&mut self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
         if self.draft.is_some() || self.cross.is_some() {
             return None;

@@ -322,6 +322,11 @@ impl<B: Buffers> PrefixReuse for KvPool<'_, B> {
         self.prefix.is_some()
     }
 
+    fn can_fork(&self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
+        let (p, c) = (self.slot(parent)?, self.slot(child)?);
+        Some(self.fork_blocks(p, c, tokens)? * self.cfg.tokens_per_block)
+    }
+
     fn fork(&mut self, parent: KvRef, child: KvRef, tokens: u32) -> Option<u32> {
         let (p, c) = (self.slot(parent)?, self.slot(child)?);
         self.fork_row(p, c, tokens)

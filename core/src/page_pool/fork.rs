@@ -13,12 +13,11 @@ use super::{KvPool, Seq, SeqState, HOST};
 use crate::storage::Buffers;
 
 impl<B: Buffers> KvPool<'_, B> {
-    /// Row `child` (no cache) takes the full blocks of row `parent` (active on the GPU, all of them on
-    /// the GPU) that lie before the last of its first `tokens` tokens, and its prompt's block hashes
-    /// and root, so its commits continue the parent's chain. Returns the tokens shared; `None`,
-    /// changing nothing: no prefix cache (no reference counts), a sliding window's pool, a KV
-    /// connector's, or rows not so.
-    pub(super) fn fork_row(&mut self, parent: usize, child: usize, tokens: u32) -> Option<u32> {
+    /// Side-effect free: the blocks row `child` (no cache) would take from row `parent` (active on the
+    /// GPU, all of them on the GPU): its full blocks before the last of its first `tokens` tokens.
+    /// `None`: no prefix cache (no reference counts), a sliding window's pool, a KV connector's, rows
+    /// not so, or nothing to share.
+    pub(super) fn fork_blocks(&self, parent: usize, child: usize, tokens: u32) -> Option<u32> {
         let (p, tpb) = (self.seqs[parent], self.cfg.tokens_per_block);
         let prefix = self.prefix.as_ref()?;
         if prefix.window() > 0
@@ -32,17 +31,21 @@ impl<B: Buffers> KvPool<'_, B> {
             return None;
         }
         let blocks = ((tokens - 1) / tpb).min(p.blocks);
-        if blocks == 0 {
-            return None;
-        }
+        let from = self.row(parent);
+        let shared = &self.tables[from..from + blocks as usize];
+        (blocks > 0 && shared.iter().all(|&e| e & HOST == 0)).then_some(blocks)
+    }
+
+    /// Row `child` takes [`KvPool::fork_blocks`] of row `parent`'s blocks by reference, and its
+    /// prompt's block hashes and root, so its commits continue the parent's chain. Returns the tokens
+    /// shared; `None`, changing nothing, where `fork_blocks` says none.
+    pub(super) fn fork_row(&mut self, parent: usize, child: usize, tokens: u32) -> Option<u32> {
+        let blocks = self.fork_blocks(parent, child, tokens)?;
+        let (p, tpb) = (self.seqs[parent], self.cfg.tokens_per_block);
         let (from, to) = (self.row(parent), self.row(child));
-        let shared = from..from + blocks as usize;
-        if self.tables[shared.clone()].iter().any(|&e| e & HOST != 0) {
-            return None;
-        }
         let prefix = self.prefix.as_mut()?;
-        for (k, at) in shared.enumerate() {
-            let e = self.tables[at];
+        for k in 0..blocks as usize {
+            let e = self.tables[from + k];
             prefix.acquire(e);
             self.tables[to + k] = e;
         }

@@ -23,7 +23,8 @@
 //! Its public API, beyond the engine's loop kept here, is grouped by what it serves: `requests.rs`
 //! (submission, [`Adopt`]ion, marks, update, removal), `adapters.rs` (registering and reloading adapters,
 //! their evictions and host-copy changes), `inspection.rs` (configuration, requests, fingerprint, check),
-//! `reset.rs` (the prefix cache reset) and `transfer.rs` (the disaggregated ends).
+//! `reset.rs` (the prefix cache reset), `fork.rs` (a child on its parent's pages: parallel sampling,
+//! beam search) and `transfer.rs` (the disaggregated ends).
 //!
 //! Every resource change goes through a type-state transition of [`crate::request`], so the PEFT
 //! lifecycle of DESIGN.md §3 holds by construction.
