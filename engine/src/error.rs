@@ -77,6 +77,9 @@ pub enum Refusal {
     /// The request names an adapter that was never registered.
     #[error("unknown adapter {0} (register it with Engine::register_adapter first)")]
     UnknownAdapter(u64),
+    /// Parallel sampling with no sample.
+    #[error("no sample: a request draws at least one")]
+    NoSamples,
     /// The scheduler refused it (a full request table, a duplicate id, ...).
     #[error("the scheduler refused it: {0}")]
     Scheduler(kvsched_core::Error),

@@ -71,8 +71,8 @@ pub use reference::Reference;
 pub use sample::{Logprob, Penalties, Sampler};
 pub use serve::{
     block_hashes, events::KvBlockEvent, Completion, Engine, EngineConfig, EngineLoad, EngineStats,
-    Finish, Guide, GuideError, KvExtent, KvTransfer, SubmitOptions, DEFAULT_REQUESTS, MAX_ADAPTERS,
-    MAX_REQUESTS, STALL_STEPS,
+    Finish, Guide, GuideError, KvExtent, KvTransfer, Sample, SubmitOptions, DEFAULT_REQUESTS,
+    MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, GroupedKv, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer, GEMMA_TURNS};

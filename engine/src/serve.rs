@@ -47,7 +47,6 @@ use kvsched_core::kv::{chain, Tier};
 use kvsched_core::output::Listed;
 use kvsched_core::page_pool::{page_of, HOST, NO_PAGE};
 use kvsched_core::request::{Ownership, RequestSpec};
-use kvsched_core::scheduler::Handle;
 use kvsched_core::{ChunkPolicy, Chunking, Config, Phase};
 use kvsched_core::{SchedulerOutput, TaskId};
 use kvsched_gpu::{AdapterSlots, HostAdapterStore, PageStore};
@@ -160,38 +159,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// A request the engine holds.
-#[derive(Debug)]
-struct Live {
-    handle: Handle,
-    id: u64,
-    /// Prompt, then the generated tokens.
-    tokens: Vec<u32>,
-    prompt: usize,
-    max_new: usize,
-    /// Positions its KV holds (0 after a recompute pause).
-    computed: usize,
-    adapter: Option<u64>,
-    sampler: Sampler,
-    logits: Vec<Vec<f32>>,
-    /// The draft tokens proposed for this step (speculative decoding).
-    draft: Vec<u32>,
-    /// A context-only request (disaggregated serving: its KV is sent once its prompt is computed).
-    context_only: bool,
-    /// A transferred request's prompt pages, until they are written into its pages.
-    incoming: Option<Vec<Vec<u8>>>,
-    /// Its prompt blocks' keys in the prefix cache, when the engine logs KV events.
-    keys: Vec<u64>,
-    /// Its guide, log probabilities and cached positions.
-    extras: options::Extras,
-}
-
-impl Live {
-    fn generated(&self) -> usize {
-        self.tokens.len() - self.prompt
-    }
-}
-
 /// One sequence of the step's batch.
 #[derive(Debug, Clone, Copy)]
 struct Row {
@@ -269,13 +236,17 @@ mod batch;
 mod control;
 mod disagg;
 pub(crate) mod events;
+mod live;
 #[cfg(test)]
 mod measure;
 mod options;
 mod report;
 mod run;
+mod samples;
+use live::Live;
 
 pub use options::{Guide, GuideError, SubmitOptions};
+pub use samples::Sample;
 mod spec;
 
 impl<'m> Engine<'m> {

@@ -108,6 +108,15 @@ impl Sched {
         on!(self, s => s.rewind(h, tokens))
     }
 
+    /// A child on `parent`'s full blocks (KV groups refuse: their pools have no fork yet).
+    pub(super) fn fork(
+        &mut self,
+        parent: Handle,
+        spec: RequestSpec,
+    ) -> Result<Handle, kvsched_core::Error> {
+        on!(self, s => s.fork(parent, spec))
+    }
+
     /// Submits with the prompt's block hashes: the `PrefixReuse` capability of either backend
     /// takes them (none today for groups).
     pub(super) fn submit_with_prefix(

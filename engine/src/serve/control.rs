@@ -76,8 +76,9 @@ impl Engine<'_> {
             .iter()
             .position(|l| l.as_ref().is_some_and(|l| l.id == id))
         else {
-            return Ok(false);
+            return Ok(self.cancel_waiting(id));
         };
+        self.drop_samples_of(id);
         let handle = self.live[slot].as_ref().map(|l| l.handle);
         if let Some(handle) = handle {
             self.sched.remove(handle)?;

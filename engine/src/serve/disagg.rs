@@ -20,7 +20,6 @@ use kvsched_core::scheduler::TransferEnd;
 use kvsched_core::{Phase, TaskId};
 use kvsched_gpu::{PageStore, Tier};
 
-use super::options::Extras;
 use super::{block_hashes, gpu_pages, Engine, Live};
 use crate::error::{EngineError, Grouped, Refusal, Result};
 use crate::sample::Sampler;
@@ -246,10 +245,24 @@ impl Engine<'_> {
         &mut self,
         spec: RequestSpec,
         tokens: Vec<u32>,
-        (max_new, adapter, sampler): (usize, Option<u64>, Sampler),
+        how: (usize, Option<u64>, Sampler),
         salt: u64,
     ) -> Result<u64> {
-        let id = self.next_id;
+        let id = self.enqueue_as(self.next_id, spec, tokens, how, salt)?;
+        self.next_id += 1;
+        Ok(id)
+    }
+
+    /// [`Self::enqueue_salted`] under an id already given out (a sample's, `samples.rs`): `spec`'s.
+    pub(super) fn enqueue_as(
+        &mut self,
+        id: u64,
+        mut spec: RequestSpec,
+        tokens: Vec<u32>,
+        how: (usize, Option<u64>, Sampler),
+        salt: u64,
+    ) -> Result<u64> {
+        spec.id = kvsched_core::ids::RequestId(id);
         let prompt = spec.prompt as usize;
         let context_only = spec.context_only;
         let hashes = block_hashes(&tokens[..prompt], self.cfg.tokens_per_block as usize);
@@ -257,24 +270,10 @@ impl Engine<'_> {
             .sched
             .submit_with_prefix(spec, salt, &hashes)
             .map_err(Refusal::Scheduler)?;
-        self.next_id += 1;
         let keys = self.keys_of(handle.index(), &hashes);
-        self.live[usize::from(handle.index())] = Some(Live {
-            handle,
-            id,
-            tokens,
-            prompt,
-            max_new,
-            computed: 0,
-            adapter,
-            sampler,
-            logits: Vec::new(),
-            draft: Vec::new(),
-            context_only,
-            incoming: None,
-            keys,
-            extras: Extras::default(),
-        });
+        let mut live = Live::new(handle, id, tokens, how);
+        (live.prompt, live.context_only, live.keys) = (prompt, context_only, keys);
+        self.live[usize::from(handle.index())] = Some(live);
         Ok(id)
     }
 }

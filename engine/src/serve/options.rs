@@ -59,6 +59,10 @@ pub(super) struct Extras {
     pub(super) logprobs: Vec<Logprob>,
     /// Prompt positions its first chunk found in the prefix cache.
     pub(super) cached: usize,
+    /// Its cache salt.
+    pub(super) salt: u64,
+    /// Its other samples, forked off it once its prompt is computed (`samples.rs`).
+    pub(super) pending: Vec<super::samples::Pending>,
 }
 
 impl std::fmt::Debug for Extras {
@@ -67,6 +71,8 @@ impl std::fmt::Debug for Extras {
             .field("guide", &self.guide.is_some())
             .field("logprobs", &self.logprobs.len())
             .field("cached", &self.cached)
+            .field("salt", &self.salt)
+            .field("pending", &self.pending.len())
             .finish()
     }
 }
@@ -93,6 +99,7 @@ impl Engine<'_> {
         )?;
         if let Some(live) = self.live_mut(id) {
             live.extras.guide = options.guide;
+            live.extras.salt = options.cache_salt;
         }
         Ok(id)
     }
@@ -112,7 +119,7 @@ impl Engine<'_> {
         self.live.iter().flatten().find(|l| l.id == id)
     }
 
-    fn live_mut(&mut self, id: u64) -> Option<&mut Live> {
+    pub(super) fn live_mut(&mut self, id: u64) -> Option<&mut Live> {
         self.live.iter_mut().flatten().find(|l| l.id == id)
     }
 }

@@ -46,6 +46,7 @@ impl Engine<'_> {
         self.batch.rows = rows;
         let done = done?;
         self.replay_recomputed()?;
+        self.fork_samples()?;
         if self.cfg.poison {
             self.poison()?;
         }
@@ -248,6 +249,8 @@ impl Engine<'_> {
     }
 
     fn finish(&mut self, slot: u16, finish: Finish) -> Result<Completion> {
+        // Its samples waiting for its prompt are forked before it leaves.
+        self.fork_samples_of(usize::from(slot))?;
         let mut live = self.live[usize::from(slot)]
             .take()
             .ok_or_else(|| EngineError::Batch(format!("slot {slot} is empty")))?;

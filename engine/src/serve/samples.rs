@@ -1,0 +1,200 @@
+//! Parallel sampling (issue 44): several samples of one prompt (OpenAI's `n`), the prompt computed
+//! once. The first sample is an ordinary request; the others wait on it and, once its prompt is
+//! computed, are forked off it ([`kvsched_core::scheduler::Scheduler::fork`]): each child holds the
+//! prompt's full pages by reference, computes its last block (and so its own first token's logits)
+//! and from then on is a request of its own. Where the scheduler cannot fork (no prefix cache, KV
+//! groups), each sample is submitted as a request of its own; where it has no room yet, the fork is
+//! tried again after the next step.
+
+use super::{Engine, Live};
+use crate::error::{Refusal, Result};
+use crate::{Guide, Sampler};
+use kvsched_core::{Error, Phase, RequestSpec, TaskId};
+
+/// One sample of a request: how it draws its tokens, and its output constraint.
+pub struct Sample {
+    /// Its sampler (OpenAI's seeds: the request's seed plus the sample's index, as vLLM derives
+    /// them, is the caller's to set).
+    pub sampler: Sampler,
+    /// Its own guide (a guide holds the state of one output).
+    pub guide: Option<Box<dyn Guide>>,
+}
+
+impl std::fmt::Debug for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sample")
+            .field("sampler", &self.sampler)
+            .field("guide", &self.guide.is_some())
+            .finish()
+    }
+}
+
+/// A sample waiting for its first sample's prompt: its reserved id and how it draws.
+#[derive(Debug)]
+pub(super) struct Pending {
+    id: u64,
+    sample: Sample,
+}
+
+impl Engine<'_> {
+    /// Parallel sampling: one request per sample of `prompt` (each up to `max_new_tokens` tokens,
+    /// on `adapter`, with cache salt `salt`), the prompt computed once where the scheduler can fork
+    /// (a prefix cache on one pool). Returns their ids, in sample order; each finishes with a
+    /// [`super::Completion`] of its own. Cancelling the first before its prompt is computed cancels
+    /// the samples still waiting on it. Refused as [`Engine::submit`] (and for no sample), nothing
+    /// queued.
+    pub fn submit_samples(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        adapter: Option<u64>,
+        samples: Vec<Sample>,
+        salt: u64,
+    ) -> Result<Vec<u64>> {
+        let mut samples = samples.into_iter();
+        let first = samples.next().ok_or(Refusal::NoSamples)?;
+        let options = super::SubmitOptions {
+            cache_salt: salt,
+            guide: first.guide,
+        };
+        let id = self.submit_with(prompt, max_new_tokens, adapter, first.sampler, options)?;
+        let mut ids = vec![id];
+        if !self.forks() {
+            for s in samples {
+                let options = super::SubmitOptions {
+                    cache_salt: salt,
+                    guide: s.guide,
+                };
+                match self.submit_with(prompt, max_new_tokens, adapter, s.sampler, options) {
+                    Ok(id) => ids.push(id),
+                    Err(e) => {
+                        for &id in &ids {
+                            self.cancel(id)?;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            return Ok(ids);
+        }
+        let pending: Vec<Pending> = samples
+            .map(|sample| {
+                let id = self.next_id;
+                self.next_id += 1;
+                ids.push(id);
+                Pending { id, sample }
+            })
+            .collect();
+        if let Some(live) = self.live_mut(id) {
+            live.extras.pending = pending;
+        }
+        Ok(ids)
+    }
+
+    /// Samples waiting for their first sample's prompt (not yet requests of the scheduler's: each
+    /// takes a place when it is forked).
+    pub fn waiting_samples(&self) -> usize {
+        self.live
+            .iter()
+            .flatten()
+            .map(|l| l.extras.pending.len())
+            .sum()
+    }
+
+    /// The scheduler forks: a prefix cache (its reference counts share the pages) on one pool.
+    fn forks(&self) -> bool {
+        self.cfg.prefix_cache && matches!(self.sched, super::backend::Sched::Full(_))
+    }
+
+    /// Forks the waiting samples of every request whose prompt is computed (after a step).
+    pub(super) fn fork_samples(&mut self) -> Result<()> {
+        for slot in 0..self.live.len() {
+            self.fork_samples_of(slot)?;
+        }
+        Ok(())
+    }
+
+    /// Forks the waiting samples of the request in `slot`, if its prompt is computed: each a child
+    /// on its pages, or, where the scheduler cannot share them, a request of its own; one the table
+    /// has no room for waits for the next step.
+    pub(super) fn fork_samples_of(&mut self, slot: usize) -> Result<()> {
+        let Some(parent) = self.live[slot].as_mut() else {
+            return Ok(());
+        };
+        if parent.extras.pending.is_empty() || parent.computed < parent.prompt {
+            return Ok(());
+        }
+        let waiting = std::mem::take(&mut parent.extras.pending);
+        let mut left = Vec::new();
+        for p in waiting {
+            if let Some(p) = self.fork_one(slot, p)? {
+                left.push(p);
+            }
+        }
+        if let Some(parent) = self.live[slot].as_mut() {
+            parent.extras.pending = left;
+        }
+        Ok(())
+    }
+
+    /// One waiting sample forked off the request in `slot` (else submitted alone); `Some` back when
+    /// the table is full.
+    fn fork_one(&mut self, slot: usize, p: Pending) -> Result<Option<Pending>> {
+        let Some(parent) = self.live[slot].as_ref() else {
+            return Ok(None);
+        };
+        let (handle, prompt) = (parent.handle, parent.prompt);
+        let tokens = parent.tokens[..prompt].to_vec();
+        let (max_new, adapter) = (parent.max_new, parent.adapter);
+        let (salt, cached, keys) = (
+            parent.extras.salt,
+            parent.extras.cached,
+            parent.keys.clone(),
+        );
+        let mut spec = RequestSpec::new(p.id, Phase::ContextInit, prompt as u32);
+        spec.max_new_tokens = max_new as u32;
+        spec.lora = adapter.map(TaskId);
+        let Sample { sampler, guide } = p.sample;
+        let h = match self.sched.fork(handle, spec.clone()) {
+            Ok(h) => h,
+            Err(Error::CapacityExhausted { .. }) => {
+                let sample = Sample { sampler, guide };
+                return Ok(Some(Pending { id: p.id, sample }));
+            }
+            Err(_) => {
+                let id = self.enqueue_as(p.id, spec, tokens, (max_new, adapter, sampler), salt)?;
+                if let Some(live) = self.live_mut(id) {
+                    (live.extras.guide, live.extras.salt) = (guide, salt);
+                }
+                return Ok(None);
+            }
+        };
+        let shared = self.sched.get(h)?.spec().position as usize;
+        self.stats.forks += 1;
+        self.stats.fork_shared_tokens += shared as u64;
+        let mut live = Live::new(h, p.id, tokens, (max_new, adapter, sampler));
+        live.computed = shared;
+        live.keys = keys;
+        (live.extras.guide, live.extras.salt, live.extras.cached) = (guide, salt, cached);
+        self.live[usize::from(h.index())] = Some(live);
+        Ok(None)
+    }
+
+    /// Drops the samples waiting on request `id` (it is cancelled); their ids end unanswered.
+    pub(super) fn drop_samples_of(&mut self, id: u64) {
+        if let Some(live) = self.live_mut(id) {
+            live.extras.pending.clear();
+        }
+    }
+
+    /// A waiting sample named by its id: it never started; cancelling it drops it.
+    pub(super) fn cancel_waiting(&mut self, id: u64) -> bool {
+        for live in self.live.iter_mut().flatten() {
+            if let Some(i) = live.extras.pending.iter().position(|p| p.id == id) {
+                live.extras.pending.remove(i);
+                return true;
+            }
+        }
+        false
+    }
+}
