@@ -21,8 +21,9 @@ pub(crate) struct Meta {
     pub(crate) logprobs: bool,
 }
 
-/// One choice's content: its text, the log probabilities of its tokens, its end.
+/// One choice's content: its index, its text, the log probabilities of its tokens, its end.
 pub(crate) struct Part<'a> {
+    pub(crate) index: usize,
     pub(crate) text: &'a str,
     pub(crate) logprobs: &'a [Logprob],
     pub(crate) end: Option<End>,
@@ -47,9 +48,9 @@ impl Meta {
             Value::Null
         };
         let mut c = match (self.endpoint, whole) {
-            (Endpoint::Completions, _) => json!({"index": 0, "text": p.text}),
+            (Endpoint::Completions, _) => json!({"index": p.index, "text": p.text}),
             (Endpoint::Chat, true) => {
-                json!({"index": 0, "message": {"role": "assistant", "content": p.text}})
+                json!({"index": p.index, "message": {"role": "assistant", "content": p.text}})
             }
             (Endpoint::Chat, false) => {
                 let delta = if p.end.is_some() && p.text.is_empty() {
@@ -57,7 +58,7 @@ impl Meta {
                 } else {
                     json!({"content": p.text})
                 };
-                json!({"index": 0, "delta": delta})
+                json!({"index": p.index, "delta": delta})
             }
         };
         c["logprobs"] = logprobs;

@@ -11,7 +11,7 @@ use axum::extract::Request;
 use axum::http::header;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
-use kvsched_engine::{Guide, Penalties, Sampler, SubmitOptions};
+use kvsched_engine::{Guide, Penalties, Sample, Sampler};
 
 use crate::api::{self, Endpoint, Prompt};
 use crate::choice::Meta;
@@ -31,8 +31,8 @@ struct Checked {
     adapter: Option<crate::adapters::Held>,
     prompt: Vec<u32>,
     max_new: usize,
-    /// Its structured-output constraint, compiled.
-    guide: Option<Box<dyn Guide>>,
+    /// Its structured-output constraint, compiled: one per sample.
+    guides: Vec<Option<Box<dyn Guide>>>,
 }
 
 /// Answers a generation request to `endpoint`; a refusal is counted by its reason.
@@ -68,27 +68,39 @@ async fn generate(
         .await
         .map_err(|e| ApiError::engine(format!("checking the request failed: {e}")))??;
     let n = s.next.fetch_add(1, Ordering::SeqCst);
-    let (events, rx) = tokio::sync::mpsc::unbounded_channel();
     let r = checked.request;
     let prompt = checked.prompt.len();
-    let options = SubmitOptions {
-        cache_salt: r.cache_salt.as_deref().map_or(0, salt),
-        guide: checked.guide,
-    };
+    // A sample takes a place of its own: the first was taken before the body was read.
+    let mut tickets = vec![ticket];
+    for _ in 1..r.best_of {
+        tickets.push(s.worker.admit().map_err(refused)?);
+    }
+    let mut samples = Vec::with_capacity(r.best_of);
+    let mut receivers = Vec::with_capacity(r.best_of);
+    for (i, (guide, ticket)) in checked.guides.into_iter().zip(tickets).enumerate() {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let sampler = sampler(&r, n, i);
+        samples.push((Sample { sampler, guide }, events, ticket));
+        receivers.push(rx);
+    }
     s.worker
         .submit(Job {
             prompt: checked.prompt,
             max_new: checked.max_new,
             adapter: checked.adapter.as_ref().map(|h| h.id),
             hold: checked.adapter,
-            sampler: sampler(&r, n),
-            options,
-            events,
-            ticket,
+            cache_salt: r.cache_salt.as_deref().map_or(0, salt),
+            samples,
         })
         .map_err(refused)?;
     let stops = (r.stop.clone(), r.sampling.stop_token_ids.clone());
-    let gen = Generation::new(Arc::clone(s), rx, stops, (prompt, checked.max_new), arrived);
+    let gens: Vec<Generation> = receivers
+        .into_iter()
+        .map(|rx| {
+            let stops = stops.clone();
+            Generation::new(Arc::clone(s), rx, stops, (prompt, checked.max_new), arrived)
+        })
+        .collect();
     let kind = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
@@ -103,9 +115,9 @@ async fn generate(
         logprobs: r.logprobs.is_some(),
     };
     let mut response = if r.stream {
-        stream(gen, meta)
+        stream(gens, meta)
     } else {
-        whole(gen, &meta).await?
+        whole(gens, &meta, r.n).await?
     };
     if !r.ignored.is_empty() {
         let names = r.ignored.join(", ");
@@ -160,17 +172,34 @@ impl AppState {
         let prompt = self.tokens(&request.prompt)?;
         let max_new = self.max_new(&request, prompt.len())?;
         self.in_vocabulary(&request.sampling)?;
-        let guide = match &request.format {
-            Some(f) => Some(self.guides.guide(self.model.tokenizer(), f)?),
-            None => None,
-        };
+        self.within_slots(&request)?;
+        let guides = (0..request.best_of)
+            .map(|_| match &request.format {
+                Some(f) => self.guides.guide(self.model.tokenizer(), f).map(Some),
+                None => Ok(None),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Checked {
             request,
             adapter,
             prompt,
             max_new,
-            guide,
+            guides,
         })
+    }
+
+    /// Refuses more samples than the engine runs at once (they could never all be admitted).
+    fn within_slots(&self, r: &api::Request) -> Result<(), ApiError> {
+        let slots = self.worker.slots();
+        if r.best_of > slots {
+            let param = if r.best_of > r.n { "best_of" } else { "n" };
+            return Err(ApiError::invalid(
+                param,
+                "invalid_value",
+                format!("`{param}` = {} is more than the {slots} requests this server runs at once (--max-num-seqs).", r.best_of),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses a token id outside the vocabulary in `stop_token_ids` or `logit_bias`.
@@ -276,12 +305,17 @@ fn too_long(param: &str, limit: usize, tokens: Option<usize>) -> ApiError {
     )
 }
 
-fn sampler(r: &api::Request, n: u64) -> Sampler {
+/// Sample `i`'s sampler (of request `n`): with a seed, vLLM's child seed, the seed plus `i`. Its
+/// log probabilities are kept when asked for, or to rank the samples (`best_of` > `n`).
+fn sampler(r: &api::Request, n: u64, i: usize) -> Sampler {
     let s = &r.sampling;
     let mut sampler = if s.temperature == 0.0 {
         Sampler::greedy()
     } else {
-        let seed = s.seed.unwrap_or_else(|| fresh_seed(n));
+        let seed = s.seed.map_or_else(
+            || fresh_seed(n.wrapping_mul(1 << 16).wrapping_add(i as u64)),
+            |seed| seed.wrapping_add(i as u64),
+        );
         Sampler::seeded(seed, s.temperature)
             .with_top_p(s.top_p)
             .with_top_k(s.top_k)
@@ -299,6 +333,8 @@ fn sampler(r: &api::Request, n: u64) -> Sampler {
         .with_stop_tokens(s.stop_token_ids.clone());
     if let Some(top) = r.logprobs {
         sampler = sampler.with_logprobs(top);
+    } else if r.best_of > r.n {
+        sampler = sampler.with_logprobs(0);
     }
     if s.ignore_eos {
         sampler = sampler.ignoring_stop();

@@ -156,8 +156,10 @@ impl Generation {
         });
     }
 
-    fn usage(&self) -> Value {
-        usage(self.prompt, self.cached, self.generated)
+    /// The usage of its prompt (counted once for all of a request's samples) with `generated`
+    /// tokens.
+    fn usage_with(&self, generated: usize) -> Value {
+        usage(self.prompt, self.cached, generated)
     }
 
     /// What stopped the request: the stop string, or one of its own stop tokens; null for the
@@ -181,8 +183,24 @@ impl Drop for Generation {
     }
 }
 
-/// The whole completion in one body.
-pub(crate) async fn whole(mut gen: Generation, meta: &Meta) -> Result<Response, ApiError> {
+/// One sample's whole output: its text, its tokens' log probabilities, its end and stop reason.
+struct Whole {
+    text: String,
+    logprobs: Vec<Logprob>,
+    end: End,
+    reason: Value,
+    generated: usize,
+}
+
+impl Whole {
+    /// Its cumulative log probability (the ranking of `best_of`).
+    fn score(&self) -> f64 {
+        self.logprobs.iter().map(|l| f64::from(l.logprob)).sum()
+    }
+}
+
+/// A sample's output to its end.
+async fn to_end(gen: &mut Generation) -> Result<Whole, ApiError> {
     let (mut text, mut logprobs) = (String::new(), Vec::new());
     loop {
         let out = gen.next().await?;
@@ -190,18 +208,53 @@ pub(crate) async fn whole(mut gen: Generation, meta: &Meta) -> Result<Response, 
         logprobs.extend(out.logprobs);
         if let Some(end) = out.end {
             let reason = gen.stop_reason();
-            let part = Part {
-                text: &text,
-                logprobs: &logprobs,
-                end: Some(end),
-                stop_reason: &reason,
-            };
-            let tok = gen.state.model.tokenizer();
-            let choice = meta.choice(tok, &part, true, 0);
-            let body = meta.body(&json!([choice]), Some(gen.usage()), false);
-            return Ok(json_response(StatusCode::OK, &body));
+            let generated = gen.generated;
+            return Ok(Whole {
+                text,
+                logprobs,
+                end,
+                reason,
+                generated,
+            });
         }
     }
+}
+
+/// The whole completion in one body: every sample's output, the `n` with the highest cumulative
+/// log probability when more were drawn (`best_of`), best first, as choices `0..n`; the prompt
+/// counted once in the usage.
+pub(crate) async fn whole(
+    mut gens: Vec<Generation>,
+    meta: &Meta,
+    n: usize,
+) -> Result<Response, ApiError> {
+    let mut outs = Vec::with_capacity(gens.len());
+    for gen in &mut gens {
+        outs.push(to_end(gen).await?);
+    }
+    if outs.len() > n {
+        outs.sort_by(|a, b| b.score().total_cmp(&a.score()));
+        outs.truncate(n);
+    }
+    let first = gens.first().ok_or_else(|| ApiError::engine("no sample"))?;
+    let tok = first.state.model.tokenizer();
+    let choices: Vec<Value> = outs
+        .iter()
+        .enumerate()
+        .map(|(index, o)| {
+            let part = Part {
+                index,
+                text: &o.text,
+                logprobs: &o.logprobs,
+                end: Some(o.end),
+                stop_reason: &o.reason,
+            };
+            meta.choice(tok, &part, true, 0)
+        })
+        .collect();
+    let generated = outs.iter().map(|o| o.generated).sum();
+    let body = meta.body(&json!(choices), Some(first.usage_with(generated)), false);
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 /// Where a stream stands.
@@ -215,56 +268,78 @@ fn sse(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
-/// A stream's state between events: the characters sent so far (`text_offset`).
+/// A stream's state between events: each choice's generation, the characters it sent so far
+/// (`text_offset`), whether it ended.
 struct Streaming {
-    gen: Generation,
+    gens: Vec<Generation>,
     meta: Meta,
     phase: Phase,
-    sent: usize,
+    sent: Vec<usize>,
+    ended: Vec<bool>,
 }
 
 impl Streaming {
-    /// The usage on a chunk: the usage so far with `continuous_usage_stats`, else none.
-    fn running(&self) -> Option<Value> {
-        self.meta.continuous_usage.then(|| self.gen.usage())
+    /// The usage so far: the prompt once, every choice's tokens.
+    fn usage(&self) -> Value {
+        let generated = self.gens.iter().map(|g| g.generated).sum();
+        self.gens[0].usage_with(generated)
     }
 
-    /// The events of one piece of output.
-    fn events(&mut self, out: &Out) -> String {
+    /// The usage on a chunk: the usage so far with `continuous_usage_stats`, else none.
+    fn running(&self) -> Option<Value> {
+        self.meta.continuous_usage.then(|| self.usage())
+    }
+
+    /// The events of one piece of choice `index`'s output (and the stream's end after the last
+    /// choice's).
+    fn events(&mut self, index: usize, out: &Out) -> String {
         let mut s = String::new();
-        let tok = self.gen.state.model.tokenizer();
+        let tok = self.gens[index].state.model.tokenizer();
         let none = Value::Null;
         if !out.text.is_empty() || (!out.logprobs.is_empty() && out.end.is_none()) {
             let part = Part {
+                index,
                 text: &out.text,
                 logprobs: &out.logprobs,
                 end: None,
                 stop_reason: &none,
             };
-            let c = self.meta.choice(tok, &part, false, self.sent);
+            let c = self.meta.choice(tok, &part, false, self.sent[index]);
             s.push_str(&sse(&self.meta.body(&json!([c]), self.running(), true)));
-            self.sent += out.text.chars().count();
+            self.sent[index] += out.text.chars().count();
         }
         let Some(end) = out.end else { return s };
-        let reason = self.gen.stop_reason();
+        self.ended[index] = true;
+        let reason = self.gens[index].stop_reason();
         let part = Part {
+            index,
             text: "",
             logprobs: &[],
             end: Some(end),
             stop_reason: &reason,
         };
-        let c = self.meta.choice(tok, &part, false, self.sent);
+        let c = self.meta.choice(tok, &part, false, self.sent[index]);
         s.push_str(&sse(&self.meta.body(&json!([c]), self.running(), true)));
-        if self.meta.include_usage {
-            s.push_str(&sse(&self.meta.body(
-                &json!([]),
-                Some(self.gen.usage()),
-                true,
-            )));
+        if self.ended.iter().all(|&e| e) {
+            if self.meta.include_usage {
+                s.push_str(&sse(&self.meta.body(&json!([]), Some(self.usage()), true)));
+            }
+            s.push_str("data: [DONE]\n\n");
+            self.phase = Phase::Over;
         }
-        s.push_str("data: [DONE]\n\n");
-        self.phase = Phase::Over;
         s
+    }
+
+    /// The next piece of any choice still running: `(choice, its output)`.
+    async fn next(&mut self) -> (usize, Result<Out, ApiError>) {
+        let running = self
+            .gens
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| !self.ended[*i])
+            .map(|(i, g)| Box::pin(async move { (i, g.next().await) }));
+        // Each `next` awaits only its channel (cancel-safe): the others wait for a later call.
+        futures_util::future::select_all(running).await.0
     }
 
     async fn advance(&mut self) -> Option<String> {
@@ -272,15 +347,20 @@ impl Streaming {
             Phase::Over => None,
             Phase::Head if self.meta.endpoint == Endpoint::Chat => {
                 self.phase = Phase::Body;
-                let delta = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": null, "finish_reason": null}]);
-                Some(sse(&self.meta.body(&delta, self.running(), true)))
+                let head: String = (0..self.gens.len())
+                    .map(|index| {
+                        let delta = json!([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": null, "finish_reason": null}]);
+                        sse(&self.meta.body(&delta, self.running(), true))
+                    })
+                    .collect();
+                Some(head)
             }
             Phase::Head | Phase::Body => {
                 self.phase = Phase::Body;
-                match self.gen.next().await {
-                    Ok(out) => Some(self.events(&out)),
-                    Err(e) => {
+                match self.next().await {
+                    (index, Ok(out)) => Some(self.events(index, &out)),
+                    (_, Err(e)) => {
                         self.phase = Phase::Over;
                         Some(format!("{}data: [DONE]\n\n", sse(&e.body())))
                     }
@@ -290,14 +370,17 @@ impl Streaming {
     }
 }
 
-/// The completion as server-sent events: (chat: a first chunk with the role), a chunk per piece of
-/// text, a last chunk with the finish reason, the usage chunk when asked, then `data: [DONE]`.
-pub(crate) fn stream(gen: Generation, meta: Meta) -> Response {
+/// The completion as server-sent events: (chat: a first chunk with the role, a chunk per choice), a
+/// chunk per piece of text of any choice, a last chunk per choice with its finish reason, then (once
+/// every choice ended) the usage chunk when asked, and `data: [DONE]`.
+pub(crate) fn stream(gens: Vec<Generation>, meta: Meta) -> Response {
+    let n = gens.len();
     let state = Streaming {
-        gen,
+        gens,
         meta,
         phase: Phase::Head,
-        sent: 0,
+        sent: vec![0; n],
+        ended: vec![false; n],
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let out = s.advance().await?;

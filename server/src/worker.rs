@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use kvsched_engine::{
     Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, Logprob, Lora, Model,
-    Sampler, SubmitOptions, STALL_STEPS,
+    Sample, STALL_STEPS,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -72,16 +72,13 @@ pub struct Job {
     pub max_new: usize,
     /// The adapter (its engine id), or the base model.
     pub adapter: Option<u64>,
-    /// The request's hold on its adapter, given back when it ends.
+    /// The request's hold on its adapter, given back when its last sample ends.
     pub hold: Option<crate::adapters::Held>,
-    /// How tokens are picked.
-    pub sampler: Sampler,
-    /// Its cache salt and guide.
-    pub options: SubmitOptions,
-    /// Where its events go.
-    pub events: UnboundedSender<Event>,
-    /// Its place among the admitted requests.
-    pub ticket: Ticket,
+    /// Its cache salt.
+    pub cache_salt: u64,
+    /// Its samples (one per choice drawn: `n`, or vLLM's `best_of`): how each draws, where its
+    /// events go, and its place among the admitted requests (a sample takes an engine slot).
+    pub samples: Vec<(Sample, UnboundedSender<Event>, Ticket)>,
 }
 
 /// An admitted request's place: taken by [`Worker::submit`], given back when dropped (the request
@@ -220,6 +217,11 @@ impl Worker {
         })
     }
 
+    /// The engine's requests at once: the most samples one request may draw.
+    pub const fn slots(&self) -> usize {
+        self.slots
+    }
+
     /// A place for one more request: refused only when `slots + depth` requests are admitted
     /// already. Taken before the request is read, so a refusal costs nothing.
     pub fn admit(&self) -> Result<Ticket, Refused> {
@@ -288,8 +290,8 @@ struct Live {
     /// Whether a step ran it yet.
     scheduled: bool,
     ticket: Ticket,
-    /// Its hold on its adapter.
-    _hold: Option<crate::adapters::Held>,
+    /// Its request's hold on its adapter (shared by its samples).
+    _hold: Option<Arc<crate::adapters::Held>>,
 }
 
 /// The engine thread's loop.
@@ -299,6 +301,8 @@ struct Loop<'m> {
     controls: Receiver<Control>,
     shared: Arc<Shared>,
     live: HashMap<u64, Live>,
+    /// A job taken from the queue whose samples the engine has no room for yet.
+    next: Option<Job>,
     /// Consecutive steps that ran no model step.
     stalled: u32,
     /// Where each step's KV events go (`--kv-events`).
@@ -318,6 +322,7 @@ impl<'m> Loop<'m> {
             controls,
             shared,
             live: HashMap::new(),
+            next: None,
             stalled: 0,
             kv_events,
         }
@@ -371,11 +376,24 @@ impl<'m> Loop<'m> {
         }
     }
 
-    /// Moves jobs from the queue into the engine while it has room; waits a little when the
-    /// engine is idle. `false` once every sender is gone and nothing is left.
+    /// Moves jobs from the queue into the engine while it has room for each one's samples (a job
+    /// that does not fit waits at the head of the queue; an idle engine takes any); waits a little
+    /// when the engine is idle. `false` once every sender is gone and nothing is left.
     fn admit(&mut self) -> bool {
         let room = self.engine.config().scheduler.max_num_requests as usize;
-        while self.engine.len() < room {
+        loop {
+            let used = self.engine.len() + self.engine.waiting_samples();
+            if let Some(job) = self.next.take() {
+                if used > 0 && used + job.samples.len() > room {
+                    self.next = Some(job);
+                    return true;
+                }
+                self.start(job);
+                continue;
+            }
+            if used >= room {
+                return true;
+            }
             let job = if self.engine.is_empty() {
                 match self.jobs.recv_timeout(IDLE_POLL) {
                     Ok(job) => job,
@@ -389,40 +407,47 @@ impl<'m> Loop<'m> {
                 }
             };
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            self.start(job);
+            self.next = Some(job);
         }
-        true
     }
 
     fn start(&mut self, job: Job) {
-        if job.events.is_closed() {
+        if job.samples.iter().all(|(_, events, _)| events.is_closed()) {
             return;
         }
+        let (samples, routes): (Vec<Sample>, Vec<_>) = job
+            .samples
+            .into_iter()
+            .map(|(sample, events, ticket)| (sample, (events, ticket)))
+            .unzip();
         if self.shared.abort.load(Ordering::SeqCst) {
-            let _ = job.events.send(Event::Done(End::Abort));
+            for (events, _) in routes {
+                let _ = events.send(Event::Done(End::Abort));
+            }
             return;
         }
-        match self.engine.submit_with(
-            &job.prompt,
-            job.max_new,
-            job.adapter,
-            job.sampler,
-            job.options,
-        ) {
-            Ok(id) => {
-                self.live.insert(
-                    id,
-                    Live {
-                        events: job.events,
+        let hold = job.hold.map(Arc::new);
+        let (prompt, salt) = (&job.prompt, job.cache_salt);
+        match self
+            .engine
+            .submit_samples(prompt, job.max_new, job.adapter, samples, salt)
+        {
+            Ok(ids) => {
+                for (id, (events, ticket)) in ids.into_iter().zip(routes) {
+                    let live = Live {
+                        events,
                         sent: 0,
                         scheduled: false,
-                        ticket: job.ticket,
-                        _hold: job.hold,
-                    },
-                );
+                        ticket,
+                        _hold: hold.clone(),
+                    };
+                    self.live.insert(id, live);
+                }
             }
             Err(e) => {
-                let _ = job.events.send(Event::Failed(e.to_string()));
+                for (events, _) in routes {
+                    let _ = events.send(Event::Failed(e.to_string()));
+                }
             }
         }
     }
@@ -434,13 +459,14 @@ impl<'m> Loop<'m> {
             if live.scheduled {
                 continue;
             }
+            // A sample waiting for its first sample's prompt is neither in the engine nor done.
             let cached = match self.engine.kv_extent(id) {
                 Some(kv) if kv.computed == 0 => continue,
                 Some(_) => self.engine.cached_tokens(id).unwrap_or(0),
-                None => done
-                    .iter()
-                    .find(|c| c.id == id)
-                    .map_or(0, |c| c.cached_tokens),
+                None => match done.iter().find(|c| c.id == id) {
+                    Some(c) => c.cached_tokens,
+                    None => continue,
+                },
             };
             live.scheduled = true;
             let _ = live.events.send(Event::Scheduled(began, cached));

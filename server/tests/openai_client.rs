@@ -2,7 +2,8 @@
 //! never into the system Python) against a server started in process: completions and chat, whole
 //! and streamed, an adapter as `model`, stop sequences, seeds, the client's typed errors,
 //! `models.retrieve`, log probabilities, `response_format` with a JSON schema (the output parsed and
-//! validated against it), `cache_salt` and `cached_tokens` (server/tests/python/openai_client.py).
+//! validated against it), `cache_salt` and `cached_tokens`, `n = 3` whole and streamed
+//! (server/tests/python/openai_client.py).
 
 #[path = "support/serve.rs"]
 mod serve;
@@ -75,5 +76,5 @@ fn the_openai_client_completes_chats_streams_and_reads_errors() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("12 checks passed"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("13 checks passed"), "{stdout}\n{stderr}");
 }

@@ -112,11 +112,10 @@ impl Fields<'_> {
     /// Fields of the API this server implements only at their default value.
     pub(super) fn unsupported_defaults(&self) -> Result<(), ApiError> {
         let defaults: &[AtDefault] = &[
-            ("n", |v| v.as_i64() == Some(1), "one choice per request"),
             (
-                "best_of",
-                |v| v.as_i64() == Some(1),
-                "one candidate per request",
+                "use_beam_search",
+                |v| v == &Value::Bool(false),
+                "no beam search",
             ),
             (
                 "echo",

@@ -59,13 +59,15 @@ const COMMON: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "prompt_logprobs",
+    "use_beam_search",
+    "best_of",
 ];
 
 impl Endpoint {
     /// The fields the endpoint reads besides [`COMMON`].
     const fn own_fields(self) -> &'static [&'static str] {
         match self {
-            Self::Completions => &["prompt", "best_of", "echo", "suffix"],
+            Self::Completions => &["prompt", "echo", "suffix"],
             Self::Chat => &[
                 "messages",
                 "max_completion_tokens",
@@ -116,6 +118,11 @@ pub struct Request {
     pub continuous_usage: bool,
     /// Log probabilities with this many likeliest alternatives per token; `None`: none.
     pub logprobs: Option<usize>,
+    /// `n`: the choices returned.
+    pub n: usize,
+    /// `best_of`: the samples drawn, of which the `n` with the highest cumulative log probability
+    /// are returned (vLLM's, on both endpoints).
+    pub best_of: usize,
     /// `cache_salt`: the prefix cache is shared only among requests of the same salt.
     pub cache_salt: Option<String>,
     /// Structured output: what the text must be.
@@ -145,6 +152,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
     }
     let (include_usage, continuous_usage) =
         sampling::stream_options(f.get("stream_options"), stream)?;
+    let (n, best_of) = sampling::samples(&f, stream)?;
     Ok(Request {
         endpoint,
         model: f.string("model")?,
@@ -156,6 +164,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         include_usage,
         continuous_usage,
         logprobs: sampling::logprobs(&f, endpoint)?,
+        n,
+        best_of,
         cache_salt: sampling::cache_salt(&f)?,
         format: sampling::format(&f)?,
         ignored,

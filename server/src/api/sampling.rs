@@ -277,3 +277,25 @@ pub(super) fn stream_options(v: Option<&Value>, stream: bool) -> Result<(bool, b
         f.bool("continuous_usage_stats")?.unwrap_or(false),
     ))
 }
+
+/// `n` and `best_of` (each at least 1; `best_of` at least `n`, and equal to it when streaming, as
+/// vLLM asks: a stream cannot take back the choices it sent).
+pub(super) fn samples(f: &Fields<'_>, stream: bool) -> Result<(usize, usize), ApiError> {
+    let n = f.count("n")?.unwrap_or(1);
+    let best_of = f.count("best_of")?.unwrap_or(n);
+    if best_of < n {
+        return Err(ApiError::invalid(
+            "best_of",
+            "invalid_value",
+            format!("`best_of` ({best_of}) must be at least `n` ({n})."),
+        ));
+    }
+    if stream && best_of != n {
+        return Err(ApiError::invalid(
+            "best_of",
+            "unsupported_value",
+            "`best_of` must equal `n` when streaming.",
+        ));
+    }
+    Ok((n, best_of))
+}

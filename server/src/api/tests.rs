@@ -106,9 +106,27 @@ fn each_bad_field_is_named() {
         ),
         (
             Endpoint::Completions,
-            r#"{"model":"m","prompt":"x","n":2}"#,
-            Some("n"),
+            r#"{"model":"m","prompt":"x","use_beam_search":true}"#,
+            Some("use_beam_search"),
             "unsupported_value",
+        ),
+        (
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":"x","n":3,"best_of":2}"#,
+            Some("best_of"),
+            "invalid_value",
+        ),
+        (
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":"x","n":2,"best_of":3,"stream":true}"#,
+            Some("best_of"),
+            "unsupported_value",
+        ),
+        (
+            Endpoint::Chat,
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":0}"#,
+            Some("n"),
+            "invalid_value",
         ),
         (
             Endpoint::Completions,

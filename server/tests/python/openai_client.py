@@ -1,8 +1,8 @@
 """The official `openai` client against a running `kvsched serve`.
 
 Run by server/tests/openai_client.rs with KVSCHED_URL (the server's base URL), KVSCHED_BASE (the base
-model's name) and KVSCHED_ADAPTER (an adapter's name). Every check is greedy (temperature 0), so
-streamed and whole responses must carry the same text. Prints one line per check, then "N checks passed".
+model's name) and KVSCHED_ADAPTER (an adapter's name). Every check is greedy (temperature 0) or seeded,
+so streamed and whole responses must carry the same text. Prints one line per check, then "N checks passed".
 """
 
 import json
@@ -116,10 +116,10 @@ def _():
 @check("errors: BadRequestError naming the field, NotFoundError for an unknown model")
 def _():
     try:
-        client.completions.create(model=BASE, prompt="x", n=2)
-        raise AssertionError("n=2 was accepted")
+        client.completions.create(model=BASE, prompt="x", n=2, best_of=1)
+        raise AssertionError("best_of below n was accepted")
     except openai.BadRequestError as e:
-        assert e.status_code == 400 and e.body["param"] == "n", e.body
+        assert e.status_code == 400 and e.body["param"] == "best_of", e.body
     try:
         client.completions.create(model=BASE, prompt="x", max_tokens=0)
         raise AssertionError("max_tokens=0 was accepted")
@@ -223,6 +223,38 @@ def _():
     assert again > first, (first, again)
     assert cached("tenant-b") == 0
     assert cached("tenant-b") == again
+
+
+@check("n = 3: three choices, whole and streamed (indexed), each its seed's sample; the prompt counted once")
+def _():
+    args = dict(model=BASE, prompt="Once upon a time, in a small village,", max_tokens=10, temperature=0.9,
+                seed=11)
+    whole = client.completions.create(n=3, **args)
+    assert [c.index for c in whole.choices] == [0, 1, 2], whole.choices
+    texts = [c.text for c in whole.choices]
+    assert len(set(texts)) > 1, texts
+    for i in range(3):
+        alone = client.completions.create(**{**args, "seed": 11 + i})
+        assert alone.choices[0].text == texts[i], (i, alone.choices[0].text, texts)
+        assert alone.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert whole.usage.completion_tokens <= 30 and whole.usage.total_tokens == (
+        whole.usage.prompt_tokens + whole.usage.completion_tokens)
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(stream=True, n=3, **args):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == texts, (streamed, texts)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    chat = client.chat.completions.create(model=BASE, messages=messages, max_tokens=8, temperature=0.9,
+                                          seed=3, n=3)
+    chat_texts = [c.message.content for c in chat.choices]
+    assert [c.index for c in chat.choices] == [0, 1, 2] and all(chat_texts), chat.choices
+    streamed = ["", "", ""]
+    for chunk in client.chat.completions.create(model=BASE, messages=messages, max_tokens=8,
+                                                temperature=0.9, seed=3, n=3, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert streamed == chat_texts, (streamed, chat_texts)
 
 
 print(f"{len(checks)} checks passed")
