@@ -77,6 +77,14 @@ pub enum Refusal {
     /// The request names an adapter that was never registered.
     #[error("unknown adapter {0} (register it with Engine::register_adapter first)")]
     UnknownAdapter(u64),
+    /// A beam search's width is 0 or more than the requests the scheduler holds.
+    #[error("a beam width of {width}: at least 1, at most the scheduler's {room} requests")]
+    BeamWidth {
+        /// The width asked for.
+        width: usize,
+        /// The scheduler's requests.
+        room: usize,
+    },
     /// Parallel sampling with no sample.
     #[error("no sample: a request draws at least one")]
     NoSamples,

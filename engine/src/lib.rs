@@ -70,9 +70,9 @@ pub use model::{Model, Weight};
 pub use reference::Reference;
 pub use sample::{Logprob, Penalties, Sampler};
 pub use serve::{
-    block_hashes, events::KvBlockEvent, Completion, Engine, EngineConfig, EngineLoad, EngineStats,
-    Finish, Guide, GuideError, KvExtent, KvTransfer, Sample, SubmitOptions, DEFAULT_REQUESTS,
-    MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
+    block_hashes, events::KvBlockEvent, BeamResult, BeamSearch, BeamSequence, Completion, Engine,
+    EngineConfig, EngineLoad, EngineStats, Finish, Guide, GuideError, KvExtent, KvTransfer, Sample,
+    SubmitOptions, DEFAULT_REQUESTS, MAX_ADAPTERS, MAX_REQUESTS, STALL_STEPS,
 };
 pub use step::{Batch, GroupedKv, Logits, Sequence};
 pub use tokenizer::{Message, Tokenizer, GEMMA_TURNS};

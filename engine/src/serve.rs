@@ -218,6 +218,8 @@ pub struct Engine<'m> {
     /// The step's rows and their page tables, kept from step to step (`batch.rs`).
     batch: batch::Persistent,
     delta: batch::Delta,
+    /// The beam searches in progress and the finished ones' results (`beams.rs`).
+    beams: beams::Book,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -233,6 +235,7 @@ impl std::fmt::Debug for Engine<'_> {
 
 mod backend;
 mod batch;
+mod beams;
 mod control;
 mod disagg;
 pub(crate) mod events;
@@ -245,6 +248,7 @@ mod run;
 mod samples;
 use live::Live;
 
+pub use beams::{BeamResult, BeamSearch, BeamSequence};
 pub use options::{Guide, GuideError, SubmitOptions};
 pub use samples::Sample;
 mod spec;
@@ -287,6 +291,7 @@ impl<'m> Engine<'m> {
             events: events::Book::default(),
             batch: batch::Persistent::new(),
             delta: batch::Delta::new_in()?,
+            beams: beams::Book::default(),
         })
     }
 

@@ -71,6 +71,9 @@ impl Engine<'_> {
     /// KV pages are freed and its adapter lease returned. `Ok(false)` for an unknown or finished id.
     /// Refused (`Scheduler`) for a context-only request whose KV send has not ended.
     pub fn cancel(&mut self, id: u64) -> Result<bool> {
+        if self.cancel_search(id)? {
+            return Ok(true);
+        }
         let Some(slot) = self
             .live
             .iter()

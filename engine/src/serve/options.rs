@@ -63,6 +63,8 @@ pub(super) struct Extras {
     pub(super) salt: u64,
     /// Its other samples, forked off it once its prompt is computed (`samples.rs`).
     pub(super) pending: Vec<super::samples::Pending>,
+    /// Its part in a beam search (`beams.rs`).
+    pub(super) beam: Option<super::beams::Beam>,
 }
 
 impl std::fmt::Debug for Extras {
@@ -73,6 +75,7 @@ impl std::fmt::Debug for Extras {
             .field("cached", &self.cached)
             .field("salt", &self.salt)
             .field("pending", &self.pending.len())
+            .field("beam", &self.beam)
             .finish()
     }
 }
@@ -115,7 +118,7 @@ impl Engine<'_> {
         self.live_ref(id).map(|l| l.extras.cached)
     }
 
-    fn live_ref(&self, id: u64) -> Option<&Live> {
+    pub(super) fn live_ref(&self, id: u64) -> Option<&Live> {
         self.live.iter().flatten().find(|l| l.id == id)
     }
 

@@ -83,10 +83,14 @@ pub struct EngineStats {
     pub kv_sent: u64,
     /// Transferred requests whose KV was received into this engine's pages (decode side).
     pub kv_received: u64,
-    /// Samples forked off their first sample (`Engine::submit_samples`), sharing its pages.
+    /// Samples forked off their first sample (`Engine::submit_samples`) and beams off their beam
+    /// (`Engine::submit_beam_search`), sharing its pages.
     pub forks: u64,
-    /// Prompt positions the forked samples found in their first sample's pages.
+    /// Prompt positions the forked samples (and beams) found in their parents' pages.
     pub fork_shared_tokens: u64,
+    /// Beams parked: removed after their step to wait, holding no page, for a sibling the pass
+    /// did not run (`Engine::submit_beam_search`).
+    pub beams_parked: u64,
     /// Nanoseconds in the scheduler's calls of a step (`schedule`, `ensure_batch`, `take_moves`,
     /// `complete_step`), summed over all steps.
     pub scheduler_ns: u64,

@@ -47,6 +47,7 @@ impl Engine<'_> {
         let done = done?;
         self.replay_recomputed()?;
         self.fork_samples()?;
+        self.select_beams()?;
         if self.cfg.poison {
             self.poison()?;
         }
@@ -231,10 +232,15 @@ impl Engine<'_> {
                 self.stats.prefill_tokens += r.len as u64;
                 self.stats.context_chunks += 1;
             }
+            let beam = live.extras.beam.is_some();
             let Some(logits) = logits.filter(|l| l.count(i) > 0) else {
                 live.computed = r.start + r.len;
                 continue;
             };
+            if beam {
+                self.beam_step(i, r, logits)?;
+                continue;
+            }
             // A context-only request stays, sending its KV, until its send ends.
             if let Some(how) = self.take_tokens(i, r, logits)? {
                 if !self.live[usize::from(r.slot)]

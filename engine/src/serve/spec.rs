@@ -24,7 +24,7 @@ impl Engine<'_> {
                 spec.draft,
                 spec.prompt as usize + spec.max_new_tokens as usize,
             );
-            live.draft = if decoding && live.sampler.is_greedy() {
+            live.draft = if decoding && live.sampler.is_greedy() && live.extras.beam.is_none() {
                 // The last token generated is the one the draft follows: it needs no room.
                 let room = (live.max_new - live.generated()).saturating_sub(1);
                 lookup.propose(&live.tokens, room.min(table.saturating_sub(whole)))
