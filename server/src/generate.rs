@@ -11,16 +11,16 @@ use axum::extract::Request;
 use axum::http::header;
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
-use kvsched_engine::{Guide, Penalties, Sample, Sampler};
+use kvsched_engine::{BeamSearch, Guide, Penalties, Sample, Sampler};
 
 use crate::api::{self, Endpoint, Prompt};
 use crate::choice::Meta;
 use crate::error::ApiError;
 use crate::metrics::Refusal;
-use crate::output::{stream, whole, Generation};
+use crate::output::{beams, stream, whole, Generation};
 use crate::request_id::RequestId;
 use crate::routes::AppState;
-use crate::worker::{Job, Refused};
+use crate::worker::{Job, Mode, Refused};
 
 /// Tokens a completion generates when its request does not say (the OpenAI API's default).
 const COMPLETION_DEFAULT_TOKENS: usize = 16;
@@ -91,11 +91,26 @@ async fn generate(
             hold: checked.adapter,
             cache_salt: r.cache_salt.as_deref().map_or(0, salt),
             samples,
+            mode: match r.beam_search {
+                Some(length_penalty) => Mode::Beams(BeamSearch {
+                    width: r.n,
+                    length_penalty,
+                    ignore_eos: r.sampling.ignore_eos,
+                }),
+                None => Mode::Samples,
+            },
         })
         .map_err(refused)?;
     let stops = (r.stop.clone(), r.sampling.stop_token_ids.clone());
+    // A beam search answers on its first channel only.
+    let channels = if r.beam_search.is_some() {
+        1
+    } else {
+        r.best_of
+    };
     let gens: Vec<Generation> = receivers
         .into_iter()
+        .take(channels)
         .map(|rx| {
             let stops = stops.clone();
             Generation::new(Arc::clone(s), rx, stops, (prompt, checked.max_new), arrived)
@@ -114,7 +129,13 @@ async fn generate(
         continuous_usage: r.continuous_usage,
         logprobs: r.logprobs.is_some(),
     };
-    let mut response = if r.stream {
+    let mut response = if r.beam_search.is_some() {
+        let gen = gens
+            .into_iter()
+            .next()
+            .ok_or_else(|| ApiError::engine("no sample"))?;
+        beams(gen, &meta).await?
+    } else if r.stream {
         stream(gens, meta)
     } else {
         whole(gens, &meta, r.n).await?

@@ -34,6 +34,7 @@ pub mod error;
 mod generate;
 pub mod guard;
 pub mod guided;
+pub mod job;
 pub mod kv_events;
 mod listen;
 pub mod metrics;

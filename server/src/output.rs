@@ -95,6 +95,8 @@ impl Generation {
                     (t, None)
                 }
                 Some(Event::Done(end)) => (Vec::new(), Some(end)),
+                // Sent to beam searches only (`beams`).
+                Some(Event::Beams(_)) => continue,
                 Some(Event::Failed(why)) => {
                     self.ended = true;
                     return Err(ApiError::engine(why));
@@ -254,6 +256,48 @@ pub(crate) async fn whole(
         .collect();
     let generated = outs.iter().map(|o| o.generated).sum();
     let body = meta.body(&json!(choices), Some(first.usage_with(generated)), false);
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// A beam search's whole response: its sequences, best first, as choices `0..n`; the prompt
+/// counted once in the usage.
+pub(crate) async fn beams(mut gen: Generation, meta: &Meta) -> Result<Response, ApiError> {
+    let sequences = loop {
+        match gen.rx.recv().await {
+            Some(Event::Beams(s)) => break s,
+            Some(Event::Scheduled(at, cached)) => (gen.scheduled, gen.cached) = (Some(at), cached),
+            Some(Event::Tokens(..) | Event::Done(_)) => {}
+            Some(Event::Failed(why)) => {
+                gen.ended = true;
+                return Err(ApiError::engine(why));
+            }
+            None => return Err(ApiError::engine("the engine dropped the request")),
+        }
+    };
+    let tok = gen.state.model.tokenizer();
+    let none = Value::Null;
+    let mut choices = Vec::with_capacity(sequences.len());
+    for (index, s) in sequences.iter().enumerate() {
+        let text = tok
+            .decode(&s.tokens)
+            .map_err(|e| ApiError::engine(e.to_string()))?;
+        let end = match s.finish {
+            kvsched_engine::Finish::Stop => End::Stop,
+            kvsched_engine::Finish::Length => End::Length,
+        };
+        let part = Part {
+            index,
+            text: &text,
+            logprobs: &[],
+            end: Some(end),
+            stop_reason: &none,
+        };
+        choices.push(meta.choice(tok, &part, true, 0));
+    }
+    let generated = sequences.iter().map(|s| s.tokens.len()).sum();
+    gen.timed(generated);
+    gen.finish(End::Stop);
+    let body = meta.body(&json!(choices), Some(gen.usage_with(generated)), false);
     Ok(json_response(StatusCode::OK, &body))
 }
 

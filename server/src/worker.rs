@@ -17,8 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvsched_engine::{
-    Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, Logprob, Lora, Model,
-    Sample, STALL_STEPS,
+    Completion, Engine, EngineConfig, EngineLoad, EngineStats, Finish, Lora, Model, Sample,
+    STALL_STEPS,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -27,59 +27,7 @@ use crate::error::StartError;
 /// How long an idle engine thread waits for a request before it looks at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
-/// Why a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
-    /// The model's stop token (or a stop string).
-    Stop,
-    /// `max_tokens` tokens.
-    Length,
-    /// The server aborted it (shutting down past its deadline).
-    Abort,
-}
-
-impl End {
-    /// The OpenAI `finish_reason`.
-    pub const fn reason(self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::Length => "length",
-            Self::Abort => "abort",
-        }
-    }
-}
-
-/// What the engine thread tells a request's handler.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// The engine first ran the request in the step that began then; its first chunk found this
-    /// many prompt positions in the prefix cache.
-    Scheduled(Instant, usize),
-    /// Tokens generated since the last event, and their log probabilities (when asked for).
-    Tokens(Vec<u32>, Vec<Logprob>),
-    /// The request is over.
-    Done(End),
-    /// The engine refused or failed the request.
-    Failed(String),
-}
-
-/// A request for the engine thread.
-#[derive(Debug)]
-pub struct Job {
-    /// Prompt tokens.
-    pub prompt: Vec<u32>,
-    /// Tokens to generate at most.
-    pub max_new: usize,
-    /// The adapter (its engine id), or the base model.
-    pub adapter: Option<u64>,
-    /// The request's hold on its adapter, given back when its last sample ends.
-    pub hold: Option<crate::adapters::Held>,
-    /// Its cache salt.
-    pub cache_salt: u64,
-    /// Its samples (one per choice drawn: `n`, or vLLM's `best_of`): how each draws, where its
-    /// events go, and its place among the admitted requests (a sample takes an engine slot).
-    pub samples: Vec<(Sample, UnboundedSender<Event>, Ticket)>,
-}
+pub use crate::job::{End, Event, Job, Mode};
 
 /// An admitted request's place: taken by [`Worker::submit`], given back when dropped (the request
 /// ended, was cancelled or refused by the engine).
@@ -289,7 +237,10 @@ struct Live {
     sent: usize,
     /// Whether a step ran it yet.
     scheduled: bool,
-    ticket: Ticket,
+    /// Its places among the admitted requests (a beam search's: one per beam).
+    tickets: Vec<Ticket>,
+    /// A beam search: its result comes whole ([`Event::Beams`]), no tokens before.
+    beams: bool,
     /// Its request's hold on its adapter (shared by its samples).
     _hold: Option<Arc<crate::adapters::Held>>,
 }
@@ -355,6 +306,7 @@ impl<'m> Loop<'m> {
                     // /metrics first: a client that saw this step's tokens reads this step's load.
                     self.publish();
                     self.send(&done);
+                    self.send_beams();
                 }
                 Err(e) => self.fail_all(&e.to_string()),
             }
@@ -427,28 +379,45 @@ impl<'m> Loop<'m> {
             return;
         }
         let hold = job.hold.map(Arc::new);
-        let (prompt, salt) = (&job.prompt, job.cache_salt);
-        match self
-            .engine
-            .submit_samples(prompt, job.max_new, job.adapter, samples, salt)
-        {
-            Ok(ids) => {
-                for (id, (events, ticket)) in ids.into_iter().zip(routes) {
-                    let live = Live {
-                        events,
-                        sent: 0,
-                        scheduled: false,
-                        ticket,
-                        _hold: hold.clone(),
-                    };
-                    self.live.insert(id, live);
-                }
+        let (prompt, salt, adapter) = (&job.prompt, job.cache_salt, job.adapter);
+        let started = match job.mode {
+            Mode::Samples => {
+                self.engine
+                    .submit_samples(prompt, job.max_new, adapter, samples, salt)
             }
+            Mode::Beams(params) => self
+                .engine
+                .submit_beam_search(prompt, job.max_new, adapter, params, salt)
+                .map(|id| vec![id]),
+        };
+        let ids = match started {
+            Ok(ids) => ids,
             Err(e) => {
                 for (events, _) in routes {
                     let _ = events.send(Event::Failed(e.to_string()));
                 }
+                return;
             }
+        };
+        let beams = matches!(job.mode, Mode::Beams(_));
+        let mut routes = routes.into_iter();
+        for id in ids {
+            let Some((events, ticket)) = routes.next() else {
+                break;
+            };
+            let mut tickets = vec![ticket];
+            if beams {
+                tickets.extend(routes.by_ref().map(|(_, t)| t));
+            }
+            let live = Live {
+                events,
+                sent: 0,
+                scheduled: false,
+                tickets,
+                beams,
+                _hold: hold.clone(),
+            };
+            self.live.insert(id, live);
         }
     }
 
@@ -476,6 +445,9 @@ impl<'m> Loop<'m> {
     /// New tokens to every running request; the finished ones' last tokens and their end.
     fn send(&mut self, done: &[Completion]) {
         for (&id, live) in &mut self.live {
+            if live.beams {
+                continue;
+            }
             if let Some(tokens) = self.engine.tokens(id) {
                 if tokens.len() > live.sent {
                     let lps = self.engine.logprobs(id).unwrap_or_default();
@@ -491,7 +463,7 @@ impl<'m> Loop<'m> {
             if let Some(live) = self.live.remove(&c.id) {
                 // The place is free before the handler hears of the end: a client that sends its
                 // next request on it finds the place.
-                drop(live.ticket);
+                drop(live.tickets);
                 if c.tokens.len() > live.sent {
                     let _ = live.events.send(Event::Tokens(
                         c.tokens[live.sent..].to_vec(),
@@ -503,6 +475,17 @@ impl<'m> Loop<'m> {
                     Finish::Length => End::Length,
                 };
                 let _ = live.events.send(Event::Done(end));
+            }
+        }
+    }
+
+    /// Each beam search that ended: its sequences, then its end.
+    fn send_beams(&mut self) {
+        for r in self.engine.take_beam_results() {
+            if let Some(live) = self.live.remove(&r.id) {
+                drop(live.tickets);
+                let _ = live.events.send(Event::Beams(r.sequences));
+                let _ = live.events.send(Event::Done(End::Stop));
             }
         }
     }

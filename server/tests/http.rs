@@ -398,9 +398,9 @@ fn each_malformed_request_gets_a_400_naming_its_field() {
         ),
         (
             "/v1/completions",
-            json!({"model": BASE, "prompt": "x", "use_beam_search": true}).to_string(),
+            json!({"model": BASE, "prompt": "x", "use_beam_search": true, "stream": true}).to_string(),
             400,
-            Some("use_beam_search"),
+            Some("stream"),
             "unsupported_value",
         ),
         (

@@ -1,6 +1,7 @@
 //! Several choices per request (issue 44): `n` samples of one prompt, forked in the engine so the
 //! prompt is computed once; `best_of` returning the samples with the highest cumulative log
-//! probability; and the refusals: more samples than the engine runs at once, beam search.
+//! probability; vLLM's beam search (`use_beam_search`, `n` beams) returning the engine's beams; and
+//! the refusals: more samples than the engine runs at once, what beam search does not take.
 
 #[path = "support/http.rs"]
 mod http;
@@ -87,7 +88,10 @@ fn samples_beyond_the_engine_and_beam_search_are_refused() {
     for (extra, param) in [
         (json!({"n": 5}), "n"),
         (json!({"n": 2, "best_of": 5}), "best_of"),
-        (json!({"use_beam_search": true, "n": 2}), "use_beam_search"),
+        (json!({"use_beam_search": true, "n": 5}), "n"),
+        (json!({"use_beam_search": true, "stream": true}), "stream"),
+        (json!({"use_beam_search": true, "logprobs": 1}), "logprobs"),
+        (json!({"length_penalty": 0.5}), "length_penalty"),
         (json!({"n": 1, "best_of": 2, "stream": true}), "best_of"),
     ] {
         let r = post(addr, "/v1/completions", &completion(&extra));
@@ -105,4 +109,48 @@ fn samples_beyond_the_engine_and_beam_search_are_refused() {
         r.body
     );
     assert_eq!(r.json()["choices"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn beam_search_returns_the_engines_beams() {
+    use kvsched_engine::{BeamSearch, Engine};
+    let Some(m) = model() else { return };
+    let server = start(&m, &config());
+    let body = json!({"model": BASE, "prompt": PROMPT, "max_tokens": 8, "n": 3,
+                      "use_beam_search": true, "length_penalty": 0.8});
+    let r = post(server.addr(), "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let got = r.json();
+    let mut engine = Engine::new(&m, config().engine).unwrap();
+    let prompt = m.tokenizer().encode(PROMPT).unwrap();
+    let params = BeamSearch {
+        width: 3,
+        length_penalty: 0.8,
+        ignore_eos: false,
+    };
+    let id = engine
+        .submit_beam_search(&prompt, 8, None, params, 0)
+        .unwrap();
+    let mut results = Vec::new();
+    while results.is_empty() {
+        engine.step().unwrap();
+        results = engine.take_beam_results();
+    }
+    assert_eq!(results[0].id, id);
+    let want: Vec<String> = results[0]
+        .sequences
+        .iter()
+        .map(|s| m.tokenizer().decode(&s.tokens).unwrap())
+        .collect();
+    let texts: Vec<&str> = got["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, want, "the beams, best first");
+    assert!(engine.stats().forks > 0);
+    let tokens: usize = results[0].sequences.iter().map(|s| s.tokens.len()).sum();
+    assert_eq!(got["usage"]["completion_tokens"], tokens);
+    assert_eq!(got["usage"]["prompt_tokens"], prompt.len());
 }

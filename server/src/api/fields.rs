@@ -113,11 +113,6 @@ impl Fields<'_> {
     pub(super) fn unsupported_defaults(&self) -> Result<(), ApiError> {
         let defaults: &[AtDefault] = &[
             (
-                "use_beam_search",
-                |v| v == &Value::Bool(false),
-                "no beam search",
-            ),
-            (
                 "echo",
                 |v| v == &Value::Bool(false),
                 "no echo of the prompt",

@@ -60,6 +60,7 @@ const COMMON: &[&str] = &[
     "guided_choice",
     "prompt_logprobs",
     "use_beam_search",
+    "length_penalty",
     "best_of",
 ];
 
@@ -123,6 +124,8 @@ pub struct Request {
     /// `best_of`: the samples drawn, of which the `n` with the highest cumulative log probability
     /// are returned (vLLM's, on both endpoints).
     pub best_of: usize,
+    /// vLLM's `use_beam_search` (with `n` beams) and its `length_penalty`.
+    pub beam_search: Option<f64>,
     /// `cache_salt`: the prefix cache is shared only among requests of the same salt.
     pub cache_salt: Option<String>,
     /// Structured output: what the text must be.
@@ -153,6 +156,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
     let (include_usage, continuous_usage) =
         sampling::stream_options(f.get("stream_options"), stream)?;
     let (n, best_of) = sampling::samples(&f, stream)?;
+    let beam_search = sampling::beam_search(&f, stream)?;
     Ok(Request {
         endpoint,
         model: f.string("model")?,
@@ -166,6 +170,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         logprobs: sampling::logprobs(&f, endpoint)?,
         n,
         best_of,
+        beam_search,
         cache_salt: sampling::cache_salt(&f)?,
         format: sampling::format(&f)?,
         ignored,

@@ -299,3 +299,42 @@ pub(super) fn samples(f: &Fields<'_>, stream: bool) -> Result<(usize, usize), Ap
     }
     Ok((n, best_of))
 }
+
+/// vLLM's `use_beam_search` (`n` beams) and `length_penalty` (default 1; a non-default value without
+/// beam search is refused, as it would change nothing): the length penalty when on. Whole responses
+/// only, without an output constraint, log probabilities or `best_of`, as vLLM's beam search.
+pub(super) fn beam_search(f: &Fields<'_>, stream: bool) -> Result<Option<f64>, ApiError> {
+    let on = f.bool("use_beam_search")?.unwrap_or(false);
+    let penalty = f.number("length_penalty", -10.0, 10.0, true)?;
+    if !on {
+        if penalty.is_some_and(|p| p != 1.0) {
+            return Err(ApiError::invalid(
+                "length_penalty",
+                "unsupported_value",
+                "`length_penalty` applies to beam search only (`use_beam_search`).",
+            ));
+        }
+        return Ok(None);
+    }
+    let excluded = [
+        ("stream", stream),
+        ("best_of", f.get("best_of").is_some()),
+        (
+            "logprobs",
+            f.get("logprobs")
+                .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false)),
+        ),
+        ("response_format", f.get("response_format").is_some()),
+        ("guided_json", f.get("guided_json").is_some()),
+        ("guided_regex", f.get("guided_regex").is_some()),
+        ("guided_choice", f.get("guided_choice").is_some()),
+    ];
+    if let Some((name, _)) = excluded.iter().find(|(_, set)| *set) {
+        return Err(ApiError::invalid(
+            name,
+            "unsupported_value",
+            format!("`{name}` is not supported with beam search."),
+        ));
+    }
+    Ok(Some(f64::from(penalty.unwrap_or(1.0))))
+}

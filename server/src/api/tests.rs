@@ -106,8 +106,14 @@ fn each_bad_field_is_named() {
         ),
         (
             Endpoint::Completions,
-            r#"{"model":"m","prompt":"x","use_beam_search":true}"#,
-            Some("use_beam_search"),
+            r#"{"model":"m","prompt":"x","use_beam_search":true,"stream":true}"#,
+            Some("stream"),
+            "unsupported_value",
+        ),
+        (
+            Endpoint::Completions,
+            r#"{"model":"m","prompt":"x","length_penalty":0.5}"#,
+            Some("length_penalty"),
             "unsupported_value",
         ),
         (

@@ -225,7 +225,7 @@ def _():
     assert cached("tenant-b") == again
 
 
-@check("n = 3: three choices, whole and streamed (indexed), each its seed's sample; the prompt counted once")
+@check("n = 3: three choices, whole and streamed (indexed), each its seed's sample; the prompt counted once; beam search")
 def _():
     args = dict(model=BASE, prompt="Once upon a time, in a small village,", max_tokens=10, temperature=0.9,
                 seed=11)
@@ -255,6 +255,10 @@ def _():
         for c in chunk.choices:
             streamed[c.index] += c.delta.content or ""
     assert streamed == chat_texts, (streamed, chat_texts)
+    beams = client.completions.create(model=BASE, prompt=args["prompt"], max_tokens=6, n=2,
+                                      extra_body={"use_beam_search": True})
+    assert [c.index for c in beams.choices] == [0, 1], beams.choices
+    assert beams.choices[0].text != beams.choices[1].text, beams.choices
 
 
 print(f"{len(checks)} checks passed")
