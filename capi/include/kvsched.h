@@ -631,6 +631,23 @@ size_t kvsched_len(const struct kvsched_engine *engine);
 uint32_t kvsched_gpu_free(const struct kvsched_engine *engine);
 
 /**
+ * Forks request `child` (its id, its prompt: the parent's first `child->prompt` tokens, which the
+ * caller vouches for; its output and adapter) off request `parent`, active on the GPU: the child
+ * starts active holding the parent's full pages before its last token by reference, at the
+ * position they cover, which `*shared` receives; its first chunk computes the rest. From then on it
+ * is a request of its own. Refused (`KVSCHED_STATUS_INVALID`, nothing changed) where the pool has
+ * no prefix cache (whose reference counts share the pages), for a parent not active, or a child not
+ * its parent's (another adapter, longer than the parent computed, less than a page to share).
+ *
+ * # Safety
+ * `engine` comes from [`crate::kvsched_engine_new`]; `child` and `shared` are valid.
+ */
+enum kvsched_status kvsched_fork(struct kvsched_engine *engine,
+                                 uint64_t parent,
+                                 const struct kvsched_request *child,
+                                 uint32_t *shared);
+
+/**
  * The KV events the engine's prefix cache logged since the last call (in order), valid until the
  * next call that changes the engine; none unless the engine was built with `kv_events` > 0.
  *

@@ -221,6 +221,27 @@ impl Engine {
             .map(|_| ())
     }
 
+    /// Forks a child (`r`: its id, its prompt, which the caller vouches are `parent`'s first
+    /// `r.prompt` tokens, its output; its adapter the parent's) off request `parent`
+    /// (`Scheduler::fork`): it starts active on the parent's full pages. Returns the prompt
+    /// positions it shares (its position). Refused as the core refuses: a parent not active, a
+    /// pool without a prefix cache, a child not its parent's.
+    pub fn fork(&mut self, parent: u64, r: &KvschedRequest) -> Result<u32, Error> {
+        if r.kind != 0 {
+            return Err(Error::Invalid("a fork's child is a plain request (kind 0)"));
+        }
+        let h = self.handle(parent)?;
+        let tenant = self.sched.get(h)?.spec().tenant;
+        let mut s = RequestSpec::new(r.id, Phase::ContextInit, r.prompt);
+        s.max_new_tokens = r.max_new_tokens;
+        s.beam = r.beam.max(1);
+        s.draft = r.draft;
+        s.lora = (r.has_lora != 0).then_some(TaskId(r.lora_task));
+        (s.tenant, s.priority, s.arrival) = (tenant, r.priority, r.arrival);
+        let child = self.sched.fork(h, s)?;
+        Ok(self.sched.get(child)?.spec().position)
+    }
+
     /// Removes a finished or cancelled request.
     pub fn finish(&mut self, id: u64) -> Result<(), Error> {
         let h = self.handle(id)?;

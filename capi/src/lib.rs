@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 mod engine;
+mod fork;
 mod kv_events;
 
 use std::cell::RefCell;
@@ -34,6 +35,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use kvsched_core::error::Error;
 
 pub use engine::Engine;
+pub use fork::kvsched_fork;
 pub use kv_events::*;
 
 /// Requests one engine holds at most (`kvsched_config.max_requests` may be lower).

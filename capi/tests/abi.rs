@@ -324,3 +324,65 @@ fn the_batch_delta_follows_the_batch_and_incremental_passes_copy_nothing() {
 fn ptr_null() -> *mut kvsched_capi::Engine {
     std::ptr::null_mut()
 }
+
+/// Issue 44 through the C ABI: a fork shares its parent's full pages (the same page ids in both
+/// tables) and writes the positions it shares; a refused fork says why and changes nothing.
+#[test]
+fn a_fork_shares_its_parents_pages_and_a_refused_one_changes_nothing() {
+    let config = KvschedConfig {
+        prefix_cache: 1,
+        ..kvsched_config_default()
+    };
+    let mut e = std::ptr::null_mut();
+    // SAFETY: every pointer comes from `kvsched_engine_new` or a local; the engine is freed once.
+    unsafe {
+        assert_eq!(
+            kvsched_engine_new(&raw const config, &raw mut e),
+            KvschedStatus::Ok
+        );
+        assert_eq!(
+            kvsched_submit(e, &request(1, 100), std::ptr::null(), 0),
+            KvschedStatus::Ok
+        );
+        let mut out = std::mem::zeroed::<KvschedOutput>();
+        assert_eq!(kvsched_schedule(e, &raw mut out), KvschedStatus::Ok);
+        assert_eq!(kvsched_complete_step(e), KvschedStatus::Ok);
+        let mut shared = 7u32;
+        let child2 = request(2, 100);
+        assert_eq!(
+            kvsched_fork(e, 1, &raw const child2, &raw mut shared),
+            KvschedStatus::Ok
+        );
+        assert_eq!(shared, 96, "three full pages of 32 before the last token");
+        let table = |id| {
+            let (mut pages, mut n) = (std::ptr::null(), 0usize);
+            assert_eq!(
+                kvsched_page_table(e, id, &raw mut pages, &raw mut n),
+                KvschedStatus::Ok
+            );
+            std::slice::from_raw_parts(pages, n).to_vec()
+        };
+        assert_eq!(table(2)[..], table(1)[..3]);
+        let before = (*e).fingerprint();
+        for (parent, child, status) in [
+            (9, request(3, 100), KvschedStatus::UnknownRequest),
+            (1, request(3, 101), KvschedStatus::Invalid),
+            // A live id (a duplicate is an unknown-request code in the C ABI).
+            (1, request(2, 100), KvschedStatus::UnknownRequest),
+            (1, request(3, 20), KvschedStatus::Invalid),
+        ] {
+            assert_eq!(
+                kvsched_fork(e, parent, &raw const child, &raw mut shared),
+                status
+            );
+            assert!(!last_error().is_empty());
+            assert_eq!(shared, 0);
+            assert_eq!((*e).fingerprint(), before, "a refused fork changed nothing");
+        }
+        assert_eq!(
+            kvsched_fork(e, 1, std::ptr::null(), &raw mut shared),
+            KvschedStatus::NullPointer
+        );
+        kvsched_engine_free(e);
+    }
+}

@@ -479,6 +479,36 @@ impl Scheduler {
             .map_err(|e| self.err(e, Some(id)))
     }
 
+    /// Forks request `id` (a fresh id) off request `parent`, which has computed the first
+    /// `prompt` tokens of its sequence (the child's prompt): the child starts on the parent's full
+    /// pages before its last token, shared, and computes the rest. Returns the positions shared.
+    #[pyo3(signature = (parent, id, prompt, *, max_new_tokens=0, lora_task=None))]
+    fn fork(
+        &mut self,
+        parent: u64,
+        id: u64,
+        prompt: u32,
+        max_new_tokens: u32,
+        lora_task: Option<u64>,
+    ) -> PyResult<u32> {
+        let r = KvschedRequest {
+            id,
+            lora_task: lora_task.unwrap_or(0),
+            prompt,
+            max_new_tokens,
+            beam: 1,
+            draft: 0,
+            cache_salt: 0,
+            arrival: 0,
+            has_lora: u8::from(lora_task.is_some()),
+            kind: 0,
+            priority: 0,
+        };
+        self.engine
+            .fork(parent, &r)
+            .map_err(|e| self.err(e, Some(parent)))
+    }
+
     /// Removes a finished or cancelled request.
     fn finish(&mut self, id: u64) -> PyResult<()> {
         self.engine.finish(id).map_err(|e| self.err(e, Some(id)))

@@ -141,6 +141,30 @@ def test_prefix_reuse_skips_the_cached_blocks():
     assert first.tokens == 70 and second.tokens == 70 - 64, (first, second)
 
 
+def test_a_fork_shares_its_parents_full_pages_and_computes_the_rest():
+    s = small()
+    s.submit(1, 70, max_new_tokens=4, hashes=[11, 12, 13, 14])
+    s.schedule()
+    s.complete_step()
+    shared = [s.fork(1, child, 70, max_new_tokens=4) for child in (2, 3)]
+    assert shared == [64, 64], shared
+    assert s.page_table(2)[:4] == s.page_table(1)[:4] == s.page_table(3)[:4]
+    out = s.schedule()
+    chunks = sorted((e.id, e.tokens) for e in out.context)
+    assert chunks == [(2, 6), (3, 6)], chunks
+    s.complete_step()
+    with pytest.raises(kvsched.KvschedError, match="adapter"):
+        s.fork(1, 4, 70, lora_task=7)
+    with pytest.raises(kvsched.UnknownRequest):
+        s.fork(9, 4, 70)
+    plain = small(prefix_cache=False)
+    plain.submit(1, 70, max_new_tokens=4)
+    plain.schedule()
+    plain.complete_step()
+    with pytest.raises(kvsched.KvschedError, match="prefix cache"):
+        plain.fork(1, 2, 70)
+
+
 def test_a_disaggregated_request_is_sent_by_one_engine_and_received_by_another():
     p, d = small(), small()
     free = p.gpu_free
