@@ -125,6 +125,11 @@ struct KvArgs {
     /// sessions over per-adapter system prompts (16-token blocks, see workload::sessions).
     #[arg(long = "no-prefix-reuse", action = ArgAction::SetFalse)]
     prefix_reuse: bool,
+    /// Samples of each request (OpenAI's n): once a request's prompt is computed, its other N - 1
+    /// samples are forked off it, sharing its full pages (needs the prefix cache); the report counts
+    /// the forks and the pages they shared.
+    #[arg(long, value_name = "N", default_value_t = d().samples)]
+    samples: u32,
     /// KV groups (a hybrid-attention model): the KV pool is the full-attention group, beside a
     /// sliding-window group of WINDOW tokens (a multiple of --tokens-per-block) with PAGES GPU pages
     /// and HOST_PAGES host pages (default 0); docs/KV-GROUPS.md.
@@ -518,6 +523,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         kv_host_pages: kv.kv_host_pages,
         tokens_per_block: tpb,
         prefix_reuse: kv.prefix_reuse,
+        samples: kv.samples,
         adapters: kvsched_sim::AdapterOptions {
             count: ad.adapters,
             law: ad.popularity,

@@ -160,6 +160,10 @@ pub struct SimOptions {
     /// model's full-attention group, beside a sliding-window group of its own pages (`None`: one pool,
     /// every layer full attention).
     pub kv_groups: Option<groups::KvGroupsOptions>,
+    /// Samples of each request (`--samples N`, OpenAI's `n`; issue 44): once a request's prompt is
+    /// computed its other `N - 1` samples are forked off it (`Scheduler::fork`), sharing its full
+    /// pages; needs the prefix cache. 1: none.
+    pub samples: u32,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -207,6 +211,7 @@ impl Default for SimOptions {
             progress: true,
             deadlock_threshold: 1000,
             prefix_reuse: true,
+            samples: 1,
             spec_decode: None,
             draft_kv_pages: 0,
             admission: Admission::Fcfs,
@@ -313,6 +318,11 @@ pub enum OptionsError {
         /// The token budget.
         max_tokens: u32,
     },
+    /// `--samples` is 0, or above 1 without the prefix cache (whose reference counts share a
+    /// request's pages with its samples), or with a pool that cannot fork (a draft pool, KV groups,
+    /// a remote store).
+    #[error("--samples {0}: at least 1; above 1 it needs the prefix cache, one KV group, no draft pool and no remote store")]
+    Samples(u32),
     /// The KV-aware router's overlap weight is negative or not finite.
     #[error("the KV router's overlap weight must be a finite number at least 0, got {0}")]
     OverlapWeight(f64),
@@ -442,6 +452,8 @@ struct Live {
     first_chunk: bool,
     /// It was recompute-paused: its first chunk is a replay.
     replay: bool,
+    /// Which of its arrival's samples (`--samples`): 0 the request itself, each other a fork.
+    sample: u32,
 }
 
 /// Per-iteration samples for the plot.
@@ -472,6 +484,13 @@ pub struct Samples {
 /// The pool geometry and the adapters' pages of a run of `w` under `o`, or why they cannot work.
 fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>), OptionsError> {
     check_budgets(o, w)?;
+    let forks = o.prefix_reuse
+        && o.spec_decode.is_none()
+        && o.kv_groups.is_none()
+        && o.remote_store.is_none();
+    if o.samples == 0 || (o.samples > 1 && !forks) {
+        return Err(OptionsError::Samples(o.samples));
+    }
     check_faults(o)?;
     let drafts = check_spec_decode(o)?;
     let longest = w

@@ -44,6 +44,14 @@ pub struct Report {
     pub preempted: u64,
     /// Suspended requests whose KV came back.
     pub resumed: u64,
+    /// Samples forked off their request (`--samples`): children sharing its full pages.
+    pub forks: u64,
+    /// Full pages the forked samples shared instead of computing and holding their own.
+    pub fork_pages_shared: u64,
+    /// Forked samples that finished (beside `requests_completed`, which counts requests).
+    pub samples_completed: u64,
+    /// Forks the scheduler refused (a pool it cannot fork in: a draft pool, a connector).
+    pub fork_refused: u64,
     /// KV pages moved GPU → host.
     pub pages_offloaded: u64,
     /// KV pages moved host → GPU.
@@ -432,6 +440,13 @@ impl Report {
             "KV pages offloaded / reloaded",
             format_args!("{offloaded} / {reloaded}"),
         );
+        if self.forks > 0 {
+            let (forks, shared) = (self.forks, self.fork_pages_shared);
+            t.row(
+                "samples forked / pages shared",
+                format_args!("{forks} / {shared}"),
+            );
+        }
     }
 
     /// The adapter cache, the admission policy and the fairness between adapters.

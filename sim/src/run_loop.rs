@@ -27,6 +27,8 @@ use super::{
 use kvsched_workload::{Rng, Workload};
 use rand::{Rng as _, SeedableRng};
 
+mod forks;
+
 /// One simulation's state between iterations, on KV backend `K`.
 pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     o: &'s SimOptions,
@@ -79,6 +81,9 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     digests: Option<Vec<u64>>,
     /// The starvation figure's waits (`starvation.rs`).
     waits: Waits,
+    /// Requests whose prompt is computed and whose other samples wait to be forked (`forks.rs`):
+    /// their slot and the next sample's index.
+    forks_due: Vec<(u16, u32)>,
 }
 
 /// A disaggregated engine's transfers.
@@ -142,6 +147,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             checker: Checker::new(o),
             digests: (o.check || o.full_passes).then(Vec::new),
             waits: Waits::default(),
+            forks_due: Vec::new(),
             fair: Fairness::new(o.adapters.count),
             loaded_blocks: 0,
             step_remote_blocks: 0,
@@ -416,6 +422,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             first_chunk: true,
             // Its prompt was admitted (and counted) on the prefill engine.
             replay: handed.is_some(),
+            sample: 0,
         });
         Ok(())
     }
@@ -571,6 +578,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         self.start_receives()?;
         self.complete_decodes()?;
         self.reset_replays()?;
+        self.fork_samples()?;
         self.remove_finished()
     }
 
@@ -596,6 +604,9 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 if sending {
                     n.finished.push(lv.arrival);
                 }
+            }
+            if lv.sample == 0 && lv.first_token_ms.is_none() && self.o.samples > 1 {
+                self.forks_due.push((slot, 1));
             }
             if lv.first_token_ms.is_none() {
                 lv.first_token_ms = Some(self.now_ms);
@@ -722,6 +733,11 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             };
             self.waits.left(slot);
             self.sched.remove(lv.handle).map_err(SimError::Scheduler)?;
+            if lv.sample > 0 {
+                // A fork: its tokens are counted; the request is its arrival's, counted once.
+                self.r.samples_completed += 1;
+                continue;
+            }
             if let Some(n) = &mut self.news {
                 n.finished.push(lv.arrival);
             }
