@@ -186,3 +186,45 @@ fn without_a_prefix_cache_there_is_no_fork() {
     ));
     assert_eq!(s.fingerprint(), before);
 }
+
+/// GUARANTEED_NO_EVICT counts a child's shared pages once: a parent and three children of a
+/// 100-token prompt (six shared pages, 20 tokens each to generate) run side by side in 16 pages, where
+/// four separate requests (eight pages each) could not, and nobody is evicted.
+#[test]
+fn guaranteed_no_evict_reserves_each_childs_own_growth_only() {
+    let no_evict = Config {
+        policy: kvsched_core::config::CapacityPolicy::GuaranteedNoEvict,
+        ..Config::default()
+    };
+    let mut adapters = AdapterPool::new(8, 16).unwrap();
+    adapters.register(TaskId(1), 1).unwrap();
+    let pool = KvPool::owned_with_prefix_cache(config(16)).unwrap();
+    let mut s: Sched<'static> = Scheduler::new(no_evict, pool, adapters).unwrap();
+    let mut out = Out::new();
+    let mut spec = RequestSpec::new(0, Phase::ContextInit, 100);
+    spec.max_new_tokens = 20;
+    let hashes: Vec<u64> = (0..6).collect();
+    let parent = s.submit_with_prefix(spec, 0, &hashes).unwrap();
+    assert_eq!(step(&mut s, &mut out), [(0, 0, 100)]);
+    let kids: Vec<Handle> = (1..=3)
+        .map(|id| {
+            let mut c = child(id, 100, None);
+            c.max_new_tokens = 20;
+            s.fork(parent, c).unwrap()
+        })
+        .collect();
+    let mut decoding = 0;
+    for _ in 0..25 {
+        step(&mut s, &mut out);
+        let p = s.last_pass();
+        assert_eq!((p.victims, p.self_evictions, p.recompute_pauses), (0, 0, 0));
+        decoding = decoding.max(out.generation().len());
+    }
+    assert_eq!(
+        decoding, 4,
+        "the parent and its three children decode side by side"
+    );
+    for h in kids.into_iter().chain([parent]) {
+        assert!(s.get(h).unwrap().spec().phase.is_generation());
+    }
+}
