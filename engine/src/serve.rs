@@ -220,6 +220,8 @@ pub struct Engine<'m> {
     delta: batch::Delta,
     /// The beam searches in progress and the finished ones' results (`beams.rs`).
     beams: beams::Book,
+    /// Samples waiting for room, detached from their first sample (`samples.rs`).
+    detached: samples::Waiting,
 }
 
 impl std::fmt::Debug for Engine<'_> {
@@ -292,6 +294,7 @@ impl<'m> Engine<'m> {
             batch: batch::Persistent::new(),
             delta: batch::Delta::new_in()?,
             beams: beams::Book::default(),
+            detached: samples::Waiting::default(),
         })
     }
 
@@ -360,7 +363,7 @@ impl<'m> Engine<'m> {
 
     /// Whether no request is waiting or running.
     pub fn is_empty(&self) -> bool {
-        self.sched.is_empty()
+        self.sched.is_empty() && self.detached.is_empty()
     }
 
     /// Tokens request `id` has generated so far (`None` once it finished, or for an unknown id).

@@ -203,3 +203,64 @@ fn cancelling_the_first_sample_drops_the_waiting_ones() {
     );
     assert!(!e.cancel(ids[1]).unwrap(), "dropped with its first");
 }
+
+/// A first sample that ends in the step its prompt is computed still has its samples forked.
+#[test]
+fn a_first_sample_that_ends_at_once_still_forks_its_samples() {
+    let Some(model) = common::model() else { return };
+    let mut e = Engine::new(model, config(256, 0, true)).unwrap();
+    let p = prompt(model, QUESTIONS[2]);
+    let ids = e.submit_samples(&p, 1, None, samples(9), 0).unwrap();
+    let done: HashMap<u64, Completion> = e.run().unwrap().into_iter().map(|c| (c.id, c)).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            done[id].tokens,
+            alone_tokens(model, &p, 1, 9, i),
+            "sample {i}"
+        );
+    }
+    assert_eq!(e.stats().forks, (N - 1) as u64);
+}
+
+/// With the request table full when the first sample's prompt is computed (and the first ending
+/// then), the samples wait, detached, and run as requests of their own once there is room; each
+/// equals its seed run alone.
+#[test]
+fn samples_without_room_wait_and_run_alone() {
+    let Some(model) = common::model() else { return };
+    let mut cfg = config(512, 0, true);
+    cfg.scheduler.max_num_requests = kvsched_engine::MAX_REQUESTS as u32;
+    cfg.scheduler.max_num_tokens = Some(1024);
+    let mut e = Engine::new(model, cfg).unwrap();
+    let p = prompt(model, QUESTIONS[2]);
+    for _ in 0..kvsched_engine::MAX_REQUESTS - 1 {
+        e.submit(&[1, 2, 3], 3, None, Sampler::greedy()).unwrap();
+    }
+    let ids = e.submit_samples(&p, 1, None, samples(9), 0).unwrap();
+    let done: HashMap<u64, Completion> = e.run().unwrap().into_iter().map(|c| (c.id, c)).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            done[id].tokens,
+            alone_tokens(model, &p, 1, 9, i),
+            "sample {i}"
+        );
+    }
+    assert_eq!(e.waiting_samples(), 0);
+    assert_eq!(e.stats().forks, 0, "no room to fork: each ran alone");
+}
+
+fn samples(seed: u64) -> Vec<Sample> {
+    (0..N)
+        .map(|i| Sample {
+            sampler: sampler(seed, i),
+            guide: None,
+        })
+        .collect()
+}
+
+/// The tokens of sample `i` (seed `seed + i`) run alone, `max_new` at most.
+fn alone_tokens(model: &Model, p: &[u32], max_new: usize, seed: u64, i: usize) -> Vec<u32> {
+    let mut e = Engine::new(model, config(256, 0, false)).unwrap();
+    e.submit(p, max_new, None, sampler(seed, i)).unwrap();
+    e.run().unwrap().remove(0).tokens
+}

@@ -192,11 +192,26 @@ impl Engine<'_> {
             let Some(search) = self.beams.searches.remove(&id) else {
                 continue;
             };
+            let mut search = search;
+            self.submit_parked(id, &mut search)?;
             if search.beams.iter().all(|b| b.candidates.is_some()) {
                 self.select(id, search)?;
             } else {
                 let search = self.park(search)?;
                 self.beams.searches.insert(id, search);
+            }
+        }
+        Ok(())
+    }
+
+    /// The beams of search `id` that are neither requests nor have candidates (kept candidates of
+    /// parked beams the table had no room for) become requests while there is room.
+    fn submit_parked(&mut self, id: u64, search: &mut Search) -> Result<()> {
+        for k in 0..search.beams.len() {
+            let b = &search.beams[k];
+            if b.id.is_none() && b.candidates.is_none() {
+                let tokens = b.tokens.clone();
+                search.beams[k].id = self.new_beam(id, search, None, &tokens)?;
             }
         }
         Ok(())
@@ -275,7 +290,7 @@ impl Engine<'_> {
         for (k, &(rank, _, _)) in kept.iter().enumerate() {
             let parent = search.beams[rank].id;
             if first[rank] != Some(k) || parent.is_none() {
-                next[k].id = Some(self.new_beam(id, search, parent, &next[k].tokens)?);
+                next[k].id = self.new_beam(id, search, parent, &next[k].tokens)?;
             }
         }
         for (k, &(rank, token, _)) in kept.iter().enumerate() {
@@ -297,14 +312,15 @@ impl Engine<'_> {
     }
 
     /// A new beam of search `search_id`, its sequence `tokens`: forked off beam `parent` (its full
-    /// pages shared; `tokens` are its and one more), else a request of its own. Returns its id.
+    /// pages shared; `tokens` are its and one more), else a request of its own. Returns its id;
+    /// `None` while the table has no room (it stays parked, tried again after the next step).
     fn new_beam(
         &mut self,
         search_id: u64,
         search: &Search,
         parent: Option<u64>,
         tokens: &[u32],
-    ) -> Result<u64> {
+    ) -> Result<Option<u64>> {
         let id = self.next_id;
         self.next_id += 1;
         let left = search.max_new - search.steps;
@@ -330,14 +346,20 @@ impl Engine<'_> {
             self.live[usize::from(h.index())] = Some(live);
         } else {
             spec.prompt += 1;
-            self.enqueue_as(id, spec, tokens.to_vec(), how, search.salt)?;
+            match self.enqueue_as(id, spec, tokens.to_vec(), how, search.salt) {
+                Ok(_) => {}
+                Err(EngineError::Refused(Refusal::Scheduler(
+                    kvsched_core::Error::CapacityExhausted { .. },
+                ))) => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
         let live = self
             .live_mut(id)
             .ok_or(EngineError::Batch(format!("beam {id} is gone")))?;
         live.prompt = search.prompt;
         live.extras.beam = Some(Beam { search: search_id });
-        Ok(id)
+        Ok(Some(id))
     }
 
     /// Removes beam `id` (its search dropped or parked it, or ended).

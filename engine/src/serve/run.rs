@@ -255,8 +255,9 @@ impl Engine<'_> {
     }
 
     fn finish(&mut self, slot: u16, finish: Finish) -> Result<Completion> {
-        // Its samples waiting for its prompt are forked before it leaves.
+        // Its samples waiting for its prompt are forked before it leaves (or wait for room alone).
         self.fork_samples_of(usize::from(slot))?;
+        self.detach_samples_of(usize::from(slot));
         let mut live = self.live[usize::from(slot)]
             .take()
             .ok_or_else(|| EngineError::Batch(format!("slot {slot} is empty")))?;

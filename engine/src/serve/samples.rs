@@ -7,7 +7,7 @@
 //! tried again after the next step.
 
 use super::{Engine, Live};
-use crate::error::{Refusal, Result};
+use crate::error::{EngineError, Refusal, Result};
 use crate::{Guide, Sampler};
 use kvsched_core::{Error, Phase, RequestSpec, TaskId};
 
@@ -34,6 +34,28 @@ impl std::fmt::Debug for Sample {
 pub(super) struct Pending {
     id: u64,
     sample: Sample,
+}
+
+/// A sample whose first sample left (finished) or could not share its pages while the scheduler's
+/// table was full: it waits for room as a request of its own, its prompt and length its first's.
+#[derive(Debug)]
+pub(super) struct Detached {
+    pending: Pending,
+    tokens: Vec<u32>,
+    max_new: usize,
+    adapter: Option<u64>,
+    salt: u64,
+}
+
+/// The samples waiting for room, detached from their first sample.
+#[derive(Debug, Default)]
+pub(super) struct Waiting(Vec<Detached>);
+
+impl Waiting {
+    /// None waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Engine<'_> {
@@ -106,12 +128,58 @@ impl Engine<'_> {
         self.cfg.prefix_cache && matches!(self.sched, super::backend::Sched::Full(_))
     }
 
-    /// Forks the waiting samples of every request whose prompt is computed (after a step).
+    /// Forks the waiting samples of every request whose prompt is computed (after a step); the
+    /// detached ones are submitted while there is room.
     pub(super) fn fork_samples(&mut self) -> Result<()> {
+        for d in std::mem::take(&mut self.detached.0) {
+            if let Some(d) = self.submit_alone(d)? {
+                self.detached.0.push(d);
+            }
+        }
         for slot in 0..self.live.len() {
             self.fork_samples_of(slot)?;
         }
         Ok(())
+    }
+
+    /// A detached sample as a request of its own; `Some` back while the table is full.
+    fn submit_alone(&mut self, d: Detached) -> Result<Option<Detached>> {
+        let mut spec = RequestSpec::new(d.pending.id, Phase::ContextInit, d.tokens.len() as u32);
+        spec.max_new_tokens = d.max_new as u32;
+        spec.lora = d.adapter.map(TaskId);
+        let how = (d.max_new, d.adapter, d.pending.sample.sampler.clone());
+        match self.enqueue_as(d.pending.id, spec, d.tokens.clone(), how, d.salt) {
+            Ok(id) => {
+                if let Some(live) = self.live_mut(id) {
+                    (live.extras.guide, live.extras.salt) = (d.pending.sample.guide, d.salt);
+                }
+                Ok(None)
+            }
+            Err(EngineError::Refused(Refusal::Scheduler(Error::CapacityExhausted { .. }))) => {
+                Ok(Some(d))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The samples still waiting on the request in `slot`, detached (it is leaving).
+    pub(super) fn detach_samples_of(&mut self, slot: usize) {
+        let Some(parent) = self.live[slot].as_mut() else {
+            return;
+        };
+        let tokens = parent.tokens[..parent.prompt].to_vec();
+        let (max_new, adapter, salt) = (parent.max_new, parent.adapter, parent.extras.salt);
+        for pending in std::mem::take(&mut parent.extras.pending) {
+            let tokens = tokens.clone();
+            let d = Detached {
+                pending,
+                tokens,
+                max_new,
+                adapter,
+                salt,
+            };
+            self.detached.0.push(d);
+        }
     }
 
     /// Forks the waiting samples of the request in `slot`, if its prompt is computed: each a child
@@ -137,8 +205,8 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// One waiting sample forked off the request in `slot` (else submitted alone); `Some` back when
-    /// the table is full.
+    /// One waiting sample forked off the request in `slot` (else submitted alone, or detached
+    /// while the table is full); `Some` back when the table is full for the fork.
     fn fork_one(&mut self, slot: usize, p: Pending) -> Result<Option<Pending>> {
         let Some(parent) = self.live[slot].as_ref() else {
             return Ok(None);
@@ -154,21 +222,24 @@ impl Engine<'_> {
         let mut spec = RequestSpec::new(p.id, Phase::ContextInit, prompt as u32);
         spec.max_new_tokens = max_new as u32;
         spec.lora = adapter.map(TaskId);
-        let Sample { sampler, guide } = p.sample;
-        let h = match self.sched.fork(handle, spec.clone()) {
+        let h = match self.sched.fork(handle, spec) {
             Ok(h) => h,
-            Err(Error::CapacityExhausted { .. }) => {
-                let sample = Sample { sampler, guide };
-                return Ok(Some(Pending { id: p.id, sample }));
-            }
+            Err(Error::CapacityExhausted { .. }) => return Ok(Some(p)),
             Err(_) => {
-                let id = self.enqueue_as(p.id, spec, tokens, (max_new, adapter, sampler), salt)?;
-                if let Some(live) = self.live_mut(id) {
-                    (live.extras.guide, live.extras.salt) = (guide, salt);
+                let d = Detached {
+                    pending: p,
+                    tokens,
+                    max_new,
+                    adapter,
+                    salt,
+                };
+                if let Some(d) = self.submit_alone(d)? {
+                    self.detached.0.push(d);
                 }
                 return Ok(None);
             }
         };
+        let Sample { sampler, guide } = p.sample;
         let shared = self.sched.get(h)?.spec().position as usize;
         self.stats.forks += 1;
         self.stats.fork_shared_tokens += shared as u64;
@@ -195,6 +266,8 @@ impl Engine<'_> {
                 return true;
             }
         }
-        false
+        let before = self.detached.0.len();
+        self.detached.0.retain(|d| d.pending.id != id);
+        self.detached.0.len() < before
     }
 }
