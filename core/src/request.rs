@@ -351,17 +351,14 @@ impl Request<Waiting> {
         if !kv.cache(self.kv_ref()).is_active() {
             return Err(self.not_on_gpu());
         }
-        let lease = match self.task() {
-            None => None,
-            Some(t) => match desk.acquire(kv, self.core.id, t, None) {
-                Ok(l) => Some(l),
-                Err((_, e)) => {
-                    return Err(Refused {
-                        request: self,
-                        error: Error::Peft(e),
-                    })
-                }
-            },
+        let lease = match self.lease(kv, desk) {
+            Ok(lease) => lease,
+            Err(error) => {
+                return Err(Refused {
+                    request: self,
+                    error,
+                })
+            }
         };
         let (core, _) = self.into_parts();
         Ok(Self::build(core, Active { lease }))
@@ -377,17 +374,14 @@ impl Request<Waiting> {
         desk: &mut AdapterDesk<P, T, St>,
         share: impl FnOnce(&mut K) -> bool,
     ) -> Result<Request<Active>, Refused<Waiting>> {
-        let lease = match self.task() {
-            None => None,
-            Some(t) => match desk.acquire(kv, self.core.id, t, None) {
-                Ok(l) => Some(l),
-                Err((_, e)) => {
-                    return Err(Refused {
-                        request: self,
-                        error: Error::Peft(e),
-                    })
-                }
-            },
+        let lease = match self.lease(kv, desk) {
+            Ok(lease) => lease,
+            Err(error) => {
+                return Err(Refused {
+                    request: self,
+                    error,
+                })
+            }
         };
         if !share(kv) || !kv.cache(self.kv_ref()).is_active() {
             if kv.cache(self.kv_ref()).exists() {
@@ -403,6 +397,22 @@ impl Request<Waiting> {
         }
         let (core, _) = self.into_parts();
         Ok(Self::build(core, Active { lease }))
+    }
+
+    /// A fresh lease on its adapter from the desk (none for a request without one); the desk's
+    /// refusal changes nothing of the request.
+    fn lease<K: KvBackend, P: PeftBackend, const T: usize, St: Storage>(
+        &self,
+        kv: &mut K,
+        desk: &mut AdapterDesk<P, T, St>,
+    ) -> Result<Option<AdapterLease>, Error> {
+        match self.task() {
+            None => Ok(None),
+            Some(t) => desk
+                .acquire(kv, self.core.id, t, None)
+                .map(Some)
+                .map_err(|(_, e)| Error::Peft(e)),
+        }
     }
 
     /// Registers a request whose cache the KV backend already holds suspended (adoption): it is paused

@@ -73,13 +73,8 @@ fn serve(
         .iter()
         .enumerate()
         .map(|(q, p)| {
-            let samples = (0..N)
-                .map(|i| Sample {
-                    sampler: sampler(100 * q as u64, i),
-                    guide: None,
-                })
-                .collect();
-            engine.submit_samples(p, NEW, None, samples, 0).unwrap()
+            let all = samples(100 * q as u64);
+            engine.submit_samples(p, NEW, None, all, 0).unwrap()
         })
         .collect();
     let done = engine
@@ -164,13 +159,7 @@ fn without_a_prefix_cache_each_sample_is_a_request_of_its_own() {
     let Some(model) = common::model() else { return };
     let mut e = Engine::new(model, config(256, 0, false)).unwrap();
     let p = prompt(model, QUESTIONS[0]);
-    let samples = (0..N)
-        .map(|i| Sample {
-            sampler: sampler(0, i),
-            guide: None,
-        })
-        .collect();
-    let ids = e.submit_samples(&p, NEW, None, samples, 0).unwrap();
+    let ids = e.submit_samples(&p, NEW, None, samples(0), 0).unwrap();
     assert_eq!(e.len(), N, "all submitted at once");
     let done: HashMap<u64, Completion> = e.run().unwrap().into_iter().map(|c| (c.id, c)).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -184,13 +173,7 @@ fn cancelling_the_first_sample_drops_the_waiting_ones() {
     let Some(model) = common::model() else { return };
     let mut e = Engine::new(model, config(256, 0, true)).unwrap();
     let p = prompt(model, QUESTIONS[1]);
-    let samples = (0..N)
-        .map(|i| Sample {
-            sampler: sampler(0, i),
-            guide: None,
-        })
-        .collect();
-    let ids = e.submit_samples(&p, NEW, None, samples, 0).unwrap();
+    let ids = e.submit_samples(&p, NEW, None, samples(0), 0).unwrap();
     assert!(
         e.cancel(ids[2]).unwrap(),
         "a waiting sample is cancelled alone"
