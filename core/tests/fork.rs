@@ -116,6 +116,23 @@ fn children_share_the_prompts_full_blocks_once_and_compute_their_last_block() {
     );
 }
 
+/// A child shorter than its parent takes only its own prompt's block hashes: a replay of it (its
+/// prompt then its output) never matches the parent's blocks past its prompt.
+#[test]
+fn a_shorter_child_takes_only_its_own_blocks_hashes() {
+    let mut s = sched(KvPool::owned_with_prefix_cache(config(64)).unwrap());
+    let mut out = Out::new();
+    let parent = decoding_parent(&mut s, &mut out, None);
+    let kid = s.fork(parent, child(1, 40, None)).unwrap();
+    let seq = s.kv().seq(kid.index());
+    assert_eq!(
+        (seq.blocks, seq.hashed),
+        (2, 2),
+        "40 tokens: two full blocks of 16"
+    );
+    assert_eq!(s.get(kid).unwrap().spec().position, 32);
+}
+
 #[test]
 fn the_parent_removed_first_leaves_its_children_whole() {
     let mut s = sched(KvPool::owned_with_prefix_cache(config(64)).unwrap());

@@ -363,7 +363,7 @@ impl<'m> Engine<'m> {
 
     /// Whether no request is waiting or running.
     pub fn is_empty(&self) -> bool {
-        self.sched.is_empty() && self.detached.is_empty()
+        self.sched.is_empty() && self.detached.is_empty() && !self.searching()
     }
 
     /// Tokens request `id` has generated so far (`None` once it finished, or for an unknown id).

@@ -44,7 +44,8 @@ fn reference(model: &Model, prompt: &[u32], p: BeamSearch) -> Vec<(Vec<u32>, f64
     let tok = model.tokenizer();
     let lp = Sampler::greedy().with_logprobs(2 * p.width);
     let score = |t: &[u32], cum: f64| {
-        let stop = !p.ignore_eos && t.last().is_some_and(|&x| tok.is_stop(x));
+        // vLLM leaves a last stop token out of the length, ignore_eos or not.
+        let stop = t.last().is_some_and(|&x| tok.is_stop(x));
         cum / ((t.len() - usize::from(stop)) as f64).powf(p.length_penalty)
     };
     let (mut beams, mut done) = (vec![(prompt.to_vec(), 0.0f64)], Vec::new());

@@ -168,8 +168,11 @@ fn without_a_prefix_cache_each_sample_is_a_request_of_its_own() {
     assert_eq!(e.stats().forks, 0);
 }
 
+/// Cancelling the first sample before its samples are forked leaves them to run alone (another
+/// sample's client may still want them: the server cancels the first on its stop string); a waiting
+/// sample is cancelled by its own id.
 #[test]
-fn cancelling_the_first_sample_drops_the_waiting_ones() {
+fn cancelling_the_first_sample_leaves_the_others_to_run() {
     let Some(model) = common::model() else { return };
     let mut e = Engine::new(model, config(256, 0, true)).unwrap();
     let p = prompt(model, QUESTIONS[1]);
@@ -179,12 +182,18 @@ fn cancelling_the_first_sample_drops_the_waiting_ones() {
         "a waiting sample is cancelled alone"
     );
     assert!(e.cancel(ids[0]).unwrap());
-    assert!(e.is_empty());
-    assert!(
-        e.run().unwrap().is_empty(),
-        "no waiting sample is left to fork"
-    );
-    assert!(!e.cancel(ids[1]).unwrap(), "dropped with its first");
+    assert_eq!(e.waiting_samples(), 2);
+    let done: HashMap<u64, Completion> = e.run().unwrap().into_iter().map(|c| (c.id, c)).collect();
+    let mut finished: Vec<u64> = done.keys().copied().collect();
+    finished.sort_unstable();
+    assert_eq!(finished, [ids[1], ids[3]]);
+    for i in [1, 3] {
+        assert_eq!(
+            done[&ids[i]].tokens,
+            alone_tokens(model, &p, NEW, 0, i),
+            "sample {i}"
+        );
+    }
 }
 
 /// A first sample that ends in the step its prompt is computed still has its samples forked.

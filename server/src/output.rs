@@ -266,6 +266,11 @@ pub(crate) async fn beams(mut gen: Generation, meta: &Meta) -> Result<Response, 
         match gen.rx.recv().await {
             Some(Event::Beams(s)) => break s,
             Some(Event::Scheduled(at, cached)) => (gen.scheduled, gen.cached) = (Some(at), cached),
+            // Aborted (the server's shutdown passed its deadline) before the search ended.
+            Some(Event::Done(End::Abort)) => {
+                gen.finish(End::Abort);
+                return Err(ApiError::shutting_down());
+            }
             Some(Event::Tokens(..) | Event::Done(_)) => {}
             Some(Event::Failed(why)) => {
                 gen.ended = true;

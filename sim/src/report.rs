@@ -50,7 +50,7 @@ pub struct Report {
     pub fork_pages_shared: u64,
     /// Forked samples that finished (beside `requests_completed`, which counts requests).
     pub samples_completed: u64,
-    /// Forks the scheduler refused (a pool it cannot fork in: a draft pool, a connector).
+    /// Samples never forked: their request ended first.
     pub fork_refused: u64,
     /// KV pages moved GPU → host.
     pub pages_offloaded: u64,

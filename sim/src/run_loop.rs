@@ -82,8 +82,8 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     /// The starvation figure's waits (`starvation.rs`).
     waits: Waits,
     /// Requests whose prompt is computed and whose other samples wait to be forked (`forks.rs`):
-    /// their slot and the next sample's index.
-    forks_due: Vec<(u16, u32)>,
+    /// their handle and the next sample's index.
+    forks_due: Vec<(kvsched_core::scheduler::Handle, u32)>,
 }
 
 /// A disaggregated engine's transfers.
@@ -606,7 +606,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 }
             }
             if lv.sample == 0 && lv.first_token_ms.is_none() && self.o.samples > 1 {
-                self.forks_due.push((slot, 1));
+                self.forks_due.push((lv.handle, 1));
             }
             if lv.first_token_ms.is_none() {
                 lv.first_token_ms = Some(self.now_ms);

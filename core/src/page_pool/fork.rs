@@ -49,14 +49,15 @@ impl<B: Buffers> KvPool<'_, B> {
             prefix.acquire(e);
             self.tables[to + k] = e;
         }
-        let hashed = p.hashed as usize;
-        self.hashes.copy_within(from..from + hashed, to);
+        // The child's prompt's own blocks only: past them its tokens are its own.
+        let hashed = p.hashed.min(tokens / tpb);
+        self.hashes.copy_within(from..from + hashed as usize, to);
         self.seqs[child] = Seq {
             state: SeqState::Active,
             capacity: blocks * tpb,
             blocks,
             root: p.root,
-            hashed: p.hashed,
+            hashed,
             chain: p.root,
             ..Seq::default()
         };

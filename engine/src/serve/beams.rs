@@ -16,7 +16,7 @@
 //! beam holds no page and the pass can always make progress; a kept candidate of a parked beam is
 //! then a request of its own, its sequence its prompt (so is a fork the scheduler refuses).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use super::{Engine, Finish, Live, Row};
 use crate::error::{EngineError, Refusal, Result};
@@ -93,7 +93,7 @@ struct Search {
 /// The searches in progress and those finished, not yet taken.
 #[derive(Debug, Default)]
 pub(super) struct Book {
-    searches: HashMap<u64, Search>,
+    searches: BTreeMap<u64, Search>,
     results: Vec<BeamResult>,
 }
 
@@ -153,6 +153,22 @@ impl Engine<'_> {
         };
         self.beams.searches.insert(id, search);
         Ok(id)
+    }
+
+    /// Beams the searches in progress will have beyond their requests now (each search up to its
+    /// width).
+    pub(super) fn beams_to_come(&self) -> usize {
+        let resident = |s: &Search| s.beams.iter().filter(|b| b.id.is_some()).count();
+        self.beams
+            .searches
+            .values()
+            .map(|s| s.params.width.saturating_sub(resident(s)))
+            .sum()
+    }
+
+    /// A search is in progress (its beams may all be parked, none a request).
+    pub(super) fn searching(&self) -> bool {
+        !self.beams.searches.is_empty()
     }
 
     /// The beam searches that ended since the last call.
@@ -252,8 +268,29 @@ impl Engine<'_> {
         kept.sort_by(|a, b| b.2.total_cmp(&a.2));
         kept.truncate(search.params.width);
         search.steps += 1;
+        if search.steps >= search.max_new {
+            // The last step: its kept candidates are the search's last beams, with no request.
+            let last: Vec<Rec> = kept
+                .iter()
+                .map(|&(rank, t, cum)| {
+                    let mut tokens = search.beams[rank].tokens.clone();
+                    tokens.push(t);
+                    Rec {
+                        id: None,
+                        tokens,
+                        cum,
+                        candidates: None,
+                    }
+                })
+                .collect();
+            for r in search.beams.iter().filter_map(|b| b.id) {
+                self.drop_beam(r)?;
+            }
+            search.beams = last;
+            return self.finish_search(id, search);
+        }
         search.beams = self.continue_beams(id, &search, &kept)?;
-        if search.steps >= search.max_new || search.beams.is_empty() {
+        if search.beams.is_empty() {
             self.finish_search(id, search)
         } else {
             self.beams.searches.insert(id, search);
@@ -396,8 +433,10 @@ impl Engine<'_> {
         }
         let tok = self.model.tokenizer();
         let (lp, eos) = (search.params.length_penalty, !search.params.ignore_eos);
-        let stops = |t: &[u32]| eos && t.last().is_some_and(|&x| tok.is_stop(x));
-        let key = |(t, c): &(Vec<u32>, f64)| score(*c, t.len(), stops(t), lp);
+        let ends = |t: &[u32]| t.last().is_some_and(|&x| tok.is_stop(x));
+        let stops = |t: &[u32]| eos && ends(t);
+        // vLLM's score leaves a last stop token out of the length, ignore_eos or not.
+        let key = |(t, c): &(Vec<u32>, f64)| score(*c, t.len(), ends(t), lp);
         search.done.sort_by(|a, b| key(b).total_cmp(&key(a)));
         search.done.truncate(search.params.width);
         let mut prompt = Vec::new();

@@ -81,7 +81,8 @@ impl Engine<'_> {
         else {
             return Ok(self.cancel_waiting(id));
         };
-        self.drop_samples_of(id);
+        // Its samples still waiting run alone (another sample's client may still want them).
+        self.detach_samples_of(slot);
         let handle = self.live[slot].as_ref().map(|l| l.handle);
         if let Some(handle) = handle {
             self.sched.remove(handle)?;

@@ -62,9 +62,9 @@ impl Engine<'_> {
     /// Parallel sampling: one request per sample of `prompt` (each up to `max_new_tokens` tokens,
     /// on `adapter`, with cache salt `salt`), the prompt computed once where the scheduler can fork
     /// (a prefix cache on one pool). Returns their ids, in sample order; each finishes with a
-    /// [`super::Completion`] of its own. Cancelling the first before its prompt is computed cancels
-    /// the samples still waiting on it. Refused as [`Engine::submit`] (and for no sample), nothing
-    /// queued.
+    /// [`super::Completion`] of its own. Cancelling the first before its samples are forked leaves
+    /// them to run alone (cancel each by its id). Refused as [`Engine::submit`] (and for no sample),
+    /// nothing queued.
     pub fn submit_samples(
         &mut self,
         prompt: &[u32],
@@ -113,14 +113,17 @@ impl Engine<'_> {
         Ok(ids)
     }
 
-    /// Samples waiting for their first sample's prompt (not yet requests of the scheduler's: each
-    /// takes a place when it is forked).
+    /// Samples waiting for their first sample's prompt or for room, and beams a search will have
+    /// beyond its requests now (not yet requests of the scheduler's: each takes a place when it is
+    /// forked or submitted).
     pub fn waiting_samples(&self) -> usize {
-        self.live
+        let pending: usize = self
+            .live
             .iter()
             .flatten()
             .map(|l| l.extras.pending.len())
-            .sum()
+            .sum();
+        pending + self.detached.0.len() + self.beams_to_come()
     }
 
     /// The scheduler forks: a prefix cache (its reference counts share the pages) on one pool.
@@ -249,13 +252,6 @@ impl Engine<'_> {
         (live.extras.guide, live.extras.salt, live.extras.cached) = (guide, salt, cached);
         self.live[usize::from(h.index())] = Some(live);
         Ok(None)
-    }
-
-    /// Drops the samples waiting on request `id` (it is cancelled); their ids end unanswered.
-    pub(super) fn drop_samples_of(&mut self, id: u64) {
-        if let Some(live) = self.live_mut(id) {
-            live.extras.pending.clear();
-        }
     }
 
     /// A waiting sample named by its id: it never started; cancelling it drops it.

@@ -4,6 +4,7 @@
 //! the report counts the forks and the pages they shared (the pages saved against separate requests).
 
 use kvsched_core::request::RequestSpec;
+use kvsched_core::scheduler::Handle;
 use kvsched_core::{Error, Phase};
 
 use super::super::backend::SimKv;
@@ -15,11 +16,12 @@ impl<'s, K: SimKv<'s>> Sim<'s, '_, K> {
     /// active, in order; a full table leaves the rest for the next step.
     pub(super) fn fork_samples(&mut self) -> Result<(), SimError> {
         let due = std::mem::take(&mut self.forks_due);
-        for (at, &(slot, first)) in due.iter().enumerate() {
-            match self.fork_from(slot, first)? {
-                None => {}
-                Some(k) => {
-                    self.forks_due.push((slot, k));
+        for (at, &(handle, first)) in due.iter().enumerate() {
+            match self.fork_from(handle, first)? {
+                Wait::Done => {}
+                Wait::Later(k) => self.forks_due.push((handle, k)),
+                Wait::Full(k) => {
+                    self.forks_due.push((handle, k));
                     self.forks_due.extend_from_slice(&due[at + 1..]);
                     return Ok(());
                 }
@@ -28,14 +30,16 @@ impl<'s, K: SimKv<'s>> Sim<'s, '_, K> {
         Ok(())
     }
 
-    /// Forks samples `first..` of the request in `slot`; `Some(k)` when sample `k` found the table
-    /// full. A request gone (finished, or recompute-paused: its replay is not the prompt's end) has
-    /// its forks dropped, counted as refused.
-    fn fork_from(&mut self, slot: u16, first: u32) -> Result<Option<u32>, SimError> {
-        let Some(lv) = self.live[slot as usize].as_ref() else {
-            return Ok(None);
+    /// Forks samples `first..` of request `handle`: all of them, or from sample `k` on later (the
+    /// table full, or the request not active now). A request gone has its samples counted as
+    /// refused.
+    fn fork_from(&mut self, handle: Handle, first: u32) -> Result<Wait, SimError> {
+        let slot = usize::from(handle.index());
+        let Some(lv) = self.live[slot].as_ref().filter(|l| l.handle == handle) else {
+            self.r.fork_refused += u64::from(self.o.samples - first);
+            return Ok(Wait::Done);
         };
-        let (handle, arrival, prompt) = (lv.handle, lv.arrival, lv.prompt0);
+        let (arrival, prompt) = (lv.arrival, lv.prompt0);
         let output = lv.output;
         for k in first..self.o.samples {
             let id = arrival as u64 | u64::from(k) << 48;
@@ -49,11 +53,8 @@ impl<'s, K: SimKv<'s>> Sim<'s, '_, K> {
                 .lora;
             let h = match self.sched.fork(handle, spec) {
                 Ok(h) => h,
-                Err(Error::CapacityExhausted { .. }) => return Ok(Some(k)),
-                Err(_) => {
-                    self.r.fork_refused += 1;
-                    continue;
-                }
+                Err(Error::CapacityExhausted { .. }) => return Ok(Wait::Full(k)),
+                Err(_) => return Ok(Wait::Later(k)),
             };
             let shared = self
                 .sched
@@ -77,6 +78,16 @@ impl<'s, K: SimKv<'s>> Sim<'s, '_, K> {
                 sample: k,
             });
         }
-        Ok(None)
+        Ok(Wait::Done)
     }
+}
+
+/// What is left of a request's forks after a try.
+enum Wait {
+    /// None.
+    Done,
+    /// From this sample on, after a later step (the request not active now).
+    Later(u32),
+    /// From this sample on: the table is full (no later request's forks are tried this step).
+    Full(u32),
 }
