@@ -353,10 +353,10 @@ impl Request<Waiting> {
         }
         let lease = match self.lease(kv, desk) {
             Ok(lease) => lease,
-            Err(error) => {
+            Err(e) => {
                 return Err(Refused {
                     request: self,
-                    error,
+                    error: Error::Peft(e),
                 })
             }
         };
@@ -376,10 +376,10 @@ impl Request<Waiting> {
     ) -> Result<Request<Active>, Refused<Waiting>> {
         let lease = match self.lease(kv, desk) {
             Ok(lease) => lease,
-            Err(error) => {
+            Err(e) => {
                 return Err(Refused {
                     request: self,
-                    error,
+                    error: Error::Peft(e),
                 })
             }
         };
@@ -405,13 +405,13 @@ impl Request<Waiting> {
         &self,
         kv: &mut K,
         desk: &mut AdapterDesk<P, T, St>,
-    ) -> Result<Option<AdapterLease>, Error> {
+    ) -> Result<Option<AdapterLease>, crate::error::PeftError> {
         match self.task() {
             None => Ok(None),
-            Some(t) => desk
-                .acquire(kv, self.core.id, t, None)
-                .map(Some)
-                .map_err(|(_, e)| Error::Peft(e)),
+            Some(t) => match desk.acquire(kv, self.core.id, t, None) {
+                Ok(l) => Ok(Some(l)),
+                Err((_, e)) => Err(e),
+            },
         }
     }
 
