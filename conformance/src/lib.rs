@@ -193,6 +193,7 @@ fn phase_of(state: Option<Named<Phase>>) -> Phase {
 fn admission_of(a: &AdmissionIn) -> Result<Admission, ScenarioError> {
     match a.policy {
         AdmissionPolicy::Fcfs => Ok(Admission::Fcfs),
+        AdmissionPolicy::Priority => Ok(Admission::Priority),
         AdmissionPolicy::Vtc => Ok(Admission::Vtc {
             input_weight: a.input_weight.unwrap_or(1),
             output_weight: a.output_weight.unwrap_or(2),

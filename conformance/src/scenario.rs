@@ -198,6 +198,9 @@ pub enum AdmissionPolicy {
     Vtc,
     /// `deadline`: earliest TTFT deadline first.
     Deadline,
+    /// `priority`: by `priority` (the lower first), then arrival; a higher priority makes a lower one
+    /// yield.
+    Priority,
 }
 
 /// `config.chunking`.

@@ -64,6 +64,12 @@ pub enum Admission {
         /// The time-to-first-token objective of each priority class.
         ttft: [u64; PRIORITY_CLASSES],
     },
+    /// Priority that preempts (`scheduler/priority.rs`): by [`crate::RequestSpec::priority`], the lower
+    /// value first as vLLM's `priority`, then arrival. A request the pass refuses pages, a batch slot
+    /// or its adapter makes one running request of strictly lower priority yield in the next pass
+    /// (suspended, or recompute-paused without a host tier), and no request of lower priority is
+    /// admitted or resumed while it waits for room. Under GUARANTEED_NO_EVICT it only orders.
+    Priority,
 }
 
 impl Admission {
@@ -81,12 +87,13 @@ impl Admission {
         !matches!(self, Self::Fcfs)
     }
 
-    /// The policy's name: `fcfs`, `vtc` or `deadline`.
+    /// The policy's name: `fcfs`, `vtc`, `deadline` or `priority`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Fcfs => "fcfs",
             Self::Vtc { .. } => "vtc",
             Self::Deadline { .. } => "deadline",
+            Self::Priority => "priority",
         }
     }
 }

@@ -193,16 +193,6 @@ fn submit_refuses_bad_requests_and_changes_nothing() {
     );
     refused(
         &mut s,
-        "priority class beyond the four",
-        |e| matches!(e, Error::Invalid(_)),
-        |s| {
-            let mut r = spec(10, 4);
-            r.priority = 4;
-            s.submit(r)
-        },
-    );
-    refused(
-        &mut s,
         "beam width that overflows the step's tokens",
         |e| matches!(e, Error::Invalid(_)),
         |s| {

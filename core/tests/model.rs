@@ -87,7 +87,7 @@ fn setup() -> impl Strategy<Value = Setup> {
             1u32..=8,
         ),
         peft(),
-        (2u32..=12, any::<bool>(), 0u8..3, any::<bool>(), 0u8..3),
+        (2u32..=12, any::<bool>(), 0u8..3, any::<bool>(), 0u8..4),
     )
         .prop_map(
             |(
@@ -121,6 +121,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                     2 => Admission::Deadline {
                         ttft: [0, 40, 200, 1000],
                     },
+                    3 => Admission::Priority,
                     _ => Admission::Fcfs,
                 },
                 // Half the prefix configurations have a connector (a remote store of the families).
@@ -254,6 +255,16 @@ proptest! {
         run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
     }
 
+    /// Priority that preempts (issue 45) in every other respect of the configuration: lower priorities
+    /// yield to higher ones, are held back while a higher one waits for room, and keep their place.
+    #[test]
+    fn invariants_hold_under_priority(
+        setup in by_priority(setup()),
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
+    }
+
     /// The same on KV groups (`grouped`): the harness also audits every group's pool, checks that every
     /// group agrees with the leader on every request, and holds each window group to its window rule.
     #[test]
@@ -341,6 +352,14 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
             },
         );
     prop::collection::vec(req, 1..=N)
+}
+
+/// `setups` under [`Admission::Priority`].
+fn by_priority(setups: impl Strategy<Value = Setup>) -> impl Strategy<Value = Setup> {
+    setups.prop_map(|mut s| {
+        s.admission = Admission::Priority;
+        s
+    })
 }
 
 fn with_reqs() -> impl Strategy<Value = (Setup, Vec<Req>)> {
@@ -495,6 +514,18 @@ proptest! {
     /// livelock past the bound.
     #[test]
     fn every_request_that_fits_alone_finishes((setup, reqs) in with_reqs()) {
+        fits_alone(&setup, &reqs)?;
+    }
+
+    /// The same under priority that preempts (issue 45): the most senior runnable request (the first
+    /// by priority, then arrival) is held to the same bound, and every request finishes.
+    #[test]
+    fn every_request_that_fits_alone_finishes_under_priority(
+        (setup, reqs) in by_priority(live_setup()).prop_flat_map(|s| {
+            let reqs = live_reqs(&s);
+            (Just(s), reqs)
+        })
+    ) {
         fits_alone(&setup, &reqs)?;
     }
 
@@ -1569,4 +1600,91 @@ fn forks_are_made_and_their_children_live_every_lifecycle() {
     );
     assert!(total.forked > 100 && total.parents_first > 0, "{total:?}");
     assert!(total.children_moved.iter().all(|&n| n > 0), "{total:?}");
+}
+
+/// The priority property is not vacuous: over a fixed set of its cases, running requests yield to
+/// higher priorities, by suspension and by recompute pause.
+#[test]
+fn lower_priorities_yield_in_the_model_runs() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[45; 32]);
+    let mut runner = TestRunner::new_with_rng(PtConfig::default(), rng);
+    let cases = (by_priority(setup()), prop::collection::vec(op(), 1..160));
+    let (mut yielded, mut suspending, mut recomputing) = (0, 0, 0);
+    for _ in 0..300 {
+        let (setup, ops) = cases.new_tree(&mut runner).unwrap().current();
+        let host = setup.host_pages > 0;
+        let s = run(setup, &ops).unwrap_or_else(|e| panic!("{e}"));
+        yielded += s.yielded;
+        if s.yielded > 0 {
+            *(if host {
+                &mut suspending
+            } else {
+                &mut recomputing
+            }) += 1;
+        }
+    }
+    eprintln!(
+        "300 cases: {yielded} yields; {suspending} cases with a host tier, {recomputing} without"
+    );
+    assert!(yielded > 20 && suspending > 0 && recomputing > 0);
+}
+
+/// Found at 20,000 cases (issue 45): a class-0 prompt refused its adapter (one device page, one host
+/// page) made the class-1 lease holder yield every pass it came back, though its lease's return never
+/// made room for the adapter: the holder replayed its prefill for ever and nothing finished. An adapter
+/// refusal now takes one holder while its request stays blocked.
+#[test]
+fn regression_an_adapter_refusal_takes_one_holder() {
+    let setup = Setup {
+        gpu_pages: 10,
+        host_pages: 0,
+        tokens_per_block: 3,
+        max_blocks: 10,
+        chunk: Chunk::Fcfs,
+        unit: 1,
+        no_evict: false,
+        recompute_pause: true,
+        max_num_tokens: Some(8),
+        max_num_requests: 1,
+        peft: Some(split_peft(1, 1, &[1, 1, 1, 1, 1])),
+        deadlock_threshold: 2,
+        prefix: false,
+        draft: None,
+        cross: false,
+        admission: Admission::Priority,
+        connector: false,
+        windows: vec![],
+    };
+    let submit = |prompt, out_len, lora| Op::Submit {
+        prompt,
+        out_len,
+        lora,
+        draft: 0,
+        snap_every: 0,
+        duplicate: false,
+        family: None,
+        encoder: 0,
+    };
+    let disagg = |prompt| Op::Disagg {
+        prompt,
+        out_len: 1,
+        lora: None,
+        generation: false,
+    };
+    let ops = [
+        submit(9, 2, Some(0)),
+        submit(1, 1, None),
+        submit(1, 1, None),
+        disagg(1),
+        submit(1, 1, None),
+        submit(1, 1, None),
+        disagg(9),
+        Op::Pass,
+        Op::Pass,
+        submit(1, 1, Some(1)),
+    ];
+    let stats = run(setup, &ops).unwrap_or_else(|e| panic!("{e}"));
+    assert!(stats.yielded >= 1, "{stats:?}");
 }

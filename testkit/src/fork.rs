@@ -48,7 +48,7 @@ impl Harness<'_> {
                 self.next_id += 1;
                 self.stats.forked += 1;
                 self.forks.insert(spec.id.0, ps.id.0);
-                self.live.push(Live {
+                self.join(Live {
                     handle: h,
                     id: spec.id.0,
                     prompt: spec.prompt,
@@ -62,6 +62,7 @@ impl Harness<'_> {
                     context_only: false,
                     step_start: at,
                     frontier: at,
+                    priority: spec.priority,
                 });
                 Ok(())
             }

@@ -1145,6 +1145,8 @@ struct Live {
     step_start: u32,
     /// The positions its scheduled steps write: where its next step starts.
     frontier: u32,
+    /// Its priority (the order under [`Admission::Priority`]).
+    priority: u8,
 }
 
 /// A transfer holds the request: it sends its KV, or waits for it to arrive.
@@ -1195,6 +1197,8 @@ pub struct Stats {
     pub children_moved: [u64; 3],
     /// Parents removed while a child of theirs lived.
     pub parents_first: u64,
+    /// Running requests that yielded to a higher priority (`PassStats::yielded`).
+    pub yielded: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -1645,7 +1649,7 @@ impl<'a> Harness<'a> {
             (Ok(h), None) => {
                 self.next_id += 1;
                 self.stats.submitted += 1;
-                self.live.push(Live {
+                self.join(Live {
                     handle: h,
                     id: s.id.0,
                     prompt: s.prompt,
@@ -1659,6 +1663,7 @@ impl<'a> Harness<'a> {
                     context_only: s.context_only,
                     step_start: 0,
                     frontier: 0,
+                    priority: s.priority,
                 });
                 Ok(())
             }
@@ -1872,6 +1877,7 @@ impl<'a> Harness<'a> {
         let oldest = self.oldest_runnable();
         let res = self.sched.schedule(&mut self.out);
         self.stats.passes += 1;
+        self.stats.yielded += u64::from(self.sched.last_pass().yielded);
         let ran = res.is_ok() && oldest.is_some_and(|id| self.scheduled(id));
         self.progress.after(ran);
         match res {
@@ -1920,12 +1926,24 @@ impl<'a> Harness<'a> {
         }
     }
 
+    /// A request joins the model's order: at the end, or under priority at the end of its priority's.
+    fn join(&mut self, l: Live) {
+        let at = if self.setup.admission == Admission::Priority {
+            let before = self.live.iter().rposition(|x| x.priority <= l.priority);
+            before.map_or(0, |i| i + 1)
+        } else {
+            self.live.len()
+        };
+        self.live.insert(at, l);
+    }
+
     /// Before a pass: the oldest runnable request's id, its wait noted (`progress.rs`).
     fn oldest_runnable(&mut self) -> Option<u64> {
         let work = |l: &Live| {
             u64::from(l.prompt.saturating_sub(l.position))
                 + u64::from(l.out_len.saturating_sub(l.produced))
         };
+        // Under priority the order is by priority, then arrival: the first is the most senior.
         let oldest = self
             .live
             .iter()
@@ -2733,9 +2751,10 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
             _ => None,
         },
         cross: mode & 0x80 != 0,
-        admission: match r.byte() % 3 {
+        admission: match r.byte() % 4 {
             0 => Admission::Fcfs,
             1 => Admission::VTC,
+            2 => Admission::Priority,
             _ => Admission::Deadline {
                 ttft: [0, 40, 200, 1000],
             },

@@ -47,7 +47,8 @@ pub struct RequestSpec {
     /// (or the base model) is its client. Fixed at submission.
     pub tenant: Option<u32>,
     /// Priority class under [`crate::config::Admission::Deadline`] (below
-    /// [`crate::config::PRIORITY_CLASSES`]): its TTFT deadline is `arrival + ttft[priority]`.
+    /// [`crate::config::PRIORITY_CLASSES`]): its TTFT deadline is `arrival + ttft[priority]`. Under
+    /// [`crate::config::Admission::Priority`], any value: the lower, the sooner (vLLM's `priority`).
     pub priority: u8,
     /// Arrival time on the engine's clock, in the unit of the deadline configuration (e.g. µs).
     pub arrival: u64,

@@ -9,6 +9,8 @@
 //! starving is in `context.rs` (`adapter_refused`).
 //!
 //! - `Deadline`: the key is the request's absolute TTFT deadline, `arrival + ttft[priority]`.
+//! - `Priority`: the key is the request's priority, a request admitted before ahead of a waiting
+//!   one within it (`priority.rs`: priority that preempts).
 //! - `Vtc`: the key is the client's counter plus the input-weighted remaining prompts of the client's
 //!   requests ahead of this one in the list, so one pass interleaves clients as VTC's one-at-a-time
 //!   selection would, instead of serving the least-served client's whole backlog first.
@@ -175,6 +177,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                     p.key = new_admission(e.ownership(), s.arrival.saturating_add(class));
                 }
             }
+            Admission::Priority => {
+                for p in self.pending.iter_mut() {
+                    let e = self.table.entry(self.table.slot(p.index as usize));
+                    p.key = by_priority(e.ownership(), e.spec().priority);
+                }
+            }
             Admission::Vtc { input_weight, .. } => {
                 let ahead = &mut *self.client_sums;
                 ahead[..self.clients.known].fill(0);
@@ -192,6 +200,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         self.pending.sort_unstable_by_key(|p| (p.key, p.index));
     }
+}
+
+/// A pending request's sort key under [`Admission::Priority`]: its priority, one admitted before
+/// ahead of a waiting one within it (a victim keeps its place among its priority).
+fn by_priority(ownership: Ownership, priority: u8) -> u64 {
+    (u64::from(priority) << 1) | u64::from(ownership == Ownership::Waiting)
 }
 
 /// A pending request's sort key: 0 (arrival order, first) for one admitted before, `1 + key` for a

@@ -125,7 +125,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if spec.beam == 0 {
             return Err(Error::Invalid("beam width must be at least 1"));
         }
-        if usize::from(spec.priority) >= crate::config::PRIORITY_CLASSES {
+        let classes = matches!(
+            self.cfg.admission,
+            crate::config::Admission::Deadline { .. }
+        );
+        if classes && usize::from(spec.priority) >= crate::config::PRIORITY_CLASSES {
             return Err(Error::Invalid("priority class out of range"));
         }
         self.check_mm_runs(spec)?;

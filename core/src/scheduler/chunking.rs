@@ -117,6 +117,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// admissions after a first chunk (SKIP); otherwise context-side preemption (STOP when it freed
     /// pages for this request next pass, else SKIP).
     pub(crate) fn pages_refused(&mut self, i: usize, first: bool) -> Step {
+        self.note_blocked(self.table.slot(i), super::priority::Need::Room);
         if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
             // C++ GUARANTEED_NO_EVICT (spec §7): a block shortage ends the admission of new requests, so
             // later (smaller) ones cannot overtake one that waits for its whole reservation. Contexts

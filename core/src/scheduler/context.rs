@@ -20,6 +20,7 @@ use crate::storage::Storage;
 
 use super::marks::Mark;
 use super::pass::{listed, Pass, Step};
+use super::priority::Need;
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -34,6 +35,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let len = self.pending_len();
         while k < len {
             if self.budget.requests_full() {
+                self.full_before(k);
                 return self.record_run(None, false);
             }
             // The last pass's refused run, skipped while it stands (`refused_run.rs`).
@@ -86,7 +88,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let first = self.first_chunk(slot);
         let closed = self.admissions_closed && phase == Phase::ContextInit && first;
-        if self.marked(slot, Mark::PREEMPTED) || closed {
+        if self.marked(slot, Mark::PREEMPTED) || closed || self.held_back(slot) {
             return Step::Skip;
         }
         // §1.11: an unpaired draft pool that would certainly refuse the mirror (decision-neutral).
@@ -108,6 +110,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let Some(pages) = self.peft_need(slot) else {
             // Its adapter does not fit the device beside the pass's.
             self.adapter_refused(slot);
+            self.note_blocked(slot, Need::Adapter);
             return Step::Skip;
         };
         if phase == Phase::EncoderInit {
@@ -157,6 +160,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
             // lease would be refused after the pages were found.
             self.adapter_refused(slot);
+            self.note_blocked(slot, Need::Adapter);
             return Step::Skip;
         }
         if self.draining && self.takes_new_lease(slot) {

@@ -180,6 +180,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return Step::Skip;
         }
         if self.budget.requests_full() {
+            self.batch_full();
             return Step::Stop;
         }
         if !self.cfg.window.contains(phase) {
@@ -209,7 +210,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     #[inline(never)]
     fn general_step(&mut self, i: usize, slot: u16) -> Step {
         let e = self.table.entry(slot);
-        if self.marked(slot, Mark::RECOMPUTED) || e.sits_out() {
+        if self.marked(slot, Mark::RECOMPUTED) || self.marked(slot, Mark::PREEMPTED) || e.sits_out()
+        {
             return Step::Skip;
         }
         let phase = e.spec().phase;
@@ -217,6 +219,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return self.disagg_init(slot);
         }
         if self.budget.requests_full() {
+            self.batch_full();
             return Step::Stop;
         }
         if !self.cfg.window.contains(phase) {
@@ -225,6 +228,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if phase == Phase::EncoderInit || phase == Phase::ContextInit {
             // Checked above already ([`Pass::defer`]'s checks, in the same order).
             return self.push_pending(i);
+        }
+        if self.held_back(slot) {
+            return Step::Skip;
         }
         let on_gpu = e.ownership().on_gpu();
         // A lease holder's adapter is counted: nothing to add. Another must fit (§1.4 step 7).

@@ -88,6 +88,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let mut h = crate::fingerprint::Fingerprint::new();
         self.table.hash_state(&mut h);
         self.stall.hash(&mut h);
+        self.blocked.hash(&mut h);
         self.passes.hash(&mut h);
         self.completed.hash(&mut h);
         self.desk.hash_state(&mut h);

@@ -60,6 +60,7 @@ mod pass;
 mod plan;
 mod preempt;
 mod prefix_skip;
+mod priority;
 mod refusal_mark;
 mod refused_run;
 mod requests;
@@ -106,6 +107,8 @@ pub struct Scheduler<K, P, const N: usize, const T: usize, S: Storage = Inline> 
     scratch: Scratch<N, T, S>,
     /// Consecutive stalled passes (the only state a pass leaves for the next, spec §1.1).
     stall: u32,
+    /// Under priority, the request the last pass refused a resource (`priority.rs`).
+    blocked: Option<priority::Blocked>,
     /// Passes run; the output of the last one carries this number.
     passes: u64,
     /// The last pass whose step was completed.
@@ -153,6 +156,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 let e = self.table.entry(s);
                 e.spec().phase == Phase::EncoderInit && !e.sits_out()
             })
+    }
+
+    /// The arrival order is by priority, then arrival (`priority.rs`).
+    fn by_priority(&self) -> bool {
+        self.cfg.admission == crate::config::Admission::Priority
     }
 
     /// VTC keeps counters.
@@ -227,6 +235,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             shorts,
             refusals,
             run_enabled: self.incremental,
+            blocked: &mut self.blocked,
         };
         let pass = Pass::begin(
             &self.cfg,

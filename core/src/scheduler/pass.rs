@@ -25,6 +25,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 use super::admission::Clients;
 use super::marks::{Clock, Mark, Marks, Stamp};
 use super::plan::Plan;
+use super::priority::{Blocked, Yielding};
 use super::refusal_mark::RefusalMark;
 use super::refused_run::RefusedRun;
 use super::span::Span;
@@ -48,6 +49,8 @@ pub struct PassStats {
     /// Waiting first chunks the last pass's refused run let this pass skip (`refused_run.rs`): their
     /// trials would refuse them again, exactly.
     pub skipped: u32,
+    /// Running requests that yielded to a waiting request of higher priority (`priority.rs`).
+    pub yielded: u32,
 }
 
 impl PassStats {
@@ -60,6 +63,7 @@ impl PassStats {
         deferred: 0,
         failed_loads: 0,
         skipped: 0,
+        yielded: 0,
     };
 }
 
@@ -151,6 +155,8 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
     pub(crate) shorts: &'a mut [u32; N],
     pub(crate) refusals: &'a mut [RefusalMark; N],
     pub(crate) run_enabled: bool,
+    /// The last pass's blocked request under priority, this pass's when it ends (`priority.rs`).
+    pub(crate) blocked: &'a mut Option<Blocked>,
 }
 
 /// What a rule decided for one request (spec §1.4–§1.7).
@@ -233,6 +239,10 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     /// The pages phase 2's chunks are sure to be granted, and the tokens a page holds (`trial.rs`,
     /// read at the first trial; `Some((0, _))` once spent or unknown).
     pub(crate) room: Option<(u32, u32)>,
+    /// The last pass's blocked request under priority, this pass's when it ends (`priority.rs`).
+    pub(crate) blocked: &'a mut Option<Blocked>,
+    /// What this pass holds back and honours under priority (`priority.rs`).
+    pub(crate) yielding: Yielding,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -259,6 +269,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             shorts,
             refusals,
             run_enabled,
+            blocked,
         }: Parts<'a, N, T, S>,
         out: &'a mut SchedulerOutput<N, S>,
     ) -> Self {
@@ -305,6 +316,8 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             refused_clean: false,
             refused_short: 0,
             room: None,
+            blocked,
+            yielding: Yielding::NONE,
         }
     }
 
@@ -319,6 +332,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         replayed: Option<(usize, super::generation::Refusal)>,
     ) -> (PassStats, Result<(), Error>, usize) {
         self.abandon_failed_loads();
+        self.honour_blocked();
         self.span_first = self.span_first();
         match replayed {
             None => self.generation_phase(0, None),

@@ -43,20 +43,24 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             Some(only) if only < len => (only + 1, only),
             Some(_) => (0, 0),
         };
+        let me = self.table.slot(i);
+        let takes = |p: &Self, j: usize| j != i && p.may_take(me, p.table.slot(j));
         let active = (lo..hi)
             .rev()
-            .find(|&j| j != i && self.preemptable(self.table.slot(j)));
+            .find(|&j| takes(self, j) && self.preemptable(self.table.slot(j)));
         let Some(active) = active else {
             // Upstream preempts nobody here: no active candidate (a held one waits for the stall remedy).
-            let requester = self.preemptable(self.table.slot(i));
-            self.preempt_only = Some(if requester { i } else { usize::MAX });
+            // Under priority a candidate of higher priority may be another requester's: scan again.
+            let requester = self.preemptable(me);
+            let only = self.cfg.admission != crate::config::Admission::Priority;
+            self.preempt_only = only.then_some(if requester { i } else { usize::MAX });
             return false;
         };
         // Deliberate difference 7: the newest held suspended candidate gives its pages up instead.
         // (A continuation difference 3 suspended again is not one: upstream holds it active.)
         let held = (0..len)
             .rev()
-            .find(|&j| j != i && self.held_preemptable(self.table.slot(j)));
+            .find(|&j| takes(self, j) && self.held_preemptable(self.table.slot(j)));
         self.preempt(self.table.slot(held.unwrap_or(active)));
         true
     }

@@ -83,7 +83,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     // The spec is given away, as to `submit`: the table keeps its copy.
     #[allow(clippy::needless_pass_by_value)]
     pub fn adopt(&mut self, spec: RequestSpec, how: Adopt) -> Result<Handle, Error> {
-        if how == Adopt::Waiting {
+        if how == Adopt::Waiting && !self.by_priority() {
             self.arrived();
         } else {
             self.changed();
@@ -93,9 +93,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             slot: h.index(),
             id: spec.id,
         };
-        let h = self
-            .table
-            .insert(spec.clone(), task, self.kv.limits().slots)?;
+        let h = self.table.insert(
+            spec.clone(),
+            task,
+            self.kv.limits().slots,
+            self.by_priority(),
+        )?;
         let kv_ok = match how {
             Adopt::Waiting => true,
             Adopt::Active => self.kv.cache(r(h)).is_active(),
@@ -196,10 +199,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             // submission (else it could never be admitted whole).
             self.check_beside_adapter(&s, t)?;
         }
-        if s != *self.table.entry(h.index()).spec() {
+        let old = self.table.entry(h.index()).spec();
+        let reorder = self.by_priority() && s.priority != old.priority;
+        if s != *old {
             self.changed();
         }
         self.table.edit(h.index(), |r| *r.spec_mut() = s);
+        if reorder {
+            self.table.reorder(h.index());
+        }
         Ok(())
     }
 

@@ -348,13 +348,16 @@ impl<const N: usize, S: Storage> Table<N, S> {
         self.records.at(slot).is_some() && self.records.version_at(slot) == version
     }
 
-    /// Inserts a waiting request; its slot and version are known before the request is built.
-    /// Refused when the table is full or its next slot is not below `slots` (the KV backend's).
+    /// Inserts a waiting request; its slot and version are known before the request is built. It
+    /// joins the end of the arrival order, or, `by_priority`, the end of its priority's requests (under
+    /// [`crate::config::Admission::Priority`] the order is by priority, then arrival). Refused when the
+    /// table is full or its next slot is not below `slots` (the KV backend's).
     pub(crate) fn insert(
         &mut self,
         spec: RequestSpec,
         task: Option<TaskRef>,
         slots: u32,
+        by_priority: bool,
     ) -> Result<Handle, Error> {
         let full = Error::CapacityExhausted {
             what: "request table",
@@ -369,7 +372,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
             task: TaskSlot::NONE,
             version: next.version(),
         };
-        let id = spec.id;
+        let (id, priority) = (spec.id, spec.priority);
         let record = Record {
             spec,
             task,
@@ -387,22 +390,51 @@ impl<const N: usize, S: Storage> Table<N, S> {
             "a vacant slot holds no request"
         );
         self.held[slot as usize] = Some(AnyRequest::Waiting(Request::new(place, id, task)));
-        let pushed = self.order.push(slot);
-        assert!(pushed.is_ok(), "order has room for every live slot");
+        let at = if by_priority {
+            self.end_of(priority)
+        } else {
+            self.order.len()
+        };
+        self.place(slot, at);
         self.ids.insert(id, slot);
         self.refresh(slot, 0);
         Ok(h)
     }
 
+    /// Where a request of `priority` joins an order by priority, then arrival: after the last request
+    /// of its priority or a higher one.
+    fn end_of(&self, priority: u8) -> usize {
+        let before = |&s: &u16| {
+            self.records
+                .at(s)
+                .is_some_and(|r| r.spec.priority <= priority)
+        };
+        self.order.iter().rposition(before).map_or(0, |i| i + 1)
+    }
+
+    /// Puts `slot` at index `at` of the arrival order.
+    fn place(&mut self, slot: u16, at: usize) {
+        let pushed = self.order.push(slot);
+        assert!(pushed.is_ok(), "order has room for every live slot");
+        self.order[at..].rotate_right(1);
+    }
+
+    /// A request's priority changed in an order by priority, then arrival: it moves to the end of its
+    /// new priority's requests (as if it arrived now).
+    pub(crate) fn reorder(&mut self, slot: u16) {
+        let i = self.index_of(slot);
+        assert!(i.is_some(), "a live slot is in the arrival order");
+        self.order.remove(i.unwrap_or_default());
+        let at = self.end_of(self.entry(slot).spec().priority);
+        self.place(slot, at);
+    }
+
     /// Takes back an insertion whose handle was never handed out (a refused adoption): the table is
     /// exactly as it was before.
     pub(crate) fn cancel_insert(&mut self, h: Handle) {
-        let popped = self.order.pop();
-        assert_eq!(
-            popped,
-            Some(h.index()),
-            "the cancelled insertion is the last one"
-        );
+        let at = self.index_of(h.index());
+        assert!(at.is_some(), "the cancelled insertion is in the order");
+        self.order.remove(at.unwrap_or_default());
         let Some(r) = self.records.cancel_insert(h) else {
             panic!("cancel_insert of a vacant slot");
         };
