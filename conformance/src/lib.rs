@@ -14,6 +14,7 @@ pub mod record;
 pub mod scenario;
 pub mod scripted;
 
+use kvsched_core::step_budget::{StepBudget, StepCost};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -472,6 +473,16 @@ fn config_of(sc: &Scenario) -> Result<Config, ScenarioError> {
             .as_ref()
             .and_then(|a| a.drain_after)
             .unwrap_or(256),
+        step_budget: c.step_budget.as_ref().map(|b| StepBudget {
+            itl_us: b.itl_us,
+            cost: StepCost {
+                step_ps: b.step_ps,
+                prefill_token_ps: b.prefill_token_ps,
+                decode_request_ps: b.decode_request_ps,
+                cached_token_ps: b.cached_token_ps,
+                pair_ps: b.pair_ps,
+            },
+        }),
     };
     if c.tokens_per_block == Some(0) {
         return Err(ScenarioError::malformed(

@@ -170,6 +170,32 @@ pub struct ConfigIn {
     pub blocked_fast_path: Option<bool>,
     /// Admission order (beyond the reference): absent = FCFS.
     pub admission: Option<AdmissionIn>,
+    /// A step budget in time (beyond the reference).
+    pub step_budget: Option<StepBudgetIn>,
+}
+
+/// `config.step_budget` (beyond the reference): the inter-token-latency target in µs and the cost model's
+/// coefficients in picoseconds (absent: 0).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepBudgetIn {
+    /// The target, µs.
+    pub itl_us: u64,
+    /// Fixed cost of a step.
+    #[serde(default)]
+    pub step_ps: u64,
+    /// Per prefill token.
+    #[serde(default)]
+    pub prefill_token_ps: u64,
+    /// Per decode request.
+    #[serde(default)]
+    pub decode_request_ps: u64,
+    /// Per cached token a decode reads.
+    #[serde(default)]
+    pub cached_token_ps: u64,
+    /// Per attention pair of a chunk.
+    #[serde(default)]
+    pub pair_ps: u64,
 }
 
 /// `config.admission` (beyond the reference).

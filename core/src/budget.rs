@@ -1,5 +1,5 @@
-//! Per-pass token and request budgets (one fresh instance per pass). The adapter page budget lives in
-//! [`crate::lease::AdapterDesk`].
+//! Per-pass token, request and time budgets (one fresh instance per pass). The adapter page budget lives
+//! in [`crate::lease::AdapterDesk`]; the step budget in time is sized in `scheduler/step_time.rs`.
 
 use crate::config::{ChunkPolicy, Config};
 
@@ -12,6 +12,9 @@ pub struct Budget {
     used: u64,
     requests: u32,
     max_requests: u32,
+    /// Picoseconds left of a step budget in time (`None`: no cap), and whether a chunk was charged.
+    time_left: Option<u64>,
+    timed: bool,
 }
 
 impl Budget {
@@ -23,7 +26,22 @@ impl Budget {
             used: 0,
             requests: 0,
             max_requests: cfg.max_num_requests,
+            time_left: None,
+            timed: false,
         }
+    }
+    /// The step's time left once its decodes are charged: chunks are capped from now on.
+    pub(crate) fn start_time(&mut self, left_ps: u64) {
+        self.time_left = Some(left_ps);
+    }
+    /// Picoseconds left of the step's time (`None`: no cap), and whether a chunk was charged.
+    pub(crate) fn time_left(&self) -> (Option<u64>, bool) {
+        (self.time_left, self.timed)
+    }
+    /// A chunk predicted to take `ps` picoseconds was scheduled.
+    pub(crate) fn charge_time(&mut self, ps: u64) {
+        self.time_left = self.time_left.map(|l| l.saturating_sub(ps));
+        self.timed = true;
     }
     /// `n` more tokens fit.
     #[inline]

@@ -179,6 +179,9 @@ pub struct Config {
     /// Under a fair admission policy: consecutive passes a request may be refused its adapter before
     /// admissions drain for it ([`Admission::drains`]); 0 never drains.
     pub drain_after: u32,
+    /// A step budget in time: chunks sized so that a step with decodes stays under an
+    /// inter-token-latency target by the engine's cost model (beyond the reference; needs chunking).
+    pub step_budget: Option<crate::step_budget::StepBudget>,
 }
 
 impl Default for Config {
@@ -202,6 +205,7 @@ impl Config {
         blocked_fast_path: true,
         admission: Admission::Fcfs,
         drain_after: 256,
+        step_budget: None,
     };
 
     /// `max_context_length` is below the token budget (unlimited counts as above any limit): a chunk
@@ -240,6 +244,13 @@ impl Config {
                 "without chunking, max_context_length must be unset or at least max_num_tokens: \
                  a whole prompt longer than it could never be scheduled",
             ));
+        }
+        if let Some(b) = self.step_budget {
+            if self.chunking.is_none() || b.itl_us == 0 {
+                return Err(crate::Error::Invalid(
+                    "a step budget needs chunked prefill and a target of at least 1 µs",
+                ));
+            }
         }
         if self.deadlock_threshold == 0 {
             return Err(crate::Error::Invalid(

@@ -16,7 +16,8 @@
 //! `core/tests/tidy.rs` checks on every `crate::` path):
 //!
 //! ```text
-//! L4 scheduler   config  budget  scheduler/ (the pass, one file per rule)  output  delta  wire
+//! L4 scheduler   config  budget  step_budget  scheduler/ (the pass, one file per rule)  output  delta
+//!                wire
 //!                    │ schedules requests through their transitions
 //! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
 //!                    │ calls backends only through their contracts
@@ -42,8 +43,9 @@
 //!   hybrid-attention model's full-attention and sliding-window groups; [`adapter_pool`]: the
 //!   fixed-capacity adapter cache.
 //! - [`request`]: the type-state lifecycle; [`lease`]: adapter leases and the desk that mints them.
-//! - [`config`], [`budget`], [`output`], [`delta`], [`wire`]: pass configuration, per-pass budgets, the
-//!   scheduler output, the batch delta and the output's plain-old-data wire form; [`scheduler`]: the request table and the pass.
+//! - [`config`], [`budget`], [`step_budget`], [`output`], [`delta`], [`wire`]: pass configuration,
+//!   per-pass budgets (tokens, and time: an inter-token-latency target over a cost model), the scheduler
+//!   output, the batch delta and the output's plain-old-data wire form; [`scheduler`]: the request table and the pass.
 //!
 //! A serving loop over buffers on the stack (no heap; with the `alloc` feature, `KvPool::owned` gives a
 //! pool that owns its buffers on the heap):
@@ -179,6 +181,7 @@ pub mod page_pool;
 pub mod phase;
 pub mod request;
 pub mod scheduler;
+pub mod step_budget;
 pub mod storage;
 pub mod wire;
 
@@ -193,6 +196,7 @@ pub use page_pool::{KvPool, KvPoolConfig};
 pub use phase::Phase;
 pub use request::{Ownership, RequestSpec};
 pub use scheduler::{Adopt, Handle, PassStats, Scheduler};
+pub use step_budget::{StepBudget, StepCost};
 
 /// The README's examples: its Rust block runs as a doctest of this crate (`cargo test -p kvsched-core
 /// --doc`); its other blocks are marked with their language, which rustdoc skips.

@@ -85,6 +85,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         (
             prop_oneof![1 => Just(None), 4 => (8u32..=64).prop_map(Some)],
             1u32..=8,
+            prop_oneof![3 => Just(None), 1 => (2u64..=40).prop_map(Some)],
         ),
         peft(),
         (2u32..=12, any::<bool>(), 0u8..3, any::<bool>(), 0u8..4),
@@ -93,7 +94,7 @@ fn setup() -> impl Strategy<Value = Setup> {
             |(
                 (gpu_pages, host_pages, tokens_per_block, max_blocks),
                 (chunk, unit, no_evict, recompute_pause),
-                (max_num_tokens, max_num_requests),
+                (max_num_tokens, max_num_requests, step_itl_us),
                 peft,
                 (deadlock_threshold, prefix, draft, cross, admission),
             )| Setup {
@@ -127,6 +128,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 // Half the prefix configurations have a connector (a remote store of the families).
                 connector: prefix && deadlock_threshold % 2 == 0,
                 windows: Vec::new(),
+                step_itl_us,
             },
         )
 }
@@ -566,6 +568,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         admission: Admission::Fcfs,
         connector: false,
         windows: Vec::new(),
+        step_itl_us: None,
     }
 }
 
@@ -1656,6 +1659,7 @@ fn regression_an_adapter_refusal_takes_one_holder() {
         admission: Admission::Priority,
         connector: false,
         windows: vec![],
+        step_itl_us: None,
     };
     let submit = |prompt, out_len, lora| Op::Submit {
         prompt,

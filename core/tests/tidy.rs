@@ -37,7 +37,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L3 lifecycle", &["request", "lease"]),
     (
         "L4 scheduler",
-        &["config", "budget", "scheduler", "output", "delta", "wire"],
+        &[
+            "config",
+            "budget",
+            "step_budget",
+            "scheduler",
+            "output",
+            "delta",
+            "wire",
+        ],
     ),
 ];
 

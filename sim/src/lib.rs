@@ -875,6 +875,7 @@ fn sched_config(o: &SimOptions, role: disagg::Role) -> Config {
         blocked_fast_path: true,
         admission: o.admission,
         drain_after: o.drain_after,
+        step_budget: None,
     }
 }
 

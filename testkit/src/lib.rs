@@ -58,6 +58,7 @@ use kvsched_core::page_pool::{ConnectorSlot, KvPool, KvPoolConfig, SeqState, HOS
 use kvsched_core::phase::Phase;
 use kvsched_core::request::{Ownership, RequestSpec};
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
+use kvsched_core::step_budget::{StepBudget, StepCost};
 use kvsched_core::storage::Owned;
 
 /// A broken invariant or an unexpected refusal: what the harness saw, in words.
@@ -141,6 +142,9 @@ pub struct Setup {
     /// [`KvGroups`] as its full-attention group (empty: a plain pool; one: 2 groups; two: 3 groups).
     /// Only where [`Setup::groups_allowed`].
     pub windows: Vec<WindowGroup>,
+    /// A step budget in time: the inter-token-latency target in µs over [`STEP_COST`] (only with
+    /// chunking).
+    pub step_itl_us: Option<u64>,
 }
 
 /// A sliding-window KV group of a [`Setup`] (its pool has the target's geometry but its GPU pages).
@@ -284,6 +288,16 @@ pub struct PeftSetup {
     pub unified: bool,
 }
 
+/// The harness's step cost model: 1 µs a step, a prefill token and 2,000 attention pairs, 0.5 µs a
+/// decode, 0.01 µs a cached token (targets of a few µs cap chunks at a few tokens).
+pub const STEP_COST: StepCost = StepCost {
+    step_ps: 1_000_000,
+    prefill_token_ps: 1_000_000,
+    decode_request_ps: 500_000,
+    cached_token_ps: 10_000,
+    pair_ps: 500,
+};
+
 impl Setup {
     /// The scheduler configuration.
     pub fn config(&self) -> Config {
@@ -314,6 +328,13 @@ impl Setup {
             blocked_fast_path: true,
             admission: self.admission,
             drain_after: 2,
+            step_budget: self
+                .step_itl_us
+                .filter(|_| chunking.is_some())
+                .map(|itl_us| StepBudget {
+                    itl_us,
+                    cost: STEP_COST,
+                }),
         }
     }
 
@@ -2761,6 +2782,7 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
         },
         connector: prefix && deadlock_threshold % 2 == 0,
         windows: Vec::new(),
+        step_itl_us: (deadlock_threshold % 3 == 0).then_some(2 + u64::from(deadlock_threshold)),
     };
     // Draft bits 3 (no draft pool): KV groups.
     if (mode >> 5) & 3 == 3 {

@@ -244,6 +244,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if let Some(b) = self.budget.remaining() {
             chunk = chunk.min(b);
         }
+        chunk = self.time_cap(slot, chunk, ch.unit);
         if chunk < remaining {
             let end = pos + chunk;
             let on_boundary = end == prompt || s.snapshots.contains(&end);

@@ -29,6 +29,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Phase 2 over the deferred requests.
     pub(crate) fn context_phase(&mut self) {
         self.begin_prefix_skip();
+        self.begin_step_time();
         let runs = self.runs_apply();
         let (mut k, mut run) = (0, None);
         // Phase 2 adds no pending entry.
@@ -189,6 +190,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             _ => panic!("an admitted context request owns active KV and its lease"),
         }
         self.budget.commit(a.charged);
+        self.charge_time(slot, a.chunk);
         self.commit_peft(slot, pages);
         self.mark(slot, Mark::SCHEDULED);
         self.adapter_waits[slot as usize] = 0;

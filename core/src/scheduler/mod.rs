@@ -68,6 +68,7 @@ mod reset;
 mod resuspended;
 mod sort;
 mod span;
+mod step_time;
 mod table;
 mod transfer;
 mod trial;

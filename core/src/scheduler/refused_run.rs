@@ -123,6 +123,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             .is_none_or(|c| c.policy == ChunkPolicy::FirstComeFirstServed);
         self.run_enabled
             && chunked_fcfs
+            && self.cfg.step_budget.is_none()
             && self.cfg.admission == Admission::Fcfs
             && (self.kv.limits().tier_below_gpu || !self.cfg.recompute_pause)
     }
