@@ -35,6 +35,7 @@ fn salted(salt: u64) -> SubmitOptions {
     SubmitOptions {
         cache_salt: salt,
         guide: None,
+        priority: 0,
     }
 }
 
@@ -111,6 +112,7 @@ fn a_guide_masks_every_draw() {
     let o = SubmitOptions {
         cache_salt: 0,
         guide: Some(Box::new(Only(allowed.clone(), 0))),
+        priority: 0,
     };
     let c = run(&mut e, &prompt(model), 5, Sampler::seeded(3, 1.0), o);
     assert_eq!(c.tokens.len(), 5);

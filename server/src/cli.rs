@@ -80,6 +80,14 @@ struct ServeArgs {
     /// Tokens one step computes at most (a prompt is prefilled in chunks within it).
     #[arg(long, value_name = "N", default_value_t = 512)]
     max_num_batched_tokens: u32,
+    /// The order requests are admitted in (vLLM's flag): `fcfs`, or `priority` (by the request's
+    /// `priority` field, the lower first; a higher priority makes running lower ones yield).
+    #[arg(long, value_name = "POLICY", default_value = "fcfs", value_parser = ["fcfs", "priority"])]
+    scheduling_policy: String,
+    /// Keep a running stream's steps under this many milliseconds while prompts are prefilled: chunks
+    /// are sized by the CPU engine's fitted cost model (docs/ADMISSION.md). Off by default.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    itl_target_ms: Option<u64>,
     /// Positions a KV page holds.
     #[arg(long, value_name = "N", default_value_t = 16)]
     tokens_per_block: u32,
@@ -204,6 +212,13 @@ impl ServeArgs {
         engine.prefix_cache = !self.no_prefix_cache;
         engine.scheduler.max_num_requests = self.max_num_seqs;
         engine.scheduler.max_num_tokens = Some(self.max_num_batched_tokens);
+        if self.scheduling_policy == "priority" {
+            engine.scheduler.admission = kvsched_core::config::Admission::Priority;
+        }
+        engine.scheduler.step_budget = self.itl_target_ms.map(|ms| kvsched_core::StepBudget {
+            itl_us: ms * 1000,
+            cost: kvsched_sim::cost::CostModel::cpu_smollm2_135m(self.tokens_per_block).step_cost(),
+        });
         if self.kv_events.is_some() && self.no_prefix_cache {
             return Err(flags(
                 "--kv-events needs the prefix cache (drop --no-prefix-cache)".into(),

@@ -25,6 +25,11 @@ use crate::worker::{Job, Mode, Refused};
 /// Tokens a completion generates when its request does not say (the OpenAI API's default).
 const COMPLETION_DEFAULT_TOKENS: usize = 16;
 
+/// vLLM's `priority` (-128 to 127) as the scheduler's (0 to 255, the lower first).
+fn priority_of(p: i64) -> u8 {
+    u8::try_from(p + 128).unwrap_or(u8::MAX)
+}
+
 /// A request read and checked: ready for the engine.
 struct Checked {
     request: api::Request,
@@ -90,12 +95,14 @@ async fn generate(
             adapter: checked.adapter.as_ref().map(|h| h.id),
             hold: checked.adapter,
             cache_salt: r.cache_salt.as_deref().map_or(0, salt),
+            priority: priority_of(r.priority),
             samples,
             mode: match r.beam_search {
                 Some(length_penalty) => Mode::Beams(BeamSearch {
                     width: r.n,
                     length_penalty,
                     ignore_eos: r.sampling.ignore_eos,
+                    priority: priority_of(r.priority),
                 }),
                 None => Mode::Samples,
             },
@@ -194,6 +201,7 @@ impl AppState {
         let max_new = self.max_new(&request, prompt.len())?;
         self.in_vocabulary(&request.sampling)?;
         self.within_slots(&request)?;
+        self.priority_allowed(&request)?;
         let guides = (0..request.best_of)
             .map(|_| match &request.format {
                 Some(f) => self.guides.guide(self.model.tokenizer(), f).map(Some),
@@ -207,6 +215,21 @@ impl AppState {
             max_new,
             guides,
         })
+    }
+
+    /// Refuses a priority other than 0 unless the server schedules by priority (as vLLM does).
+    fn priority_allowed(&self, r: &api::Request) -> Result<(), ApiError> {
+        if r.priority != 0 && !self.priority_scheduling {
+            return Err(ApiError::invalid(
+                "priority",
+                "invalid_value",
+                format!(
+                    "Got priority {} but priority scheduling is not enabled (--scheduling-policy priority).",
+                    r.priority
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses more samples than the engine runs at once (they could never all be admitted).

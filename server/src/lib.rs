@@ -249,6 +249,8 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         base: config.served_model_name.clone(),
         adapters: Arc::new(adapters::Adapters::new(names)),
         runtime_lora: config.runtime_lora,
+        priority_scheduling: config.engine.scheduler.admission
+            == kvsched_core::config::Admission::Priority,
         worker,
         metrics: metrics::Metrics::new(&config.served_model_name, max_model_len),
         max_model_len,

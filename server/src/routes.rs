@@ -33,6 +33,8 @@ pub struct AppState {
     pub adapters: Arc<crate::adapters::Adapters>,
     /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` are served (`--allow-runtime-lora`).
     pub runtime_lora: bool,
+    /// Requests are scheduled by their `priority` (`--scheduling-policy priority`).
+    pub priority_scheduling: bool,
     /// The engine thread.
     pub worker: Worker,
     /// The metrics.

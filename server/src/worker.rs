@@ -330,9 +330,16 @@ impl<'m> Loop<'m> {
 
     /// Moves jobs from the queue into the engine while it has room for each one's samples (a job
     /// that does not fit waits at the head of the queue; an idle engine takes any); waits a little
-    /// when the engine is idle. `false` once every sender is gone and nothing is left.
+    /// when the engine is idle. `false` once every sender is gone and nothing is left. Under
+    /// priority scheduling the engine takes every admitted request (its scheduler orders them and
+    /// runs `--max-num-seqs` at once), so a later request of higher priority is not queued here.
     fn admit(&mut self) -> bool {
-        let room = self.engine.config().scheduler.max_num_requests as usize;
+        let sched = &self.engine.config().scheduler;
+        let room = if sched.admission == kvsched_core::config::Admission::Priority {
+            kvsched_engine::MAX_REQUESTS
+        } else {
+            sched.max_num_requests as usize
+        };
         loop {
             let used = self.engine.len() + self.engine.waiting_samples();
             if let Some(job) = self.next.take() {
@@ -380,6 +387,7 @@ impl<'m> Loop<'m> {
         }
         let hold = job.hold.map(Arc::new);
         let (prompt, salt, adapter) = (&job.prompt, job.cache_salt, job.adapter);
+        let priority = job.priority;
         let started = match job.mode {
             Mode::Samples => {
                 self.engine
@@ -390,6 +398,13 @@ impl<'m> Loop<'m> {
                 .submit_beam_search(prompt, job.max_new, adapter, params, salt)
                 .map(|id| vec![id]),
         };
+        // Samples run alone take it now; forks take their first sample's (beams carry theirs).
+        let started = started.and_then(|ids| {
+            for &id in &ids {
+                self.engine.set_priority(id, priority)?;
+            }
+            Ok(ids)
+        });
         let ids = match started {
             Ok(ids) => ids,
             Err(e) => {

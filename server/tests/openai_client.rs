@@ -2,8 +2,9 @@
 //! never into the system Python) against a server started in process: completions and chat, whole
 //! and streamed, an adapter as `model`, stop sequences, seeds, the client's typed errors,
 //! `models.retrieve`, log probabilities, `response_format` with a JSON schema (the output parsed and
-//! validated against it), `cache_salt` and `cached_tokens`, `n = 3` whole and streamed
-//! (server/tests/python/openai_client.py).
+//! validated against it), `cache_salt` and `cached_tokens`, `n = 3` whole and streamed, `priority`
+//! refused without priority scheduling (server/tests/python/openai_client.py); and vLLM's `priority`
+//! under `--scheduling-policy priority` (server/tests/python/priority.py).
 
 #[path = "support/serve.rs"]
 mod serve;
@@ -76,5 +77,28 @@ fn the_openai_client_completes_chats_streams_and_reads_errors() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("13 checks passed"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("14 checks passed"), "{stdout}\n{stderr}");
+}
+
+/// `kvsched serve --scheduling-policy priority --max-num-seqs 1`: vLLM's `priority`, sent through the
+/// client's `extra_body`, makes a running stream yield to a higher priority, never to an equal one.
+#[test]
+fn the_openai_client_priority_overtakes_a_running_stream() {
+    let Some(m) = serve::model() else { return };
+    let mut cfg = serve::config();
+    cfg.engine.scheduler.admission = kvsched_core::config::Admission::Priority;
+    cfg.engine.scheduler.max_num_requests = 1;
+    let server = serve::start(&m, &cfg);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/priority.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .env("KVSCHED_URL", format!("http://{}", server.addr()))
+        .env("KVSCHED_BASE", serve::BASE)
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .expect("run the client script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("2 checks passed"), "{stdout}\n{stderr}");
 }

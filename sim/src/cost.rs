@@ -74,6 +74,19 @@ impl CostModel {
         }
     }
 
+    /// The model as the scheduler's step budget in time reads it (`kvsched_core::StepCost`, in
+    /// picoseconds; adapter loads and page copies are not a chunk's).
+    pub fn step_cost(&self) -> kvsched_core::StepCost {
+        let ps = |us: f64| (us * 1e6).round() as u64;
+        kvsched_core::StepCost {
+            step_ps: ps(self.step_us),
+            prefill_token_ps: ps(self.prefill_us_per_token),
+            decode_request_ps: ps(self.decode_us_per_request),
+            cached_token_ps: ps(self.decode_us_per_cached_token),
+            pair_ps: ps(self.attention_us_per_pair),
+        }
+    }
+
     /// Simulated microseconds of one step.
     pub fn step_us(&self, w: &StepWork) -> f64 {
         self.step_us

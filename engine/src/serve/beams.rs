@@ -33,6 +33,8 @@ pub struct BeamSearch {
     pub length_penalty: f64,
     /// Stop tokens end no sequence.
     pub ignore_eos: bool,
+    /// Every beam's priority under `Admission::Priority` (the lower, the sooner).
+    pub priority: u8,
 }
 
 /// One sequence a beam search returns.
@@ -130,6 +132,7 @@ impl Engine<'_> {
         let options = super::SubmitOptions {
             cache_salt: salt,
             guide: None,
+            priority: params.priority,
         };
         let id = self.submit_with(prompt, max_new_tokens, adapter, sampler, options)?;
         if let Some(live) = self.live_mut(id) {
@@ -364,6 +367,7 @@ impl Engine<'_> {
         let mut spec = RequestSpec::new(id, Phase::ContextInit, tokens.len() as u32 - 1);
         spec.max_new_tokens = left as u32;
         spec.lora = search.adapter.map(TaskId);
+        spec.priority = search.params.priority;
         let sampler = Sampler::greedy().with_logprobs(2 * search.params.width);
         let how = (search.max_new, search.adapter, sampler);
         let handle = parent

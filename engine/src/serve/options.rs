@@ -40,6 +40,8 @@ pub struct SubmitOptions {
     pub cache_salt: u64,
     /// Its output constraint.
     pub guide: Option<Box<dyn Guide>>,
+    /// Its priority under `Admission::Priority` (the lower, the sooner; 0 by default).
+    pub priority: u8,
 }
 
 impl std::fmt::Debug for SubmitOptions {
@@ -47,6 +49,7 @@ impl std::fmt::Debug for SubmitOptions {
         f.debug_struct("SubmitOptions")
             .field("cache_salt", &self.cache_salt)
             .field("guide", &self.guide.is_some())
+            .field("priority", &self.priority)
             .finish()
     }
 }
@@ -94,6 +97,7 @@ impl Engine<'_> {
         let mut spec = RequestSpec::new(self.next_id, Phase::ContextInit, prompt.len() as u32);
         spec.max_new_tokens = max_new_tokens as u32;
         spec.lora = adapter.map(TaskId);
+        spec.priority = options.priority;
         let id = self.enqueue_salted(
             spec,
             prompt.to_vec(),
@@ -105,6 +109,17 @@ impl Engine<'_> {
             live.extras.salt = options.cache_salt;
         }
         Ok(id)
+    }
+
+    /// Sets request `id`'s priority (under `Admission::Priority`, the lower the sooner; the
+    /// scheduler moves it among the others); the samples and beams forked off it later take it.
+    /// `false` for an unknown or finished id.
+    pub fn set_priority(&mut self, id: u64, priority: u8) -> Result<bool> {
+        let Some(h) = self.live_ref(id).map(|l| l.handle) else {
+            return Ok(false);
+        };
+        self.sched.update(h, |s| s.priority = priority)?;
+        Ok(true)
     }
 
     /// The log probabilities of the tokens request `id` generated so far (with a sampler that

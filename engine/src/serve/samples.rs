@@ -45,6 +45,8 @@ pub(super) struct Detached {
     max_new: usize,
     adapter: Option<u64>,
     salt: u64,
+    /// Its first sample's priority.
+    priority: u8,
 }
 
 /// The samples waiting for room, detached from their first sample.
@@ -78,6 +80,7 @@ impl Engine<'_> {
         let options = super::SubmitOptions {
             cache_salt: salt,
             guide: first.guide,
+            priority: 0,
         };
         let id = self.submit_with(prompt, max_new_tokens, adapter, first.sampler, options)?;
         let mut ids = vec![id];
@@ -86,6 +89,7 @@ impl Engine<'_> {
                 let options = super::SubmitOptions {
                     cache_salt: salt,
                     guide: s.guide,
+                    priority: 0,
                 };
                 match self.submit_with(prompt, max_new_tokens, adapter, s.sampler, options) {
                     Ok(id) => ids.push(id),
@@ -150,6 +154,7 @@ impl Engine<'_> {
         let mut spec = RequestSpec::new(d.pending.id, Phase::ContextInit, d.tokens.len() as u32);
         spec.max_new_tokens = d.max_new as u32;
         spec.lora = d.adapter.map(TaskId);
+        spec.priority = d.priority;
         let how = (d.max_new, d.adapter, d.pending.sample.sampler.clone());
         match self.enqueue_as(d.pending.id, spec, d.tokens.clone(), how, d.salt) {
             Ok(id) => {
@@ -167,6 +172,10 @@ impl Engine<'_> {
 
     /// The samples still waiting on the request in `slot`, detached (it is leaving).
     pub(super) fn detach_samples_of(&mut self, slot: usize) {
+        let handle = self.live[slot].as_ref().map(|p| p.handle);
+        let priority = handle
+            .and_then(|h| self.sched.get(h).ok())
+            .map_or(0, |e| e.spec().priority);
         let Some(parent) = self.live[slot].as_mut() else {
             return;
         };
@@ -180,6 +189,7 @@ impl Engine<'_> {
                 max_new,
                 adapter,
                 salt,
+                priority,
             };
             self.detached.0.push(d);
         }
@@ -222,9 +232,11 @@ impl Engine<'_> {
             parent.extras.cached,
             parent.keys.clone(),
         );
+        let priority = self.sched.get(handle).map_or(0, |e| e.spec().priority);
         let mut spec = RequestSpec::new(p.id, Phase::ContextInit, prompt as u32);
         spec.max_new_tokens = max_new as u32;
         spec.lora = adapter.map(TaskId);
+        spec.priority = priority;
         let h = match self.sched.fork(handle, spec) {
             Ok(h) => h,
             Err(Error::CapacityExhausted { .. }) => return Ok(Some(p)),
@@ -235,6 +247,7 @@ impl Engine<'_> {
                     max_new,
                     adapter,
                     salt,
+                    priority,
                 };
                 if let Some(d) = self.submit_alone(d)? {
                     self.detached.0.push(d);

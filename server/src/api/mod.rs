@@ -62,6 +62,7 @@ const COMMON: &[&str] = &[
     "use_beam_search",
     "length_penalty",
     "best_of",
+    "priority",
 ];
 
 impl Endpoint {
@@ -128,6 +129,9 @@ pub struct Request {
     pub beam_search: Option<f64>,
     /// `cache_salt`: the prefix cache is shared only among requests of the same salt.
     pub cache_salt: Option<String>,
+    /// vLLM's `priority` (-128 to 127, the lower first; 0 by default): honoured under
+    /// `--scheduling-policy priority`.
+    pub priority: i64,
     /// Structured output: what the text must be.
     pub format: Option<Format>,
     /// Fields neither the OpenAI API nor vLLM defines, ignored.
@@ -172,6 +176,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         best_of,
         beam_search,
         cache_salt: sampling::cache_salt(&f)?,
+        priority: f.integer("priority", -128, 127)?.unwrap_or(0),
         format: sampling::format(&f)?,
         ignored,
     })

@@ -261,5 +261,17 @@ def _():
     assert beams.choices[0].text != beams.choices[1].text, beams.choices
 
 
+@check("priority without priority scheduling: the client's BadRequestError")
+def _():
+    try:
+        client.completions.create(model=BASE, prompt="Hi", max_tokens=2, extra_body={"priority": 5})
+    except openai.BadRequestError as e:
+        assert "priority scheduling is not enabled" in str(e), e
+    else:
+        raise AssertionError("priority 5 was accepted under fcfs")
+    r = client.completions.create(model=BASE, prompt="Hi", max_tokens=2, extra_body={"priority": 0})
+    assert r.choices[0].text is not None
+
+
 print(f"{len(checks)} checks passed")
 sys.exit(0)
