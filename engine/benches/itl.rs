@@ -109,7 +109,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     let stream = common::long_prompt(&model, 20, 45);
-    let long = common::long_prompt(&model, 1_350, 46);
+    let long = common::long_prompt(&model, 1_680, 46);
     println!(
         "stream: {} prompt tokens, {STREAM_NEW} new; long prompt: {} tokens; 1 thread; target {itl_ms} ms",
         stream.len(),
