@@ -130,6 +130,11 @@ struct KvArgs {
     /// the forks and the pages they shared.
     #[arg(long, value_name = "N", default_value_t = d().samples)]
     samples: u32,
+    /// Two priority classes: this share (0 to 1) of the requests is of high priority (0), the rest
+    /// low (1); the report gives each class's TTFT, TPOT and goodput. With --admission priority a
+    /// high one makes a running low one yield; with fcfs the classes are only reported.
+    #[arg(long, value_name = "SHARE")]
+    priority_mix: Option<f64>,
     /// KV groups (a hybrid-attention model): the KV pool is the full-attention group, beside a
     /// sliding-window group of WINDOW tokens (a multiple of --tokens-per-block) with PAGES GPU pages
     /// and HOST_PAGES host pages (default 0); docs/KV-GROUPS.md.
@@ -195,7 +200,7 @@ struct SchedulerArgs {
     /// Admission order of waiting requests (beyond the reference): fcfs, vtc (virtual token
     /// counters per adapter) or deadline (an adapter's class is its id mod 4; class c's TTFT
     /// deadline is 2^c times --slo-ttft-ms, else 500 ms).
-    #[arg(long, value_name = "fcfs|vtc|deadline", default_value = d().admission.name())]
+    #[arg(long, value_name = "fcfs|vtc|deadline|priority", default_value = d().admission.name())]
     admission: String,
     /// Under vtc or deadline: passes a request may be refused its adapter before admissions drain
     /// for it (no new leases until it loads; 0 = never).
@@ -524,6 +529,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         tokens_per_block: tpb,
         prefix_reuse: kv.prefix_reuse,
         samples: kv.samples,
+        priority_mix: kv.priority_mix,
         adapters: kvsched_sim::AdapterOptions {
             count: ad.adapters,
             law: ad.popularity,

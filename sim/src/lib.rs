@@ -15,6 +15,7 @@
 mod backend;
 pub mod block_hashes;
 pub mod check;
+pub mod classes;
 pub mod cluster;
 pub mod cost;
 pub mod disagg;
@@ -164,6 +165,10 @@ pub struct SimOptions {
     /// computed its other `N - 1` samples are forked off it (`Scheduler::fork`), sharing its full
     /// pages; needs the prefix cache. 1: none.
     pub samples: u32,
+    /// Two priority classes (`--priority-mix SHARE`, issue 45): that share of the requests (by
+    /// arrival index, `classes::is_high`) is of priority 0, the rest 1; the report gives each class's
+    /// TTFT, TPOT and goodput. `None`: priorities as `--admission deadline` sets them.
+    pub priority_mix: Option<f64>,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -212,6 +217,7 @@ impl Default for SimOptions {
             deadlock_threshold: 1000,
             prefix_reuse: true,
             samples: 1,
+            priority_mix: None,
             spec_decode: None,
             draft_kv_pages: 0,
             admission: Admission::Fcfs,
@@ -239,6 +245,7 @@ pub fn admission(name: &str, slo_ttft_ms: Option<f64>) -> Result<Admission, Unkn
     match name {
         "fcfs" => Ok(Admission::Fcfs),
         "vtc" => Ok(Admission::VTC),
+        "priority" => Ok(Admission::Priority),
         "deadline" => {
             let us = slo_ttft_ms.unwrap_or(500.0) * 1000.0;
             Ok(Admission::Deadline {
@@ -251,7 +258,7 @@ pub fn admission(name: &str, slo_ttft_ms: Option<f64>) -> Result<Admission, Unkn
 
 /// An admission policy name [`admission`] does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown admission policy {0:?} (fcfs, vtc, deadline)")]
+#[error("unknown admission policy {0:?} (fcfs, vtc, deadline, priority)")]
 pub struct UnknownAdmission(pub String);
 
 /// Why a simulation cannot run or stopped.

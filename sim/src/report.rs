@@ -155,6 +155,8 @@ pub struct Report {
     pub adapter_paging: String,
     /// Each adapter's TTFT and service rate while backlogged (`sim::fairness`).
     pub per_adapter: Vec<AdapterService>,
+    /// With `--priority-mix`: the high class's figures, then the low class's (`sim::classes`).
+    pub per_class: Option<[crate::classes::ClassSummary; 2]>,
     /// Jain's fairness index over the backlogged adapters' service rates.
     pub jain_fairness: f64,
     /// The router's route with several replicas (`--route`); empty for one engine.
@@ -363,6 +365,9 @@ impl Report {
                 "goodput (SLO met: TTFT, TPOT ms)",
                 format_args!("{rps:.2} req/s ({met:.1} % of requests; {ttft}, {tpot})"),
             );
+        }
+        for (label, value) in self.per_class.iter().flat_map(crate::classes::rows) {
+            t.row(&label, value);
         }
     }
 

@@ -64,6 +64,7 @@ pub(super) struct Sim<'s, 'w, K: SimKv<'s> = Target<'s>> {
     finished: Vec<u16>,
     /// Per-adapter TTFT and service while backlogged.
     fair: Fairness,
+    classes: crate::classes::Classes,
     /// Blocks the KV connector had loaded by the last pass, and those this step loads (a remote
     /// store's reads, priced on the clock).
     loaded_blocks: u64,
@@ -149,6 +150,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             waits: Waits::default(),
             forks_due: Vec::new(),
             fair: Fairness::new(o.adapters.count),
+            classes: crate::classes::Classes::default(),
             loaded_blocks: 0,
             step_remote_blocks: 0,
             disagg: Transfers {
@@ -388,9 +390,12 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         spec.lora = a.adapter.map(|x| TaskId(x as u64));
         spec.draft = self.drafts;
         // Deadline admission: an adapter's class is its id modulo the classes; arrivals in µs.
-        spec.priority = a
-            .adapter
-            .map_or(0, |x| (x as usize % PRIORITY_CLASSES) as u8);
+        spec.priority = match o.priority_mix {
+            Some(share) => u8::from(!crate::classes::is_high(i, share)),
+            None => a
+                .adapter
+                .map_or(0, |x| (x as usize % PRIORITY_CLASSES) as u8),
+        };
         spec.arrival = (a.at_ms * 1000.0) as u64;
         self.hashes.clear();
         if o.prefix_reuse {
@@ -612,6 +617,10 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 lv.first_token_ms = Some(self.now_ms);
                 self.ttft.push(self.now_ms - a.at_ms);
                 self.fair.first_token(a.adapter, self.now_ms - a.at_ms);
+                if let Some(share) = self.o.priority_mix {
+                    let class = usize::from(!crate::classes::is_high(lv.arrival, share));
+                    self.classes.first_token(class, self.now_ms - a.at_ms);
+                }
             }
             lv.last_token_ms = self.now_ms;
             if lv.generated >= lv.output {
@@ -754,10 +763,13 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             };
             // Goodput (DistServe): a request counts when it met both objectives.
             let its_ttft = first - self.w.arrivals[lv.arrival].at_ms;
-            if o.slo_ttft_ms.is_none_or(|s| its_ttft <= s)
-                && o.slo_tpot_ms.is_none_or(|s| its_tpot <= s)
-            {
-                r.slo_met += 1;
+            let met = o.slo_ttft_ms.is_none_or(|s| its_ttft <= s)
+                && o.slo_tpot_ms.is_none_or(|s| its_tpot <= s);
+            r.slo_met += u64::from(met);
+            if let Some(share) = o.priority_mix {
+                let class = usize::from(!crate::classes::is_high(lv.arrival, share));
+                let tpot = (lv.output > 1).then_some(its_tpot);
+                self.classes.finished(class, tpot, met);
             }
         }
         Ok(())
@@ -913,6 +925,9 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             ..std::mem::take(&mut r.raw)
         };
         (r.per_adapter, r.jain_fairness) = std::mem::take(&mut self.fair).finish();
+        if self.o.priority_mix.is_some() {
+            r.per_class = Some(std::mem::take(&mut self.classes).finish(r.sim_seconds));
+        }
         r.samples = std::mem::take(&mut self.samples);
         r.derive();
         self.r
