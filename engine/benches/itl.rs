@@ -121,24 +121,10 @@ fn main() {
     for (name, itl) in [("tokens", None), ("time", Some(itl_ms))] {
         let r = run(&model, &stream, &long, itl);
         totals.push(r.total);
-        println!(
-            "| {name} | {} | {:.1} | {:.1} | {:.2} | {:.0} | {:.0} |",
-            r.gaps,
-            r.median_gap,
-            r.worst_gap,
-            r.worst_gap / r.median_gap,
-            r.ttft,
-            r.total
-        );
-        println!(
-            "itl-bench budget={name} gaps={} median_ms={:.1} worst_ms={:.1} ratio={:.2} ttft_ms={:.0} total_ms={:.0}",
-            r.gaps,
-            r.median_gap,
-            r.worst_gap,
-            r.worst_gap / r.median_gap,
-            r.ttft,
-            r.total
-        );
+        let ratio = r.worst_gap / r.median_gap;
+        let cells = [r.median_gap, r.worst_gap, ratio, r.ttft, r.total];
+        let cells: Vec<String> = cells.iter().map(|c| format!("{c:.2}")).collect();
+        println!("| {name} | {} | {} |", r.gaps, cells.join(" | "));
     }
     println!(
         "time budget / token budget, wall time to both done: {:.2}x",

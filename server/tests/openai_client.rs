@@ -58,6 +58,25 @@ fn python() -> PathBuf {
     bin
 }
 
+/// Runs `script` (under tests/python) against `server` with the client's environment; its stdout.
+fn run_client(script: &str, server: &kvsched_server::Server, adapter: &str) -> String {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let out = Command::new(python())
+        .arg(&script)
+        .env("KVSCHED_URL", format!("http://{}", server.addr()))
+        .env("KVSCHED_BASE", serve::BASE)
+        .env("KVSCHED_ADAPTER", adapter)
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .expect("run the client script");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    stdout
+}
+
 #[test]
 fn the_openai_client_completes_chats_streams_and_reads_errors() {
     let Some(m) = serve::model() else { return };
@@ -65,19 +84,8 @@ fn the_openai_client_completes_chats_streams_and_reads_errors() {
     let mut cfg = serve::config();
     cfg.adapters = vec![("tuned".into(), dir)];
     let server = serve::start(&m, &cfg);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .env("KVSCHED_URL", format!("http://{}", server.addr()))
-        .env("KVSCHED_BASE", serve::BASE)
-        .env("KVSCHED_ADAPTER", "tuned")
-        .env("NO_PROXY", "127.0.0.1")
-        .output()
-        .expect("run the client script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("14 checks passed"), "{stdout}\n{stderr}");
+    let stdout = run_client("openai_client.py", &server, "tuned");
+    assert!(stdout.contains("14 checks passed"), "{stdout}");
 }
 
 /// `kvsched serve --scheduling-policy priority --max-num-seqs 1`: vLLM's `priority`, sent through the
@@ -89,16 +97,6 @@ fn the_openai_client_priority_overtakes_a_running_stream() {
     cfg.engine.scheduler.admission = kvsched_core::config::Admission::Priority;
     cfg.engine.scheduler.max_num_requests = 1;
     let server = serve::start(&m, &cfg);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/priority.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .env("KVSCHED_URL", format!("http://{}", server.addr()))
-        .env("KVSCHED_BASE", serve::BASE)
-        .env("NO_PROXY", "127.0.0.1")
-        .output()
-        .expect("run the client script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("2 checks passed"), "{stdout}\n{stderr}");
+    let stdout = run_client("priority.py", &server, "");
+    assert!(stdout.contains("2 checks passed"), "{stdout}");
 }

@@ -38,12 +38,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let from = self.fork_parent(parent, &spec)?;
         self.changed();
         let task = self.check_spec(&spec)?;
-        let h = self.table.insert(
-            spec.clone(),
-            task,
-            self.kv.limits().slots,
-            self.by_priority(),
-        )?;
+        let h = self.enter(&spec, task)?;
         let child = KvRef {
             slot: h.index(),
             id: spec.id,

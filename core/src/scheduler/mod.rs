@@ -164,6 +164,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         self.cfg.admission == crate::config::Admission::Priority
     }
 
+    /// A checked request enters the table, waiting, at its place in the arrival order.
+    fn enter(
+        &mut self,
+        spec: &crate::request::RequestSpec,
+        task: Option<crate::adapter::TaskRef>,
+    ) -> Result<Handle, Error> {
+        let slots = self.kv.limits().slots;
+        self.table
+            .insert(spec.clone(), task, slots, self.by_priority())
+    }
+
     /// VTC keeps counters.
     fn vtc(&self) -> bool {
         matches!(self.cfg.admission, crate::config::Admission::Vtc { .. })

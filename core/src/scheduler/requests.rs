@@ -93,12 +93,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             slot: h.index(),
             id: spec.id,
         };
-        let h = self.table.insert(
-            spec.clone(),
-            task,
-            self.kv.limits().slots,
-            self.by_priority(),
-        )?;
+        let h = self.enter(&spec, task)?;
         let kv_ok = match how {
             Adopt::Waiting => true,
             Adopt::Active => self.kv.cache(r(h)).is_active(),
