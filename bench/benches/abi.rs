@@ -47,6 +47,7 @@ fn config() -> KvschedConfig {
         adapter_device_pages: 8,
         adapter_host_pages: 64,
         kv_events: 0,
+        ..kvsched_capi::kvsched_config_default()
     }
 }
 

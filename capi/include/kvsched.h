@@ -108,6 +108,32 @@ typedef enum kvsched_status {
 typedef struct kvsched_engine kvsched_engine;
 
 /**
+ * An engine's step cost model, in picoseconds per unit of work (`kvsched cost --fit` fits one).
+ */
+typedef struct KvschedStepCost {
+  /**
+   * Fixed cost of a step.
+   */
+  uint64_t step_ps;
+  /**
+   * Per prefill token.
+   */
+  uint64_t prefill_token_ps;
+  /**
+   * Per decode request.
+   */
+  uint64_t decode_request_ps;
+  /**
+   * Per cached token a decode reads.
+   */
+  uint64_t cached_token_ps;
+  /**
+   * Per attention pair of a chunk (tokens × prior context + tokens² / 2).
+   */
+  uint64_t pair_ps;
+} KvschedStepCost;
+
+/**
  * An engine's configuration: start from [`kvsched_config_default`] and change what differs. Every
  * capacity is fixed once the engine is built.
  */
@@ -165,6 +191,21 @@ typedef struct kvsched_config {
    * cache). More become one clear event.
    */
   uint32_t kv_events;
+  /**
+   * The order of admissions: 0 first come first served, 1 by priority
+   * ([`crate::KvschedRequest::priority`], the lower first; a request refused room makes a running
+   * one of strictly lower priority yield).
+   */
+  uint8_t admission;
+  /**
+   * A step budget in time: while decodes run, chunks are sized so that a step's predicted time
+   * stays under this many microseconds (0: none; needs `chunk_unit`).
+   */
+  uint64_t itl_target_us;
+  /**
+   * The engine's step cost model for `itl_target_us`.
+   */
+  struct KvschedStepCost step_cost;
 } kvsched_config;
 
 /**
@@ -213,7 +254,7 @@ typedef struct kvsched_request {
    */
   uint8_t kind;
   /**
-   * Priority class (deadline admission).
+   * Priority under priority admission (`KvschedConfig::admission` 1): the lower, the sooner.
    */
   uint8_t priority;
 } kvsched_request;
@@ -459,13 +500,6 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
- * batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
- * an adapter cache of 64 device and 1,024 host pages; no KV event log.
- */
-struct kvsched_config kvsched_config_default(void);
-
-/**
  * Builds an engine for `*config` into `*out`. On failure `*out` is left null.
  *
  * The engine's fixed-capacity tables are built in place on the heap, so the calling thread's stack
@@ -629,6 +663,14 @@ size_t kvsched_len(const struct kvsched_engine *engine);
  * `engine` comes from [`kvsched_engine_new`] or is null.
  */
 uint32_t kvsched_gpu_free(const struct kvsched_engine *engine);
+
+/**
+ * The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
+ * batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
+ * an adapter cache of 64 device and 1,024 host pages; no KV event log; first come first served, no
+ * step budget in time.
+ */
+struct kvsched_config kvsched_config_default(void);
 
 /**
  * Forks request `child` (its id, its prompt: the parent's first `child->prompt` tokens, which the

@@ -3,6 +3,7 @@
 //! of the output that C reads. Safe Rust: the engine owns everything it holds.
 
 use kvsched_core::adapter_pool::AdapterPool;
+use kvsched_core::config::Admission;
 use kvsched_core::config::{ChunkPolicy, Chunking, Config};
 use kvsched_core::delta::BatchDelta;
 use kvsched_core::error::Error;
@@ -14,6 +15,7 @@ use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
 use kvsched_core::storage::{Boxed, Owned};
 use kvsched_core::Phase;
+use kvsched_core::{StepBudget, StepCost};
 
 use crate::{KvschedConfig, KvschedEntry, KvschedKvEvent, KvschedPageMove, KvschedRequest};
 
@@ -102,6 +104,21 @@ impl Engine {
                 unit: c.chunk_unit,
             }),
             recompute_pause: c.recompute_pause != 0,
+            admission: match c.admission {
+                0 => Admission::Fcfs,
+                1 => Admission::Priority,
+                _ => return Err(Error::Invalid("admission must be 0 (fcfs) or 1 (priority)")),
+            },
+            step_budget: (c.itl_target_us > 0).then_some(StepBudget {
+                itl_us: c.itl_target_us,
+                cost: StepCost {
+                    step_ps: c.step_cost.step_ps,
+                    prefill_token_ps: c.step_cost.prefill_token_ps,
+                    decode_request_ps: c.step_cost.decode_request_ps,
+                    cached_token_ps: c.step_cost.cached_token_ps,
+                    pair_ps: c.step_cost.pair_ps,
+                },
+            }),
             ..Config::default()
         };
         cfg.validate()?;

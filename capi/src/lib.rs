@@ -24,6 +24,7 @@
 //! UndefinedBehaviorSanitizer by `capi/tests/c_example.rs`.
 #![deny(missing_docs)]
 
+mod config;
 mod engine;
 mod fork;
 mod kv_events;
@@ -34,6 +35,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use kvsched_core::error::Error;
 
+pub use config::*;
 pub use engine::Engine;
 pub use fork::kvsched_fork;
 pub use kv_events::*;
@@ -136,40 +138,6 @@ fn guard_id(
     }
 }
 
-/// An engine's configuration: start from [`kvsched_config_default`] and change what differs. Every
-/// capacity is fixed once the engine is built.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvschedConfig {
-    /// Tokens per KV page.
-    pub tokens_per_block: u32,
-    /// GPU KV pages.
-    pub gpu_pages: u32,
-    /// Host KV pages (0: no host tier).
-    pub host_pages: u32,
-    /// Longest page table of one request, in pages.
-    pub max_blocks_per_request: u32,
-    /// Requests the engine holds at once (1 to [`KVSCHED_MAX_REQUESTS`]).
-    pub max_requests: u32,
-    /// Requests per batch.
-    pub max_batch: u32,
-    /// Tokens per batch (0: unlimited).
-    pub max_num_tokens: u32,
-    /// Chunked prefill unit in tokens (0: whole prompts).
-    pub chunk_unit: u32,
-    /// Destructive recompute pause and context-side preemption allowed (0 or 1).
-    pub recompute_pause: u8,
-    /// A prefix cache: requests submitted with block hashes reuse cached blocks (0 or 1).
-    pub prefix_cache: u8,
-    /// Adapter cache device pages.
-    pub adapter_device_pages: u32,
-    /// Adapter cache host pages.
-    pub adapter_host_pages: u32,
-    /// KV events the log holds between two `kvsched_take_kv_events` (0: no log; needs the prefix
-    /// cache). More become one clear event.
-    pub kv_events: u32,
-}
-
 /// A request to submit.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +163,7 @@ pub struct KvschedRequest {
     /// 0 plain; 1 context-only (disaggregated: it sends its KV when its prompt is computed); 2 a
     /// disaggregated generation request (its prompt's KV arrives by a transfer).
     pub kind: u8,
-    /// Priority class (deadline admission).
+    /// Priority under priority admission (`KvschedConfig::admission` 1): the lower, the sooner.
     pub priority: u8,
 }
 
@@ -292,28 +260,6 @@ pub struct KvschedPageMove {
     pub dst: u32,
     /// 1: host to GPU; 0: GPU to host.
     pub from_host: u8,
-}
-
-/// The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
-/// batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
-/// an adapter cache of 64 device and 1,024 host pages; no KV event log.
-#[no_mangle]
-pub extern "C" fn kvsched_config_default() -> KvschedConfig {
-    KvschedConfig {
-        tokens_per_block: 32,
-        gpu_pages: 4096,
-        host_pages: 8192,
-        max_blocks_per_request: 256,
-        max_requests: 256,
-        max_batch: 256,
-        max_num_tokens: 8192,
-        chunk_unit: 512,
-        recompute_pause: 1,
-        prefix_cache: 1,
-        adapter_device_pages: 64,
-        adapter_host_pages: 1024,
-        kv_events: 0,
-    }
 }
 
 /// Builds an engine for `*config` into `*out`. On failure `*out` is left null.

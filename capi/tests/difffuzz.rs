@@ -91,6 +91,7 @@ fn config() -> impl Strategy<Value = KvschedConfig> {
                     adapter_device_pages: ad,
                     adapter_host_pages: ah,
                     kv_events: 0,
+                    ..kvsched_config_default()
                 }
             },
         )

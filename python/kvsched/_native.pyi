@@ -1,6 +1,6 @@
 """Type stubs of the native module (python/src/lib.rs)."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 __version__: str
 
@@ -79,6 +79,9 @@ class Scheduler:
         adapter_device_pages: int = 64,
         adapter_host_pages: int = 1024,
         kv_events: int = 0,
+        admission: str = "fcfs",
+        itl_target_us: int = 0,
+        step_cost: Optional[Tuple[int, int, int, int, int]] = None,
     ) -> None: ...
     def register_adapter(self, task: int, pages: int) -> None: ...
     def submit(

@@ -3,83 +3,18 @@
 //! package around it (`python/kvsched/`) adds the reference-shaped shim and the type stubs.
 #![deny(missing_docs)]
 
+mod errors;
 mod kv_events;
 
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use errors::{
+    py_err, py_err_with, AdapterError, CapacityError, DeadlockError, DuplicateRequest,
+    KvschedError, RequestTooLarge, StaleOutput, UnknownRequest,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest};
+use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest, KvschedStepCost};
 use kvsched_core::error::Error;
-
-create_exception!(
-    kvsched,
-    KvschedError,
-    PyException,
-    "A call kvsched refused; nothing changed."
-);
-create_exception!(
-    kvsched,
-    CapacityError,
-    KvschedError,
-    "A fixed capacity is exhausted."
-);
-create_exception!(
-    kvsched,
-    RequestTooLarge,
-    KvschedError,
-    "A request larger than the KV pool."
-);
-create_exception!(
-    kvsched,
-    UnknownRequest,
-    KvschedError,
-    "An id that names no live request."
-);
-create_exception!(
-    kvsched,
-    DuplicateRequest,
-    KvschedError,
-    "A submitted id that a live request already has."
-);
-create_exception!(
-    kvsched,
-    AdapterError,
-    KvschedError,
-    "The adapter cache refused."
-);
-create_exception!(
-    kvsched,
-    DeadlockError,
-    KvschedError,
-    "No request could be scheduled for the deadlock threshold's passes."
-);
-create_exception!(
-    kvsched,
-    StaleOutput,
-    KvschedError,
-    "A step completed twice, or before any pass."
-);
-
-/// The core's error as the Python exception of its kind, with the core's message.
-fn py_err(e: Error) -> PyErr {
-    py_err_with(e, e.to_string())
-}
-
-/// The core's error as the Python exception of its kind, with `msg`.
-fn py_err_with(e: Error, msg: String) -> PyErr {
-    match e {
-        Error::CapacityExhausted { .. } => CapacityError::new_err(msg),
-        Error::RequestTooLarge { .. } => RequestTooLarge::new_err(msg),
-        Error::DuplicateId(_) => DuplicateRequest::new_err(msg),
-        Error::StaleHandle => UnknownRequest::new_err(msg),
-        Error::Peft(_) => AdapterError::new_err(msg),
-        Error::Deadlock { .. } => DeadlockError::new_err(msg),
-        Error::StaleOutput => StaleOutput::new_err(msg),
-        _ => KvschedError::new_err(msg),
-    }
-}
 
 /// One request of an output list.
 #[pyclass(frozen, get_all, module = "kvsched")]
@@ -301,7 +236,7 @@ impl Scheduler {
     #[pyo3(signature = (*, tokens_per_block=32, gpu_pages=4096, host_pages=8192,
         max_blocks_per_request=256, max_requests=256, max_batch=256, max_num_tokens=8192,
         chunk_unit=512, recompute_pause=true, prefix_cache=true, adapter_device_pages=64,
-        adapter_host_pages=1024, kv_events=0))]
+        adapter_host_pages=1024, kv_events=0, admission="fcfs", itl_target_us=0, step_cost=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         tokens_per_block: u32,
@@ -317,7 +252,21 @@ impl Scheduler {
         adapter_device_pages: u32,
         adapter_host_pages: u32,
         kv_events: u32,
+        admission: &str,
+        itl_target_us: u64,
+        step_cost: Option<(u64, u64, u64, u64, u64)>,
     ) -> PyResult<Self> {
+        let admission = match admission {
+            "fcfs" => 0,
+            "priority" => 1,
+            other => {
+                return Err(KvschedError::new_err(format!(
+                    "unknown admission {other:?} (fcfs, priority)"
+                )))
+            }
+        };
+        let (step_ps, prefill_token_ps, decode_request_ps, cached_token_ps, pair_ps) =
+            step_cost.unwrap_or_default();
         let c = KvschedConfig {
             tokens_per_block,
             gpu_pages,
@@ -332,6 +281,15 @@ impl Scheduler {
             adapter_device_pages,
             adapter_host_pages,
             kv_events,
+            admission,
+            itl_target_us,
+            step_cost: KvschedStepCost {
+                step_ps,
+                prefill_token_ps,
+                decode_request_ps,
+                cached_token_ps,
+                pair_ps,
+            },
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,

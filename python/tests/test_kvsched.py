@@ -41,6 +41,36 @@ def run_to_completion(s, out_len, max_passes=10000):
     return passes, produced
 
 
+def test_priority_admission_makes_a_running_lower_priority_yield():
+    s = small(admission="priority", max_batch=1)
+    s.submit(1, 16, max_new_tokens=32, priority=9)
+    s.schedule(); s.ensure_batch(); s.take_moves(); s.complete_step()
+    s.submit(2, 16, max_new_tokens=4, priority=0)
+    seen = []
+    for _ in range(3):
+        out = s.schedule()
+        s.ensure_batch()
+        s.take_moves()
+        seen.append(([e.id for e in out.context], [e.id for e in out.paused + out.recompute_paused]))
+        s.complete_step()
+    # Refused for the batch slot, then request 1 yields and request 2 runs.
+    assert seen[0] == ([], []) and seen[1] == ([2], [1]), seen
+    with pytest.raises(kvsched.KvschedError):
+        kvsched.Scheduler(admission="lottery")
+
+
+def test_a_step_budget_in_time_caps_a_chunk_beside_decodes():
+    # 10 µs a step, 1 µs a decode and a prefill token: a 100 µs target leaves 89 tokens, 80 in units of 16.
+    s = small(chunk_unit=16, max_num_tokens=512, itl_target_us=100,
+              step_cost=(10_000_000, 1_000_000, 1_000_000, 0, 0))
+    s.submit(1, 16, max_new_tokens=8)
+    s.schedule(); s.ensure_batch(); s.take_moves(); s.complete_step()
+    s.submit(2, 400, max_new_tokens=1)
+    out = s.schedule()
+    assert [e.id for e in out.generation] == [1]
+    assert [(e.id, e.tokens) for e in out.context] == [(2, 80)], out.context
+
+
 def test_a_serving_loop_finishes_every_request():
     s = small()
     s.register_adapter(100, 2)

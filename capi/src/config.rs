@@ -1,0 +1,92 @@
+//! An engine's configuration and its defaults.
+
+/// An engine's configuration: start from [`kvsched_config_default`] and change what differs. Every
+/// capacity is fixed once the engine is built.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvschedConfig {
+    /// Tokens per KV page.
+    pub tokens_per_block: u32,
+    /// GPU KV pages.
+    pub gpu_pages: u32,
+    /// Host KV pages (0: no host tier).
+    pub host_pages: u32,
+    /// Longest page table of one request, in pages.
+    pub max_blocks_per_request: u32,
+    /// Requests the engine holds at once (1 to [`KVSCHED_MAX_REQUESTS`]).
+    pub max_requests: u32,
+    /// Requests per batch.
+    pub max_batch: u32,
+    /// Tokens per batch (0: unlimited).
+    pub max_num_tokens: u32,
+    /// Chunked prefill unit in tokens (0: whole prompts).
+    pub chunk_unit: u32,
+    /// Destructive recompute pause and context-side preemption allowed (0 or 1).
+    pub recompute_pause: u8,
+    /// A prefix cache: requests submitted with block hashes reuse cached blocks (0 or 1).
+    pub prefix_cache: u8,
+    /// Adapter cache device pages.
+    pub adapter_device_pages: u32,
+    /// Adapter cache host pages.
+    pub adapter_host_pages: u32,
+    /// KV events the log holds between two `kvsched_take_kv_events` (0: no log; needs the prefix
+    /// cache). More become one clear event.
+    pub kv_events: u32,
+    /// The order of admissions: 0 first come first served, 1 by priority
+    /// ([`crate::KvschedRequest::priority`], the lower first; a request refused room makes a running
+    /// one of strictly lower priority yield).
+    pub admission: u8,
+    /// A step budget in time: while decodes run, chunks are sized so that a step's predicted time
+    /// stays under this many microseconds (0: none; needs `chunk_unit`).
+    pub itl_target_us: u64,
+    /// The engine's step cost model for `itl_target_us`.
+    pub step_cost: KvschedStepCost,
+}
+
+/// An engine's step cost model, in picoseconds per unit of work (`kvsched cost --fit` fits one).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvschedStepCost {
+    /// Fixed cost of a step.
+    pub step_ps: u64,
+    /// Per prefill token.
+    pub prefill_token_ps: u64,
+    /// Per decode request.
+    pub decode_request_ps: u64,
+    /// Per cached token a decode reads.
+    pub cached_token_ps: u64,
+    /// Per attention pair of a chunk (tokens × prior context + tokens² / 2).
+    pub pair_ps: u64,
+}
+
+/// The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
+/// batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
+/// an adapter cache of 64 device and 1,024 host pages; no KV event log; first come first served, no
+/// step budget in time.
+#[no_mangle]
+pub extern "C" fn kvsched_config_default() -> KvschedConfig {
+    KvschedConfig {
+        tokens_per_block: 32,
+        gpu_pages: 4096,
+        host_pages: 8192,
+        max_blocks_per_request: 256,
+        max_requests: 256,
+        max_batch: 256,
+        max_num_tokens: 8192,
+        chunk_unit: 512,
+        recompute_pause: 1,
+        prefix_cache: 1,
+        adapter_device_pages: 64,
+        adapter_host_pages: 1024,
+        kv_events: 0,
+        admission: 0,
+        itl_target_us: 0,
+        step_cost: KvschedStepCost {
+            step_ps: 0,
+            prefill_token_ps: 0,
+            decode_request_ps: 0,
+            cached_token_ps: 0,
+            pair_ps: 0,
+        },
+    }
+}
