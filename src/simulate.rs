@@ -135,6 +135,10 @@ struct KvArgs {
     /// high one makes a running low one yield; with fcfs the classes are only reported.
     #[arg(long, value_name = "SHARE")]
     priority_mix: Option<f64>,
+    /// The thrash guard: while a request recomputed twice or more waits to replay, no new request is
+    /// admitted (docs/ADMISSION.md).
+    #[arg(long)]
+    thrash_guard: bool,
     /// KV groups (a hybrid-attention model): the KV pool is the full-attention group, beside a
     /// sliding-window group of WINDOW tokens (a multiple of --tokens-per-block) with PAGES GPU pages
     /// and HOST_PAGES host pages (default 0); docs/KV-GROUPS.md.
@@ -519,6 +523,9 @@ fn plot_fits(plot: Option<&Path>, o: &SimOptions, sweep: bool) -> Result<(), Str
 fn options(a: &SimArgs) -> Result<SimOptions, String> {
     let (kv, ad, s, out) = (&a.kv, &a.adapters, &a.sched, &a.output);
     let tpb = kv.tokens_per_block;
+    if kv.priority_mix.is_some_and(|m| !(0.0..=1.0).contains(&m)) {
+        return Err("--priority-mix is the high class's share of the requests, 0 to 1".into());
+    }
     Ok(SimOptions {
         // The engine's device fixes the KV pool unless the command line says otherwise.
         kv_gpu_pages: kv
@@ -530,6 +537,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         prefix_reuse: kv.prefix_reuse,
         samples: kv.samples,
         priority_mix: kv.priority_mix,
+        thrash_guard: kv.thrash_guard,
         adapters: kvsched_sim::AdapterOptions {
             count: ad.adapters,
             law: ad.popularity,

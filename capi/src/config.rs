@@ -13,7 +13,7 @@ pub struct KvschedConfig {
     pub host_pages: u32,
     /// Longest page table of one request, in pages.
     pub max_blocks_per_request: u32,
-    /// Requests the engine holds at once (1 to [`KVSCHED_MAX_REQUESTS`]).
+    /// Requests the engine holds at once (1 to [`crate::KVSCHED_MAX_REQUESTS`]).
     pub max_requests: u32,
     /// Requests per batch.
     pub max_batch: u32,

@@ -473,6 +473,7 @@ fn config_of(sc: &Scenario) -> Result<Config, ScenarioError> {
             .as_ref()
             .and_then(|a| a.drain_after)
             .unwrap_or(256),
+        thrash_guard: c.thrash_guard.unwrap_or(false),
         step_budget: c.step_budget.as_ref().map(|b| StepBudget {
             itl_us: b.itl_us,
             cost: StepCost {

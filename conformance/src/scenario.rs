@@ -172,6 +172,8 @@ pub struct ConfigIn {
     pub admission: Option<AdmissionIn>,
     /// A step budget in time (beyond the reference).
     pub step_budget: Option<StepBudgetIn>,
+    /// The thrash guard (beyond the reference).
+    pub thrash_guard: Option<bool>,
 }
 
 /// `config.step_budget` (beyond the reference): the inter-token-latency target in µs and the cost model's

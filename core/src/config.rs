@@ -184,6 +184,9 @@ pub struct Config {
     /// A step budget in time: chunks sized so that a step with decodes stays under an
     /// inter-token-latency target by the engine's cost model (beyond the reference; needs chunking).
     pub step_budget: Option<crate::step_budget::StepBudget>,
+    /// The thrash guard (beyond the reference; `scheduler/thrash.rs`): while a request that gave its
+    /// KV up to recompute twice or more waits to replay, no new request is admitted.
+    pub thrash_guard: bool,
 }
 
 impl Default for Config {
@@ -208,6 +211,7 @@ impl Config {
         admission: Admission::Fcfs,
         drain_after: 256,
         step_budget: None,
+        thrash_guard: false,
     };
 
     /// `max_context_length` is below the token budget (unlimited counts as above any limit): a chunk

@@ -169,6 +169,8 @@ pub struct SimOptions {
     /// arrival index, `classes::is_high`) is of priority 0, the rest 1; the report gives each class's
     /// TTFT, TPOT and goodput. `None`: priorities as `--admission deadline` sets them.
     pub priority_mix: Option<f64>,
+    /// The thrash guard (`--thrash-guard`; `Config::thrash_guard`).
+    pub thrash_guard: bool,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -218,6 +220,7 @@ impl Default for SimOptions {
             prefix_reuse: true,
             samples: 1,
             priority_mix: None,
+            thrash_guard: false,
             spec_decode: None,
             draft_kv_pages: 0,
             admission: Admission::Fcfs,
@@ -883,6 +886,7 @@ fn sched_config(o: &SimOptions, role: disagg::Role) -> Config {
         admission: o.admission,
         drain_after: o.drain_after,
         step_budget: None,
+        thrash_guard: o.thrash_guard,
     }
 }
 

@@ -145,6 +145,8 @@ pub struct Setup {
     /// A step budget in time: the inter-token-latency target in µs over [`STEP_COST`] (only with
     /// chunking).
     pub step_itl_us: Option<u64>,
+    /// The thrash guard ([`Config::thrash_guard`]).
+    pub thrash_guard: bool,
 }
 
 /// A sliding-window KV group of a [`Setup`] (its pool has the target's geometry but its GPU pages).
@@ -335,6 +337,7 @@ impl Setup {
                     itl_us,
                     cost: STEP_COST,
                 }),
+            thrash_guard: self.thrash_guard,
         }
     }
 
@@ -1220,6 +1223,8 @@ pub struct Stats {
     pub parents_first: u64,
     /// Running requests that yielded to a higher priority (`PassStats::yielded`).
     pub yielded: u64,
+    /// New requests the thrash guard held (`PassStats::held`).
+    pub held: u64,
 }
 
 /// How [`Harness::run_to_completion`] ended.
@@ -1899,6 +1904,7 @@ impl<'a> Harness<'a> {
         let res = self.sched.schedule(&mut self.out);
         self.stats.passes += 1;
         self.stats.yielded += u64::from(self.sched.last_pass().yielded);
+        self.stats.held += u64::from(self.sched.last_pass().held);
         let ran = res.is_ok() && oldest.is_some_and(|id| self.scheduled(id));
         self.progress.after(ran);
         match res {
@@ -2783,6 +2789,7 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
         connector: prefix && deadlock_threshold % 2 == 0,
         windows: Vec::new(),
         step_itl_us: (deadlock_threshold % 3 == 0).then_some(2 + u64::from(deadlock_threshold)),
+        thrash_guard: deadlock_threshold % 4 == 1,
     };
     // Draft bits 3 (no draft pool): KV groups.
     if (mode >> 5) & 3 == 3 {

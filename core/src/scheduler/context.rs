@@ -89,7 +89,11 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let first = self.first_chunk(slot);
         let closed = self.admissions_closed && phase == Phase::ContextInit && first;
-        if self.marked(slot, Mark::PREEMPTED) || closed || self.held_back(slot) {
+        if self.marked(slot, Mark::PREEMPTED)
+            || closed
+            || self.held_back(slot)
+            || self.thrash_held(i, slot)
+        {
             return Step::Skip;
         }
         // §1.11: an unpaired draft pool that would certainly refuse the mirror (decision-neutral).

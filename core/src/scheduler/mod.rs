@@ -70,6 +70,7 @@ mod sort;
 mod span;
 mod step_time;
 mod table;
+mod thrash;
 mod transfer;
 mod trial;
 mod victims;

@@ -25,7 +25,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 use super::admission::Clients;
 use super::marks::{Clock, Mark, Marks, Stamp};
 use super::plan::Plan;
-use super::priority::{Blocked, Yielding};
+use super::priority::{Blocked, Holds};
 use super::refusal_mark::RefusalMark;
 use super::refused_run::RefusedRun;
 use super::span::Span;
@@ -51,6 +51,8 @@ pub struct PassStats {
     pub skipped: u32,
     /// Running requests that yielded to a waiting request of higher priority (`priority.rs`).
     pub yielded: u32,
+    /// New requests the thrash guard held (`thrash.rs`).
+    pub held: u32,
 }
 
 impl PassStats {
@@ -64,6 +66,7 @@ impl PassStats {
         failed_loads: 0,
         skipped: 0,
         yielded: 0,
+        held: 0,
     };
 }
 
@@ -241,8 +244,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) room: Option<(u32, u32)>,
     /// The last pass's blocked request under priority, this pass's when it ends (`priority.rs`).
     pub(crate) blocked: &'a mut Option<Blocked>,
-    /// What this pass holds back and honours under priority (`priority.rs`).
-    pub(crate) yielding: Yielding,
+    /// What this pass holds back (`priority.rs`, `thrash.rs`).
+    pub(crate) holds: Holds,
 }
 
 impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -317,7 +320,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             refused_short: 0,
             room: None,
             blocked,
-            yielding: Yielding::NONE,
+            holds: Holds::NONE,
         }
     }
 
@@ -333,6 +336,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
     ) -> (PassStats, Result<(), Error>, usize) {
         self.abandon_failed_loads();
         self.honour_blocked();
+        self.guard_thrash();
         self.span_first = self.span_first();
         match replayed {
             None => self.generation_phase(0, None),

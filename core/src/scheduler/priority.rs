@@ -54,20 +54,23 @@ pub(crate) struct Blocked {
     adapter_yielded: bool,
 }
 
-/// What a pass holds back and honours under priority.
+/// What a pass holds back: under priority, and under the thrash guard (`thrash.rs`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Yielding {
+pub(crate) struct Holds {
     /// Requests of a priority lower than this wait (`held_back`).
     held_below: Option<u8>,
     /// The last pass's blocked request, honoured in this one.
     honoured: Option<Blocked>,
+    /// No new request after this arrival index is admitted (the thrash guard).
+    pub(crate) new_after: Option<usize>,
 }
 
-impl Yielding {
+impl Holds {
     /// Nothing held back, nothing honoured (a pass's start).
-    pub(crate) const NONE: Yielding = Yielding {
+    pub(crate) const NONE: Holds = Holds {
         held_below: None,
         honoured: None,
+        new_after: None,
     };
 }
 
@@ -98,7 +101,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let s = self.table.entry(slot).spec();
         let same = self
-            .yielding
+            .holds
             .honoured
             .filter(|b| b.id == s.id.0 && b.slot == slot);
         *self.blocked = Some(Blocked {
@@ -111,7 +114,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if need == Need::Room {
             // The rest of the pass leaves lower priorities where they are (no chunk grows into its
             // room).
-            self.yielding.held_below = Some(s.priority);
+            self.holds.held_below = Some(s.priority);
         }
     }
 
@@ -165,13 +168,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return;
         }
         if b.need == Need::Room {
-            self.yielding.held_below = Some(b.priority);
+            self.holds.held_below = Some(b.priority);
         }
         if b.need == Need::Room || !b.adapter_yielded {
             let yielded = self.yield_one(b);
             b.adapter_yielded |= yielded && b.need == Need::Adapter;
         }
-        self.yielding.honoured = Some(b);
+        self.holds.honoured = Some(b);
     }
 
     /// One running request of strictly lower priority than `b`'s yields (for an adapter, a holder of
@@ -223,7 +226,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// running decode step (a context request, or one off the GPU).
     #[inline]
     pub(crate) fn held_back(&self, slot: u16) -> bool {
-        let Some(p) = self.yielding.held_below else {
+        let Some(p) = self.holds.held_below else {
             return false;
         };
         let e = self.table.entry(slot);

@@ -146,6 +146,8 @@ pub struct Record {
     /// Suspended again, unscheduled, after a pass resumed it for a chunk (difference 3), where upstream
     /// leaves it resumed (`resuspended.rs`); false whenever the request is not `Paused`.
     pub(super) resuspended: bool,
+    /// Times it was recompute-paused or preempted (counted under the thrash guard, `thrash.rs`).
+    pub(super) recomputed: u8,
 }
 
 impl Record {
@@ -160,6 +162,7 @@ impl Record {
         self.inflight.hash(h);
         self.pending_load.hash(h);
         self.resuspended.hash(h);
+        self.recomputed.hash(h);
     }
 }
 
@@ -190,6 +193,11 @@ impl<'t> Entry<'t> {
     /// A KV connector load into its pages is pending ([`crate::Scheduler::set_pending_load`]).
     pub fn pending_load(&self) -> bool {
         self.record.pending_load
+    }
+    /// Times it gave its KV up to be recomputed, counted under the thrash guard
+    /// ([`crate::Config::thrash_guard`]; 0 without it).
+    pub fn recomputed(&self) -> u8 {
+        self.record.recomputed
     }
     /// Sits this pass out: in flight, or a decoder context whose encoder output is not ready (spec §1.2
     /// step 1). Skipped, uses no budget, never a victim, not counted by the deadlock detector.
@@ -379,6 +387,7 @@ impl<const N: usize, S: Storage> Table<N, S> {
             inflight: false,
             pending_load: false,
             resuspended: false,
+            recomputed: 0,
         };
         let Ok(h) = self.records.insert(record) else {
             return Err(full);

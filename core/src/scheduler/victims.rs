@@ -154,6 +154,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// After a recompute pause or a preemption: the lease's return reported to the plan, no KV headroom
     /// left, the request marked for the rest of the pass, the pass counted as progress.
     fn freed(&mut self, slot: u16, task: Option<crate::adapter::TaskRef>, bit: Mark) {
+        self.count_recompute(slot);
         self.lease_returned(task);
         self.table.set_headroom(slot, 0);
         self.mark(slot, bit);
