@@ -155,7 +155,7 @@ typedef struct kvsched_config {
    */
   uint32_t max_blocks_per_request;
   /**
-   * Requests the engine holds at once (1 to [`KVSCHED_MAX_REQUESTS`]).
+   * Requests the engine holds at once (1 to [`crate::KVSCHED_MAX_REQUESTS`]).
    */
   uint32_t max_requests;
   /**

@@ -65,10 +65,11 @@ pub enum Admission {
         ttft: [u64; PRIORITY_CLASSES],
     },
     /// Priority that preempts (`scheduler/priority.rs`): by [`crate::RequestSpec::priority`], the lower
-    /// value first as vLLM's `priority`, then arrival. A request the pass refuses pages, a batch slot
-    /// or its adapter makes one running request of strictly lower priority yield in the next pass
-    /// (suspended, or recompute-paused without a host tier), and no request of lower priority is
-    /// admitted or resumed while it waits for room. Under GUARANTEED_NO_EVICT it only orders.
+    /// value first as vLLM's `priority`, then arrival. A request the pass refuses pages or a batch slot
+    /// makes one running request of strictly lower priority yield in the next pass (suspended where a
+    /// lower tier takes its pages, else recompute-paused where that is allowed), and no request of lower
+    /// priority is admitted or resumed while it waits for room. A request refused its adapter is only
+    /// ordered. Under GUARANTEED_NO_EVICT it only orders.
     Priority,
 }
 

@@ -117,7 +117,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// admissions after a first chunk (SKIP); otherwise context-side preemption (STOP when it freed
     /// pages for this request next pass, else SKIP).
     pub(crate) fn pages_refused(&mut self, i: usize, first: bool) -> Step {
-        self.note_blocked(self.table.slot(i), super::priority::Need::Room);
         if self.cfg.policy == CapacityPolicy::GuaranteedNoEvict {
             // C++ GUARANTEED_NO_EVICT (spec §7): a block shortage ends the admission of new requests, so
             // later (smaller) ones cannot overtake one that waits for its whole reservation. Contexts
@@ -130,6 +129,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if self.preempt_for_pages(i) {
             Step::Stop
         } else {
+            // Under priority a lower one yields next pass (not when a preemption freed pages already).
+            self.note_blocked(self.table.slot(i), super::priority::Need::Room);
             Step::Skip
         }
     }

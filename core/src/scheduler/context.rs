@@ -20,7 +20,6 @@ use crate::storage::Storage;
 
 use super::marks::Mark;
 use super::pass::{listed, Pass, Step};
-use super::priority::Need;
 use super::table::AnyRequest;
 
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
@@ -115,7 +114,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let Some(pages) = self.peft_need(slot) else {
             // Its adapter does not fit the device beside the pass's.
             self.adapter_refused(slot);
-            self.note_blocked(slot, Need::Adapter);
             return Step::Skip;
         };
         if phase == Phase::EncoderInit {
@@ -165,7 +163,6 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
             // lease would be refused after the pages were found.
             self.adapter_refused(slot);
-            self.note_blocked(slot, Need::Adapter);
             return Step::Skip;
         }
         if self.draining && self.takes_new_lease(slot) {

@@ -335,8 +335,8 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         replayed: Option<(usize, super::generation::Refusal)>,
     ) -> (PassStats, Result<(), Error>, usize) {
         self.abandon_failed_loads();
-        self.honour_blocked();
         self.guard_thrash();
+        self.honour_blocked();
         self.span_first = self.span_first();
         match replayed {
             None => self.generation_phase(0, None),
@@ -352,6 +352,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
             }
         }
         self.context_phase();
+        self.keep_finishing();
         let verdict = self.detect_deadlock(stall);
         if verdict.is_ok() {
             self.sort(scratch_sort);

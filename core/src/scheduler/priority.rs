@@ -1,29 +1,35 @@
 //! Priority that preempts ([`Admission::Priority`], beyond the reference; issue 45).
 //!
-//! Phase 2 orders the pending list by priority (the lower value first, as vLLM's `priority`), then
-//! arrival, a request admitted before ahead of a waiting one of its priority, so a victim keeps its
-//! place (`admission.rs`). When phase 2 refuses the first request in that order pages, a batch slot or
-//! its adapter — after its other checks passed: the refusal is a resource's — the pass records it
-//! ([`Blocked`]). The next pass begins by honouring the record while that request still waits:
+//! The request table is ordered by priority (the lower value first, as vLLM's `priority`), then arrival
+//! (`Table::insert`), so every rule of the reference reads it as its arrival order: the ladder evicts
+//! the lowest priority's newest, a suspended request keeps its place among its priority. Phase 2's
+//! pending list is ordered the same way (`admission.rs`). When a pass refuses the first request in that
+//! order pages or a batch slot — after its other checks passed: the refusal is a resource's — it records
+//! it ([`Blocked`]), and no lower priority grows into the room for the rest of the pass. The next pass
+//! begins by honouring the record while that request still waits:
 //!
 //! - one running request of strictly lower priority yields ([`Pass::yield_one`]): the lowest priority
-//!   first, the newest first within it; suspended where a tier lies below the GPU, else recompute-
-//!   paused (where recompute pause is allowed). Its lease is returned as at any suspension and comes
-//!   back with its KV. For an adapter refusal only a holder of another adapter's lease yields;
-//! - for pages or a batch slot, no request of strictly lower priority that is not on the GPU is
-//!   admitted, replayed or resumed in the pass (vLLM's priority queue stops at a head it cannot
-//!   schedule); for an adapter, nothing is held back (other adapters' requests run, as vLLM skips).
+//!   first, the newest first within it; suspended where suspension frees its pages, else
+//!   recompute-paused (where recompute pause is allowed); never one in a transfer. Its lease is returned
+//!   as at any suspension and comes back with its KV;
+//! - no request of lower priority that is not running is admitted, replayed or resumed in the pass
+//!   (vLLM's priority queue stops at a head it cannot schedule), except a suspended one whose pages stay
+//!   on the GPU (holding it back could only keep them there);
+//! - once admitted, while its prompt is not done, lower priorities stay held back ([`Need::Finish`]),
+//!   so a resumed victim does not take the pages of its next chunk.
 //!
-//! One victim a pass: the pass does not know how many pages a victim frees, so the requester waits a
-//! pass per victim it needs rather than emptying the batch for a request that then needs none of it.
-//! Never among equal priorities (the comparison is strict), never under GUARANTEED_NO_EVICT (it
-//! promises no eviction). The ladder and context-side preemption of every pass take no victim of
-//! strictly higher priority than their requester (`may_take`), so a resumed victim cannot evict the
+//! A request refused its adapter is not honoured: it is ordered, nothing yields for it (a yield for an
+//! adapter over-committed the device in the model tests, `regression_an_adapter_refusal_is_only_ordered`).
+//! One victim a pass: the pass does not know how many pages a victim frees. Never among equal
+//! priorities (the comparison is strict), never under GUARANTEED_NO_EVICT (it promises no eviction).
+//! Context-side preemption takes no victim of strictly higher priority than its requester (`may_take`),
+//! nor does the ladder's fallback over this pass's suspensions, so a resumed victim cannot evict the
 //! request it yielded to.
 //!
 //! Progress: strict priority, no aging. A request waits on requests of higher priority as long as they
-//! are live; once none is, the progress bound of issue 42 holds for it (`core/tests/model.rs`, where
-//! the most senior runnable request is the first by priority, then arrival).
+//! are live; once none is, the progress bound of issue 42 holds for it with a slack of two passes
+//! (`core/tests/model.rs`, where the most senior runnable request is the first by priority, then
+//! arrival).
 
 use crate::adapter::PeftBackend;
 use crate::config::{Admission, CapacityPolicy};
@@ -38,20 +44,19 @@ use super::pass::Pass;
 pub(crate) enum Need {
     /// Pages or a batch slot.
     Room,
-    /// Its adapter's pages on the device.
-    Adapter,
+    /// Nothing now: it was admitted and its prompt is not done; lower priorities stay held back until
+    /// it is (else a resumed victim takes the pages its next chunk needs, and the two take turns).
+    Finish,
 }
 
 /// The first request in phase 2's order that a pass refused a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Blocked {
     slot: u16,
+    /// The slot's version when recorded (a removed request's slot may be reused).
+    version: u32,
     id: u64,
-    priority: u8,
     need: Need,
-    /// A lease holder yielded for its adapter while it stayed blocked: no other will (releasing a
-    /// lease does not always make room for an adapter, and the holder comes back).
-    adapter_yielded: bool,
 }
 
 /// What a pass holds back: under priority, and under the thrash guard (`thrash.rs`).
@@ -100,22 +105,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return;
         }
         let s = self.table.entry(slot).spec();
-        let same = self
-            .holds
-            .honoured
-            .filter(|b| b.id == s.id.0 && b.slot == slot);
         *self.blocked = Some(Blocked {
             slot,
+            version: self.table.version_at(slot),
             id: s.id.0,
-            priority: s.priority,
             need,
-            adapter_yielded: same.is_some_and(|b| b.adapter_yielded),
         });
-        if need == Need::Room {
-            // The rest of the pass leaves lower priorities where they are (no chunk grows into its
-            // room).
-            self.holds.held_below = Some(s.priority);
-        }
+        // The rest of the pass leaves lower priorities where they are (no chunk grows into its room).
+        self.holds.held_below = Some(s.priority);
     }
 
     /// Phase 1 found the batch full: the most senior request not scheduled that waits (the first by
@@ -148,52 +145,67 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// The request at `slot` was refused a batch slot: blocked for room where its adapter would be had
-    /// (its other checks), else for its adapter.
+    /// (its other checks).
     fn note_full(&mut self, slot: u16) {
-        let adapter = self.peft_need(slot).is_some() && self.lease_obtainable(slot);
-        self.note_blocked(slot, if adapter { Need::Room } else { Need::Adapter });
+        if self.peft_need(slot).is_some() && self.lease_obtainable(slot) {
+            self.note_blocked(slot, Need::Room);
+        }
     }
 
-    /// Before phase 1: the last pass's record, while its request still waits, holds back lower
-    /// priorities (for room) and makes one running request of lower priority yield (for an adapter,
-    /// once while it stays blocked).
+    /// Before phase 1: the last pass's record, while its request still waits (the same request, not
+    /// held by the thrash guard), holds back lower priorities and, for room, makes one running request
+    /// of lower priority yield. Its current priority counts (`update` may have changed it).
     pub(crate) fn honour_blocked(&mut self) {
-        let Some(mut b) = self.blocked.take() else {
+        let Some(b) = self.blocked.take() else {
             return;
         };
-        let live = self.table.index_of(b.slot).is_some()
+        let at = self.table.index_of(b.slot);
+        let live = at.is_some()
+            && self.table.version_at(b.slot) == b.version
             && self.table.entry(b.slot).spec().id.0 == b.id
             && self.waits(b.slot);
-        if !live || !self.by_priority() {
+        let (Some(at), true) = (at, live && self.by_priority()) else {
+            return;
+        };
+        if self.holds_new(at, b.slot) {
             return;
         }
+        let priority = self.table.entry(b.slot).spec().priority;
+        self.holds.held_below = Some(priority);
         if b.need == Need::Room {
-            self.holds.held_below = Some(b.priority);
-        }
-        if b.need == Need::Room || !b.adapter_yielded {
-            let yielded = self.yield_one(b);
-            b.adapter_yielded |= yielded && b.need == Need::Adapter;
+            self.yield_one(b.slot, priority);
         }
         self.holds.honoured = Some(b);
     }
 
-    /// One running request of strictly lower priority than `b`'s yields (for an adapter, a holder of
-    /// another adapter's lease). Returns whether one did.
-    fn yield_one(&mut self, b: Blocked) -> bool {
-        let task = self.table.entry(b.slot).task();
+    /// After phase 2: a request honoured this pass and admitted, whose prompt is not done, keeps lower
+    /// priorities held back next pass ([`Need::Finish`]), unless a refusal was recorded.
+    pub(crate) fn keep_finishing(&mut self) {
+        let Some(b) = self.holds.honoured else {
+            return;
+        };
+        let e = self.table.entry(b.slot);
+        let unfinished =
+            e.spec().phase == crate::phase::Phase::ContextInit && e.ownership().on_gpu();
+        if self.blocked.is_none() && unfinished && self.table.version_at(b.slot) == b.version {
+            *self.blocked = Some(Blocked {
+                need: Need::Finish,
+                ..b
+            });
+        }
+    }
+
+    /// One running request of strictly lower priority than `priority` (not the one at `slot`) yields.
+    /// Returns whether one did.
+    fn yield_one(&mut self, slot: u16, priority: u8) -> bool {
         let (len, suspend) = (self.table.len(), self.kv.limits().can_evict);
         if !suspend && !self.cfg.recompute_pause {
             return false;
         }
-        let holds_other = |p: &Self, s: u16| {
-            let e = p.table.entry(s);
-            e.task().is_some() && e.task() != task
-        };
         // Oldest first: `max_by_key` keeps the last of the lowest priority, the newest.
         let victim = (0..len)
             .map(|j| self.table.slot(j))
-            .filter(|&s| s != b.slot && self.yields_to(s, b.priority, suspend))
-            .filter(|&s| b.need == Need::Room || holds_other(self, s))
+            .filter(|&s| s != slot && self.yields_to(s, priority, suspend))
             .max_by_key(|&s| self.table.entry(s).spec().priority);
         let Some(v) = victim else {
             return false;
@@ -219,7 +231,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         } else {
             h.on_gpu() && h.recomputable()
         };
-        movable && self.table.entry(slot).spec().priority > priority
+        // Never a request in a transfer (outside the schedulable window): its KV is being sent or
+        // received.
+        let e = self.table.entry(slot);
+        movable && self.cfg.window.contains(e.spec().phase) && e.spec().priority > priority
     }
 
     /// The request at `slot` waits this pass: of lower priority than a blocked request, and not a
@@ -230,7 +245,12 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return false;
         };
         let e = self.table.entry(slot);
-        e.spec().priority > p && !(e.ownership().on_gpu() && e.spec().phase.is_generation())
+        let running = e.ownership().on_gpu() && e.spec().phase.is_generation();
+        // A suspended request whose pages stay on the GPU (no lower tier takes them) is not held: it
+        // could only hold them for ever.
+        let kept =
+            e.ownership() == crate::request::Ownership::Paused && !self.kv.limits().can_evict;
+        e.spec().priority > p && !running && !kept
     }
 
     /// Context-side preemption may take `victim` for `requester`: never a request of strictly higher

@@ -44,11 +44,17 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         });
     }
 
-    /// The new request (waiting, never admitted) at arrival index `i` is held this pass; counted.
+    /// The new request (waiting, never admitted) at arrival index `i` is held this pass.
+    #[inline]
+    pub(crate) fn holds_new(&self, i: usize, slot: u16) -> bool {
+        self.holds.new_after.is_some_and(|first| i > first)
+            && self.table.entry(slot).ownership() == Ownership::Waiting
+    }
+
+    /// [`Self::holds_new`], counted.
     #[inline]
     pub(crate) fn thrash_held(&mut self, i: usize, slot: u16) -> bool {
-        let held = self.holds.new_after.is_some_and(|first| i > first)
-            && self.table.entry(slot).ownership() == Ownership::Waiting;
+        let held = self.holds_new(i, slot);
         self.stats.held += u32::from(held);
         held
     }

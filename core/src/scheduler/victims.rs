@@ -106,9 +106,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if in_range.is_some() || !can_evict {
             return in_range;
         }
+        // A request that yielded to a higher priority (`priority.rs`) may lie before the requester:
+        // never one of higher priority than it.
+        let requester = self.table.slot(i);
         self.out.paused().iter().find_map(|l| {
             let s = l.slot();
-            (!self.marked(s, Mark::RECOMPUTED) && self.recompute_candidate(s))
+            let candidate = !self.marked(s, Mark::RECOMPUTED) && self.recompute_candidate(s);
+            (candidate && self.may_take(requester, s))
                 .then(|| self.table.index_of(s))
                 .flatten()
         })
