@@ -1656,26 +1656,17 @@ fn lower_priorities_yield_in_the_model_runs() {
 #[test]
 fn regression_an_adapter_refusal_does_not_livelock() {
     let setup = Setup {
-        gpu_pages: 10,
-        host_pages: 0,
         tokens_per_block: 3,
         max_blocks: 10,
         chunk: Chunk::Fcfs,
         unit: 1,
-        no_evict: false,
         recompute_pause: true,
         max_num_tokens: Some(8),
         max_num_requests: 1,
         peft: Some(split_peft(1, 1, &[1, 1, 1, 1, 1])),
         deadlock_threshold: 2,
-        prefix: false,
-        draft: None,
-        cross: false,
         admission: Admission::Priority,
-        connector: false,
-        windows: vec![],
-        step_itl_us: None,
-        thrash_guard: false,
+        ..base(10, 0)
     };
     let submit = |prompt, out_len, lora| Op::Submit {
         prompt,
@@ -1739,26 +1730,15 @@ fn the_thrash_guard_holds_new_requests_in_the_model_runs() {
 #[test]
 fn regression_an_adapter_refusal_is_only_ordered() {
     let setup = Setup {
-        gpu_pages: 6,
-        host_pages: 2,
-        tokens_per_block: 4,
         max_blocks: 13,
         chunk: Chunk::Fcfs,
         unit: 6,
-        no_evict: false,
         recompute_pause: true,
         max_num_tokens: Some(43),
-        max_num_requests: 8,
         peft: Some(split_peft(2, 5, &[1, 2, 2, 1, 1, 1, 1, 1])),
         deadlock_threshold: 50,
-        prefix: false,
-        draft: None,
-        cross: false,
         admission: Admission::Priority,
-        connector: false,
-        windows: vec![],
-        step_itl_us: None,
-        thrash_guard: false,
+        ..base(6, 2)
     };
     let r = |prompt, out_len, lora, disagg| Req {
         prompt,
