@@ -18,7 +18,9 @@ use kvsched_core::step_budget::{StepBudget, StepCost};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use kvsched_core::config::{Admission, CapacityPolicy, Chunking, Config, Window, PRIORITY_CLASSES};
+use kvsched_core::config::{
+    Admission, CapacityPolicy, Chunking, Config, Share, Window, PRIORITY_CLASSES, SERVICE_CLASSES,
+};
 use kvsched_core::ids::TaskId;
 use kvsched_core::kv::KvBackend;
 use kvsched_core::output::{Listed, SchedulerOutput};
@@ -31,7 +33,7 @@ use serde_json::Value;
 pub use error::{CollectError, FileError, Reason, ScenarioError, Shape};
 use scenario::{
     id_list, script, AdmissionIn, AdmissionPolicy, Expect, GroupIn, IdList, Named, Outcome,
-    Outcomes, PassIn, PeftIn, RequestIn, ReusePolicy, Scenario,
+    Outcomes, PassIn, PeftIn, RequestIn, ReusePolicy, Scenario, ShareIn,
 };
 use scripted::{PeftCall, ScriptedKv, ScriptedPeft, Scripts};
 
@@ -217,6 +219,26 @@ fn admission_of(a: &AdmissionIn) -> Result<Admission, ScenarioError> {
     }
 }
 
+/// `config.shares`: class 0 first, missing classes none.
+fn shares_of(given: &[ShareIn]) -> Result<[Share; SERVICE_CLASSES], ScenarioError> {
+    if given.len() > SERVICE_CLASSES {
+        return Err(ScenarioError::malformed(
+            "config.shares",
+            Reason::TooMany {
+                what: "classes",
+                max: SERVICE_CLASSES,
+            },
+        ));
+    }
+    Ok(core::array::from_fn(|i| {
+        given.get(i).map_or(Share::default(), |g| Share {
+            requests: g.requests,
+            kv_tokens: g.kv_tokens,
+            adapter_pages: g.adapter_pages,
+        })
+    }))
+}
+
 fn transfer_end(o: Outcome) -> TransferEnd {
     match o {
         Outcome::Delivered => TransferEnd::Delivered,
@@ -252,6 +274,7 @@ fn apply(field: &str, r: &RequestIn, s: &mut RequestSpec) -> Result<(), Scenario
     set(&mut s.encoder_pending, r.encoder_ready.map(|ready| !ready));
     set(&mut s.tenant, r.tenant.map(Some));
     set(&mut s.priority, r.priority);
+    set(&mut s.class, r.class);
     set(&mut s.arrival, r.arrival);
     set(&mut s.context_only, r.context_only);
     if let Some(mm) = &r.mm {
@@ -474,6 +497,7 @@ fn config_of(sc: &Scenario) -> Result<Config, ScenarioError> {
             .and_then(|a| a.drain_after)
             .unwrap_or(256),
         thrash_guard: c.thrash_guard.unwrap_or(false),
+        shares: c.shares.as_deref().map(shares_of).transpose()?,
         step_budget: c.step_budget.as_ref().map(|b| StepBudget {
             itl_us: b.itl_us,
             cost: StepCost {

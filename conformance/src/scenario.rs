@@ -174,6 +174,24 @@ pub struct ConfigIn {
     pub step_budget: Option<StepBudgetIn>,
     /// The thrash guard (beyond the reference).
     pub thrash_guard: Option<bool>,
+    /// Service classes' shares (beyond the reference), class 0 first (up to four; missing classes
+    /// have none).
+    pub shares: Option<Vec<ShareIn>>,
+}
+
+/// `config.shares[]` (beyond the reference): what one service class is promised (absent: 0).
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ShareIn {
+    /// Batch slots.
+    #[serde(default)]
+    pub requests: u32,
+    /// KV tokens (the whole lives of the class's requests on the GPU).
+    #[serde(default)]
+    pub kv_tokens: u32,
+    /// Adapter pages.
+    #[serde(default)]
+    pub adapter_pages: u32,
 }
 
 /// `config.step_budget` (beyond the reference): the inter-token-latency target in µs and the cost model's
@@ -434,6 +452,8 @@ pub struct RequestIn {
     pub tenant: Option<u32>,
     /// Priority class (deadline admission).
     pub priority: Option<u8>,
+    /// Service class (`config.shares`).
+    pub class: Option<u8>,
     /// Arrival time (deadline admission).
     pub arrival: Option<u64>,
     /// A KV connector load into the request's pages is pending.

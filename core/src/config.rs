@@ -101,6 +101,23 @@ impl Admission {
     }
 }
 
+/// Service classes of [`Config::shares`] ([`crate::RequestSpec::class`] is below it).
+pub const SERVICE_CLASSES: usize = 4;
+
+/// What a service class is promised ([`Config::shares`], `scheduler/classes.rs`): while one of its
+/// requests waits and the class uses less than its share of a resource, the classes above theirs
+/// lend it back. Unused, a share is lent: nothing is set aside while the class has nothing waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Share {
+    /// Batch slots: the class's requests on the GPU.
+    pub requests: u32,
+    /// KV tokens: the prompt tokens the class's requests on the GPU have computed (a shared prefix
+    /// counts for each; their outputs are not seen by the scheduler).
+    pub kv_tokens: u32,
+    /// Adapter pages: the device pages of the distinct adapters of the class's requests on the GPU.
+    pub adapter_pages: u32,
+}
+
 /// The schedulable phase window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Window {
@@ -188,6 +205,9 @@ pub struct Config {
     /// The thrash guard (beyond the reference; `scheduler/thrash.rs`): while a request that gave its
     /// KV up to recompute twice or more waits to replay, no new request is admitted.
     pub thrash_guard: bool,
+    /// Service classes (beyond the reference; `scheduler/classes.rs`): each class's reserved share,
+    /// lent while unused; `None`: no classes.
+    pub shares: Option<[Share; SERVICE_CLASSES]>,
 }
 
 impl Default for Config {
@@ -213,6 +233,7 @@ impl Config {
         drain_after: 256,
         step_budget: None,
         thrash_guard: false,
+        shares: None,
     };
 
     /// `max_context_length` is below the token budget (unlimited counts as above any limit): a chunk
@@ -256,6 +277,19 @@ impl Config {
             if self.chunking.is_none() || b.itl_us == 0 {
                 return Err(crate::Error::Invalid(
                     "a step budget needs chunked prefill and a target of at least 1 µs",
+                ));
+            }
+        }
+        if let Some(shares) = self.shares {
+            let mut slots = 0u64;
+            let mut i = 0;
+            while i < SERVICE_CLASSES {
+                slots += shares[i].requests as u64;
+                i += 1;
+            }
+            if slots > self.max_num_requests as u64 {
+                return Err(crate::Error::Invalid(
+                    "the service classes' shares of batch slots exceed max_num_requests",
                 ));
             }
         }

@@ -90,6 +90,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         ),
         peft(),
         (2u32..=12, any::<bool>(), 0u8..3, any::<bool>(), 0u8..4),
+        prop::option::weighted(0.25, any::<u8>()),
     )
         .prop_map(
             |(
@@ -98,6 +99,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 (max_num_tokens, max_num_requests, step_itl_us, thrash_guard),
                 peft,
                 (deadlock_threshold, prefix, draft, cross, admission),
+                shares,
             )| Setup {
                 gpu_pages,
                 host_pages,
@@ -109,7 +111,6 @@ fn setup() -> impl Strategy<Value = Setup> {
                 recompute_pause,
                 max_num_tokens,
                 max_num_requests,
-                peft,
                 deadlock_threshold,
                 prefix,
                 draft: match draft {
@@ -131,6 +132,16 @@ fn setup() -> impl Strategy<Value = Setup> {
                 windows: Vec::new(),
                 step_itl_us,
                 thrash_guard,
+                shares: shares.map(|bits| {
+                    let adapter_pages = peft.as_ref().map_or(0, |p| p.device_pages);
+                    kvsched_testkit::shares(
+                        bits,
+                        max_num_requests,
+                        gpu_pages * tokens_per_block,
+                        adapter_pages,
+                    )
+                }),
+                peft,
             },
         )
 }
@@ -269,6 +280,17 @@ proptest! {
         run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
     }
 
+    /// Service classes (issue 45) in every other respect of the configuration: classes within their
+    /// shares take batch slots, KV and adapter pages back from the borrowers', the borrowers' new
+    /// requests wait while they do, and KV within a share is spared by the ladder.
+    #[test]
+    fn invariants_hold_with_classes(
+        setup in with_classes(setup()),
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
+    }
+
     /// The same on KV groups (`grouped`): the harness also audits every group's pool, checks that every
     /// group agrees with the leader on every request, and holds each window group to its window rule.
     #[test]
@@ -356,6 +378,21 @@ fn live_reqs(s: &Setup) -> impl Strategy<Value = Vec<Req>> {
             },
         );
     prop::collection::vec(req, 1..=N)
+}
+
+/// `setups` with service classes' shares (classes 0 and 1; requests carry classes 0 to 3).
+fn with_classes(setups: impl Strategy<Value = Setup>) -> impl Strategy<Value = Setup> {
+    (setups, any::<u8>()).prop_map(|(mut s, bits)| {
+        let adapter_pages = s.peft.as_ref().map_or(0, |p| p.device_pages);
+        let kv_tokens = s.gpu_pages * s.tokens_per_block;
+        s.shares = Some(kvsched_testkit::shares(
+            bits,
+            s.max_num_requests,
+            kv_tokens,
+            adapter_pages,
+        ));
+        s
+    })
 }
 
 /// `setups` under [`Admission::Priority`].
@@ -545,6 +582,18 @@ proptest! {
         fits_alone(&setup, &reqs)?;
     }
 
+    /// The same with service classes (issue 45): the oldest runnable request is held to the same
+    /// bound, and every request finishes.
+    #[test]
+    fn every_request_that_fits_alone_finishes_with_classes(
+        (setup, reqs) in with_classes(live_setup()).prop_flat_map(|s| {
+            let reqs = live_reqs(&s);
+            (Just(s), reqs)
+        })
+    ) {
+        fits_alone(&setup, &reqs)?;
+    }
+
     /// The same on KV groups (`grouped`), with the harness's per-group checks after every operation.
     #[test]
     fn grouped_every_request_that_fits_alone_finishes((setup, reqs) in grouped_with_reqs()) {
@@ -584,6 +633,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         windows: Vec::new(),
         step_itl_us: None,
         thrash_guard: false,
+        shares: None,
     }
 }
 
@@ -1624,13 +1674,33 @@ fn forks_are_made_and_their_children_live_every_lifecycle() {
 /// higher priorities, by suspension and by recompute pause.
 #[test]
 fn lower_priorities_yield_in_the_model_runs() {
+    let (yielded, suspending, recomputing) = yields_in(by_priority(setup()), 45, 300);
+    assert!(yielded > 20 && suspending > 0 && recomputing > 0);
+}
+
+/// The classes property is not vacuous: over a fixed set of its cases, borrowers yield to classes
+/// within their shares (suspended: only where a host tier takes their pages).
+#[test]
+fn borrowers_yield_to_classes_in_the_model_runs() {
+    let fcfs = with_classes(setup()).prop_map(|s| Setup {
+        admission: Admission::Fcfs,
+        ..s
+    });
+    let (yielded, suspending, recomputing) = yields_in(fcfs, 46, 600);
+    // Nothing yields to a class without a lower tier (`scheduler/classes.rs`).
+    assert!(yielded > 20 && suspending > 0 && recomputing == 0);
+}
+
+/// Runs `count` cases of `setups` (random operations, a fixed `seed`): the yields, and the cases with
+/// yields with a host tier and without.
+fn yields_in(setups: impl Strategy<Value = Setup>, seed: u8, count: usize) -> (u64, u32, u32) {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
-    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[45; 32]);
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
     let mut runner = TestRunner::new_with_rng(PtConfig::default(), rng);
-    let cases = (by_priority(setup()), prop::collection::vec(op(), 1..160));
+    let cases = (setups, prop::collection::vec(op(), 1..160));
     let (mut yielded, mut suspending, mut recomputing) = (0, 0, 0);
-    for _ in 0..300 {
+    for _ in 0..count {
         let (setup, ops) = cases.new_tree(&mut runner).unwrap().current();
         let host = setup.host_pages > 0;
         let s = run(setup, &ops).unwrap_or_else(|e| panic!("{e}"));
@@ -1644,9 +1714,9 @@ fn lower_priorities_yield_in_the_model_runs() {
         }
     }
     eprintln!(
-        "300 cases: {yielded} yields; {suspending} cases with a host tier, {recomputing} without"
+        "{count} cases: {yielded} yields; {suspending} cases with a host tier, {recomputing} without"
     );
-    assert!(yielded > 20 && suspending > 0 && recomputing > 0);
+    (yielded, suspending, recomputing)
 }
 
 /// Found at 20,000 cases (issue 45): a class-0 prompt refused its adapter (one device page, one host

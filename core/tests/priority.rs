@@ -3,109 +3,35 @@
 //! keeps its place, preemption only after the other checks pass, a LoRA victim's lease released and
 //! restored, a mid-prefill victim.
 
-use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::config::{Admission, ChunkPolicy, Chunking};
-use kvsched_core::ids::TaskId;
-use kvsched_core::output::SchedulerOutput;
-use kvsched_core::page_pool::{KvPool, KvPoolConfig};
-use kvsched_core::request::{Ownership, RequestSpec};
-use kvsched_core::scheduler::{Handle, Scheduler};
-use kvsched_core::storage::Owned;
-use kvsched_core::{Config, Phase};
+use kvsched_core::request::Ownership;
+use kvsched_core::Config;
 
-type Sched = Scheduler<KvPool<'static, Owned>, AdapterPool<8>, 16, 8>;
-type Out = SchedulerOutput<16>;
+mod support;
 
-const TPB: u32 = 16;
+use support::run::Run;
 
-/// What one pass did, by request id.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Did {
-    context: Vec<u64>,
-    generation: Vec<u64>,
-    paused: Vec<u64>,
-    recompute: Vec<u64>,
-    yielded: u32,
+/// A scheduler under priority: `gpu_pages` GPU and `host_pages` host pages, `max_requests` a batch,
+/// an adapter cache of `adapter_pages` device pages (tasks 1 and 2 take one page each).
+fn priority(gpu_pages: u32, host_pages: u32, max_requests: u32, adapter_pages: u32) -> Run {
+    by_priority(gpu_pages, host_pages, adapter_pages, |c| {
+        c.max_num_requests = max_requests;
+    })
 }
 
-struct Run {
-    s: Sched,
-    out: Out,
-}
-
-impl Run {
-    /// A scheduler under priority: `gpu_pages` GPU and `host_pages` host pages, `max_requests` a batch,
-    /// an adapter cache of `adapter_pages` device pages (tasks 1 and 2 take one page each).
-    fn new(gpu_pages: u32, host_pages: u32, max_requests: u32, adapter_pages: u32) -> Self {
-        Self::with(gpu_pages, host_pages, adapter_pages, |c| {
-            c.max_num_requests = max_requests;
-        })
-    }
-
-    fn with(gpu: u32, host: u32, adapter_pages: u32, edit: impl FnOnce(&mut Config)) -> Self {
-        let pool = KvPool::owned(KvPoolConfig {
-            tokens_per_block: TPB,
-            gpu_pages: gpu,
-            host_pages: host,
-            slots: 16,
-            max_blocks: 16,
-        })
-        .unwrap();
-        let mut adapters = AdapterPool::new(adapter_pages, 16).unwrap();
-        adapters.register(TaskId(1), 1).unwrap();
-        adapters.register(TaskId(2), 1).unwrap();
-        let mut cfg = Config {
-            admission: Admission::Priority,
-            recompute_pause: true,
-            ..Config::default()
-        };
-        edit(&mut cfg);
-        Self {
-            s: Scheduler::new(cfg, pool, adapters).unwrap(),
-            out: Out::new(),
-        }
-    }
-
-    fn submit(&mut self, id: u64, prompt: u32, priority: u8, lora: Option<u64>) -> Handle {
-        let mut spec = RequestSpec::new(id, Phase::ContextInit, prompt);
-        spec.priority = priority;
-        spec.lora = lora.map(TaskId);
-        spec.max_new_tokens = 16;
-        self.s.submit(spec).unwrap()
-    }
-
-    fn id(&self, l: &kvsched_core::output::Listed) -> u64 {
-        self.s.get(l.handle()).unwrap().spec().id.0
-    }
-
-    /// One pass and its step, the scheduler checked.
-    fn step(&mut self) -> Did {
-        self.s.schedule(&mut self.out).unwrap();
-        let o = &self.out;
-        let did = Did {
-            context: o.context().iter().map(|c| self.id(&c.listed)).collect(),
-            generation: o.generation().iter().map(|l| self.id(l)).collect(),
-            paused: o.paused().iter().map(|l| self.id(l)).collect(),
-            recompute: o.recompute_paused().iter().map(|l| self.id(l)).collect(),
-            yielded: self.s.last_pass().yielded,
-        };
-        self.s.ensure_batch(&mut self.out).unwrap();
-        let _ = self.s.take_moves();
-        self.s.complete_step(&self.out).unwrap();
-        assert!(self.s.check());
-        did
-    }
-
-    fn ownership(&self, h: Handle) -> Ownership {
-        self.s.get(h).unwrap().ownership()
-    }
+/// [`Run::with`] under priority.
+fn by_priority(gpu: u32, host: u32, adapter_pages: u32, edit: impl FnOnce(&mut Config)) -> Run {
+    Run::with(gpu, host, adapter_pages, |c| {
+        c.admission = Admission::Priority;
+        edit(c);
+    })
 }
 
 /// Three running requests fill a batch of three; a waiting one of priority 0 takes the place of the
 /// lowest priority's newest, which is suspended (a host tier) with its KV kept.
 #[test]
 fn the_lowest_prioritys_newest_yields_to_a_higher_priority() {
-    let mut r = Run::new(64, 64, 3, 4);
+    let mut r = priority(64, 64, 3, 4);
     let x = r.submit(0, 20, 2, None);
     let y = r.submit(1, 20, 3, None);
     let z = r.submit(2, 20, 3, None);
@@ -128,7 +54,7 @@ fn the_lowest_prioritys_newest_yields_to_a_higher_priority() {
 /// A waiting request of the running requests' priority never preempts them, however long it waits.
 #[test]
 fn no_preemption_among_equal_priorities() {
-    let mut r = Run::new(64, 64, 2, 4);
+    let mut r = priority(64, 64, 2, 4);
     r.submit(0, 20, 1, None);
     r.submit(1, 20, 1, None);
     r.step();
@@ -145,7 +71,7 @@ fn no_preemption_among_equal_priorities() {
 /// request of its priority that arrived meanwhile.
 #[test]
 fn a_victim_keeps_its_place_among_its_priority() {
-    let mut r = Run::new(64, 64, 2, 4);
+    let mut r = priority(64, 64, 2, 4);
     r.submit(0, 20, 1, None);
     let v = r.submit(1, 20, 3, None);
     r.step();
@@ -175,7 +101,7 @@ fn a_victim_keeps_its_place_among_its_priority() {
 /// while the lower priorities hold no other adapter's lease.
 #[test]
 fn preemption_only_after_the_other_checks_pass() {
-    let mut r = Run::with(64, 64, 1, |c| {
+    let mut r = by_priority(64, 64, 1, |c| {
         c.max_num_requests = 4;
         c.max_num_tokens = Some(40);
         c.max_context_length = Some(40);
@@ -191,7 +117,7 @@ fn preemption_only_after_the_other_checks_pass() {
         assert!(did.context.is_empty());
     }
     // An adapter the device has no room for beside a higher priority's: nobody lower holds a lease.
-    let mut r = Run::new(64, 64, 4, 1);
+    let mut r = priority(64, 64, 4, 1);
     r.submit(0, 20, 0, Some(1));
     r.submit(1, 20, 3, None);
     r.step();
@@ -208,7 +134,7 @@ fn preemption_only_after_the_other_checks_pass() {
 /// the higher one leaves it resumes with its lease back.
 #[test]
 fn a_lora_victims_lease_is_released_and_restored() {
-    let mut r = Run::new(64, 64, 1, 4);
+    let mut r = priority(64, 64, 1, 4);
     let v = r.submit(0, 20, 3, Some(1));
     r.step();
     let w = r.submit(1, 20, 0, None);
@@ -239,7 +165,7 @@ fn a_lora_victims_lease_is_released_and_restored() {
 #[test]
 fn a_mid_prefill_victim_is_suspended_and_resumes_at_its_position() {
     // 7 pages of 16 tokens on the GPU, 64 tokens a pass in chunks of 16.
-    let mut r = Run::with(7, 16, 4, |c| {
+    let mut r = by_priority(7, 16, 4, |c| {
         c.max_num_tokens = Some(64);
         c.chunking = Some(Chunking {
             policy: ChunkPolicy::FirstComeFirstServed,
@@ -278,7 +204,7 @@ fn a_mid_prefill_victim_is_suspended_and_resumes_at_its_position() {
 /// an update of its priority moves it to the end of its new priority's.
 #[test]
 fn the_order_is_by_priority_then_arrival() {
-    let mut r = Run::new(64, 64, 4, 4);
+    let mut r = priority(64, 64, 4, 4);
     for (id, priority) in [(0, 2), (1, 0), (2, 2), (3, 1)] {
         r.submit(id, 20, priority, None);
     }

@@ -40,7 +40,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use kvsched_core::adapter::{AdapterHold, HostChange, PeftBackend, TaskRef};
 use kvsched_core::adapter_pool::AdapterPool;
 pub use kvsched_core::config::Admission;
-use kvsched_core::config::{CapacityPolicy, ChunkPolicy, Chunking, Config, Window};
+use kvsched_core::config::{
+    CapacityPolicy, ChunkPolicy, Chunking, Config, Share, Window, SERVICE_CLASSES,
+};
 use kvsched_core::connector::{KvConnector, LoadEnd};
 use kvsched_core::error::{Error, PeftError};
 use kvsched_core::ids::{RequestId, TaskId, TaskSlot};
@@ -147,6 +149,8 @@ pub struct Setup {
     pub step_itl_us: Option<u64>,
     /// The thrash guard ([`Config::thrash_guard`]).
     pub thrash_guard: bool,
+    /// Service classes' shares ([`Config::shares`]); requests carry classes whether or not.
+    pub shares: Option<[Share; SERVICE_CLASSES]>,
 }
 
 /// A sliding-window KV group of a [`Setup`] (its pool has the target's geometry but its GPU pages).
@@ -338,6 +342,7 @@ impl Setup {
                     cost: STEP_COST,
                 }),
             thrash_guard: self.thrash_guard,
+            shares: self.shares,
         }
     }
 
@@ -1539,6 +1544,7 @@ impl<'a> Harness<'a> {
         // Clients and classes for the admission policies: every third request has a tenant of its own.
         s.tenant = (self.next_id % 3 == 0).then_some((self.next_id % 5) as u32);
         s.priority = (self.next_id % 4) as u8;
+        s.class = ((self.next_id / 2) % SERVICE_CLASSES as u64) as u8;
         s.arrival = self.next_id * 10;
         s.draft = u32::from(draft);
         // Enough KV for the whole output: every decode step grows the cache by 1 + drafts.
@@ -2790,12 +2796,48 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
         windows: Vec::new(),
         step_itl_us: (deadlock_threshold % 3 == 0).then_some(2 + u64::from(deadlock_threshold)),
         thrash_guard: deadlock_threshold % 4 == 1,
+        shares: None,
     };
     // Draft bits 3 (no draft pool): KV groups.
     if (mode >> 5) & 3 == 3 {
         decode_groups(r, &mut setup);
     }
+    // No byte of its own, so that the seeds written before classes keep their meaning.
+    setup.shares = (deadlock_threshold % 4 == 2).then(|| decode_shares(mode, &setup));
     setup
+}
+
+/// Service classes' shares for a decoded setup, from the bits of `b`: shares for classes 0 and 1
+/// within the batch, the KV and the adapter pages.
+fn decode_shares(b: u8, s: &Setup) -> [Share; SERVICE_CLASSES] {
+    shares(
+        b,
+        s.max_num_requests,
+        s.gpu_pages * s.tokens_per_block,
+        s.peft.as_ref().map_or(0, |p| p.device_pages),
+    )
+}
+
+/// Shares for classes 0 and 1 from the bits of `bits`: each a part (a half or a quarter) of the
+/// batch's `requests`, of `kv_tokens` and of `adapter_pages`, within the batch together.
+pub fn shares(
+    bits: u8,
+    requests: u32,
+    kv_tokens: u32,
+    adapter_pages: u32,
+) -> [Share; SERVICE_CLASSES] {
+    let part = |total: u32, bit: u8| total / if bits & bit != 0 { 2 } else { 4 };
+    let first = Share {
+        requests: part(requests, 1),
+        kv_tokens: part(kv_tokens, 2),
+        adapter_pages: part(adapter_pages, 4),
+    };
+    let second = Share {
+        requests: part(requests, 8).min(requests - first.requests) / 2,
+        kv_tokens: part(kv_tokens, 16) / 2,
+        adapter_pages: part(adapter_pages, 32) / 2,
+    };
+    [first, second, Share::default(), Share::default()]
 }
 
 /// KV groups for a decoded setup, from one more byte: 2 or 3 groups, windows of 1–3 pages, each

@@ -50,6 +50,9 @@ pub struct RequestSpec {
     /// [`crate::config::PRIORITY_CLASSES`]): its TTFT deadline is `arrival + ttft[priority]`. Under
     /// [`crate::config::Admission::Priority`], any value: the lower, the sooner (vLLM's `priority`).
     pub priority: u8,
+    /// Service class (below [`crate::config::SERVICE_CLASSES`]): what [`crate::Config::shares`]
+    /// promises it. Fixed at submission.
+    pub class: u8,
     /// Arrival time on the engine's clock, in the unit of the deadline configuration (e.g. µs).
     pub arrival: u64,
     /// Disaggregated serving: a context-only request (upstream `LLMREQUEST_TYPE_CONTEXT_ONLY`). It is
@@ -79,6 +82,7 @@ impl RequestSpec {
             mm_runs: heapless::Vec::new(),
             tenant: None,
             priority: 0,
+            class: 0,
             arrival: 0,
             context_only: false,
         }

@@ -132,6 +132,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if classes && usize::from(spec.priority) >= crate::config::PRIORITY_CLASSES {
             return Err(Error::Invalid("priority class out of range"));
         }
+        if usize::from(spec.class) >= crate::config::SERVICE_CLASSES {
+            return Err(Error::Invalid("service class out of range"));
+        }
         self.check_mm_runs(spec)?;
         if spec.beam.checked_add(spec.draft).is_none() {
             return Err(Error::Invalid(

@@ -130,7 +130,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             Step::Stop
         } else {
             // Under priority a lower one yields next pass (not when a preemption freed pages already).
-            self.note_blocked(self.table.slot(i), super::priority::Need::Room);
+            self.note_blocked(self.table.slot(i), super::priority::Need::Pages);
             Step::Skip
         }
     }

@@ -203,6 +203,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// while lease holders pin adapters, admissions drain: no later waiting request takes a new lease,
     /// so the device's adapters come free for it as their requests finish.
     fn adapter_refused(&mut self, slot: u16) {
+        self.note_blocked(slot, super::priority::Need::Adapter);
         let waited = &mut self.adapter_waits[slot as usize];
         *waited = waited.saturating_add(1);
         let first = !core::mem::replace(&mut self.refused_one, true);

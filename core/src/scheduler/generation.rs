@@ -229,7 +229,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             // Checked above already ([`Pass::defer`]'s checks, in the same order).
             return self.push_pending(i);
         }
-        if self.held_back(slot) {
+        if self.held_back(slot) || self.displaces(i, slot) {
             return Step::Skip;
         }
         let on_gpu = e.ownership().on_gpu();

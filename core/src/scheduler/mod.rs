@@ -17,6 +17,10 @@
 //! | `refusal_mark.rs` | a waiting first chunk's own refusal, remembered: skipped while it stands |
 //! | `span.rs` | the refused run deferred whole by phase 1: the pending list reads it where it stands |
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
+//! | `priority.rs` | priority that preempts: the blocked request, its victim, what it holds back |
+//! | `classes.rs` | service classes: claims on a class's share, borrowers that yield, spared KV |
+//! | `thrash.rs` | the thrash guard: new requests held while a thrashing one waits to replay |
+//! | `step_time.rs` | a step budget in time: chunks capped by the cost model |
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
 //! | `failed_loads.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |
 //!
@@ -44,6 +48,7 @@ mod admission;
 mod build;
 mod checks;
 mod chunking;
+mod classes;
 mod context;
 mod cross;
 mod deadlock;
@@ -109,8 +114,9 @@ pub struct Scheduler<K, P, const N: usize, const T: usize, S: Storage = Inline> 
     scratch: Scratch<N, T, S>,
     /// Consecutive stalled passes (the only state a pass leaves for the next, spec §1.1).
     stall: u32,
-    /// Under priority, the request the last pass refused a resource (`priority.rs`).
-    blocked: Option<priority::Blocked>,
+    /// The requests the last pass refused a resource, under priority and for a service class
+    /// (`priority.rs`, `classes.rs`).
+    blocked: priority::Records,
     /// Passes run; the output of the last one carries this number.
     passes: u64,
     /// The last pass whose step was completed.

@@ -25,7 +25,7 @@ use crate::storage::{FixedList, Inline, InlineArray, Storage};
 use super::admission::Clients;
 use super::marks::{Clock, Mark, Marks, Stamp};
 use super::plan::Plan;
-use super::priority::{Blocked, Holds};
+use super::priority::{Holds, Records};
 use super::refusal_mark::RefusalMark;
 use super::refused_run::RefusedRun;
 use super::span::Span;
@@ -158,8 +158,8 @@ pub(crate) struct Parts<'a, const N: usize, const T: usize, S: Storage> {
     pub(crate) shorts: &'a mut [u32; N],
     pub(crate) refusals: &'a mut [RefusalMark; N],
     pub(crate) run_enabled: bool,
-    /// The last pass's blocked request under priority, this pass's when it ends (`priority.rs`).
-    pub(crate) blocked: &'a mut Option<Blocked>,
+    /// The last pass's blocked requests, this pass's when it ends (`priority.rs`, `classes.rs`).
+    pub(crate) blocked: &'a mut Records,
 }
 
 /// What a rule decided for one request (spec §1.4–§1.7).
@@ -242,8 +242,8 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     /// The pages phase 2's chunks are sure to be granted, and the tokens a page holds (`trial.rs`,
     /// read at the first trial; `Some((0, _))` once spent or unknown).
     pub(crate) room: Option<(u32, u32)>,
-    /// The last pass's blocked request under priority, this pass's when it ends (`priority.rs`).
-    pub(crate) blocked: &'a mut Option<Blocked>,
+    /// The last pass's blocked requests, this pass's when it ends (`priority.rs`, `classes.rs`).
+    pub(crate) blocked: &'a mut Records,
     /// What this pass holds back (`priority.rs`, `thrash.rs`).
     pub(crate) holds: Holds,
 }
@@ -337,6 +337,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         self.abandon_failed_loads();
         self.guard_thrash();
         self.honour_blocked();
+        self.honour_claim();
         self.span_first = self.span_first();
         match replayed {
             None => self.generation_phase(0, None),
@@ -353,6 +354,7 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
         }
         self.context_phase();
         self.keep_finishing();
+        self.keep_claim();
         let verdict = self.detect_deadlock(stall);
         if verdict.is_ok() {
             self.sort(scratch_sort);

@@ -42,24 +42,45 @@ use super::pass::Pass;
 /// What a blocked request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Need {
-    /// Pages or a batch slot.
-    Room,
-    /// Nothing now: it was admitted and its prompt is not done; lower priorities stay held back until
-    /// it is (else a resumed victim takes the pages its next chunk needs, and the two take turns).
-    Finish,
+    /// A batch slot.
+    Slot,
+    /// KV pages.
+    Pages,
+    /// Its adapter's pages (recorded for a service class only: under priority it is only ordered).
+    Adapter,
 }
 
 /// The first request in phase 2's order that a pass refused a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Blocked {
-    slot: u16,
+    pub(crate) slot: u16,
     /// The slot's version when recorded (a removed request's slot may be reused).
-    version: u32,
+    pub(crate) version: u32,
     id: u64,
-    need: Need,
+    pub(crate) need: Need,
+    /// It was admitted since and its prompt is not done: what it was blocked by stays held back until
+    /// it is (else a resumed victim takes the pages its next chunk needs, and the two take turns).
+    pub(crate) admitted: bool,
 }
 
-/// What a pass holds back: under priority, and under the thrash guard (`thrash.rs`).
+/// The blocked requests a pass leaves for the next: one under priority, one for a service class
+/// (`classes.rs`).
+#[derive(Debug, Clone, Copy, Hash)]
+pub(crate) struct Records {
+    pub(crate) priority: Option<Blocked>,
+    pub(crate) class: Option<Blocked>,
+}
+
+impl Records {
+    /// No record (a new scheduler).
+    pub(crate) const NONE: Records = Records {
+        priority: None,
+        class: None,
+    };
+}
+
+/// What a pass holds back: under priority, for a service class (`classes.rs`), and under the thrash
+/// guard (`thrash.rs`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Holds {
     /// Requests of a priority lower than this wait (`held_back`).
@@ -68,6 +89,8 @@ pub(crate) struct Holds {
     honoured: Option<Blocked>,
     /// No new request after this arrival index is admitted (the thrash guard).
     pub(crate) new_after: Option<usize>,
+    /// The service class claim honoured in this pass, and what it holds back.
+    pub(crate) claim: Option<super::classes::Claim>,
 }
 
 impl Holds {
@@ -76,6 +99,7 @@ impl Holds {
         held_below: None,
         honoured: None,
         new_after: None,
+        claim: None,
     };
 }
 
@@ -91,7 +115,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// The request at `slot` waits to be scheduled: in the window, not a running decode step (a
     /// context request, or one off the GPU), not in flight.
-    fn waits(&self, slot: u16) -> bool {
+    pub(crate) fn waits(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
         let phase = e.spec().phase;
         let running = e.ownership().on_gpu() && phase.is_generation();
@@ -101,25 +125,42 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// Phase 2 refused the request at `slot` a resource (`need`): recorded for the next pass, if it is
     /// the first this pass refused.
     pub(crate) fn note_blocked(&mut self, slot: u16, need: Need) {
-        if !self.by_priority() || self.blocked.is_some() {
+        self.note_claim(slot, need);
+        if !self.by_priority() || self.blocked.priority.is_some() || need == Need::Adapter {
             return;
         }
-        let s = self.table.entry(slot).spec();
-        *self.blocked = Some(Blocked {
+        self.blocked.priority = Some(self.record(slot, need));
+        // The rest of the pass leaves lower priorities where they are (no chunk grows into its room).
+        self.holds.held_below = Some(self.table.entry(slot).spec().priority);
+    }
+
+    /// A record of the request at `slot`, refused `need`.
+    pub(crate) fn record(&self, slot: u16, need: Need) -> Blocked {
+        Blocked {
             slot,
             version: self.table.version_at(slot),
-            id: s.id.0,
+            id: self.table.entry(slot).spec().id.0,
             need,
-        });
-        // The rest of the pass leaves lower priorities where they are (no chunk grows into its room).
-        self.holds.held_below = Some(s.priority);
+            admitted: false,
+        }
+    }
+
+    /// The request of a record, where it still waits (the same request, not held by the thrash
+    /// guard): its arrival index.
+    pub(crate) fn standing(&self, b: Blocked) -> Option<usize> {
+        let at = self.table.index_of(b.slot)?;
+        let live = self.table.version_at(b.slot) == b.version
+            && self.table.entry(b.slot).spec().id.0 == b.id
+            && self.waits(b.slot);
+        (live && !self.holds_new(at, b.slot)).then_some(at)
     }
 
     /// Phase 1 found the batch full: the most senior request not scheduled that waits (the first by
     /// priority, then arrival) is blocked.
     #[cold]
     pub(crate) fn batch_full(&mut self) {
-        if !self.by_priority() || self.blocked.is_some() {
+        self.claim_slot();
+        if !self.by_priority() || self.blocked.priority.is_some() {
             return;
         }
         let passed =
@@ -135,7 +176,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// Phase 2 found the batch full at its pending entry `k`: that request is blocked.
     pub(crate) fn full_before(&mut self, k: usize) {
-        if !self.by_priority() || k >= self.pending_len() {
+        if (!self.by_priority() && self.cfg.shares.is_none()) || k >= self.pending_len() {
             return;
         }
         let slot = self.table.slot(usize::from(self.pending_at(k).index));
@@ -148,7 +189,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// (its other checks).
     fn note_full(&mut self, slot: u16) {
         if self.peft_need(slot).is_some() && self.lease_obtainable(slot) {
-            self.note_blocked(slot, Need::Room);
+            self.note_blocked(slot, Need::Slot);
         }
     }
 
@@ -156,56 +197,52 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// held by the thrash guard), holds back lower priorities and, for room, makes one running request
     /// of lower priority yield. Its current priority counts (`update` may have changed it).
     pub(crate) fn honour_blocked(&mut self) {
-        let Some(b) = self.blocked.take() else {
+        let Some(b) = self.blocked.priority.take() else {
             return;
         };
-        let at = self.table.index_of(b.slot);
-        let live = at.is_some()
-            && self.table.version_at(b.slot) == b.version
-            && self.table.entry(b.slot).spec().id.0 == b.id
-            && self.waits(b.slot);
-        let (Some(at), true) = (at, live && self.by_priority()) else {
-            return;
-        };
-        if self.holds_new(at, b.slot) {
+        if !self.by_priority() || self.standing(b).is_none() {
             return;
         }
         let priority = self.table.entry(b.slot).spec().priority;
         self.holds.held_below = Some(priority);
-        if b.need == Need::Room {
-            self.yield_one(b.slot, priority);
+        if !b.admitted {
+            self.yield_where(b.slot, |p, s| p.table.entry(s).spec().priority > priority);
         }
         self.holds.honoured = Some(b);
     }
 
     /// After phase 2: a request honoured this pass and admitted, whose prompt is not done, keeps lower
-    /// priorities held back next pass ([`Need::Finish`]), unless a refusal was recorded.
+    /// priorities held back next pass ([`Blocked::admitted`]), unless a refusal was recorded.
     pub(crate) fn keep_finishing(&mut self) {
-        let Some(b) = self.holds.honoured else {
-            return;
-        };
-        let e = self.table.entry(b.slot);
-        let unfinished =
-            e.spec().phase == crate::phase::Phase::ContextInit && e.ownership().on_gpu();
-        if self.blocked.is_none() && unfinished && self.table.version_at(b.slot) == b.version {
-            *self.blocked = Some(Blocked {
-                need: Need::Finish,
-                ..b
-            });
+        let kept = self.holds.honoured.and_then(|b| self.finishing(b));
+        if self.blocked.priority.is_none() {
+            self.blocked.priority = kept;
         }
     }
 
-    /// One running request of strictly lower priority than `priority` (not the one at `slot`) yields.
-    /// Returns whether one did.
-    fn yield_one(&mut self, slot: u16, priority: u8) -> bool {
+    /// A record honoured this pass, whose request was admitted and has not finished its prompt: kept
+    /// for the next pass, admitted.
+    pub(crate) fn finishing(&self, b: Blocked) -> Option<Blocked> {
+        let e = self.table.entry(b.slot);
+        let unfinished =
+            e.spec().phase == crate::phase::Phase::ContextInit && e.ownership().on_gpu();
+        (unfinished && self.table.version_at(b.slot) == b.version).then_some(Blocked {
+            admitted: true,
+            ..b
+        })
+    }
+
+    /// One running request that `victim` accepts (not the one at `slot`) yields: the lowest priority
+    /// first, the newest first within it. Returns whether one did.
+    pub(crate) fn yield_where(&mut self, slot: u16, victim: impl Fn(&Self, u16) -> bool) -> bool {
         let (len, suspend) = (self.table.len(), self.kv.limits().can_evict);
         if !suspend && !self.cfg.recompute_pause {
             return false;
         }
-        // Oldest first: `max_by_key` keeps the last of the lowest priority, the newest.
+        // `max_by_key` keeps the last of the lowest priority, the newest.
         let victim = (0..len)
             .map(|j| self.table.slot(j))
-            .filter(|&s| s != slot && self.yields_to(s, priority, suspend))
+            .filter(|&s| s != slot && self.may_yield(s, suspend) && victim(self, s))
             .max_by_key(|&s| self.table.entry(s).spec().priority);
         let Some(v) = victim else {
             return false;
@@ -223,8 +260,22 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         true
     }
 
-    /// A running request of priority lower than `priority` that can give its KV up now.
-    fn yields_to(&self, slot: u16, priority: u8, suspend: bool) -> bool {
+    /// The request at `slot` is the one a record honoured in this pass waits for (priority's or a
+    /// service class's).
+    fn claimant(&self, slot: u16) -> bool {
+        let claim = self.holds.claim.map(super::classes::Claim::record);
+        [self.holds.honoured, claim]
+            .into_iter()
+            .flatten()
+            .any(|b| b.slot == slot)
+    }
+
+    /// A running request that can give its KV up now, not one a record honoured in this pass waits
+    /// for.
+    fn may_yield(&self, slot: u16, suspend: bool) -> bool {
+        if self.claimant(slot) {
+            return false;
+        }
         let h = self.table.hot(slot);
         let movable = if suspend {
             h.evictable()
@@ -234,23 +285,38 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         // Never a request in a transfer (outside the schedulable window): its KV is being sent or
         // received.
         let e = self.table.entry(slot);
-        movable && self.cfg.window.contains(e.spec().phase) && e.spec().priority > priority
+        movable && self.cfg.window.contains(e.spec().phase) && !self.marked(slot, Mark::PREEMPTED)
     }
 
     /// The request at `slot` waits this pass: of lower priority than a blocked request, and not a
     /// running decode step (a context request, or one off the GPU).
     #[inline]
     pub(crate) fn held_back(&self, slot: u16) -> bool {
+        if self.holds.held_below.is_none() && self.holds.claim.is_none() {
+            return false;
+        }
+        if self.claimant(slot) {
+            // Neither record holds the other's request back (the two would wait on each other).
+            return false;
+        }
+        if self.claim_holds(slot) {
+            return true;
+        }
         let Some(p) = self.holds.held_below else {
             return false;
         };
+        self.table.entry(slot).spec().priority > p && self.holdable(slot)
+    }
+
+    /// The request at `slot` may be held back: not a running decode step (a context request, or one
+    /// off the GPU), nor a suspended request whose pages stay on the GPU (no lower tier takes them:
+    /// holding it back could only keep them there for ever).
+    pub(crate) fn holdable(&self, slot: u16) -> bool {
         let e = self.table.entry(slot);
         let running = e.ownership().on_gpu() && e.spec().phase.is_generation();
-        // A suspended request whose pages stay on the GPU (no lower tier takes them) is not held: it
-        // could only hold them for ever.
         let kept =
             e.ownership() == crate::request::Ownership::Paused && !self.kv.limits().can_evict;
-        e.spec().priority > p && !running && !kept
+        !running && !kept
     }
 
     /// Context-side preemption may take `victim` for `requester`: never a request of strictly higher

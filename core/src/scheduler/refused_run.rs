@@ -115,7 +115,8 @@ pub(crate) struct RunStart {
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
 {
-    /// The pass may skip and record runs: its configuration is one where a run's verdicts stand.
+    /// The pass may skip and record runs: its configuration is one where a run's verdicts stand (not
+    /// with service classes: a skipped refusal would record no claim).
     pub(crate) fn runs_apply(&self) -> bool {
         let chunked_fcfs = self
             .cfg
@@ -124,6 +125,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         self.run_enabled
             && chunked_fcfs
             && self.cfg.step_budget.is_none()
+            && self.cfg.shares.is_none()
             && self.cfg.admission == Admission::Fcfs
             && (self.kv.limits().tier_below_gpu || !self.cfg.recompute_pause)
     }

@@ -185,6 +185,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         s.id = e.spec().id;
         s.lora = e.spec().lora;
         s.tenant = e.spec().tenant;
+        s.class = e.spec().class;
         if s.position > s.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
         }
