@@ -76,6 +76,7 @@ impl C {
                 has_lora: 0,
                 kind: 0,
                 priority: 0,
+                service_class: 0,
             };
             // SAFETY: the engine is live; the request is valid; no hashes.
             let s = unsafe { kvsched_submit(engine, &raw const r, std::ptr::null(), 0) };

@@ -134,6 +134,24 @@ typedef struct KvschedStepCost {
 } KvschedStepCost;
 
 /**
+ * What one service class is promised (docs/ADMISSION.md, "Service classes").
+ */
+typedef struct KvschedShare {
+  /**
+   * Batch slots.
+   */
+  uint32_t requests;
+  /**
+   * KV tokens: the prompt tokens the class's requests on the GPU computed.
+   */
+  uint32_t kv_tokens;
+  /**
+   * Adapter pages of the class's requests' distinct adapters.
+   */
+  uint32_t adapter_pages;
+} KvschedShare;
+
+/**
  * An engine's configuration: start from [`kvsched_config_default`] and change what differs. Every
  * capacity is fixed once the engine is built.
  */
@@ -206,6 +224,12 @@ typedef struct kvsched_config {
    * The engine's step cost model for `itl_target_us`.
    */
   struct KvschedStepCost step_cost;
+  /**
+   * Service classes' shares, class 0 first ([`crate::KvschedRequest::service_class`]): a class
+   * within its share takes batch slots, KV and adapter pages back from a class above its own;
+   * unused, a share is lent. All zero: no classes.
+   */
+  struct KvschedShare shares[4];
 } kvsched_config;
 
 /**
@@ -257,6 +281,10 @@ typedef struct kvsched_request {
    * Priority under priority admission (`KvschedConfig::admission` 1): the lower, the sooner.
    */
   uint8_t priority;
+  /**
+   * Service class, 0 to 3 (`KvschedConfig::shares`; a fork takes its parent's).
+   */
+  uint8_t service_class;
 } kvsched_request;
 
 /**
@@ -668,7 +696,7 @@ uint32_t kvsched_gpu_free(const struct kvsched_engine *engine);
  * The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
  * batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
  * an adapter cache of 64 device and 1,024 host pages; no KV event log; first come first served, no
- * step budget in time.
+ * step budget in time, no service classes.
  */
 struct kvsched_config kvsched_config_default(void);
 

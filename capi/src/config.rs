@@ -41,6 +41,22 @@ pub struct KvschedConfig {
     pub itl_target_us: u64,
     /// The engine's step cost model for `itl_target_us`.
     pub step_cost: KvschedStepCost,
+    /// Service classes' shares, class 0 first ([`crate::KvschedRequest::service_class`]): a class
+    /// within its share takes batch slots, KV and adapter pages back from a class above its own;
+    /// unused, a share is lent. All zero: no classes.
+    pub shares: [KvschedShare; 4],
+}
+
+/// What one service class is promised (docs/ADMISSION.md, "Service classes").
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KvschedShare {
+    /// Batch slots.
+    pub requests: u32,
+    /// KV tokens: the prompt tokens the class's requests on the GPU computed.
+    pub kv_tokens: u32,
+    /// Adapter pages of the class's requests' distinct adapters.
+    pub adapter_pages: u32,
 }
 
 /// An engine's step cost model, in picoseconds per unit of work (`kvsched cost --fit` fits one).
@@ -62,7 +78,7 @@ pub struct KvschedStepCost {
 /// The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
 /// batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
 /// an adapter cache of 64 device and 1,024 host pages; no KV event log; first come first served, no
-/// step budget in time.
+/// step budget in time, no service classes.
 #[no_mangle]
 pub extern "C" fn kvsched_config_default() -> KvschedConfig {
     KvschedConfig {
@@ -88,5 +104,24 @@ pub extern "C" fn kvsched_config_default() -> KvschedConfig {
             cached_token_ps: 0,
             pair_ps: 0,
         },
+        shares: [KvschedShare {
+            requests: 0,
+            kv_tokens: 0,
+            adapter_pages: 0,
+        }; 4],
     }
+}
+
+/// The core's shares of `shares` (`None`: all zero, no classes).
+pub(crate) fn shares_of(
+    shares: &[KvschedShare; 4],
+) -> Option<[kvsched_core::config::Share; kvsched_core::config::SERVICE_CLASSES]> {
+    let none = KvschedShare::default();
+    shares.iter().any(|s| *s != none).then(|| {
+        shares.map(|s| kvsched_core::config::Share {
+            requests: s.requests,
+            kv_tokens: s.kv_tokens,
+            adapter_pages: s.adapter_pages,
+        })
+    })
 }

@@ -119,6 +119,7 @@ impl Engine {
                     pair_ps: c.step_cost.pair_ps,
                 },
             }),
+            shares: crate::config::shares_of(&c.shares),
             ..Config::default()
         };
         cfg.validate()?;
@@ -232,6 +233,7 @@ impl Engine {
         s.draft = r.draft;
         s.lora = (r.has_lora != 0).then_some(TaskId(r.lora_task));
         s.priority = r.priority;
+        s.class = r.service_class;
         s.arrival = r.arrival;
         self.sched
             .submit_with_prefix(s, r.cache_salt, hashes)
@@ -248,13 +250,15 @@ impl Engine {
             return Err(Error::Invalid("a fork's child is a plain request (kind 0)"));
         }
         let h = self.handle(parent)?;
-        let tenant = self.sched.get(h)?.spec().tenant;
+        let parent_spec = self.sched.get(h)?.spec();
+        let (tenant, class) = (parent_spec.tenant, parent_spec.class);
         let mut s = RequestSpec::new(r.id, Phase::ContextInit, r.prompt);
         s.max_new_tokens = r.max_new_tokens;
         s.beam = r.beam.max(1);
         s.draft = r.draft;
         s.lora = (r.has_lora != 0).then_some(TaskId(r.lora_task));
         (s.tenant, s.priority, s.arrival) = (tenant, r.priority, r.arrival);
+        s.class = class;
         let child = self.sched.fork(h, s)?;
         Ok(self.sched.get(child)?.spec().position)
     }

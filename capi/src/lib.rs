@@ -165,6 +165,8 @@ pub struct KvschedRequest {
     pub kind: u8,
     /// Priority under priority admission (`KvschedConfig::admission` 1): the lower, the sooner.
     pub priority: u8,
+    /// Service class, 0 to 3 (`KvschedConfig::shares`; a fork takes its parent's).
+    pub service_class: u8,
 }
 
 /// One request of an output list.

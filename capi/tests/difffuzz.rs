@@ -125,6 +125,7 @@ fn submit() -> impl Strategy<Value = Op> {
                     has_lora: u8::from(lora.is_some()),
                     kind,
                     priority: prio,
+                    service_class: prio,
                 };
                 Op::Submit(r, h)
             },
@@ -226,6 +227,7 @@ impl Twin {
         s.draft = r.draft;
         s.lora = (r.has_lora != 0).then_some(TaskId(r.lora_task));
         s.priority = r.priority;
+        s.class = r.service_class;
         s.arrival = r.arrival;
         self.sched
             .submit_with_prefix(s, r.cache_salt, hashes)

@@ -371,6 +371,13 @@ fn config(b: &mut Bytes) -> KvschedConfig {
     c.adapter_device_pages = b.count(8);
     c.adapter_host_pages = b.count(16);
     c.kv_events = [0, 0, 4, 64][b.below(4) as usize];
+    if b.one_in(4) {
+        c.shares[0] = KvschedShare {
+            requests: b.below(4),
+            kv_tokens: b.count(256),
+            adapter_pages: b.below(4),
+        };
+    }
     c
 }
 
@@ -413,6 +420,7 @@ fn request(s: &State, at: Option<usize>, b: &mut Bytes) -> KvschedRequest {
             x => x,
         },
         priority: b.u8(),
+        service_class: if wild { b.u8() } else { b.below(4) as u8 },
     }
 }
 

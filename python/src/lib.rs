@@ -13,7 +13,9 @@ use errors::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use kvsched_capi::{Engine, KvschedConfig, KvschedEntry, KvschedRequest, KvschedStepCost};
+use kvsched_capi::{
+    Engine, KvschedConfig, KvschedEntry, KvschedRequest, KvschedShare, KvschedStepCost,
+};
 use kvsched_core::error::Error;
 
 /// One request of an output list.
@@ -222,6 +224,25 @@ struct Scheduler {
     buffers: Option<Buffers>,
 }
 
+/// `shares=`: up to four `(requests, kv_tokens, adapter_pages)`, class 0 first.
+fn shares_of(given: Vec<(u32, u32, u32)>) -> PyResult<[KvschedShare; 4]> {
+    if given.len() > 4 {
+        return Err(KvschedError::new_err(format!(
+            "shares names {} service classes; there are 4",
+            given.len()
+        )));
+    }
+    let mut shares = [KvschedShare::default(); 4];
+    for (s, (requests, kv_tokens, adapter_pages)) in shares.iter_mut().zip(given) {
+        *s = KvschedShare {
+            requests,
+            kv_tokens,
+            adapter_pages,
+        };
+    }
+    Ok(shares)
+}
+
 impl Scheduler {
     /// A refusal of this scheduler's engine as its Python exception, with the engine's message (which
     /// names `id`, the request the call named, when it is unknown).
@@ -236,7 +257,8 @@ impl Scheduler {
     #[pyo3(signature = (*, tokens_per_block=32, gpu_pages=4096, host_pages=8192,
         max_blocks_per_request=256, max_requests=256, max_batch=256, max_num_tokens=8192,
         chunk_unit=512, recompute_pause=true, prefix_cache=true, adapter_device_pages=64,
-        adapter_host_pages=1024, kv_events=0, admission="fcfs", itl_target_us=0, step_cost=None))]
+        adapter_host_pages=1024, kv_events=0, admission="fcfs", itl_target_us=0, step_cost=None,
+        shares=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         tokens_per_block: u32,
@@ -255,6 +277,7 @@ impl Scheduler {
         admission: &str,
         itl_target_us: u64,
         step_cost: Option<(u64, u64, u64, u64, u64)>,
+        shares: Option<Vec<(u32, u32, u32)>>,
     ) -> PyResult<Self> {
         let admission = match admission {
             "fcfs" => 0,
@@ -267,6 +290,7 @@ impl Scheduler {
         };
         let (step_ps, prefill_token_ps, decode_request_ps, cached_token_ps, pair_ps) =
             step_cost.unwrap_or_default();
+        let shares = shares_of(shares.unwrap_or_default())?;
         let c = KvschedConfig {
             tokens_per_block,
             gpu_pages,
@@ -290,6 +314,7 @@ impl Scheduler {
                 cached_token_ps,
                 pair_ps,
             },
+            shares,
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
@@ -309,7 +334,7 @@ impl Scheduler {
     /// its prompt's block hashes, one per full page (at most `prompt // tokens_per_block`; more are
     /// refused), for prefix reuse.
     #[pyo3(signature = (id, prompt, *, max_new_tokens=0, lora_task=None, beam=1, draft=0,
-        kind="plain", hashes=None, cache_salt=0, priority=0, arrival=0))]
+        kind="plain", hashes=None, cache_salt=0, priority=0, arrival=0, service_class=0))]
     // PyO3 hands the arguments over owned.
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)]
     fn submit(
@@ -325,6 +350,7 @@ impl Scheduler {
         cache_salt: u64,
         priority: u8,
         arrival: u64,
+        service_class: u8,
     ) -> PyResult<()> {
         let kind = match kind {
             "plain" => 0,
@@ -349,6 +375,7 @@ impl Scheduler {
             has_lora: u8::from(lora_task.is_some()),
             kind,
             priority,
+            service_class,
         };
         self.engine
             .submit(&r, &hashes)
@@ -461,6 +488,7 @@ impl Scheduler {
             has_lora: u8::from(lora_task.is_some()),
             kind: 0,
             priority: 0,
+            service_class: 0,
         };
         self.engine
             .fork(parent, &r)

@@ -41,22 +41,46 @@ def run_to_completion(s, out_len, max_passes=10000):
     return passes, produced
 
 
-def test_priority_admission_makes_a_running_lower_priority_yield():
-    s = small(admission="priority", max_batch=1)
-    s.submit(1, 16, max_new_tokens=32, priority=9)
-    s.schedule(); s.ensure_batch(); s.take_moves(); s.complete_step()
-    s.submit(2, 16, max_new_tokens=4, priority=0)
+def admitted_and_yielded(s, passes):
+    """Runs `passes` passes; per pass, the ids of the contexts it scheduled and of those it paused."""
     seen = []
-    for _ in range(3):
+    for _ in range(passes):
         out = s.schedule()
         s.ensure_batch()
         s.take_moves()
         seen.append(([e.id for e in out.context], [e.id for e in out.paused + out.recompute_paused]))
         s.complete_step()
+    return seen
+
+
+def test_priority_admission_makes_a_running_lower_priority_yield():
+    s = small(admission="priority", max_batch=1)
+    s.submit(1, 16, max_new_tokens=32, priority=9)
+    s.schedule(); s.ensure_batch(); s.take_moves(); s.complete_step()
+    s.submit(2, 16, max_new_tokens=4, priority=0)
+    seen = admitted_and_yielded(s, 3)
     # Refused for the batch slot, then request 1 yields and request 2 runs.
     assert seen[0] == ([], []) and seen[1] == ([2], [1]), seen
     with pytest.raises(kvsched.KvschedError):
         kvsched.Scheduler(admission="lottery")
+
+
+def test_a_service_class_within_its_share_takes_a_batch_slot_back():
+    # Class 0 has one batch slot of two; class 1's decodes hold both until class 0's request comes.
+    s = small(max_batch=2, shares=[(1, 0, 0)])
+    s.submit(1, 16, max_new_tokens=32, service_class=1)
+    s.submit(2, 16, max_new_tokens=32, service_class=1)
+    s.schedule(); s.ensure_batch(); s.take_moves(); s.complete_step()
+    s.submit(3, 16, max_new_tokens=4, service_class=0)
+    seen = admitted_and_yielded(s, 2)
+    # Refused for the batch slot, then the newest borrower yields and request 3 runs.
+    assert seen == [([], []), ([3], [2])], seen
+    with pytest.raises(kvsched.KvschedError):
+        small(shares=[(0, 0, 0)] * 5)
+    with pytest.raises(kvsched.KvschedError):
+        small(max_batch=2, shares=[(3, 0, 0)])
+    with pytest.raises(kvsched.KvschedError):
+        s.submit(9, 16, service_class=4)
 
 
 def test_a_step_budget_in_time_caps_a_chunk_beside_decodes():

@@ -26,5 +26,6 @@ pub fn request(id: u64, prompt: u32) -> KvschedRequest {
         has_lora: 0,
         kind: 0,
         priority: 0,
+        service_class: 0,
     }
 }
