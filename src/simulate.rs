@@ -139,6 +139,11 @@ struct KvArgs {
     /// admitted (docs/ADMISSION.md).
     #[arg(long)]
     thrash_guard: bool,
+    /// The high class's reserved share (with --priority-mix; service classes, docs/ADMISSION.md):
+    /// batch slots, KV tokens and adapter pages its requests take back from the low class's when
+    /// they wait, lent while unused.
+    #[arg(long, value_name = "requests=N,kv_tokens=N,adapter_pages=N", value_parser = class_share)]
+    class_share: Option<kvsched_core::config::Share>,
     /// KV groups (a hybrid-attention model): the KV pool is the full-attention group, beside a
     /// sliding-window group of WINDOW tokens (a multiple of --tokens-per-block) with PAGES GPU pages
     /// and HOST_PAGES host pages (default 0); docs/KV-GROUPS.md.
@@ -436,6 +441,24 @@ fn kv_groups(v: &str) -> Result<KvGroupsOptions, String> {
     })
 }
 
+/// `requests=N,kv_tokens=N,adapter_pages=N` (each optional, absent 0).
+fn class_share(v: &str) -> Result<kvsched_core::config::Share, String> {
+    let mut share = kvsched_core::config::Share::default();
+    for part in v.split(',').filter(|p| !p.is_empty()) {
+        let (k, n) = part
+            .split_once('=')
+            .ok_or_else(|| format!("expected requests=N,kv_tokens=N,adapter_pages=N, got {v:?}"))?;
+        let n: u32 = n.parse().map_err(|_| format!("{n:?} is not a number"))?;
+        match k {
+            "requests" => share.requests = n,
+            "kv_tokens" => share.kv_tokens = n,
+            "adapter_pages" => share.adapter_pages = n,
+            _ => return Err(format!("{k:?} is not requests, kv_tokens or adapter_pages")),
+        }
+    }
+    Ok(share)
+}
+
 fn spec_decode(v: &str) -> Result<SpecDecode, String> {
     let (k, p) = v.split_once(':').ok_or_else(|| {
         format!("expected K:ACCEPT (draft tokens per step, acceptance probability), got {v:?}")
@@ -526,6 +549,9 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
     if kv.priority_mix.is_some_and(|m| !(0.0..=1.0).contains(&m)) {
         return Err("--priority-mix is the high class's share of the requests, 0 to 1".into());
     }
+    if kv.class_share.is_some() && kv.priority_mix.is_none() {
+        return Err("--class-share is the high class's share: it needs --priority-mix".into());
+    }
     Ok(SimOptions {
         // The engine's device fixes the KV pool unless the command line says otherwise.
         kv_gpu_pages: kv
@@ -538,6 +564,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         samples: kv.samples,
         priority_mix: kv.priority_mix,
         thrash_guard: kv.thrash_guard,
+        class_share: kv.class_share,
         adapters: kvsched_sim::AdapterOptions {
             count: ad.adapters,
             law: ad.popularity,

@@ -543,6 +543,7 @@ fn add_counters(c: &mut Report, r: &Report) {
         self_evicted,
         recompute_paused,
         preempted,
+        yielded,
         resumed,
         pages_offloaded,
         pages_reloaded,

@@ -171,6 +171,9 @@ pub struct SimOptions {
     pub priority_mix: Option<f64>,
     /// The thrash guard (`--thrash-guard`; `Config::thrash_guard`).
     pub thrash_guard: bool,
+    /// The high class's share (`--class-share`; `Config::shares`, class 0): with `priority_mix`,
+    /// requests carry their class as their service class.
+    pub class_share: Option<kvsched_core::config::Share>,
 }
 
 /// Speculative decoding settings (`--spec-decode K:ACCEPT`).
@@ -221,6 +224,7 @@ impl Default for SimOptions {
             samples: 1,
             priority_mix: None,
             thrash_guard: false,
+            class_share: None,
             spec_decode: None,
             draft_kv_pages: 0,
             admission: Admission::Fcfs,
@@ -887,6 +891,10 @@ fn sched_config(o: &SimOptions, role: disagg::Role) -> Config {
         drain_after: o.drain_after,
         step_budget: None,
         thrash_guard: o.thrash_guard,
+        shares: o.class_share.map(|s| {
+            let none = kvsched_core::config::Share::default();
+            [s, none, none, none]
+        }),
     }
 }
 

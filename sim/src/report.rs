@@ -42,6 +42,8 @@ pub struct Report {
     pub recompute_paused: u64,
     /// Context-side preemptions.
     pub preempted: u64,
+    /// Running requests that yielded to a higher priority or to a service class within its share.
+    pub yielded: u64,
     /// Suspended requests whose KV came back.
     pub resumed: u64,
     /// Samples forked off their request (`--samples`): children sharing its full pages.
@@ -382,6 +384,10 @@ impl Report {
         t.row(
             "recompute pauses (preemptions)",
             format_args!("{paused} ({preempted})"),
+        );
+        t.row(
+            "yields (priority, service classes)",
+            format_args!("{}", self.yielded),
         );
         t.row("resumes", self.resumed);
         t.row("longest wait while others ran", self.starvation_text());

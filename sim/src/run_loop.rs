@@ -396,6 +396,10 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 .adapter
                 .map_or(0, |x| (x as usize % PRIORITY_CLASSES) as u8),
         };
+        // Two classes: each request's service class is its class (high: 0, with `--class-share`).
+        if o.priority_mix.is_some() {
+            spec.class = spec.priority;
+        }
         spec.arrival = (a.at_ms * 1000.0) as u64;
         self.hashes.clear();
         if o.prefix_reuse {
@@ -461,6 +465,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
         r.self_evicted += stats.self_evictions as u64;
         r.recompute_paused += out.recompute_paused().len() as u64;
         r.preempted += stats.preemptions as u64;
+        r.yielded += u64::from(stats.yielded);
         r.resumed += out.resumed().len() as u64;
         let mut page_moves = 0u64;
         for m in sched.take_moves() {
