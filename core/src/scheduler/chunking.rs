@@ -129,7 +129,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if self.preempt_for_pages(i) {
             Step::Stop
         } else {
-            // Under priority a lower one yields next pass (not when a preemption freed pages already).
+            // Under priority a lower one yields next pass, and a service class may claim (not when a
+            // preemption freed pages already).
             self.note_blocked(self.table.slot(i), super::priority::Need::Pages);
             Step::Skip
         }

@@ -35,7 +35,8 @@
 //! ever (two livelocks the model tests found), and in the simulator it moved little (docs/ADMISSION.md).
 //!
 //! Within a class, and among classes within their shares, the order is the admission policy's. Under
-//! GUARANTEED_NO_EVICT nothing yields (it promises no eviction); the holds stay.
+//! GUARANTEED_NO_EVICT nothing yields (it promises no eviction) and a page shortage closes admissions
+//! instead of claiming (`chunking.rs`): claims there are for batch slots and adapters, and hold.
 //!
 //! Progress: a claim stands only while its request fits its class's share, and each pass it stands one
 //! borrower yields (or, for adapters, the borrowers' leases run out), so a class within its share waits
@@ -133,9 +134,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     fn demand(&self, slot: u16, need: Need) -> u64 {
         let e = self.table.entry(slot);
         let s = e.spec();
+        // On the GPU, what it holds is counted already; off it, its whole prompt comes back (a
+        // reused prefix counts for each request, as in `usage`).
+        let on_gpu = e.ownership().on_gpu();
         match need {
-            Need::Slot => 1,
-            Need::Pages => u64::from(s.prompt - s.position),
+            Need::Slot => u64::from(!on_gpu),
+            Need::Pages if on_gpu => u64::from(s.prompt - s.position),
+            Need::Pages => u64::from(s.prompt),
             Need::Adapter => e
                 .task()
                 .map_or(0, |t| u64::from(self.desk.known_pages(t.slot))),
@@ -163,8 +168,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if self.within(slot, need, &u) {
             let b = self.record(slot, need);
             self.blocked.class = Some(b);
-            // The rest of the pass holds back the classes at or above their shares already.
-            if self.holds.claim.is_none() {
+            // The rest of the pass holds back the classes at or above their shares already (for an
+            // adapter, while a lease holder pins one).
+            let pinned = need != Need::Adapter || self.desk.pinned_pages() > 0;
+            if self.holds.claim.is_none() && pinned {
                 self.hold_for(b, &u);
             }
         }
@@ -186,8 +193,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         });
     }
 
-    /// Phase 1 found the batch full: the first request that waits, not scheduled, whose class is
-    /// short of its share of batch slots, claims one.
+    /// A phase found the batch full: the first request that waits, not scheduled, not held back,
+    /// whose lease would be had and whose class is short of its share of batch slots, claims one.
     #[cold]
     pub(crate) fn claim_slot(&mut self) {
         if self.cfg.shares.is_none() || self.blocked.class.is_some() {
@@ -196,12 +203,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let u = self.usage();
         let passed =
             |p: &Self, s: u16| p.marked(s, Mark::PREEMPTED) || p.marked(s, Mark::SCHEDULED);
-        let short = self
-            .table
-            .order()
-            .iter()
-            .copied()
-            .find(|&s| self.within(s, Need::Slot, &u) && self.waits(s) && !passed(self, s));
+        let short = self.table.order().iter().copied().find(|&s| {
+            self.within(s, Need::Slot, &u)
+                && self.waits(s)
+                && !passed(self, s)
+                && !self.held_back(s)
+                && self.lease_obtainable(s)
+        });
         if let Some(s) = short {
             let b = self.record(s, Need::Slot);
             self.blocked.class = Some(b);
@@ -211,15 +219,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    /// Phase 1 at arrival index `i`: the request at `slot`, off the GPU, of a class at or above its
-    /// share of batch slots, would take a slot that a running request after it, of a class within its
-    /// share, needs (a resumed borrower would displace a claimant it yielded to).
+    /// Phase 1 at arrival index `i`: the request at `slot`, off the GPU, that may not claim a batch
+    /// slot (its class at or above its share of them, or above another share), would take a slot
+    /// that a running request after it, of a class within its share, needs (a resumed borrower
+    /// would displace a claimant it yielded to). Never a record's own request.
     #[cold]
     pub(crate) fn displaces(&self, i: usize, slot: u16) -> bool {
         let Some(shares) = self.cfg.shares else {
             return false;
         };
-        if self.table.entry(slot).ownership().on_gpu() {
+        if self.table.entry(slot).ownership().on_gpu() || self.claimant(slot) {
             return false;
         }
         let u = self.usage();

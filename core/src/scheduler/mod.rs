@@ -18,7 +18,7 @@
 //! | `span.rs` | the refused run deferred whole by phase 1: the pending list reads it where it stands |
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
 //! | `priority.rs` | priority that preempts: the blocked request, its victim, what it holds back |
-//! | `classes.rs` | service classes: claims on a class's share, borrowers that yield, spared KV |
+//! | `classes.rs` | service classes: claims on a class's share, borrowers that yield, holds |
 //! | `thrash.rs` | the thrash guard: new requests held while a thrashing one waits to replay |
 //! | `step_time.rs` | a step budget in time: chunks capped by the cost model |
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |

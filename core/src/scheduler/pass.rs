@@ -244,7 +244,7 @@ pub(crate) struct Pass<'a, K, P, const N: usize, const T: usize, S: Storage> {
     pub(crate) room: Option<(u32, u32)>,
     /// The last pass's blocked requests, this pass's when it ends (`priority.rs`, `classes.rs`).
     pub(crate) blocked: &'a mut Records,
-    /// What this pass holds back (`priority.rs`, `thrash.rs`).
+    /// What this pass holds back (`priority.rs`, `classes.rs`, `thrash.rs`).
     pub(crate) holds: Holds,
 }
 

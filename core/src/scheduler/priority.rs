@@ -176,6 +176,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// Phase 2 found the batch full at its pending entry `k`: that request is blocked.
     pub(crate) fn full_before(&mut self, k: usize) {
+        // A class's claim may be any waiting request's, not only this one's.
+        self.claim_slot();
         if (!self.by_priority() && self.cfg.shares.is_none()) || k >= self.pending_len() {
             return;
         }
@@ -206,7 +208,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let priority = self.table.entry(b.slot).spec().priority;
         self.holds.held_below = Some(priority);
         if !b.admitted {
-            self.yield_where(b.slot, |p, s| p.table.entry(s).spec().priority > priority);
+            // Never the request a class's claim waits for (honoured next, `classes.rs`).
+            let claimant = self.blocked.class.map(|c| c.slot);
+            let lower = move |p: &Self, s: u16| p.table.entry(s).spec().priority > priority;
+            self.yield_where(b.slot, move |p, s| lower(p, s) && Some(s) != claimant);
         }
         self.holds.honoured = Some(b);
     }
@@ -262,7 +267,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
 
     /// The request at `slot` is the one a record honoured in this pass waits for (priority's or a
     /// service class's).
-    fn claimant(&self, slot: u16) -> bool {
+    pub(crate) fn claimant(&self, slot: u16) -> bool {
         let claim = self.holds.claim.map(super::classes::Claim::record);
         [self.holds.honoured, claim]
             .into_iter()
@@ -288,8 +293,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         movable && self.cfg.window.contains(e.spec().phase) && !self.marked(slot, Mark::PREEMPTED)
     }
 
-    /// The request at `slot` waits this pass: of lower priority than a blocked request, and not a
-    /// running decode step (a context request, or one off the GPU).
+    /// The request at `slot` waits this pass: of lower priority than a blocked request, or held by a
+    /// service class's claim (`classes.rs`), and not a running decode step (a context request, or one
+    /// off the GPU); never the request of a record honoured in this pass.
     #[inline]
     pub(crate) fn held_back(&self, slot: u16) -> bool {
         if self.holds.held_below.is_none() && self.holds.claim.is_none() {
