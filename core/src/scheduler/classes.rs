@@ -73,7 +73,7 @@ impl Claim {
 }
 
 /// Per resource (a [`Need`] as an index) and class, what the class's requests on the GPU use.
-type Usage = [[u64; SERVICE_CLASSES]; 3];
+pub(crate) type Usage = [[u64; SERVICE_CLASSES]; 3];
 
 /// The resources a share covers.
 const NEEDS: [Need; 3] = [Need::Slot, Need::Pages, Need::Adapter];
@@ -106,8 +106,20 @@ fn amount(share: Share, need: Need) -> u64 {
 impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     Pass<'_, K, P, N, T, S>
 {
-    /// Per resource and class, what the class's requests on the GPU use: one scan of the table.
-    fn usage(&self) -> Usage {
+    /// Per resource and class, what the class's requests on the GPU use, as the pass's first need of
+    /// it found them: one scan of the table a pass, however many refusals ask (a claim read from
+    /// it is checked again, fresh, by the pass that honours it).
+    fn usage(&mut self) -> Usage {
+        if let Some(u) = self.holds.usage {
+            return u;
+        }
+        let u = self.scan_usage();
+        self.holds.usage = Some(u);
+        u
+    }
+
+    /// [`Self::usage`]'s scan.
+    fn scan_usage(&self) -> Usage {
         let mut u = [[0u64; SERVICE_CLASSES]; 3];
         let mut seen = [[false; T]; SERVICE_CLASSES];
         for &slot in self.table.order() {
@@ -224,7 +236,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// that a running request after it, of a class within its share, needs (a resumed borrower
     /// would displace a claimant it yielded to). Never a record's own request.
     #[cold]
-    pub(crate) fn displaces(&self, i: usize, slot: u16) -> bool {
+    pub(crate) fn displaces(&mut self, i: usize, slot: u16) -> bool {
         let Some(shares) = self.cfg.shares else {
             return false;
         };
@@ -283,6 +295,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
                 // pool (a deadlock the simulator found).
                 return;
             }
+            // The victim's use is gone: the pass reads it again when it next needs it.
+            self.holds.usage = None;
         } else if room && self.cfg.policy == CapacityPolicy::MaxUtilization {
             return;
         }

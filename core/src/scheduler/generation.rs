@@ -232,6 +232,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if self.held_back(slot) || self.displaces(i, slot) {
             return Step::Skip;
         }
+        let e = self.table.entry(slot);
         let on_gpu = e.ownership().on_gpu();
         // A lease holder's adapter is counted: nothing to add. Another must fit (§1.4 step 7).
         let pages = match e.task() {

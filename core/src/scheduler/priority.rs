@@ -91,6 +91,8 @@ pub(crate) struct Holds {
     pub(crate) new_after: Option<usize>,
     /// The service class claim honoured in this pass, and what it holds back.
     pub(crate) claim: Option<super::classes::Claim>,
+    /// What the service classes use, read once a pass (`classes.rs`).
+    pub(crate) usage: Option<super::classes::Usage>,
 }
 
 impl Holds {
@@ -100,6 +102,7 @@ impl Holds {
         honoured: None,
         new_after: None,
         claim: None,
+        usage: None,
     };
 }
 
