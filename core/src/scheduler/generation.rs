@@ -229,14 +229,13 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             // Checked above already ([`Pass::defer`]'s checks, in the same order).
             return self.push_pending(i);
         }
-        if self.held_back(slot) || self.displaces(i, slot) {
+        let (on_gpu, task, id) = (e.ownership().on_gpu(), e.task(), e.spec().id);
+        if self.restrains() && (self.held_back(slot) || self.displaces(i, slot)) {
             return Step::Skip;
         }
-        let e = self.table.entry(slot);
-        let on_gpu = e.ownership().on_gpu();
         // A lease holder's adapter is counted: nothing to add. Another must fit (§1.4 step 7).
-        let pages = match e.task() {
-            Some(t) if !on_gpu => self.plan.pages_needed(self.desk, e.spec().id, t),
+        let pages = match task {
+            Some(t) if !on_gpu => self.plan.pages_needed(self.desk, id, t),
             _ => Some(0),
         };
         let Some(pages) = pages else {

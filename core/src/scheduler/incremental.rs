@@ -81,7 +81,9 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// The steady batch's KV calls, in arrival order, as the full pass's decode run makes them: each
     /// request's step grows its cache by its drafts + 1 beyond its headroom. `None` when every call
     /// succeeded (the pass is the last one again); else the arrival index of the first refusal, whose
-    /// request's headroom is left as it was, and what the ladder needs.
+    /// request's headroom is left as it was, and what the ladder needs. Never inlined: inlined into
+    /// `schedule`, the loop spilled a register each request (one load and one store more, measured).
+    #[inline(never)]
     pub(crate) fn replay(&mut self) -> Option<(usize, Refusal)> {
         let (order, hot, held) = self.table.decode_view();
         let kv = &mut self.kv;

@@ -301,7 +301,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// off the GPU); never the request of a record honoured in this pass.
     #[inline]
     pub(crate) fn held_back(&self, slot: u16) -> bool {
-        if self.holds.held_below.is_none() && self.holds.claim.is_none() {
+        if !self.restrains() {
             return false;
         }
         if self.claimant(slot) {
@@ -315,6 +315,14 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             return false;
         };
         self.table.entry(slot).spec().priority > p && self.holdable(slot)
+    }
+
+    /// Whether this pass may hold a request back or keep it from a batch slot: under a record's
+    /// holds, or with service classes (`displaces`). Off, the pass's per-request checks cost this load
+    /// and nothing else.
+    #[inline(always)]
+    pub(crate) fn restrains(&self) -> bool {
+        self.holds.held_below.is_some() || self.holds.claim.is_some() || self.cfg.shares.is_some()
     }
 
     /// The request at `slot` may be held back: not a running decode step (a context request, or one
