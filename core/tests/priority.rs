@@ -217,3 +217,42 @@ fn the_order_is_by_priority_then_arrival() {
     assert_eq!(order(&r), [1, 0, 3, 2]);
     assert!(r.s.check());
 }
+
+/// A request admitted for its priority keeps lower priorities held back until its prompt is done,
+/// also in a pass its step is in flight (pipeline parallelism): in flight it sits the pass out, and its
+/// record stands.
+#[test]
+fn a_finishing_request_in_flight_keeps_lower_priorities_held() {
+    // 6 pages of 16 tokens on the GPU, 32 tokens a pass in chunks of 16.
+    let mut r = by_priority(6, 16, 4, |c| {
+        c.max_num_tokens = Some(32);
+        c.chunking = Some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: 16,
+        });
+    });
+    let v = r.submit(0, 80, 3, None);
+    while r.s.get(v).unwrap().spec().phase == kvsched_core::Phase::ContextInit {
+        r.step();
+    }
+    let w = r.submit(1, 64, 0, None);
+    assert!(r.step().context.is_empty(), "1 page free: refused");
+    let did = r.step();
+    assert_eq!(
+        (did.paused.as_slice(), did.context.as_slice()),
+        (&[0][..], &[1][..])
+    );
+    assert_eq!(r.s.get(w).unwrap().spec().position, 32, "mid-prefill");
+    // Out of the way: a suspended request of its priority ahead would hold it back anyway.
+    r.s.remove(v).unwrap();
+    let x = r.submit(2, 16, 3, None);
+    r.s.set_inflight(w, true).unwrap();
+    let in_flight = r.step();
+    assert!(
+        in_flight.context.is_empty(),
+        "priority 3 still held: {in_flight:?}"
+    );
+    assert_eq!(r.ownership(x), Ownership::Waiting);
+    r.s.set_inflight(w, false).unwrap();
+    assert_eq!(r.step().context, [1], "its prompt finishes first");
+}

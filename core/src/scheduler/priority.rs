@@ -149,12 +149,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// The request of a record, where it still waits (the same request, not held by the thrash
-    /// guard): its arrival index.
+    /// guard), or, admitted, sits this pass out on the GPU (its step in flight: its prompt is not
+    /// done): its arrival index.
     pub(crate) fn standing(&self, b: Blocked) -> Option<usize> {
         let at = self.table.index_of(b.slot)?;
+        let e = self.table.entry(b.slot);
+        let finishing = b.admitted && e.sits_out() && e.ownership().on_gpu();
         let live = self.table.version_at(b.slot) == b.version
-            && self.table.entry(b.slot).spec().id.0 == b.id
-            && self.waits(b.slot);
+            && e.spec().id.0 == b.id
+            && (self.waits(b.slot) || finishing);
         (live && !self.holds_new(at, b.slot)).then_some(at)
     }
 
