@@ -443,20 +443,7 @@ fn kv_groups(v: &str) -> Result<KvGroupsOptions, String> {
 
 /// `requests=N,kv_tokens=N,adapter_pages=N` (each optional, absent 0).
 fn class_share(v: &str) -> Result<kvsched_core::config::Share, String> {
-    let mut share = kvsched_core::config::Share::default();
-    for part in v.split(',').filter(|p| !p.is_empty()) {
-        let (k, n) = part
-            .split_once('=')
-            .ok_or_else(|| format!("expected requests=N,kv_tokens=N,adapter_pages=N, got {v:?}"))?;
-        let n: u32 = n.parse().map_err(|_| format!("{n:?} is not a number"))?;
-        match k {
-            "requests" => share.requests = n,
-            "kv_tokens" => share.kv_tokens = n,
-            "adapter_pages" => share.adapter_pages = n,
-            _ => return Err(format!("{k:?} is not requests, kv_tokens or adapter_pages")),
-        }
-    }
-    Ok(share)
+    v.parse().map_err(|e: &str| format!("{e}, got {v:?}"))
 }
 
 fn spec_decode(v: &str) -> Result<SpecDecode, String> {

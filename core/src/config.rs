@@ -118,6 +118,29 @@ pub struct Share {
     pub adapter_pages: u32,
 }
 
+impl core::str::FromStr for Share {
+    type Err = &'static str;
+
+    /// `requests=N,kv_tokens=N,adapter_pages=N`, each optional (absent: 0), as the command lines
+    /// write a share.
+    fn from_str(v: &str) -> Result<Self, Self::Err> {
+        let mut share = Share::default();
+        for part in v.split(',').filter(|p| !p.is_empty()) {
+            let (k, n) = part
+                .split_once('=')
+                .ok_or("expected requests=N,kv_tokens=N,adapter_pages=N")?;
+            let n: u32 = n.parse().map_err(|_| "a share's amount is not a number")?;
+            match k {
+                "requests" => share.requests = n,
+                "kv_tokens" => share.kv_tokens = n,
+                "adapter_pages" => share.adapter_pages = n,
+                _ => return Err("a share names requests, kv_tokens or adapter_pages"),
+            }
+        }
+        Ok(share)
+    }
+}
+
 /// The schedulable phase window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Window {

@@ -201,3 +201,24 @@ fn shares_past_the_batch_and_classes_past_the_last_are_refused() {
     assert!(r.s.submit(spec).is_err());
     assert!(r.s.check());
 }
+
+/// A new request may change its service class (nothing of it is charged yet); once it owns KV its
+/// class is fixed; a class past the last is refused and changes nothing.
+#[test]
+fn a_new_request_may_change_its_class_and_a_running_one_may_not() {
+    let mut r = slots(4, 1);
+    let h = r.submit_in(1, 8, THROUGHPUT, None);
+    assert!(r.s.update(h, |s| s.class = SERVICE_CLASSES as u8).is_err());
+    assert_eq!(r.s.get(h).ok().map(|e| e.spec().class), Some(1));
+    r.s.update(h, |s| s.class = 0).unwrap();
+    assert_eq!(r.s.get(h).ok().map(|e| e.spec().class), Some(0));
+    r.step();
+    assert!(r.ownership(h).on_gpu());
+    r.s.update(h, |s| s.class = 2).unwrap();
+    assert_eq!(
+        r.s.get(h).ok().map(|e| e.spec().class),
+        Some(0),
+        "fixed once it runs"
+    );
+    assert!(r.s.check());
+}

@@ -51,7 +51,7 @@ pub struct RequestSpec {
     /// [`crate::config::Admission::Priority`], any value: the lower, the sooner (vLLM's `priority`).
     pub priority: u8,
     /// Service class (below [`crate::config::SERVICE_CLASSES`]): what [`crate::Config::shares`]
-    /// promises it. Fixed at submission.
+    /// promises it. `update` may change it while the request is new (it owns nothing), not after.
     pub class: u8,
     /// Arrival time on the engine's clock, in the unit of the deadline configuration (e.g. µs).
     pub arrival: u64,

@@ -171,7 +171,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     }
 
     /// Changes a request's per-step data (phase, position, beam, drafts, …). Its id, LoRA task and
-    /// tenant cannot change; an inconsistent result (position past the prompt, beam 0, a step or a request too large,
+    /// tenant cannot change, nor its service class once it owns anything (a new request's may: nothing
+    /// of it is charged to a class yet); an inconsistent result (position past the prompt, beam 0, a step or a request too large,
     /// beside its adapter too with unified paging, as at submission) is refused and nothing changes.
     pub fn update(&mut self, h: Handle, f: impl FnOnce(&mut RequestSpec)) -> Result<(), Error> {
         let e = self.table.get(h).ok_or(Error::StaleHandle)?;
@@ -185,7 +186,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         s.id = e.spec().id;
         s.lora = e.spec().lora;
         s.tenant = e.spec().tenant;
-        s.class = e.spec().class;
+        let new = e.ownership() == Ownership::Waiting && e.spec().position == 0;
+        if !new {
+            s.class = e.spec().class;
+        }
         if s.position > s.prompt {
             return Err(Error::Invalid("position is beyond the prompt"));
         }
@@ -197,6 +201,10 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let old = self.table.entry(h.index()).spec();
         let reorder = self.by_priority() && s.priority != old.priority;
+        if s.class != old.class && self.blocked.class.is_some_and(|b| b.slot == h.index()) {
+            // Its claim was its old class's.
+            self.blocked.class = None;
+        }
         if s != *old {
             self.changed();
         }
