@@ -98,6 +98,7 @@ fn check(model: &Model, what: &str, engine: &mut Engine<'_>) -> EngineStats {
         length_penalty: 1.0,
         ignore_eos: false,
         priority: 0,
+        class: 0,
     };
     let prompts: Vec<Vec<u32>> = QUESTIONS.iter().map(|q| prompt(model, q)).collect();
     let ids: Vec<u64> = prompts
@@ -182,6 +183,7 @@ fn a_cancelled_search_leaves_nothing() {
         length_penalty: 1.0,
         ignore_eos: false,
         priority: 0,
+        class: 0,
     };
     let id = e.submit_beam_search(&p, NEW, None, params, 0).unwrap();
     for _ in 0..4 {

@@ -36,6 +36,7 @@ fn salted(salt: u64) -> SubmitOptions {
         cache_salt: salt,
         guide: None,
         priority: 0,
+        class: 0,
     }
 }
 
@@ -113,6 +114,7 @@ fn a_guide_masks_every_draw() {
         cache_salt: 0,
         guide: Some(Box::new(Only(allowed.clone(), 0))),
         priority: 0,
+        class: 0,
     };
     let c = run(&mut e, &prompt(model), 5, Sampler::seeded(3, 1.0), o);
     assert_eq!(c.tokens.len(), 5);

@@ -88,6 +88,12 @@ struct ServeArgs {
     /// are sized by the CPU engine's fitted cost model (docs/ADMISSION.md). Off by default.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     itl_target_ms: Option<u64>,
+    /// A service class's share, `CLASS:requests=N,kv_tokens=N,adapter_pages=N` (class 0 to 3; each
+    /// amount optional): while the class's requests wait within it, the classes above their shares
+    /// give it back (docs/ADMISSION.md); unused, it is lent. Requests name their class in the
+    /// `service_class` field. Repeat for each class.
+    #[arg(long, value_name = "CLASS:SHARE", value_parser = class_share)]
+    class_share: Vec<(u8, kvsched_core::config::Share)>,
     /// Positions a KV page holds.
     #[arg(long, value_name = "N", default_value_t = 16)]
     tokens_per_block: u32,
@@ -215,6 +221,14 @@ impl ServeArgs {
         if self.scheduling_policy == "priority" {
             engine.scheduler.admission = kvsched_core::config::Admission::Priority;
         }
+        if !self.class_share.is_empty() {
+            let mut shares =
+                [kvsched_core::config::Share::default(); kvsched_core::config::SERVICE_CLASSES];
+            for &(class, share) in &self.class_share {
+                shares[usize::from(class)] = share;
+            }
+            engine.scheduler.shares = Some(shares);
+        }
         engine.scheduler.step_budget = self.itl_target_ms.map(|ms| kvsched_core::StepBudget {
             itl_us: ms * 1000,
             cost: kvsched_sim::cost::CostModel::cpu_smollm2_135m(self.tokens_per_block).step_cost(),
@@ -328,9 +342,24 @@ async fn run(server: Server, config: &ServeConfig) -> std::io::Result<()> {
     server.shutdown()
 }
 
+/// `CLASS:requests=N,kv_tokens=N,adapter_pages=N` (`--class-share`).
+fn class_share(v: &str) -> Result<(u8, kvsched_core::config::Share), String> {
+    let (class, share) = v.split_once(':').ok_or_else(|| {
+        format!("expected CLASS:requests=N,kv_tokens=N,adapter_pages=N, got {v:?}")
+    })?;
+    let class: u8 = class
+        .parse()
+        .ok()
+        .filter(|&c| usize::from(c) < kvsched_core::config::SERVICE_CLASSES)
+        .ok_or_else(|| format!("the class in {v:?} is not 0 to 3"))?;
+    let share = share.parse().map_err(|e: &str| format!("{e}, got {v:?}"))?;
+    Ok((class, share))
+}
+
 #[cfg(test)]
 mod tests {
     use super::host_address;
+    use clap::Parser as _;
 
     /// `--host localhost` was refused as not an IP address (issue 43). (No name here that would be
     /// looked up beyond this machine's hosts file.)
@@ -351,5 +380,39 @@ mod tests {
         let adapter = super::named_path("no-equals").unwrap_err().to_string();
         assert_eq!(adapter, r#""no-equals" is not NAME=PATH"#);
         assert!(host_address("").is_err());
+    }
+
+    /// `--class-share CLASS:SHARE`, repeated, sets each class's share; a class past 3 or a share
+    /// that does not parse is refused with its own words.
+    #[test]
+    fn class_shares_are_read_per_class() {
+        let args = super::ServeArgs::try_parse_from([
+            "kvsched serve",
+            "--model",
+            "m.gguf",
+            "--class-share",
+            "0:requests=4,kv_tokens=2048",
+            "--class-share",
+            "2:adapter_pages=8",
+        ])
+        .unwrap();
+        let shares = args.config().unwrap().engine.scheduler.shares.unwrap();
+        assert_eq!((shares[0].requests, shares[0].kv_tokens), (4, 2048));
+        assert_eq!((shares[1].requests, shares[2].adapter_pages), (0, 8));
+        let none = super::ServeArgs::try_parse_from(["kvsched serve", "--model", "m.gguf"]);
+        assert!(none
+            .unwrap()
+            .config()
+            .unwrap()
+            .engine
+            .scheduler
+            .shares
+            .is_none());
+        assert!(super::class_share("4:requests=1")
+            .unwrap_err()
+            .contains("not 0 to 3"));
+        assert!(super::class_share("0:slots=1")
+            .unwrap_err()
+            .contains("names requests"));
     }
 }

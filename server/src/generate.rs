@@ -16,7 +16,7 @@ use kvsched_engine::{BeamSearch, Guide, Penalties, Sample, Sampler};
 use crate::api::{self, Endpoint, Prompt};
 use crate::choice::Meta;
 use crate::error::ApiError;
-use crate::metrics::Refusal;
+use crate::metrics::{Class, Refusal};
 use crate::output::{beams, stream, whole, Generation};
 use crate::request_id::RequestId;
 use crate::routes::AppState;
@@ -96,6 +96,7 @@ async fn generate(
             hold: checked.adapter,
             cache_salt: r.cache_salt.as_deref().map_or(0, salt),
             priority: priority_of(r.priority),
+            class: r.service_class,
             samples,
             mode: match r.beam_search {
                 Some(length_penalty) => Mode::Beams(BeamSearch {
@@ -103,6 +104,7 @@ async fn generate(
                     length_penalty,
                     ignore_eos: r.sampling.ignore_eos,
                     priority: priority_of(r.priority),
+                    class: r.service_class,
                 }),
                 None => Mode::Samples,
             },
@@ -120,7 +122,12 @@ async fn generate(
         .take(channels)
         .map(|rx| {
             let stops = stops.clone();
-            Generation::new(Arc::clone(s), rx, stops, (prompt, checked.max_new), arrived)
+            let class = Class {
+                service: r.service_class,
+                priority: r.priority as i8,
+            };
+            let limits = (prompt, checked.max_new);
+            Generation::new(Arc::clone(s), rx, stops, limits, (arrived, class))
         })
         .collect();
     let kind = match endpoint {
@@ -202,6 +209,7 @@ impl AppState {
         self.in_vocabulary(&request.sampling)?;
         self.within_slots(&request)?;
         self.priority_allowed(&request)?;
+        self.class_allowed(&request)?;
         let guides = (0..request.best_of)
             .map(|_| match &request.format {
                 Some(f) => self.guides.guide(self.model.tokenizer(), f).map(Some),
@@ -226,6 +234,22 @@ impl AppState {
                 format!(
                     "Got priority {} but priority scheduling is not enabled (--scheduling-policy priority).",
                     r.priority
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a service class other than 0 unless the server has shares (`--class-share`): a class
+    /// nothing is promised to would be a silent no-op.
+    fn class_allowed(&self, r: &api::Request) -> Result<(), ApiError> {
+        if r.service_class != 0 && !self.service_classes {
+            return Err(ApiError::invalid(
+                "service_class",
+                "invalid_value",
+                format!(
+                    "Got service_class {} but no class has a share (--class-share).",
+                    r.service_class
                 ),
             ));
         }

@@ -59,6 +59,8 @@ pub struct Job {
     pub cache_salt: u64,
     /// Its priority in the scheduler (vLLM's `priority` + 128: the lower, the sooner).
     pub priority: u8,
+    /// Its service class (`--class-share`).
+    pub class: u8,
     /// Its samples (one per choice drawn: `n`, or vLLM's `best_of`): how each draws, where its
     /// events go, and its place among the admitted requests (a sample takes an engine slot). A
     /// beam search's: the first's events, every one's place (its beams).

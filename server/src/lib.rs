@@ -251,6 +251,7 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         runtime_lora: config.runtime_lora,
         priority_scheduling: config.engine.scheduler.admission
             == kvsched_core::config::Admission::Priority,
+        service_classes: config.engine.scheduler.shares.is_some(),
         worker,
         metrics: metrics::Metrics::new(&config.served_model_name, max_model_len),
         max_model_len,

@@ -2,6 +2,7 @@
 //! `vllm:` prefix, the `model_name` label, vLLM's histogram buckets), so a dashboard built for vLLM
 //! reads a kvsched server; what vLLM has no metric for is `kvsched:`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -78,6 +79,11 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, labels);
+    }
+
+    /// Its series, without the family's header.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         for (&b, &c) in self.bounds.iter().zip(&self.counts) {
             let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {c}");
         }
@@ -149,10 +155,47 @@ const PROMPT: usize = 8;
 const GENERATION: usize = 9;
 const MAX_TOKENS: usize = 10;
 
+/// The class a request's latencies are also counted under: its service class (`service_class`)
+/// and its priority (vLLM's `priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Class {
+    /// Its service class, 0 to 3.
+    pub service: u8,
+    /// Its priority, -128 to 127.
+    pub priority: i8,
+}
+
+/// The latency histograms counted per [`Class`], in the order they are written: name, help.
+const BY_CLASS: [(&str, &str); 3] = [
+    (
+        "kvsched:class_time_to_first_token_seconds",
+        "Time to first token by service class and priority, seconds.",
+    ),
+    (
+        "kvsched:class_inter_token_latency_seconds",
+        "Time between two streamed tokens by service class and priority, seconds.",
+    ),
+    (
+        "kvsched:class_e2e_request_latency_seconds",
+        "End-to-end request latency by service class and priority, seconds.",
+    ),
+];
+
+/// A class's TTFT, ITL and end-to-end histograms ([`BY_CLASS`]).
+fn class_histograms() -> [Histogram; 3] {
+    [
+        Histogram::new(TTFT_BUCKETS),
+        Histogram::new(ITL_BUCKETS),
+        Histogram::new(E2E_BUCKETS),
+    ]
+}
+
 /// What the handlers measured.
 #[derive(Debug, Clone)]
 struct Requests {
     histograms: Vec<Histogram>,
+    /// TTFT, ITL and end-to-end latency per class seen.
+    by_class: BTreeMap<Class, [Histogram; 3]>,
     prompt_tokens: u64,
     generation_tokens: u64,
     /// Finished requests by reason: stop, length, abort.
@@ -182,6 +225,8 @@ pub struct Finished {
     pub last: Option<Instant>,
     /// When it ended.
     pub ended: Instant,
+    /// Its class.
+    pub class: Class,
 }
 /// Why a request was refused, for `kvsched:requests_refused_total`.
 #[derive(Debug, Clone, Copy)]
@@ -233,6 +278,7 @@ impl Metrics {
             model: model.replace(['"', '\\', '\n'], "_"),
             requests: Mutex::new(Requests {
                 histograms,
+                by_class: BTreeMap::new(),
                 prompt_tokens: 0,
                 generation_tokens: 0,
                 ended: [0; 3],
@@ -248,13 +294,19 @@ impl Metrics {
     }
 
     /// A request's first token, `ttft` after it arrived.
-    pub fn first_token(&self, ttft: Duration) {
-        self.with(|r| r.histograms[TTFT].observe(ttft.as_secs_f64()));
+    pub fn first_token(&self, ttft: Duration, class: Class) {
+        self.with(|r| {
+            r.histograms[TTFT].observe(ttft.as_secs_f64());
+            r.class(class)[0].observe(ttft.as_secs_f64());
+        });
     }
 
     /// A later token, `gap` after the one before.
-    pub fn next_token(&self, gap: Duration) {
-        self.with(|r| r.histograms[ITL].observe(gap.as_secs_f64()));
+    pub fn next_token(&self, gap: Duration, class: Class) {
+        self.with(|r| {
+            r.histograms[ITL].observe(gap.as_secs_f64());
+            r.class(class)[1].observe(gap.as_secs_f64());
+        });
     }
 
     /// A request ended: its tokens and the phases of its life.
@@ -264,6 +316,7 @@ impl Metrics {
             r.prompt_tokens += f.prompt as u64;
             r.generation_tokens += f.generated as u64;
             r.ended[f.end as usize] += 1;
+            r.class(f.class)[2].observe(secs(f.arrived, f.ended));
             let h = &mut r.histograms;
             h[E2E].observe(secs(f.arrived, f.ended));
             h[PROMPT].observe(f.prompt as f64);
@@ -347,7 +400,29 @@ impl Metrics {
         for ((name, help), h) in HISTOGRAMS.iter().zip(&r.histograms) {
             h.render(&mut out, name, help, &labels);
         }
+        render_classes(&mut out, &labels, &r.by_class);
         out
+    }
+}
+
+impl Requests {
+    /// `class`'s histograms, made at its first request.
+    fn class(&mut self, class: Class) -> &mut [Histogram; 3] {
+        self.by_class.entry(class).or_insert_with(class_histograms)
+    }
+}
+
+/// The per-class histograms, each family's series labelled `service_class` and `priority`.
+fn render_classes(out: &mut String, labels: &str, by_class: &BTreeMap<Class, [Histogram; 3]>) {
+    for (i, (name, help)) in BY_CLASS.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, h) in by_class {
+            let labels = format!(
+                "{labels},service_class=\"{}\",priority=\"{}\"",
+                c.service, c.priority
+            );
+            h[i].render_series(out, name, &labels);
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::api::Endpoint;
 use crate::choice::{usage, Meta, Part};
 use crate::error::ApiError;
-use crate::metrics::Finished;
+use crate::metrics::{Class, Finished};
 use crate::routes::{json_response, AppState};
 use crate::text::TextStream;
 use crate::worker::{End, Event};
@@ -28,6 +28,8 @@ pub(crate) struct Generation {
     rx: UnboundedReceiver<Event>,
     text: TextStream,
     arrived: Instant,
+    /// Its class in the per-class metrics.
+    class: Class,
     scheduled: Option<Instant>,
     last: Option<Instant>,
     first: Option<Instant>,
@@ -52,20 +54,21 @@ pub(crate) struct Out {
 }
 
 impl Generation {
-    /// A request of `prompt` tokens (`max_new` to generate at most) that arrived at `arrived`, its
+    /// A request of `prompt` tokens (`max_new` to generate at most) of `class` that arrived at `arrived`, its
     /// events on `rx`, its text ended by any of `stop`, its own stop tokens `stop_tokens`.
     pub(crate) fn new(
         state: Arc<AppState>,
         rx: UnboundedReceiver<Event>,
         (stop, stop_tokens): (Vec<String>, Vec<u32>),
         (prompt, max_new): (usize, usize),
-        arrived: Instant,
+        (arrived, class): (Instant, Class),
     ) -> Self {
         Self {
             state,
             rx,
             text: TextStream::new(stop),
             arrived,
+            class,
             scheduled: None,
             last: None,
             first: None,
@@ -134,10 +137,12 @@ impl Generation {
         let now = Instant::now();
         match self.last {
             None => {
-                self.state.metrics.first_token(now - self.arrived);
+                self.state
+                    .metrics
+                    .first_token(now - self.arrived, self.class);
                 self.first = Some(now);
             }
-            Some(last) => self.state.metrics.next_token(now - last),
+            Some(last) => self.state.metrics.next_token(now - last, self.class),
         }
         self.last = Some(now);
         self.generated += tokens;
@@ -155,6 +160,7 @@ impl Generation {
             first: self.first,
             last: self.last,
             ended: Instant::now(),
+            class: self.class,
         });
     }
 

@@ -35,6 +35,8 @@ pub struct AppState {
     pub runtime_lora: bool,
     /// Requests are scheduled by their `priority` (`--scheduling-policy priority`).
     pub priority_scheduling: bool,
+    /// Service classes have shares (`--class-share`).
+    pub service_classes: bool,
     /// The engine thread.
     pub worker: Worker,
     /// The metrics.

@@ -331,11 +331,14 @@ impl<'m> Loop<'m> {
     /// Moves jobs from the queue into the engine while it has room for each one's samples (a job
     /// that does not fit waits at the head of the queue; an idle engine takes any); waits a little
     /// when the engine is idle. `false` once every sender is gone and nothing is left. Under
-    /// priority scheduling the engine takes every admitted request (its scheduler orders them and
-    /// runs `--max-num-seqs` at once), so a later request of higher priority is not queued here.
+    /// priority scheduling or with service classes the engine takes every admitted request (its
+    /// scheduler orders them and runs `--max-num-seqs` at once), so a later request of higher
+    /// priority, or of a class within its share, is not queued here.
     fn admit(&mut self) -> bool {
         let sched = &self.engine.config().scheduler;
-        let room = if sched.admission == kvsched_core::config::Admission::Priority {
+        let by_scheduler =
+            sched.admission == kvsched_core::config::Admission::Priority || sched.shares.is_some();
+        let room = if by_scheduler {
             kvsched_engine::MAX_REQUESTS
         } else {
             sched.max_num_requests as usize
@@ -387,7 +390,7 @@ impl<'m> Loop<'m> {
         }
         let hold = job.hold.map(Arc::new);
         let (prompt, salt, adapter) = (&job.prompt, job.cache_salt, job.adapter);
-        let priority = job.priority;
+        let (priority, class) = (job.priority, job.class);
         let started = match job.mode {
             Mode::Samples => {
                 self.engine
@@ -398,10 +401,11 @@ impl<'m> Loop<'m> {
                 .submit_beam_search(prompt, job.max_new, adapter, params, salt)
                 .map(|id| vec![id]),
         };
-        // Samples run alone take it now; forks take their first sample's (beams carry theirs).
+        // Samples run alone take them now; forks take their first sample's (beams carry theirs).
         let started = started.and_then(|ids| {
             for &id in &ids {
                 self.engine.set_priority(id, priority)?;
+                self.engine.set_service_class(id, class)?;
             }
             Ok(ids)
         });

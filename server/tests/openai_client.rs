@@ -3,8 +3,9 @@
 //! and streamed, an adapter as `model`, stop sequences, seeds, the client's typed errors,
 //! `models.retrieve`, log probabilities, `response_format` with a JSON schema (the output parsed and
 //! validated against it), `cache_salt` and `cached_tokens`, `n = 3` whole and streamed, `priority`
-//! refused without priority scheduling (server/tests/python/openai_client.py); and vLLM's `priority`
-//! under `--scheduling-policy priority` (server/tests/python/priority.py).
+//! refused without priority scheduling (server/tests/python/openai_client.py); vLLM's `priority`
+//! under `--scheduling-policy priority` (server/tests/python/priority.py); and kvsched's
+//! `service_class` with `--class-share` (server/tests/python/classes.py).
 
 #[path = "support/serve.rs"]
 mod serve;
@@ -15,8 +16,14 @@ use std::process::Command;
 /// The client's version (its wheel from PyPI).
 const OPENAI: &str = "openai==3.57.0";
 
-/// The virtualenv's interpreter, with the client installed; made first when it is not there.
+/// The virtualenv's interpreter, with the client installed; made first when it is not there (once
+/// per process: the tests run beside each other and would otherwise race to make it).
 fn python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(make_python).clone()
+}
+
+fn make_python() -> PathBuf {
     let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
     let bin = venv.join("bin/python");
     if !bin.exists() {
@@ -99,4 +106,27 @@ fn the_openai_client_priority_overtakes_a_running_stream() {
     let server = serve::start(&m, &cfg);
     let stdout = run_client("priority.py", &server, "");
     assert!(stdout.contains("2 checks passed"), "{stdout}");
+}
+
+/// `kvsched serve --max-num-seqs 2 --class-share 0:requests=1` with a host tier: a class-0 request,
+/// sent with `service_class` through `extra_body`, takes a batch slot back from two class-1 streams;
+/// /metrics has each class's latencies.
+#[test]
+fn the_openai_client_service_class_takes_its_share_back() {
+    let Some(m) = serve::model() else { return };
+    let mut cfg = serve::config();
+    let sched = &mut cfg.engine.scheduler;
+    sched.max_num_requests = 2;
+    let share = kvsched_core::config::Share {
+        requests: 1,
+        ..Default::default()
+    };
+    let mut shares =
+        [kvsched_core::config::Share::default(); kvsched_core::config::SERVICE_CLASSES];
+    shares[0] = share;
+    sched.shares = Some(shares);
+    cfg.engine.host_pages = 256;
+    let server = serve::start(&m, &cfg);
+    let stdout = run_client("classes.py", &server, "");
+    assert!(stdout.contains("3 checks passed"), "{stdout}");
 }

@@ -128,6 +128,7 @@ fn beam_search_returns_the_engines_beams() {
         length_penalty: 0.8,
         ignore_eos: false,
         priority: 0,
+        class: 0,
     };
     let id = engine
         .submit_beam_search(&prompt, 8, None, params, 0)

@@ -35,6 +35,8 @@ pub struct BeamSearch {
     pub ignore_eos: bool,
     /// Every beam's priority under `Admission::Priority` (the lower, the sooner).
     pub priority: u8,
+    /// Every beam's service class (`Config::shares`).
+    pub class: u8,
 }
 
 /// One sequence a beam search returns.
@@ -133,6 +135,7 @@ impl Engine<'_> {
             cache_salt: salt,
             guide: None,
             priority: params.priority,
+            class: params.class,
         };
         let id = self.submit_with(prompt, max_new_tokens, adapter, sampler, options)?;
         if let Some(live) = self.live_mut(id) {
@@ -368,6 +371,7 @@ impl Engine<'_> {
         spec.max_new_tokens = left as u32;
         spec.lora = search.adapter.map(TaskId);
         spec.priority = search.params.priority;
+        spec.class = search.params.class;
         let sampler = Sampler::greedy().with_logprobs(2 * search.params.width);
         let how = (search.max_new, search.adapter, sampler);
         let handle = parent

@@ -42,6 +42,8 @@ pub struct SubmitOptions {
     pub guide: Option<Box<dyn Guide>>,
     /// Its priority under `Admission::Priority` (the lower, the sooner; 0 by default).
     pub priority: u8,
+    /// Its service class (`Config::shares`; 0 by default).
+    pub class: u8,
 }
 
 impl std::fmt::Debug for SubmitOptions {
@@ -50,6 +52,7 @@ impl std::fmt::Debug for SubmitOptions {
             .field("cache_salt", &self.cache_salt)
             .field("guide", &self.guide.is_some())
             .field("priority", &self.priority)
+            .field("class", &self.class)
             .finish()
     }
 }
@@ -98,6 +101,7 @@ impl Engine<'_> {
         spec.max_new_tokens = max_new_tokens as u32;
         spec.lora = adapter.map(TaskId);
         spec.priority = options.priority;
+        spec.class = options.class;
         let id = self.enqueue_salted(
             spec,
             prompt.to_vec(),
@@ -119,6 +123,17 @@ impl Engine<'_> {
             return Ok(false);
         };
         self.sched.update(h, |s| s.priority = priority)?;
+        Ok(true)
+    }
+
+    /// Sets request `id`'s service class (`Config::shares`) while it waits new (the scheduler keeps
+    /// a running request's); the samples and beams forked off it later take it. `false` for an
+    /// unknown or finished id; refused for a class past the last.
+    pub fn set_service_class(&mut self, id: u64, class: u8) -> Result<bool> {
+        let Some(h) = self.live_ref(id).map(|l| l.handle) else {
+            return Ok(false);
+        };
+        self.sched.update(h, |s| s.class = class)?;
         Ok(true)
     }
 

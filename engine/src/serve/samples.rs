@@ -45,8 +45,8 @@ pub(super) struct Detached {
     max_new: usize,
     adapter: Option<u64>,
     salt: u64,
-    /// Its first sample's priority.
-    priority: u8,
+    /// Its first sample's priority and service class.
+    rank: (u8, u8),
 }
 
 /// The samples waiting for room, detached from their first sample.
@@ -81,6 +81,7 @@ impl Engine<'_> {
             cache_salt: salt,
             guide: first.guide,
             priority: 0,
+            class: 0,
         };
         let id = self.submit_with(prompt, max_new_tokens, adapter, first.sampler, options)?;
         let mut ids = vec![id];
@@ -90,6 +91,7 @@ impl Engine<'_> {
                     cache_salt: salt,
                     guide: s.guide,
                     priority: 0,
+                    class: 0,
                 };
                 match self.submit_with(prompt, max_new_tokens, adapter, s.sampler, options) {
                     Ok(id) => ids.push(id),
@@ -154,7 +156,7 @@ impl Engine<'_> {
         let mut spec = RequestSpec::new(d.pending.id, Phase::ContextInit, d.tokens.len() as u32);
         spec.max_new_tokens = d.max_new as u32;
         spec.lora = d.adapter.map(TaskId);
-        spec.priority = d.priority;
+        (spec.priority, spec.class) = d.rank;
         let how = (d.max_new, d.adapter, d.pending.sample.sampler.clone());
         match self.enqueue_as(d.pending.id, spec, d.tokens.clone(), how, d.salt) {
             Ok(id) => {
@@ -170,12 +172,17 @@ impl Engine<'_> {
         }
     }
 
+    /// The priority and service class of the request behind `h`: its samples take them.
+    fn rank_of(&self, h: kvsched_core::Handle) -> (u8, u8) {
+        self.sched
+            .get(h)
+            .map_or((0, 0), |e| (e.spec().priority, e.spec().class))
+    }
+
     /// The samples still waiting on the request in `slot`, detached (it is leaving).
     pub(super) fn detach_samples_of(&mut self, slot: usize) {
         let handle = self.live[slot].as_ref().map(|p| p.handle);
-        let priority = handle
-            .and_then(|h| self.sched.get(h).ok())
-            .map_or(0, |e| e.spec().priority);
+        let rank = handle.map_or((0, 0), |h| self.rank_of(h));
         let Some(parent) = self.live[slot].as_mut() else {
             return;
         };
@@ -189,7 +196,7 @@ impl Engine<'_> {
                 max_new,
                 adapter,
                 salt,
-                priority,
+                rank,
             };
             self.detached.0.push(d);
         }
@@ -232,11 +239,11 @@ impl Engine<'_> {
             parent.extras.cached,
             parent.keys.clone(),
         );
-        let priority = self.sched.get(handle).map_or(0, |e| e.spec().priority);
+        let rank = self.rank_of(handle);
         let mut spec = RequestSpec::new(p.id, Phase::ContextInit, prompt as u32);
         spec.max_new_tokens = max_new as u32;
         spec.lora = adapter.map(TaskId);
-        spec.priority = priority;
+        (spec.priority, spec.class) = rank;
         let h = match self.sched.fork(handle, spec) {
             Ok(h) => h,
             Err(Error::CapacityExhausted { .. }) => return Ok(Some(p)),
@@ -247,7 +254,7 @@ impl Engine<'_> {
                     max_new,
                     adapter,
                     salt,
-                    priority,
+                    rank,
                 };
                 if let Some(d) = self.submit_alone(d)? {
                     self.detached.0.push(d);

@@ -63,6 +63,7 @@ const COMMON: &[&str] = &[
     "length_penalty",
     "best_of",
     "priority",
+    "service_class",
 ];
 
 impl Endpoint {
@@ -132,6 +133,9 @@ pub struct Request {
     /// vLLM's `priority` (-128 to 127, the lower first; 0 by default): honoured under
     /// `--scheduling-policy priority`.
     pub priority: i64,
+    /// `service_class` (kvsched's, 0 to 3; 0 by default): the class whose share
+    /// (`--class-share`) the request is promised.
+    pub service_class: u8,
     /// Structured output: what the text must be.
     pub format: Option<Format>,
     /// Fields neither the OpenAI API nor vLLM defines, ignored.
@@ -177,6 +181,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         beam_search,
         cache_salt: sampling::cache_salt(&f)?,
         priority: f.integer("priority", -128, 127)?.unwrap_or(0),
+        service_class: f
+            .integer(
+                "service_class",
+                0,
+                kvsched_core::config::SERVICE_CLASSES as i64 - 1,
+            )?
+            .map_or(0, |c| c as u8),
         format: sampling::format(&f)?,
         ignored,
     })
