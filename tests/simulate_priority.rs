@@ -1,6 +1,7 @@
 //! `kvsched simulate --admission priority --priority-mix SHARE` (issue 45): the report gives each class's
 //! TTFT, TPOT and goodput; under priority the high class's TTFT p99 falls below first come first served's
-//! on an overloaded slice, `--check` holding every invariant; a share outside 0 to 1 is refused.
+//! on an overloaded slice, `--check` holding every invariant; a share outside 0 to 1 is refused; a sweep
+//! tabulates and plots each class.
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -59,4 +60,55 @@ fn priority_serves_the_high_class_first_and_reports_each_class() {
     let out = kvsched(&["simulate", "--priority-mix", "1.5", "--limit", "10"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--priority-mix"));
+}
+
+/// A sweep with `--priority-mix` tabulates and plots each class's TTFT p99, TPOT p99 and goodput.
+#[test]
+fn a_sweep_with_classes_tabulates_and_plots_each_class() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let trace = format!("{root}/data/azure_conv_head.csv");
+    let svg = tmp("priority-sweep.svg");
+    let out = kvsched(&[
+        "simulate",
+        &trace,
+        "--no-progress",
+        "--limit",
+        "200",
+        "--adapters",
+        "0",
+        "--priority-mix",
+        "0.2",
+        "--sweep",
+        "rate=1,4",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("high / low TTFT p99 ms | high / low goodput req/s |"),
+        "{text}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("| 1 ") || l.starts_with("| 4 "))
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert!(
+        rows.iter().all(|r| r.matches(" / ").count() >= 4),
+        "{rows:?}"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    for panel in [
+        "TTFT p99 by class",
+        "TPOT p99 by class",
+        "goodput by class",
+        "high class",
+    ] {
+        assert!(plot.contains(panel), "{panel} missing from the plot");
+    }
 }

@@ -81,6 +81,51 @@ pub fn rows(classes: &[ClassSummary; 2]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The two classes' figures of each report of a sweep (`None` without `--priority-mix`).
+fn per_class(reports: &[crate::Report]) -> Option<Vec<[ClassSummary; 2]>> {
+    reports.iter().map(|r| r.per_class).collect()
+}
+
+/// A sweep's table columns per class: the header cells, and each report's cells (TTFT p99 and
+/// goodput, high / low). Empty without classes.
+pub fn sweep_columns(reports: &[crate::Report]) -> (String, Vec<String>) {
+    let Some(all) = per_class(reports) else {
+        return (String::new(), vec![String::new(); reports.len()]);
+    };
+    let head = " high / low TTFT p99 ms | high / low goodput req/s |".to_string();
+    let cells = all
+        .iter()
+        .map(|[h, l]| {
+            format!(
+                " {:.1} / {:.1} | {:.2} / {:.2} |",
+                h.ttft_ms.p99, l.ttft_ms.p99, h.goodput_rps, l.goodput_rps
+            )
+        })
+        .collect();
+    (head, cells)
+}
+
+/// A sweep plot's panels per class: TTFT p99, TPOT p99 and goodput, high and low. None without
+/// classes.
+#[cfg(feature = "plot")]
+pub fn sweep_panels(reports: &[crate::Report]) -> Vec<crate::plot::Panel> {
+    use crate::plot::Panel;
+    let Some(all) = per_class(reports) else {
+        return Vec::new();
+    };
+    let col = |c: usize, f: &dyn Fn(&ClassSummary) -> f64| all.iter().map(|r| f(&r[c])).collect();
+    let panel = |title: &str, unit: &str, f: &dyn Fn(&ClassSummary) -> f64| {
+        Panel::new(title, unit)
+            .series("high class", col(0, f))
+            .series("low class", col(1, f))
+    };
+    vec![
+        panel("TTFT p99 by class", "ms", &|c| c.ttft_ms.p99),
+        panel("TPOT p99 by class", "ms", &|c| c.tpot_ms.p99),
+        panel("goodput by class", "req/s", &|c| c.goodput_rps),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

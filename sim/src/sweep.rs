@@ -210,15 +210,18 @@ impl Sweep {
     pub fn table(&self, reports: &[Report]) -> String {
         let goodput = reports.first().is_some_and(super::report::Report::has_slo);
         let fair = self.param == SweepParam::Admission;
+        let (class_head, class_cells) = crate::classes::sweep_columns(reports);
         let mut s = format!(
-            "| {} | throughput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{}{} suspensions | overloaded |\n|---|---|---|---|{}{}---|---|\n",
+            "| {} | throughput tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{}{}{} suspensions | overloaded |\n|---|---|---|---|{}{}{}---|---|\n",
             self.label(),
             if goodput { " goodput req/s (SLO met) |" } else { "" },
             if fair { " adapter TTFT p99 best / worst ms | Jain's index |" } else { "" },
+            class_head,
             if goodput { "---|" } else { "" },
             if fair { "---|---|" } else { "" },
+            if class_head.is_empty() { "" } else { "---|---|" },
         );
-        for (v, r) in self.values.iter().zip(reports) {
+        for ((v, r), classes) in self.values.iter().zip(reports).zip(&class_cells) {
             let _ = write!(
                 s,
                 "| {v} | {:.0} | {:.1} / {:.1} | {:.2} / {:.2} |",
@@ -238,6 +241,7 @@ impl Sweep {
                 let worst = p99.fold(0.0, f64::max);
                 let _ = write!(s, " {best:.1} / {worst:.1} | {:.3} |", r.jain_fairness);
             }
+            s.push_str(classes);
             let _ = writeln!(
                 s,
                 " {} | {} |",
@@ -249,7 +253,8 @@ impl Sweep {
         s
     }
 
-    /// The throughput–latency curve: throughput, TTFT and TPOT (and goodput) against the parameter.
+    /// The throughput–latency curve: throughput, TTFT and TPOT (and goodput; and per class with
+    /// `--priority-mix`) against the parameter.
     #[cfg(feature = "plot")]
     pub fn plot(&self, reports: &[Report], source: &str) -> Timeline {
         let x: Vec<f64> = (0..reports.len()).map(|i| self.x(i)).collect();
@@ -274,6 +279,9 @@ impl Sweep {
         if reports.first().is_some_and(super::report::Report::has_slo) {
             tl =
                 tl.panel(Panel::new("goodput", "req/s").series("SLO met", col(&|r| r.goodput_rps)));
+        }
+        for panel in crate::classes::sweep_panels(reports) {
+            tl = tl.panel(panel);
         }
         tl
     }
