@@ -135,8 +135,8 @@ struct KvArgs {
     /// high one makes a running low one yield; with fcfs the classes are only reported.
     #[arg(long, value_name = "SHARE")]
     priority_mix: Option<f64>,
-    /// The thrash guard: while a request recomputed twice or more waits to replay, no new request is
-    /// admitted (docs/ADMISSION.md).
+    /// The thrash guard: while a request recomputed twice or more waits to replay, no younger new
+    /// request or replay is admitted (docs/ADMISSION.md).
     #[arg(long)]
     thrash_guard: bool,
     /// The high class's reserved share (with --priority-mix; service classes, docs/ADMISSION.md):

@@ -226,7 +226,8 @@ pub struct Config {
     /// inter-token-latency target by the engine's cost model (beyond the reference; needs chunking).
     pub step_budget: Option<crate::step_budget::StepBudget>,
     /// The thrash guard (beyond the reference; `scheduler/thrash.rs`): while a request that gave its
-    /// KV up to recompute twice or more waits to replay, no new request is admitted.
+    /// KV up to recompute twice or more waits to replay, no younger request that owns nothing (a new
+    /// one, or a recompute-paused one's replay) is admitted.
     pub thrash_guard: bool,
     /// Service classes (beyond the reference; `scheduler/classes.rs`): each class's reserved share,
     /// lent while unused; `None`: no classes.

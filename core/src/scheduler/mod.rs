@@ -19,7 +19,7 @@
 //! | `admission.rs` | the admission order beyond the reference, and the drain |
 //! | `priority.rs` | priority that preempts: the blocked request, its victim, what it holds back |
 //! | `classes.rs` | service classes: claims on a class's share, borrowers that yield, holds |
-//! | `thrash.rs` | the thrash guard: new requests held while a thrashing one waits to replay |
+//! | `thrash.rs` | the thrash guard: new requests and younger replays held while a thrashing one waits to replay |
 //! | `step_time.rs` | a step budget in time: chunks capped by the cost model |
 //! | `checks.rs` | what submission and `update` refuse: sizes, multimodal runs, a LoRA request beside its adapter |
 //! | `failed_loads.rs` | the KV connector at the pass boundary: failed or timed-out loads recompute |

@@ -51,7 +51,7 @@ pub struct PassStats {
     pub skipped: u32,
     /// Running requests that yielded to a waiting request of higher priority (`priority.rs`).
     pub yielded: u32,
-    /// New requests the thrash guard held (`thrash.rs`).
+    /// New requests and replays the thrash guard held (`thrash.rs`).
     pub held: u32,
 }
 

@@ -158,7 +158,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let live = self.table.version_at(b.slot) == b.version
             && e.spec().id.0 == b.id
             && (self.waits(b.slot) || finishing);
-        (live && !self.holds_new(at, b.slot)).then_some(at)
+        (live && !self.holds_admission(at, b.slot)).then_some(at)
     }
 
     /// Phase 1 found the batch full: the most senior request not scheduled that waits (the first by

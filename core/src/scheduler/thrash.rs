@@ -3,10 +3,12 @@
 //! replay taking the pages the next admission then needs (TensorRT-LLM #16827: 40.6 % less throughput,
 //! 9.1× worse p99 time per output token). The guard counts, per request, the times it gave its KV up
 //! to recompute (recompute pause or preemption); while a request that did so twice or more waits to
-//! replay (recompute-paused, or replaying its prompt), no new request that arrived after it is admitted:
-//! what runs finishes, the replays get the pages, and admissions open again once they are done. Replays,
-//! later chunks, suspended requests and decodes are never held, nor a new request older than every
-//! thrashing one (the progress bound: the oldest runnable request is never held for a younger one).
+//! replay (recompute-paused, or replaying its prompt), no request that arrived after it and owns nothing
+//! is admitted — a new one, or a younger recompute-paused one's replay (the requests that thrash are
+//! admitted ones replaying among themselves: holding new requests alone barely moved them): what runs
+//! finishes, the senior replay gets the pages, and admissions open again once it is done. Later chunks,
+//! suspended requests and decodes are never held, nor a request older than every thrashing one (the
+//! progress bound: the oldest runnable request is never held for a younger one).
 
 use crate::adapter::PeftBackend;
 use crate::kv::KvBackend;
@@ -30,8 +32,8 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
     }
 
-    /// Before phase 1: new admissions after the oldest request recomputed repeatedly that waits to
-    /// replay are held.
+    /// Before phase 1: admissions (new requests, replays) after the oldest request recomputed
+    /// repeatedly that waits to replay are held.
     pub(crate) fn guard_thrash(&mut self) {
         if !self.cfg.thrash_guard {
             return;
@@ -44,17 +46,20 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         });
     }
 
-    /// The new request (waiting, never admitted) at arrival index `i` is held this pass.
+    /// The request at arrival index `i`, owning nothing (new, or recompute-paused), is held this pass.
     #[inline]
-    pub(crate) fn holds_new(&self, i: usize, slot: u16) -> bool {
+    pub(crate) fn holds_admission(&self, i: usize, slot: u16) -> bool {
         self.holds.new_after.is_some_and(|first| i > first)
-            && self.table.entry(slot).ownership() == Ownership::Waiting
+            && matches!(
+                self.table.entry(slot).ownership(),
+                Ownership::Waiting | Ownership::Recompute
+            )
     }
 
-    /// [`Self::holds_new`], counted.
+    /// [`Self::holds_admission`], counted.
     #[inline]
     pub(crate) fn thrash_held(&mut self, i: usize, slot: u16) -> bool {
-        let held = self.holds_new(i, slot);
+        let held = self.holds_admission(i, slot);
         self.stats.held += u32::from(held);
         held
     }
