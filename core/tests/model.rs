@@ -1838,3 +1838,75 @@ fn regression_an_adapter_refusal_is_only_ordered() {
     ];
     fits_alone(&setup, &reqs).unwrap();
 }
+
+/// Found at 20,000 cases (issue 45's session): forks under adapters on a one-page device cache, with
+/// planted adapter faults; settling, `ensure_batch` failed for a scheduled batch (the device cache
+/// full).
+#[test]
+fn regression_forks_on_a_one_page_adapter_cache() {
+    let setup = Setup {
+        max_blocks: 7,
+        unit: 1,
+        recompute_pause: true,
+        max_num_tokens: None,
+        max_num_requests: 2,
+        peft: Some(split_peft(1, 2, &[1, 1, 1, 1, 1])),
+        deadlock_threshold: 2,
+        prefix: true,
+        admission: Admission::Deadline {
+            ttft: [0, 40, 200, 1000],
+        },
+        ..base(7, 0)
+    };
+    let sub = |prompt, out_len, lora, draft| Op::Submit {
+        prompt,
+        out_len,
+        lora,
+        draft,
+        snap_every: 0,
+        duplicate: false,
+        family: None,
+        encoder: 0,
+    };
+    let disagg = |prompt, out_len, generation| Op::Disagg {
+        prompt,
+        out_len,
+        lora: None,
+        generation,
+    };
+    let ops = vec![
+        sub(1, 1, None, 0),
+        Op::Inject {
+            fault: Fault::PeftAdd,
+            count: 4,
+            pool: 0,
+        },
+        sub(19, 10, None, 0),
+        Op::Load { pick: 0 },
+        disagg(24, 5, false),
+        disagg(1, 1, true),
+        Op::Inflight { pick: 1 },
+        sub(5, 3, Some(0), 1),
+        sub(8, 10, None, 1),
+        sub(1, 1, None, 0),
+        Op::Pass,
+        sub(1, 1, Some(1), 0),
+        Op::Pass,
+        Op::Pass,
+        Op::Complete,
+        Op::Fork {
+            pick: 28,
+            out_len: 1,
+        },
+        sub(17, 2, None, 0),
+        Op::Inflight { pick: 208 },
+        Op::Fork {
+            pick: 236,
+            out_len: 1,
+        },
+        Op::Cancel { pick: 137 },
+        Op::Pass,
+        Op::Pass,
+    ];
+    run(setup, &ops).unwrap_or_else(|e| panic!("{e}"));
+}

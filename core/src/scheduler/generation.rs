@@ -283,7 +283,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         }
         let task = self.table.entry(slot).task();
         if let Some(t) = task {
-            listed(self.plan.commit(t, pages, self.out));
+            self.commit_task(t, pages);
             self.plan.count_generation(t.slot);
         } else if self.table.hot(slot).bucket == TaskSlot::NONE {
             self.plan.plain += 1;

@@ -397,9 +397,22 @@ impl<'a, K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storag
     pub(crate) fn commit_peft(&mut self, slot: u16, pages: u32) {
         let task = self.table.entry(slot).task();
         if let Some(t) = task {
-            listed(self.plan.commit(t, pages, self.out));
+            self.commit_task(t, pages);
         }
         self.note_unbucketed(slot);
+    }
+
+    /// Commits a scheduled request's adapter `t` to the plan. `pages` was read before the request's
+    /// step: a task un-counted since (the ladder suspended its last other lease holder to make room
+    /// for this very request) is claimed again at its size, not at the 0 read while it was counted (a
+    /// device cache over-committed under forks, found at 20,000 model cases).
+    pub(crate) fn commit_task(&mut self, t: TaskRef, pages: u32) {
+        let pages = if self.plan.is_counted(t) {
+            pages
+        } else {
+            self.desk.known_pages(t.slot)
+        };
+        listed(self.plan.commit(t, pages, self.out));
     }
 
     /// A listed request with a LoRA task but no adapter-cache bucket: the sort orders by id.
