@@ -1798,11 +1798,11 @@ fn the_thrash_guard_holds_new_requests_in_the_model_runs() {
 }
 
 /// Found at 20,000 cases (issue 45): a lease holder that yielded for a higher priority's adapter (two
-/// device pages, the holder's adapter on both) left its adapter paused on the device, so the adapter
-/// the pass admitted could not be loaded (`ensure_batch`: the device cache full). Adapter refusals now
-/// only order.
+/// device pages, the holder's adapter on both) and the adapter the pass admitted could not be loaded
+/// (`ensure_batch`: the device cache full). The root was the plan's stale page count
+/// (`Pass::commit_task`); adapter refusals yield again, and this case stays within the device.
 #[test]
-fn regression_an_adapter_refusal_is_only_ordered() {
+fn regression_an_adapter_yield_never_over_commits_the_device() {
     let setup = Setup {
         max_blocks: 13,
         chunk: Chunk::Fcfs,

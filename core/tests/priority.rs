@@ -256,3 +256,39 @@ fn a_finishing_request_in_flight_keeps_lower_priorities_held() {
     r.s.set_inflight(w, false).unwrap();
     assert_eq!(r.step().context, [1], "its prompt finishes first");
 }
+
+/// The device cache holds one adapter: a running request of priority 3 holds task 1's; a request of
+/// priority 0 on task 2 is refused its adapter once, then the holder yields (suspended, its lease
+/// returned, its adapter paused) and it runs on task 2, evicted task 1's copy making room. Without
+/// a lower tier, nothing yields for an adapter (a recompute-paused holder replays and takes it back).
+#[test]
+fn a_lease_holder_yields_its_adapters_device_pages_to_a_higher_priority() {
+    let mut r = priority(64, 64, 4, 1);
+    let v = r.submit(0, 20, 3, Some(1));
+    r.step();
+    let w = r.submit(1, 20, 0, Some(2));
+    assert!(r.step().context.is_empty(), "refused its adapter");
+    let did = r.step();
+    assert_eq!(
+        (did.paused.as_slice(), did.context.as_slice()),
+        (&[0][..], &[1][..])
+    );
+    assert_eq!((r.ownership(v), did.yielded), (Ownership::Paused, 1));
+    assert!(r.ownership(w).on_gpu());
+    let tasks = r.s.adapters().backend().tasks();
+    assert!(tasks[1].on_device && tasks[1].active == 1 && !tasks[0].on_device);
+    r.s.remove(w).unwrap();
+    assert_eq!(
+        r.step().generation,
+        [0],
+        "the holder resumes on its adapter"
+    );
+    let mut r = priority(64, 0, 4, 1);
+    r.submit(0, 20, 3, Some(1));
+    r.step();
+    r.submit(1, 20, 0, Some(2));
+    for _ in 0..3 {
+        let did = r.step();
+        assert_eq!((did.generation.as_slice(), did.yielded), (&[0][..], 0));
+    }
+}

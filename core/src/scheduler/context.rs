@@ -113,7 +113,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         };
         let Some(pages) = self.peft_need(slot) else {
             // Its adapter does not fit the device beside the pass's.
-            self.adapter_refused(slot);
+            self.adapter_refused(slot, true);
             return Step::Skip;
         };
         if phase == Phase::EncoderInit {
@@ -162,7 +162,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         if !self.lease_obtainable(slot) {
             // Its adapter cannot be admitted now: touch no KV (and preempt nobody) for a request whose
             // lease would be refused after the pages were found.
-            self.adapter_refused(slot);
+            self.adapter_refused(slot, false);
             return Step::Skip;
         }
         if self.draining && self.takes_new_lease(slot) {
@@ -201,9 +201,16 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// A request was refused its adapter this pass. Under a fair policy, once the first request the
     /// pass refused (the most deserving, in the policy's order) has waited `drain_after` passes, and
     /// while lease holders pin adapters, admissions drain: no later waiting request takes a new lease,
-    /// so the device's adapters come free for it as their requests finish.
-    fn adapter_refused(&mut self, slot: u16) {
-        self.note_blocked(slot, super::priority::Need::Adapter);
+    /// so the device's adapters come free for it as their requests finish. `device`: refused by the
+    /// device cache (priority's record: a lease holder may yield); else by the adapter backend (its
+    /// host tier: a yield would leave the holder paused on the host copy, freeing nothing), which only
+    /// a service class claims.
+    fn adapter_refused(&mut self, slot: u16, device: bool) {
+        if device {
+            self.note_blocked(slot, super::priority::Need::Adapter);
+        } else {
+            self.note_claim(slot, super::priority::Need::Adapter);
+        }
         let waited = &mut self.adapter_waits[slot as usize];
         *waited = waited.saturating_add(1);
         let first = !core::mem::replace(&mut self.refused_one, true);

@@ -18,8 +18,14 @@
 //! - once admitted, while its prompt is not done, lower priorities stay held back ([`Need::Finish`]),
 //!   so a resumed victim does not take the pages of its next chunk.
 //!
-//! A request refused its adapter is not honoured: it is ordered, nothing yields for it (a yield for an
-//! adapter over-committed the device in the model tests, `regression_an_adapter_refusal_is_only_ordered`).
+//! A request the device cache refuses its adapter is honoured too: a lease holder of another adapter
+//! yields, by suspension only (its lease returned, its adapter paused and evictable from the device),
+//! and only while the adapter backend would grant the request's lease (a suspended holder stays paused
+//! on its adapter's host copy, so where the host tier refuses, a yield frees nothing); where nothing
+//! can yield, the refusal only orders and holds nobody back (holding could keep the adapters' holders
+//! from finishing). A refusal by the adapter backend itself is only ordered. (A first yield for
+//! adapters over-committed the device at 20,000 model cases: the plan committed 0 pages for a request
+//! whose task the ladder un-counted during its own step, `Pass::commit_task`, now mended.)
 //! One victim a pass: the pass does not know how many pages a victim frees. Never among equal
 //! priorities (the comparison is strict), never under GUARANTEED_NO_EVICT (it promises no eviction).
 //! Context-side preemption takes no victim of strictly higher priority than its requester (`may_take`),
@@ -46,7 +52,7 @@ pub(crate) enum Need {
     Slot,
     /// KV pages.
     Pages,
-    /// Its adapter's pages (recorded for a service class only: under priority it is only ordered).
+    /// Its adapter's pages (the device cache's, under priority; a service class's also the backend's).
     Adapter,
 }
 
@@ -129,12 +135,15 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
     /// the first this pass refused.
     pub(crate) fn note_blocked(&mut self, slot: u16, need: Need) {
         self.note_claim(slot, need);
-        if !self.by_priority() || self.blocked.priority.is_some() || need == Need::Adapter {
+        if !self.by_priority() || self.blocked.priority.is_some() {
             return;
         }
         self.blocked.priority = Some(self.record(slot, need));
-        // The rest of the pass leaves lower priorities where they are (no chunk grows into its room).
-        self.holds.held_below = Some(self.table.entry(slot).spec().priority);
+        if need != Need::Adapter {
+            // The rest of the pass leaves lower priorities where they are (no chunk grows into its
+            // room).
+            self.holds.held_below = Some(self.table.entry(slot).spec().priority);
+        }
     }
 
     /// A record of the request at `slot`, refused `need`.
@@ -217,9 +226,37 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
             // Never the request a class's claim waits for (honoured next, `classes.rs`).
             let claimant = self.blocked.class.map(|c| c.slot);
             let lower = move |p: &Self, s: u16| p.table.entry(s).spec().priority > priority;
-            self.yield_where(b.slot, move |p, s| lower(p, s) && Some(s) != claimant);
+            let frees = self.frees_adapter_for(b);
+            let yielded = self.yield_where(b.slot, move |p, s| {
+                lower(p, s) && frees(p, s) && Some(s) != claimant
+            });
+            if !yielded && b.need == Need::Adapter {
+                // No holder to take its adapter's pages from: holding lower priorities back could
+                // only keep the adapters' holders from finishing (a wedge the model tests found).
+                self.holds.held_below = None;
+                return;
+            }
         }
         self.holds.honoured = Some(b);
+    }
+
+    /// Which running requests yielding would help record `b`: any, for room; for its adapter (the
+    /// device cache refused it), a lease holder of another adapter, only by suspension (a
+    /// recompute-paused holder replays at once and takes its adapter back: the two took turns in the
+    /// model tests), and only while the adapter backend would grant its lease (a suspended holder stays
+    /// paused on its adapter's host copy: where the host tier is what refuses, it frees nothing, and
+    /// the two took turns again).
+    fn frees_adapter_for(&self, b: Blocked) -> impl Fn(&Self, u16) -> bool + Copy {
+        let task = self.table.entry(b.slot).task().map(|t| t.slot);
+        let helps = self.kv.limits().can_evict && self.lease_obtainable(b.slot);
+        move |p: &Self, s: u16| {
+            b.need != Need::Adapter
+                || (helps
+                    && p.table
+                        .entry(s)
+                        .task()
+                        .is_some_and(|t| Some(t.slot) != task))
+        }
     }
 
     /// After phase 2: a request honoured this pass and admitted, whose prompt is not done, keeps lower
