@@ -1,31 +1,12 @@
 //! End-to-end tests of `kvsched simulate`: the replay's report is consistent, bad input is refused
 //! before the run with a message that says what to change, and output files are written whole.
 
-use std::path::PathBuf;
-
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/simulated.rs"]
+mod simulated;
 use cli::{kvsched, tmp};
-
-fn json(path: &PathBuf) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-/// Runs `kvsched simulate ARGS… --json FILE` (FILE named after `name`), which must succeed, and
-/// returns its JSON report.
-fn simulated(name: &str, args: &[&str]) -> serde_json::Value {
-    let j = tmp(&format!("{name}.json"));
-    let mut all = vec!["simulate"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["--json", j.to_str().unwrap()]);
-    let out = kvsched(&all);
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    json(&j)
-}
+use simulated::{json, simulated};
 
 #[test]
 fn default_replay_is_consistent_and_checked() {

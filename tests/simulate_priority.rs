@@ -5,15 +5,16 @@
 
 #[path = "support/cli.rs"]
 mod cli;
+#[path = "support/simulated.rs"]
+mod simulated;
 use cli::{kvsched, tmp};
+use simulated::simulated;
 
 fn report(admission: &str) -> serde_json::Value {
     let root = env!("CARGO_MANIFEST_DIR");
     let trace = format!("{root}/data/azure_conv_head.csv");
-    let j = tmp(&format!("priority-{admission}.json"));
-    let out = kvsched(&[
-        "simulate",
-        &trace,
+    let args = [
+        trace.as_str(),
         "--check",
         "--no-progress",
         "--limit",
@@ -26,15 +27,8 @@ fn report(admission: &str) -> serde_json::Value {
         admission,
         "--priority-mix",
         "0.2",
-        "--json",
-        j.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap()
+    ];
+    simulated(&format!("priority-{admission}"), &args)
 }
 
 fn high_ttft_p99(r: &serde_json::Value) -> f64 {
@@ -122,10 +116,8 @@ fn the_thrash_guard_cuts_recomputes_on_an_oversubscribed_pool() {
     let root = env!("CARGO_MANIFEST_DIR");
     let trace = format!("{root}/data/azure_conv_head.csv");
     let run = |guard: bool| {
-        let j = tmp(&format!("thrash-{guard}.json"));
         let mut args = vec![
-            "simulate",
-            &trace,
+            trace.as_str(),
             "--check",
             "--no-progress",
             "--limit",
@@ -138,20 +130,11 @@ fn the_thrash_guard_cuts_recomputes_on_an_oversubscribed_pool() {
             "256",
             "--kv-host-pages",
             "0",
-            "--json",
-            j.to_str().unwrap(),
         ];
         if guard {
             args.push("--thrash-guard");
         }
-        let out = kvsched(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+        let r = simulated(&format!("thrash-{guard}"), &args);
         let f = |k: &str| r[k].as_f64().unwrap();
         assert_eq!(f("requests_completed"), 500.0);
         (f("recompute_paused"), f("throughput_tok_s"))
