@@ -50,9 +50,11 @@ use crate::kv::{
 use crate::page_pool::KvPool;
 use crate::storage::Borrowed;
 
+mod hybrid;
 mod pool;
 mod reserve;
 
+pub use hybrid::Hybrid;
 pub use pool::{GroupGeometry, GroupPool, PoolPages, RowPages};
 
 /// What a group's layers attend to.

@@ -22,7 +22,7 @@
 //! L3 lifecycle   request/ (the type-state Request<S>)  lease (adapter leases, the desk)
 //!                    │ calls backends only through their contracts
 //! L2 mechanisms  page_pool/ (KvPool, borrowed or owned)  kv_set (draft/cross pairing)  adapter_pool
-//!                kv_groups (full-attention and sliding-window groups)
+//!                kv_groups (full-attention, sliding-window and recurrent-state groups)  state_pool
 //!                    │ implement
 //! L1 contracts   kv (KvBackend, PageMove, chain; kv/caps.rs: its capabilities)  adapter (PeftBackend)
 //!                connector (KvConnector)  kv_events (the prefix cache's events, for KV-aware routers)
@@ -181,6 +181,7 @@ pub mod page_pool;
 pub mod phase;
 pub mod request;
 pub mod scheduler;
+pub mod state_pool;
 pub mod step_budget;
 pub mod storage;
 pub mod wire;

@@ -14,6 +14,7 @@
 
 use kvsched_testkit as harness;
 
+use harness::hybrid::StateSetup;
 use harness::progress::Progress;
 use harness::{
     run, Admission, Chunk, Done, Fault, Harness, Op, PeftSetup, Setup, Stats, WindowGroup, N, T,
@@ -130,6 +131,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 // Half the prefix configurations have a connector (a remote store of the families).
                 connector: prefix && deadlock_threshold % 2 == 0,
                 windows: Vec::new(),
+                state: None,
                 step_itl_us,
                 thrash_guard,
                 shares: shares.map(|bits| {
@@ -226,6 +228,30 @@ fn grouped(setups: impl Strategy<Value = Setup>) -> impl Strategy<Value = Setup>
     })
 }
 
+/// The configurations of `setups` on a hybrid recurrent model's backend (`Setup::with_state`): the
+/// target pool, with or without a sliding-window group, beside a state group of 1–16 GPU slots (the
+/// host tier covering the request slots), 0–3 snapshot slots, snapshot points every 1–3 blocks.
+fn hybrid(setups: impl Strategy<Value = Setup>) -> impl Strategy<Value = Setup> {
+    setups.prop_flat_map(|s| {
+        let window = s.max_blocks.min(s.gpu_pages);
+        let windows = prop_oneof![
+            Just(vec![]),
+            (1u32..=3).prop_map(move |pages| vec![WindowGroup {
+                pages,
+                gpu_pages: window
+            }]),
+        ];
+        let state =
+            (1u32..=16, 0u32..=16, 0u32..=3, 1u32..=3).prop_map(|(g, h, snap, every)| StateSetup {
+                gpu_slots: g,
+                host_slots: h,
+                snapshot_slots: snap,
+                interval_blocks: every,
+            });
+        (windows, state).prop_map(move |(w, st)| s.clone().with_groups(w).with_state(st))
+    })
+}
+
 /// `s`, and where KV groups take it (`Setup::groups_allowed`), `s` on groups whose window pools have
 /// the target's GPU pages (they never refuse what the leader takes, so the test's figures hold): a
 /// 1-page and a 3-page window (2 groups), 1- and 2-page windows (3 groups).
@@ -286,6 +312,17 @@ proptest! {
     #[test]
     fn invariants_hold_with_classes(
         setup in with_classes(setup()),
+        ops in prop::collection::vec(op(), 1..160),
+    ) {
+        run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
+    }
+
+    /// The same on a hybrid recurrent model's backend (`hybrid`): the harness also checks the state
+    /// group (one state a request with a cache, live exactly while the cache is active, snapshots
+    /// within their bound, a refused operation changes none of it).
+    #[test]
+    fn hybrid_invariants_hold_after_every_operation(
+        setup in hybrid(setup()),
         ops in prop::collection::vec(op(), 1..160),
     ) {
         run(setup, &ops).map_err(|e| TestCaseError::fail(e.0))?;
@@ -600,6 +637,18 @@ proptest! {
         fits_alone(&setup, &reqs)?;
     }
 
+    /// The same on a hybrid recurrent model's backend (`hybrid`): a state slot is one more resource
+    /// every request needs, and none waits for ever for it.
+    #[test]
+    fn hybrid_every_request_that_fits_alone_finishes(
+        (setup, reqs) in hybrid(live_setup()).prop_flat_map(|s| {
+            let reqs = live_reqs(&s);
+            (Just(s), reqs)
+        })
+    ) {
+        fits_alone(&setup, &reqs)?;
+    }
+
     /// The same on KV groups (`grouped`), with the harness's per-group checks after every operation.
     #[test]
     fn grouped_every_request_that_fits_alone_finishes((setup, reqs) in grouped_with_reqs()) {
@@ -637,6 +686,7 @@ fn base(gpu_pages: u32, host_pages: u32) -> Setup {
         admission: Admission::Fcfs,
         connector: false,
         windows: Vec::new(),
+        state: None,
         step_itl_us: None,
         thrash_guard: false,
         shares: None,
@@ -1674,6 +1724,30 @@ fn forks_are_made_and_their_children_live_every_lifecycle() {
     );
     assert!(total.forked > 100 && total.parents_first > 0, "{total:?}");
     assert!(total.children_moved.iter().all(|&n| n > 0), "{total:?}");
+}
+
+/// The hybrid property is not vacuous: over a fixed set of its cases, states move to the host tier
+/// and back, snapshots are made ready and prefix hits resume from them.
+#[test]
+fn hybrid_states_move_and_snapshots_are_hit() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[46; 32]);
+    let mut runner = TestRunner::new_with_rng(PtConfig::default(), rng);
+    let cases = (hybrid(setup()), prop::collection::vec(op(), 1..160));
+    let mut t = kvsched_core::state_pool::StateStats::default();
+    for _ in 0..300 {
+        let (setup, ops) = cases.new_tree(&mut runner).unwrap().current();
+        let s = run(setup, &ops).unwrap_or_else(|e| panic!("{e}")).state;
+        t.snapshots += s.snapshots;
+        t.hits += s.hits;
+        t.evicted += s.evicted;
+        t.offloaded += s.offloaded;
+        t.reloaded += s.reloaded;
+    }
+    eprintln!("300 cases: {t:?}");
+    assert!(t.snapshots > 0 && t.hits > 0 && t.evicted > 0, "{t:?}");
+    assert!(t.offloaded > 0 && t.reloaded > 0, "{t:?}");
 }
 
 /// The priority property is not vacuous: over a fixed set of its cases, running requests yield to

@@ -32,7 +32,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("L1 contracts", &["kv", "kv_events", "adapter", "connector"]),
     (
         "L2 mechanisms",
-        &["page_pool", "kv_set", "kv_groups", "adapter_pool"],
+        &[
+            "page_pool",
+            "kv_set",
+            "kv_groups",
+            "adapter_pool",
+            "state_pool",
+        ],
     ),
     ("L3 lifecycle", &["request", "lease"]),
     (

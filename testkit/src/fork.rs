@@ -105,6 +105,7 @@ impl Harness<'_> {
             && !s.cross
             && !s.connector
             && s.windows.is_empty()
+            && s.state.is_none()
             && own == Ownership::Active
             && computed
             && !ps.context_only

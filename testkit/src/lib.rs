@@ -32,6 +32,7 @@
 #![deny(missing_docs)]
 
 mod fork;
+pub mod hybrid;
 pub mod progress;
 
 use std::cell::Cell;
@@ -151,6 +152,9 @@ pub struct Setup {
     pub thrash_guard: bool,
     /// Service classes' shares ([`Config::shares`]); requests carry classes whether or not.
     pub shares: Option<[Share; SERVICE_CLASSES]>,
+    /// A recurrent-state group beside the attention groups (a hybrid recurrent model: the target
+    /// leads a [`kvsched_core::kv_groups::Hybrid`]). Only where [`Setup::groups_allowed`].
+    pub state: Option<hybrid::StateSetup>,
 }
 
 /// A sliding-window KV group of a [`Setup`] (its pool has the target's geometry but its GPU pages).
@@ -168,6 +172,7 @@ pub struct WindowGroup {
 pub struct Memory {
     target: PoolSpec,
     windows: Vec<(Attention, PoolSpec)>,
+    state: Option<kvsched_core::state_pool::StateConfig>,
     draft: Option<PoolSpec>,
     cross: Option<PoolSpec>,
     store: Option<(Store, Vec<ConnectorSlot>, Vec<u32>)>,
@@ -376,6 +381,7 @@ impl Setup {
         Memory {
             target: PoolSpec { unified, ..one },
             windows: windows.collect(),
+            state: self.state.map(|st| st.config(self.tokens_per_block)),
             draft: self.draft.map(|_| one),
             cross: self.cross.then_some(PoolSpec {
                 prefix: false,
@@ -646,6 +652,10 @@ pub enum KvInner<'a> {
     Two(Box<KvGroups<'a, Owned, 2>>),
     /// A full-attention group and two sliding-window groups.
     Three(Box<KvGroups<'a, Owned, 3>>),
+    /// A full-attention group beside a recurrent-state group.
+    State(Box<hybrid::Hy<'a, 1>>),
+    /// A full-attention group and a sliding-window group beside a recurrent-state group.
+    WindowState(Box<hybrid::Hy<'a, 2>>),
 }
 
 /// `$body` with `$k` bound to the backend inside a [`KvInner`] (by reference, as `$inner` is).
@@ -655,6 +665,8 @@ macro_rules! each {
             KvInner::Pool($k) => $body,
             KvInner::Two($k) => $body,
             KvInner::Three($k) => $body,
+            KvInner::State($k) => $body,
+            KvInner::WindowState($k) => $body,
         }
     };
 }
@@ -668,9 +680,38 @@ fn leader_moves<'k, const G: usize>(k: &'k mut KvGroups<'_, Owned, G>) -> &'k [P
     k.take_moves()
 }
 
+/// Groups as the harness reads them: each with its pool.
+fn attention<'p, 'a, const G: usize>(
+    groups: &'p [Group<'a, Owned>; G],
+) -> Vec<(Attention, &'p KvPool<'a, Owned>)> {
+    groups.iter().map(|g| (g.attention, &g.pool)).collect()
+}
+
 impl<'a> KvInner<'a> {
+    /// The state group's counters (zeros without one).
+    pub fn state_stats(&self) -> kvsched_core::state_pool::StateStats {
+        match self {
+            Self::State(k) => k.state().stats(),
+            Self::WindowState(k) => k.state().stats(),
+            _ => kvsched_core::state_pool::StateStats::default(),
+        }
+    }
+
+    /// The state pool's checks and fingerprint (`Ok(None)`: no state group).
+    pub fn state(&self) -> Result<Option<u64>, Violation> {
+        match self {
+            Self::State(k) => hybrid::check(k).map(|()| Some(k.state().fingerprint())),
+            Self::WindowState(k) => hybrid::check(k).map(|()| Some(k.state().fingerprint())),
+            _ => Ok(None),
+        }
+    }
+
     /// The target pool alone (`windows` empty), or it leading a group per window.
-    fn build(target: PoolSpec, windows: &[(Attention, PoolSpec)]) -> Result<Self, Error> {
+    fn build(
+        target: PoolSpec,
+        windows: &[(Attention, PoolSpec)],
+        state: Option<kvsched_core::state_pool::StateConfig>,
+    ) -> Result<Self, Error> {
         let group = |attention, spec: PoolSpec| -> Result<Group<'a, Owned>, Error> {
             Ok(Group {
                 attention,
@@ -678,6 +719,20 @@ impl<'a> KvInner<'a> {
             })
         };
         let full = group(Attention::Full, target)?;
+        if let Some(st) = state {
+            return Ok(match windows {
+                [] => Self::State(hybrid::build(KvGroups::new([full])?, st)?),
+                [(a, w)] => {
+                    let groups = KvGroups::new([full, group(*a, *w)?])?;
+                    Self::WindowState(hybrid::build(groups, st)?)
+                }
+                _ => {
+                    return Err(Error::Invalid(
+                        "the harness builds one window beside a state",
+                    ))
+                }
+            });
+        }
         Ok(match windows {
             [] => Self::Pool(Box::new(full.pool)),
             [(a, w)] => Self::Two(Box::new(KvGroups::new([full, group(*a, *w)?])?)),
@@ -693,8 +748,10 @@ impl<'a> KvInner<'a> {
     pub fn groups(&self) -> Vec<(Attention, &KvPool<'a, Owned>)> {
         match self {
             Self::Pool(p) => vec![(Attention::Full, &**p)],
-            Self::Two(k) => k.groups().iter().map(|g| (g.attention, &g.pool)).collect(),
-            Self::Three(k) => k.groups().iter().map(|g| (g.attention, &g.pool)).collect(),
+            Self::Two(k) => attention(k.groups()),
+            Self::Three(k) => attention(k.groups()),
+            Self::State(k) => attention(k.attention().groups()),
+            Self::WindowState(k) => attention(k.attention().groups()),
         }
     }
 
@@ -704,6 +761,8 @@ impl<'a> KvInner<'a> {
             Self::Pool(p) => p,
             Self::Two(k) => &k.groups()[0].pool,
             Self::Three(k) => &k.groups()[0].pool,
+            Self::State(k) => &k.attention().groups()[0].pool,
+            Self::WindowState(k) => &k.attention().groups()[0].pool,
         }
     }
 
@@ -814,6 +873,8 @@ impl KvBackend for FaultKv<'_> {
             KvInner::Pool(p) => p.take_moves(),
             KvInner::Two(k) => leader_moves(k.as_mut()),
             KvInner::Three(k) => leader_moves(k.as_mut()),
+            KvInner::State(k) => hybrid::leader_moves(k.as_mut()),
+            KvInner::WindowState(k) => hybrid::leader_moves(k.as_mut()),
         }
     }
 }
@@ -900,6 +961,8 @@ impl PrefixReuse for FaultKv<'_> {
             KvInner::Pool(p) => p.take_kv_events(),
             KvInner::Two(k) => PrefixReuse::take_kv_events(k.as_mut()),
             KvInner::Three(k) => PrefixReuse::take_kv_events(k.as_mut()),
+            KvInner::State(k) => PrefixReuse::take_kv_events(k.as_mut()),
+            KvInner::WindowState(k) => PrefixReuse::take_kv_events(k.as_mut()),
         }
     }
 }
@@ -1226,6 +1289,8 @@ pub struct Stats {
     pub children_moved: [u64; 3],
     /// Parents removed while a child of theirs lived.
     pub parents_first: u64,
+    /// The state group's counters at the end of a run (a hybrid recurrent model's backend).
+    pub state: kvsched_core::state_pool::StateStats,
     /// Running requests that yielded to a higher priority (`PassStats::yielded`).
     pub yielded: u64,
     /// New requests the thrash guard held (`PassStats::held`).
@@ -1287,10 +1352,12 @@ pub type Fingerprint = (u64, Vec<(Vec<u64>, Faults)>, Option<AdapterPool<T>>, Fa
 /// A combined fingerprint of the scheduler, its KV pools (every group's) and its adapter cache.
 pub fn fingerprint(s: &Sched<'_>) -> Fingerprint {
     let groups = |p: &FaultKv<'_>| {
+        let state = p.inner.state().ok().flatten();
         p.inner
             .groups()
             .iter()
             .map(|(_, g)| g.fingerprint())
+            .chain(state)
             .collect()
     };
     (
@@ -1372,11 +1439,13 @@ impl<'a> Harness<'a> {
         setup: &Setup,
         mem: &'a mut Memory,
     ) -> Result<(FaultKv<'a>, Option<std::rc::Rc<Faults>>), Violation> {
-        if !setup.windows.is_empty() && !setup.groups_allowed() {
+        let grouped = !setup.windows.is_empty() || setup.state.is_some();
+        if grouped && !setup.groups_allowed() {
             return Err("KV groups in a configuration they do not take".into());
         }
         let mut target = FaultKv {
-            inner: KvInner::build(mem.target, &mem.windows).map_err(|e| format!("KV: {e}"))?,
+            inner: KvInner::build(mem.target, &mem.windows, mem.state)
+                .map_err(|e| format!("KV: {e}"))?,
             faults: Faults::default(),
         };
         let Some((store, slots, saves)) = mem.store.as_mut() else {
@@ -2384,6 +2453,9 @@ impl<'a> Harness<'a> {
     pub fn check(&self) -> Result<(), Violation> {
         let s = &self.sched;
         for (role, p) in pools(s) {
+            p.inner
+                .state()
+                .map_err(|e| format!("{role} KV pool's state group: {}", e.0))?;
             for (g, (_, pool)) in p.inner.groups().into_iter().enumerate() {
                 if !pool.audit(&mut vec![0; pool.config().page_info_len()]) {
                     return Err(format!(
@@ -2797,10 +2869,20 @@ fn decode_setup(r: &mut Bytes<'_>) -> Setup {
         step_itl_us: (deadlock_threshold % 3 == 0).then_some(2 + u64::from(deadlock_threshold)),
         thrash_guard: deadlock_threshold % 4 == 1,
         shares: None,
+        state: None,
     };
     // Draft bits 3 (no draft pool): KV groups.
     if (mode >> 5) & 3 == 3 {
         decode_groups(r, &mut setup);
+        // No byte of its own either: a state group beside the groups for some of them.
+        if deadlock_threshold % 5 == 0 {
+            setup = setup.with_state(hybrid::StateSetup {
+                gpu_slots: 1 + unit % 16,
+                host_slots: max_num_requests,
+                snapshot_slots: u32::from(mode & 3),
+                interval_blocks: 1 + max_blocks % 3,
+            });
+        }
     }
     // No byte of its own, so that the seeds written before classes keep their meaning.
     setup.shares = (deadlock_threshold % 4 == 2).then(|| decode_shares(mode, &setup));
@@ -3003,6 +3085,7 @@ pub fn run(setup: Setup, ops: &[Op]) -> Result<Stats, Violation> {
         .map_err(|e| format!("settling after {} ops: {e}", ops.len()))?;
     h.drain()?;
     h.stats.replayed = h.sched.replayed_passes();
+    h.stats.state = h.sched.kv().target().inner.state_stats();
     Ok(h.stats)
 }
 

@@ -51,7 +51,7 @@ impl<K: KvBackend, P: PeftBackend, const N: usize, const T: usize, S: Storage>
         let Some(shared) = can else {
             self.table.cancel_insert(h);
             return Err(Error::Invalid(
-                "the KV backend cannot fork these requests (a fork needs a prefix cache, no draft, cross or sliding-window pool, no KV connector, and a full block to share)",
+                "the KV backend cannot fork these requests (a fork needs a prefix cache, no draft, cross, sliding-window or recurrent-state pool, no KV connector, and a full block to share)",
             ));
         };
         let share = |kv: &mut K| {

@@ -457,3 +457,33 @@ where
         self.kv.take_group_moves(g)
     }
 }
+
+/// A hybrid recurrent model's scheduler: its attention groups' move logs, its state moves and the
+/// snapshots to write ([`crate::kv_groups::Hybrid`]).
+impl<K, P, const G: usize, const C: usize, const N: usize, const T: usize, S>
+    Scheduler<crate::kv_groups::Hybrid<K, G, C>, P, N, T, S>
+where
+    K: crate::kv_groups::GroupPool,
+    P: PeftBackend,
+    S: Storage,
+{
+    /// The page moves attention group `g` logged since the last call, as for KV groups
+    /// ([`Scheduler::take_moves`] first).
+    pub fn take_group_moves(&mut self, g: usize) -> &[PageMove] {
+        if g == 0 {
+            return self.take_moves();
+        }
+        self.kv.take_group_moves(g)
+    }
+
+    /// The state moves logged since the last call, in order: run after the page moves, before the
+    /// step.
+    pub fn take_state_moves(&mut self) -> &[crate::state_pool::StateMove] {
+        self.kv.take_state_moves()
+    }
+
+    /// The snapshots the step writes ([`crate::state_pool::Capture`]).
+    pub fn take_captures(&mut self) -> &[crate::state_pool::Capture] {
+        self.kv.take_captures()
+    }
+}

@@ -2,4 +2,5 @@
 // Each test binary uses a part of it.
 #![allow(dead_code)]
 
+pub mod hybrid;
 pub mod run;
