@@ -170,17 +170,45 @@ fn a_request_without_a_state_slot_is_refused_and_nothing_is_prepared() {
 
 #[test]
 fn a_refused_admission_leaks_no_state_slot() {
-    // SGLang #16067: the state slot goes where the refused first chunk's caches go, and comes back.
+    // SGLang #16067: a first chunk refused its pages before anything was written gives its state
+    // slot back at once (it holds nothing worth a copy) and takes a fresh one on its next attempt.
     let mut k = hybrid(4, 0, state(8, 0, 0, 32));
     k.set_prefix(r(0), 1, &hashes(1, 8, 0, 8));
     assert_eq!(k.prepare_context(r(0), ContextPrep::first(128)), Some(0));
     assert!(!k.resize_context(r(0), 128, true), "8 pages on a pool of 4");
     assert!(!k.cache(r(0)).is_active());
-    assert!(matches!(k.state().placement(0), Placement::Held(_)));
+    assert_eq!(k.state().placement(0), Placement::None);
+    assert_eq!(k.state().gpu_free(), 8);
+    assert!(k.take_state_moves().is_empty(), "nothing copied");
+    assert!(k.check());
+    assert_eq!(k.prepare_context(r(0), ContextPrep::first(128)), Some(0));
+    assert!(matches!(k.state().placement(0), Placement::Gpu(_)));
     assert!(k.check());
     k.free(r(0));
     assert_eq!(k.state().gpu_free(), 8);
-    assert_eq!(k.state().placement(0), Placement::None);
+    assert!(k.check());
+}
+
+#[test]
+fn a_refused_admission_after_a_hit_keeps_its_restored_state() {
+    // A first chunk that reused a prefix holds the snapshot's copy: refused its pages, its state is
+    // suspended with its caches (to the host tier), not dropped.
+    let mut k = hybrid(9, 8, state(4, 4, 2, 32));
+    let h = hashes(1, 6, 0, 6);
+    prefill(&mut k, 0, 7, &h, 100, 64);
+    k.free(r(0));
+    let _ = k.take_state_moves();
+    let mut longer = h.clone();
+    longer.extend(hashes(2, 0, 3, 6));
+    k.set_prefix(r(1), 7, &longer);
+    assert_eq!(k.prepare_context(r(1), ContextPrep::first(190)), Some(96));
+    assert!(
+        !k.resize_context(r(1), 190, true),
+        "12 pages on a pool of 9"
+    );
+    assert!(matches!(k.state().placement(1), Placement::Host(_)));
+    let ops: Vec<StateOp> = k.take_state_moves().iter().map(|m| m.op).collect();
+    assert_eq!(ops, [StateOp::Restore, StateOp::Move(Tier::Gpu)]);
     assert!(k.check());
 }
 

@@ -49,6 +49,7 @@ mod conversation;
 mod draft;
 mod error;
 mod gguf;
+mod hybrid;
 mod kv;
 mod lora;
 mod math;
@@ -63,6 +64,10 @@ pub use conversation::Conversation;
 pub use draft::{accepted, PromptLookup};
 pub use error::{EngineError, Grouped, Limit, Refusal, Result};
 pub use gguf::{GemmaConfig, ModelConfig};
+pub use hybrid::{
+    greedy, HybridCompletion, HybridConfig, HybridEngine, HybridModel, HybridSpec, HybridStats,
+    MambaDims, HYBRID_REQUESTS,
+};
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};
 pub use math::argmax;

@@ -114,7 +114,7 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
                 };
                 let cache = self.attention.cache(r);
                 match self.state.placement(u16_of(slot)) {
-                    Placement::None => !cache.exists(),
+                    Placement::None => !cache.exists() || self.unwritten(r),
                     Placement::Gpu(_) => cache.is_active(),
                     Placement::Host(_) | Placement::Held(_) => cache == CacheState::Inactive,
                 }
@@ -161,16 +161,30 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
         Some(n)
     }
 
-    /// A later chunk, or a suspended cache's resumption: the state resumes with the caches.
+    /// A later chunk, or a suspended cache's resumption: the state resumes with the caches (a
+    /// cache with nothing written takes a fresh one).
     fn prepare_existing(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let row = Self::row(r);
-        if self.state.placement(row) == Placement::None || !self.state.can_place(row) {
+        let fresh = self.state.placement(row) == Placement::None;
+        if fresh && !self.unwritten(r) {
+            return None;
+        }
+        let placeable = if fresh {
+            self.state.can_take(None)
+        } else {
+            self.state.can_place(row)
+        };
+        if !placeable {
             return None;
         }
         self.state.drop_pending(row);
         let n = self.attention.prepare_context(r, prep)?;
-        let resumed = self.state.resume(row, r.id);
-        assert!(resumed, "a state checked placeable");
+        let placed = if fresh {
+            self.state.take(row, r.id, None)
+        } else {
+            self.state.resume(row, r.id)
+        };
+        assert!(placed, "a state checked placeable");
         self.chunks[row as usize] = Chunk {
             start: prep.position,
             prompt: prep.prompt,
@@ -330,8 +344,18 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
     fn after_resize(&mut self, r: KvRef, capacity: u32, granted: bool) {
         if granted {
             self.plan_captures(r, capacity);
+        } else if self.unwritten(r) {
+            // Nothing computed nor restored: the state holds nothing worth a copy.
+            self.state.release(Self::row(r));
         } else if !self.attention.cache(r).is_active() {
             self.state.suspend(Self::row(r), r.id);
         }
+    }
+
+    /// The request's cache is inactive and holds no token: a first chunk refused its pages before
+    /// anything was reused or computed (its state, if it keeps none, is taken afresh on resumption).
+    fn unwritten(&self, r: KvRef) -> bool {
+        self.attention.cache(r) == CacheState::Inactive
+            && self.attention.groups()[0].pool.capacity(r) == 0
     }
 }
