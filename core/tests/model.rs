@@ -882,6 +882,12 @@ fn decoder_accepts_any_bytes() {
                     "{name}: {groups} {stats:?}"
                 );
             }
+            // The state seed starts it on a hybrid backend whose snapshots are hit and whose
+            // states come back from the host tier.
+            if name.starts_with("seed-state") {
+                let st = stats.state;
+                assert!(st.hits > 0 && st.reloaded > 0, "{name}: {st:?}");
+            }
         }
         // The seeds run incremental passes, each checked against a twin's full pass (`harness::run`).
         assert!(replayed > 0, "no seed ran an incremental pass");
