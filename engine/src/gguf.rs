@@ -11,6 +11,22 @@ use candle_core::quantized::GgmlDType;
 
 use crate::error::{EngineError, Result};
 
+/// GGUF architectures of recurrent and hybrid recurrent models (llama.cpp's names): refused with
+/// a message of their own.
+const RECURRENT: &[&str] = &[
+    "mamba",
+    "mamba2",
+    "jamba",
+    "nemotron_h",
+    "granitehybrid",
+    "falcon-h1",
+    "plamo2",
+    "qwen3next",
+    "rwkv6",
+    "rwkv7",
+    "lfm2",
+];
+
 /// A llama or Gemma 3 model's architecture and hyper-parameters, as the GGUF metadata states them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -238,6 +254,13 @@ impl Gguf {
     /// runs.
     pub(crate) fn config(&self) -> Result<ModelConfig> {
         let architecture = self.string("general.architecture")?.to_string();
+        if RECURRENT.contains(&architecture.as_str()) {
+            return Err(self.unsupported(format!(
+                "architecture {architecture:?}, a recurrent (state-space) model: this engine runs \
+                 none (kvsched-core schedules their state slots, docs/HYBRID.md; supported here: \
+                 \"llama\", \"gemma3\")"
+            )));
+        }
         if architecture != "llama" && architecture != "gemma3" {
             return Err(self.unsupported(format!(
                 "architecture {architecture:?} (supported: \"llama\", \"gemma3\")"

@@ -113,6 +113,16 @@ fn an_unsupported_architecture_or_quantization() {
     let message = assert_one_line_naming(&error, &path);
     assert!(message.contains("architecture \"gpt2\""), "{message}");
 
+    // A state-space model's architecture is named as one.
+    let path = dir.path().join("tiny-mamba2.gguf");
+    tiny_gguf(&path, "mamba2", GgmlDType::Q8_0);
+    let error = Model::load(&path).unwrap_err();
+    let message = assert_one_line_naming(&error, &path);
+    assert!(
+        message.contains("architecture \"mamba2\", a recurrent (state-space) model"),
+        "{message}"
+    );
+
     let path = dir.path().join("tiny-q2k.gguf");
     tiny_gguf(&path, "llama", GgmlDType::Q2K);
     let error = Model::load(&path).unwrap_err();
