@@ -1,4 +1,4 @@
-//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `groups-sweep`, `cost`, `generate`, `serve`. The work is the
+//! The `kvsched` command line: `simulate`, `conformance`, `bench`, `groups-sweep`, `hybrid-sweep`, `cost`, `generate`, `serve`. The work is the
 //! library crates' (`kvsched-sim`, `kvsched-conformance`, `kvsched-bench`, `kvsched-engine`, `kvsched-server`); this binary parses the arguments, words their
 //! errors in terms of its flags, and prints.
 
@@ -11,6 +11,7 @@ mod churn;
 mod cost;
 mod generate;
 mod groups;
+mod hybrid;
 mod simulate;
 
 /// Counts the process's heap allocations so `kvsched bench` can report those of its timed iterations.
@@ -18,7 +19,7 @@ mod simulate;
 static ALLOC: kvsched_bench::CountingAlloc = kvsched_bench::CountingAlloc;
 
 /// The commands, each with what it does (each parses its own options: `kvsched <command> --help`).
-const COMMANDS: [(&str, &str); 8] = [
+const COMMANDS: [(&str, &str); 9] = [
     (
         "simulate",
         "replay a request trace through the scheduler on a simulated engine",
@@ -31,6 +32,10 @@ const COMMANDS: [(&str, &str); 8] = [
     (
         "groups-sweep",
         "full-only against grouped KV over context lengths",
+    ),
+    (
+        "hybrid-sweep",
+        "a hybrid recurrent model against full attention over prompt lengths",
     ),
     ("cost", "predict a forward step's time under a cost model"),
     (
@@ -91,6 +96,7 @@ fn run(name: &str, args: &[String]) -> ExitCode {
         "simulate" => simulate::main(args),
         "cost" => cost::cli(args),
         "groups-sweep" => groups::cli(args),
+        "hybrid-sweep" => hybrid::cli(args),
         "generate" => generate::cli(args),
         "serve" => kvsched_server::cli(args),
         _ => help(args),

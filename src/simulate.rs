@@ -73,6 +73,8 @@ struct SimArgs {
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
+    hybrid: crate::hybrid::HybridArgs,
+    #[command(flatten)]
     adapters: AdapterArgs,
     #[command(flatten)]
     spec: SpecArgs,
@@ -539,10 +541,13 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
     if kv.class_share.is_some() && kv.priority_mix.is_none() {
         return Err("--class-share is the high class's share: it needs --priority-mix".into());
     }
+    let hybrid = a.hybrid.options();
     Ok(SimOptions {
-        // The engine's device fixes the KV pool unless the command line says otherwise.
+        // The engine's device (or a hybrid preset's) fixes the KV pool unless the command line says
+        // otherwise.
         kv_gpu_pages: kv
             .kv_gpu_pages
+            .or(hybrid.map(|h| h.model.h200_full_pages(tpb)))
             .or(a.cost.engine.kv_gpu_pages(tpb))
             .unwrap_or(kvsched_sim::cost::LEGACY_KV_GPU_PAGES),
         kv_host_pages: kv.kv_host_pages,
@@ -583,6 +588,7 @@ fn options(a: &SimArgs) -> Result<SimOptions, String> {
         store_faults: a.cluster.store_faults,
         link_faults: a.cluster.link_faults,
         kv_groups: kv.kv_groups,
+        hybrid,
         cost: a.cost.model(tpb)?,
         engine: a.cost.engine,
         slo_ttft_ms: a.slo.slo_ttft_ms,
@@ -747,6 +753,7 @@ fn options_message(e: &OptionsError) -> String {
         OptionsError::WindowPoolTooSmall { pages, needed } => format!(
             "--kv-groups: the window group's {pages} GPU pages cannot hold one request's window and chunk ({needed} pages): raise PAGES or lower --max-tokens"
         ),
+        OptionsError::Hybrid(h) => crate::hybrid::message(h),
         other => other.to_string(),
     }
 }

@@ -1,19 +1,21 @@
 //! The KV backends the simulated engine runs on: the target pool with its optional draft pool
-//! (`KvSet`, every run but the grouped ones), or a hybrid-attention model's KV groups (`KvGroups`: a
-//! full-attention group and a sliding-window group, `groups.rs`).
+//! (`KvSet`, every run but the grouped and hybrid ones), a hybrid-attention model's KV groups
+//! (`KvGroups`: a full-attention group and a sliding-window group, `groups.rs`), or a hybrid
+//! recurrent model's attention group beside its state slots (`Hybrid`, `hybrid.rs`).
 //!
 //! The run loop is generic over [`SimKv`], the little it reads from a backend besides the
 //! scheduler's calls: the pool its figures come from, how full the fullest pool is, the pools' audits
-//! and the page moves of the pools other than the leader's. Each backend's loop is compiled apart, so
+//! and the page moves of the pools other than the leader's (and a hybrid's state moves and captures). Each backend's loop is compiled apart, so
 //! the `KvSet` one is the code it was.
 
 use kvsched_core::kv::{KvBackend, Pool};
-use kvsched_core::kv_groups::KvGroups;
+use kvsched_core::kv_groups::{Hybrid, KvGroups};
 use kvsched_core::kv_set::KvSet;
 use kvsched_core::page_pool::KvPool;
+use kvsched_core::state_pool::StateOp;
 use kvsched_core::storage::Owned;
 
-use super::Sched;
+use super::{Sched, SimOptions, MAX_LIVE};
 
 /// A pool owning its buffers.
 pub(crate) type OwnedPool<'a> = KvPool<'a, Owned>;
@@ -21,6 +23,8 @@ pub(crate) type OwnedPool<'a> = KvPool<'a, Owned>;
 pub(crate) type Target<'a> = KvSet<OwnedPool<'a>>;
 /// A full-attention group and a sliding-window group.
 pub(crate) type Groups<'a> = KvGroups<'a, Owned, 2>;
+/// A full-attention group beside the recurrent-state slots of every live request.
+pub(crate) type HybridKv<'a> = Hybrid<OwnedPool<'a>, 1, MAX_LIVE>;
 
 /// What the run loop reads from a KV backend besides the scheduler's calls.
 pub(crate) trait SimKv<'a>: KvBackend + Sized {
@@ -42,8 +46,9 @@ pub(crate) trait SimKv<'a>: KvBackend + Sized {
     /// `touched` (slot, and whether only its tail changed: a decode step).
     fn spot_failures<I: Iterator<Item = (u16, bool)> + Clone>(&self, touched: I) -> u64;
 
-    /// Drains the page moves of the pools other than the lead's; returns how many.
-    fn other_moves(s: &mut Sched<'a, Self>) -> u64;
+    /// Drains the page moves of the pools other than the lead's (and whatever else the backend logs
+    /// for the engine every step); returns how many page copies they cost, under `o`.
+    fn other_moves(s: &mut Sched<'a, Self>, o: &SimOptions) -> u64;
 }
 
 impl<'a> SimKv<'a> for Target<'a> {
@@ -61,7 +66,7 @@ impl<'a> SimKv<'a> for Target<'a> {
         pools.map(|p| spot(p, touched.clone())).sum()
     }
 
-    fn other_moves(s: &mut Sched<'a, Self>) -> u64 {
+    fn other_moves(s: &mut Sched<'a, Self>, _: &SimOptions) -> u64 {
         // The draft pool has no host tier: its log holds the reloads of claimed prefix blocks only.
         s.take_pool_moves(Pool::Draft).len() as u64
     }
@@ -91,8 +96,40 @@ impl<'a> SimKv<'a> for Groups<'a> {
             .sum()
     }
 
-    fn other_moves(s: &mut Sched<'a, Self>) -> u64 {
+    fn other_moves(s: &mut Sched<'a, Self>, _: &SimOptions) -> u64 {
         s.take_group_moves(1).len() as u64
+    }
+}
+
+impl<'a> SimKv<'a> for HybridKv<'a> {
+    fn lead(&self) -> &OwnedPool<'a> {
+        &self.attention().groups()[0].pool
+    }
+
+    fn audit_failures(&self, scratch: &mut Vec<u32>) -> u64 {
+        audit(self.lead(), scratch) + u64::from(!self.check())
+    }
+
+    fn spot_failures<I: Iterator<Item = (u16, bool)> + Clone>(&self, touched: I) -> u64 {
+        spot(self.lead(), touched) + u64::from(!self.state().check())
+    }
+
+    /// The state moves (run before the step) and the captures (written during it), both drained
+    /// every step or a resumption is refused for want of log room. A move between the tiers costs
+    /// the state's bytes in page copies; a restore or a capture is a copy within the GPU, not
+    /// priced.
+    fn other_moves(s: &mut Sched<'a, Self>, o: &SimOptions) -> u64 {
+        let tiers = s
+            .take_state_moves()
+            .iter()
+            .filter(|m| matches!(m.op, StateOp::Move(_)))
+            .count() as u64;
+        let _ = s.take_captures();
+        let pages = o.hybrid.map_or(0, |h| {
+            h.model
+                .state_move_pages(s.kv().lead().config().tokens_per_block)
+        });
+        tiers * pages
     }
 }
 

@@ -211,7 +211,7 @@ pub fn h200_llama3_8b_kv_pages(tokens_per_block: u32) -> u32 {
 /// Bytes per microsecond of scattered page moves on the H200 (per-page copies, kvsched-gpu at 40c6ca8,
 /// `data/measurements/h200/page-copy-bandwidth.txt`; the mean of both directions), interpolated on
 /// the page size's logarithm and held at the ends.
-fn h200_scattered_copy_bytes_per_us(page_bytes: f64) -> f64 {
+pub(crate) fn h200_scattered_copy_bytes_per_us(page_bytes: f64) -> f64 {
     // (page bytes, GB/s = bytes per ns = 1000 bytes per us)
     const POINTS: [(f64, f64); 4] = [
         (4096.0, 1.60),

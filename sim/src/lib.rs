@@ -23,6 +23,7 @@ pub mod fairness;
 pub mod faults;
 pub mod fit;
 pub mod groups;
+pub mod hybrid;
 pub mod kv_router;
 #[cfg(feature = "plot")]
 pub mod plot;
@@ -161,6 +162,9 @@ pub struct SimOptions {
     /// model's full-attention group, beside a sliding-window group of its own pages (`None`: one pool,
     /// every layer full attention).
     pub kv_groups: Option<groups::KvGroupsOptions>,
+    /// A hybrid recurrent model (`hybrid.rs`): `kv_gpu_pages` is the memory budget in pages of its
+    /// full-attention twin, split into attention pages and state slots (`None`: no hybrid).
+    pub hybrid: Option<hybrid::HybridOptions>,
     /// Samples of each request (`--samples N`, OpenAI's `n`; issue 44): once a request's prompt is
     /// computed its other `N - 1` samples are forked off it (`Scheduler::fork`), sharing its full
     /// pages; needs the prefix cache. 1: none.
@@ -237,6 +241,7 @@ impl Default for SimOptions {
             store_faults: None,
             link_faults: None,
             kv_groups: None,
+            hybrid: None,
         }
     }
 }
@@ -434,6 +439,9 @@ pub enum OptionsError {
     /// KV groups with a feature they do not support yet.
     #[error("KV groups do not support {0} yet")]
     GroupsUnsupported(groups::GroupsUnsupported),
+    /// A hybrid model's options that cannot work.
+    #[error("{0}")]
+    Hybrid(hybrid::HybridError),
     /// A sliding window of 0 tokens, or not a whole number of pages.
     #[error("a sliding window of {window} tokens must be a positive multiple of tokens_per_block ({tokens_per_block})")]
     GroupWindow {
@@ -501,6 +509,7 @@ fn check_options(o: &SimOptions, w: &Workload) -> Result<(KvPoolConfig, Vec<u32>
     let forks = o.prefix_reuse
         && o.spec_decode.is_none()
         && o.kv_groups.is_none()
+        && o.hybrid.is_none()
         && o.remote_store.is_none();
     if o.samples == 0 || (o.samples > 1 && !forks) {
         return Err(OptionsError::Samples(o.samples));
@@ -721,6 +730,9 @@ pub fn differential(r: &Report, full: &Report) -> Result<(), SimError> {
 }
 
 fn run_once(o: &SimOptions, mut w: Workload) -> Result<Report, SimError> {
+    if let Some(h) = &o.hybrid {
+        return hybrid::run(o, h, w);
+    }
     check_options(o, &w)?;
     prepare(o, &mut w)?;
     if let Some(g) = &o.kv_groups {

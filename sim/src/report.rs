@@ -105,6 +105,8 @@ pub struct Report {
     pub slo_attainment: f64,
     /// Prefix reuse was on.
     pub prefix_reuse: bool,
+    /// A hybrid model's pools and state counters (`hybrid.rs`); null without one.
+    pub hybrid: Option<crate::hybrid::HybridReport>,
     /// Prompt tokens of the requests' first admissions (the trace's prompts).
     pub admitted_prompt_tokens: u64,
     /// Of those, the tokens found cached.
@@ -268,6 +270,9 @@ impl Report {
         self.service_rows(&mut t);
         self.lifecycle_rows(&mut t);
         self.prefix_rows(&mut t);
+        if let Some(h) = &self.hybrid {
+            t.0.push_str(&h.rows());
+        }
         self.adapter_rows(&mut t);
         self.engine_rows(&mut t, checked);
         self.replica_rows(&mut t);

@@ -475,7 +475,7 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
                 Tier::Host => r.pages_reloaded += 1,
             }
         }
-        page_moves += K::other_moves(sched);
+        page_moves += K::other_moves(sched, self.o);
         let mut load_pages = 0u64;
         for t in out.adapter_loads() {
             load_pages += sched.adapters().backend().tasks()[t.slot.index()].pages as u64;
@@ -845,6 +845,11 @@ impl<'s, 'w, K: SimKv<'s>> Sim<'s, 'w, K> {
             "{:.0} s simulated",
             (self.now_ms - self.start_ms) / 1000.0
         ));
+    }
+
+    /// The KV backend (its own figures, for the report).
+    pub(super) fn backend(&self) -> &K {
+        self.sched.kv()
     }
 
     /// The scheduler, writable (the check mode's tests plant faults in it).
