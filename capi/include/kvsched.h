@@ -53,6 +53,28 @@
 #define KVSCHED_KV_CLEARED 2
 
 /**
+ * `KvschedEntry::state_slot` of a request without a live GPU state slot (or of an engine without
+ * a state group).
+ */
+#define KVSCHED_NO_STATE_SLOT UINT32_MAX
+
+/**
+ * `KvschedStateMove::op`: a suspension; copy GPU state slot `src` to host state slot `dst`.
+ */
+#define KVSCHED_STATE_TO_HOST 0
+
+/**
+ * `KvschedStateMove::op`: a resumption; copy host state slot `src` to GPU state slot `dst`.
+ */
+#define KVSCHED_STATE_TO_GPU 1
+
+/**
+ * `KvschedStateMove::op`: a prefix hit; copy GPU snapshot slot `src` into the request's live GPU
+ * slot `dst` (the snapshot stays).
+ */
+#define KVSCHED_STATE_RESTORE 2
+
+/**
  * What a call did.
  */
 typedef enum kvsched_status {
@@ -230,6 +252,31 @@ typedef struct kvsched_config {
    * unused, a share is lent. All zero: no classes.
    */
   struct KvschedShare shares[4];
+  /**
+   * A hybrid recurrent model's state group (Mamba-2 or gated-DeltaNet layers beside attention,
+   * docs/HYBRID.md): bytes of one request's recurrent state, every recurrent layer's.
+   */
+  uint64_t state_slot_bytes;
+  /**
+   * State slots on the GPU: live states (one a scheduled request), held suspended ones and
+   * snapshots. 0: no state group, an attention-only model (the other `state_*` fields must then
+   * be 0 too).
+   */
+  uint32_t state_gpu_slots;
+  /**
+   * State slots on the host tier (suspended requests' states). `state_gpu_slots +
+   * state_host_slots` must be at least `max_requests`.
+   */
+  uint32_t state_host_slots;
+  /**
+   * Most GPU state slots snapshots (prefix reuse) hold, fewer than `state_gpu_slots` (0: no
+   * snapshot, no prefix hit).
+   */
+  uint32_t state_snapshot_slots;
+  /**
+   * Tokens between snapshot points: a whole number of pages (of `tokens_per_block` tokens).
+   */
+  uint32_t state_snapshot_interval;
 } kvsched_config;
 
 /**
@@ -315,6 +362,12 @@ typedef struct kvsched_entry {
    * Context list: 1 when the chunk ends the prompt.
    */
   uint8_t last;
+  /**
+   * The request's live GPU state slot (a hybrid engine's scheduled request: its recurrent
+   * layers read and write it this step); [`KVSCHED_NO_STATE_SLOT`] without one, and always
+   * without a state group.
+   */
+  uint32_t state_slot;
 } kvsched_entry;
 
 /**
@@ -523,6 +576,48 @@ typedef struct kvsched_vllm_event {
   uint8_t has_lora_id;
 } kvsched_vllm_event;
 
+/**
+ * One state copy to run before the step (after the page moves), in log order.
+ */
+typedef struct kvsched_state_move {
+  /**
+   * Whose state.
+   */
+  uint64_t request;
+  /**
+   * Source state slot (its tier: see `op`).
+   */
+  uint32_t src;
+  /**
+   * Destination state slot.
+   */
+  uint32_t dst;
+  /**
+   * [`KVSCHED_STATE_TO_HOST`], [`KVSCHED_STATE_TO_GPU`] or [`KVSCHED_STATE_RESTORE`].
+   */
+  uint8_t op;
+} kvsched_state_move;
+
+/**
+ * A snapshot to write during the step: once request `request`'s scan has passed `position` tokens
+ * of its prompt, copy its state into GPU state slot `slot`. A capture whose request runs no chunk
+ * covering `position` is skipped (it never becomes a prefix hit).
+ */
+typedef struct kvsched_capture {
+  /**
+   * Whose state.
+   */
+  uint64_t request;
+  /**
+   * The tokens scanned when the state is copied (a snapshot point).
+   */
+  uint32_t position;
+  /**
+   * The GPU state slot the copy goes to.
+   */
+  uint32_t slot;
+} kvsched_capture;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -530,8 +625,9 @@ extern "C" {
 /**
  * Builds an engine for `*config` into `*out`. On failure `*out` is left null.
  *
- * The engine's fixed-capacity tables are built in place on the heap, so the calling thread's stack
- * size does not matter.
+ * The engine's fixed-capacity tables are built in place on the heap (a hybrid engine's backend, which
+ * the core builds by value, on a short-lived thread of the library's own), so the calling thread's
+ * stack size does not matter.
  *
  * # Safety
  * `config` and `out` are valid pointers (or null, which is refused).
@@ -696,7 +792,7 @@ uint32_t kvsched_gpu_free(const struct kvsched_engine *engine);
  * The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
  * batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
  * an adapter cache of 64 device and 1,024 host pages; no KV event log; first come first served, no
- * step budget in time, no service classes.
+ * step budget in time, no service classes; no state group (an attention-only model).
  */
 struct kvsched_config kvsched_config_default(void);
 
@@ -762,6 +858,30 @@ enum kvsched_status kvsched_encode_kv_events(const struct kvsched_vllm_event *ev
                                              uint8_t *out,
                                              size_t cap,
                                              size_t *written);
+
+/**
+ * The state moves logged since the last call, in order: run them after the page moves
+ * ([`crate::kvsched_take_moves`]), before the step. `*n` entries, valid until the next call that
+ * changes the engine; none without a state group. Drain them every step, with the captures: the
+ * logs hold two entries a request between takes, and a resumption is refused for want of room.
+ *
+ * # Safety
+ * `engine` comes from [`crate::kvsched_engine_new`]; `moves` and `n` are valid.
+ */
+enum kvsched_status kvsched_take_state_moves(struct kvsched_engine *engine,
+                                             const struct kvsched_state_move **moves,
+                                             size_t *n);
+
+/**
+ * The snapshots to write during the step, logged since the last call ([`KvschedCapture`]). `*n`
+ * entries, valid until the next call that changes the engine; none without a state group.
+ *
+ * # Safety
+ * `engine` comes from [`crate::kvsched_engine_new`]; `captures` and `n` are valid.
+ */
+enum kvsched_status kvsched_take_captures(struct kvsched_engine *engine,
+                                          const struct kvsched_capture **captures,
+                                          size_t *n);
 
 #ifdef __cplusplus
 }  // extern "C"

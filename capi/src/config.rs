@@ -1,4 +1,9 @@
-//! An engine's configuration and its defaults.
+//! An engine's configuration and its defaults, and the core's configurations made from it.
+
+use kvsched_core::config::{Admission, ChunkPolicy, Chunking, Config};
+use kvsched_core::error::Error;
+use kvsched_core::state_pool::StateConfig;
+use kvsched_core::{StepBudget, StepCost};
 
 /// An engine's configuration: start from [`kvsched_config_default`] and change what differs. Every
 /// capacity is fixed once the engine is built.
@@ -45,6 +50,21 @@ pub struct KvschedConfig {
     /// within its share takes batch slots, KV and adapter pages back from a class above its own;
     /// unused, a share is lent. All zero: no classes.
     pub shares: [KvschedShare; 4],
+    /// A hybrid recurrent model's state group (Mamba-2 or gated-DeltaNet layers beside attention,
+    /// docs/HYBRID.md): bytes of one request's recurrent state, every recurrent layer's.
+    pub state_slot_bytes: u64,
+    /// State slots on the GPU: live states (one a scheduled request), held suspended ones and
+    /// snapshots. 0: no state group, an attention-only model (the other `state_*` fields must then
+    /// be 0 too).
+    pub state_gpu_slots: u32,
+    /// State slots on the host tier (suspended requests' states). `state_gpu_slots +
+    /// state_host_slots` must be at least `max_requests`.
+    pub state_host_slots: u32,
+    /// Most GPU state slots snapshots (prefix reuse) hold, fewer than `state_gpu_slots` (0: no
+    /// snapshot, no prefix hit).
+    pub state_snapshot_slots: u32,
+    /// Tokens between snapshot points: a whole number of pages (of `tokens_per_block` tokens).
+    pub state_snapshot_interval: u32,
 }
 
 /// What one service class is promised (docs/ADMISSION.md, "Service classes").
@@ -78,7 +98,7 @@ pub struct KvschedStepCost {
 /// The defaults: 32-token pages, 4,096 GPU and 8,192 host pages, 256 pages a request, 256 requests,
 /// batches of 256 requests and 8,192 tokens, 512-token chunks, recompute pause on, a prefix cache, and
 /// an adapter cache of 64 device and 1,024 host pages; no KV event log; first come first served, no
-/// step budget in time, no service classes.
+/// step budget in time, no service classes; no state group (an attention-only model).
 #[no_mangle]
 pub extern "C" fn kvsched_config_default() -> KvschedConfig {
     KvschedConfig {
@@ -109,6 +129,11 @@ pub extern "C" fn kvsched_config_default() -> KvschedConfig {
             kv_tokens: 0,
             adapter_pages: 0,
         }; 4],
+        state_slot_bytes: 0,
+        state_gpu_slots: 0,
+        state_host_slots: 0,
+        state_snapshot_slots: 0,
+        state_snapshot_interval: 0,
     }
 }
 
@@ -124,4 +149,69 @@ pub(crate) fn shares_of(
             adapter_pages: s.adapter_pages,
         })
     })
+}
+
+/// The scheduler's configuration of `c` (validated by the core when the scheduler is built).
+pub(crate) fn scheduler_config(c: &KvschedConfig) -> Result<Config, Error> {
+    Ok(Config {
+        max_num_requests: c.max_batch,
+        max_num_tokens: (c.max_num_tokens > 0).then_some(c.max_num_tokens),
+        max_context_length: (c.max_num_tokens > 0).then_some(c.max_num_tokens),
+        chunking: (c.chunk_unit > 0).then_some(Chunking {
+            policy: ChunkPolicy::FirstComeFirstServed,
+            unit: c.chunk_unit,
+        }),
+        recompute_pause: c.recompute_pause != 0,
+        admission: match c.admission {
+            0 => Admission::Fcfs,
+            1 => Admission::Priority,
+            _ => return Err(Error::Invalid("admission must be 0 (fcfs) or 1 (priority)")),
+        },
+        step_budget: (c.itl_target_us > 0).then_some(StepBudget {
+            itl_us: c.itl_target_us,
+            cost: StepCost {
+                step_ps: c.step_cost.step_ps,
+                prefill_token_ps: c.step_cost.prefill_token_ps,
+                decode_request_ps: c.step_cost.decode_request_ps,
+                cached_token_ps: c.step_cost.cached_token_ps,
+                pair_ps: c.step_cost.pair_ps,
+            },
+        }),
+        shares: shares_of(&c.shares),
+        ..Config::default()
+    })
+}
+
+/// The state group of `c`: `None` without one (`state_gpu_slots` 0). The core validates the rest
+/// (`Hybrid::new`); here only what its messages would name in its own terms: a state field set
+/// without GPU slots, more slots a tier than the engine's rows.
+pub(crate) fn state_of(c: &KvschedConfig) -> Result<Option<StateConfig>, Error> {
+    if c.state_gpu_slots == 0 {
+        let rest = [
+            c.state_host_slots,
+            c.state_snapshot_slots,
+            c.state_snapshot_interval,
+        ];
+        if c.state_slot_bytes != 0 || rest.iter().any(|&x| x != 0) {
+            return Err(Error::Invalid(
+                "state settings given with state_gpu_slots = 0 (no state group): set \
+                 state_gpu_slots, or leave every state_* field 0",
+            ));
+        }
+        return Ok(None);
+    }
+    if c.state_gpu_slots > crate::KVSCHED_MAX_REQUESTS
+        || c.state_host_slots > crate::KVSCHED_MAX_REQUESTS
+    {
+        return Err(Error::Invalid(
+            "state_gpu_slots and state_host_slots must be at most 1024 (KVSCHED_MAX_REQUESTS)",
+        ));
+    }
+    Ok(Some(StateConfig {
+        slot_bytes: c.state_slot_bytes,
+        gpu_slots: c.state_gpu_slots,
+        host_slots: c.state_host_slots,
+        snapshot_slots: c.state_snapshot_slots,
+        snapshot_interval: c.state_snapshot_interval,
+    }))
 }

@@ -3,8 +3,6 @@
 //! of the output that C reads. Safe Rust: the engine owns everything it holds.
 
 use kvsched_core::adapter_pool::AdapterPool;
-use kvsched_core::config::Admission;
-use kvsched_core::config::{ChunkPolicy, Chunking, Config};
 use kvsched_core::delta::BatchDelta;
 use kvsched_core::error::Error;
 use kvsched_core::ids::{RequestId, TaskId};
@@ -12,20 +10,13 @@ use kvsched_core::kv::Tier;
 use kvsched_core::output::{Listed, SchedulerOutput};
 use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::RequestSpec;
-use kvsched_core::scheduler::{Handle, Scheduler, TransferEnd};
-use kvsched_core::storage::{Boxed, Owned};
+use kvsched_core::scheduler::{Handle, TransferEnd};
+use kvsched_core::storage::Boxed;
 use kvsched_core::Phase;
-use kvsched_core::{StepBudget, StepCost};
 
+use crate::sched::{Output, Sched, MAX_REQUESTS};
+use crate::state::{KvschedCapture, KvschedStateMove};
 use crate::{KvschedConfig, KvschedEntry, KvschedKvEvent, KvschedPageMove, KvschedRequest};
-
-const MAX_REQUESTS: usize = crate::KVSCHED_MAX_REQUESTS as usize;
-const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
-
-/// The engine's scheduler: its arrays on the heap, each its own allocation (`Boxed`), so building it
-/// never puts them on the caller's stack; the value is about 5 KB (most of it the adapter cache).
-type Sched =
-    Scheduler<KvPool<'static, Owned>, AdapterPool<MAX_ADAPTERS>, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
 
 /// The last pass's output, copied into plain-old-data lists (what the bindings read).
 #[derive(Debug, Default)]
@@ -55,13 +46,17 @@ pub struct Lists {
     pub left: Vec<KvschedEntry>,
     /// See `entered`.
     pub changed: Vec<KvschedEntry>,
+    /// The state moves of the last [`Engine::take_state_moves`].
+    pub state_moves: Vec<KvschedStateMove>,
+    /// The captures of the last [`Engine::take_captures`].
+    pub captures: Vec<KvschedCapture>,
 }
 
 /// One scheduler with its pools.
 pub struct Engine {
-    sched: Sched,
-    out: SchedulerOutput<MAX_REQUESTS, Boxed>,
-    lists: Lists,
+    pub(crate) sched: Sched,
+    out: Output,
+    pub(crate) lists: Lists,
     delta: BatchDelta<MAX_REQUESTS, Boxed>,
     /// By slot: the entry the batch of the last delta showed (what a request that left it was).
     shown: Vec<Option<KvschedEntry>>,
@@ -82,8 +77,9 @@ const TOO_MANY_HASHES: &str = "more block hashes than the prompt has full pages"
 
 impl Engine {
     /// An engine for `c`; refused (nothing kept) for an inconsistent configuration or memory that
-    /// cannot be had. The fixed-capacity tables (about 0.5 MB) are built in place on the heap: any
-    /// caller's stack will do.
+    /// cannot be had. The fixed-capacity tables (about 0.5 MB) are built in place on the heap, and a
+    /// hybrid engine's backend, which the core builds by value, on a thread of its own: any caller's
+    /// stack will do.
     pub fn new(c: &KvschedConfig) -> Result<Self, Error> {
         if c.max_requests == 0 || c.max_requests as usize > MAX_REQUESTS {
             return Err(Error::Invalid("max_requests must be 1 to 1024"));
@@ -95,34 +91,9 @@ impl Engine {
             slots: c.max_requests,
             max_blocks: c.max_blocks_per_request,
         };
-        let cfg = Config {
-            max_num_requests: c.max_batch,
-            max_num_tokens: (c.max_num_tokens > 0).then_some(c.max_num_tokens),
-            max_context_length: (c.max_num_tokens > 0).then_some(c.max_num_tokens),
-            chunking: (c.chunk_unit > 0).then_some(Chunking {
-                policy: ChunkPolicy::FirstComeFirstServed,
-                unit: c.chunk_unit,
-            }),
-            recompute_pause: c.recompute_pause != 0,
-            admission: match c.admission {
-                0 => Admission::Fcfs,
-                1 => Admission::Priority,
-                _ => return Err(Error::Invalid("admission must be 0 (fcfs) or 1 (priority)")),
-            },
-            step_budget: (c.itl_target_us > 0).then_some(StepBudget {
-                itl_us: c.itl_target_us,
-                cost: StepCost {
-                    step_ps: c.step_cost.step_ps,
-                    prefill_token_ps: c.step_cost.prefill_token_ps,
-                    decode_request_ps: c.step_cost.decode_request_ps,
-                    cached_token_ps: c.step_cost.cached_token_ps,
-                    pair_ps: c.step_cost.pair_ps,
-                },
-            }),
-            shares: crate::config::shares_of(&c.shares),
-            ..Config::default()
-        };
+        let cfg = crate::config::scheduler_config(c)?;
         cfg.validate()?;
+        let state = crate::config::state_of(c)?;
         let adapters = AdapterPool::new(c.adapter_device_pages, c.adapter_host_pages)?;
         let mut pool = if c.prefix_cache != 0 {
             KvPool::owned_with_prefix_cache(pool_cfg)?
@@ -143,7 +114,7 @@ impl Engine {
                 })?;
         }
         Ok(Self {
-            sched: Scheduler::boxed(cfg, pool, adapters)?,
+            sched: Sched::new(cfg, pool, adapters, state)?,
             out: SchedulerOutput::new_in()?,
             lists,
             delta: BatchDelta::new_in()?,
@@ -193,7 +164,6 @@ impl Engine {
     pub fn register_adapter(&mut self, task: u64, pages: u32) -> Result<(), Error> {
         self.sched
             .register_adapter(TaskId(task), pages)
-            .map(|_| ())
             .map_err(Error::from)
     }
 
@@ -246,6 +216,12 @@ impl Engine {
     /// positions it shares (its position). Refused as the core refuses: a parent not active, a
     /// pool without a prefix cache, a child not its parent's.
     pub fn fork(&mut self, parent: u64, r: &KvschedRequest) -> Result<u32, Error> {
+        if self.sched.hybrid().is_some() {
+            return Err(Error::Invalid(
+                "a hybrid engine (state_gpu_slots > 0) cannot fork: a child would need the \
+                 recurrent state at the shared block boundary, which no slot holds",
+            ));
+        }
         if r.kind != 0 {
             return Err(Error::Invalid("a fork's child is a plain request (kind 0)"));
         }
@@ -301,6 +277,7 @@ impl Engine {
                 slot: x.slot(),
                 has_lora: u8::from(lora.is_some()),
                 last: u8::from(last),
+                state_slot: s.state_slot(x.slot()),
             }
         };
         l.context.clear();
@@ -417,7 +394,7 @@ impl Engine {
     /// The root a live request's prompt keys chain from.
     pub fn prefix_root(&self, id: u64) -> Result<u64, Error> {
         let h = self.handle(id)?;
-        Ok(self.sched.kv().seq(h.index()).root)
+        Ok(self.sched.pool().seq(h.index()).root)
     }
 
     /// Completes the last pass's step.
@@ -428,13 +405,13 @@ impl Engine {
     /// A request's page table (GPU page ids; a host page carries the pool's host tag).
     pub fn page_table(&self, id: u64) -> Result<&[u32], Error> {
         let h = self.handle(id)?;
-        Ok(self.sched.kv().table(h.index()))
+        Ok(self.sched.pool().table(h.index()))
     }
 
     /// Disaggregated serving: a context-only request's send ended.
     pub fn end_send(&mut self, id: u64, delivered: bool) -> Result<(), Error> {
         let h = self.handle(id)?;
-        self.sched.end_send(h, end(delivered)).map(|_| ())
+        self.sched.end_send(h, end(delivered))
     }
 
     /// Disaggregated serving: the receive into a prepared generation request's pages starts.
@@ -456,27 +433,23 @@ impl Engine {
 
     /// No live request.
     pub fn is_empty(&self) -> bool {
-        self.sched.is_empty()
+        self.sched.len() == 0
     }
 
     /// Free GPU pages.
     pub fn gpu_free(&self) -> u32 {
-        self.sched.kv().gpu_free()
+        self.sched.pool().gpu_free()
     }
 
     /// A fingerprint of everything a call may change: the scheduler's state, the KV pool's (page tables,
-    /// free stacks, prefix cache, event log), the adapter cache's, the last output and the lists the C
-    /// ABI hands out, and the poison flag. Equal before and after a refused call = it changed nothing
+    /// free stacks, prefix cache, event log), a hybrid engine's state pool's, the adapter cache's, the
+    /// last output and the lists the C ABI hands out, and the poison flag. Equal before and after a refused call = it changed nothing
     /// (the fuzz target `capi` checks every refusal so). Costs a pass over the pool's buffers: for
     /// tests, not for a serving loop.
     pub fn fingerprint(&self) -> u64 {
         use std::hash::{DefaultHasher, Hash, Hasher};
         let mut h = DefaultHasher::new();
-        self.sched.fingerprint().hash(&mut h);
-        self.sched.kv().fingerprint().hash(&mut h);
-        // The adapter cache has no hash of its own: its Debug form names every field.
-        format!("{:?}", self.sched.adapters()).hash(&mut h);
-        self.sched.adapters().hash_state(&mut h);
+        self.sched.fingerprint(&mut h);
         self.out.pass().hash(&mut h);
         let l = &self.lists;
         for list in [
@@ -492,6 +465,8 @@ impl Engine {
         l.adapter_loads.hash(&mut h);
         l.moves.hash(&mut h);
         l.kv_events.hash(&mut h);
+        l.state_moves.hash(&mut h);
+        l.captures.hash(&mut h);
         self.poisoned.hash(&mut h);
         h.finish()
     }

@@ -17,6 +17,8 @@
 //!
 //! - **KV events** for engines that publish them to a KV-aware router: the log, the block keys and
 //!   vLLM's wire format (`kv_events.rs`).
+//! - **Hybrid recurrent models** (`state_*` in [`KvschedConfig`]): each entry's GPU state slot, the
+//!   state moves and the snapshot captures (`state.rs`, docs/HYBRID.md).
 //!
 //! A serving loop: `kvsched_submit` arrivals; each iteration `kvsched_schedule`, copy the
 //! `kvsched_take_moves` page moves, run the batch, `kvsched_complete_step`; `kvsched_finish` requests
@@ -28,6 +30,8 @@ mod config;
 mod engine;
 mod fork;
 mod kv_events;
+mod sched;
+mod state;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
@@ -39,6 +43,7 @@ pub use config::*;
 pub use engine::Engine;
 pub use fork::kvsched_fork;
 pub use kv_events::*;
+pub use state::*;
 
 /// Requests one engine holds at most (`kvsched_config.max_requests` may be lower).
 pub const KVSCHED_MAX_REQUESTS: u32 = 1024;
@@ -185,6 +190,10 @@ pub struct KvschedEntry {
     pub has_lora: u8,
     /// Context list: 1 when the chunk ends the prompt.
     pub last: u8,
+    /// The request's live GPU state slot (a hybrid engine's scheduled request: its recurrent
+    /// layers read and write it this step); [`KVSCHED_NO_STATE_SLOT`] without one, and always
+    /// without a state group.
+    pub state_slot: u32,
 }
 
 /// A pass's output: arrays the engine owns, valid until the next call that changes the engine.
@@ -266,8 +275,9 @@ pub struct KvschedPageMove {
 
 /// Builds an engine for `*config` into `*out`. On failure `*out` is left null.
 ///
-/// The engine's fixed-capacity tables are built in place on the heap, so the calling thread's stack
-/// size does not matter.
+/// The engine's fixed-capacity tables are built in place on the heap (a hybrid engine's backend, which
+/// the core builds by value, on a short-lived thread of the library's own), so the calling thread's
+/// stack size does not matter.
 ///
 /// # Safety
 /// `config` and `out` are valid pointers (or null, which is refused).

@@ -270,6 +270,7 @@ impl Twin {
             slot: x.slot(),
             has_lora: u8::from(lora.is_some()),
             last: u8::from(last),
+            state_slot: KVSCHED_NO_STATE_SLOT,
         }
     }
 

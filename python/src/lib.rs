@@ -315,6 +315,7 @@ impl Scheduler {
                 pair_ps,
             },
             shares,
+            ..kvsched_capi::kvsched_config_default()
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
