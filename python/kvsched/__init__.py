@@ -18,6 +18,12 @@ entries (``ENTRY_FORMAT``; ``ids(buf)`` reads the ids, ``numpy.frombuffer(buf, E
 rest), the same objects again after an incremental pass (the last pass's steady decode batch kept);
 ``take_delta`` says what entered, left and changed in the batch since the last call, for an engine that
 keeps a persistent batch.
+
+Hybrid recurrent models (Mamba-2, gated DeltaNet): ``Scheduler(state_gpu_slots=..., state_host_slots=...,
+state_snapshot_slots=..., state_snapshot_interval=..., state_slot_bytes=...)`` adds a recurrent-state
+group; each scheduled ``Entry`` names its live GPU ``state_slot``, ``take_state_moves`` gives the state
+copies to run before the step (``StateMove``: "to_host", "to_gpu", "restore") and ``take_captures`` the
+snapshots to write during it (``Capture``).
 """
 
 # The module's own names only: the imports it needs are underscored, so ``dir(kvsched)`` and
@@ -30,6 +36,7 @@ from ._native import (  # noqa: F401  (re-exported)
     AdapterError,
     Buffers,
     CapacityError,
+    Capture,
     DeadlockError,
     Delta,
     DuplicateRequest,
@@ -41,6 +48,7 @@ from ._native import (  # noqa: F401  (re-exported)
     RequestTooLarge,
     Scheduler,
     StaleOutput,
+    StateMove,
     UnknownRequest,
     chain,
     encode_kv_events,
@@ -51,6 +59,7 @@ __all__ = [
     "AdapterError",
     "Buffers",
     "CapacityError",
+    "Capture",
     "DeadlockError",
     "Delta",
     "DuplicateRequest",
@@ -67,6 +76,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "StaleOutput",
+    "StateMove",
     "UnknownRequest",
     "chain",
     "encode_kv_events",

@@ -19,6 +19,7 @@ class Entry:
     tokens: int
     last: bool
     slot: int
+    state_slot: Optional[int]  # a hybrid engine's live GPU state slot; None without one
 
 class Output:
     context: List[Entry]
@@ -50,6 +51,17 @@ class PageMove:
     from_host: bool
     src: int
     dst: int
+
+class StateMove:
+    request: int
+    op: str  # "to_host", "to_gpu" or "restore"
+    src: int
+    dst: int
+
+class Capture:
+    request: int
+    position: int
+    slot: int
 
 class KvEvent:
     kind: str  # "stored", "removed" or "cleared"
@@ -83,6 +95,11 @@ class Scheduler:
         itl_target_us: int = 0,
         step_cost: Optional[Tuple[int, int, int, int, int]] = None,
         shares: Optional[List[Tuple[int, int, int]]] = None,
+        state_slot_bytes: int = 0,
+        state_gpu_slots: int = 0,
+        state_host_slots: int = 0,
+        state_snapshot_slots: int = 0,
+        state_snapshot_interval: int = 0,
     ) -> None: ...
     def register_adapter(self, task: int, pages: int) -> None: ...
     def submit(
@@ -106,6 +123,8 @@ class Scheduler:
     def take_delta(self) -> Delta: ...
     def ensure_batch(self) -> List[int]: ...
     def take_moves(self) -> List[PageMove]: ...
+    def take_state_moves(self) -> List[StateMove]: ...
+    def take_captures(self) -> List[Capture]: ...
     def complete_step(self) -> None: ...
     def page_table(self, id: int) -> List[int]: ...
     def fork(

@@ -5,216 +5,18 @@
 
 mod errors;
 mod kv_events;
+mod output;
+mod state;
 
 use errors::{
     py_err, py_err_with, AdapterError, CapacityError, DeadlockError, DuplicateRequest,
     KvschedError, RequestTooLarge, StaleOutput, UnknownRequest,
 };
+use output::{entries, packed, Buffers, Delta, Entry, Output, PageMove};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
 
-use kvsched_capi::{
-    Engine, KvschedConfig, KvschedEntry, KvschedRequest, KvschedShare, KvschedStepCost,
-};
+use kvsched_capi::{Engine, KvschedConfig, KvschedRequest, KvschedShare, KvschedStepCost};
 use kvsched_core::error::Error;
-
-/// One request of an output list.
-#[pyclass(frozen, get_all, module = "kvsched")]
-#[derive(Clone)]
-struct Entry {
-    /// The request's id.
-    id: u64,
-    /// Its adapter's task id, or None.
-    lora_task: Option<u64>,
-    /// Context list: the chunk's prompt tokens (0 elsewhere).
-    tokens: u32,
-    /// Context list: the chunk ends the prompt.
-    last: bool,
-    /// Its slot (its page-table row).
-    slot: u16,
-}
-
-#[pymethods]
-impl Entry {
-    fn __repr__(&self) -> String {
-        let lora = self.lora_task.map_or("None".into(), |t| t.to_string());
-        let last = if self.last { "True" } else { "False" };
-        format!(
-            "Entry(id={}, lora_task={lora}, tokens={}, last={last}, slot={})",
-            self.id, self.tokens, self.slot
-        )
-    }
-}
-
-/// One output list as a Python list of entries, built once (the attribute returns the same list).
-fn entries(py: Python<'_>, list: &[KvschedEntry]) -> PyResult<Py<PyList>> {
-    let entries = list.iter().map(|e| Entry {
-        id: e.id,
-        lora_task: (e.has_lora != 0).then_some(e.lora_task),
-        tokens: e.tokens,
-        last: e.last != 0,
-        slot: e.slot,
-    });
-    Ok(PyList::new(py, entries)?.unbind())
-}
-
-/// A pass's output: the lists of entries, as Python lists.
-#[pyclass(frozen, get_all, module = "kvsched")]
-struct Output {
-    /// Context chunks to run.
-    context: Py<PyList>,
-    /// Decode steps to run.
-    generation: Py<PyList>,
-    /// Suspended this pass (KV moved to the host tier or held).
-    paused: Py<PyList>,
-    /// Recompute-paused this pass: KV freed, the prefill replays.
-    recompute_paused: Py<PyList>,
-    /// Disaggregated generation requests whose pages are ready.
-    disagg: Py<PyList>,
-    /// Scheduled requests whose KV came back from the host tier (copy the moves first).
-    resumed: Py<PyList>,
-    /// The pass's number.
-    pass_number: u64,
-}
-
-/// Up to this many ids of a list in `Output`'s repr; the rest are counted.
-const REPR_IDS: usize = 8;
-
-/// A list of entries as its ids, `[1, 2, 3]`, or `[1, 2, …, 8, +5 more]` past [`REPR_IDS`].
-fn ids_repr(list: &Bound<'_, PyList>) -> String {
-    let ids: Vec<String> = list
-        .iter()
-        .take(REPR_IDS)
-        .map(|e| {
-            e.extract::<PyRef<'_, Entry>>()
-                .map_or_else(|_| "?".into(), |e| e.id.to_string())
-        })
-        .collect();
-    let more = list.len().saturating_sub(REPR_IDS);
-    if more == 0 {
-        format!("[{}]", ids.join(", "))
-    } else {
-        format!("[{}, +{more} more]", ids.join(", "))
-    }
-}
-
-#[pymethods]
-impl Output {
-    /// The pass number and each list's request ids.
-    fn __repr__(&self, py: Python<'_>) -> String {
-        let lists = [
-            ("context", &self.context),
-            ("generation", &self.generation),
-            ("paused", &self.paused),
-            ("recompute_paused", &self.recompute_paused),
-            ("disagg", &self.disagg),
-            ("resumed", &self.resumed),
-        ]
-        .map(|(name, l)| format!("{name}={}", ids_repr(l.bind(py))));
-        format!(
-            "Output(pass_number={}, {})",
-            self.pass_number,
-            lists.join(", ")
-        )
-    }
-}
-
-/// Bytes of one packed entry ([`KvschedEntry`], little-endian: id u64, lora_task u64, tokens u32,
-/// slot u16, has_lora u8, last u8; `kvsched.ENTRY_FORMAT`).
-const ENTRY_BYTES: usize = 24;
-
-/// One list as one `bytes` object of packed entries (a buffer: `memoryview`, `numpy.frombuffer` read
-/// it without an object per request).
-fn packed(py: Python<'_>, list: &[KvschedEntry]) -> PyResult<Py<PyBytes>> {
-    let bytes = PyBytes::new_with(py, list.len() * ENTRY_BYTES, |buf| {
-        for (e, b) in list.iter().zip(buf.chunks_exact_mut(ENTRY_BYTES)) {
-            b[0..8].copy_from_slice(&e.id.to_le_bytes());
-            b[8..16].copy_from_slice(&e.lora_task.to_le_bytes());
-            b[16..20].copy_from_slice(&e.tokens.to_le_bytes());
-            b[20..22].copy_from_slice(&e.slot.to_le_bytes());
-            b[22] = e.has_lora;
-            b[23] = e.last;
-        }
-        Ok(())
-    })?;
-    Ok(bytes.unbind())
-}
-
-/// A pass's output as buffers: each list one `bytes` object of packed entries
-/// (`kvsched.ENTRY_FORMAT`, 24 bytes each; `kvsched.ids(buf)` reads the ids). After an incremental pass
-/// these are the same objects as the last pass's: nothing is copied.
-#[pyclass(frozen, get_all, module = "kvsched")]
-struct Buffers {
-    /// Context chunks to run.
-    context: Py<PyBytes>,
-    /// Decode steps to run.
-    generation: Py<PyBytes>,
-    /// Suspended this pass.
-    paused: Py<PyBytes>,
-    /// Recompute-paused this pass.
-    recompute_paused: Py<PyBytes>,
-    /// Disaggregated generation requests whose pages are ready.
-    disagg: Py<PyBytes>,
-    /// Scheduled requests whose KV came back from the host tier.
-    resumed: Py<PyBytes>,
-    /// The pass's number.
-    pass_number: u64,
-}
-
-impl Buffers {
-    fn of(py: Python<'_>, engine: &Engine) -> PyResult<Self> {
-        let l = engine.lists();
-        Ok(Self {
-            context: packed(py, &l.context)?,
-            generation: packed(py, &l.generation)?,
-            paused: packed(py, &l.paused)?,
-            recompute_paused: packed(py, &l.recompute_paused)?,
-            disagg: packed(py, &l.disagg)?,
-            resumed: packed(py, &l.resumed)?,
-            pass_number: engine.pass(),
-        })
-    }
-
-    /// The same lists for pass `pass` (an incremental pass kept them).
-    fn again(&self, py: Python<'_>, pass: u64) -> Self {
-        Self {
-            context: self.context.clone_ref(py),
-            generation: self.generation.clone_ref(py),
-            paused: self.paused.clone_ref(py),
-            recompute_paused: self.recompute_paused.clone_ref(py),
-            disagg: self.disagg.clone_ref(py),
-            resumed: self.resumed.clone_ref(py),
-            pass_number: pass,
-        }
-    }
-}
-
-/// What changed in the batch since the last `take_delta` (see the C header's `KvschedDelta`), each
-/// list one `bytes` object of packed entries.
-#[pyclass(frozen, get_all, module = "kvsched")]
-struct Delta {
-    /// In the batch now, not at the last call.
-    entered: Py<PyBytes>,
-    /// In the batch at the last call, not now (as they were then).
-    left: Py<PyBytes>,
-    /// In both, but not as the next decode step (a chunk, or another list).
-    changed: Py<PyBytes>,
-    /// The pass the delta leads to.
-    pass_number: u64,
-}
-
-/// One page copy between the tiers.
-#[pyclass(frozen, get_all, module = "kvsched")]
-struct PageMove {
-    /// Whose page.
-    request: u64,
-    /// True: host to GPU; false: GPU to host.
-    from_host: bool,
-    /// Source page in its tier.
-    src: u32,
-    /// Destination page in the other tier.
-    dst: u32,
-}
 
 /// The scheduler with its KV pool and adapter cache (capacities fixed at construction).
 #[pyclass(unsendable, module = "kvsched")]
@@ -243,6 +45,17 @@ fn shares_of(given: Vec<(u32, u32, u32)>) -> PyResult<[KvschedShare; 4]> {
     Ok(shares)
 }
 
+/// `admission=`: its code in the configuration.
+fn admission_of(admission: &str) -> PyResult<u8> {
+    match admission {
+        "fcfs" => Ok(0),
+        "priority" => Ok(1),
+        other => Err(KvschedError::new_err(format!(
+            "unknown admission {other:?} (fcfs, priority)"
+        ))),
+    }
+}
+
 impl Scheduler {
     /// A refusal of this scheduler's engine as its Python exception, with the engine's message (which
     /// names `id`, the request the call named, when it is unknown).
@@ -258,7 +71,8 @@ impl Scheduler {
         max_blocks_per_request=256, max_requests=256, max_batch=256, max_num_tokens=8192,
         chunk_unit=512, recompute_pause=true, prefix_cache=true, adapter_device_pages=64,
         adapter_host_pages=1024, kv_events=0, admission="fcfs", itl_target_us=0, step_cost=None,
-        shares=None))]
+        shares=None, state_slot_bytes=0, state_gpu_slots=0, state_host_slots=0,
+        state_snapshot_slots=0, state_snapshot_interval=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         tokens_per_block: u32,
@@ -278,16 +92,13 @@ impl Scheduler {
         itl_target_us: u64,
         step_cost: Option<(u64, u64, u64, u64, u64)>,
         shares: Option<Vec<(u32, u32, u32)>>,
+        state_slot_bytes: u64,
+        state_gpu_slots: u32,
+        state_host_slots: u32,
+        state_snapshot_slots: u32,
+        state_snapshot_interval: u32,
     ) -> PyResult<Self> {
-        let admission = match admission {
-            "fcfs" => 0,
-            "priority" => 1,
-            other => {
-                return Err(KvschedError::new_err(format!(
-                    "unknown admission {other:?} (fcfs, priority)"
-                )))
-            }
-        };
+        let admission = admission_of(admission)?;
         let (step_ps, prefill_token_ps, decode_request_ps, cached_token_ps, pair_ps) =
             step_cost.unwrap_or_default();
         let shares = shares_of(shares.unwrap_or_default())?;
@@ -315,7 +126,11 @@ impl Scheduler {
                 pair_ps,
             },
             shares,
-            ..kvsched_capi::kvsched_config_default()
+            state_slot_bytes,
+            state_gpu_slots,
+            state_host_slots,
+            state_snapshot_slots,
+            state_snapshot_interval,
         };
         Ok(Self {
             engine: Engine::new(&c).map_err(py_err)?,
@@ -452,6 +267,18 @@ impl Scheduler {
             .collect()
     }
 
+    /// The state moves since the last call, in order: run them after the page moves, before the step
+    /// (none without a state group). Drain them, and the captures, every step.
+    fn take_state_moves(&mut self) -> Vec<state::StateMove> {
+        state::take_state_moves(&mut self.engine)
+    }
+
+    /// The snapshots to write during the step, logged since the last call (none without a state
+    /// group).
+    fn take_captures(&mut self) -> Vec<state::Capture> {
+        state::take_captures(&mut self.engine)
+    }
+
     /// Completes the last pass's step (contexts advance, recompute-paused requests reset).
     fn complete_step(&mut self) -> PyResult<()> {
         self.engine.complete_step().map_err(|e| self.err(e, None))
@@ -569,6 +396,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Delta>()?;
     m.add_class::<Entry>()?;
     m.add_class::<PageMove>()?;
+    m.add_class::<state::StateMove>()?;
+    m.add_class::<state::Capture>()?;
     m.add_class::<kv_events::KvEvent>()?;
     m.add_function(wrap_pyfunction!(kv_events::chain, m)?)?;
     m.add_function(wrap_pyfunction!(kv_events::encode_kv_events, m)?)?;
