@@ -77,9 +77,8 @@ const TOO_MANY_HASHES: &str = "more block hashes than the prompt has full pages"
 
 impl Engine {
     /// An engine for `c`; refused (nothing kept) for an inconsistent configuration or memory that
-    /// cannot be had. The fixed-capacity tables (about 0.5 MB) are built in place on the heap, and a
-    /// hybrid engine's backend, which the core builds by value, on a thread of its own: any caller's
-    /// stack will do.
+    /// cannot be had. The fixed-capacity tables (about 0.5 MB, and a hybrid engine's state pool)
+    /// are built in place on the heap: any caller's stack will do.
     pub fn new(c: &KvschedConfig) -> Result<Self, Error> {
         if c.max_requests == 0 || c.max_requests as usize > MAX_REQUESTS {
             return Err(Error::Invalid("max_requests must be 1 to 1024"));

@@ -27,19 +27,18 @@ pub(crate) const MAX_ADAPTERS: usize = crate::KVSCHED_MAX_ADAPTERS as usize;
 pub(crate) type Pool = KvPool<'static, Owned>;
 type Peft = AdapterPool<MAX_ADAPTERS>;
 /// A hybrid model's backend: the pool as one full-attention group, beside a state pool of a row
-/// per request.
-pub(crate) type HybridKv = Hybrid<Pool, 1, MAX_REQUESTS>;
+/// per request, its arrays on the heap.
+pub(crate) type HybridKv = Hybrid<Pool, 1, MAX_REQUESTS, Boxed>;
 /// Over the pool: its arrays on the heap, each its own allocation (`Boxed`), so building it never
 /// puts them on the caller's stack; the value is about 5 KB (most of it the adapter cache).
 type PlainSched = Scheduler<Pool, Peft, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
-/// Over a hybrid backend (whose state pool, about 140 KB, is inside the value: boxed).
+/// Over a hybrid backend.
 type HybridSched = Scheduler<HybridKv, Peft, MAX_REQUESTS, MAX_ADAPTERS, Boxed>;
 /// A pass's output.
 pub(crate) type Output = SchedulerOutput<MAX_REQUESTS, Boxed>;
 
 /// The scheduler, over a pool or over a hybrid backend. The plain one stays inline, as it was in the
-/// engine before the hybrid one came (the engine itself is on the heap); the hybrid one, whose state
-/// pool is inside its value, is boxed.
+/// engine before the hybrid one came (the engine itself is on the heap); the hybrid one is boxed.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Sched {
     /// An attention-only model: every layer's KV in one pool.
@@ -48,62 +47,21 @@ pub(crate) enum Sched {
     Hybrid(Box<HybridSched>),
 }
 
-/// Stack of the thread a hybrid scheduler is built on ([`hybrid`]): address space, touched only as
-/// far as the build goes (about 2.5 MiB in a debug build).
-const BUILD_STACK: usize = 32 << 20;
-
-/// The hybrid scheduler, on the heap, built on a thread of its own. The core builds the hybrid
-/// backend by value (there is no in-place constructor: its state pool, about 140 KB, and its logs
-/// are arrays inside it), and a debug build moves it through a dozen frames: more than 2 MiB of
-/// stack. The engine promises that any caller's stack will do, so the build runs on a thread with
-/// room for it ([`BUILD_STACK`]), and the caller's thread only waits. Never inlined, so that no
-/// caller's frame holds the backend either.
-#[inline(never)]
+/// The hybrid scheduler, on the heap: its backend's state pool and per-request arrays are each a
+/// heap allocation of their own (`Boxed`), so the value that passes through the stack is small.
 fn hybrid(
     cfg: Config,
     pool: Pool,
     adapters: Peft,
     state: StateConfig,
 ) -> Result<Box<HybridSched>, Error> {
-    let pool = Moved(pool);
-    std::thread::scope(|s| {
-        let builder = std::thread::Builder::new()
-            .name("kvsched-build".into())
-            .stack_size(BUILD_STACK);
-        let build = move || -> Result<Moved<Box<HybridSched>>, Error> {
-            // The whole wrapper moves in (a closure would capture only its field).
-            let Moved(pool) = { pool };
-            let groups = KvGroups::new([Group {
-                attention: Attention::Full,
-                pool,
-            }])?;
-            let kv = Hybrid::new(groups, state)?;
-            Ok(Moved(Box::new(Scheduler::boxed(cfg, kv, adapters)?)))
-        };
-        let thread = builder
-            .spawn_scoped(s, build)
-            .map_err(|_| Error::CapacityExhausted {
-                what: "a thread to build the hybrid scheduler on",
-                capacity: 1,
-            })?;
-        // A panic there is the caller's (the C boundary catches it).
-        let built = thread
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-        Ok(built.0)
-    })
+    let groups = KvGroups::new([Group {
+        attention: Attention::Full,
+        pool,
+    }])?;
+    let kv = Hybrid::new(groups, state)?;
+    Ok(Box::new(Scheduler::boxed(cfg, kv, adapters)?))
 }
-
-/// The engine's pool, or the scheduler built over it, on its way to or from the build thread.
-struct Moved<T>(T);
-
-// SAFETY: what keeps a pool (and a scheduler over it) from being `Send` is the KV connector it may
-// borrow (`&mut dyn KvConnector`); the engine's pool is built without one (`Engine::new`), and
-// everything else it and the scheduler hold is owned. The value moves to the build thread once and
-// back once; neither thread keeps a part of it.
-unsafe impl Send for Moved<Pool> {}
-// SAFETY: as above: the scheduler over that pool, moved back once.
-unsafe impl Send for Moved<Box<HybridSched>> {}
 
 /// `$body` with `$s` bound to whichever scheduler `$sched` holds.
 macro_rules! on {

@@ -400,8 +400,8 @@ fn bad_state_settings_are_refused_with_a_message() {
 
 #[test]
 fn a_hybrid_engine_is_built_and_driven_on_a_small_stack() {
-    // The core builds the hybrid backend by value (more than 2 MiB of stack in a debug build): the
-    // engine builds it on a thread of its own, so a caller's thread of 256 KiB will do, as for a
+    // The hybrid backend's state pool and arrays are built in place on the heap (`Boxed`), so a
+    // caller's thread of 256 KiB will do, as for a
     // plain engine.
     std::thread::Builder::new()
         .stack_size(256 << 10)

@@ -22,6 +22,7 @@ use crate::error::Error;
 use crate::ids::RequestId;
 use crate::kv::Tier;
 use crate::narrow::{u16_of, u32_of};
+use crate::storage::{Inline, Storage};
 
 mod log;
 mod snapshots;
@@ -125,53 +126,59 @@ pub struct StateStats {
 }
 
 /// The state slots of up to `C` requests in up to `C` slots a tier ([the module docs](self)): `C` bounds
-/// the request rows, each tier's slots and the logs (two entries a row between takes).
-#[derive(Debug)]
-pub struct StatePool<const C: usize> {
+/// the request rows, each tier's slots and each log (`C` entries between takes: a move the log has
+/// no room for is not made — a suspension holds the state on the GPU, a resumption or a hit is
+/// refused — so a driver drains the logs every step).
+/// Its arrays and logs live in `S` ([`crate::storage`]): inside the value ([`Inline`], about 130
+/// bytes a row) or each on the heap (`Boxed`, feature `alloc`), so that a large pool never passes
+/// through the stack.
+pub struct StatePool<const C: usize, S: Storage = Inline> {
     cfg: StateConfig,
-    gpu: [Use; C],
+    gpu: S::Array<Use, C>,
     /// Host slot → the row whose state it holds.
-    host: [Option<u16>; C],
-    rows: [Placement; C],
+    host: S::Array<Option<u16>, C>,
+    rows: S::Array<Placement, C>,
     clock: u64,
-    log: log::Log<C>,
+    log: log::Log<C, S>,
     stats: StateStats,
 }
 
-impl<const C: usize> StatePool<C> {
+impl<const C: usize, S: Storage> core::fmt::Debug for StatePool<C, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("StatePool")
+            .field("cfg", &self.cfg)
+            .field("rows", &&self.rows[..])
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<const C: usize, S: Storage> StatePool<C, S> {
     /// An empty pool (`Invalid` as [`StateConfig::validate`] says, against attention blocks of
     /// `tokens_per_block` tokens).
-    pub const fn new(cfg: StateConfig, tokens_per_block: u32) -> Result<Self, Error> {
-        if let Err(e) = cfg.validate(C, tokens_per_block) {
-            return Err(e);
-        }
+    pub fn new(cfg: StateConfig, tokens_per_block: u32) -> Result<Self, Error> {
+        cfg.validate(C, tokens_per_block)?;
         if C > u16::MAX as usize {
             return Err(Error::Invalid("a state pool keeps at most 65,535 rows"));
         }
         Ok(Self {
             cfg,
-            gpu: [Use::Free; C],
-            host: [None; C],
-            rows: [Placement::None; C],
+            gpu: S::array(|| Use::Free)?,
+            host: S::array(|| None)?,
+            rows: S::array(|| Placement::None)?,
             clock: 0,
-            log: log::Log::new(),
-            stats: StateStats {
-                snapshots: 0,
-                hits: 0,
-                evicted: 0,
-                offloaded: 0,
-                reloaded: 0,
-            },
+            log: log::Log::new()?,
+            stats: StateStats::default(),
         })
     }
 
     /// The configuration.
-    pub const fn config(&self) -> StateConfig {
+    pub fn config(&self) -> StateConfig {
         self.cfg
     }
 
     /// The counters.
-    pub const fn stats(&self) -> StateStats {
+    pub fn stats(&self) -> StateStats {
         self.stats
     }
 
@@ -334,9 +341,9 @@ impl<const C: usize> StatePool<C> {
         use core::hash::{Hash, Hasher};
         let mut h = crate::fingerprint::Fingerprint::new();
         self.cfg.hash(&mut h);
-        self.gpu.hash(&mut h);
-        self.host.hash(&mut h);
-        self.rows.hash(&mut h);
+        (*self.gpu).hash(&mut h);
+        (*self.host).hash(&mut h);
+        (*self.rows).hash(&mut h);
         self.clock.hash(&mut h);
         self.log.hash(&mut h);
         self.stats.hash(&mut h);

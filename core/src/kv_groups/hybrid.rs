@@ -28,6 +28,7 @@ use crate::kv::{
 };
 use crate::narrow::u16_of;
 use crate::state_pool::{Capture, Placement, StateConfig, StateMove, StatePool};
+use crate::storage::{Inline, Storage};
 
 mod prefix;
 
@@ -42,15 +43,29 @@ struct Chunk {
 
 /// Attention groups `G` of pools `P` and the recurrent state of up to `C` requests ([the module
 /// docs](self)).
-#[derive(Debug)]
-pub struct Hybrid<P, const G: usize, const C: usize> {
+///
+/// Its state pool and per-request arrays live in `S` ([`crate::storage`]): inside the value
+/// ([`Inline`]) or each on the heap (`Boxed`, feature `alloc`: a backend of 1,024 requests is then a
+/// few hundred bytes, built without passing its arrays through the stack).
+pub struct Hybrid<P, const G: usize, const C: usize, S: Storage = Inline> {
     attention: PoolGroups<P, G>,
-    state: StatePool<C>,
-    chunks: [Chunk; C],
+    state: StatePool<C, S>,
+    chunks: S::Array<Chunk, C>,
     tokens_per_block: u32,
 }
 
-impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
+impl<P: core::fmt::Debug, const G: usize, const C: usize, S: Storage> core::fmt::Debug
+    for Hybrid<P, G, C, S>
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Hybrid")
+            .field("attention", &self.attention)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S> {
     /// The attention groups beside a state pool. `Invalid` (nothing built): a state configuration
     /// [`StateConfig::validate`] refuses against the leader's blocks, or pools with more request
     /// slots than `C` or than the state slots of both tiers could ever hold.
@@ -71,7 +86,7 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
         Ok(Self {
             attention,
             state,
-            chunks: [Chunk::default(); C],
+            chunks: S::array(Chunk::default)?,
             tokens_per_block: geo.tokens_per_block,
         })
     }
@@ -82,7 +97,7 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
     }
 
     /// The state pool, read-only.
-    pub fn state(&self) -> &StatePool<C> {
+    pub fn state(&self) -> &StatePool<C, S> {
         &self.state
     }
 
@@ -232,7 +247,7 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
     }
 }
 
-impl<P: GroupPool, const G: usize, const C: usize> KvBackend for Hybrid<P, G, C> {
+impl<P: GroupPool, const G: usize, const C: usize, S: Storage> KvBackend for Hybrid<P, G, C, S> {
     type Draft = Absent;
     type Cross = Absent;
     type Transfers = Absent;
@@ -338,7 +353,7 @@ impl<P: GroupPool, const G: usize, const C: usize> KvBackend for Hybrid<P, G, C>
     }
 }
 
-impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
+impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S> {
     /// A context growth granted (its snapshots planned) or refused (a first chunk's caches are left
     /// inactive by the groups: its state is suspended with them).
     fn after_resize(&mut self, r: KvRef, capacity: u32, granted: bool) {

@@ -460,12 +460,13 @@ where
 
 /// A hybrid recurrent model's scheduler: its attention groups' move logs, its state moves and the
 /// snapshots to write ([`crate::kv_groups::Hybrid`]).
-impl<K, P, const G: usize, const C: usize, const N: usize, const T: usize, S>
-    Scheduler<crate::kv_groups::Hybrid<K, G, C>, P, N, T, S>
+impl<K, P, const G: usize, const C: usize, const N: usize, const T: usize, S, H>
+    Scheduler<crate::kv_groups::Hybrid<K, G, C, H>, P, N, T, S>
 where
     K: crate::kv_groups::GroupPool,
     P: PeftBackend,
     S: Storage,
+    H: Storage,
 {
     /// The page moves attention group `g` logged since the last call, as for KV groups
     /// ([`Scheduler::take_moves`] first).

@@ -1,8 +1,10 @@
 //! What the state pool tells the engine: the state moves to run before a step, and the snapshots to
 //! write during it.
 
+use crate::error::Error;
 use crate::ids::RequestId;
 use crate::kv::Tier;
+use crate::storage::Storage;
 
 /// What a state move does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -53,62 +55,56 @@ pub struct Capture {
     pub slot: u32,
 }
 
-/// A list of at most `2 × R` entries, emptied by [`List::take`].
-#[derive(Debug)]
-pub(crate) struct List<T, const R: usize> {
-    items: [[T; R]; 2],
+/// A list of at most `R` entries, emptied by [`List::take`], its room in `S` (built entry by entry:
+/// nothing of `R` entries passes through the stack).
+pub(crate) struct List<T, const R: usize, S: Storage> {
+    items: S::Array<T, R>,
     len: usize,
 }
 
-impl<T: Copy + Default, const R: usize> List<T, R> {
-    const fn filled(t: T) -> Self {
-        Self {
-            items: [[t; R]; 2],
+impl<T: Copy + Default, const R: usize, S: Storage> List<T, R, S> {
+    fn filled(t: T) -> Result<Self, Error> {
+        Ok(Self {
+            items: S::array(|| t)?,
             len: 0,
-        }
+        })
     }
 
-    pub(crate) const fn has_room(&self) -> bool {
-        self.len < 2 * R
+    pub(crate) fn has_room(&self) -> bool {
+        self.len < R
     }
 
     /// Appends `t`; the caller checked [`List::has_room`].
     pub(crate) fn push(&mut self, t: T) {
         assert!(self.has_room(), "a state log past its room");
-        self.items[self.len / R][self.len % R] = t;
+        self.items[self.len] = t;
         self.len += 1;
     }
 
     /// The entries logged, in order.
     fn logged(&self) -> &[T] {
-        &self.items.as_flattened()[..self.len]
+        &self.items[..self.len]
     }
 
     /// The entries, in order; the list is then empty.
     pub(crate) fn take(&mut self) -> &[T] {
         let n = core::mem::take(&mut self.len);
-        let flat = self.items.as_flattened();
-        &flat[..n]
+        &self.items[..n]
     }
 }
 
 /// The two logs of a state pool.
-#[derive(Debug)]
-pub(crate) struct Log<const R: usize> {
-    pub(crate) moves: List<StateMove, R>,
-    pub(crate) captures: List<Capture, R>,
+pub(crate) struct Log<const R: usize, S: Storage> {
+    pub(crate) moves: List<StateMove, R, S>,
+    pub(crate) captures: List<Capture, R, S>,
 }
 
-impl<const R: usize> Log<R> {
-    pub(crate) const fn new() -> Self {
-        Self {
-            moves: List::filled(StateMove::new(RequestId(0), StateOp::Restore, 0, 0)),
-            captures: List::filled(Capture {
-                request: RequestId(0),
-                position: 0,
-                slot: 0,
-            }),
-        }
+impl<const R: usize, S: Storage> Log<R, S> {
+    pub(crate) fn new() -> Result<Self, Error> {
+        Ok(Self {
+            moves: List::filled(StateMove::default())?,
+            captures: List::filled(Capture::default())?,
+        })
     }
 
     /// Hashes what is logged.
@@ -119,7 +115,7 @@ impl<const R: usize> Log<R> {
     }
 
     /// A move can be logged.
-    pub(crate) const fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         self.moves.has_room()
     }
 }

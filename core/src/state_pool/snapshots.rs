@@ -4,8 +4,9 @@
 use super::{Capture, StatePool, Use};
 use crate::ids::RequestId;
 use crate::narrow::u32_of;
+use crate::storage::Storage;
 
-impl<const C: usize> StatePool<C> {
+impl<const C: usize, S: Storage> StatePool<C, S> {
     /// Snapshots held (pending and ready).
     pub fn snapshots(&self) -> u32 {
         u32_of(

@@ -3,8 +3,9 @@
 
 use super::{GroupPool, Hybrid};
 use crate::kv::{ContextPrep, KvRef, PrefixCap, PrefixReuse, Reach};
+use crate::storage::Storage;
 
-impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
+impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S> {
     /// Side-effect free: `(matched, hit, snapshot)`: the attention groups' own hit, the deepest
     /// snapshot point at or before it with a ready snapshot, and that snapshot's slot (`(m, 0,
     /// None)`: none).
@@ -25,8 +26,8 @@ impl<P: GroupPool, const G: usize, const C: usize> Hybrid<P, G, C> {
 }
 
 /// The prefix cache, present while the attention groups have one.
-impl<P: GroupPool, const G: usize, const C: usize> Reach<Hybrid<P, G, C>, PrefixCap>
-    for Hybrid<P, G, C>
+impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Reach<Hybrid<P, G, C, S>, PrefixCap>
+    for Hybrid<P, G, C, S>
 {
     #[inline]
     fn reach(k: &Self) -> Option<&Self> {
@@ -42,7 +43,7 @@ impl<P: GroupPool, const G: usize, const C: usize> Reach<Hybrid<P, G, C>, Prefix
     }
 }
 
-impl<P: GroupPool, const G: usize, const C: usize> PrefixReuse for Hybrid<P, G, C> {
+impl<P: GroupPool, const G: usize, const C: usize, S: Storage> PrefixReuse for Hybrid<P, G, C, S> {
     fn set_prefix(&mut self, r: KvRef, root: u64, hashes: &[u64]) {
         self.attention.set_prefix(r, root, hashes);
     }
