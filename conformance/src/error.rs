@@ -232,6 +232,12 @@ pub enum Reason {
     /// A backend feature KV groups do not take (`a draft pool`).
     #[error("KV groups do not take {0}")]
     NotWithGroups(&'static str),
+    /// What a recurrent-state group (`kv.state`) does not take.
+    #[error("a recurrent-state group does not take {0}")]
+    NotWithState(&'static str),
+    /// An expectation about the recurrent-state group in a scenario without one.
+    #[error("needs kv.state (a recurrent-state group)")]
+    NeedsState,
     /// An embedded object that does not parse (serde's message).
     #[error("{0}")]
     Json(String),

@@ -68,7 +68,9 @@ pub fn left_out(sc: &Scenario) -> Option<&'static str> {
             .is_some_and(|s| s.0 == kvsched_core::Phase::EncoderInit)
             || r.encoder_len.is_some_and(|n| n > 0)
     };
-    if kv.groups.is_some() {
+    if kv.state.is_some() {
+        Some("a recurrent-state group (the plain suite runs it on its own groups)")
+    } else if kv.groups.is_some() {
         Some("KV groups of its own (the plain suite runs it on them)")
     } else if kv.draft.is_some() {
         Some("a draft pool (groups pair with none)")

@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod grouped;
+pub mod hybrid;
 mod passes;
 pub mod pools;
 pub mod record;
@@ -401,6 +402,8 @@ struct Run<K: KvBackend> {
     inactive: BTreeSet<u64>,
     no_cache: BTreeSet<u64>,
     has_peft: bool,
+    /// With a state group (`kv.state`): how the state group is drained and read after each pass.
+    state: Option<hybrid::Observe<K>>,
 }
 
 impl<K: KvBackend> Run<K> {
@@ -576,6 +579,9 @@ fn run_with(
             Some(want) if e.to_string().contains(want) => Ok((vec!["refused config".into()], 0)),
             _ => Err(ScenarioError::malformed("config", Reason::Refused(e))),
         };
+    }
+    if let Some(st) = &sc.kv.state {
+        return hybrid::run(sc, st, cfg, incremental, record);
     }
     let target = target_pool(&sc.kv)?;
     let Some(windows) = groups else {
@@ -807,6 +813,7 @@ impl<K: KvBackend> Run<K> {
             inactive: kv.inactive.iter().copied().collect(),
             no_cache: kv.no_cache.iter().copied().collect(),
             has_peft: sc.peft.is_some(),
+            state: None,
         })
     }
 

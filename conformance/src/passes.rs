@@ -5,7 +5,7 @@ use kvsched_core::kv::KvBackend;
 
 use crate::error::{Reason, ScenarioError};
 use crate::scenario::{PassIn, Scenario};
-use crate::{expected_error, Out, Pass, Run};
+use crate::{expected_error, hybrid, Out, Pass, Run};
 
 impl<K: KvBackend> Run<K> {
     /// The scenario's initial requests and adapter leases; `Some(line)` when a refusal the scenario
@@ -46,16 +46,21 @@ impl<K: KvBackend> Run<K> {
         };
         self.prepare_pass(pass, inflight)?;
         let result = self.sched.schedule(out);
+        // The state group's logs drained, as an engine must every step.
+        let seen = self.state.as_ref().map(|observe| observe(&mut self.sched));
         if record {
             // As the check does: the batch's adapters made resident on a copy of the output.
             let ensured = (self.has_peft && result.is_ok()).then(|| {
                 let mut o = out.clone();
                 self.sched.ensure_batch(&mut o).map_err(|e| e.to_string())
             });
-            return Ok(self.record_line(out, &result, ensured.as_ref()));
+            let line = self.record_line(out, &result, ensured.as_ref());
+            return Ok(line + &hybrid::trace(seen.as_ref()));
         }
-        let line = self.trace(out, &result);
-        self.check(out, result, &pass.expect, &Pass::new(k, passes.len()))?;
+        let line = self.trace(out, &result) + &hybrid::trace(seen.as_ref());
+        let at = Pass::new(k, passes.len());
+        let state = hybrid::check(pass.expect.state.as_ref(), seen.as_ref(), &at.expect)?;
+        hybrid::merge(self.check(out, result, &pass.expect, &at), state, at.number)?;
         Ok(line)
     }
 

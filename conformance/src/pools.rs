@@ -240,6 +240,7 @@ impl Pools {
             };
             let pool = pool(&field, &p, below, evict)?;
             pool.set_tokens_per_block(tokens_per_block);
+            pool.set_request_slots(target.request_slots());
             for (id, (_, &t)) in ids("kv.probe", &kv.probe)?.into_iter().zip(&kv.probe) {
                 if !w.probe.contains_key(&id.to_string()) {
                     pool.set_probe(id, t);

@@ -301,6 +301,8 @@ pub struct KvIn {
     /// KV groups: the target leads them as full attention, beside one sliding-window group each
     /// (absent: no groups).
     pub groups: Option<Vec<GroupIn>>,
+    /// A hybrid recurrent model's state group beside the attention groups (absent: none).
+    pub state: Option<crate::hybrid::StateIn>,
 }
 
 /// `kv.groups[]`: a sliding-window group's scripted pool.
@@ -543,6 +545,8 @@ pub struct Expect {
     pub stall_count: Option<u32>,
     /// `"ok"` or the ensure-batch error text.
     pub ensure_batch: Option<String>,
+    /// The recurrent-state group's moves, captures and placements (with `kv.state`).
+    pub state: Option<crate::hybrid::StateExpect>,
 }
 
 /// An ids list expectation.

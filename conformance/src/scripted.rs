@@ -166,6 +166,8 @@ pub struct KvState {
     tokens_per_block: u32,
     /// Capacity and last growth per id, from the resizes and allocations that succeeded.
     capacity: BTreeMap<u64, Grown>,
+    /// Beside a recurrent-state group (`kv.state`): request slots and block keys.
+    pub(crate) hybrid: crate::hybrid::PoolKeys,
 }
 
 /// A request's capacity in a scripted pool and its last growth (0 once reverted).
@@ -215,6 +217,7 @@ impl ScriptedKv {
             compensating: false,
             tokens_per_block: 64,
             capacity: BTreeMap::new(),
+            hybrid: crate::hybrid::PoolKeys::default(),
         };
         Self {
             state: Rc::new(RefCell::new(state)),
@@ -374,7 +377,7 @@ impl KvState {
 
 impl ScriptedKv {
     /// Runs `f` on the shared state.
-    fn with<R>(&self, f: impl FnOnce(&mut KvState) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut KvState) -> R) -> R {
         f(&mut self.state.borrow_mut())
     }
 }
@@ -401,7 +404,7 @@ impl KvBackend for ScriptedKv {
             tier_below_gpu: st.tier_below_gpu,
             can_evict: st.can_evict,
             max_tokens_per_request: u64::MAX,
-            slots: u32::MAX,
+            slots: st.hybrid.slots,
             sliding_windows: false,
             reserves: false,
         })
@@ -427,7 +430,11 @@ impl KvBackend for ScriptedKv {
             let k = st.claims.entry(id).or_insert(0);
             let found = st.reuse.get(&id).and_then(|v| v.get(*k).or(v.last()));
             *k += 1;
-            Some(found.copied().unwrap_or(0).min(prep.reuse_limit))
+            let reused = found.copied().unwrap_or(0).min(prep.reuse_limit);
+            // The reused blocks are the cache's first tokens (a cache with none holds nothing).
+            let g = st.capacity.entry(id).or_default();
+            g.capacity = g.capacity.max(reused);
+            Some(reused)
         })
     }
     fn prepare_disagg_gen_init(&mut self, r: KvRef, capacity: u32) -> bool {
@@ -590,13 +597,14 @@ impl PrefixReuse for ScriptedKv {
 /// requests of any length; a prefix cache always (empty: the format commits nothing); plain unless a
 /// connector or sends are scripted; a window's release is recorded with its `keep_from` (the pool has
 /// no pages to give up); the capacity is what its resizes and allocations grew. Every block's key is
-/// the request's `first_new_block` (a scenario scripts one key a request). The hit the groups agree
+/// the request's `first_new_block` (a scenario scripts one key a request), unless `kv.state.keys` lists
+/// its blocks' keys (beside a state group, which also sets the request slots). The hit the groups agree
 /// and the resume preview are not recorded: they are the groups' own reads, not the scheduler's calls.
 impl GroupPool for ScriptedKv {
     fn geometry(&self) -> GroupGeometry {
-        let tpb = self.with(|st| st.tokens_per_block);
+        let (tpb, slots) = self.with(|st| (st.tokens_per_block, st.hybrid.slots));
         GroupGeometry {
-            slots: u32::MAX,
+            slots,
             tokens_per_block: tpb,
             max_blocks: u32::MAX / tpb.max(1),
         }
@@ -626,8 +634,9 @@ impl GroupPool for ScriptedKv {
     fn last_grow(&self, r: KvRef) -> u32 {
         self.with(|st| st.capacity.get(&r.id.0).map_or(0, |g| g.last))
     }
-    fn block_key(&self, r: KvRef, _k: u32) -> Option<u64> {
-        self.with(|st| st.first_new_block.get(&r.id.0).copied())
+    fn block_key(&self, r: KvRef, k: u32) -> Option<u64> {
+        let id = r.id.0;
+        self.with(|st| (st.hybrid).block_key(id, k, st.first_new_block.get(&id).copied()))
     }
     fn reuse_hit(&self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         self.with(|st| st.probe.get(&r.id.0).map(|&p| p.min(prep.reuse_limit)))
