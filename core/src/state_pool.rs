@@ -208,7 +208,11 @@ impl<const C: usize, S: Storage> StatePool<C, S> {
     /// Side-effect free: a request without a state could take one now ([`StatePool::take`]), from
     /// snapshot slot `from` or zero.
     pub fn can_take(&self, from: Option<u32>) -> bool {
-        self.log.has_room() && from.is_none_or(|s| self.is_ready(s)) && self.obtainable(from)
+        match from {
+            // With no other slot, the request takes the snapshot's own slot over.
+            Some(s) => self.is_ready(s),
+            None => self.log.has_room() && self.obtainable(None),
+        }
     }
 
     /// A GPU slot could be had, not counting snapshot slot `spare`.
@@ -232,17 +236,26 @@ impl<const C: usize, S: Storage> StatePool<C, S> {
     }
 
     /// Row `row` (request `id`) takes a live state: zero (the engine starts it), or the copy of
-    /// snapshot slot `from` (a hit). `false`, nothing changed: no slot, or it has a state.
+    /// snapshot slot `from` (a hit; when no other slot can be had, the snapshot's slot itself
+    /// becomes the live one, its state already in place, and the snapshot is gone). `false`,
+    /// nothing changed: no slot, or it has a state.
     pub fn take(&mut self, row: u16, id: RequestId, from: Option<u32>) -> bool {
         let i = row as usize;
-        if i >= C || self.rows[i] != Placement::None || !self.log.has_room() {
+        if i >= C || self.rows[i] != Placement::None || !self.can_take(from) {
             return false;
         }
-        if from.is_some_and(|s| !self.is_ready(s)) {
-            return false;
-        }
-        let Some(g) = self.take_gpu(from) else {
-            return false;
+        let other = if self.log.has_room() {
+            self.take_gpu(from)
+        } else {
+            None
+        };
+        let Some(g) = other else {
+            // `can_take` vouched for the snapshot's own slot.
+            let Some(s) = from else { return false };
+            self.gpu[s as usize] = Use::Row(row);
+            self.rows[i] = Placement::Gpu(s);
+            self.stats.hits += 1;
+            return true;
         };
         self.gpu[g as usize] = Use::Row(row);
         self.rows[i] = Placement::Gpu(g);
@@ -308,6 +321,22 @@ impl<const C: usize, S: Storage> StatePool<C, S> {
                 true
             }
         }
+    }
+
+    /// Row `row` (request `id`) gives its state up, and the moves into it it logged last are
+    /// withdrawn (a restore made for a first chunk that was then refused).
+    pub fn withdraw(&mut self, row: u16, id: RequestId) {
+        if let Placement::Gpu(g) = self.placement(row) {
+            while self
+                .log
+                .moves
+                .last()
+                .is_some_and(|m| m.request == id && m.dst == g && m.op != StateOp::Move(Tier::Gpu))
+            {
+                self.log.moves.pop();
+            }
+        }
+        self.release(row);
     }
 
     /// Row `row` gives its state up (a recompute pause, `free`), and any snapshot it was writing.

@@ -190,9 +190,10 @@ fn a_refused_admission_leaks_no_state_slot() {
 }
 
 #[test]
-fn a_refused_admission_after_a_hit_keeps_its_restored_state() {
-    // A first chunk that reused a prefix holds the snapshot's copy: refused its pages, its state is
-    // suspended with its caches (to the host tier), not dropped.
+fn a_refused_admission_after_a_hit_withdraws_its_restore() {
+    // A first chunk that reused a prefix holds nothing but the snapshot's copy: refused its pages,
+    // it gives its state up and its restore is withdrawn (no copy to the host: the pass frees such
+    // a chunk); resumed instead, it restores from the snapshot again.
     let mut k = hybrid(9, 8, state(4, 4, 2, 32));
     let h = hashes(1, 6, 0, 6);
     prefill(&mut k, 0, 7, &h, 100, 64);
@@ -206,9 +207,22 @@ fn a_refused_admission_after_a_hit_keeps_its_restored_state() {
         !k.resize_context(r(1), 190, true),
         "12 pages on a pool of 9"
     );
-    assert!(matches!(k.state().placement(1), Placement::Host(_)));
+    assert_eq!(k.state().placement(1), Placement::None);
+    assert!(
+        k.take_state_moves().is_empty(),
+        "the restore withdrawn, nothing offloaded"
+    );
+    assert!(k.check());
+    let later = ContextPrep {
+        first_chunk: false,
+        position: 96,
+        ..ContextPrep::first(190)
+    };
+    assert_eq!(k.prepare_context(r(1), later), Some(0));
     let ops: Vec<StateOp> = k.take_state_moves().iter().map(|m| m.op).collect();
-    assert_eq!(ops, [StateOp::Restore, StateOp::Move(Tier::Gpu)]);
+    assert_eq!(ops, [StateOp::Restore]);
+    assert!(k.check());
+    k.free(r(1));
     assert!(k.check());
 }
 
@@ -364,4 +378,21 @@ fn state_moves_name_the_request() {
     prefill(&mut k, 3, 1, &hashes(1, 2, 0, 2), 32, 64);
     k.suspend(r(3));
     assert_eq!(k.take_state_moves()[0].request, RequestId(13));
+}
+
+#[test]
+fn a_hit_takes_its_snapshots_slot_over_when_no_other_is_free() {
+    // Two GPU slots: one live request, its snapshot at 192 in the other. A second request with the
+    // same prompt resumes there in the snapshot's own slot (its state is already in place: no copy).
+    let mut k = hybrid(64, 0, state(2, 6, 1, 64));
+    let h = hashes(1, 12, 0, 12);
+    prefill(&mut k, 0, 7, &h, 200, 256);
+    let snap = k.take_captures()[0].slot;
+    assert_eq!(k.state().gpu_free(), 0);
+    let _ = k.take_state_moves();
+    assert_eq!(prefill(&mut k, 1, 7, &h, 200, 256), 192);
+    assert_eq!(k.state().placement(1), Placement::Gpu(snap));
+    assert!(k.take_state_moves().is_empty(), "no copy");
+    assert_eq!((k.state().snapshots(), k.state().stats().hits), (0, 1));
+    assert!(k.check());
 }

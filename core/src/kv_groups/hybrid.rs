@@ -129,7 +129,7 @@ impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S
                 };
                 let cache = self.attention.cache(r);
                 match self.state.placement(u16_of(slot)) {
-                    Placement::None => !cache.exists() || self.unwritten(r),
+                    Placement::None => !cache.exists() || self.restorable(r),
                     Placement::Gpu(_) => cache.is_active(),
                     Placement::Host(_) | Placement::Held(_) => cache == CacheState::Inactive,
                 }
@@ -181,11 +181,18 @@ impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S
     fn prepare_existing(&mut self, r: KvRef, prep: ContextPrep) -> Option<u32> {
         let row = Self::row(r);
         let fresh = self.state.placement(row) == Placement::None;
-        if fresh && !self.unwritten(r) {
+        // A state given up with a refused first chunk comes back as it was: zero, or its snapshot.
+        let start = self.chunks[row as usize].start;
+        let from = if fresh && start > 0 {
+            Some(self.snapshot_at(r, start)?)
+        } else {
+            None
+        };
+        if fresh && !self.restorable(r) {
             return None;
         }
         let placeable = if fresh {
-            self.state.can_take(None)
+            self.state.can_take(from)
         } else {
             self.state.can_place(row)
         };
@@ -195,7 +202,7 @@ impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S
         self.state.drop_pending(row);
         let n = self.attention.prepare_context(r, prep)?;
         let placed = if fresh {
-            self.state.take(row, r.id, None)
+            self.state.take(row, r.id, from)
         } else {
             self.state.resume(row, r.id)
         };
@@ -359,18 +366,19 @@ impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S
     fn after_resize(&mut self, r: KvRef, capacity: u32, granted: bool) {
         if granted {
             self.plan_captures(r, capacity);
-        } else if self.unwritten(r) {
-            // Nothing computed nor restored: the state holds nothing worth a copy.
-            self.state.release(Self::row(r));
         } else if !self.attention.cache(r).is_active() {
-            self.state.suspend(Self::row(r), r.id);
+            // A first chunk refused: its state holds nothing it did not reuse (zero, or its
+            // snapshot's copy, whose restore is withdrawn): given up, not copied to the host (the
+            // pass frees such a chunk; a resumption takes it back as it was).
+            self.state.withdraw(Self::row(r), r.id);
         }
     }
 
-    /// The request's cache is inactive and holds no token: a first chunk refused its pages before
-    /// anything was reused or computed (its state, if it keeps none, is taken afresh on resumption).
-    fn unwritten(&self, r: KvRef) -> bool {
+    /// The request's cache is inactive and holds nothing past what its first chunk started from
+    /// (zero, or a reused prefix): a first chunk refused its pages, whose state is taken back as
+    /// it was on resumption.
+    fn restorable(&self, r: KvRef) -> bool {
         self.attention.cache(r) == CacheState::Inactive
-            && self.attention.groups()[0].pool.capacity(r) == 0
+            && self.attention.groups()[0].pool.capacity(r) == self.chunks[r.slot as usize].start
     }
 }

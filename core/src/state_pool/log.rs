@@ -13,7 +13,9 @@ pub enum StateOp {
     /// the GPU; resumption: from the host).
     Move(Tier),
     /// Copies snapshot slot `src` into live slot `dst`, both on the GPU (a prefix hit resumes from
-    /// the snapshot). The snapshot stays.
+    /// the snapshot). The snapshot stays, though its slot may be given to another state later in
+    /// the same pass: the engine runs the log in order before the step, and starts no state and
+    /// writes no capture until then.
     #[default]
     Restore,
 }
@@ -79,6 +81,16 @@ impl<T: Copy + Default, const R: usize, S: Storage> List<T, R, S> {
         assert!(self.has_room(), "a state log past its room");
         self.items[self.len] = t;
         self.len += 1;
+    }
+
+    /// The last entry logged.
+    pub(crate) fn last(&self) -> Option<&T> {
+        self.logged().last()
+    }
+
+    /// Withdraws the last entry logged.
+    pub(crate) fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
     }
 
     /// The entries logged, in order.

@@ -25,6 +25,22 @@ impl<const C: usize, S: Storage> StatePool<C, S> {
             .map(u32_of)
     }
 
+    /// The ready snapshots: `(slot, position, key)` each.
+    pub fn ready(&self) -> impl Iterator<Item = (u32, u32, u64)> + '_ {
+        self.gpu_slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(g, u)| match *u {
+                Use::Snapshot {
+                    key,
+                    ready: true,
+                    position,
+                    ..
+                } => Some((u32_of(g), position, key)),
+                _ => None,
+            })
+    }
+
     /// Where the snapshot in `slot` was taken (`None`: no snapshot there).
     pub fn snapshot_position(&self, slot: u32) -> Option<u32> {
         match self.gpu.get(slot as usize) {

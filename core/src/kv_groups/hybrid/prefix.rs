@@ -8,20 +8,24 @@ use crate::storage::Storage;
 impl<P: GroupPool, const G: usize, const C: usize, S: Storage> Hybrid<P, G, C, S> {
     /// Side-effect free: `(matched, hit, snapshot)`: the attention groups' own hit, the deepest
     /// snapshot point at or before it with a ready snapshot, and that snapshot's slot (`(m, 0,
-    /// None)`: none).
+    /// None)`: none). Each ready snapshot at or before the hit is checked against the request's key
+    /// at its position, deepest first: as many key lookups as such snapshots, none without one.
     pub(super) fn state_hit(&self, r: KvRef, prep: ContextPrep) -> (u32, u32, Option<u32>) {
         let Some((_, agreed)) = self.attention.hits(r, prep) else {
             return (0, 0, None);
         };
         let interval = self.state.config().snapshot_interval;
-        let mut p = agreed / interval * interval;
-        while p > 0 {
-            if let Some(slot) = self.snapshot_at(r, p) {
-                return (agreed, p, Some(slot));
+        let mut best: Option<(u32, u32)> = None;
+        for (slot, p, key) in self.state.ready() {
+            let deeper = best.is_none_or(|(b, _)| p > b);
+            if deeper && p <= agreed && p % interval == 0 && self.key_at(r, p) == Some(key) {
+                best = Some((p, slot));
             }
-            p -= interval;
         }
-        (agreed, 0, None)
+        match best {
+            Some((p, slot)) => (agreed, p, Some(slot)),
+            None => (agreed, 0, None),
+        }
     }
 }
 
