@@ -324,7 +324,7 @@ impl<const C: usize, S: Storage> StatePool<C, S> {
     }
 
     /// Row `row` (request `id`) gives its state up, and the moves into it it logged last are
-    /// withdrawn (a restore made for a first chunk that was then refused).
+    /// withdrawn (a restore made for a first chunk that was then refused: no longer a hit).
     pub fn withdraw(&mut self, row: u16, id: RequestId) {
         if let Placement::Gpu(g) = self.placement(row) {
             while self
@@ -333,6 +333,14 @@ impl<const C: usize, S: Storage> StatePool<C, S> {
                 .last()
                 .is_some_and(|m| m.request == id && m.dst == g && m.op != StateOp::Move(Tier::Gpu))
             {
+                if self
+                    .log
+                    .moves
+                    .last()
+                    .is_some_and(|m| m.op == StateOp::Restore)
+                {
+                    self.stats.hits -= 1;
+                }
                 self.log.moves.pop();
             }
         }

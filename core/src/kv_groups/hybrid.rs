@@ -345,14 +345,16 @@ impl<P: GroupPool, const G: usize, const C: usize, S: Storage> KvBackend for Hyb
         self.state.suspend(Self::row(r), r.id);
     }
 
+    /// The state goes with the caches; the copies into it this pass logged last are withdrawn (a
+    /// first chunk the pass rolls back after its restore).
     fn free(&mut self, r: KvRef) {
         self.attention.free(r);
-        self.state.release(Self::row(r));
+        self.state.withdraw(Self::row(r), r.id);
     }
 
     fn preempt(&mut self, r: KvRef) {
         self.attention.preempt(r);
-        self.state.release(Self::row(r));
+        self.state.withdraw(Self::row(r), r.id);
     }
 
     fn take_moves(&mut self) -> &[PageMove] {
