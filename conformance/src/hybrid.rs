@@ -3,7 +3,7 @@
 //! core's own [`Hybrid`] beside a [`StatePool`](kvsched_core::state_pool::StatePool), so the state
 //! rules under test are the ones engines get (docs/HYBRID.md). After every pass the runner drains the
 //! state moves and captures, as an engine must, and checks them and the placements against
-//! `expect.state` ([`observe`]).
+//! `expect.state` (`hybrid/observe.rs`).
 //!
 //! A state is taken only through the scheduler's calls (a first chunk's `prepare_context`, a
 //! `prepare_disagg_gen_init`), so every request of such a scenario starts without a cache: a started

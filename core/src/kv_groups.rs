@@ -50,7 +50,7 @@ use crate::kv::{
 use crate::page_pool::KvPool;
 use crate::storage::Borrowed;
 
-mod hybrid;
+pub mod hybrid;
 mod pool;
 mod reserve;
 

@@ -91,7 +91,8 @@ struct Live {
     cached: u32,
 }
 
-/// The hybrid engine ([the module docs](self)).
+/// The hybrid engine: kvsched-core's scheduler over a hybrid backend driving the mechanism model,
+/// every move carried out on real memory, NaN in free pages and state slots after every step.
 pub struct HybridEngine<'m> {
     model: &'m HybridModel,
     sched: Box<Sched>,

@@ -162,7 +162,7 @@ pub(super) struct Layer {
     pub(super) mixer: Mixer,
 }
 
-/// The mechanism model ([the module docs](self)).
+/// The mechanism model: Mamba-2-style recurrent layers and attention layers, seeded random weights.
 pub struct HybridModel {
     pub(super) spec: HybridSpec,
     pub(super) embed: Vec<f32>,
