@@ -15,4 +15,4 @@ mod store;
 
 pub use engine::{HybridCompletion, HybridConfig, HybridEngine, HybridStats, HYBRID_REQUESTS};
 pub use mamba::MambaDims;
-pub use mechanism::{greedy, HybridModel, HybridSpec};
+pub use mechanism::{HybridModel, HybridSpec};

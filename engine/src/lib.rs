@@ -65,8 +65,8 @@ pub use draft::{accepted, PromptLookup};
 pub use error::{EngineError, Grouped, Limit, Refusal, Result};
 pub use gguf::{GemmaConfig, ModelConfig};
 pub use hybrid::{
-    greedy, HybridCompletion, HybridConfig, HybridEngine, HybridModel, HybridSpec, HybridStats,
-    MambaDims, HYBRID_REQUESTS,
+    HybridCompletion, HybridConfig, HybridEngine, HybridModel, HybridSpec, HybridStats, MambaDims,
+    HYBRID_REQUESTS,
 };
 pub use kv::KvLayout;
 pub use lora::{Lora, Projection};

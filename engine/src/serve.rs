@@ -523,7 +523,7 @@ pub fn block_hashes(tokens: &[u32], tpb: usize) -> Vec<u64> {
 }
 
 /// GPU page ids of a scheduled request's table: every entry on the GPU tier.
-fn gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
+pub(crate) fn gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
     let mut pages = Vec::with_capacity(table.len());
     gpu_pages_into(table, slot, false, &mut pages)?;
     Ok(pages)

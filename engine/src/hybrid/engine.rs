@@ -6,16 +6,17 @@
 
 use kvsched_core::kv_groups::{Attention, Group, Hybrid, KvGroups};
 use kvsched_core::output::SchedulerOutput;
-use kvsched_core::page_pool::{page_of, KvPool, KvPoolConfig, NO_PAGE};
+use kvsched_core::page_pool::{KvPool, KvPoolConfig};
 use kvsched_core::request::RequestSpec;
 use kvsched_core::scheduler::{Handle, Scheduler};
 use kvsched_core::state_pool::{Capture, Placement, StateConfig};
 use kvsched_core::storage::Owned;
-use kvsched_core::{AdapterPool, Config as SchedulerConfig, Phase, Tier};
+use kvsched_core::{AdapterPool, Config as SchedulerConfig, Phase};
 
-use super::mechanism::{greedy, HybridModel};
+use super::mechanism::HybridModel;
 use super::store::Stores;
 use crate::error::{EngineError, Result};
+use crate::math::argmax;
 
 /// Requests the hybrid engine holds at once.
 pub const HYBRID_REQUESTS: usize = 16;
@@ -230,11 +231,10 @@ impl<'m> HybridEngine<'m> {
         self.stats.suspensions += self.out.paused().len() as u64;
         self.stats.recomputes += self.out.recompute_paused().len() as u64;
         self.stats.preemptions += u64::from(self.sched.last_pass().preemptions);
-        let moves = self.sched.take_moves().to_vec();
-        self.stores.move_pages(&moves);
-        let states = self.sched.take_state_moves().to_vec();
+        self.stores.move_pages(self.sched.take_moves());
+        let states = self.sched.take_state_moves();
         self.stats.state_moves += states.len() as u64;
-        self.stores.move_states(&states);
+        self.stores.move_states(states);
         let captures = self.sched.take_captures().to_vec();
         let ran = self.run_batch(&captures)?;
         self.sched.complete_step(&self.out)?;
@@ -301,7 +301,7 @@ impl HybridEngine<'_> {
                 "request {id} scheduled without a live state slot"
             )));
         };
-        let pages = gpu_pages(kv.attention().groups()[0].pool.table(slot), slot)?;
+        let pages = crate::serve::gpu_pages(kv.attention().groups()[0].pool.table(slot), slot)?;
         let mine: Vec<Capture> = captures
             .iter()
             .filter(|c| c.request.0 == id && c.position as usize > start)
@@ -327,7 +327,7 @@ impl HybridEngine<'_> {
             };
             live.computed += r.tokens;
             if let Some(l) = r.logits {
-                let t = greedy(&l);
+                let t = argmax(&l);
                 live.tokens.push(t);
                 live.generated.push(t);
                 live.logits.push(l);
@@ -368,18 +368,4 @@ impl HybridEngine<'_> {
         }
         Ok(())
     }
-}
-
-/// GPU page ids of a scheduled request's table.
-fn gpu_pages(table: &[u32], slot: u16) -> Result<Vec<u32>> {
-    table
-        .iter()
-        .take_while(|&&e| e != NO_PAGE)
-        .map(|&e| match page_of(e) {
-            (Tier::Gpu, p) => Ok(p),
-            (Tier::Host, p) => Err(EngineError::Batch(format!(
-                "scheduled request in slot {slot} has host page {p} in its table"
-            ))),
-        })
-        .collect()
 }

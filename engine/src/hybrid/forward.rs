@@ -2,7 +2,16 @@
 //! holds its keys and values and its recurrent state: the paged stores of a [`super::HybridEngine`]
 //! or the contiguous ones of a solo run ([`HybridModel::reference`]).
 
-use super::mechanism::{greedy, rms_norm, HybridModel, Matrix, Mixer};
+use super::mechanism::{HybridModel, Matrix, Mixer};
+use crate::math::argmax;
+
+/// The mechanism model's norm epsilon.
+const EPS: f32 = 1e-6;
+
+/// `x` RMS-normed by `w` into `out` (the engine's norm, one row).
+fn rms_norm(x: &[f32], w: &[f32], out: &mut Vec<f32>) {
+    crate::math::rms_norm(x, w, EPS, out);
+}
 
 /// Where a sequence's keys, values and recurrent state are.
 pub(super) trait Memory {
@@ -89,7 +98,7 @@ impl HybridModel {
             scores.clear();
             for p in 0..=pos {
                 let kh = &mem.kv(a, p).0[h * hd..(h + 1) * hd];
-                scores.push(qh.iter().zip(kh).fold(0.0f32, |s, (x, y)| s + x * y) * scale);
+                scores.push(crate::math::dot(qh, kh) * scale);
             }
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let mut sum = 0.0f32;
@@ -115,7 +124,7 @@ impl HybridModel {
         let mut logits = self.run(&mut mem, prompt, 0, true);
         for i in 0..new {
             let l = logits.take().expect("logits asked");
-            let t = greedy(&l);
+            let t = argmax(&l);
             tokens.push(t);
             all.push(l);
             if i + 1 < new {

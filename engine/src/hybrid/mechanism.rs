@@ -132,13 +132,13 @@ pub(super) struct Matrix {
 }
 
 impl Matrix {
-    /// `y = W x`, each output summed over its inputs in order.
+    /// `y = W x`, each output the engine's `dot` (a fixed order).
     pub(super) fn apply(&self, x: &[f32], y: &mut Vec<f32>) {
         y.clear();
         y.extend(
             self.w
                 .chunks_exact(self.inp)
-                .map(|row| row.iter().zip(x).fold(0.0f32, |acc, (w, xi)| acc + w * xi)),
+                .map(|row| crate::math::dot(row, x)),
         );
     }
 }
@@ -216,23 +216,4 @@ impl HybridModel {
     pub fn spec(&self) -> &HybridSpec {
         &self.spec
     }
-}
-
-/// `out = x / rms(x) * w` (the sum of squares in order).
-pub(super) fn rms_norm(x: &[f32], w: &[f32], out: &mut Vec<f32>) {
-    let ss = x.iter().fold(0.0f32, |a, v| a + v * v) / x.len() as f32;
-    let inv = 1.0 / (ss + 1e-6).sqrt();
-    out.clear();
-    out.extend(x.iter().zip(w).map(|(v, g)| v * inv * g));
-}
-
-/// The first index of the largest value.
-pub fn greedy(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
