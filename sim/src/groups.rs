@@ -342,6 +342,25 @@ pub struct GroupsSweep {
     pub base: SimOptions,
 }
 
+/// What a sweep of two layouts runs on (this one's and the hybrid sweep's): no host tier (a victim
+/// is recompute-paused), no adapters, no prefix reuse, MAX_UTILIZATION, objectives of 5 s to the
+/// first token and 50 ms per output token, no progress bar.
+pub(crate) fn layout_sweep_base() -> SimOptions {
+    SimOptions {
+        kv_host_pages: 0,
+        prefix_reuse: false,
+        adapters: crate::AdapterOptions {
+            count: 0,
+            ..SimOptions::default().adapters
+        },
+        policy: CapacityPolicy::MaxUtilization,
+        slo_ttft_ms: Some(5000.0),
+        slo_tpot_ms: Some(50.0),
+        progress: false,
+        ..SimOptions::default()
+    }
+}
+
 impl GroupsSweep {
     /// The sweep's defaults for `pattern`: contexts 1K to 64K, 128 requests of 256 output tokens, 0.5
     /// per second, objectives of 5 s to the first token and 50 ms per output token; the default
@@ -354,19 +373,7 @@ impl GroupsSweep {
             requests: 128,
             output_tokens: 256,
             rate: 0.5,
-            base: SimOptions {
-                kv_host_pages: 0,
-                prefix_reuse: false,
-                adapters: crate::AdapterOptions {
-                    count: 0,
-                    ..SimOptions::default().adapters
-                },
-                policy: CapacityPolicy::MaxUtilization,
-                slo_ttft_ms: Some(5000.0),
-                slo_tpot_ms: Some(50.0),
-                progress: false,
-                ..SimOptions::default()
-            },
+            base: layout_sweep_base(),
         }
     }
 

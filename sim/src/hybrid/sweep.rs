@@ -6,7 +6,6 @@
 
 use std::fmt::Write as _;
 
-use kvsched_core::config::CapacityPolicy;
 use kvsched_workload::synthetic::{
     generate, ArrivalProcess, Horizon, LengthDist, SyntheticError, SyntheticSpec,
 };
@@ -53,19 +52,9 @@ impl HybridSweep {
             scale_costs: true,
             base: SimOptions {
                 kv_gpu_pages: model.h200_full_pages(tokens_per_block),
-                kv_host_pages: 0,
                 tokens_per_block,
                 max_batch: MAX_LIVE as u32,
-                prefix_reuse: false,
-                adapters: crate::AdapterOptions {
-                    count: 0,
-                    ..SimOptions::default().adapters
-                },
-                policy: CapacityPolicy::MaxUtilization,
-                slo_ttft_ms: Some(5000.0),
-                slo_tpot_ms: Some(50.0),
-                progress: false,
-                ..SimOptions::default()
+                ..crate::groups::layout_sweep_base()
             },
         }
     }
