@@ -5,6 +5,8 @@
 //! pool's invariants (the exact audit included) hold and a hit's rows hold exactly the blocks the
 //! rule names.
 
+mod support;
+
 use kvsched_core::adapter_pool::AdapterPool;
 use kvsched_core::kv::{chain, ContextPrep, KvBackend, KvRef, PrefixReuse};
 use kvsched_core::kv_groups::{Attention, Group, KvGroups};
@@ -70,25 +72,7 @@ fn hashes(family: u64, shared: u32, own: u64, n: u32) -> Vec<u64> {
 /// Runs a request through prefill in 64-token chunks (each prepared at its position, then committed),
 /// as a scheduler does, then frees it.
 fn run_and_free(k: &mut Groups, slot: u16, root: u64, h: &[u64], prompt: u32) {
-    k.set_prefix(r(slot), root, h);
-    let reused = k
-        .prepare_context(r(slot), ContextPrep::first(prompt))
-        .unwrap();
-    let mut done = reused;
-    while done < prompt {
-        if done > reused {
-            let later = ContextPrep {
-                first_chunk: false,
-                position: done,
-                ..ContextPrep::first(prompt)
-            };
-            assert_eq!(k.prepare_context(r(slot), later), Some(0));
-        }
-        let next = (done + 64).min(prompt);
-        assert!(k.resize_context(r(slot), next, done == reused));
-        k.commit(r(slot), next);
-        done = next;
-    }
+    support::prefill(k, slot, root, h, prompt, 64);
     let _ = k.take_moves();
     let _ = k.take_group_moves(1);
     k.free(r(slot));
