@@ -2,6 +2,7 @@
 
 use core::fmt;
 
+#[cfg(feature = "cuda")]
 use cudarc::driver::DriverError;
 use kvsched_core::kv::Tier;
 
@@ -95,6 +96,7 @@ pub enum MemError {
         bytes: usize,
     },
     /// A CUDA driver call failed.
+    #[cfg(feature = "cuda")]
     Driver(DriverError),
 }
 
@@ -137,6 +139,7 @@ impl fmt::Display for MemError {
                 write!(f, "adapter plan for task slot {slot}: {reason}")
             }
             Self::HostAllocation { bytes } => write!(f, "host allocation of {bytes} bytes failed"),
+            #[cfg(feature = "cuda")]
             Self::Driver(error) => write!(f, "CUDA driver error: {error}"),
         }
     }
@@ -145,12 +148,14 @@ impl fmt::Display for MemError {
 impl std::error::Error for MemError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
+            #[cfg(feature = "cuda")]
             Self::Driver(error) => Some(error),
             _ => None,
         }
     }
 }
 
+#[cfg(feature = "cuda")]
 impl From<DriverError> for MemError {
     fn from(error: DriverError) -> Self {
         Self::Driver(error)

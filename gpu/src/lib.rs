@@ -51,7 +51,9 @@
 
 pub mod bind;
 mod copy;
+#[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
 mod cuda_copy;
 mod error;
 mod host;
@@ -59,6 +61,7 @@ mod page;
 
 pub use bind::{AdapterSlots, KvPages};
 pub use copy::{copy_pieces, CopyMethod, CopyPiece, CopyPlan};
+#[cfg(feature = "cuda")]
 pub use cuda::{driver_present, open_device, CudaAdapterStore, CudaKvStore};
 pub use error::MemError;
 pub use host::{HostAdapterStore, HostKvStore};
@@ -72,4 +75,5 @@ pub use page::{
 pub use kvsched_core::kv::{PageMove, Tier};
 
 /// The cudarc driver types this crate's API exposes (contexts, streams, events, device slices).
+#[cfg(feature = "cuda")]
 pub use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError};

@@ -2,6 +2,7 @@
 
 use core::ops::Range;
 
+#[cfg(feature = "cuda")]
 use cudarc::driver::CudaEvent;
 use kvsched_core::kv::{PageMove, Tier};
 use kvsched_core::page_pool::NO_PAGE;
@@ -379,37 +380,45 @@ impl Iterator for PageRuns<'_> {
 #[derive(Debug)]
 #[must_use = "wait on the copy before reading or reusing its pages"]
 pub struct CopyEvent {
+    #[cfg(feature = "cuda")]
     event: Option<CudaEvent>,
 }
 
 impl CopyEvent {
     /// An event with no pending work.
     pub const fn complete() -> Self {
-        Self { event: None }
+        Self {
+            #[cfg(feature = "cuda")]
+            event: None,
+        }
     }
 
     /// An event recorded on a CUDA stream after the copies.
+    #[cfg(feature = "cuda")]
     pub(crate) const fn recorded(event: CudaEvent) -> Self {
         Self { event: Some(event) }
     }
 
     /// Blocks until the copies are done.
     pub fn wait(&self) -> Result<(), MemError> {
-        match &self.event {
-            Some(event) => event.synchronize().map_err(MemError::Driver),
-            None => Ok(()),
+        #[cfg(feature = "cuda")]
+        if let Some(event) = &self.event {
+            return event.synchronize().map_err(MemError::Driver);
         }
+        Ok(())
     }
 
     /// Whether the copies are done, without blocking.
     pub fn is_complete(&self) -> Result<bool, MemError> {
-        match &self.event {
-            Some(event) => event.try_is_complete().map_err(MemError::Driver),
-            None => Ok(true),
+        #[cfg(feature = "cuda")]
+        if let Some(event) = &self.event {
+            return event.try_is_complete().map_err(MemError::Driver);
         }
+        Ok(true)
     }
 
     /// The CUDA event, for `CudaStream::wait` on a compute stream; `None` when nothing is pending.
+    #[cfg(feature = "cuda")]
     pub const fn cuda_event(&self) -> Option<&CudaEvent> {
         self.event.as_ref()
     }
