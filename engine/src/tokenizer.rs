@@ -279,6 +279,15 @@ impl Tokenizer {
         &self.stop
     }
 
+    /// This tokenizer as Hugging Face's `tokenizer.json` (what the `tokenizers` library and the
+    /// serving frameworks that load a model folder read): the same vocabulary, merges, splitting
+    /// and special tokens, so a frontend that tokenizes with it sends this engine the ids
+    /// [`Tokenizer::encode`] would give (the BOS token, when the file adds one, is not in it:
+    /// [`Tokenizer::adds_bos`] says so, as `tokenizer_config.json`'s `add_bos_token`).
+    pub fn to_hf_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(tok_err)
+    }
+
     /// The chat template: the file's (`tokenizer.chat_template`), or the one given with
     /// [`Tokenizer::set_chat_template`]; `None`: chat is refused (a base model has no turn format).
     pub fn chat_template(&self) -> Option<&str> {

@@ -106,3 +106,26 @@ fn token_bytes_spell_the_text() {
         }
     }
 }
+
+/// Hugging Face's `tokenizer.json` of the tokenizer (what a frontend such as Dynamo's reads), loaded
+/// back by the `tokenizers` library, gives the same ids for text with special tokens in it, and
+/// decodes them back; SmolLM2's byte-level BPE and Gemma 3's SentencePiece alike.
+#[test]
+fn the_hugging_face_json_tokenizes_as_the_engine_does() {
+    let files = [common::model_path(), common::gemma3_path()];
+    for path in files.into_iter().flatten() {
+        let t = Tokenizer::load(&path).expect("the tokenizer loads");
+        let json = t.to_hf_json().expect("serialized");
+        let hf: tokenizers::Tokenizer = json.parse().expect("tokenizers reads it back");
+        for text in [
+            "Hello, world! It's 2024-06-01 and π ≈ 3.14159; 1234567890 items.",
+            "<|im_start|>user\nnaïve café 🙂<|im_end|>\n<start_of_turn>model\n",
+            "   multiple   spaces\n\n\nand newlines\t\ttabs ",
+        ] {
+            let want = t.encode_text(text).unwrap();
+            let got = hf.encode(text, false).expect("encodes").get_ids().to_vec();
+            assert_eq!(got, want, "{text:?} in {}", path.display());
+            assert_eq!(hf.decode(&got, false).unwrap(), t.decode(&want).unwrap());
+        }
+    }
+}
