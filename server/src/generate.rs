@@ -94,7 +94,7 @@ async fn generate(
             max_new: checked.max_new,
             adapter: checked.adapter.as_ref().map(|h| h.id),
             hold: checked.adapter,
-            cache_salt: r.cache_salt.as_deref().map_or(0, salt),
+            cache_salt: r.cache_salt.as_deref().map_or(0, crate::job::salt),
             priority: priority_of(r.priority),
             class: r.service_class,
             samples,
@@ -166,15 +166,6 @@ async fn generate(
 
 /// The response header that names the request's ignored fields.
 pub const IGNORED_HEADER: &str = "x-kvsched-ignored-fields";
-
-/// A cache salt's key: FNV-1a over its bytes (the same on every replica and restart), never 0 (the
-/// unsalted root).
-fn salt(s: &str) -> u64 {
-    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    h.max(1)
-}
 
 fn refused(e: Refused) -> ApiError {
     match e {
@@ -381,7 +372,7 @@ fn sampler(r: &api::Request, n: u64, i: usize) -> Sampler {
         Sampler::greedy()
     } else {
         let seed = s.seed.map_or_else(
-            || fresh_seed(n.wrapping_mul(1 << 16).wrapping_add(i as u64)),
+            || crate::job::fresh_seed(n.wrapping_mul(1 << 16).wrapping_add(i as u64)),
             |seed| seed.wrapping_add(i as u64),
         );
         Sampler::seeded(seed, s.temperature)
@@ -408,14 +399,6 @@ fn sampler(r: &api::Request, n: u64, i: usize) -> Sampler {
         sampler = sampler.ignoring_stop();
     }
     sampler
-}
-
-/// A seed no earlier request had: the clock mixed with the request counter.
-fn fresh_seed(n: u64) -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 fn unix_now() -> u64 {

@@ -1,7 +1,7 @@
 //! What a handler hands the engine's thread ([`Job`]) and what it hears back ([`Event`]).
 
 use kvsched_engine::{BeamSearch, BeamSequence, Logprob, Sample};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::worker::Ticket;
@@ -76,4 +76,21 @@ pub enum Mode {
     Samples,
     /// vLLM's beam search, as many beams as samples.
     Beams(BeamSearch),
+}
+
+/// A cache salt's key: FNV-1a over its bytes (the same on every replica and restart), never 0 (the
+/// unsalted root).
+pub fn salt(s: &str) -> u64 {
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    h.max(1)
+}
+
+/// A seed no earlier request had: the clock mixed with the request counter.
+pub fn fresh_seed(n: u64) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }

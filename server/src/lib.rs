@@ -215,15 +215,7 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
         names.push((name.clone(), id));
     }
     let mut engine = config.engine;
-    let tpb = engine.tokens_per_block as usize;
-    let context = model.config().context_length;
-    let max_model_len = engine.max_blocks as usize * tpb;
-    if max_model_len > context.div_ceil(tpb) * tpb {
-        return Err(StartError::Flags(format!(
-            "--max-model-len {max_model_len} is longer than the model's context of {context} tokens"
-        )));
-    }
-    let max_model_len = max_model_len.min(context);
+    let max_model_len = max_model_len(&model, &engine)?;
     let publisher = match &config.kv_events {
         Some(k) => {
             engine.kv_events = true;
@@ -264,6 +256,20 @@ fn state(model: Arc<Model>, config: &ServeConfig) -> Result<Arc<AppState>, Start
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     }))
+}
+
+/// The longest request `engine` serves on `model` (prompt and output): its `max_blocks` pages of
+/// positions, within the model's context; refused when the pages reach past the context.
+pub fn max_model_len(model: &Model, engine: &EngineConfig) -> Result<usize, StartError> {
+    let tpb = engine.tokens_per_block as usize;
+    let context = model.config().context_length;
+    let max_model_len = engine.max_blocks as usize * tpb;
+    if max_model_len > context.div_ceil(tpb) * tpb {
+        return Err(StartError::Flags(format!(
+            "--max-model-len {max_model_len} is longer than the model's context of {context} tokens"
+        )));
+    }
+    Ok(max_model_len.min(context))
 }
 
 /// The most bytes one token of `model`'s vocabulary is written with (its text form is at least as
