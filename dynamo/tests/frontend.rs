@@ -8,6 +8,8 @@
 
 #[path = "../../engine/tests/common/mod.rs"]
 mod common;
+#[path = "../../server/tests/support/vllm.rs"]
+mod vllm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,56 +17,18 @@ use std::process::Command;
 /// Dynamo's frontend package, installed without its requirements (which requirements.txt pins).
 const DYNAMO: &str = "ai-dynamo==1.6.1";
 
-fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-/// The virtualenv under the build folder with the frontend and the `openai` client, made and
-/// filled when its probe fails.
+/// The virtualenv under the build folder with the frontend and the `openai` client: the pinned
+/// requirements first, then the frontend without its own (its `aisimulate` is not on PyPI here).
 pub fn venv() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dynamo-frontend-venv");
-    let python = dir.join("bin/python");
-    let probe = "import dynamo.frontend, openai";
-    let ready = || {
-        Command::new(&python)
-            .args(["-c", probe])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if ready() {
-        return python;
-    }
-    if !python.exists() {
-        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        run(Command::new(base).args(["-m", "venv"]).arg(&dir), "venv");
-    }
-    let pip = |args: &[&str], what: &str| {
-        let mut cmd = Command::new(&python);
-        cmd.args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ]);
-        run(cmd.args(args), what);
-    };
     let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/requirements.txt");
-    pip(
-        &["-r", requirements.to_str().expect("a UTF-8 path")],
-        "pip install -r requirements.txt",
+    let requirements = requirements.to_str().expect("a UTF-8 path");
+    let name = "dynamo-frontend-venv";
+    vllm::venv(
+        name,
+        "import openai, zmq, transformers",
+        &["-r", requirements],
     );
-    pip(&["--no-deps", DYNAMO], "pip install --no-deps ai-dynamo");
-    assert!(ready(), "{probe} fails in {}", dir.display());
-    python
+    vllm::venv(name, "import dynamo.frontend", &["--no-deps", DYNAMO])
 }
 
 /// A folder of this run's own, emptied first.
@@ -86,7 +50,7 @@ pub fn in_loopback_namespace(python: &Path, script: &str, args: &[&str]) -> Stri
         .arg(python)
         .arg(script)
         .args(args);
-    run(&mut cmd, "the script in a loopback-only namespace")
+    vllm::run(&mut cmd, "the script in a loopback-only namespace")
 }
 
 #[test]

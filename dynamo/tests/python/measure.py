@@ -7,7 +7,7 @@ overhead WORKER KVSCHED MODEL WORK
 hitrate WORKER MODEL WORK
     A multi-turn workload written as a Mooncake trace (WORK/multiturn.jsonl: 8 conversations of 3 turns,
     prompts of 512-token blocks, each turn its previous prompt plus one new block; two system blocks shared
-    by four conversations each) sent as token ids through the frontend over two workers, with
+    by four conversations each; each round's turns in a seeded random order) sent as token ids through the frontend over two workers, with
     `--router-mode kv` and then `round-robin`: the prefix cache hit rate over both workers' /metrics.
     `kvsched simulate WORK/multiturn.jsonl --replicas 2 --route kv` replays the same trace.
 """
@@ -32,16 +32,19 @@ TOPICS = ["a lighthouse", "a lost key", "the first snow", "a quiet train", "an o
 
 
 def timed(client, topic):
-    """One streamed chat: (TTFT, the gaps between its later tokens), seconds."""
+    """One streamed chat: (TTFT, the gaps between its later tokens, its prompt's tokens), seconds."""
     began = time.perf_counter()
-    stamps = []
+    stamps, prompt = [], None
     stream = client.chat.completions.create(
         model=NAME, messages=[{"role": "user", "content": f"Write a short story about {topic}."}],
-        max_tokens=32, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        max_tokens=32, temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True})
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             stamps.append(time.perf_counter())
-    return stamps[0] - began, [b - a for a, b in zip(stamps, stamps[1:])]
+        if chunk.usage:
+            prompt = chunk.usage.prompt_tokens
+    return stamps[0] - began, [b - a for a, b in zip(stamps, stamps[1:])], prompt
 
 
 def serve(kvsched, model, work):
@@ -75,6 +78,7 @@ def overhead(worker, kvsched, model, work):
         out[k] = {"ttft_p50_ms": ms(statistics.median(r[0] for r in rs)),
                   "itl_p50_ms": ms(statistics.median(g for r in rs for g in r[1]))}
     pairs = list(zip(runs["frontend"], runs["direct"]))
+    out["same_prompt_tokens"] = all(f[2] == d[2] for f, d in pairs)
     out["paired_ttft_p50_ms"] = ms(statistics.median(f[0] - d[0] for f, d in pairs))
     out["paired_itl_p50_ms"] = ms(statistics.median(
         statistics.median(f[1]) - statistics.median(d[1]) for f, d in pairs))
@@ -94,7 +98,10 @@ def trace(path, vocab_floor=200, vocab=49000):
     rows, prompts, next_id = [], [], 2
     convs = [[c % 2] for c in range(8)]
     for turn in range(3):
-        for c, ids in enumerate(convs):
+        order = list(range(len(convs)))
+        rng.shuffle(order)  # the turns of a round in no fixed order: round robin is not sticky by accident
+        for c in order:
+            ids = convs[c]
             ids.append(next_id)
             next_id += 1
             rows.append({"timestamp": len(rows) * 20000, "input_length": 512 * len(ids),
@@ -109,7 +116,8 @@ def hitrate(worker, model, work):
     prompts = trace(os.path.join(work, "multiturn.jsonl"))
     out = {}
     for mode in ["kv", "round-robin"]:
-        with Stack(worker, model, os.path.join(work, mode), router_mode=mode) as stack:
+        with Stack(worker, model, os.path.join(work, mode), router_mode=mode,
+                   worker_args=["--max-model-len", "4096"]) as stack:
             client = OpenAI(base_url=stack.url + "/v1", api_key="none", timeout=300, max_retries=0)
             before = stack.counters()
             for p in prompts:
@@ -119,7 +127,8 @@ def hitrate(worker, model, work):
             after = stack.counters()
         q = sum(after[i]["queries"] - before[i]["queries"] for i in after)
         h = sum(after[i]["hits"] - before[i]["hits"] for i in after)
-        out[mode] = {"queried_tokens": q, "hit_tokens": h, "hit_rate": round(h / q, 4)}
+        out[mode] = {"queried_tokens": q, "hit_tokens": h, "hit_rate": round(h / q, 4),
+                     "queried_by_worker": [after[i]["queries"] - before[i]["queries"] for i in after]}
     print(json.dumps(out, indent=1))
 
 
