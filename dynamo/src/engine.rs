@@ -29,9 +29,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::request::{self, Limits};
 
-/// How often a drain looks whether the admitted requests are done.
-const DRAIN_POLL: Duration = Duration::from_millis(20);
-
 /// How a worker is set up.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -60,14 +57,7 @@ struct Running {
 impl Running {
     /// The engine's counters and load, as `kvsched serve`'s `/metrics` has them.
     fn render(&self) -> String {
-        let snapshot = self
-            .worker
-            .shared
-            .snapshot
-            .lock()
-            .map(|s| *s)
-            .unwrap_or_default();
-        let queued = self.worker.shared.queued.load(Ordering::SeqCst);
+        let (snapshot, queued) = self.worker.snapshot();
         self.metrics.render(&snapshot, queued)
     }
 }
@@ -195,7 +185,7 @@ impl LLMEngine for KvschedEngine {
             .current()
             .ok_or_else(|| shut_down("the engine is not running"))?;
         let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let plan = request::plan(&r, running.limits, kvsched_server::job::fresh_seed(n))?;
+        let plan = request::plan(r, running.limits, kvsched_server::job::fresh_seed(n))?;
         let ticket = running.worker.admit().map_err(refused)?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let prompt = plan.prompt.len() as u32;
@@ -229,13 +219,7 @@ impl LLMEngine for KvschedEngine {
         let Some(running) = taken else {
             return Ok(());
         };
-        let until = tokio::time::Instant::now() + self.setup.drain_timeout;
-        while running.worker.shared.admitted.load(Ordering::SeqCst) > 0
-            && tokio::time::Instant::now() < until
-        {
-            tokio::time::sleep(DRAIN_POLL).await;
-        }
-        running.worker.abort();
+        running.worker.drain(self.setup.drain_timeout).await;
         tokio::task::spawn_blocking(move || running.worker.stop())
             .await
             .map_err(|e| shut_down(format!("stopping the engine thread failed: {e}")))

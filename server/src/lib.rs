@@ -283,24 +283,8 @@ fn longest_token(model: &Model) -> usize {
         .max(1)
 }
 
-/// While shutdown drains, the listener stays open (new requests get 503) and the admitted requests
-/// run on: until none is left, or `deadline`, when the rest are aborted.
-async fn drain(state: &AppState, deadline: Duration) {
-    let until = tokio::time::Instant::now() + deadline;
-    while state.worker.shared.admitted.load(Ordering::SeqCst) > 0 {
-        if tokio::time::Instant::now() >= until {
-            state.worker.abort();
-            return;
-        }
-        tokio::time::sleep(DRAIN_POLL).await;
-    }
-}
-
 /// How long connections may stay open once the drain ended (aborted streams closing).
 const GRACE: Duration = Duration::from_secs(5);
-
-/// How often a drain looks whether the admitted requests are done.
-const DRAIN_POLL: Duration = Duration::from_millis(10);
 
 /// Serves on `listener` until `trigger`; then drains: 503 to new requests, in-flight ones run on
 /// until `deadline`, then are aborted; returns once every connection closed (or a grace period
@@ -315,7 +299,8 @@ async fn serve(
     let graceful = async move {
         trigger.await;
         drain_state.draining.store(true, Ordering::SeqCst);
-        drain(&drain_state, deadline).await;
+        // The listener stays open (new requests get 503) while the admitted requests run on.
+        drain_state.worker.drain(deadline).await;
     };
     let app = routes::router(Arc::clone(&state));
     let grace = async { tokio::time::sleep(GRACE).await };

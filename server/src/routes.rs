@@ -157,14 +157,7 @@ async fn model(State(s): State<Arc<AppState>>, Path(id): Path<String>) -> Respon
 }
 
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
-    let snapshot = s
-        .worker
-        .shared
-        .snapshot
-        .lock()
-        .map(|g| *g)
-        .unwrap_or_default();
-    let queued = s.worker.shared.queued.load(Ordering::SeqCst);
+    let (snapshot, queued) = s.worker.snapshot();
     (
         StatusCode::OK,
         [(

@@ -27,6 +27,9 @@ use crate::error::StartError;
 /// How long an idle engine thread waits for a request before it looks at its flags again.
 const IDLE_POLL: Duration = Duration::from_millis(20);
 
+/// How often a drain looks whether the admitted requests are done.
+const DRAIN_POLL: Duration = Duration::from_millis(10);
+
 pub use crate::job::{End, Event, Job, Mode};
 
 /// An admitted request's place: taken by [`Worker::submit`], given back when dropped (the request
@@ -216,6 +219,25 @@ impl Worker {
         if let Some(t) = thread {
             let _ = t.join();
         }
+    }
+
+    /// Lets the admitted requests run on until none is left, or `deadline`, when the rest are aborted
+    /// (a shutdown's drain: `kvsched serve`'s, the Dynamo worker's `cleanup`).
+    pub async fn drain(&self, deadline: Duration) {
+        let until = tokio::time::Instant::now() + deadline;
+        while self.shared.admitted.load(Ordering::SeqCst) > 0 {
+            if tokio::time::Instant::now() >= until {
+                self.abort();
+                return;
+            }
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+
+    /// What the engine thread last saw, and the jobs queued for it: what `/metrics` renders.
+    pub fn snapshot(&self) -> (Snapshot, usize) {
+        let snapshot = self.shared.snapshot.lock().map(|s| *s).unwrap_or_default();
+        (snapshot, self.shared.queued.load(Ordering::SeqCst))
     }
 
     /// Aborts every request now: each handler gets [`End::Abort`].
