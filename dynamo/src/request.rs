@@ -2,6 +2,8 @@
 //! vocabulary and context, its output length clamped to the context left, its sampling options
 //! as the engine's [`Sampler`]. A refusal is an `InvalidArgument` that names the field.
 
+use std::sync::Arc;
+
 use dynamo_backend_common::{BackendError, DynamoError, ErrorType, PreprocessedRequest};
 use kvsched_engine::{Penalties, Sampler};
 
@@ -35,12 +37,12 @@ pub fn invalid(message: impl Into<String>) -> DynamoError {
         .build()
 }
 
-/// Checks `r` against `limits` and plans it; `seed` makes an unseeded sampling request's draw.
-pub fn plan(r: &PreprocessedRequest, limits: Limits, seed: u64) -> Result<Plan, DynamoError> {
-    let prompt = r.token_ids.as_ref().clone();
-    check_prompt(&prompt, limits)?;
-    unsupported(r)?;
-    let left = limits.max_model_len - prompt.len();
+/// Checks `r` against `limits` and plans it; `seed` makes an unseeded sampling request's draw. The
+/// prompt is taken from `r`, not copied.
+pub fn plan(mut r: PreprocessedRequest, limits: Limits, seed: u64) -> Result<Plan, DynamoError> {
+    check_prompt(&r.token_ids, limits)?;
+    unsupported(&r)?;
+    let left = limits.max_model_len - r.token_ids.len();
     let max_new = match r.stop_conditions.max_tokens {
         Some(0) => return Err(invalid("max_tokens must be at least 1")),
         Some(n) => (n as usize).min(left),
@@ -52,8 +54,8 @@ pub fn plan(r: &PreprocessedRequest, limits: Limits, seed: u64) -> Result<Plan, 
         .and_then(|h| h.cache_namespace.as_deref())
         .map_or(0, kvsched_server::job::salt);
     Ok(Plan {
-        sampler: sampler(r, limits, seed)?,
-        prompt,
+        sampler: sampler(&r, limits, seed)?,
+        prompt: Arc::unwrap_or_clone(std::mem::take(&mut r.token_ids)),
         max_new,
         cache_salt,
     })

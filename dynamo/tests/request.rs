@@ -33,7 +33,7 @@ fn max_tokens(n: Option<u32>) -> StopConditions {
 
 /// The refusal's message for `r`.
 fn refusal(r: &PreprocessedRequest) -> String {
-    plan(r, LIMITS, 1).expect_err("refused").to_string()
+    plan(r.clone(), LIMITS, 1).expect_err("refused").to_string()
 }
 
 #[test]
@@ -43,7 +43,7 @@ fn max_tokens_is_clamped_to_the_context_left() {
     for (asked, got) in cases {
         let r = request(ten.clone(), max_tokens(asked), SamplingOptions::default());
         assert_eq!(
-            plan(&r, LIMITS, 1).expect("planned").max_new,
+            plan(r, LIMITS, 1).expect("planned").max_new,
             got,
             "{asked:?}"
         );
@@ -112,7 +112,7 @@ fn stop_tokens_and_the_cache_salt_reach_the_plan() {
         ..StopConditions::default()
     };
     let r = request(vec![5, 6], stop, SamplingOptions::default());
-    let p = plan(&r, LIMITS, 1).expect("planned");
+    let p = plan(r, LIMITS, 1).expect("planned");
     assert_eq!((p.prompt, p.cache_salt), (vec![5, 6], 0));
     assert!(p.sampler.is_greedy());
     assert!(
